@@ -1,0 +1,200 @@
+// cuemm/driver/cuda_api.hpp
+//
+// The part of the CUDA driver API that cuemm uses, declared by us so that
+// building cuemm needs no CUDA toolkit. Types are ABI-identical to cuda.h;
+// they live in cuemm::cuda so that including cuda.h as well causes no clash.
+//
+// CUEMM_DRIVER_FUNCTIONS is the single list of entry points: the loader
+// resolves each one from libcuda (or the simulated driver) by the exported
+// symbol names given, first match wins, and the simulated driver exports the
+// same names. Numbers (enums, flags) are the driver's, taken from its docs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace cuemm::cuda {
+
+using CUresult = int;
+using CUdevice = int;
+using CUdeviceptr = unsigned long long;
+using CUcontext = struct CUctx_st*;
+using CUstream = struct CUstream_st*;
+using CUevent = struct CUevent_st*;
+using CUmodule = struct CUmod_st*;
+using CUfunction = struct CUfunc_st*;
+using CUmemoryPool = struct CUmemPoolHandle_st*;
+
+inline constexpr std::size_t kIpcHandleSize = 64;
+struct CUipcMemHandle {
+  char reserved[kIpcHandleSize];
+};
+struct CUuuid {
+  char bytes[16];
+};
+using CUstreamCallback = void (*)(CUstream, CUresult, void*);
+
+// CUresult values cuemm and the simulated driver use.
+enum : CUresult {
+  CUDA_SUCCESS = 0,
+  CUDA_ERROR_INVALID_VALUE = 1,
+  CUDA_ERROR_OUT_OF_MEMORY = 2,
+  CUDA_ERROR_NOT_INITIALIZED = 3,
+  CUDA_ERROR_DEINITIALIZED = 4,
+  CUDA_ERROR_NO_DEVICE = 100,
+  CUDA_ERROR_INVALID_DEVICE = 101,
+  CUDA_ERROR_INVALID_IMAGE = 200,
+  CUDA_ERROR_INVALID_CONTEXT = 201,
+  CUDA_ERROR_MAP_FAILED = 205,
+  CUDA_ERROR_PEER_ACCESS_UNSUPPORTED = 217,
+  CUDA_ERROR_INVALID_PTX = 218,
+  CUDA_ERROR_FILE_NOT_FOUND = 301,
+  CUDA_ERROR_OPERATING_SYSTEM = 304,
+  CUDA_ERROR_INVALID_HANDLE = 400,
+  CUDA_ERROR_NOT_FOUND = 500,
+  CUDA_ERROR_NOT_READY = 600,
+  CUDA_ERROR_ILLEGAL_ADDRESS = 700,
+  CUDA_ERROR_LAUNCH_FAILED = 719,
+  CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704,
+  CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
+  CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712,
+  CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED = 713,
+  CUDA_ERROR_NOT_PERMITTED = 800,
+  CUDA_ERROR_NOT_SUPPORTED = 801,
+  CUDA_ERROR_UNKNOWN = 999,
+};
+
+// CUdevice_attribute values.
+enum DeviceAttribute : int {
+  CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 1,
+  CU_DEVICE_ATTRIBUTE_WARP_SIZE = 10,
+  CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
+  CU_DEVICE_ATTRIBUTE_INTEGRATED = 18,
+  CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY = 19,
+  CU_DEVICE_ATTRIBUTE_COMPUTE_MODE = 20,
+  CU_DEVICE_ATTRIBUTE_PCI_BUS_ID = 33,
+  CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID = 34,
+  CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING = 41,
+  CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID = 50,
+  CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
+  CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
+  CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY = 83,
+  CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS = 89,
+  CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115,
+  CU_DEVICE_ATTRIBUTE_MAX = 160,  // one past the largest value the simulated driver answers
+};
+
+// CUpointer_attribute values.
+enum PointerAttribute : int {
+  CU_POINTER_ATTRIBUTE_CONTEXT = 1,
+  CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
+  CU_POINTER_ATTRIBUTE_DEVICE_POINTER = 3,
+  CU_POINTER_ATTRIBUTE_HOST_POINTER = 4,
+  CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,
+  CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+  CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11,
+  CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12,
+  CU_POINTER_ATTRIBUTE_MAPPED = 13,
+};
+
+// CUmemorytype values.
+enum MemoryType : unsigned {
+  CU_MEMORYTYPE_HOST = 1,
+  CU_MEMORYTYPE_DEVICE = 2,
+  CU_MEMORYTYPE_UNIFIED = 4,
+};
+
+// Flags.
+inline constexpr unsigned CU_MEMHOSTALLOC_PORTABLE = 0x01;
+inline constexpr unsigned CU_MEMHOSTALLOC_DEVICEMAP = 0x02;
+inline constexpr unsigned CU_MEMHOSTALLOC_WRITECOMBINED = 0x04;
+inline constexpr unsigned CU_MEMHOSTREGISTER_PORTABLE = 0x01;
+inline constexpr unsigned CU_MEMHOSTREGISTER_DEVICEMAP = 0x02;
+inline constexpr unsigned CU_MEM_ATTACH_GLOBAL = 0x1;
+inline constexpr unsigned CU_MEM_ATTACH_HOST = 0x2;
+inline constexpr unsigned CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x1;
+inline constexpr unsigned CU_STREAM_DEFAULT = 0x0;
+inline constexpr unsigned CU_STREAM_NON_BLOCKING = 0x1;
+inline constexpr unsigned CU_EVENT_DEFAULT = 0x0;
+inline constexpr unsigned CU_EVENT_BLOCKING_SYNC = 0x1;
+inline constexpr unsigned CU_EVENT_DISABLE_TIMING = 0x2;
+inline const CUstream CU_STREAM_LEGACY = reinterpret_cast<CUstream>(0x1);
+inline const CUstream CU_STREAM_PER_THREAD = reinterpret_cast<CUstream>(0x2);
+
+}  // namespace cuemm::cuda
+
+// X(name, "symbol|fallback symbol", (parameters))
+// The name is how cuemm calls it; the symbols are what libcuda exports.
+#define CUEMM_DRIVER_FUNCTIONS(X)                                                                   \
+  X(cuInit, "cuInit", (unsigned flags))                                                            \
+  X(cuDriverGetVersion, "cuDriverGetVersion", (int* version))                                      \
+  X(cuGetErrorName, "cuGetErrorName", (CUresult error, const char** name))                         \
+  X(cuDeviceGetCount, "cuDeviceGetCount", (int* count))                                            \
+  X(cuDeviceGet, "cuDeviceGet", (CUdevice * device, int ordinal))                                  \
+  X(cuDeviceGetName, "cuDeviceGetName", (char* name, int length, CUdevice device))                 \
+  X(cuDeviceGetAttribute, "cuDeviceGetAttribute", (int* value, int attribute, CUdevice device))    \
+  X(cuDeviceGetUuid, "cuDeviceGetUuid_v2|cuDeviceGetUuid", (CUuuid * uuid, CUdevice device))       \
+  X(cuDeviceTotalMem, "cuDeviceTotalMem_v2", (std::size_t * bytes, CUdevice device))               \
+  X(cuDeviceCanAccessPeer, "cuDeviceCanAccessPeer", (int* can, CUdevice device, CUdevice peer))    \
+  X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", (CUcontext * context, CUdevice device))  \
+  X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", (CUdevice device))                  \
+  X(cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset_v2", (CUdevice device))                      \
+  X(cuCtxGetCurrent, "cuCtxGetCurrent", (CUcontext * context))                                     \
+  X(cuCtxSetCurrent, "cuCtxSetCurrent", (CUcontext context))                                       \
+  X(cuCtxPushCurrent, "cuCtxPushCurrent_v2", (CUcontext context))                                  \
+  X(cuCtxPopCurrent, "cuCtxPopCurrent_v2", (CUcontext * context))                                  \
+  X(cuCtxGetDevice, "cuCtxGetDevice", (CUdevice * device))                                         \
+  X(cuCtxSynchronize, "cuCtxSynchronize", ())                                                      \
+  X(cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess", (CUcontext peer, unsigned flags))              \
+  X(cuMemGetInfo, "cuMemGetInfo_v2", (std::size_t * free, std::size_t * total))                    \
+  X(cuMemAlloc, "cuMemAlloc_v2", (CUdeviceptr * pointer, std::size_t bytes))                       \
+  X(cuMemFree, "cuMemFree_v2", (CUdeviceptr pointer))                                              \
+  X(cuMemAllocManaged, "cuMemAllocManaged", (CUdeviceptr * pointer, std::size_t bytes, unsigned flags)) \
+  X(cuMemGetAddressRange, "cuMemGetAddressRange_v2",                                               \
+    (CUdeviceptr * base, std::size_t * size, CUdeviceptr pointer))                                 \
+  X(cuMemHostAlloc, "cuMemHostAlloc", (void** pointer, std::size_t bytes, unsigned flags))         \
+  X(cuMemFreeHost, "cuMemFreeHost", (void* pointer))                                               \
+  X(cuMemHostRegister, "cuMemHostRegister_v2", (void* pointer, std::size_t bytes, unsigned flags)) \
+  X(cuMemHostUnregister, "cuMemHostUnregister", (void* pointer))                                   \
+  X(cuMemHostGetDevicePointer, "cuMemHostGetDevicePointer_v2",                                     \
+    (CUdeviceptr * device_pointer, void* host_pointer, unsigned flags))                            \
+  X(cuMemcpyHtoD, "cuMemcpyHtoD_v2", (CUdeviceptr dst, const void* src, std::size_t bytes))        \
+  X(cuMemcpyDtoH, "cuMemcpyDtoH_v2", (void* dst, CUdeviceptr src, std::size_t bytes))              \
+  X(cuMemcpyDtoD, "cuMemcpyDtoD_v2", (CUdeviceptr dst, CUdeviceptr src, std::size_t bytes))        \
+  X(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2",                                                     \
+    (CUdeviceptr dst, const void* src, std::size_t bytes, CUstream stream))                        \
+  X(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2",                                                     \
+    (void* dst, CUdeviceptr src, std::size_t bytes, CUstream stream))                              \
+  X(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2",                                                     \
+    (CUdeviceptr dst, CUdeviceptr src, std::size_t bytes, CUstream stream))                        \
+  X(cuMemsetD8, "cuMemsetD8_v2", (CUdeviceptr dst, unsigned char value, std::size_t count))        \
+  X(cuMemsetD8Async, "cuMemsetD8Async",                                                            \
+    (CUdeviceptr dst, unsigned char value, std::size_t count, CUstream stream))                    \
+  X(cuMemsetD32, "cuMemsetD32_v2", (CUdeviceptr dst, unsigned value, std::size_t count))           \
+  X(cuPointerGetAttribute, "cuPointerGetAttribute", (void* data, int attribute, CUdeviceptr pointer)) \
+  X(cuIpcGetMemHandle, "cuIpcGetMemHandle", (CUipcMemHandle * handle, CUdeviceptr pointer))        \
+  X(cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2",                                                   \
+    (CUdeviceptr * pointer, CUipcMemHandle handle, unsigned flags))                                \
+  X(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", (CUdeviceptr pointer))                             \
+  X(cuStreamCreate, "cuStreamCreate", (CUstream * stream, unsigned flags))                         \
+  X(cuStreamDestroy, "cuStreamDestroy_v2", (CUstream stream))                                      \
+  X(cuStreamSynchronize, "cuStreamSynchronize", (CUstream stream))                                 \
+  X(cuStreamQuery, "cuStreamQuery", (CUstream stream))                                             \
+  X(cuStreamWaitEvent, "cuStreamWaitEvent", (CUstream stream, CUevent event, unsigned flags))      \
+  X(cuStreamAddCallback, "cuStreamAddCallback",                                                    \
+    (CUstream stream, CUstreamCallback callback, void* user_data, unsigned flags))                 \
+  X(cuEventCreate, "cuEventCreate", (CUevent * event, unsigned flags))                             \
+  X(cuEventDestroy, "cuEventDestroy_v2", (CUevent event))                                          \
+  X(cuEventRecord, "cuEventRecord", (CUevent event, CUstream stream))                              \
+  X(cuEventQuery, "cuEventQuery", (CUevent event))                                                 \
+  X(cuEventSynchronize, "cuEventSynchronize", (CUevent event))                                     \
+  X(cuEventElapsedTime, "cuEventElapsedTime_v2|cuEventElapsedTime",                                \
+    (float* milliseconds, CUevent start, CUevent end))                                             \
+  X(cuModuleLoadDataEx, "cuModuleLoadDataEx",                                                      \
+    (CUmodule * module, const void* image, unsigned num_options, int* options, void** values))     \
+  X(cuModuleUnload, "cuModuleUnload", (CUmodule module))                                           \
+  X(cuModuleGetFunction, "cuModuleGetFunction", (CUfunction * function, CUmodule module, const char* name)) \
+  X(cuLaunchKernel, "cuLaunchKernel",                                                              \
+    (CUfunction function, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,     \
+     unsigned block_y, unsigned block_z, unsigned shared_bytes, CUstream stream, void** params,    \
+     void** extra))

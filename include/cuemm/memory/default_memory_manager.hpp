@@ -1,0 +1,29 @@
+// cuemm/memory/default_memory_manager.hpp: Numba's own memory management.
+//
+// Device memory straight from cuMemAlloc; frees deferred and flushed in
+// batches (see HostOnlyMemoryManager's DeallocationPolicy); an out-of-memory
+// error flushes the pending frees and retries once. This is the manager a
+// context gets when no other is chosen (CUEMM_MEMORY_MANAGER=default).
+//
+// defer_cleanup(): while a guard lives, no pending free of any kind runs, not
+// even on out-of-memory (as in Numba).
+#pragma once
+
+#include "cuemm/memory/host_only_memory_manager.hpp"
+
+namespace cuemm {
+
+class DefaultMemoryManager : public HostOnlyMemoryManager {
+ public:
+  using HostOnlyMemoryManager::HostOnlyMemoryManager;
+
+  std::shared_ptr<MemoryPointer> memalloc(std::size_t size) override;
+  IpcHandle get_ipc_handle(const std::shared_ptr<MemoryPointer>& memory) override;
+  MemoryInfo get_memory_info() override;
+};
+
+// The IPC handle of device memory from any manager: the driver handle of the
+// allocation that contains it, with the memory's offset inside it.
+IpcHandle export_device_memory(Context& context, const std::shared_ptr<MemoryPointer>& memory);
+
+}  // namespace cuemm

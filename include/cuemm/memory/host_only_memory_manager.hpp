@@ -1,0 +1,108 @@
+// cuemm/memory/host_only_memory_manager.hpp: the host side of a memory manager.
+//
+// For plugins whose library manages device memory only: derive from this and
+// implement memalloc, get_memory_info and get_ipc_handle; pinned, mapped and
+// managed memory come from here, with Numba's deferred deallocation.
+//
+// initialize(), reset() and defer_cleanup() are final: a subclass adds its own
+// work in on_initialize(), on_reset() and on_defer_cleanup(), which this class
+// calls after its own. The seed's rule "a subclass must call the base's
+// methods" therefore cannot be broken by forgetting it.
+//
+// Thread-safe. Under defer_cleanup() host memory released by its pointers
+// stays pending (not freed) until the last guard goes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "cuemm/memory/memory_manager.hpp"
+#include "cuemm/memory/pending_deallocations.hpp"
+
+namespace cuemm {
+
+// Numba's thresholds: flush pending frees beyond this many, or beyond this
+// share of device memory (CUEMM_MAX_PENDING_DEALLOCS_COUNT / _RATIO).
+struct DeallocationPolicy {
+  std::size_t max_pending_count = 10;
+  double max_pending_ratio = 0.2;
+  static DeallocationPolicy from_environment();
+};
+
+class HostOnlyMemoryManager : public BaseMemoryManager {
+ public:
+  explicit HostOnlyMemoryManager(Context* context,
+                                 DeallocationPolicy policy = DeallocationPolicy::from_environment());
+  ~HostOnlyMemoryManager() override;
+
+  std::shared_ptr<MemoryPointer> memhostalloc(std::size_t size, bool mapped, bool portable, bool wc) override;
+  std::shared_ptr<MemoryPointer> mempin(std::shared_ptr<const void> owner, void* pointer, std::size_t size,
+                                        bool mapped) override;
+  std::shared_ptr<MemoryPointer> memallocmanaged(std::size_t size, bool attach_global) override;
+
+  void initialize() final;
+  void reset() final;
+  CleanupGuard defer_cleanup() final;
+  int interface_version() const override { return kMemoryManagerInterfaceVersion; }
+
+  // Pending releases of this manager (Numba's `deallocations`).
+  PendingDeallocations& deallocations() noexcept { return tracker_->pending; }
+  // Allocations made through this manager and not yet released.
+  std::size_t live_allocations() const;
+
+ protected:
+  virtual void on_initialize() {}
+  virtual void on_reset() {}
+  virtual CleanupGuard on_defer_cleanup() { return {}; }
+
+  // Records a new allocation: `memory` is released through `release` (queued
+  // on deallocations(), `bytes` counting towards the byte threshold) when its
+  // finalizer runs, or at once by reset(). Returns the finalizer to give the
+  // pointer. Call adopt() once the pointer exists.
+  Finalizer track(std::uintptr_t address, std::size_t bytes, std::function<void()> release);
+  void adopt(std::uintptr_t address, const std::shared_ptr<MemoryPointer>& memory);
+
+  // Runs `allocate`; on out-of-memory flushes pending releases and retries
+  // once (Numba's behaviour).
+  template <typename Allocate>
+  auto with_flush_and_retry(Allocate&& allocate) -> decltype(allocate());
+
+ private:
+  // Shared with the finalizers, so a pointer outliving its manager is safe.
+  struct Tracker {
+    explicit Tracker(std::size_t max_count) : pending(max_count) {}
+    struct Entry {
+      std::weak_ptr<MemoryPointer> memory;
+      std::function<void()> release;
+      std::size_t bytes;
+    };
+    std::mutex mutex;
+    std::unordered_map<std::uintptr_t, Entry> live;  // Invariant: released blocks are never here
+    PendingDeallocations pending;
+    void finalize(std::uintptr_t address) noexcept;
+  };
+
+  DeallocationPolicy policy_;
+  std::shared_ptr<Tracker> tracker_;
+  bool capacity_known_ = false;
+};
+
+void flush_pending_and_log(PendingDeallocations& pending, const char* why) noexcept;
+
+}  // namespace cuemm
+
+#include "cuemm/error.hpp"
+
+template <typename Allocate>
+auto cuemm::HostOnlyMemoryManager::with_flush_and_retry(Allocate&& allocate) -> decltype(allocate()) {
+  try {
+    return allocate();
+  } catch (const OutOfMemory&) {
+    if (deallocations().flush() == 0) throw;
+  }
+  return allocate();
+}

@@ -1,0 +1,90 @@
+// cuemm/memory/ipc_handle.hpp: sharing device memory with another process.
+//
+// A memory manager's get_ipc_handle() returns an IpcHandle: the driver's
+// 64-byte handle of the allocation that contains the memory, the offset of the
+// memory inside that allocation (non-zero for a pool's suballocation), its
+// size, and the identity of the device it lives on. to_bytes() serialises it;
+// the receiving process rebuilds it with from_bytes() and open()s it:
+//
+//   // exporter                                // importer
+//   auto handle = context.get_ipc_handle(mem);  auto handle = IpcHandle::from_bytes(bytes);
+//   send(handle.to_bytes());                    auto mem = handle.open(cuemm::current_context());
+//                                               ...; handle.close();
+//
+// open() maps the memory directly when the importer's device is the source
+// device, and otherwise stages it: the source device maps it and a copy is
+// made in a fresh allocation from the importing context's memory manager.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cuemm/driver/cuda_api.hpp"
+
+namespace cuemm {
+
+class Context;
+class MemoryPointer;
+
+// Where a device sits on the PCI bus: stable across processes, unlike ordinals.
+struct DeviceIdentity {
+  int pci_domain_id = 0;
+  int pci_bus_id = 0;
+  int pci_device_id = 0;
+  bool operator==(const DeviceIdentity&) const = default;
+  std::string to_string() const;
+};
+
+class IpcHandle {
+ public:
+  // base: the exported memory (kept alive while the handle lives); null in an
+  // importing process. offset: where the memory starts inside the allocation
+  // the driver handle names.
+  IpcHandle(std::shared_ptr<MemoryPointer> base, const cuda::CUipcMemHandle& handle, std::size_t size,
+            std::optional<DeviceIdentity> source_info = std::nullopt, std::size_t offset = 0);
+  IpcHandle(IpcHandle&&) noexcept;
+  IpcHandle& operator=(IpcHandle&&) noexcept;
+  IpcHandle(const IpcHandle&) = delete;
+  IpcHandle& operator=(const IpcHandle&) = delete;
+  ~IpcHandle();
+
+  const std::shared_ptr<MemoryPointer>& base() const noexcept { return base_; }
+  const cuda::CUipcMemHandle& handle() const noexcept { return handle_; }
+  std::size_t size() const noexcept { return size_; }
+  std::size_t offset() const noexcept { return offset_; }
+  const std::optional<DeviceIdentity>& source_info() const noexcept { return source_info_; }
+
+  // Serialised form (the handle, size, offset and source; never the base).
+  std::vector<std::uint8_t> to_bytes() const;
+  static IpcHandle from_bytes(const std::vector<std::uint8_t>& bytes);
+  std::string to_hex() const;
+  static IpcHandle from_hex(const std::string& text);
+
+  // The shared memory, `size()` bytes, in `context`. StateError when already
+  // open or when this process exported the handle.
+  std::shared_ptr<MemoryPointer> open(Context& context);
+  // Unmaps memory opened directly (a staged copy is freed when its last
+  // reference goes). StateError when not open.
+  void close();
+  bool is_open() const noexcept { return opened_ != nullptr; }
+  bool is_staged() const noexcept { return staged_; }
+
+ private:
+  std::shared_ptr<MemoryPointer> open_direct(Context& context);
+  std::shared_ptr<MemoryPointer> open_staged(Context& context);
+
+  std::shared_ptr<MemoryPointer> base_;
+  cuda::CUipcMemHandle handle_;
+  std::size_t size_;
+  std::optional<DeviceIdentity> source_info_;
+  std::size_t offset_;
+  std::shared_ptr<MemoryPointer> opened_;  // the mapping (direct) or the copy (staged)
+  bool staged_ = false;
+};
+
+}  // namespace cuemm

@@ -1,0 +1,172 @@
+// cuemm/memory/memory_pointer.hpp: the pointer classes a memory manager returns.
+//
+//   MemoryPointer    device memory (from memalloc)
+//   AutoFreePointer  memory freed when its last owned reference goes
+//   MappedMemory     page-locked host memory mapped into the device address space
+//   PinnedMemory     page-locked host memory that is not mapped
+//   ManagedMemory    unified (managed) memory
+//
+// Ownership rules (the seed's): a pointer's finalizer, usually "give this
+// block back to the manager", runs exactly once, when the memory is released:
+// when the last std::shared_ptr to the pointer goes, or at an explicit free().
+// A view keeps its base alive and never frees. own() hands out an
+// OwnedPointer; dropping one never frees a MemoryPointer, but dropping the last
+// one of an AutoFreePointer does. Freeing memory twice is a StateError.
+//
+// Pointers must be created with std::make_shared (own() and view() need it):
+//
+//   auto memory = std::make_shared<cuemm::MemoryPointer>(
+//       &context, address, bytes, /*owner=*/nullptr,
+//       [pool, address] { pool->release(address); });
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+
+#include "cuemm/driver/cuda_api.hpp"
+
+namespace cuemm {
+
+class Context;
+class Stream;
+class OwnedPointer;
+
+enum class MemoryKind { Device, Mapped, Pinned, Managed };
+const char* to_string(MemoryKind kind) noexcept;
+
+// Called once when the memory is released. Must not throw (errors are
+// reported on stderr and swallowed, as in any destructor).
+using Finalizer = std::function<void()>;
+
+class MemoryPointer : public std::enable_shared_from_this<MemoryPointer> {
+ public:
+  // context: where the memory lives; pointer: its address; size: bytes;
+  // owner: anything that must outlive the memory (say, the host buffer a
+  // pinned region belongs to); finalizer: what releases it (none for memory
+  // this pointer does not own).
+  MemoryPointer(Context* context, std::uintptr_t pointer, std::size_t size,
+                std::shared_ptr<const void> owner = nullptr, Finalizer finalizer = nullptr);
+  virtual ~MemoryPointer();
+  MemoryPointer(const MemoryPointer&) = delete;
+  MemoryPointer& operator=(const MemoryPointer&) = delete;
+
+  Context* context() const noexcept { return context_; }
+  // The address, as the manager returned it.
+  std::uintptr_t handle() const noexcept { return pointer_; }
+  // The address device code uses; for PinnedMemory (not mapped) a StateError.
+  cuda::CUdeviceptr device_pointer() const;
+  // The host address of host memory (mapped, pinned, managed), else 0.
+  std::uintptr_t host_pointer() const noexcept { return host_pointer_; }
+  std::size_t size() const noexcept { return size_; }
+  MemoryKind kind() const noexcept { return kind_; }
+
+  // The pointer that owns the memory: this one, or the base of a view.
+  std::shared_ptr<MemoryPointer> owner();
+  // Whether this pointer releases memory (has a finalizer): views do not.
+  bool owns_memory() const noexcept { return has_finalizer_; }
+  // False once the finalizer has run (or the manager released the memory).
+  bool is_alive() const noexcept { return alive_.load(std::memory_order_acquire); }
+
+  // A reference that counts towards refct (see the header comment).
+  OwnedPointer own();
+  int refct() const noexcept { return refct_.load(); }
+
+  // Runs the finalizer now. StateError if it already ran ("freeing dead memory").
+  void free();
+
+  // Bytes [start, stop) of this memory, keeping the base alive; stop defaults
+  // to the end. InvalidArgument when the range is not inside the memory.
+  std::shared_ptr<MemoryPointer> view(std::size_t start, std::optional<std::size_t> stop = {});
+
+  // Sets `count` bytes (default: all) to `value`, on `stream` if given.
+  void memset(unsigned char value, std::optional<std::size_t> count = {}, const Stream* stream = nullptr);
+
+  // For managers: the memory was released by other means (a reset); the
+  // finalizer will not run and the pointer reads as dead.
+  void mark_released() noexcept { alive_.store(false, std::memory_order_release); }
+
+ protected:
+  struct Details {
+    MemoryKind kind;
+    std::uintptr_t host_pointer;
+    int initial_refct;
+  };
+  MemoryPointer(Context* context, std::uintptr_t pointer, std::size_t size,
+                std::shared_ptr<const void> owner, Finalizer finalizer, Details details);
+
+ private:
+  friend class OwnedPointer;
+  void run_finalizer() noexcept;
+  void drop_owned_reference() noexcept;
+
+  Context* context_;
+  std::uintptr_t pointer_;
+  std::size_t size_;
+  std::shared_ptr<const void> owner_;         // kept alive for our lifetime
+  std::shared_ptr<MemoryPointer> view_base_;  // set for views
+  Finalizer finalizer_;
+  bool has_finalizer_;
+  MemoryKind kind_;
+  std::uintptr_t host_pointer_;
+  std::atomic<bool> alive_;
+  std::atomic<int> refct_;
+};
+
+class AutoFreePointer : public MemoryPointer {
+ public:
+  AutoFreePointer(Context* context, std::uintptr_t pointer, std::size_t size,
+                  std::shared_ptr<const void> owner = nullptr, Finalizer finalizer = nullptr);
+
+ protected:
+  AutoFreePointer(Context* context, std::uintptr_t pointer, std::size_t size,
+                  std::shared_ptr<const void> owner, Finalizer finalizer, Details details);
+};
+
+class MappedMemory : public AutoFreePointer {
+ public:
+  // `host_pointer` is page-locked and mapped; its device address is asked of
+  // the driver, as it may differ from the host address without UVA.
+  MappedMemory(Context* context, void* host_pointer, std::size_t size,
+               std::shared_ptr<const void> owner = nullptr, Finalizer finalizer = nullptr);
+  // When the device address is already known.
+  MappedMemory(Context* context, void* host_pointer, cuda::CUdeviceptr device_pointer, std::size_t size,
+               std::shared_ptr<const void> owner, Finalizer finalizer);
+};
+
+class PinnedMemory : public MemoryPointer {
+ public:
+  PinnedMemory(Context* context, void* host_pointer, std::size_t size,
+               std::shared_ptr<const void> owner = nullptr, Finalizer finalizer = nullptr);
+};
+
+class ManagedMemory : public AutoFreePointer {
+ public:
+  ManagedMemory(Context* context, cuda::CUdeviceptr pointer, std::size_t size,
+                std::shared_ptr<const void> owner = nullptr, Finalizer finalizer = nullptr);
+};
+
+// A counted reference from MemoryPointer::own(). Copyable; each copy counts.
+class OwnedPointer {
+ public:
+  OwnedPointer() = default;
+  explicit OwnedPointer(std::shared_ptr<MemoryPointer> memory);
+  OwnedPointer(const OwnedPointer& other);
+  OwnedPointer(OwnedPointer&& other) noexcept;
+  OwnedPointer& operator=(OwnedPointer other) noexcept;
+  ~OwnedPointer();
+
+  MemoryPointer* get() const noexcept { return memory_.get(); }
+  MemoryPointer* operator->() const noexcept { return memory_.get(); }
+  MemoryPointer& operator*() const noexcept { return *memory_; }
+  explicit operator bool() const noexcept { return memory_ != nullptr; }
+  const std::shared_ptr<MemoryPointer>& memory() const noexcept { return memory_; }
+
+ private:
+  std::shared_ptr<MemoryPointer> memory_;
+};
+
+}  // namespace cuemm

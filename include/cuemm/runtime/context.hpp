@@ -1,0 +1,104 @@
+// cuemm/runtime/context.hpp: a device's primary context and its memory manager.
+//
+// A Context never allocates memory itself: every device, pinned, mapped and
+// managed allocation, IPC export and memory query goes through its memory
+// manager (see memory/registry.hpp for choosing it). Streams, events and
+// modules are the context's own and are released through the context's own
+// deferred-deallocation queue, never through the manager.
+//
+//   cuemm::Context& context = cuemm::current_context();
+//   auto memory = context.memalloc(1 << 20);        // from the manager
+//   cuemm::Stream stream = context.create_stream();
+//   memory->memset(0, std::nullopt, &stream);
+//   stream.synchronize();
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <string_view>
+
+#include "cuemm/driver/cuda_api.hpp"
+#include "cuemm/memory/cleanup_guard.hpp"
+#include "cuemm/memory/ipc_handle.hpp"
+#include "cuemm/memory/memory_manager.hpp"
+#include "cuemm/memory/pending_deallocations.hpp"
+
+namespace cuemm {
+
+class Device;
+class Stream;
+class Event;
+class Module;
+
+class Context {
+ public:
+  Context(Device& device, cuda::CUcontext handle);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  Device& device() const noexcept { return device_; }
+  cuda::CUcontext handle() const noexcept { return handle_; }
+  BaseMemoryManager& memory_manager() const noexcept { return *memory_manager_; }
+
+  // Calls the manager's initialize(); safe to call more than once.
+  void prepare_for_use();
+  // Releases everything this context holds: pending releases of streams,
+  // events and modules, and (through reset()) all of the manager's memory.
+  void reset();
+  // Incremented by each reset: objects made before it hold stale handles.
+  std::uint64_t generation() const noexcept { return generation_.load(); }
+
+  // --- delegated to the memory manager ---
+  MemoryInfo get_memory_info();
+  std::shared_ptr<MemoryPointer> memalloc(std::size_t size);
+  std::shared_ptr<MemoryPointer> memhostalloc(std::size_t size, bool mapped = false, bool portable = false,
+                                              bool wc = false);
+  // InvalidArgument for a null pointer or zero size; CudaError when mapped
+  // memory is asked of a device that cannot map host memory.
+  std::shared_ptr<MemoryPointer> mempin(std::shared_ptr<const void> owner, void* pointer, std::size_t size,
+                                        bool mapped = false);
+  std::shared_ptr<MemoryPointer> memallocmanaged(std::size_t size, bool attach_global = true);
+  IpcHandle get_ipc_handle(const std::shared_ptr<MemoryPointer>& memory);
+  CleanupGuard defer_cleanup();
+
+  // Maps another process's exported allocation (not an allocation: no manager
+  // is involved). The mapping is closed when the returned pointer is freed or
+  // its last reference goes (IpcHandle::close frees it).
+  std::shared_ptr<MemoryPointer> open_ipc_handle(const cuda::CUipcMemHandle& handle, std::size_t size);
+
+  // --- the context's own objects ---
+  Stream create_stream(bool non_blocking = false);
+  Event create_event(bool timing = true);
+  // Loads a PTX text or a cubin image.
+  Module load_module(std::string_view image);
+  void synchronize();
+  PendingDeallocations& deallocations() noexcept { return deallocations_; }
+
+ private:
+  Device& device_;
+  cuda::CUcontext handle_;
+  PendingDeallocations deallocations_;
+  std::unique_ptr<BaseMemoryManager> memory_manager_;
+  std::atomic<std::uint64_t> generation_{0};
+};
+
+// The calling thread's context: the one current in the driver, else device
+// 0's primary context, made current and prepared for use.
+Context& current_context();
+
+// Makes `context` current on this thread for the scope; no driver push when it
+// already is.
+class ScopedContext {
+ public:
+  explicit ScopedContext(const Context& context);
+  ~ScopedContext();
+  ScopedContext(const ScopedContext&) = delete;
+  ScopedContext& operator=(const ScopedContext&) = delete;
+
+ private:
+  bool pushed_ = false;
+};
+
+}  // namespace cuemm

@@ -1,0 +1,63 @@
+// range_allocator.hpp: best-fit placement of blocks inside one device arena.
+//
+// Offsets only; the arena's memory is elsewhere. O(log n) allocate and free,
+// neighbours coalesce. Not thread-safe: the simulated driver holds its lock.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <optional>
+#include <set>
+#include <utility>
+
+namespace cuemm::sim {
+
+class RangeAllocator {
+ public:
+  explicit RangeAllocator(std::size_t capacity) { insert_free(0, capacity); }
+
+  // Returns the offset of a block of exactly `size` bytes (already rounded by
+  // the caller), or nullopt when no free range is large enough.
+  std::optional<std::size_t> allocate(std::size_t size) {
+    auto fit = by_size_.lower_bound({size, 0});
+    if (fit == by_size_.end()) return std::nullopt;
+    const auto [length, offset] = *fit;
+    erase_free(offset, length);
+    if (length > size) insert_free(offset + size, length - size);
+    return offset;
+  }
+
+  void release(std::size_t offset, std::size_t size) {
+    // Invariant: free ranges never touch; merge with both neighbours.
+    auto next = by_offset_.lower_bound(offset);
+    if (next != by_offset_.end() && offset + size == next->first) {
+      size += next->second;
+      erase_free(next->first, next->second);
+    }
+    auto prev = by_offset_.lower_bound(offset);
+    if (prev != by_offset_.begin()) {
+      --prev;
+      if (prev->first + prev->second == offset) {
+        offset = prev->first;
+        size += prev->second;
+        erase_free(prev->first, prev->second);
+      }
+    }
+    insert_free(offset, size);
+  }
+
+ private:
+  void insert_free(std::size_t offset, std::size_t size) {
+    by_offset_.emplace(offset, size);
+    by_size_.emplace(size, offset);
+  }
+  void erase_free(std::size_t offset, std::size_t size) {
+    by_offset_.erase(offset);
+    by_size_.erase({size, offset});
+  }
+
+  std::map<std::size_t, std::size_t> by_offset_;    // offset -> length
+  std::set<std::pair<std::size_t, std::size_t>> by_size_;  // (length, offset)
+};
+
+}  // namespace cuemm::sim

@@ -1,0 +1,101 @@
+// sim_state.hpp: the simulated driver's devices, contexts and allocation table.
+//
+// Device memory: each device owns an arena, a memfd of CUEMM_SIM_MEMORY bytes
+// mapped MAP_SHARED|MAP_NORESERVE, so pages exist only once touched (capacity
+// can exceed host RAM) and another process can map the same pages for IPC
+// through /proc/<pid>/fd/<fd>. Device pointers are the arena's host addresses:
+// one unified address space, as on a real GPU with UVA, so copies are memcpy.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cuemm/driver/cuda_api.hpp"
+#include "range_allocator.hpp"
+#include "stream_engine.hpp"
+
+namespace cuemm::sim {
+
+using namespace cuemm::cuda;
+
+enum class AllocationKind { Device = 0, Managed = 1, PinnedHost = 2, RegisteredHost = 3, IpcMapping = 4 };
+inline constexpr int kAllocationKinds = 5;
+
+struct Allocation {
+  std::uintptr_t base = 0;
+  std::size_t size = 0;
+  AllocationKind kind = AllocationKind::Device;
+  Context* context = nullptr;
+  int device = 0;
+  unsigned flags = 0;
+  std::size_t arena_offset = 0;  // Device, Managed: where the block sits in the arena
+  std::size_t arena_size = 0;    // rounded size taken from the arena
+  std::size_t mapping_size = 0;  // PinnedHost, IpcMapping: length of the mmap
+  void* mapping = nullptr;       // IpcMapping: page-aligned start of the mmap
+  std::uint64_t id = 0;          // IpcMapping: exporter's allocation id
+  int exporter_pid = 0;          // IpcMapping
+  int ipc_opens = 0;             // IpcMapping: opens not yet closed
+};
+
+struct Device {
+  int ordinal = 0;
+  std::size_t capacity = 0;
+  int memfd = -1;
+  char* arena = nullptr;
+  std::unique_ptr<RangeAllocator> ranges;
+  std::size_t used = 0;
+  Context* primary = nullptr;
+  std::set<int> peers_enabled;
+};
+
+struct Module {
+  Context* context = nullptr;
+  std::set<std::string> entries;
+  std::map<std::string, std::unique_ptr<struct Function>> functions;
+};
+
+struct Function {
+  Module* module = nullptr;
+  std::string name;
+};
+
+struct Context {
+  static constexpr std::uint32_t kMagic = 0x43545853;  // "SXTC"
+  std::uint32_t magic = kMagic;
+  Device* device = nullptr;
+  bool primary = false;
+  int retains = 0;
+  unsigned flags = 0;
+  std::shared_ptr<SimStream> legacy;
+  std::set<std::shared_ptr<SimStream>> streams;  // created and per-thread streams
+};
+
+struct State {
+  std::mutex mutex;
+  bool initialized = false;
+  bool peer_access = false;
+  std::vector<std::unique_ptr<Device>> devices;
+  std::set<Context*> contexts;  // live, for handle validation
+  std::vector<std::unique_ptr<Context>> context_storage;
+  std::map<std::uintptr_t, Allocation> allocations;  // keyed by base address
+  std::map<SimStream*, std::shared_ptr<SimStream>> streams;
+  std::map<SimEvent*, std::shared_ptr<SimEvent>> events;
+  std::map<Module*, std::unique_ptr<Module>> modules;
+  std::map<Function*, Module*> functions;
+  std::uint64_t next_allocation_id = 1;
+
+  // The allocation that contains [address, address + size), or nullptr.
+  Allocation* find(std::uintptr_t address, std::size_t size = 1);
+};
+
+// The process-wide state. Never destroyed: stream workers may outlive static
+// destruction at exit.
+State& state();
+
+}  // namespace cuemm::sim

@@ -1,0 +1,1290 @@
+// simulated_driver.cpp: a libcuda-compatible driver that runs without a GPU.
+//
+// Exports the driver API under the symbol names libcuda exports (cuMemAlloc_v2
+// and so on), so any program that dlopens libcuda can load this library
+// instead: cuemm itself, or classic Numba through NUMBA_CUDA_DRIVER.
+//
+// Configuration (read at cuInit):
+//   CUEMM_SIM_DEVICES      number of devices (default 1; 0 makes cuInit fail)
+//   CUEMM_SIM_MEMORY       bytes per device, with K/M/G/T suffixes (default 16G)
+//   CUEMM_SIM_PEER_ACCESS  1 lets devices map each other's memory (default 0)
+//   CUEMM_SIM_FAULTS       fault injection, see call_log.hpp
+//
+// What it does not do: execute PTX (see kernels.hpp), link modules, or keep an
+// exported block alive after its owner frees it while another process has it
+// open (on a GPU the driver would).
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "call_log.hpp"
+#include "kernels.hpp"
+#include "sim_control.h"
+#include "sim_state.hpp"
+
+namespace cuemm::sim {
+namespace {
+
+constexpr std::size_t kDeviceAlignment = 512;  // what cuMemAlloc guarantees, and more
+constexpr std::size_t kPunchThreshold = 2u << 20;  // return pages of freed blocks this large
+constexpr int kDriverVersion = 13000;
+constexpr const char* kDeviceName = "cuemm simulated GPU";
+constexpr std::uint32_t kIpcMagic = 0x4d495043;  // "CPIM"
+
+std::size_t page_size() {
+  static const std::size_t size = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  return size;
+}
+std::size_t round_up(std::size_t value, std::size_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+
+std::size_t parse_bytes(const char* text, std::size_t fallback) {
+  if (text == nullptr || *text == '\0') return fallback;
+  char* end = nullptr;
+  const double number = std::strtod(text, &end);
+  std::size_t scale = 1;
+  switch (end && *end ? (*end | 0x20) : 0) {
+    case 'k': scale = 1ull << 10; break;
+    case 'm': scale = 1ull << 20; break;
+    case 'g': scale = 1ull << 30; break;
+    case 't': scale = 1ull << 40; break;
+    default: break;
+  }
+  return number > 0 ? static_cast<std::size_t>(number * static_cast<double>(scale)) : fallback;
+}
+
+// Per thread: the context stack, and the per-thread default stream of each context.
+thread_local std::vector<Context*> context_stack;
+thread_local std::map<Context*, std::shared_ptr<SimStream>> per_thread_streams;
+
+bool is_live(State& s, Context* context) { return context && s.contexts.count(context); }
+
+Context* current_context(State& s) {
+  if (context_stack.empty()) return nullptr;
+  Context* context = context_stack.back();
+  return is_live(s, context) ? context : nullptr;
+}
+
+Context* make_context(State& s, Device* device, bool primary) {
+  auto context = std::make_unique<Context>();
+  context->device = device;
+  context->primary = primary;
+  context->legacy = std::make_shared<SimStream>(context.get(), 0);
+  Context* raw = context.get();
+  s.context_storage.push_back(std::move(context));
+  s.contexts.insert(raw);
+  return raw;
+}
+
+// Device memory arena, created on first use of the device.
+bool ensure_arena(Device& device) {
+  if (device.arena) return true;
+  const std::string name = "cuemm-sim-device-" + std::to_string(device.ordinal);
+  const int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
+  if (fd < 0) return false;
+  if (ftruncate(fd, static_cast<off_t>(device.capacity)) != 0) {
+    close(fd);
+    return false;
+  }
+  void* arena = mmap(nullptr, device.capacity, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
+                     fd, 0);
+  if (arena == MAP_FAILED) {
+    close(fd);
+    return false;
+  }
+  device.memfd = fd;
+  device.arena = static_cast<char*>(arena);
+  device.ranges = std::make_unique<RangeAllocator>(device.capacity);
+  return true;
+}
+
+CUresult allocate_device_memory(State& s, Context* context, std::size_t size, AllocationKind kind,
+                                unsigned flags, CUdeviceptr* pointer) {
+  Device& device = *context->device;
+  if (!ensure_arena(device)) return CUDA_ERROR_OUT_OF_MEMORY;
+  const std::size_t rounded = round_up(size, kDeviceAlignment);
+  if (rounded < size) return CUDA_ERROR_OUT_OF_MEMORY;
+  auto offset = device.ranges->allocate(rounded);
+  if (!offset) return CUDA_ERROR_OUT_OF_MEMORY;
+  Allocation allocation;
+  allocation.base = reinterpret_cast<std::uintptr_t>(device.arena + *offset);
+  allocation.size = size;
+  allocation.kind = kind;
+  allocation.context = context;
+  allocation.device = device.ordinal;
+  allocation.flags = flags;
+  allocation.arena_offset = *offset;
+  allocation.arena_size = rounded;
+  allocation.id = s.next_allocation_id++;
+  device.used += rounded;
+  s.allocations.emplace(allocation.base, allocation);
+  *pointer = allocation.base;
+  return CUDA_SUCCESS;
+}
+
+// Returns the allocation's memory to where it came from and forgets it.
+void release_allocation(State& s, std::map<std::uintptr_t, Allocation>::iterator it) {
+  Allocation& allocation = it->second;
+  switch (allocation.kind) {
+    case AllocationKind::Device:
+    case AllocationKind::Managed: {
+      Device& device = *s.devices[allocation.device];
+      // Give large blocks' pages back to the host: a freed 4 GiB block must
+      // not keep 4 GiB of RAM.
+      if (allocation.arena_size >= kPunchThreshold) {
+        const std::size_t start = round_up(allocation.arena_offset, page_size());
+        const std::size_t end = (allocation.arena_offset + allocation.arena_size) / page_size() *
+                                page_size();
+        if (end > start) {
+          fallocate(device.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                    static_cast<off_t>(start), static_cast<off_t>(end - start));
+        }
+      }
+      device.ranges->release(allocation.arena_offset, allocation.arena_size);
+      device.used -= allocation.arena_size;
+      break;
+    }
+    case AllocationKind::PinnedHost:
+      munmap(reinterpret_cast<void*>(allocation.base), allocation.mapping_size);
+      break;
+    case AllocationKind::IpcMapping:
+      munmap(allocation.mapping, allocation.mapping_size);
+      break;
+    case AllocationKind::RegisteredHost:
+      break;
+  }
+  s.allocations.erase(it);
+}
+
+std::vector<std::shared_ptr<SimStream>> all_streams_of(Context* context) {
+  std::vector<std::shared_ptr<SimStream>> streams(context->streams.begin(), context->streams.end());
+  streams.push_back(context->legacy);
+  return streams;
+}
+
+// Waits, without the state lock, until every stream of the context is idle.
+void synchronize_context(std::unique_lock<std::mutex>& lock, Context* context) {
+  auto streams = all_streams_of(context);
+  lock.unlock();
+  for (auto& stream : streams) stream->synchronize();
+  lock.lock();
+}
+
+// Frees everything a context owns (reset, destroy, or last release of a primary).
+void destroy_resources(std::unique_lock<std::mutex>& lock, State& s, Context* context) {
+  auto streams = all_streams_of(context);
+  context->streams.clear();
+  lock.unlock();
+  for (auto& stream : streams) stream->shut_down();
+  lock.lock();
+  for (auto& stream : streams) s.streams.erase(stream.get());
+  context->legacy = std::make_shared<SimStream>(context, 0);
+  for (auto it = s.allocations.begin(); it != s.allocations.end();) {
+    auto next = std::next(it);
+    if (it->second.context == context) release_allocation(s, it);
+    it = next;
+  }
+  std::erase_if(s.events, [&](const auto& entry) { return entry.second->context == context; });
+  for (auto it = s.modules.begin(); it != s.modules.end();) {
+    if (it->second->context == context) {
+      for (auto& function : it->second->functions) s.functions.erase(function.second.get());
+      it = s.modules.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+// The stream a handle names in the current context: 0 and CU_STREAM_LEGACY
+// are the legacy default stream, CU_STREAM_PER_THREAD this thread's stream.
+std::shared_ptr<SimStream> resolve_stream(State& s, CUstream handle, CUresult* error) {
+  Context* context = current_context(s);
+  if (handle == nullptr || handle == CU_STREAM_LEGACY || handle == CU_STREAM_PER_THREAD) {
+    if (!context) {
+      *error = CUDA_ERROR_INVALID_CONTEXT;
+      return nullptr;
+    }
+    if (handle != CU_STREAM_PER_THREAD) return context->legacy;
+    auto& stream = per_thread_streams[context];
+    if (!stream || !context->streams.count(stream)) {
+      stream = std::make_shared<SimStream>(context, 0);
+      context->streams.insert(stream);
+      s.streams.emplace(stream.get(), stream);
+    }
+    return stream;
+  }
+  auto it = s.streams.find(reinterpret_cast<SimStream*>(handle));
+  if (it == s.streams.end()) {
+    *error = CUDA_ERROR_INVALID_HANDLE;
+    return nullptr;
+  }
+  return it->second;
+}
+
+// Queues an operation with the legacy default stream's implicit ordering: work
+// on the legacy stream waits for all blocking streams, and work on a blocking
+// stream waits for the legacy stream.
+std::uint64_t submit(const std::shared_ptr<SimStream>& stream, SimStream::Operation operation) {
+  Context* context = stream->context();
+  std::vector<SimStream::Dependency> dependencies;
+  if (stream == context->legacy) {
+    for (const auto& other : context->streams) {
+      if (other->blocking()) dependencies.push_back({other, other->last_ticket()});
+    }
+  } else if (stream->blocking()) {
+    dependencies.push_back({context->legacy, context->legacy->last_ticket()});
+  }
+  return stream->enqueue(std::move(operation), std::move(dependencies));
+}
+
+// Runs an operation on the legacy stream and waits for it: the synchronous
+// copies and memsets.
+CUresult run_synchronously(State& s, std::unique_lock<std::mutex>& lock,
+                           SimStream::Operation operation) {
+  Context* context = current_context(s);
+  if (!context) return CUDA_ERROR_INVALID_CONTEXT;
+  auto stream = context->legacy;
+  const auto ticket = submit(stream, std::move(operation));
+  lock.unlock();
+  stream->wait_for(ticket);
+  return CUDA_SUCCESS;
+}
+
+CUresult run_on_stream(State& s, CUstream handle, SimStream::Operation operation) {
+  CUresult error = CUDA_SUCCESS;
+  auto stream = resolve_stream(s, handle, &error);
+  if (!stream) return error;
+  submit(stream, std::move(operation));
+  return CUDA_SUCCESS;
+}
+
+// Device-accessible memory: device, managed, opened IPC, and page-locked host
+// memory (which UVA maps into every context).
+bool device_accessible(State& s, CUdeviceptr pointer, std::size_t size) {
+  if (size == 0) return true;
+  return s.find(pointer, size) != nullptr;
+}
+
+}  // namespace
+
+Allocation* State::find(std::uintptr_t address, std::size_t size) {
+  auto it = allocations.upper_bound(address);
+  if (it == allocations.begin()) return nullptr;
+  --it;
+  Allocation& allocation = it->second;
+  const std::size_t extent =
+      allocation.kind == AllocationKind::PinnedHost ? allocation.mapping_size : allocation.size;
+  if (address < allocation.base || address + size > allocation.base + std::max<std::size_t>(extent, 1))
+    return nullptr;
+  return &allocation;
+}
+
+State& state() {
+  static State* s = new State();
+  return *s;
+}
+
+}  // namespace cuemm::sim
+
+// ---------------------------------------------------------------------------
+// Exported driver API.
+
+using namespace cuemm::sim;
+
+#define SIM_EXPORT extern "C" __attribute__((visibility("default")))
+
+// Most functions need cuInit first; the state lock is held as `lock`.
+#define SIM_BEGIN(name) SIM_BEGIN_AS(::cuemm::sim::Fn::name)
+#define SIM_BEGIN_AS(function)                    \
+  if (const CUresult injected = CallLog::instance().enter(function)) return injected; \
+  State& s = state();                             \
+  std::unique_lock<std::mutex> lock(s.mutex);     \
+  if (!s.initialized) return CUDA_ERROR_NOT_INITIALIZED
+
+#define SIM_CONTEXT()                              \
+  Context* context = current_context(s);           \
+  if (!context) return CUDA_ERROR_INVALID_CONTEXT
+
+namespace {
+Device* device_at(State& s, CUdevice ordinal) {
+  if (ordinal < 0 || ordinal >= static_cast<int>(s.devices.size())) return nullptr;
+  return s.devices[ordinal].get();
+}
+}  // namespace
+
+#define SIM_DEVICE(ordinal)                       \
+  Device* device = device_at(s, ordinal);         \
+  if (!device) return CUDA_ERROR_INVALID_DEVICE
+
+SIM_EXPORT CUresult cuInit(unsigned flags) {
+  SIM_ENTER(cuInit);
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  if (s.initialized) return CUDA_SUCCESS;
+  const char* count_text = std::getenv("CUEMM_SIM_DEVICES");
+  const int count = count_text ? std::atoi(count_text) : 1;
+  if (count <= 0) return CUDA_ERROR_NO_DEVICE;
+  const std::size_t capacity = parse_bytes(std::getenv("CUEMM_SIM_MEMORY"), 16ull << 30);
+  const char* peer = std::getenv("CUEMM_SIM_PEER_ACCESS");
+  s.peer_access = peer && std::atoi(peer) != 0;
+  for (int i = 0; i < count; ++i) {
+    auto device = std::make_unique<Device>();
+    device->ordinal = i;
+    device->capacity = round_up(capacity, 2u << 20);
+    s.devices.push_back(std::move(device));
+  }
+  s.initialized = true;
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuDriverGetVersion(int* version) {
+  SIM_ENTER(cuDriverGetVersion);
+  if (!version) return CUDA_ERROR_INVALID_VALUE;
+  *version = kDriverVersion;
+  return CUDA_SUCCESS;
+}
+
+namespace {
+struct ErrorName {
+  int code;
+  const char* name;
+};
+constexpr ErrorName kErrorNames[] = {
+#include "driver/error_names.inc"
+};
+const char* error_name(CUresult code) {
+  for (const auto& entry : kErrorNames) {
+    if (entry.code == code) return entry.name;
+  }
+  return nullptr;
+}
+}  // namespace
+
+SIM_EXPORT CUresult cuGetErrorName(CUresult error, const char** name) {
+  SIM_ENTER(cuGetErrorName);
+  if (!name) return CUDA_ERROR_INVALID_VALUE;
+  *name = error_name(error);
+  return *name ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+SIM_EXPORT CUresult cuGetErrorString(CUresult error, const char** text) {
+  SIM_ENTER(cuGetErrorString);
+  if (!text) return CUDA_ERROR_INVALID_VALUE;
+  *text = error_name(error);
+  return *text ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+// --- Devices ----------------------------------------------------------------
+
+SIM_EXPORT CUresult cuDeviceGetCount(int* count) {
+  SIM_BEGIN(cuDeviceGetCount);
+  if (!count) return CUDA_ERROR_INVALID_VALUE;
+  *count = static_cast<int>(s.devices.size());
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuDeviceGet(CUdevice* device, int ordinal) {
+  SIM_BEGIN(cuDeviceGet);
+  if (!device) return CUDA_ERROR_INVALID_VALUE;
+  if (!device_at(s, ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+  *device = ordinal;
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuDeviceGetName(char* name, int length, CUdevice ordinal) {
+  SIM_BEGIN(cuDeviceGetName);
+  SIM_DEVICE(ordinal);
+  if (!name || length <= 0) return CUDA_ERROR_INVALID_VALUE;
+  std::snprintf(name, static_cast<std::size_t>(length), "%s", kDeviceName);
+  return CUDA_SUCCESS;
+}
+
+namespace {
+// An H100-like device. Attributes not listed read as 0, as unsupported ones do.
+int attribute_value(const Device& device, int attribute) {
+  switch (attribute) {
+    case 1: return 1024;                 // MAX_THREADS_PER_BLOCK
+    case 2: case 3: return 1024;         // MAX_BLOCK_DIM_X, Y
+    case 4: return 64;                   // MAX_BLOCK_DIM_Z
+    case 5: return 2147483647;           // MAX_GRID_DIM_X
+    case 6: case 7: return 65535;        // MAX_GRID_DIM_Y, Z
+    case 8: return 49152;                // MAX_SHARED_MEMORY_PER_BLOCK
+    case 9: return 65536;                // TOTAL_CONSTANT_MEMORY
+    case 10: return 32;                  // WARP_SIZE
+    case 11: return 2147483647;          // MAX_PITCH
+    case 12: return 65536;               // MAX_REGISTERS_PER_BLOCK
+    case 13: return 1755000;             // CLOCK_RATE (kHz)
+    case 14: return 512;                 // TEXTURE_ALIGNMENT
+    case 15: return 1;                   // GPU_OVERLAP
+    case 16: return 132;                 // MULTIPROCESSOR_COUNT
+    case 19: return 1;                   // CAN_MAP_HOST_MEMORY
+    case 31: return 1;                   // CONCURRENT_KERNELS
+    case 32: return 1;                   // ECC_ENABLED
+    case 33: return 0x10 + device.ordinal;  // PCI_BUS_ID
+    case 36: return 2619000;             // MEMORY_CLOCK_RATE (kHz)
+    case 37: return 5120;                // GLOBAL_MEMORY_BUS_WIDTH
+    case 38: return 52428800;            // L2_CACHE_SIZE
+    case 39: return 2048;                // MAX_THREADS_PER_MULTIPROCESSOR
+    case 40: return 3;                   // ASYNC_ENGINE_COUNT
+    case 41: return 1;                   // UNIFIED_ADDRESSING
+    case 75: return 9;                   // COMPUTE_CAPABILITY_MAJOR
+    case 76: return 0;                   // COMPUTE_CAPABILITY_MINOR
+    case 78: case 79: case 80: return 1;  // STREAM_PRIORITIES, GLOBAL_L1, LOCAL_L1
+    case 81: return 233472;              // MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
+    case 82: return 65536;               // MAX_REGISTERS_PER_MULTIPROCESSOR
+    case 83: return 1;                   // MANAGED_MEMORY
+    case 89: return 1;                   // CONCURRENT_MANAGED_ACCESS
+    case 90: return 1;                   // COMPUTE_PREEMPTION_SUPPORTED
+    case 91: return 1;                   // CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM
+    case 95: return 1;                   // COOPERATIVE_LAUNCH
+    case 97: return 232448;              // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+    case 106: return 32;                 // MAX_BLOCKS_PER_MULTIPROCESSOR
+    case 115: return 1;                  // MEMORY_POOLS_SUPPORTED
+    default: return 0;
+  }
+}
+}  // namespace
+
+SIM_EXPORT CUresult cuDeviceGetAttribute(int* value, int attribute, CUdevice ordinal) {
+  SIM_BEGIN(cuDeviceGetAttribute);
+  SIM_DEVICE(ordinal);
+  if (!value || attribute <= 0 || attribute >= CU_DEVICE_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
+  *value = attribute_value(*device, attribute);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuDeviceComputeCapability(int* major, int* minor, CUdevice ordinal) {
+  SIM_BEGIN(cuDeviceComputeCapability);
+  SIM_DEVICE(ordinal);
+  if (!major || !minor) return CUDA_ERROR_INVALID_VALUE;
+  *major = attribute_value(*device, 75);
+  *minor = attribute_value(*device, 76);
+  return CUDA_SUCCESS;
+}
+
+namespace {
+CUresult device_uuid(CUuuid* uuid, CUdevice ordinal) {
+  SIM_BEGIN(cuDeviceGetUuid);
+  SIM_DEVICE(ordinal);
+  if (!uuid) return CUDA_ERROR_INVALID_VALUE;
+  // Stable per ordinal, so another process sees the same identity.
+  const char pattern[16] = {'c', 'u', 'e', 'm', 'm', '-', 's', 'i', 'm', 0, 0, 0, 0, 0, 0, 0};
+  std::memcpy(uuid->bytes, pattern, sizeof pattern);
+  uuid->bytes[15] = static_cast<char>(device->ordinal);
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+SIM_EXPORT CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice ordinal) { return device_uuid(uuid, ordinal); }
+SIM_EXPORT CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice ordinal) { return device_uuid(uuid, ordinal); }
+
+SIM_EXPORT CUresult cuDeviceTotalMem_v2(std::size_t* bytes, CUdevice ordinal) {
+  SIM_BEGIN(cuDeviceTotalMem);
+  SIM_DEVICE(ordinal);
+  if (!bytes) return CUDA_ERROR_INVALID_VALUE;
+  *bytes = device->capacity;
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuDeviceCanAccessPeer(int* can, CUdevice ordinal, CUdevice peer) {
+  SIM_BEGIN(cuDeviceCanAccessPeer);
+  SIM_DEVICE(ordinal);
+  if (!can || !device_at(s, peer)) return CUDA_ERROR_INVALID_DEVICE;
+  *can = (s.peer_access && ordinal != peer) ? 1 : 0;
+  return CUDA_SUCCESS;
+}
+
+// --- Contexts ---------------------------------------------------------------
+
+SIM_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* out, CUdevice ordinal) {
+  SIM_BEGIN(cuDevicePrimaryCtxRetain);
+  SIM_DEVICE(ordinal);
+  if (!out) return CUDA_ERROR_INVALID_VALUE;
+  if (!device->primary) device->primary = make_context(s, device, true);
+  ++device->primary->retains;
+  *out = reinterpret_cast<CUcontext>(device->primary);
+  return CUDA_SUCCESS;
+}
+
+namespace {
+CUresult primary_release(CUdevice ordinal) {
+  SIM_BEGIN(cuDevicePrimaryCtxRelease);
+  SIM_DEVICE(ordinal);
+  Context* primary = device->primary;
+  if (!primary || primary->retains == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  // The last release destroys the context's resources; the handle stays usable
+  // (a later retain revives it), which is more lenient than a GPU.
+  if (--primary->retains == 0) destroy_resources(lock, s, primary);
+  return CUDA_SUCCESS;
+}
+CUresult primary_reset(CUdevice ordinal) {
+  SIM_BEGIN(cuDevicePrimaryCtxReset);
+  SIM_DEVICE(ordinal);
+  if (device->primary) destroy_resources(lock, s, device->primary);
+  device->peers_enabled.clear();
+  return CUDA_SUCCESS;
+}
+CUresult primary_set_flags(CUdevice ordinal, unsigned flags) {
+  SIM_BEGIN(cuDevicePrimaryCtxSetFlags);
+  SIM_DEVICE(ordinal);
+  if (!device->primary) device->primary = make_context(s, device, true);
+  device->primary->flags = flags;
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+SIM_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice d) { return primary_release(d); }
+SIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { return primary_release(d); }
+SIM_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice d) { return primary_reset(d); }
+SIM_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) { return primary_reset(d); }
+SIM_EXPORT CUresult cuDevicePrimaryCtxSetFlags(CUdevice d, unsigned f) { return primary_set_flags(d, f); }
+SIM_EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice d, unsigned f) { return primary_set_flags(d, f); }
+
+SIM_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice ordinal, unsigned* flags, int* active) {
+  SIM_BEGIN(cuDevicePrimaryCtxGetState);
+  SIM_DEVICE(ordinal);
+  if (!flags || !active) return CUDA_ERROR_INVALID_VALUE;
+  *flags = device->primary ? device->primary->flags : 0;
+  *active = device->primary && device->primary->retains > 0 ? 1 : 0;
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxCreate_v2(CUcontext* out, unsigned flags, CUdevice ordinal) {
+  SIM_BEGIN(cuCtxCreate);
+  SIM_DEVICE(ordinal);
+  if (!out) return CUDA_ERROR_INVALID_VALUE;
+  Context* context = make_context(s, device, false);
+  context->flags = flags;
+  context->retains = 1;
+  context_stack.push_back(context);
+  *out = reinterpret_cast<CUcontext>(context);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext handle) {
+  SIM_BEGIN(cuCtxDestroy);
+  auto* context = reinterpret_cast<Context*>(handle);
+  if (!is_live(s, context) || context->primary) return CUDA_ERROR_INVALID_CONTEXT;
+  destroy_resources(lock, s, context);
+  s.contexts.erase(context);
+  std::erase(context_stack, context);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxGetCurrent(CUcontext* out) {
+  SIM_BEGIN(cuCtxGetCurrent);
+  if (!out) return CUDA_ERROR_INVALID_VALUE;
+  *out = reinterpret_cast<CUcontext>(current_context(s));
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxSetCurrent(CUcontext handle) {
+  SIM_BEGIN(cuCtxSetCurrent);
+  auto* context = reinterpret_cast<Context*>(handle);
+  if (!context) {
+    if (!context_stack.empty()) context_stack.pop_back();
+    return CUDA_SUCCESS;
+  }
+  if (!is_live(s, context)) return CUDA_ERROR_INVALID_CONTEXT;
+  if (context_stack.empty()) {
+    context_stack.push_back(context);
+  } else {
+    context_stack.back() = context;
+  }
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext handle) {
+  SIM_BEGIN(cuCtxPushCurrent);
+  auto* context = reinterpret_cast<Context*>(handle);
+  if (!is_live(s, context)) return CUDA_ERROR_INVALID_CONTEXT;
+  context_stack.push_back(context);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext* out) {
+  SIM_BEGIN(cuCtxPopCurrent);
+  if (context_stack.empty()) return CUDA_ERROR_INVALID_CONTEXT;
+  if (out) *out = reinterpret_cast<CUcontext>(context_stack.back());
+  context_stack.pop_back();
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxGetDevice(CUdevice* out) {
+  SIM_BEGIN(cuCtxGetDevice);
+  SIM_CONTEXT();
+  if (!out) return CUDA_ERROR_INVALID_VALUE;
+  *out = context->device->ordinal;
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxSynchronize() {
+  SIM_BEGIN(cuCtxSynchronize);
+  SIM_CONTEXT();
+  synchronize_context(lock, context);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer_handle, unsigned flags) {
+  SIM_BEGIN(cuCtxEnablePeerAccess);
+  SIM_CONTEXT();
+  auto* peer = reinterpret_cast<Context*>(peer_handle);
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!is_live(s, peer)) return CUDA_ERROR_INVALID_CONTEXT;
+  if (!s.peer_access || peer->device == context->device) return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+  if (!context->device->peers_enabled.insert(peer->device->ordinal).second)
+    return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+  return CUDA_SUCCESS;
+}
+
+// --- Device and managed memory -------------------------------------------------
+
+SIM_EXPORT CUresult cuMemGetInfo_v2(std::size_t* free, std::size_t* total) {
+  SIM_BEGIN(cuMemGetInfo);
+  SIM_CONTEXT();
+  if (!free || !total) return CUDA_ERROR_INVALID_VALUE;
+  *total = context->device->capacity;
+  *free = context->device->capacity - context->device->used;
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* pointer, std::size_t size) {
+  SIM_BEGIN(cuMemAlloc);
+  SIM_CONTEXT();
+  if (!pointer || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  return allocate_device_memory(s, context, size, AllocationKind::Device, 0, pointer);
+}
+
+SIM_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* pointer, std::size_t size, unsigned flags) {
+  SIM_BEGIN(cuMemAllocManaged);
+  SIM_CONTEXT();
+  if (!pointer || size == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
+    return CUDA_ERROR_INVALID_VALUE;
+  return allocate_device_memory(s, context, size, AllocationKind::Managed, flags, pointer);
+}
+
+SIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr pointer) {
+  SIM_BEGIN(cuMemFree);
+  SIM_CONTEXT();
+  auto it = s.allocations.find(pointer);
+  if (it == s.allocations.end() || (it->second.kind != AllocationKind::Device &&
+                                    it->second.kind != AllocationKind::Managed))
+    return CUDA_ERROR_INVALID_VALUE;
+  // cuMemFree waits for the device, as on a GPU: pending work may still use it.
+  synchronize_context(lock, context);
+  it = s.allocations.find(pointer);  // the table may have changed while unlocked
+  if (it == s.allocations.end()) return CUDA_ERROR_INVALID_VALUE;
+  release_allocation(s, it);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, std::size_t* size, CUdeviceptr pointer) {
+  SIM_BEGIN(cuMemGetAddressRange);
+  SIM_CONTEXT();
+  Allocation* allocation = s.find(pointer);
+  if (!allocation) return CUDA_ERROR_NOT_FOUND;
+  if (base) *base = allocation->base;
+  if (size) *size = allocation->size;
+  return CUDA_SUCCESS;
+}
+
+// --- Host memory ---------------------------------------------------------------
+
+namespace {
+CUresult host_alloc(Fn entry, void** pointer, std::size_t size, unsigned flags) {
+  SIM_BEGIN_AS(entry);
+  SIM_CONTEXT();
+  if (!pointer || size == 0 || (flags & ~0x7u)) return CUDA_ERROR_INVALID_VALUE;
+  const std::size_t length = round_up(size, page_size());
+  void* memory = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (memory == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  Allocation allocation;
+  allocation.base = reinterpret_cast<std::uintptr_t>(memory);
+  allocation.size = size;
+  allocation.kind = AllocationKind::PinnedHost;
+  allocation.context = context;
+  allocation.device = context->device->ordinal;
+  allocation.flags = flags;
+  allocation.mapping_size = length;
+  s.allocations.emplace(allocation.base, allocation);
+  *pointer = memory;
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+SIM_EXPORT CUresult cuMemHostAlloc(void** pointer, std::size_t size, unsigned flags) {
+  return host_alloc(Fn::cuMemHostAlloc, pointer, size, flags);
+}
+SIM_EXPORT CUresult cuMemAllocHost_v2(void** pointer, std::size_t size) {
+  return host_alloc(Fn::cuMemAllocHost, pointer, size, 0);
+}
+
+SIM_EXPORT CUresult cuMemFreeHost(void* pointer) {
+  SIM_BEGIN(cuMemFreeHost);
+  auto it = s.allocations.find(reinterpret_cast<std::uintptr_t>(pointer));
+  if (it == s.allocations.end() || it->second.kind != AllocationKind::PinnedHost)
+    return CUDA_ERROR_INVALID_VALUE;
+  release_allocation(s, it);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemHostRegister_v2(void* pointer, std::size_t size, unsigned flags) {
+  SIM_BEGIN(cuMemHostRegister);
+  SIM_CONTEXT();
+  if (!pointer || size == 0 || (flags & ~0xFu)) return CUDA_ERROR_INVALID_VALUE;
+  const auto base = reinterpret_cast<std::uintptr_t>(pointer);
+  // Overlap with anything already page-locked: check both neighbours.
+  auto next = s.allocations.lower_bound(base);
+  if (next != s.allocations.end() && next->first < base + size)
+    return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  if (s.find(base)) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  Allocation allocation;
+  allocation.base = base;
+  allocation.size = size;
+  allocation.kind = AllocationKind::RegisteredHost;
+  allocation.context = context;
+  allocation.device = context->device->ordinal;
+  allocation.flags = flags;
+  s.allocations.emplace(base, allocation);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemHostUnregister(void* pointer) {
+  SIM_BEGIN(cuMemHostUnregister);
+  auto it = s.allocations.find(reinterpret_cast<std::uintptr_t>(pointer));
+  if (it == s.allocations.end() || it->second.kind != AllocationKind::RegisteredHost)
+    return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  release_allocation(s, it);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* device_pointer, void* host_pointer,
+                                                 unsigned flags) {
+  SIM_BEGIN(cuMemHostGetDevicePointer);
+  if (!device_pointer || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  Allocation* allocation = s.find(reinterpret_cast<std::uintptr_t>(host_pointer));
+  // With unified addressing every cuMemHostAlloc block is mapped; registered
+  // memory only when registered with DEVICEMAP.
+  const bool mapped = allocation && (allocation->kind == AllocationKind::PinnedHost ||
+                                     (allocation->kind == AllocationKind::RegisteredHost &&
+                                      (allocation->flags & CU_MEMHOSTREGISTER_DEVICEMAP)));
+  if (!mapped) return CUDA_ERROR_INVALID_VALUE;
+  *device_pointer = reinterpret_cast<CUdeviceptr>(host_pointer);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemHostGetFlags(unsigned* flags, void* pointer) {
+  SIM_BEGIN(cuMemHostGetFlags);
+  Allocation* allocation = s.find(reinterpret_cast<std::uintptr_t>(pointer));
+  if (!flags || !allocation || allocation->kind != AllocationKind::PinnedHost)
+    return CUDA_ERROR_INVALID_VALUE;
+  *flags = allocation->flags;
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuPointerGetAttribute(void* data, int attribute, CUdeviceptr pointer) {
+  SIM_BEGIN(cuPointerGetAttribute);
+  if (!data) return CUDA_ERROR_INVALID_VALUE;
+  Allocation* allocation = s.find(pointer);
+  if (!allocation) return CUDA_ERROR_INVALID_VALUE;
+  const bool host = allocation->kind == AllocationKind::PinnedHost ||
+                    allocation->kind == AllocationKind::RegisteredHost;
+  switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+      *static_cast<CUcontext*>(data) = reinterpret_cast<CUcontext>(allocation->context);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      *static_cast<unsigned*>(data) = host ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+      *static_cast<CUdeviceptr*>(data) = pointer;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+      *static_cast<int*>(data) = allocation->kind == AllocationKind::Managed ? 1 : 0;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+      *static_cast<int*>(data) = allocation->device;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+      *static_cast<CUdeviceptr*>(data) = allocation->base;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+      *static_cast<std::size_t*>(data) = allocation->size;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+      *static_cast<int*>(data) = 1;
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+// --- Copies and memsets ------------------------------------------------------------
+
+#define SIM_CHECK_DEVICE_RANGE(pointer, bytes) \
+  if (!device_accessible(s, pointer, bytes)) return CUDA_ERROR_INVALID_VALUE
+
+SIM_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, std::size_t bytes) {
+  SIM_BEGIN(cuMemcpyHtoD);
+  SIM_CHECK_DEVICE_RANGE(dst, bytes);
+  if (bytes && !src) return CUDA_ERROR_INVALID_VALUE;
+  return run_synchronously(s, lock, [=] { std::memcpy(reinterpret_cast<void*>(dst), src, bytes); });
+}
+
+SIM_EXPORT CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, std::size_t bytes) {
+  SIM_BEGIN(cuMemcpyDtoH);
+  SIM_CHECK_DEVICE_RANGE(src, bytes);
+  if (bytes && !dst) return CUDA_ERROR_INVALID_VALUE;
+  return run_synchronously(s, lock, [=] { std::memcpy(dst, reinterpret_cast<void*>(src), bytes); });
+}
+
+SIM_EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes) {
+  SIM_BEGIN(cuMemcpyDtoD);
+  SIM_CHECK_DEVICE_RANGE(dst, bytes);
+  SIM_CHECK_DEVICE_RANGE(src, bytes);
+  return run_synchronously(s, lock, [=] {
+    std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<void*>(src), bytes);
+  });
+}
+
+SIM_EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, std::size_t bytes,
+                                         CUstream stream) {
+  SIM_BEGIN(cuMemcpyHtoDAsync);
+  SIM_CHECK_DEVICE_RANGE(dst, bytes);
+  if (bytes && !src) return CUDA_ERROR_INVALID_VALUE;
+  return run_on_stream(s, stream, [=] { std::memcpy(reinterpret_cast<void*>(dst), src, bytes); });
+}
+
+SIM_EXPORT CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, std::size_t bytes, CUstream stream) {
+  SIM_BEGIN(cuMemcpyDtoHAsync);
+  SIM_CHECK_DEVICE_RANGE(src, bytes);
+  if (bytes && !dst) return CUDA_ERROR_INVALID_VALUE;
+  return run_on_stream(s, stream, [=] { std::memcpy(dst, reinterpret_cast<void*>(src), bytes); });
+}
+
+SIM_EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes,
+                                         CUstream stream) {
+  SIM_BEGIN(cuMemcpyDtoDAsync);
+  SIM_CHECK_DEVICE_RANGE(dst, bytes);
+  SIM_CHECK_DEVICE_RANGE(src, bytes);
+  return run_on_stream(s, stream, [=] {
+    std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<void*>(src), bytes);
+  });
+}
+
+SIM_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, std::size_t count) {
+  SIM_BEGIN(cuMemsetD8);
+  SIM_CHECK_DEVICE_RANGE(dst, count);
+  return run_synchronously(s, lock, [=] { std::memset(reinterpret_cast<void*>(dst), value, count); });
+}
+
+SIM_EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, std::size_t count,
+                                    CUstream stream) {
+  SIM_BEGIN(cuMemsetD8Async);
+  SIM_CHECK_DEVICE_RANGE(dst, count);
+  return run_on_stream(s, stream, [=] { std::memset(reinterpret_cast<void*>(dst), value, count); });
+}
+
+namespace {
+void fill32(CUdeviceptr dst, unsigned value, std::size_t count) {
+  auto* words = reinterpret_cast<unsigned*>(dst);
+  std::fill(words, words + count, value);
+}
+}  // namespace
+
+SIM_EXPORT CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned value, std::size_t count) {
+  SIM_BEGIN(cuMemsetD32);
+  if (dst % 4) return CUDA_ERROR_INVALID_VALUE;
+  SIM_CHECK_DEVICE_RANGE(dst, count * 4);
+  return run_synchronously(s, lock, [=] { fill32(dst, value, count); });
+}
+
+SIM_EXPORT CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned value, std::size_t count, CUstream stream) {
+  SIM_BEGIN(cuMemsetD32Async);
+  if (dst % 4) return CUDA_ERROR_INVALID_VALUE;
+  SIM_CHECK_DEVICE_RANGE(dst, count * 4);
+  return run_on_stream(s, stream, [=] { fill32(dst, value, count); });
+}
+
+// --- IPC ---------------------------------------------------------------------------
+
+namespace {
+// The 64 bytes of a simulated IPC handle.
+struct IpcPayload {
+  std::uint32_t magic;
+  std::int32_t pid;
+  std::int32_t memfd;
+  std::int32_t device;
+  std::uint64_t arena_offset;
+  std::uint64_t size;
+  std::uint64_t id;
+};
+static_assert(sizeof(IpcPayload) <= kIpcHandleSize);
+}  // namespace
+
+SIM_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr pointer) {
+  SIM_BEGIN(cuIpcGetMemHandle);
+  SIM_CONTEXT();
+  if (!handle) return CUDA_ERROR_INVALID_VALUE;
+  Allocation* allocation = s.find(pointer);
+  if (!allocation || allocation->kind != AllocationKind::Device) return CUDA_ERROR_INVALID_VALUE;
+  IpcPayload payload{kIpcMagic,
+                     static_cast<std::int32_t>(getpid()),
+                     s.devices[allocation->device]->memfd,
+                     allocation->device,
+                     allocation->arena_offset,
+                     allocation->size,
+                     allocation->id};
+  std::memset(handle->reserved, 0, sizeof handle->reserved);
+  std::memcpy(handle->reserved, &payload, sizeof payload);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pointer, CUipcMemHandle handle, unsigned flags) {
+  SIM_BEGIN(cuIpcOpenMemHandle);
+  SIM_CONTEXT();
+  if (!pointer || (flags & ~CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)) return CUDA_ERROR_INVALID_VALUE;
+  IpcPayload payload;
+  std::memcpy(&payload, handle.reserved, sizeof payload);
+  if (payload.magic != kIpcMagic || !device_at(s, payload.device)) return CUDA_ERROR_INVALID_VALUE;
+  if (payload.pid == getpid()) return CUDA_ERROR_INVALID_CONTEXT;  // own handles cannot be opened
+  if (payload.device != context->device->ordinal && !s.peer_access)
+    return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+  for (auto& [base, allocation] : s.allocations) {
+    if (allocation.kind == AllocationKind::IpcMapping && allocation.exporter_pid == payload.pid &&
+        allocation.id == payload.id) {
+      ++allocation.ipc_opens;
+      *pointer = base;
+      return CUDA_SUCCESS;
+    }
+  }
+  const std::string path = "/proc/" + std::to_string(payload.pid) + "/fd/" + std::to_string(payload.memfd);
+  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_INVALID_HANDLE;  // the exporting process is gone
+  const std::size_t page = page_size();
+  const std::size_t start = payload.arena_offset / page * page;
+  const std::size_t length = round_up(payload.arena_offset + payload.size, page) - start;
+  void* mapping = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(start));
+  close(fd);
+  if (mapping == MAP_FAILED) return CUDA_ERROR_MAP_FAILED;
+  Allocation allocation;
+  allocation.base = reinterpret_cast<std::uintptr_t>(mapping) + (payload.arena_offset - start);
+  allocation.size = payload.size;
+  allocation.kind = AllocationKind::IpcMapping;
+  allocation.context = context;
+  allocation.device = payload.device;
+  allocation.mapping = mapping;
+  allocation.mapping_size = length;
+  allocation.id = payload.id;
+  allocation.exporter_pid = payload.pid;
+  allocation.ipc_opens = 1;
+  s.allocations.emplace(allocation.base, allocation);
+  *pointer = allocation.base;
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr pointer) {
+  SIM_BEGIN(cuIpcCloseMemHandle);
+  auto it = s.allocations.find(pointer);
+  if (it == s.allocations.end() || it->second.kind != AllocationKind::IpcMapping)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (--it->second.ipc_opens == 0) release_allocation(s, it);
+  return CUDA_SUCCESS;
+}
+
+// --- Streams and events -----------------------------------------------------------
+
+SIM_EXPORT CUresult cuStreamCreate(CUstream* out, unsigned flags) {
+  SIM_BEGIN(cuStreamCreate);
+  SIM_CONTEXT();
+  if (!out || (flags & ~CU_STREAM_NON_BLOCKING)) return CUDA_ERROR_INVALID_VALUE;
+  auto stream = std::make_shared<SimStream>(context, flags);
+  context->streams.insert(stream);
+  s.streams.emplace(stream.get(), stream);
+  *out = reinterpret_cast<CUstream>(stream.get());
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuStreamDestroy_v2(CUstream handle) {
+  SIM_BEGIN(cuStreamDestroy);
+  auto it = s.streams.find(reinterpret_cast<SimStream*>(handle));
+  if (it == s.streams.end()) return CUDA_ERROR_INVALID_HANDLE;
+  auto stream = it->second;
+  s.streams.erase(it);
+  stream->context()->streams.erase(stream);
+  lock.unlock();
+  stream->shut_down();  // finishes queued work, as a GPU would after destroy returns
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuStreamSynchronize(CUstream handle) {
+  SIM_BEGIN(cuStreamSynchronize);
+  CUresult error = CUDA_SUCCESS;
+  auto stream = resolve_stream(s, handle, &error);
+  if (!stream) return error;
+  // A marker on the stream carries the legacy-stream dependencies with it.
+  const auto ticket = submit(stream, nullptr);
+  lock.unlock();
+  stream->wait_for(ticket);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuStreamQuery(CUstream handle) {
+  SIM_BEGIN(cuStreamQuery);
+  CUresult error = CUDA_SUCCESS;
+  auto stream = resolve_stream(s, handle, &error);
+  if (!stream) return error;
+  return stream->is_complete(stream->last_ticket()) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+SIM_EXPORT CUresult cuStreamAddCallback(CUstream handle, CUstreamCallback callback, void* user_data,
+                                        unsigned flags) {
+  SIM_BEGIN(cuStreamAddCallback);
+  if (!callback || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  return run_on_stream(s, handle, [=] { callback(handle, CUDA_SUCCESS, user_data); });
+}
+
+SIM_EXPORT CUresult cuEventCreate(CUevent* out, unsigned flags) {
+  SIM_BEGIN(cuEventCreate);
+  SIM_CONTEXT();
+  if (!out || (flags & ~0x7u)) return CUDA_ERROR_INVALID_VALUE;
+  auto event = std::make_shared<SimEvent>(context, flags);
+  s.events.emplace(event.get(), event);
+  *out = reinterpret_cast<CUevent>(event.get());
+  return CUDA_SUCCESS;
+}
+
+namespace {
+std::shared_ptr<SimEvent> find_event(State& s, CUevent handle) {
+  auto it = s.events.find(reinterpret_cast<SimEvent*>(handle));
+  return it == s.events.end() ? nullptr : it->second;
+}
+}  // namespace
+
+SIM_EXPORT CUresult cuEventDestroy_v2(CUevent handle) {
+  SIM_BEGIN(cuEventDestroy);
+  if (s.events.erase(reinterpret_cast<SimEvent*>(handle)) == 0) return CUDA_ERROR_INVALID_HANDLE;
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuEventRecord(CUevent handle, CUstream stream_handle) {
+  SIM_BEGIN(cuEventRecord);
+  auto event = find_event(s, handle);
+  if (!event) return CUDA_ERROR_INVALID_HANDLE;
+  std::uint64_t generation;
+  {
+    std::lock_guard event_lock(event->mutex);
+    generation = ++event->recorded;
+  }
+  return run_on_stream(s, stream_handle, [event, generation] {
+    std::lock_guard event_lock(event->mutex);
+    event->completed = std::max(event->completed, generation);
+    event->time = std::chrono::steady_clock::now();
+    event->done.notify_all();
+  });
+}
+
+SIM_EXPORT CUresult cuEventQuery(CUevent handle) {
+  SIM_BEGIN(cuEventQuery);
+  auto event = find_event(s, handle);
+  if (!event) return CUDA_ERROR_INVALID_HANDLE;
+  std::lock_guard event_lock(event->mutex);
+  return event->completed >= event->recorded ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+SIM_EXPORT CUresult cuEventSynchronize(CUevent handle) {
+  SIM_BEGIN(cuEventSynchronize);
+  auto event = find_event(s, handle);
+  if (!event) return CUDA_ERROR_INVALID_HANDLE;
+  lock.unlock();
+  std::unique_lock event_lock(event->mutex);
+  const auto target = event->recorded;
+  event->done.wait(event_lock, [&] { return event->completed >= target; });
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuStreamWaitEvent(CUstream stream_handle, CUevent handle, unsigned flags) {
+  SIM_BEGIN(cuStreamWaitEvent);
+  (void)flags;
+  auto event = find_event(s, handle);
+  if (!event) return CUDA_ERROR_INVALID_HANDLE;
+  std::uint64_t target;
+  {
+    std::lock_guard event_lock(event->mutex);
+    target = event->recorded;
+  }
+  return run_on_stream(s, stream_handle, [event, target] {
+    std::unique_lock event_lock(event->mutex);
+    event->done.wait(event_lock, [&] { return event->completed >= target; });
+  });
+}
+
+namespace {
+CUresult elapsed_time(float* milliseconds, CUevent start_handle, CUevent end_handle) {
+  SIM_BEGIN(cuEventElapsedTime);
+  if (!milliseconds) return CUDA_ERROR_INVALID_VALUE;
+  auto start = find_event(s, start_handle);
+  auto end = find_event(s, end_handle);
+  if (!start || !end) return CUDA_ERROR_INVALID_HANDLE;
+  if ((start->flags | end->flags) & CU_EVENT_DISABLE_TIMING) return CUDA_ERROR_INVALID_HANDLE;
+  std::scoped_lock event_locks(start->mutex, end->mutex);
+  if (start->recorded == 0 || end->recorded == 0) return CUDA_ERROR_INVALID_HANDLE;
+  if (start->completed < start->recorded || end->completed < end->recorded) return CUDA_ERROR_NOT_READY;
+  *milliseconds = std::chrono::duration<float, std::milli>(end->time - start->time).count();
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+SIM_EXPORT CUresult cuEventElapsedTime(float* ms, CUevent a, CUevent b) { return elapsed_time(ms, a, b); }
+SIM_EXPORT CUresult cuEventElapsedTime_v2(float* ms, CUevent a, CUevent b) { return elapsed_time(ms, a, b); }
+
+// --- Modules and launches ---------------------------------------------------------
+
+namespace {
+// Finds the names of the kernels a PTX text defines (".entry name(").
+std::set<std::string> ptx_entries(const char* text) {
+  std::set<std::string> entries;
+  const std::string ptx(text);
+  for (std::size_t at = ptx.find(".entry"); at != std::string::npos; at = ptx.find(".entry", at + 6)) {
+    std::size_t begin = at + 6;
+    while (begin < ptx.size() && std::isspace(static_cast<unsigned char>(ptx[begin]))) ++begin;
+    std::size_t end = begin;
+    while (end < ptx.size() && (std::isalnum(static_cast<unsigned char>(ptx[end])) || ptx[end] == '_' ||
+                                ptx[end] == '$' || ptx[end] == '.'))
+      ++end;
+    if (end > begin) entries.insert(ptx.substr(begin, end - begin));
+  }
+  return entries;
+}
+
+CUresult load_module(Fn entry, CUmodule* out, const void* image) {
+  SIM_BEGIN_AS(entry);
+  SIM_CONTEXT();
+  if (!out || !image) return CUDA_ERROR_INVALID_VALUE;
+  const char* text = static_cast<const char*>(image);
+  if (std::memcmp(text, "\x7f" "ELF", 4) == 0) return CUDA_ERROR_NOT_SUPPORTED;  // cubins: no
+  if (!std::strstr(text, ".version") || !std::strstr(text, ".target")) return CUDA_ERROR_INVALID_PTX;
+  auto module = std::make_unique<Module>();
+  module->context = context;
+  module->entries = ptx_entries(text);
+  *out = reinterpret_cast<CUmodule>(module.get());
+  s.modules.emplace(module.get(), std::move(module));
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+SIM_EXPORT CUresult cuModuleLoadData(CUmodule* out, const void* image) {
+  return load_module(Fn::cuModuleLoadData, out, image);
+}
+
+SIM_EXPORT CUresult cuModuleLoadDataEx(CUmodule* out, const void* image, unsigned, int*, void**) {
+  return load_module(Fn::cuModuleLoadDataEx, out, image);
+}
+
+SIM_EXPORT CUresult cuModuleUnload(CUmodule handle) {
+  SIM_BEGIN(cuModuleUnload);
+  auto it = s.modules.find(reinterpret_cast<Module*>(handle));
+  if (it == s.modules.end()) return CUDA_ERROR_INVALID_HANDLE;
+  for (auto& function : it->second->functions) s.functions.erase(function.second.get());
+  s.modules.erase(it);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuModuleGetFunction(CUfunction* out, CUmodule handle, const char* name) {
+  SIM_BEGIN(cuModuleGetFunction);
+  auto it = s.modules.find(reinterpret_cast<Module*>(handle));
+  if (it == s.modules.end()) return CUDA_ERROR_INVALID_HANDLE;
+  if (!out || !name) return CUDA_ERROR_INVALID_VALUE;
+  Module& module = *it->second;
+  if (!module.entries.count(name)) return CUDA_ERROR_NOT_FOUND;
+  auto& function = module.functions[name];
+  if (!function) {
+    function = std::make_unique<Function>(Function{&module, name});
+    s.functions.emplace(function.get(), &module);
+  }
+  *out = reinterpret_cast<CUfunction>(function.get());
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuModuleGetGlobal_v2(CUdeviceptr*, std::size_t*, CUmodule handle, const char*) {
+  SIM_BEGIN(cuModuleGetGlobal);
+  if (!s.modules.count(reinterpret_cast<Module*>(handle))) return CUDA_ERROR_INVALID_HANDLE;
+  return CUDA_ERROR_NOT_FOUND;  // module globals are not simulated
+}
+
+SIM_EXPORT CUresult cuLaunchKernel(CUfunction handle, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                   unsigned, unsigned, CUstream stream, void** params, void** extra) {
+  SIM_BEGIN(cuLaunchKernel);
+  auto* function = reinterpret_cast<Function*>(handle);
+  if (!s.functions.count(function)) return CUDA_ERROR_INVALID_HANDLE;
+  const EmulatedKernel* kernel = find_emulated_kernel(function->name);
+  if (!kernel || extra) {
+    std::fprintf(stderr, "cuemm simulated driver: kernel '%s' cannot run here (no host emulation)\n",
+                 function->name.c_str());
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  if (!params && !kernel->parameter_sizes.empty()) return CUDA_ERROR_INVALID_VALUE;
+  // Parameters are copied now: the caller may reuse its storage at once.
+  std::vector<std::vector<char>> copies;
+  for (std::size_t i = 0; i < kernel->parameter_sizes.size(); ++i) {
+    const char* bytes = static_cast<const char*>(params[i]);
+    copies.emplace_back(bytes, bytes + kernel->parameter_sizes[i]);
+  }
+  return run_on_stream(s, stream, [kernel, copies = std::move(copies)] { kernel->run(copies); });
+}
+
+SIM_EXPORT CUresult cuFuncGetAttribute(int* value, int attribute, CUfunction handle) {
+  SIM_BEGIN(cuFuncGetAttribute);
+  if (!value || !s.functions.count(reinterpret_cast<Function*>(handle))) return CUDA_ERROR_INVALID_VALUE;
+  *value = attribute == 0 ? 1024 : 0;  // MAX_THREADS_PER_BLOCK; sizes and registers read 0
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuFuncSetCacheConfig(CUfunction handle, int) {
+  SIM_BEGIN(cuFuncSetCacheConfig);
+  return s.functions.count(reinterpret_cast<Function*>(handle)) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+SIM_EXPORT CUresult cuLinkCreate_v2(unsigned, int*, void**, void*) {
+  SIM_BEGIN(cuLinkCreate);
+  return CUDA_ERROR_NOT_SUPPORTED;  // no linker in the simulation
+}
+
+SIM_EXPORT CUresult cuProfilerStart() {
+  SIM_ENTER(cuProfilerStart);
+  return CUDA_SUCCESS;
+}
+SIM_EXPORT CUresult cuProfilerStop() {
+  SIM_ENTER(cuProfilerStop);
+  return CUDA_SUCCESS;
+}
+
+// --- Control API ---------------------------------------------------------------------
+
+SIM_EXPORT unsigned long long cuemmSimLiveAllocations(int kind) {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  unsigned long long count = 0;
+  for (const auto& [base, allocation] : s.allocations) {
+    if (kind < 0 || static_cast<int>(allocation.kind) == kind) ++count;
+  }
+  return count;
+}
+
+SIM_EXPORT unsigned long long cuemmSimDeviceBytesInUse(int ordinal) {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  Device* device = device_at(s, ordinal);
+  return device ? device->used : 0;
+}

@@ -1,0 +1,128 @@
+// stream_engine.hpp: in-order asynchronous execution for simulated streams.
+//
+// Each stream owns one worker thread that runs its operations in FIFO order,
+// so work really is asynchronous to the caller (a freed block can still be in
+// use by a pending "kernel", as on a GPU). Ordering between streams is expressed
+// as dependencies on another stream's ticket: the operation waits until that
+// stream has completed the ticket. The legacy default stream's implicit
+// synchronisation is built from such dependencies by the driver front end.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace cuemm::sim {
+
+struct Context;
+
+class SimStream {
+ public:
+  using Operation = std::function<void()>;
+  struct Dependency {
+    std::shared_ptr<SimStream> stream;
+    std::uint64_t ticket;
+  };
+
+  SimStream(Context* context, unsigned flags) : context_(context), flags_(flags) {}
+  ~SimStream() { shut_down(); }
+  SimStream(const SimStream&) = delete;
+  SimStream& operator=(const SimStream&) = delete;
+
+  Context* context() const { return context_; }
+  bool blocking() const { return (flags_ & 0x1u) == 0; }
+
+  // Queues an operation that first waits for every dependency. Returns the
+  // operation's ticket.
+  std::uint64_t enqueue(Operation operation, std::vector<Dependency> dependencies = {}) {
+    std::unique_lock lock(mutex_);
+    if (!worker_.joinable()) worker_ = std::thread([this] { run(); });
+    queue_.push_back({std::move(operation), std::move(dependencies)});
+    const std::uint64_t ticket = ++enqueued_;
+    wake_.notify_all();
+    return ticket;
+  }
+
+  std::uint64_t last_ticket() const {
+    std::lock_guard lock(mutex_);
+    return enqueued_;
+  }
+  bool is_complete(std::uint64_t ticket) const {
+    std::lock_guard lock(mutex_);
+    return completed_ >= ticket;
+  }
+  void wait_for(std::uint64_t ticket) const {
+    std::unique_lock lock(mutex_);
+    done_.wait(lock, [&] { return completed_ >= ticket; });
+  }
+  void synchronize() const { wait_for(last_ticket()); }
+
+  // Drains the queue and stops the worker. Safe to call twice.
+  void shut_down() {
+    {
+      std::unique_lock lock(mutex_);
+      if (!worker_.joinable()) return;
+      stopping_ = true;
+      wake_.notify_all();
+    }
+    worker_.join();
+  }
+
+ private:
+  struct Queued {
+    Operation operation;
+    std::vector<Dependency> dependencies;
+  };
+
+  void run() {
+    for (;;) {
+      Queued next;
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping and drained
+        next = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      for (auto& dependency : next.dependencies) dependency.stream->wait_for(dependency.ticket);
+      if (next.operation) next.operation();
+      {
+        std::lock_guard lock(mutex_);
+        ++completed_;
+      }
+      done_.notify_all();
+    }
+  }
+
+  Context* context_;
+  unsigned flags_;
+  mutable std::mutex mutex_;
+  mutable std::condition_variable wake_;
+  mutable std::condition_variable done_;
+  std::deque<Queued> queue_;
+  std::uint64_t enqueued_ = 0;
+  std::uint64_t completed_ = 0;
+  bool stopping_ = false;
+  std::thread worker_;
+};
+
+// An event completes when the stream reaches the point where it was recorded.
+struct SimEvent {
+  explicit SimEvent(Context* context, unsigned flags) : context(context), flags(flags) {}
+  Context* context;
+  unsigned flags;
+  std::mutex mutex;
+  std::condition_variable done;
+  std::uint64_t recorded = 0;   // generation of the latest record
+  std::uint64_t completed = 0;  // generation the stream has reached
+  std::chrono::steady_clock::time_point time{};
+};
+
+}  // namespace cuemm::sim

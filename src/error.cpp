@@ -1,0 +1,64 @@
+#include "cuemm/error.hpp"
+
+#include <cstdio>
+
+namespace cuemm {
+namespace {
+
+struct ErrorName {
+  int code;
+  const char* name;
+};
+// The driver's own names, so messages need no driver call (and work while
+// the driver is still loading).
+constexpr ErrorName kErrorNames[] = {
+#include "driver/error_names.inc"
+};
+
+std::string compose(const std::string& name, const std::string& call, const std::string& detail) {
+  std::string message = "[" + name + "] Call to " + call + " results in " + name;
+  if (!detail.empty()) message += " (" + detail + ")";
+  return message;
+}
+
+}  // namespace
+
+std::string error_name(cuda::CUresult code) {
+  for (const auto& entry : kErrorNames) {
+    if (entry.code == code) return entry.name;
+  }
+  return "CUDA_ERROR_" + std::to_string(code);
+}
+
+std::string describe_bytes(std::size_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024.0 && unit < 5) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char text[64];
+  if (unit == 0) {
+    std::snprintf(text, sizeof text, "%zu bytes", bytes);
+  } else {
+    std::snprintf(text, sizeof text, "%.2f %s (%zu bytes)", value, kUnits[unit], bytes);
+  }
+  return text;
+}
+
+CudaError::CudaError(cuda::CUresult code, std::string call, const std::string& detail)
+    : CudaError(code, call, error_name(code), compose(error_name(code), call, detail)) {}
+
+CudaError::CudaError(cuda::CUresult code, std::string call, std::string code_name, const std::string& message)
+    : Error(message), code_(code), call_(std::move(call)), code_name_(std::move(code_name)) {}
+
+OutOfMemory::OutOfMemory(std::string call, std::size_t requested, const std::string& detail)
+    : CudaError(cuda::CUDA_ERROR_OUT_OF_MEMORY, call, error_name(cuda::CUDA_ERROR_OUT_OF_MEMORY),
+                compose(error_name(cuda::CUDA_ERROR_OUT_OF_MEMORY), call,
+                        requested == 0 ? detail
+                                       : "requested " + describe_bytes(requested) +
+                                             (detail.empty() ? "" : "; " + detail))),
+      requested_(requested) {}
+
+}  // namespace cuemm

@@ -1,0 +1,53 @@
+#include "cuemm/memory/default_memory_manager.hpp"
+
+#include "cuemm/driver/driver.hpp"
+#include "cuemm/runtime/context.hpp"
+#include "cuemm/runtime/device.hpp"
+
+namespace cuemm {
+
+std::shared_ptr<MemoryPointer> DefaultMemoryManager::memalloc(std::size_t size) {
+  if (size == 0) throw InvalidArgument("memalloc: size must be at least 1 byte (got 0)");
+  Context& ctx = context();
+  ScopedContext scope(ctx);
+  const cuda::CUdeviceptr pointer = with_flush_and_retry([&] {
+    cuda::CUdeviceptr allocated = 0;
+    CUEMM_CU_ALLOC(size, cuMemAlloc, &allocated, size);
+    return allocated;
+  });
+  Finalizer finalizer = track(pointer, size, [&ctx, pointer] {
+    ScopedContext release_scope(ctx);
+    CUEMM_CU(cuMemFree, pointer);
+  });
+  auto memory = std::make_shared<MemoryPointer>(&ctx, pointer, size, nullptr, std::move(finalizer));
+  adopt(pointer, memory);
+  return memory;
+}
+
+IpcHandle DefaultMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer>& memory) {
+  return export_device_memory(context(), memory);
+}
+
+MemoryInfo DefaultMemoryManager::get_memory_info() {
+  ScopedContext scope(context());
+  MemoryInfo info;
+  CUEMM_CU(cuMemGetInfo, &info.free, &info.total);
+  return info;
+}
+
+IpcHandle export_device_memory(Context& context, const std::shared_ptr<MemoryPointer>& memory) {
+  if (!memory) throw InvalidArgument("get_ipc_handle: the memory pointer is null");
+  if (memory->kind() != MemoryKind::Device)
+    throw InvalidArgument(std::string("get_ipc_handle: only device memory can be exported (got ") +
+                          to_string(memory->kind()) + " memory)");
+  ScopedContext scope(context);
+  cuda::CUdeviceptr base = 0;
+  std::size_t extent = 0;
+  CUEMM_CU(cuMemGetAddressRange, &base, &extent, memory->device_pointer());
+  cuda::CUipcMemHandle handle{};
+  CUEMM_CU(cuIpcGetMemHandle, &handle, base);
+  return IpcHandle(memory, handle, memory->size(), context.device().identity(),
+                   static_cast<std::size_t>(memory->device_pointer() - base));
+}
+
+}  // namespace cuemm

@@ -1,0 +1,207 @@
+#include "cuemm/memory/host_only_memory_manager.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "cuemm/driver/driver.hpp"
+#include "cuemm/runtime/context.hpp"
+#include "cuemm/runtime/device.hpp"
+
+namespace cuemm {
+
+DeallocationPolicy DeallocationPolicy::from_environment() {
+  DeallocationPolicy policy;
+  if (const char* text = std::getenv("CUEMM_MAX_PENDING_DEALLOCS_COUNT"); text && *text) {
+    char* end = nullptr;
+    const long long value = std::strtoll(text, &end, 10);
+    if (*end != '\0' || value < 0)
+      throw InvalidArgument(std::string("CUEMM_MAX_PENDING_DEALLOCS_COUNT must be a count >= 0 (got '") + text + "')");
+    policy.max_pending_count = static_cast<std::size_t>(value);
+  }
+  if (const char* text = std::getenv("CUEMM_MAX_PENDING_DEALLOCS_RATIO"); text && *text) {
+    char* end = nullptr;
+    const double value = std::strtod(text, &end);
+    if (*end != '\0' || !(value >= 0.0 && value <= 1.0))
+      throw InvalidArgument(std::string("CUEMM_MAX_PENDING_DEALLOCS_RATIO must be between 0 and 1 (got '") + text +
+                            "')");
+    policy.max_pending_ratio = value;
+  }
+  return policy;
+}
+
+HostOnlyMemoryManager::HostOnlyMemoryManager(Context* context, DeallocationPolicy policy)
+    : BaseMemoryManager(context), policy_(policy), tracker_(std::make_shared<Tracker>(policy.max_pending_count)) {}
+
+HostOnlyMemoryManager::~HostOnlyMemoryManager() { tracker_->pending.flush_all(); }
+
+void HostOnlyMemoryManager::Tracker::finalize(std::uintptr_t address) noexcept {
+  Entry entry;
+  {
+    std::lock_guard lock(mutex);
+    auto it = live.find(address);
+    if (it == live.end()) return;  // already released by reset()
+    entry = std::move(it->second);
+    live.erase(it);
+  }
+  try {
+    pending.add(std::move(entry.release), entry.bytes);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "cuemm: queueing a release failed: %s\n", error.what());
+  }
+}
+
+Finalizer HostOnlyMemoryManager::track(std::uintptr_t address, std::size_t bytes, std::function<void()> release) {
+  {
+    std::lock_guard lock(tracker_->mutex);
+    tracker_->live[address] = Tracker::Entry{{}, std::move(release), bytes};
+  }
+  return [tracker = std::weak_ptr<Tracker>(tracker_), address] {
+    if (auto owner = tracker.lock()) owner->finalize(address);
+  };
+}
+
+void HostOnlyMemoryManager::adopt(std::uintptr_t address, const std::shared_ptr<MemoryPointer>& memory) {
+  std::lock_guard lock(tracker_->mutex);
+  if (auto it = tracker_->live.find(address); it != tracker_->live.end()) it->second.memory = memory;
+}
+
+std::size_t HostOnlyMemoryManager::live_allocations() const {
+  std::lock_guard lock(tracker_->mutex);
+  return tracker_->live.size();
+}
+
+void HostOnlyMemoryManager::initialize() {
+  // The byte threshold is a share of the device's memory, known once the
+  // context exists (Numba reads it here too).
+  if (!capacity_known_ && has_context()) {
+    try {
+      const MemoryInfo info = get_memory_info();
+      deallocations().set_max_bytes(static_cast<std::size_t>(static_cast<double>(info.total) *
+                                                             policy_.max_pending_ratio));
+      capacity_known_ = true;
+    } catch (const Error&) {
+      // A manager that cannot report memory keeps only the count threshold.
+    }
+  }
+  on_initialize();
+}
+
+void HostOnlyMemoryManager::reset() {
+  std::unordered_map<std::uintptr_t, Tracker::Entry> live;
+  {
+    std::lock_guard lock(tracker_->mutex);
+    live.swap(tracker_->live);
+  }
+  for (auto& [address, entry] : live) {
+    if (auto memory = entry.memory.lock()) memory->mark_released();
+    try {
+      entry.release();
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "cuemm: releasing memory during reset failed: %s\n", error.what());
+    }
+  }
+  deallocations().flush_all();
+  on_reset();
+}
+
+CleanupGuard HostOnlyMemoryManager::defer_cleanup() {
+  CleanupGuard host_side = deallocations().defer();
+  CleanupGuard guard = on_defer_cleanup();
+  guard.attach(std::move(host_side));  // the subclass's deferral ends first
+  return guard;
+}
+
+namespace {
+std::function<void()> in_context(Context& context, std::function<void()> release) {
+  return [&context, release = std::move(release)] {
+    ScopedContext scope(context);
+    release();
+  };
+}
+
+void check_size(std::size_t size, const char* call) {
+  if (size == 0) throw InvalidArgument(std::string(call) + ": size must be at least 1 byte (got 0)");
+}
+
+// Turns a fresh allocation into a tracked pointer; if making the pointer
+// fails, the allocation is released at once rather than leaked.
+template <typename Make>
+std::shared_ptr<MemoryPointer> make_tracked(Make&& make, const std::function<void()>& release_now) {
+  try {
+    return make();
+  } catch (...) {
+    release_now();
+    throw;
+  }
+}
+}  // namespace
+
+std::shared_ptr<MemoryPointer> HostOnlyMemoryManager::memhostalloc(std::size_t size, bool mapped, bool portable,
+                                                                   bool wc) {
+  check_size(size, "memhostalloc");
+  Context& ctx = context();
+  const unsigned flags = (mapped ? cuda::CU_MEMHOSTALLOC_DEVICEMAP : 0u) |
+                         (portable ? cuda::CU_MEMHOSTALLOC_PORTABLE : 0u) |
+                         (wc ? cuda::CU_MEMHOSTALLOC_WRITECOMBINED : 0u);
+  ScopedContext scope(ctx);
+  void* pointer = with_flush_and_retry([&] {
+    void* allocated = nullptr;
+    CUEMM_CU_ALLOC(size, cuMemHostAlloc, &allocated, size, flags);
+    return allocated;
+  });
+  const auto address = reinterpret_cast<std::uintptr_t>(pointer);
+  auto release = in_context(ctx, [pointer] { CUEMM_CU(cuMemFreeHost, pointer); });
+  Finalizer finalizer = track(address, size, release);
+  auto memory = make_tracked(
+      [&]() -> std::shared_ptr<MemoryPointer> {
+        if (mapped) return std::make_shared<MappedMemory>(&ctx, pointer, size, nullptr, finalizer);
+        return std::make_shared<PinnedMemory>(&ctx, pointer, size, nullptr, finalizer);
+      },
+      [&] { finalizer(); deallocations().flush_all(); });
+  adopt(address, memory);
+  return memory;
+}
+
+std::shared_ptr<MemoryPointer> HostOnlyMemoryManager::mempin(std::shared_ptr<const void> owner, void* pointer,
+                                                             std::size_t size, bool mapped) {
+  if (!pointer) throw InvalidArgument("mempin: the pointer is null");
+  check_size(size, "mempin");
+  Context& ctx = context();
+  const unsigned flags = mapped ? cuda::CU_MEMHOSTREGISTER_DEVICEMAP : 0u;
+  ScopedContext scope(ctx);
+  with_flush_and_retry([&] {
+    CUEMM_CU_ALLOC(size, cuMemHostRegister, pointer, size, flags);
+    return 0;
+  });
+  const auto address = reinterpret_cast<std::uintptr_t>(pointer);
+  auto release = in_context(ctx, [pointer] { CUEMM_CU(cuMemHostUnregister, pointer); });
+  Finalizer finalizer = track(address, size, release);
+  auto memory = make_tracked(
+      [&]() -> std::shared_ptr<MemoryPointer> {
+        if (mapped) return std::make_shared<MappedMemory>(&ctx, pointer, size, owner, finalizer);
+        return std::make_shared<PinnedMemory>(&ctx, pointer, size, owner, finalizer);
+      },
+      [&] { finalizer(); deallocations().flush_all(); });
+  adopt(address, memory);
+  return memory;
+}
+
+std::shared_ptr<MemoryPointer> HostOnlyMemoryManager::memallocmanaged(std::size_t size, bool attach_global) {
+  check_size(size, "memallocmanaged");
+  Context& ctx = context();
+  const unsigned flags = attach_global ? cuda::CU_MEM_ATTACH_GLOBAL : cuda::CU_MEM_ATTACH_HOST;
+  ScopedContext scope(ctx);
+  const cuda::CUdeviceptr pointer = with_flush_and_retry([&] {
+    cuda::CUdeviceptr allocated = 0;
+    CUEMM_CU_ALLOC(size, cuMemAllocManaged, &allocated, size, flags);
+    return allocated;
+  });
+  auto release = in_context(ctx, [pointer] { CUEMM_CU(cuMemFree, pointer); });
+  Finalizer finalizer = track(pointer, size, release);
+  auto memory = std::make_shared<ManagedMemory>(&ctx, pointer, size, nullptr, finalizer);
+  adopt(pointer, memory);
+  return memory;
+}
+
+}  // namespace cuemm

@@ -1,0 +1,182 @@
+#include "cuemm/memory/ipc_handle.hpp"
+
+#include <unistd.h>
+
+#include <array>
+#include <cstring>
+#include <mutex>
+#include <set>
+
+#include "cuemm/driver/driver.hpp"
+#include "cuemm/error.hpp"
+#include "cuemm/memory/memory_pointer.hpp"
+#include "cuemm/runtime/context.hpp"
+#include "cuemm/runtime/device.hpp"
+
+namespace cuemm {
+namespace {
+
+using HandleBytes = std::array<char, cuda::kIpcHandleSize>;
+
+// Driver handles this process exported: the driver refuses to open them here,
+// and we say so clearly first.
+struct ExportedHandles {
+  std::mutex mutex;
+  std::set<HandleBytes> handles;
+};
+ExportedHandles& exported() {
+  static ExportedHandles* table = new ExportedHandles();
+  return *table;
+}
+HandleBytes bytes_of(const cuda::CUipcMemHandle& handle) {
+  HandleBytes bytes;
+  std::memcpy(bytes.data(), handle.reserved, bytes.size());
+  return bytes;
+}
+
+constexpr char kMagic[8] = {'C', 'U', 'E', 'M', 'M', 'I', 'P', 'C'};
+constexpr std::uint32_t kFormatVersion = 1;
+constexpr std::size_t kSerializedSize = 8 + 4 + cuda::kIpcHandleSize + 8 + 8 + 1 + 3 * 4;
+
+template <typename T>
+void put(std::vector<std::uint8_t>& out, const T& value) {
+  const auto* bytes = reinterpret_cast<const std::uint8_t*>(&value);
+  out.insert(out.end(), bytes, bytes + sizeof(T));
+}
+template <typename T>
+T take(const std::uint8_t*& cursor) {
+  T value;
+  std::memcpy(&value, cursor, sizeof(T));
+  cursor += sizeof(T);
+  return value;
+}
+
+}  // namespace
+
+std::string DeviceIdentity::to_string() const {
+  return "{pci_domain_id: " + std::to_string(pci_domain_id) + ", pci_bus_id: " + std::to_string(pci_bus_id) +
+         ", pci_device_id: " + std::to_string(pci_device_id) + "}";
+}
+
+IpcHandle::IpcHandle(std::shared_ptr<MemoryPointer> base, const cuda::CUipcMemHandle& handle, std::size_t size,
+                     std::optional<DeviceIdentity> source_info, std::size_t offset)
+    : base_(std::move(base)), handle_(handle), size_(size), source_info_(source_info), offset_(offset) {
+  if (base_) {
+    auto& table = exported();
+    std::lock_guard lock(table.mutex);
+    table.handles.insert(bytes_of(handle_));
+  }
+}
+
+IpcHandle::IpcHandle(IpcHandle&&) noexcept = default;
+IpcHandle& IpcHandle::operator=(IpcHandle&&) noexcept = default;
+IpcHandle::~IpcHandle() = default;
+
+std::vector<std::uint8_t> IpcHandle::to_bytes() const {
+  std::vector<std::uint8_t> out;
+  out.reserve(kSerializedSize);
+  out.insert(out.end(), kMagic, kMagic + sizeof kMagic);
+  put(out, kFormatVersion);
+  out.insert(out.end(), handle_.reserved, handle_.reserved + cuda::kIpcHandleSize);
+  put(out, static_cast<std::uint64_t>(size_));
+  put(out, static_cast<std::uint64_t>(offset_));
+  put(out, static_cast<std::uint8_t>(source_info_ ? 1 : 0));
+  const DeviceIdentity source = source_info_.value_or(DeviceIdentity{});
+  put(out, static_cast<std::int32_t>(source.pci_domain_id));
+  put(out, static_cast<std::int32_t>(source.pci_bus_id));
+  put(out, static_cast<std::int32_t>(source.pci_device_id));
+  return out;
+}
+
+IpcHandle IpcHandle::from_bytes(const std::vector<std::uint8_t>& bytes) {
+  if (bytes.size() != kSerializedSize || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) {
+    throw InvalidArgument("not a serialised cuemm IPC handle (" + std::to_string(bytes.size()) + " bytes; expected " +
+                          std::to_string(kSerializedSize) + " starting with CUEMMIPC)");
+  }
+  const std::uint8_t* cursor = bytes.data() + sizeof kMagic;
+  const auto version = take<std::uint32_t>(cursor);
+  if (version != kFormatVersion)
+    throw InvalidArgument("IPC handle format version " + std::to_string(version) + " is not supported (expected " +
+                          std::to_string(kFormatVersion) + ")");
+  cuda::CUipcMemHandle handle;
+  std::memcpy(handle.reserved, cursor, cuda::kIpcHandleSize);
+  cursor += cuda::kIpcHandleSize;
+  const auto size = take<std::uint64_t>(cursor);
+  const auto offset = take<std::uint64_t>(cursor);
+  const bool has_source = take<std::uint8_t>(cursor) != 0;
+  DeviceIdentity source;
+  source.pci_domain_id = take<std::int32_t>(cursor);
+  source.pci_bus_id = take<std::int32_t>(cursor);
+  source.pci_device_id = take<std::int32_t>(cursor);
+  return IpcHandle(nullptr, handle, size, has_source ? std::optional(source) : std::nullopt, offset);
+}
+
+std::string IpcHandle::to_hex() const {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string text;
+  for (std::uint8_t byte : to_bytes()) {
+    text.push_back(kDigits[byte >> 4]);
+    text.push_back(kDigits[byte & 15]);
+  }
+  return text;
+}
+
+IpcHandle IpcHandle::from_hex(const std::string& text) {
+  auto digit = [&](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    throw InvalidArgument("IPC handle text has a non-hex character '" + std::string(1, c) + "'");
+  };
+  if (text.size() % 2) throw InvalidArgument("IPC handle text has an odd length (" + std::to_string(text.size()) + ")");
+  std::vector<std::uint8_t> bytes;
+  for (std::size_t i = 0; i < text.size(); i += 2)
+    bytes.push_back(static_cast<std::uint8_t>(digit(text[i]) * 16 + digit(text[i + 1])));
+  return from_bytes(bytes);
+}
+
+std::shared_ptr<MemoryPointer> IpcHandle::open(Context& context) {
+  if (opened_) throw StateError("IpcHandle is already opened (close it before opening it again)");
+  {
+    auto& table = exported();
+    std::lock_guard lock(table.mutex);
+    if (table.handles.count(bytes_of(handle_))) {
+      throw StateError("this IPC handle was exported by this process (pid " + std::to_string(getpid()) +
+                       "); only another process can open it");
+    }
+  }
+  if (!source_info_ || *source_info_ == context.device().identity()) return open_direct(context);
+  return open_staged(context);
+}
+
+std::shared_ptr<MemoryPointer> IpcHandle::open_direct(Context& context) {
+  opened_ = context.open_ipc_handle(handle_, offset_ + size_);
+  staged_ = false;
+  return opened_->view(offset_, offset_ + size_);
+}
+
+// The importing device cannot map the source device's memory: map it on the
+// source device and copy it into memory from the importing context's manager.
+// The copy is not owned by the handle (the manager owns it).
+std::shared_ptr<MemoryPointer> IpcHandle::open_staged(Context& context) {
+  Context& source = Device::from_identity(*source_info_).primary_context();
+  auto mapping = source.open_ipc_handle(handle_, offset_ + size_);
+  auto copy = context.memalloc(size_);
+  {
+    ScopedContext scope(context);
+    CUEMM_CU(cuMemcpyDtoD, copy->device_pointer(), mapping->device_pointer() + offset_, size_);
+  }
+  mapping->free();  // unmaps on the source device
+  opened_ = copy;
+  staged_ = true;
+  return copy;
+}
+
+void IpcHandle::close() {
+  if (!opened_) throw StateError("IpcHandle not opened (nothing to close)");
+  auto opened = std::move(opened_);
+  if (!staged_) opened->free();  // cuIpcCloseMemHandle
+  staged_ = false;
+}
+
+}  // namespace cuemm

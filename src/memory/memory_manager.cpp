@@ -1,0 +1,19 @@
+#include "cuemm/memory/memory_manager.hpp"
+
+#include <typeinfo>
+
+#include "cuemm/error.hpp"
+
+namespace cuemm {
+
+std::shared_ptr<MemoryPointer> BaseMemoryManager::memallocmanaged(std::size_t size, bool) {
+  throw Error("this memory manager does not provide managed memory (memallocmanaged of " +
+              std::to_string(size) + " bytes)");
+}
+
+Context& BaseMemoryManager::context() const {
+  if (!context_) throw StateError("this memory manager instance has no context (it was made to read its version)");
+  return *context_;
+}
+
+}  // namespace cuemm

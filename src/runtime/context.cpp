@@ -1,0 +1,136 @@
+#include "cuemm/runtime/context.hpp"
+
+#include <string>
+
+#include "cuemm/driver/driver.hpp"
+#include "cuemm/memory/registry.hpp"
+#include "cuemm/runtime/device.hpp"
+#include "cuemm/runtime/module.hpp"
+#include "cuemm/runtime/stream.hpp"
+
+namespace cuemm {
+
+namespace detail {
+Context* find_context(cuda::CUcontext handle);
+}
+
+Context::Context(Device& device, cuda::CUcontext handle)
+    : device_(device), handle_(handle), deallocations_(10), memory_manager_(detail::create_memory_manager(*this)) {}
+
+Context::~Context() { deallocations_.flush_all(); }
+
+void Context::prepare_for_use() { memory_manager_->initialize(); }
+
+void Context::reset() {
+  deallocations_.flush_all();
+  memory_manager_->reset();
+  generation_.fetch_add(1);
+}
+
+MemoryInfo Context::get_memory_info() { return memory_manager_->get_memory_info(); }
+
+namespace {
+void require_size(std::size_t size, const char* call) {
+  if (size == 0) throw InvalidArgument(std::string(call) + ": size must be at least 1 byte (got 0)");
+}
+}  // namespace
+
+std::shared_ptr<MemoryPointer> Context::memalloc(std::size_t size) {
+  require_size(size, "memalloc");
+  return memory_manager_->memalloc(size);
+}
+
+std::shared_ptr<MemoryPointer> Context::memhostalloc(std::size_t size, bool mapped, bool portable, bool wc) {
+  require_size(size, "memhostalloc");
+  return memory_manager_->memhostalloc(size, mapped, portable, wc);
+}
+
+std::shared_ptr<MemoryPointer> Context::mempin(std::shared_ptr<const void> owner, void* pointer, std::size_t size,
+                                               bool mapped) {
+  if (!pointer) throw InvalidArgument("mempin: the pointer is null");
+  require_size(size, "mempin");
+  if (mapped && !device_.can_map_host_memory())
+    throw InvalidArgument("mempin: device " + std::to_string(device_.id()) + " cannot map host memory");
+  return memory_manager_->mempin(std::move(owner), pointer, size, mapped);
+}
+
+std::shared_ptr<MemoryPointer> Context::memallocmanaged(std::size_t size, bool attach_global) {
+  require_size(size, "memallocmanaged");
+  return memory_manager_->memallocmanaged(size, attach_global);
+}
+
+IpcHandle Context::get_ipc_handle(const std::shared_ptr<MemoryPointer>& memory) {
+  if (!memory) throw InvalidArgument("get_ipc_handle: the memory pointer is null");
+  return memory_manager_->get_ipc_handle(memory);
+}
+
+CleanupGuard Context::defer_cleanup() {
+  CleanupGuard guard = memory_manager_->defer_cleanup();
+  guard.attach(deallocations_.defer());
+  return guard;
+}
+
+std::shared_ptr<MemoryPointer> Context::open_ipc_handle(const cuda::CUipcMemHandle& handle, std::size_t size) {
+  ScopedContext scope(*this);
+  cuda::CUdeviceptr pointer = 0;
+  CUEMM_CU(cuIpcOpenMemHandle, &pointer, handle, cuda::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  return std::make_shared<MemoryPointer>(this, pointer, size, nullptr, [this, pointer] {
+    ScopedContext close_scope(*this);
+    CUEMM_CU(cuIpcCloseMemHandle, pointer);
+  });
+}
+
+Stream Context::create_stream(bool non_blocking) {
+  ScopedContext scope(*this);
+  cuda::CUstream handle = nullptr;
+  CUEMM_CU(cuStreamCreate, &handle, non_blocking ? cuda::CU_STREAM_NON_BLOCKING : cuda::CU_STREAM_DEFAULT);
+  return Stream(this, handle, true);
+}
+
+Event Context::create_event(bool timing) {
+  ScopedContext scope(*this);
+  cuda::CUevent handle = nullptr;
+  CUEMM_CU(cuEventCreate, &handle, timing ? cuda::CU_EVENT_DEFAULT : cuda::CU_EVENT_DISABLE_TIMING);
+  return Event(this, handle);
+}
+
+Module Context::load_module(std::string_view image) {
+  if (image.empty()) throw InvalidArgument("load_module: the image is empty");
+  const std::string terminated(image);  // PTX must be NUL-terminated
+  ScopedContext scope(*this);
+  cuda::CUmodule handle = nullptr;
+  CUEMM_CU(cuModuleLoadDataEx, &handle, terminated.c_str(), 0, nullptr, nullptr);
+  return Module(this, handle);
+}
+
+void Context::synchronize() {
+  ScopedContext scope(*this);
+  CUEMM_CU(cuCtxSynchronize);
+}
+
+Context& current_context() {
+  cuda::CUcontext handle = nullptr;
+  CUEMM_CU(cuCtxGetCurrent, &handle);
+  if (handle) {
+    if (Context* context = detail::find_context(handle)) return *context;
+    throw StateError("the CUDA context current on this thread was not made by cuemm (only primary contexts are)");
+  }
+  Context& context = Device::get(0).primary_context();
+  CUEMM_CU(cuCtxPushCurrent, context.handle());
+  return context;
+}
+
+ScopedContext::ScopedContext(const Context& context) {
+  cuda::CUcontext current = nullptr;
+  CUEMM_CU(cuCtxGetCurrent, &current);
+  if (current != context.handle()) {
+    CUEMM_CU(cuCtxPushCurrent, context.handle());
+    pushed_ = true;
+  }
+}
+
+ScopedContext::~ScopedContext() {
+  if (pushed_) CUEMM_CU_RESULT(cuCtxPopCurrent, nullptr);
+}
+
+}  // namespace cuemm
