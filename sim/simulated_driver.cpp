@@ -248,10 +248,15 @@ std::uint64_t submit(const std::shared_ptr<SimStream>& stream, SimStream::Operat
 
 // Runs an operation on the legacy stream and waits for it: the synchronous
 // copies and memsets.
-CUresult run_synchronously(State& s, std::unique_lock<std::mutex>& lock,
+CUresult run_synchronously(State& s, std::unique_lock<std::mutex>& lock, CUdeviceptr memory,
                            SimStream::Operation operation) {
   Context* context = current_context(s);
-  if (!context) return CUDA_ERROR_INVALID_CONTEXT;
+  if (!context) {
+    // Unified addressing: the device memory involved names its context.
+    Allocation* allocation = s.find(memory);
+    if (!allocation || !is_live(s, allocation->context)) return CUDA_ERROR_INVALID_CONTEXT;
+    context = allocation->context;
+  }
   auto stream = context->legacy;
   const auto ticket = submit(stream, std::move(operation));
   lock.unlock();
@@ -675,11 +680,13 @@ SIM_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* pointer, std::size_t size, un
 
 SIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr pointer) {
   SIM_BEGIN(cuMemFree);
-  SIM_CONTEXT();
+  // Like the real driver (unified addressing), the pointer names its context:
+  // no context needs to be current.
   auto it = s.allocations.find(pointer);
   if (it == s.allocations.end() || (it->second.kind != AllocationKind::Device &&
                                     it->second.kind != AllocationKind::Managed))
     return CUDA_ERROR_INVALID_VALUE;
+  Context* context = it->second.context;
   // cuMemFree waits for the device, as on a GPU: pending work may still use it.
   synchronize_context(lock, context);
   it = s.allocations.find(pointer);  // the table may have changed while unlocked
@@ -690,7 +697,6 @@ SIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr pointer) {
 
 SIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, std::size_t* size, CUdeviceptr pointer) {
   SIM_BEGIN(cuMemGetAddressRange);
-  SIM_CONTEXT();
   Allocation* allocation = s.find(pointer);
   if (!allocation) return CUDA_ERROR_NOT_FOUND;
   if (base) *base = allocation->base;
@@ -839,21 +845,21 @@ SIM_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, std::size_
   SIM_BEGIN(cuMemcpyHtoD);
   SIM_CHECK_DEVICE_RANGE(dst, bytes);
   if (bytes && !src) return CUDA_ERROR_INVALID_VALUE;
-  return run_synchronously(s, lock, [=] { std::memcpy(reinterpret_cast<void*>(dst), src, bytes); });
+  return run_synchronously(s, lock, dst, [=] { std::memcpy(reinterpret_cast<void*>(dst), src, bytes); });
 }
 
 SIM_EXPORT CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, std::size_t bytes) {
   SIM_BEGIN(cuMemcpyDtoH);
   SIM_CHECK_DEVICE_RANGE(src, bytes);
   if (bytes && !dst) return CUDA_ERROR_INVALID_VALUE;
-  return run_synchronously(s, lock, [=] { std::memcpy(dst, reinterpret_cast<void*>(src), bytes); });
+  return run_synchronously(s, lock, src, [=] { std::memcpy(dst, reinterpret_cast<void*>(src), bytes); });
 }
 
 SIM_EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes) {
   SIM_BEGIN(cuMemcpyDtoD);
   SIM_CHECK_DEVICE_RANGE(dst, bytes);
   SIM_CHECK_DEVICE_RANGE(src, bytes);
-  return run_synchronously(s, lock, [=] {
+  return run_synchronously(s, lock, dst, [=] {
     std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<void*>(src), bytes);
   });
 }
@@ -886,7 +892,7 @@ SIM_EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, std::
 SIM_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, std::size_t count) {
   SIM_BEGIN(cuMemsetD8);
   SIM_CHECK_DEVICE_RANGE(dst, count);
-  return run_synchronously(s, lock, [=] { std::memset(reinterpret_cast<void*>(dst), value, count); });
+  return run_synchronously(s, lock, dst, [=] { std::memset(reinterpret_cast<void*>(dst), value, count); });
 }
 
 SIM_EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, std::size_t count,
@@ -907,7 +913,7 @@ SIM_EXPORT CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned value, std::size_t 
   SIM_BEGIN(cuMemsetD32);
   if (dst % 4) return CUDA_ERROR_INVALID_VALUE;
   SIM_CHECK_DEVICE_RANGE(dst, count * 4);
-  return run_synchronously(s, lock, [=] { fill32(dst, value, count); });
+  return run_synchronously(s, lock, dst, [=] { fill32(dst, value, count); });
 }
 
 SIM_EXPORT CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned value, std::size_t count, CUstream stream) {
