@@ -15,3 +15,4 @@
 #include "cuemm/runtime/device_array.hpp"
 #include "cuemm/runtime/module.hpp"
 #include "cuemm/runtime/stream.hpp"
+#include "cuemm/driver/simulation.hpp"

@@ -1,0 +1,107 @@
+// Helpers shared by the tests: driver checks, a recording plugin, test kernels.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cuemm/cuemm.hpp"
+
+namespace cuemm::testing {
+
+// Tests that read the simulated driver's counters or inject faults skip, with
+// this reason, on the real driver.
+#define CUEMM_REQUIRE_SIMULATION()                                                                        \
+  do {                                                                                                    \
+    if (!::cuemm::simulation::active())                                                                   \
+      GTEST_SKIP() << "needs the simulated driver's call counters and fault injection (running on "     \
+                   << ::cuemm::driver::Driver::get().library_path() << ")";                              \
+  } while (0)
+
+inline std::string test_kernels_ptx() {
+  std::ifstream file(CUEMM_TEST_KERNELS_PTX);
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+// What a RecordingManager saw, shared so tests can read it after the context
+// owns the manager.
+struct ManagerLog {
+  std::mutex mutex;
+  std::vector<std::string> events;
+  std::atomic<int> finalized{0};
+  void add(const std::string& event) {
+    std::lock_guard lock(mutex);
+    events.push_back(event);
+  }
+  std::vector<std::string> snapshot() {
+    std::lock_guard lock(mutex);
+    return events;
+  }
+  int count(const std::string& event) {
+    std::lock_guard lock(mutex);
+    int n = 0;
+    for (const auto& e : events) n += e == event;
+    return n;
+  }
+};
+
+inline std::shared_ptr<ManagerLog>& recording_log() {
+  static auto log = std::make_shared<ManagerLog>();
+  return log;
+}
+
+// A device-only plugin that records every call. It hands out distinct fake
+// addresses and never calls the driver for device memory, so any cuMemAlloc or
+// cuMemFree seen while it is in use was made by the runtime itself.
+class RecordingManager : public HostOnlyMemoryManager {
+ public:
+  explicit RecordingManager(Context* context) : HostOnlyMemoryManager(context) {}
+
+  std::shared_ptr<MemoryPointer> memalloc(std::size_t size) override {
+    log_->add("memalloc");
+    if (!initialized_) log_->add("memalloc-before-initialize");
+    // Addresses handed out are fake but distinct; no device memory is touched.
+    const std::uintptr_t address = next_.fetch_add((size + 255) / 256 * 256);
+    auto log = log_;
+    return std::make_shared<MemoryPointer>(&context(), address, size, nullptr, [log] {
+      log->finalized.fetch_add(1);
+      log->add("finalize");
+    });
+  }
+  IpcHandle get_ipc_handle(const std::shared_ptr<MemoryPointer>& memory) override {
+    log_->add("get_ipc_handle");
+    cuda::CUipcMemHandle handle{};
+    return IpcHandle(memory, handle, memory->size(), std::nullopt, 0);
+  }
+  MemoryInfo get_memory_info() override {
+    log_->add("get_memory_info");
+    return {1234, 5678};
+  }
+
+ protected:
+  void on_initialize() override {
+    initialized_ = true;
+    log_->add("initialize");
+  }
+  void on_reset() override { log_->add("reset"); }
+  CleanupGuard on_defer_cleanup() override {
+    log_->add("defer_cleanup");
+    auto log = log_;
+    return CleanupGuard([log] { log->add("defer_cleanup_end"); });
+  }
+
+ private:
+  std::shared_ptr<ManagerLog> log_ = recording_log();
+  std::atomic<std::uintptr_t> next_{0x7f0000000000};
+  bool initialized_ = false;
+};
+
+}  // namespace cuemm::testing

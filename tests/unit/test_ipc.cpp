@@ -1,0 +1,121 @@
+// IPC handles: serialisation, errors, and opening in another process, directly
+// and staged through a second device. Run with CUEMM_SIM_DEVICES=2 on the
+// simulated driver so the staged path is exercised without two GPUs.
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <cstring>
+#include <numeric>
+
+#include "support/test_support.hpp"
+
+extern char** environ;
+
+using namespace cuemm;
+
+namespace {
+
+// Runs the importing process and returns its exit status.
+int run_child(const IpcHandle& handle, int device, std::size_t count, std::uint32_t first, const char* mode) {
+  const std::string hex = handle.to_hex();
+  const std::string device_text = std::to_string(device);
+  const std::string count_text = std::to_string(count);
+  const std::string first_text = std::to_string(first);
+  const char* path = CUEMM_IPC_CHILD_PATH;
+  std::vector<char*> args = {const_cast<char*>(path), const_cast<char*>(hex.c_str()),
+                             const_cast<char*>(device_text.c_str()), const_cast<char*>(count_text.c_str()),
+                             const_cast<char*>(first_text.c_str()), const_cast<char*>(mode), nullptr};
+  pid_t pid = 0;
+  if (posix_spawn(&pid, path, nullptr, nullptr, args.data(), environ) != 0) return -1;
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+class Ipc : public ::testing::Test {
+ protected:
+  Context& context = current_context();
+};
+
+}  // namespace
+
+TEST_F(Ipc, HandlesSurviveSerialisation) {
+  auto memory = context.memalloc(1 << 16);
+  auto view = memory->view(4096, 8192);
+  IpcHandle handle = context.get_ipc_handle(view);
+  EXPECT_EQ(handle.offset(), 4096u);
+  EXPECT_EQ(handle.size(), 4096u);
+  ASSERT_TRUE(handle.source_info().has_value());
+  EXPECT_EQ(*handle.source_info(), context.device().identity());
+  IpcHandle copy = IpcHandle::from_hex(handle.to_hex());
+  EXPECT_EQ(copy.base(), nullptr);
+  EXPECT_EQ(copy.offset(), handle.offset());
+  EXPECT_EQ(copy.size(), handle.size());
+  EXPECT_EQ(copy.source_info(), handle.source_info());
+  EXPECT_EQ(0, std::memcmp(copy.handle().reserved, handle.handle().reserved, cuda::kIpcHandleSize));
+}
+
+TEST_F(Ipc, MalformedBytesAreRefusedByLength) {
+  try {
+    IpcHandle::from_bytes(std::vector<std::uint8_t>(10, 0));
+    FAIL();
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("10 bytes"), std::string::npos) << error.what();
+  }
+  EXPECT_THROW(IpcHandle::from_hex("zz"), InvalidArgument);
+  EXPECT_THROW(IpcHandle::from_hex("abc"), InvalidArgument);
+}
+
+TEST_F(Ipc, TheExportingProcessCannotOpenItsOwnHandle) {
+  auto memory = context.memalloc(4096);
+  IpcHandle handle = context.get_ipc_handle(memory);
+  EXPECT_THROW(handle.open(context), StateError);
+  IpcHandle rebuilt = IpcHandle::from_bytes(handle.to_bytes());
+  try {
+    rebuilt.open(context);
+    FAIL();
+  } catch (const StateError& error) {
+    EXPECT_NE(std::string(error.what()).find("exported by this process"), std::string::npos) << error.what();
+  }
+  EXPECT_FALSE(rebuilt.is_open());
+}
+
+TEST_F(Ipc, ClosingAnUnopenedHandleIsAnError) {
+  auto memory = context.memalloc(4096);
+  IpcHandle handle = context.get_ipc_handle(memory);
+  try {
+    handle.close();
+    FAIL();
+  } catch (const StateError& error) {
+    EXPECT_NE(std::string(error.what()).find("not opened"), std::string::npos) << error.what();
+  }
+}
+
+TEST_F(Ipc, AnotherProcessReadsAndWritesTheSharedMemory) {
+  const std::size_t count = 4096;
+  std::vector<std::uint32_t> values(count);
+  std::iota(values.begin(), values.end(), 100u);
+  auto memory = context.memalloc(count * sizeof(std::uint32_t) + 8192);
+  auto shared = memory->view(8192);  // a non-zero offset, as a pool's blocks have
+  DeviceArray<std::uint32_t> array(shared, count);
+  array.copy_to_device(values);
+  IpcHandle handle = context.get_ipc_handle(shared);
+  ASSERT_EQ(run_child(handle, context.device().id(), count, 100, "direct"), 0);
+  const auto after = array.copy_to_host();
+  for (std::size_t i = 0; i < count; ++i) ASSERT_EQ(after[i], 1100u + i) << "the child's write is not visible";
+}
+
+TEST_F(Ipc, ADeviceThatCannotMapTheSourceOpensAStagedCopy) {
+  if (Device::count() < 2) GTEST_SKIP() << "needs two devices (the simulated driver gives two with CUEMM_SIM_DEVICES=2)";
+  if (Device::get(1).can_access_peer(Device::get(0)))
+    GTEST_SKIP() << "device 1 can map device 0's memory, so no staging happens";
+  const std::size_t count = 1000;
+  std::vector<std::uint32_t> values(count);
+  std::iota(values.begin(), values.end(), 7u);
+  auto memory = context.memalloc(count * sizeof(std::uint32_t) + 512);
+  auto shared = memory->view(512);
+  DeviceArray<std::uint32_t> array(shared, count);
+  array.copy_to_device(values);
+  IpcHandle handle = context.get_ipc_handle(shared);
+  EXPECT_EQ(run_child(handle, 1, count, 7, "staged"), 0);
+}

@@ -1,0 +1,171 @@
+// The seed's ownership rules for pointer classes. These pointers have no
+// context, so no driver is involved.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "cuemm/error.hpp"
+#include "cuemm/memory/memory_pointer.hpp"
+
+using namespace cuemm;
+
+namespace {
+struct Counter {
+  std::atomic<int> calls{0};
+  Finalizer finalizer() {
+    return [this] { calls.fetch_add(1); };
+  }
+};
+constexpr std::uintptr_t kAddress = 0x10000;
+}  // namespace
+
+TEST(MemoryPointer, FinalizerRunsOnceWhenTheLastReferenceGoes) {
+  Counter counter;
+  auto memory = std::make_shared<MemoryPointer>(nullptr, kAddress, 64, nullptr, counter.finalizer());
+  auto copy = memory;
+  memory.reset();
+  EXPECT_EQ(counter.calls, 0);
+  EXPECT_TRUE(copy->is_alive());
+  copy.reset();
+  EXPECT_EQ(counter.calls, 1);
+}
+
+TEST(MemoryPointer, FreeRunsTheFinalizerNowAndFreeingDeadMemoryIsAnError) {
+  Counter counter;
+  auto memory = std::make_shared<MemoryPointer>(nullptr, kAddress, 64, nullptr, counter.finalizer());
+  memory->free();
+  EXPECT_EQ(counter.calls, 1);
+  EXPECT_FALSE(memory->is_alive());
+  try {
+    memory->free();
+    FAIL() << "second free() did not throw";
+  } catch (const StateError& error) {
+    EXPECT_NE(std::string(error.what()).find("Freeing dead memory"), std::string::npos) << error.what();
+  }
+  memory.reset();
+  EXPECT_EQ(counter.calls, 1) << "the destructor ran the finalizer a second time";
+}
+
+TEST(MemoryPointer, DroppingAnOwnedReferenceDoesNotFree) {
+  Counter counter;
+  auto memory = std::make_shared<MemoryPointer>(nullptr, kAddress, 64, nullptr, counter.finalizer());
+  EXPECT_EQ(memory->refct(), 1);
+  {
+    OwnedPointer owned = memory->own();
+    EXPECT_EQ(memory->refct(), 2);
+    OwnedPointer second = owned;
+    EXPECT_EQ(memory->refct(), 3);
+  }
+  EXPECT_EQ(memory->refct(), 1);
+  EXPECT_EQ(counter.calls, 0);
+  memory.reset();
+  EXPECT_EQ(counter.calls, 1);
+}
+
+TEST(MemoryPointer, OwnedReferenceKeepsThePointerObjectAlive) {
+  Counter counter;
+  auto memory = std::make_shared<MemoryPointer>(nullptr, kAddress, 64, nullptr, counter.finalizer());
+  OwnedPointer owned = memory->own();
+  memory.reset();
+  EXPECT_EQ(counter.calls, 0);
+  EXPECT_EQ(owned->handle(), kAddress);
+  owned = OwnedPointer();
+  EXPECT_EQ(counter.calls, 1);
+}
+
+TEST(AutoFreePointer, LastOwnedReferenceFrees) {
+  Counter counter;
+  auto memory = std::make_shared<AutoFreePointer>(nullptr, kAddress, 64, nullptr, counter.finalizer());
+  EXPECT_EQ(memory->refct(), 0);
+  {
+    OwnedPointer first = memory->own();
+    OwnedPointer second = memory->own();
+    first = OwnedPointer();
+    EXPECT_EQ(counter.calls, 0);
+  }
+  EXPECT_EQ(counter.calls, 1);
+  EXPECT_FALSE(memory->is_alive());
+  memory.reset();
+  EXPECT_EQ(counter.calls, 1);
+}
+
+TEST(MemoryPointer, ViewsKeepTheirBaseAliveAndNeverFree) {
+  Counter counter;
+  auto base = std::make_shared<MemoryPointer>(nullptr, kAddress, 256, nullptr, counter.finalizer());
+  auto view = base->view(16, 48);
+  EXPECT_EQ(view->handle(), kAddress + 16);
+  EXPECT_EQ(view->size(), 32u);
+  EXPECT_FALSE(view->owns_memory());
+  EXPECT_EQ(view->owner(), base);
+  auto nested = view->view(8);
+  EXPECT_EQ(nested->handle(), kAddress + 24);
+  EXPECT_EQ(nested->owner(), base) << "a view of a view is owned by the root";
+  base.reset();
+  view.reset();
+  EXPECT_EQ(counter.calls, 0) << "the base died while a view still referred to it";
+  nested->free();  // a view's free() releases nothing
+  EXPECT_EQ(counter.calls, 0);
+  nested.reset();
+  EXPECT_EQ(counter.calls, 1);
+}
+
+TEST(MemoryPointer, ViewOutsideTheMemoryIsInvalidArgumentNamingTheRange) {
+  auto base = std::make_shared<MemoryPointer>(nullptr, kAddress, 100);
+  try {
+    base->view(50, 101);
+    FAIL();
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("[50, 101)"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("100 bytes"), std::string::npos) << error.what();
+  }
+  EXPECT_THROW(base->view(60, 40), InvalidArgument);
+  EXPECT_NO_THROW(base->view(100));  // empty view at the end is fine
+}
+
+TEST(PinnedMemory, HasNoDevicePointer) {
+  int buffer[4];
+  auto pinned = std::make_shared<PinnedMemory>(nullptr, buffer, sizeof buffer);
+  EXPECT_EQ(pinned->kind(), MemoryKind::Pinned);
+  EXPECT_EQ(pinned->host_pointer(), reinterpret_cast<std::uintptr_t>(buffer));
+  EXPECT_THROW((void)pinned->device_pointer(), StateError);
+}
+
+TEST(MemoryPointer, OwnerObjectLivesAsLongAsThePointer) {
+  auto owner = std::make_shared<std::vector<char>>(64);
+  std::weak_ptr<std::vector<char>> watch = owner;
+  auto pinned = std::make_shared<PinnedMemory>(nullptr, owner->data(), owner->size(), owner);
+  owner.reset();
+  EXPECT_FALSE(watch.expired());
+  pinned.reset();
+  EXPECT_TRUE(watch.expired());
+}
+
+TEST(MemoryPointer, AThrowingFinalizerIsContained) {
+  auto memory = std::make_shared<MemoryPointer>(nullptr, kAddress, 8, nullptr,
+                                                [] { throw std::runtime_error("release failed"); });
+  EXPECT_NO_THROW(memory.reset());
+}
+
+TEST(MemoryPointer, ConcurrentFreesRunTheFinalizerOnce) {
+  for (int round = 0; round < 50; ++round) {
+    Counter counter;
+    auto memory = std::make_shared<MemoryPointer>(nullptr, kAddress, 8, nullptr, counter.finalizer());
+    std::atomic<int> errors{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 8; ++t) {
+      threads.emplace_back([&, copy = memory] {
+        try {
+          copy->free();
+        } catch (const StateError&) {
+          errors.fetch_add(1);
+        }
+      });
+    }
+    for (auto& thread : threads) thread.join();
+    memory.reset();
+    EXPECT_EQ(counter.calls, 1);
+    EXPECT_EQ(errors, 7);
+  }
+}

@@ -1,0 +1,162 @@
+// Devices, contexts, streams, events, modules and device arrays.
+#include <chrono>
+#include <thread>
+
+#include "support/test_support.hpp"
+
+using namespace cuemm;
+
+namespace {
+class Runtime : public ::testing::Test {
+ protected:
+  Context& context = current_context();
+};
+constexpr std::uint64_t kSpinNanoseconds = 50'000'000;  // long enough to still run when the host moves on
+}  // namespace
+
+TEST_F(Runtime, DevicesHaveNamesUuidsAndIdentities) {
+  ASSERT_GE(Device::count(), 1);
+  for (int i = 0; i < Device::count(); ++i) {
+    Device& device = Device::get(i);
+    EXPECT_EQ(device.id(), i);
+    EXPECT_FALSE(device.name().empty());
+    EXPECT_EQ(device.uuid().rfind("GPU-", 0), 0u) << device.uuid();
+    EXPECT_EQ(device.uuid().size(), 40u) << device.uuid();
+    EXPECT_EQ(&Device::from_identity(device.identity()), &device);
+    EXPECT_GE(device.compute_capability().first, 3);
+  }
+}
+
+TEST_F(Runtime, AnOrdinalBeyondTheDevicesNamesTheCount) {
+  try {
+    Device::get(Device::count());
+    FAIL();
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("sees " + std::to_string(Device::count()) + " device"),
+              std::string::npos)
+        << error.what();
+  }
+  EXPECT_THROW(Device::get(-1), InvalidArgument);
+  EXPECT_THROW(Device::from_identity(DeviceIdentity{999, 999, 999}), InvalidArgument);
+}
+
+TEST_F(Runtime, TheCurrentContextIsDeviceZerosPrimaryContext) {
+  EXPECT_EQ(&context, &Device::get(0).primary_context());
+  EXPECT_EQ(&context.device(), &Device::get(0));
+  EXPECT_EQ(&current_context(), &context);
+  const MemoryInfo info = context.get_memory_info();
+  EXPECT_GT(info.total, 0u);
+  EXPECT_LE(info.free, info.total);
+}
+
+TEST_F(Runtime, EveryThreadSeesTheSameContext) {
+  std::vector<std::thread> threads;
+  std::atomic<int> same{0};
+  for (int t = 0; t < 4; ++t) threads.emplace_back([&] { same += &current_context() == &context; });
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(same, 4);
+}
+
+TEST_F(Runtime, DeviceArraysRoundTripOnAStream) {
+  Stream stream = context.create_stream();
+  std::vector<int> values(1000);
+  for (int i = 0; i < 1000; ++i) values[i] = i * i;
+  auto array = to_device(values, stream);
+  std::vector<int> back(1000, -1);
+  array.copy_to_host(back, stream);
+  stream.synchronize();
+  EXPECT_EQ(back, values);
+  array.memset(0xff, stream);
+  array.copy_to_host(back, stream);
+  stream.synchronize();
+  EXPECT_EQ(back, std::vector<int>(1000, -1));
+  EXPECT_THROW(array.copy_to_host(std::span<int>(back.data(), 10)), InvalidArgument);
+  EXPECT_TRUE(device_array<float>(0).empty());
+}
+
+TEST_F(Runtime, KernelsOnAStreamRunInOrder) {
+  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
+  Function spin_fill = module.function("cuemm_spin_fill_u32");
+  Function add = module.function("cuemm_add_u32");
+  Stream stream = context.create_stream();
+  const std::uint64_t count = 1 << 16;
+  auto array = device_array<std::uint32_t>(count);
+  spin_fill.launch({64}, {256}, stream, array.device_pointer(), 41u, count, kSpinNanoseconds);
+  add.launch({64}, {256}, stream, array.device_pointer(), 1u, count);
+  std::vector<std::uint32_t> back(count);
+  array.copy_to_host(back, stream);
+  stream.synchronize();
+  EXPECT_EQ(back, std::vector<std::uint32_t>(count, 42u));
+}
+
+TEST_F(Runtime, TheLegacyStreamWaitsForBlockingStreams) {
+  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
+  Stream stream = context.create_stream();
+  const std::uint64_t count = 4096;
+  auto array = device_array<std::uint32_t>(count);
+  array.memset(0);
+  module.function("cuemm_spin_fill_u32").launch({16}, {256}, stream, array.device_pointer(), 9u, count,
+                                                  kSpinNanoseconds);
+  EXPECT_EQ(array.copy_to_host(), std::vector<std::uint32_t>(count, 9u))
+      << "a synchronous copy did not wait for the blocking stream's kernel";
+}
+
+TEST_F(Runtime, EventsOrderStreamsAndMeasureTime) {
+  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
+  Stream producer = context.create_stream(/*non_blocking=*/true);
+  Stream consumer = context.create_stream(/*non_blocking=*/true);
+  Event start = context.create_event();
+  Event produced = context.create_event();
+  const std::uint64_t count = 4096;
+  auto array = device_array<std::uint32_t>(count);
+  start.record(producer);
+  module.function("cuemm_spin_fill_u32").launch({16}, {256}, producer, array.device_pointer(), 5u, count,
+                                                  kSpinNanoseconds);
+  produced.record(producer);
+  consumer.wait_event(produced);
+  module.function("cuemm_add_u32").launch({16}, {256}, consumer, array.device_pointer(), 1u, count);
+  std::vector<std::uint32_t> back(count);
+  array.copy_to_host(back, consumer);
+  consumer.synchronize();
+  EXPECT_EQ(back, std::vector<std::uint32_t>(count, 6u));
+  EXPECT_TRUE(produced.query());
+  EXPECT_GT(Event::elapsed_time(start, produced), 0.0f);
+}
+
+TEST_F(Runtime, StreamCallbacksRunAfterEarlierWork) {
+  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
+  Stream stream = context.create_stream();
+  auto array = device_array<std::uint32_t>(256);
+  std::atomic<bool> ran{false};
+  module.function("cuemm_spin_fill_u32").launch({1}, {256}, stream, array.device_pointer(), 3u,
+                                                  std::uint64_t{256}, kSpinNanoseconds);
+  stream.add_callback([&] { ran = true; });
+  stream.synchronize();
+  EXPECT_TRUE(ran);
+  EXPECT_TRUE(stream.query());
+}
+
+TEST_F(Runtime, AMissingKernelIsNamed) {
+  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
+  try {
+    module.function("no_such_kernel");
+    FAIL();
+  } catch (const CudaError& error) {
+    EXPECT_EQ(error.code_name(), "CUDA_ERROR_NOT_FOUND");
+    EXPECT_NE(std::string(error.what()).find("no_such_kernel"), std::string::npos) << error.what();
+  }
+  EXPECT_THROW(context.load_module(""), InvalidArgument);
+}
+
+TEST_F(Runtime, StreamsAndEventsAreReleasedThroughTheContextQueue) {
+  context.deallocations().flush_all();
+  {
+    Stream stream = context.create_stream();
+    Event event = context.create_event(false);
+    event.record(stream);
+    event.synchronize();
+  }
+  EXPECT_EQ(context.deallocations().pending_count(), 2u);
+  context.deallocations().flush_all();
+  EXPECT_EQ(context.deallocations().pending_count(), 0u);
+}
