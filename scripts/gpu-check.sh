@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Everything that must be checked on a real GPU, in one command (the GPU machine
+# of ../shared/GPU-NOTES.md: nothing can be installed there, so GoogleTest comes
+# from sources carried along in .carry/googletest; see README).
+#
+#   1. build cuemm there
+#   2. the whole C++ suite on the real driver (CUEMM_DRIVER=cuda)
+#   3. the seed's example on the real driver
+#   4. numba-cuda's suite with and without the cuemm plugin   (when the bridge exists)
+#   5. the benchmarks                                          (when they exist)
+# Prints a short summary last. Logs go to $OUT when it is set.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${BUILD_DIR:-/tmp/cuemm-gpu-build}
+logs=${OUT:-/tmp/cuemm-gpu-logs}
+mkdir -p "$logs"
+summary=()
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$logs/gpu.txt" 2>&1
+summary+=("gpu: $(head -1 "$logs/gpu.txt")")
+
+gtest_args=()
+[ -d "$root/.carry/googletest" ] && gtest_args=(-DCUEMM_GTEST_SOURCE_DIR="$root/.carry/googletest")
+if CMAKE_POLICY_VERSION_MINIMUM=3.5 BUILD_DIR=$build "$root/scripts/build.sh" -DCUEMM_TEST_DRIVER=cuda \
+    "${gtest_args[@]}" >"$logs/build.log" 2>&1; then
+  summary+=("build: ok")
+else
+  tail -30 "$logs/build.log"
+  echo "SUMMARY: build failed"
+  exit 1
+fi
+
+(cd "$build" && CUEMM_DRIVER=cuda ctest --output-on-failure --timeout 300 -V) >"$logs/ctest.log" 2>&1
+ctest_status=$?
+grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests passed|^[0-9]+: \[  SKIPPED" "$logs/ctest.log" | tail -40
+summary+=("ctest (real driver): $(grep -E 'tests passed' "$logs/ctest.log" | tail -1)")
+summary+=("gtest cases: $(grep -hoE '^[0-9]+: \[  PASSED  \] [0-9]+' "$logs/ctest.log" | awk '{s+=$NF} END {print s+0}') passed, $(grep -cE '^[0-9]+: \[  SKIPPED \] [A-Za-z].* \([0-9]+ ms\)' "$logs/ctest.log") skipped, $(grep -cE '^[0-9]+: \[  FAILED  \] [A-Za-z].* \([0-9]+ ms\)' "$logs/ctest.log") failed")
+
+CUEMM_DRIVER=cuda "$build/bin/zeros_to_device" >"$logs/example.log" 2>&1
+example_status=$?
+cat "$logs/example.log"
+summary+=("example (real driver): exit $example_status")
+
+echo
+echo "SUMMARY"
+printf '  %s\n' "${summary[@]}"
+exit $((ctest_status || example_status))
