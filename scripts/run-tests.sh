@@ -12,6 +12,9 @@ status=0
 echo "== C++ tests (ctest)"
 (cd "$build" && ctest --output-on-failure --timeout 300) || status=1
 
+echo "== install, and use through find_package(cuemm)"
+"$root/scripts/check-install.sh" || status=1
+
 echo "== classic Numba cudadrv tests on the simulated driver"
 (cd /tmp && /usr/bin/python3 "$root/tests/numba/classic_numba_cudadrv.py" "$build/lib/libcuemm_simdriver.so") || status=1
 

@@ -27,12 +27,11 @@ int main(int argc, char** argv) {
     const auto first = static_cast<std::uint32_t>(std::strtoul(argv[4], nullptr, 10));
     const std::string mode = argv[5];
 
-    auto memory = handle.open(context);
+    DeviceArray<std::uint32_t> array = open_array<std::uint32_t>(handle, context, count);
     if (handle.is_staged() != (mode == "staged")) {
       std::fprintf(stderr, "expected a %s open, got %s\n", mode.c_str(), handle.is_staged() ? "staged" : "direct");
       return 1;
     }
-    DeviceArray<std::uint32_t> array(memory, count);
     std::vector<std::uint32_t> values = array.copy_to_host();
     for (std::size_t i = 0; i < count; ++i) {
       if (values[i] != first + i) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cuemm/error.hpp"
+#include "cuemm/memory/ipc_handle.hpp"
 #include "cuemm/memory/memory_pointer.hpp"
 #include "cuemm/runtime/context.hpp"
 #include "cuemm/runtime/stream.hpp"
@@ -79,6 +80,13 @@ class DeviceArray {
   std::size_t count_ = 0;
   std::shared_ptr<MemoryPointer> gpu_data_;
 };
+
+// Opens a handle from another process as an array of `count` values (the
+// handle must hold at least that many bytes); close the handle when done.
+template <typename T>
+DeviceArray<T> open_array(IpcHandle& handle, Context& context, std::size_t count) {
+  return DeviceArray<T>(handle.open(context), count);
+}
 
 template <typename T>
 DeviceArray<T> device_array(std::size_t count, Context& context = current_context()) {
