@@ -1,0 +1,110 @@
+// cuemm/managers/detail/tlsf_block_allocator.hpp: O(1) placement of blocks
+// inside regions of device address space.
+//
+// Note [Two-level segregated fit]
+// Free blocks sit in lists indexed by (first level = floor(log2 size), second
+// level = the next kSecondLevelBits bits of the size), with one bitmap per
+// level. Allocation rounds the request up to its list's lower bound, finds the
+// first non-empty list at or above it with two bit scans, and splits the block;
+// freeing merges with free address neighbours. Both are O(1) whatever the
+// number of free blocks, and the good fit (at most 1/16 over the request before
+// the split returns the rest) keeps fragmentation low.
+// Device memory cannot hold allocator metadata, so each block is described by
+// a host-side node; an address-to-node map finds the node on free.
+//
+// Not thread-safe: the owner locks. Knows nothing of CUDA: regions are plain
+// address ranges handed in by the owner, which also takes them back (trim).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+namespace cuemm::detail {
+
+class TlsfBlockAllocator {
+ public:
+  struct Region {
+    std::uintptr_t base;
+    std::size_t size;
+  };
+
+  // Every block is a multiple of `granularity` bytes (a power of two, >= 16),
+  // and so aligned to it when regions are.
+  explicit TlsfBlockAllocator(std::size_t granularity = 256);
+  ~TlsfBlockAllocator();
+  TlsfBlockAllocator(const TlsfBlockAllocator&) = delete;
+  TlsfBlockAllocator& operator=(const TlsfBlockAllocator&) = delete;
+
+  // Hands a region of free space to the allocator. Base and size must be
+  // multiples of the granularity.
+  void add_region(std::uintptr_t base, std::size_t size);
+
+  // The address of a block of at least `size` bytes, or nullopt when no free
+  // block is large enough. The block's real size is block_size(address).
+  std::optional<std::uintptr_t> allocate(std::size_t size);
+  // Frees a block from allocate(); returns its size, or 0 for an address that
+  // is not an allocated block (nothing changes then).
+  std::size_t deallocate(std::uintptr_t address);
+  std::size_t block_size(std::uintptr_t address) const;
+
+  // Removes and returns every region that is entirely free.
+  std::vector<Region> take_free_regions();
+  // Forgets everything (the owner frees the regions).
+  std::vector<Region> take_all_regions();
+
+  std::size_t granularity() const noexcept { return granularity_; }
+  std::size_t rounded_size(std::size_t size) const noexcept {
+    return size == 0 ? granularity_ : (size + granularity_ - 1) & ~(granularity_ - 1);
+  }
+  std::size_t region_bytes() const noexcept { return region_bytes_; }
+  std::size_t free_bytes() const noexcept { return free_bytes_; }
+  std::size_t allocated_bytes() const noexcept { return region_bytes_ - free_bytes_; }
+  std::size_t allocated_blocks() const noexcept { return allocated_.size(); }
+  std::size_t free_blocks() const noexcept { return free_count_; }
+  std::size_t region_count() const noexcept { return regions_.size(); }
+  std::size_t largest_free_block() const;
+
+ private:
+  static constexpr int kSecondLevelBits = 4;
+  static constexpr int kSecondLevels = 1 << kSecondLevelBits;
+  static constexpr int kFirstLevels = 64;
+
+  struct Block {
+    std::uintptr_t address;
+    std::size_t size;
+    Block* previous_in_memory;  // neighbours within the region, by address
+    Block* next_in_memory;
+    Block* previous_free;  // list links, valid while free
+    Block* next_free;
+    bool free;
+  };
+
+  struct Index {
+    int first;
+    int second;
+  };
+  Index index_of(std::size_t size) const noexcept;
+  Block* find_free(std::size_t size) noexcept;
+  void insert_free(Block* block) noexcept;
+  void remove_free(Block* block) noexcept;
+  Block* new_block();
+  void recycle(Block* block) noexcept;
+
+  std::size_t granularity_;
+  std::uint64_t first_level_bitmap_ = 0;
+  std::uint32_t second_level_bitmaps_[kFirstLevels] = {};
+  Block* free_lists_[kFirstLevels][kSecondLevels] = {};
+  std::unordered_map<std::uintptr_t, Block*> allocated_;
+  std::vector<Block*> regions_;  // the first block of each region
+  std::vector<std::unique_ptr<Block[]>> node_chunks_;
+  std::vector<Block*> spare_nodes_;
+  std::size_t region_bytes_ = 0;
+  std::size_t free_bytes_ = 0;
+  std::size_t free_count_ = 0;
+};
+
+}  // namespace cuemm::detail

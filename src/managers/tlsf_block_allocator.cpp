@@ -1,0 +1,199 @@
+#include "cuemm/managers/detail/tlsf_block_allocator.hpp"
+
+#include <bit>
+#include <stdexcept>
+
+namespace cuemm::detail {
+
+TlsfBlockAllocator::TlsfBlockAllocator(std::size_t granularity) : granularity_(granularity) {
+  if (granularity < 16 || !std::has_single_bit(granularity))
+    throw std::invalid_argument("TlsfBlockAllocator: granularity must be a power of two >= 16");
+}
+
+TlsfBlockAllocator::~TlsfBlockAllocator() = default;
+
+TlsfBlockAllocator::Index TlsfBlockAllocator::index_of(std::size_t size) const noexcept {
+  const int first = 63 - std::countl_zero(static_cast<std::uint64_t>(size));
+  const int second = static_cast<int>((size >> (first - kSecondLevelBits)) & (kSecondLevels - 1));
+  return {first, second};
+}
+
+TlsfBlockAllocator::Block* TlsfBlockAllocator::new_block() {
+  if (spare_nodes_.empty()) {
+    constexpr std::size_t kChunk = 256;
+    node_chunks_.push_back(std::make_unique<Block[]>(kChunk));
+    Block* chunk = node_chunks_.back().get();
+    spare_nodes_.reserve(spare_nodes_.size() + kChunk);
+    for (std::size_t i = 0; i < kChunk; ++i) spare_nodes_.push_back(&chunk[i]);
+  }
+  Block* block = spare_nodes_.back();
+  spare_nodes_.pop_back();
+  return block;
+}
+
+void TlsfBlockAllocator::recycle(Block* block) noexcept { spare_nodes_.push_back(block); }
+
+void TlsfBlockAllocator::insert_free(Block* block) noexcept {
+  const Index index = index_of(block->size);
+  Block*& head = free_lists_[index.first][index.second];
+  block->free = true;
+  block->previous_free = nullptr;
+  block->next_free = head;
+  if (head) head->previous_free = block;
+  head = block;
+  first_level_bitmap_ |= std::uint64_t{1} << index.first;
+  second_level_bitmaps_[index.first] |= 1u << index.second;
+  ++free_count_;
+}
+
+void TlsfBlockAllocator::remove_free(Block* block) noexcept {
+  const Index index = index_of(block->size);
+  if (block->previous_free) {
+    block->previous_free->next_free = block->next_free;
+  } else {
+    free_lists_[index.first][index.second] = block->next_free;
+  }
+  if (block->next_free) block->next_free->previous_free = block->previous_free;
+  if (!free_lists_[index.first][index.second]) {
+    second_level_bitmaps_[index.first] &= ~(1u << index.second);
+    if (!second_level_bitmaps_[index.first]) first_level_bitmap_ &= ~(std::uint64_t{1} << index.first);
+  }
+  block->free = false;
+  --free_count_;
+}
+
+// The head of the first non-empty list whose every block is >= size.
+TlsfBlockAllocator::Block* TlsfBlockAllocator::find_free(std::size_t size) noexcept {
+  const int first = 63 - std::countl_zero(static_cast<std::uint64_t>(size));
+  const std::size_t step = std::size_t{1} << (first - kSecondLevelBits);
+  const std::size_t rounded = size + step - 1;
+  if (rounded < size) return nullptr;  // overflow: nothing is that large
+  const Index index = index_of(rounded);
+  std::uint32_t seconds = second_level_bitmaps_[index.first] & (~0u << index.second);
+  int list_first = index.first;
+  if (!seconds) {
+    if (index.first + 1 >= kFirstLevels) return nullptr;
+    const std::uint64_t firsts = first_level_bitmap_ & (~std::uint64_t{0} << (index.first + 1));
+    if (!firsts) return nullptr;
+    list_first = std::countr_zero(firsts);
+    seconds = second_level_bitmaps_[list_first];
+  }
+  return free_lists_[list_first][std::countr_zero(seconds)];
+}
+
+void TlsfBlockAllocator::add_region(std::uintptr_t base, std::size_t size) {
+  if (size < granularity_ || base % granularity_ || size % granularity_)
+    throw std::invalid_argument("TlsfBlockAllocator: a region must be a non-empty multiple of the granularity");
+  regions_.reserve(regions_.size() + 1);
+  Block* block = new_block();
+  *block = Block{base, size, nullptr, nullptr, nullptr, nullptr, false};
+  regions_.push_back(block);
+  insert_free(block);
+  region_bytes_ += size;
+  free_bytes_ += size;
+}
+
+std::optional<std::uintptr_t> TlsfBlockAllocator::allocate(std::size_t size) {
+  const std::size_t wanted = rounded_size(size);
+  if (wanted < size) return std::nullopt;
+  Block* block = find_free(wanted);
+  if (!block) return std::nullopt;
+  // Take every resource that can fail before changing any state.
+  Block* rest = block->size - wanted >= granularity_ ? new_block() : nullptr;
+  try {
+    allocated_.emplace(block->address, block);
+  } catch (...) {
+    if (rest) recycle(rest);
+    throw;
+  }
+  remove_free(block);
+  if (rest) {
+    *rest = Block{block->address + wanted, block->size - wanted, block, block->next_in_memory, nullptr, nullptr, false};
+    if (block->next_in_memory) block->next_in_memory->previous_in_memory = rest;
+    block->next_in_memory = rest;
+    block->size = wanted;
+    insert_free(rest);
+  }
+  free_bytes_ -= block->size;
+  return block->address;
+}
+
+std::size_t TlsfBlockAllocator::deallocate(std::uintptr_t address) {
+  auto it = allocated_.find(address);
+  if (it == allocated_.end()) return 0;
+  Block* block = it->second;
+  allocated_.erase(it);
+  const std::size_t size = block->size;
+  free_bytes_ += size;
+  if (Block* next = block->next_in_memory; next && next->free) {
+    remove_free(next);
+    block->size += next->size;
+    block->next_in_memory = next->next_in_memory;
+    if (block->next_in_memory) block->next_in_memory->previous_in_memory = block;
+    recycle(next);
+  }
+  if (Block* previous = block->previous_in_memory; previous && previous->free) {
+    remove_free(previous);
+    previous->size += block->size;
+    previous->next_in_memory = block->next_in_memory;
+    if (previous->next_in_memory) previous->next_in_memory->previous_in_memory = previous;
+    recycle(block);
+    block = previous;
+  }
+  insert_free(block);
+  return size;
+}
+
+std::size_t TlsfBlockAllocator::block_size(std::uintptr_t address) const {
+  auto it = allocated_.find(address);
+  return it == allocated_.end() ? 0 : it->second->size;
+}
+
+std::vector<TlsfBlockAllocator::Region> TlsfBlockAllocator::take_free_regions() {
+  std::vector<Region> taken;
+  std::vector<Block*> kept;
+  for (Block* first : regions_) {
+    if (first->free && !first->next_in_memory) {
+      remove_free(first);
+      taken.push_back({first->address, first->size});
+      region_bytes_ -= first->size;
+      free_bytes_ -= first->size;
+      recycle(first);
+    } else {
+      kept.push_back(first);
+    }
+  }
+  regions_ = std::move(kept);
+  return taken;
+}
+
+std::vector<TlsfBlockAllocator::Region> TlsfBlockAllocator::take_all_regions() {
+  std::vector<Region> taken;
+  for (Block* block : regions_) {
+    Region region{block->address, 0};
+    for (; block; block = block->next_in_memory) region.size += block->size;
+    taken.push_back(region);
+  }
+  regions_.clear();
+  allocated_.clear();
+  spare_nodes_.clear();
+  node_chunks_.clear();
+  first_level_bitmap_ = 0;
+  for (auto& bitmap : second_level_bitmaps_) bitmap = 0;
+  for (auto& lists : free_lists_)
+    for (auto& head : lists) head = nullptr;
+  region_bytes_ = free_bytes_ = free_count_ = 0;
+  return taken;
+}
+
+std::size_t TlsfBlockAllocator::largest_free_block() const {
+  if (!first_level_bitmap_) return 0;
+  const int first = 63 - std::countl_zero(first_level_bitmap_);
+  const int second = 31 - std::countl_zero(second_level_bitmaps_[first]);
+  std::size_t largest = 0;
+  for (Block* block = free_lists_[first][second]; block; block = block->next_free)
+    largest = std::max(largest, block->size);
+  return largest;
+}
+
+}  // namespace cuemm::detail

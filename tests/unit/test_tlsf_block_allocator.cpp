@@ -1,0 +1,116 @@
+// The pool's block placement, checked against a model of live blocks.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+
+#include "cuemm/managers/detail/tlsf_block_allocator.hpp"
+
+using cuemm::detail::TlsfBlockAllocator;
+
+namespace {
+constexpr std::uintptr_t kBase = 0x7f0000000000;
+}
+
+TEST(TlsfBlockAllocator, RandomWorkloadKeepsBlocksDistinctAlignedAndAccounted) {
+  TlsfBlockAllocator allocator(256);
+  const std::size_t region = std::size_t{64} << 20;
+  allocator.add_region(kBase, region);
+  allocator.add_region(kBase + (std::size_t{1} << 30), region);
+  std::map<std::uintptr_t, std::size_t> live;  // address -> block size
+  std::mt19937_64 random(42);
+  std::size_t failures = 0, attempts = 0;
+  for (int step = 0; step < 200000; ++step) {
+    // Live bytes hover below 75% of the space, so a failure means fragmentation.
+    const bool allocate = live.empty() || (allocator.allocated_bytes() < region * 3 / 2 && random() % 2 == 0);
+    if (allocate) {
+      const std::size_t size = 1 + random() % (random() % 8 == 0 ? (4u << 20) : 65536u);
+      ++attempts;
+      auto address = allocator.allocate(size);
+      if (!address) {
+        ++failures;
+        continue;
+      }
+      const std::size_t block = allocator.block_size(*address);
+      ASSERT_GE(block, size);
+      ASSERT_LT(block, size + size / 8 + 512) << "fit too loose";
+      ASSERT_EQ(*address % 256, 0u);
+      auto next = live.lower_bound(*address);
+      ASSERT_TRUE(next == live.end() || *address + block <= next->first) << "overlaps the next block";
+      if (next != live.begin()) {
+        auto previous = std::prev(next);
+        ASSERT_LE(previous->first + previous->second, *address) << "overlaps the previous block";
+      }
+      live.emplace(*address, block);
+    } else {
+      auto victim = live.begin();
+      std::advance(victim, static_cast<long>(random() % live.size()));
+      ASSERT_EQ(allocator.deallocate(victim->first), victim->second);
+      live.erase(victim);
+    }
+    std::size_t live_bytes = 0;
+    if (step % 5000 == 0) {
+      for (const auto& [address, size] : live) live_bytes += size;
+      ASSERT_EQ(allocator.allocated_bytes(), live_bytes);
+      ASSERT_EQ(allocator.allocated_blocks(), live.size());
+    }
+  }
+  EXPECT_EQ(failures, 0u) << "of " << attempts << " allocations at under 75% occupancy";
+  for (const auto& [address, size] : live) ASSERT_EQ(allocator.deallocate(address), size);
+  EXPECT_EQ(allocator.free_blocks(), 2u) << "freed neighbours did not coalesce";
+  EXPECT_EQ(allocator.free_bytes(), 2 * region);
+  auto regions = allocator.take_free_regions();
+  ASSERT_EQ(regions.size(), 2u);
+  EXPECT_EQ(regions[0].size + regions[1].size, 2 * region);
+  EXPECT_EQ(allocator.region_bytes(), 0u);
+}
+
+TEST(TlsfBlockAllocator, UnknownAddressesChangeNothing) {
+  TlsfBlockAllocator allocator(256);
+  allocator.add_region(kBase, 1 << 20);
+  auto address = allocator.allocate(1000);
+  ASSERT_TRUE(address);
+  EXPECT_EQ(allocator.deallocate(*address + 256), 0u);
+  EXPECT_EQ(allocator.deallocate(*address), 1024u);
+  EXPECT_EQ(allocator.deallocate(*address), 0u) << "a double free was accepted";
+}
+
+TEST(TlsfBlockAllocator, OnlyEntirelyFreeRegionsAreTaken) {
+  TlsfBlockAllocator allocator(256);
+  allocator.add_region(kBase, 1 << 20);
+  allocator.add_region(kBase + (1 << 24), 1 << 20);
+  auto held = allocator.allocate(1 << 20);  // fills one region exactly
+  ASSERT_TRUE(held);
+  EXPECT_FALSE(allocator.allocate(512 << 10 | 1 << 20)) << "larger than any region";
+  auto regions = allocator.take_free_regions();
+  ASSERT_EQ(regions.size(), 1u);
+  EXPECT_NE(regions[0].base, *held);
+  EXPECT_EQ(allocator.region_count(), 1u);
+  EXPECT_FALSE(allocator.allocate(256)) << "space of a taken region was handed out";
+  allocator.deallocate(*held);
+  EXPECT_EQ(allocator.take_free_regions().size(), 1u);
+}
+
+TEST(TlsfBlockAllocator, ManyFreeBlocksStillGiveAGoodFit) {
+  TlsfBlockAllocator allocator(256);
+  allocator.add_region(kBase, std::size_t{1} << 30);
+  std::vector<std::uintptr_t> blocks;
+  for (int i = 0; i < 65536; ++i) blocks.push_back(*allocator.allocate(4096));
+  for (std::size_t i = 0; i < blocks.size(); i += 2) allocator.deallocate(blocks[i]);  // 32768 holes
+  EXPECT_GE(allocator.free_blocks(), 32768u);
+  auto address = allocator.allocate(4000);
+  ASSERT_TRUE(address);
+  EXPECT_EQ(allocator.block_size(*address), 4096u) << "the hole was not reused";
+}
+
+TEST(TlsfBlockAllocator, TakeAllRegionsForgetsEverything) {
+  TlsfBlockAllocator allocator(512);
+  allocator.add_region(kBase, 1 << 20);
+  allocator.allocate(5000);
+  auto regions = allocator.take_all_regions();
+  ASSERT_EQ(regions.size(), 1u);
+  EXPECT_EQ(regions[0].size, std::size_t{1} << 20);
+  EXPECT_EQ(allocator.region_bytes(), 0u);
+  EXPECT_FALSE(allocator.allocate(512));
+  EXPECT_THROW(allocator.add_region(kBase + 1, 512), std::invalid_argument);
+}
