@@ -16,3 +16,4 @@
 #include "cuemm/runtime/module.hpp"
 #include "cuemm/runtime/stream.hpp"
 #include "cuemm/driver/simulation.hpp"
+#include "cuemm/managers/pool_memory_manager.hpp"

@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "cuemm/error.hpp"
+#include "cuemm/managers/pool_memory_manager.hpp"
 #include "cuemm/memory/default_memory_manager.hpp"
 
 namespace cuemm {
@@ -28,6 +29,7 @@ Registry& registry() {
   static Registry* table = [] {
     auto* created = new Registry();  // never destroyed: contexts may outlive statics
     created->bundled["default"] = [](Context* context) { return std::make_unique<DefaultMemoryManager>(context); };
+    created->bundled["pool"] = [](Context* context) { return std::make_unique<PoolMemoryManager>(context); };
     return created;
   }();
   return *table;

@@ -1,0 +1,95 @@
+// cuemm/managers/pool_memory_manager.hpp: a device memory pool (CUEMM_MEMORY_MANAGER=pool).
+//
+// Suballocates device memory from large driver allocations (segments) with an
+// O(1) two-level segregated fit index (see TlsfBlockAllocator), so neither the
+// allocation nor the free path scans anything. Host memory comes from
+// HostOnlyMemoryManager.
+//
+//   PoolOptions options;
+//   options.initial_size = 1ull << 30;            // CUEMM_POOL_INITIAL_SIZE
+//   options.maximum_size = 8ull << 30;            // CUEMM_POOL_MAXIMUM_SIZE
+//   cuemm::set_memory_manager([options](cuemm::Context* context) {
+//     return std::make_unique<cuemm::PoolMemoryManager>(context, options);
+//   });
+//
+// Note [Stream-safe reuse]
+// The EMM interface passes no stream, so a block may be freed while queued GPU
+// work still uses it. Freed blocks therefore wait in the current epoch; an
+// epoch is sealed with an event recorded on the legacy default stream (which
+// completes only after all earlier work on blocking streams), and its blocks
+// return to the pool once that event has completed. Sealing happens when the
+// pool would otherwise have to grow, or when an epoch holds more than 1/8 of
+// the pool, so the hot path makes no driver call. Work on non-blocking streams
+// is not covered by the legacy stream: synchronise it before freeing.
+//
+// Out of memory: reclaim completed epochs, wait for pending ones, grow, and if
+// the driver is out of memory, return empty segments and flush the host-side
+// pending frees, then retry once before throwing OutOfMemory.
+//
+// defer_cleanup(): blocks still return to the pool at once; empty segments are
+// not returned to the driver (trim() does nothing) until the guard ends.
+// Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "cuemm/managers/detail/tlsf_block_allocator.hpp"
+#include "cuemm/memory/host_only_memory_manager.hpp"
+
+namespace cuemm {
+
+struct PoolOptions {
+  std::size_t initial_size = 0;  // reserved at initialize(); 0 reserves nothing up front
+  std::size_t maximum_size = 0;  // 0: no limit but the device's
+  static PoolOptions from_environment();
+};
+
+struct PoolStatistics {
+  std::size_t reserved_bytes = 0;     // taken from the driver
+  std::size_t in_use_bytes = 0;       // in blocks handed out (rounded sizes)
+  std::size_t quarantined_bytes = 0;  // freed, waiting for the GPU (see Note [Stream-safe reuse])
+  std::size_t segments = 0;
+  std::size_t free_blocks = 0;
+};
+
+class PoolMemoryManager : public HostOnlyMemoryManager {
+ public:
+  // Blocks are multiples of this (and the returned pointers aligned to it).
+  static constexpr std::size_t kBlockGranularity = 256;
+  // Segments are multiples of this: the driver maps device memory in 2 MiB pages.
+  static constexpr std::size_t kSegmentGranularity = std::size_t{2} << 20;
+
+  explicit PoolMemoryManager(Context* context, PoolOptions options = PoolOptions::from_environment());
+  ~PoolMemoryManager() override;
+
+  std::shared_ptr<MemoryPointer> memalloc(std::size_t size) override;
+  IpcHandle get_ipc_handle(const std::shared_ptr<MemoryPointer>& memory) override;
+  // Driver free memory plus the pool's free bytes; the device total.
+  MemoryInfo get_memory_info() override;
+
+  // Returns every entirely free segment to the driver (after reclaiming
+  // completed epochs); returns the bytes released.
+  std::size_t trim();
+  PoolStatistics statistics() const;
+  const PoolOptions& options() const noexcept { return options_; }
+
+ protected:
+  void on_initialize() override;
+  void on_reset() override;
+  CleanupGuard on_defer_cleanup() override;
+
+ private:
+  struct Core;  // the state the pointers' finalizers reach; see the .cpp
+
+  std::uintptr_t allocate_block(std::size_t size);
+
+  PoolOptions options_;
+  std::shared_ptr<Core> core_;
+};
+
+}  // namespace cuemm

@@ -1,0 +1,155 @@
+// What every memory manager must do, instantiated for each one: a new manager
+// gets every test by being added to ManagerTypes.
+#include <random>
+#include <thread>
+
+#include "support/test_support.hpp"
+
+using namespace cuemm;
+
+namespace {
+
+template <typename Manager>
+class Conformance : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    context.deallocations().flush_all();
+    if (simulation::active()) simulation::clear_faults();
+    manager = std::make_unique<Manager>(&context);
+    manager->initialize();
+  }
+  void TearDown() override {
+    if (simulation::active()) simulation::clear_faults();
+  }
+  void flush() { manager->deallocations().flush_all(); }
+
+  // Fills the memory with a pattern derived from `seed` and returns it.
+  static std::vector<std::uint32_t> fill(const std::shared_ptr<MemoryPointer>& memory, std::uint32_t seed) {
+    std::vector<std::uint32_t> values(memory->size() / 4);
+    for (std::size_t i = 0; i < values.size(); ++i) values[i] = seed * 2654435761u + static_cast<std::uint32_t>(i);
+    DeviceArray<std::uint32_t>(memory, values.size()).copy_to_device(values);
+    return values;
+  }
+  static bool holds(const std::shared_ptr<MemoryPointer>& memory, const std::vector<std::uint32_t>& values) {
+    return DeviceArray<std::uint32_t>(memory, values.size()).copy_to_host() == values;
+  }
+
+  Context& context = current_context();
+  std::unique_ptr<Manager> manager;
+};
+
+using ManagerTypes = ::testing::Types<DefaultMemoryManager, PoolMemoryManager>;
+TYPED_TEST_SUITE(Conformance, ManagerTypes);
+
+}  // namespace
+
+TYPED_TEST(Conformance, BlocksAreAlignedTo256Bytes) {
+  std::mt19937 random(1);
+  std::vector<std::shared_ptr<MemoryPointer>> blocks;
+  for (int i = 0; i < 300; ++i) {
+    blocks.push_back(this->manager->memalloc(1 + random() % 100000));
+    EXPECT_EQ(blocks.back()->device_pointer() % 256, 0u) << "size " << blocks.back()->size();
+  }
+}
+
+TYPED_TEST(Conformance, ZeroBytesIsRefused) {
+  EXPECT_THROW(this->manager->memalloc(0), InvalidArgument);
+}
+
+TYPED_TEST(Conformance, BlocksAreDistinctAndKeepTheirContents) {
+  std::mt19937 random(2);
+  std::vector<std::shared_ptr<MemoryPointer>> blocks;
+  std::vector<std::vector<std::uint32_t>> contents;
+  for (std::uint32_t i = 0; i < 200; ++i) {
+    blocks.push_back(this->manager->memalloc(4 * (1 + random() % 20000)));
+    contents.push_back(this->fill(blocks.back(), i));
+  }
+  for (std::size_t i = 0; i < blocks.size(); ++i) ASSERT_TRUE(this->holds(blocks[i], contents[i])) << "block " << i;
+}
+
+TYPED_TEST(Conformance, FreedMemoryIsReused) {
+  for (int i = 0; i < 2000; ++i) this->manager->memalloc(1 << 20).reset();
+  this->flush();
+  const MemoryInfo info = this->manager->get_memory_info();
+  EXPECT_GT(info.free, info.total / 2) << "2000 freed MiB were not given back for reuse";
+}
+
+TYPED_TEST(Conformance, MemoryInfoIsReal) {
+  const MemoryInfo info = this->manager->get_memory_info();
+  EXPECT_GT(info.total, 0u);
+  EXPECT_LE(info.free, info.total);
+}
+
+TYPED_TEST(Conformance, ResetReleasesEverythingAndTheManagerWorksAfter) {
+  std::vector<std::shared_ptr<MemoryPointer>> blocks;
+  for (int i = 0; i < 20; ++i) blocks.push_back(this->manager->memalloc(1 << 16));
+  this->manager->reset();
+  blocks.clear();  // late finalizers after a reset must be harmless
+  this->flush();
+  auto memory = this->manager->memalloc(4096);
+  auto values = this->fill(memory, 9);
+  EXPECT_TRUE(this->holds(memory, values));
+}
+
+TYPED_TEST(Conformance, ThreadStormsKeepEveryBlocksContents) {
+  std::atomic<int> corrupted{0};
+  std::vector<std::thread> threads;
+  for (std::uint32_t t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 random(t);
+      std::vector<std::pair<std::shared_ptr<MemoryPointer>, std::vector<std::uint32_t>>> held;
+      for (std::uint32_t step = 0; step < 150; ++step) {
+        if (held.size() < 8 && random() % 3) {
+          auto memory = this->manager->memalloc(4 * (1 + random() % 4096));
+          auto values = this->fill(memory, t * 1000 + step);
+          held.emplace_back(std::move(memory), std::move(values));
+        } else if (!held.empty()) {
+          const std::size_t victim = random() % held.size();
+          if (!this->holds(held[victim].first, held[victim].second)) corrupted.fetch_add(1);
+          held.erase(held.begin() + static_cast<long>(victim));
+        }
+      }
+      for (auto& [memory, values] : held)
+        if (!this->holds(memory, values)) corrupted.fetch_add(1);
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(corrupted, 0);
+}
+
+TYPED_TEST(Conformance, ADriverFailureLeavesTheManagerConsistent) {
+  CUEMM_REQUIRE_SIMULATION();
+  this->manager->reset();
+  this->flush();
+  const auto baseline = simulation::device_bytes_in_use(0);
+  for (const cuda::CUresult failure : {cuda::CUDA_ERROR_UNKNOWN, cuda::CUDA_ERROR_OUT_OF_MEMORY}) {
+    SCOPED_TRACE(error_name(failure));
+    // Every cuMemAlloc fails for a while: the first allocation cannot succeed.
+    simulation::inject_fault("cuMemAlloc", 1, failure, 8);
+    EXPECT_THROW(this->manager->memalloc(1 << 20), CudaError);
+    simulation::clear_faults();
+    EXPECT_EQ(simulation::device_bytes_in_use(0), baseline) << "a failed allocation left memory behind";
+    auto memory = this->manager->memalloc(1 << 20);
+    auto values = this->fill(memory, 3);
+    EXPECT_TRUE(this->holds(memory, values));
+    memory.reset();
+    this->manager->reset();
+    this->flush();
+    EXPECT_EQ(simulation::device_bytes_in_use(0), baseline) << "reset left memory behind";
+  }
+}
+
+TYPED_TEST(Conformance, DestroyingTheManagerReturnsItsMemory) {
+  CUEMM_REQUIRE_SIMULATION();
+  this->manager.reset();
+  const auto baseline = simulation::device_bytes_in_use(0);
+  {
+    TypeParam manager(&this->context);
+    manager.initialize();
+    std::vector<std::shared_ptr<MemoryPointer>> blocks;
+    for (int i = 0; i < 10; ++i) blocks.push_back(manager.memalloc(3 << 20));
+    blocks.clear();
+    manager.reset();
+  }
+  EXPECT_EQ(simulation::device_bytes_in_use(0), baseline);
+}

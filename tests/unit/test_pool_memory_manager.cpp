@@ -1,0 +1,133 @@
+// What the pool adds: suballocation, stream-safe reuse, IPC of blocks inside
+// segments, trimming, limits and its statistics.
+#include "support/test_support.hpp"
+
+using namespace cuemm;
+
+namespace {
+class Pool : public ::testing::Test {
+ protected:
+  Context& context = current_context();
+};
+constexpr std::uint64_t kSpinNanoseconds = 100'000'000;
+}  // namespace
+
+TEST_F(Pool, IsABundledManager) {
+  const auto names = bundled_memory_managers();
+  EXPECT_NE(std::find(names.begin(), names.end(), "pool"), names.end());
+}
+
+TEST_F(Pool, SuballocatesFromFewSegments) {
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  if (simulation::active()) simulation::reset_call_counts();
+  std::vector<std::shared_ptr<MemoryPointer>> blocks;
+  for (int i = 0; i < 1000; ++i) blocks.push_back(pool.memalloc(1000 + i));
+  const PoolStatistics statistics = pool.statistics();
+  EXPECT_LE(statistics.segments, 2u);
+  EXPECT_GE(statistics.in_use_bytes, 1000u * 1000u);
+  if (simulation::active()) EXPECT_LE(simulation::call_count("cuMemAlloc"), 2u);
+}
+
+TEST_F(Pool, AFreedBlockIsNotReusedWhileQueuedWorkMayStillWriteIt) {
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
+  Stream kernel_stream = context.create_stream();
+  Stream copy_stream = context.create_stream();
+  const std::uint64_t count = 1 << 18;
+  auto a = pool.memalloc(count * 4);
+  const auto a_address = a->device_pointer();
+  // A long kernel writes 7 into A; A is released while it still runs.
+  module.function("cuemm_spin_fill_u32").launch({64}, {256}, kernel_stream, a_address, 7u, count, kSpinNanoseconds);
+  a.reset();
+  // B, of the same size, is written from the host on another stream.
+  auto b = pool.memalloc(count * 4);
+  std::vector<std::uint32_t> nines(count, 9u);
+  DeviceArray<std::uint32_t> b_array(b, count);
+  b_array.copy_to_device(nines, copy_stream);
+  copy_stream.synchronize();
+  kernel_stream.synchronize();
+  EXPECT_EQ(b_array.copy_to_host(), nines) << "the kernel's late write landed in the reused block";
+  EXPECT_NE(b->device_pointer(), a_address) << "A was handed out again before the kernel finished";
+}
+
+TEST_F(Pool, IpcHandlesOfBlocksCarryTheirOffsetInTheSegment) {
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  auto first = pool.memalloc(4096);
+  auto second = pool.memalloc(8192);
+  IpcHandle handle = pool.get_ipc_handle(second);
+  EXPECT_EQ(handle.offset(), second->device_pointer() - first->device_pointer());
+  EXPECT_EQ(handle.size(), 8192u);
+}
+
+TEST_F(Pool, MemoryInfoCountsThePoolsFreeBytes) {
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  auto block = pool.memalloc(1 << 20);
+  const MemoryInfo driver = context.get_memory_info();  // the context's own manager asks the driver
+  const MemoryInfo info = pool.get_memory_info();
+  EXPECT_EQ(info.total, driver.total);
+  EXPECT_GE(info.free + (1 << 20), driver.free) << "the pool's free space is missing";
+}
+
+TEST_F(Pool, TrimReturnsEmptySegmentsButNotUnderDeferCleanup) {
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  pool.memalloc(100 << 20).reset();
+  EXPECT_GE(pool.statistics().reserved_bytes, 100u << 20);
+  {
+    auto guard = pool.defer_cleanup();
+    EXPECT_EQ(pool.trim(), 0u);
+  }
+  EXPECT_GE(pool.trim(), 100u << 20);
+  EXPECT_EQ(pool.statistics().reserved_bytes, 0u);
+  EXPECT_EQ(pool.statistics().segments, 0u);
+}
+
+TEST_F(Pool, TheMaximumSizeIsAnOutOfMemoryNamingIt) {
+  PoolOptions options;
+  options.maximum_size = 64 << 20;
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  auto held = pool.memalloc(40 << 20);
+  try {
+    pool.memalloc(40 << 20);
+    FAIL() << "allocated past the maximum";
+  } catch (const OutOfMemory& error) {
+    EXPECT_NE(std::string(error.what()).find("maximum 64.00 MiB"), std::string::npos) << error.what();
+    EXPECT_EQ(error.requested(), std::size_t{40} << 20);
+  }
+  held.reset();
+  EXPECT_NO_THROW(pool.memalloc(40 << 20)) << "the freed block did not come back";
+}
+
+TEST_F(Pool, AnInitialSizeIsReservedAtInitialize) {
+  PoolOptions options;
+  options.initial_size = 96 << 20;
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  EXPECT_GE(pool.statistics().reserved_bytes, 96u << 20);
+  PoolOptions bad;
+  bad.initial_size = 2 << 20;
+  bad.maximum_size = 1 << 20;
+  EXPECT_THROW(PoolMemoryManager(&context, bad), InvalidArgument);
+}
+
+TEST_F(Pool, SizesFromTheEnvironmentAreParsed) {
+  setenv("CUEMM_POOL_INITIAL_SIZE", "512M", 1);
+  setenv("CUEMM_POOL_MAXIMUM_SIZE", "2GiB", 1);
+  const PoolOptions options = PoolOptions::from_environment();
+  EXPECT_EQ(options.initial_size, std::size_t{512} << 20);
+  EXPECT_EQ(options.maximum_size, std::size_t{2} << 30);
+  setenv("CUEMM_POOL_MAXIMUM_SIZE", "lots", 1);
+  try {
+    PoolOptions::from_environment();
+    FAIL();
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("CUEMM_POOL_MAXIMUM_SIZE"), std::string::npos) << error.what();
+  }
+  unsetenv("CUEMM_POOL_INITIAL_SIZE");
+  unsetenv("CUEMM_POOL_MAXIMUM_SIZE");
+}
