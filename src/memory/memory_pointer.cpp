@@ -48,8 +48,8 @@ MemoryPointer::MemoryPointer(Context* context, std::uintptr_t pointer, std::size
 
 MemoryPointer::~MemoryPointer() { run_finalizer(); }
 
-void MemoryPointer::run_finalizer() noexcept {
-  if (!has_finalizer_ || !alive_.exchange(false, std::memory_order_acq_rel)) return;
+bool MemoryPointer::run_finalizer() noexcept {
+  if (!has_finalizer_ || !alive_.exchange(false, std::memory_order_acq_rel)) return false;
   auto finalizer = std::move(finalizer_);
   try {
     finalizer();
@@ -57,6 +57,7 @@ void MemoryPointer::run_finalizer() noexcept {
     std::fprintf(stderr, "cuemm: releasing %s memory at %s failed: %s\n", to_string(kind_),
                  hex(pointer_).c_str(), error.what());
   }
+  return true;
 }
 
 cuda::CUdeviceptr MemoryPointer::device_pointer() const {
@@ -75,9 +76,10 @@ OwnedPointer MemoryPointer::own() { return OwnedPointer(shared_from_this()); }
 
 void MemoryPointer::free() {
   if (!has_finalizer_) return;  // a view, or memory this pointer does not own
-  if (!is_alive()) throw StateError("Freeing dead memory: " + std::string(to_string(kind_)) + " memory at " +
+  // The exchange inside run_finalizer decides, so of racing frees exactly one
+  // runs the finalizer and every other one reports dead memory.
+  if (!run_finalizer()) throw StateError("Freeing dead memory: " + std::string(to_string(kind_)) + " memory at " +
                                     hex(pointer_) + " (" + std::to_string(size_) + " bytes) was already freed");
-  run_finalizer();
 }
 
 void MemoryPointer::drop_owned_reference() noexcept {

@@ -100,7 +100,7 @@ class MemoryPointer : public std::enable_shared_from_this<MemoryPointer> {
 
  private:
   friend class OwnedPointer;
-  void run_finalizer() noexcept;
+  bool run_finalizer() noexcept;  // true when this call ran it
   void drop_owned_reference() noexcept;
 
   Context* context_;
