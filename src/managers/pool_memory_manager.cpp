@@ -254,11 +254,17 @@ std::uintptr_t PoolMemoryManager::allocate_block(std::size_t size) {
   std::lock_guard lock(core.mutex);
   if (auto address = core.blocks.allocate(size)) [[likely]]
     return *address;
-  // Slow path, in order of cost: completed epochs, the driver, waiting for the
-  // GPU, and finally giving empty segments back so one large one fits.
+  // Slow path, in order of cost: completed epochs, pending epochs when they
+  // hold enough, the driver, any pending epoch, and finally giving empty
+  // segments back so that one large one fits.
   core.seal();
   core.reclaim(false);
   if (auto address = core.blocks.allocate(size)) return *address;
+  // Enough freed memory is waiting for the GPU: wait for it rather than grow.
+  if (core.quarantined_bytes >= size) {
+    core.reclaim(true);
+    if (auto address = core.blocks.allocate(size)) return *address;
+  }
   auto grown = [&]() -> std::optional<std::uintptr_t> {
     return core.grow(size) ? core.blocks.allocate(size) : std::nullopt;
   };
