@@ -7,7 +7,7 @@
 #   2. the whole C++ suite on the real driver (CUEMM_DRIVER=cuda)
 #   3. the seed's example on the real driver
 #   4. numba-cuda's suite with and without the cuemm plugin   (when the bridge exists)
-#   5. the benchmarks                                          (when they exist)
+#   5. the allocation benchmarks (Google Benchmark from .carry/benchmark: Debian's libbenchmark.so and headers)
 # Prints a short summary last. Logs go to $OUT when it is set.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -20,7 +20,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"
 summary+=("gpu: $(head -1 "$logs/gpu.txt")")
 
 gtest_args=()
-[ -d "$root/.carry/googletest" ] && gtest_args=(-DCUEMM_GTEST_SOURCE_DIR="$root/.carry/googletest")
+[ -d "$root/.carry/googletest" ] && gtest_args+=(-DCUEMM_GTEST_SOURCE_DIR="$root/.carry/googletest")
+[ -d "$root/.carry/benchmark" ] && gtest_args+=(-DCUEMM_BENCHMARK_ROOT="$root/.carry/benchmark")
 if CMAKE_POLICY_VERSION_MINIMUM=3.5 BUILD_DIR=$build "$root/scripts/build.sh" -DCUEMM_TEST_DRIVER=cuda \
     "${gtest_args[@]}" >"$logs/build.log" 2>&1; then
   summary+=("build: ok")
@@ -40,6 +41,15 @@ CUEMM_DRIVER=cuda "$build/bin/zeros_to_device" >"$logs/example.log" 2>&1
 example_status=$?
 cat "$logs/example.log"
 summary+=("example (real driver): exit $example_status")
+
+if [ -x "$build/bin/bench_allocators" ]; then
+  CUEMM_DRIVER=cuda "$build/bin/bench_allocators" --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
+    --benchmark_min_time=0.2 --benchmark_out="$logs/bench_allocators.json" --benchmark_out_format=json \
+    >"$logs/bench_allocators.txt" 2>&1
+  summary+=("benchmarks: exit $? ($(grep -c _median "$logs/bench_allocators.txt") medians in bench_allocators.txt)")
+else
+  summary+=("benchmarks: not built (no Google Benchmark)")
+fi
 
 echo
 echo "SUMMARY"
