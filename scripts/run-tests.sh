@@ -12,6 +12,12 @@ status=0
 echo "== C++ tests (ctest)"
 (cd "$build" && ctest --output-on-failure --timeout 300) || status=1
 
+echo "== benchmark smoke (fails only if a benchmark crashes, never on timing)"
+if [ -x "$build/bin/bench_allocators" ]; then
+  "$build/bin/bench_allocators" --benchmark_min_time=0.01 --benchmark_filter='Pool|DefaultMemoryManager>/256/' \
+    >/tmp/cuemm-bench-smoke.txt 2>&1 || { tail -20 /tmp/cuemm-bench-smoke.txt; status=1; }
+fi
+
 echo "== install, and use through find_package(cuemm)"
 "$root/scripts/check-install.sh" || status=1
 
