@@ -46,7 +46,6 @@ void AllocateFree(benchmark::State& state) {
 }
 
 void DriverMemAllocFree(benchmark::State& state) {
-  context();
   cuemm::ScopedContext scope(context());
   const auto size = static_cast<std::size_t>(state.range(0));
   for (auto _ : state) {

@@ -29,6 +29,7 @@
 #include "kernels.hpp"
 #include "sim_control.h"
 #include "sim_state.hpp"
+#include "util/byte_size.hpp"
 
 namespace cuemm::sim {
 namespace {
@@ -47,19 +48,11 @@ std::size_t round_up(std::size_t value, std::size_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
 }
 
-std::size_t parse_bytes(const char* text, std::size_t fallback) {
-  if (text == nullptr || *text == '\0') return fallback;
-  char* end = nullptr;
-  const double number = std::strtod(text, &end);
-  std::size_t scale = 1;
-  switch (end && *end ? (*end | 0x20) : 0) {
-    case 'k': scale = 1ull << 10; break;
-    case 'm': scale = 1ull << 20; break;
-    case 'g': scale = 1ull << 30; break;
-    case 't': scale = 1ull << 40; break;
-    default: break;
-  }
-  return number > 0 ? static_cast<std::size_t>(number * static_cast<double>(scale)) : fallback;
+// A byte count from the environment; unset, unparsable or zero keeps the default.
+std::size_t bytes_from_environment(const char* variable, std::size_t fallback) {
+  const char* text = std::getenv(variable);
+  const auto bytes = text ? util::parse_byte_size(text) : std::nullopt;
+  return bytes && *bytes > 0 ? *bytes : fallback;
 }
 
 // Per thread: the context stack, and the per-thread default stream of each context.
@@ -339,7 +332,7 @@ SIM_EXPORT CUresult cuInit(unsigned flags) {
   const char* count_text = std::getenv("CUEMM_SIM_DEVICES");
   const int count = count_text ? std::atoi(count_text) : 1;
   if (count <= 0) return CUDA_ERROR_NO_DEVICE;
-  const std::size_t capacity = parse_bytes(std::getenv("CUEMM_SIM_MEMORY"), 16ull << 30);
+  const std::size_t capacity = bytes_from_environment("CUEMM_SIM_MEMORY", 16ull << 30);
   const char* peer = std::getenv("CUEMM_SIM_PEER_ACCESS");
   s.peer_access = peer && std::atoi(peer) != 0;
   for (int i = 0; i < count; ++i) {

@@ -38,12 +38,7 @@ class CountingMemoryManager : public cuemm::HostOnlyMemoryManager {
   cuemm::IpcHandle get_ipc_handle(const std::shared_ptr<cuemm::MemoryPointer>& memory) override {
     return cuemm::export_device_memory(context(), memory);
   }
-  cuemm::MemoryInfo get_memory_info() override {
-    cuemm::ScopedContext scope(context());
-    cuemm::MemoryInfo info;
-    CUEMM_CU(cuMemGetInfo, &info.free, &info.total);
-    return info;
-  }
+  cuemm::MemoryInfo get_memory_info() override { return cuemm::driver_memory_info(context()); }
 
  protected:
   void on_reset() override { std::fprintf(stderr, "counting plugin: reset with %zu bytes live\n", live_bytes_.load()); }

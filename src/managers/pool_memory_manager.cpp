@@ -7,6 +7,7 @@
 #include "cuemm/driver/driver.hpp"
 #include "cuemm/memory/default_memory_manager.hpp"
 #include "cuemm/runtime/context.hpp"
+#include "util/byte_size.hpp"
 
 namespace cuemm {
 namespace {
@@ -21,21 +22,10 @@ std::size_t round_up(std::size_t value, std::size_t granularity) {
 std::size_t byte_size_from_environment(const char* variable) {
   const char* text = std::getenv(variable);
   if (!text || !*text) return 0;
-  char* end = nullptr;
-  const double number = std::strtod(text, &end);
-  double scale = 1;
-  switch (*end | 0x20) {
-    case 'k': scale = 1024.0; ++end; break;
-    case 'm': scale = 1024.0 * 1024; ++end; break;
-    case 'g': scale = 1024.0 * 1024 * 1024; ++end; break;
-    case 't': scale = 1024.0 * 1024 * 1024 * 1024; ++end; break;
-    default: break;
-  }
-  if ((*end | 0x20) == 'b') ++end;  // "512MB", "512MiB"
-  if ((*end | 0x20) == 'i') end += 2;
-  if (end == text || *end != '\0' || number < 0)
+  const auto bytes = util::parse_byte_size(text);
+  if (!bytes)
     throw InvalidArgument(std::string(variable) + " must be a byte count such as 512M or 2G (got '" + text + "')");
-  return static_cast<std::size_t>(number * scale);
+  return *bytes;
 }
 
 }  // namespace
@@ -282,7 +272,7 @@ std::uintptr_t PoolMemoryManager::allocate_block(std::size_t size) {
 }
 
 std::shared_ptr<MemoryPointer> PoolMemoryManager::memalloc(std::size_t size) {
-  if (size == 0) throw InvalidArgument("memalloc: size must be at least 1 byte (got 0)");
+  require_allocation_size(size, "memalloc");
   const std::uintptr_t address = with_flush_and_retry([&] { return allocate_block(size); });
   Core* core = core_.get();
   try {
@@ -301,11 +291,7 @@ IpcHandle PoolMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer>
 }
 
 MemoryInfo PoolMemoryManager::get_memory_info() {
-  MemoryInfo info;
-  {
-    ScopedContext scope(context());
-    CUEMM_CU(cuMemGetInfo, &info.free, &info.total);
-  }
+  MemoryInfo info = driver_memory_info(context());
   std::lock_guard lock(core_->mutex);
   info.free += core_->blocks.free_bytes() + core_->quarantined_bytes;
   return info;

@@ -7,7 +7,7 @@
 namespace cuemm {
 
 std::shared_ptr<MemoryPointer> DefaultMemoryManager::memalloc(std::size_t size) {
-  if (size == 0) throw InvalidArgument("memalloc: size must be at least 1 byte (got 0)");
+  require_allocation_size(size, "memalloc");
   Context& ctx = context();
   ScopedContext scope(ctx);
   const cuda::CUdeviceptr pointer = with_flush_and_retry([&] {
@@ -15,10 +15,7 @@ std::shared_ptr<MemoryPointer> DefaultMemoryManager::memalloc(std::size_t size) 
     CUEMM_CU_ALLOC(size, cuMemAlloc, &allocated, size);
     return allocated;
   });
-  Finalizer finalizer = track(pointer, size, [&ctx, pointer] {
-    ScopedContext release_scope(ctx);
-    CUEMM_CU(cuMemFree, pointer);
-  });
+  Finalizer finalizer = track(pointer, size, [pointer] { CUEMM_CU(cuMemFree, pointer); });
   auto memory = std::make_shared<MemoryPointer>(&ctx, pointer, size, nullptr, std::move(finalizer));
   adopt(pointer, memory);
   return memory;
@@ -28,8 +25,10 @@ IpcHandle DefaultMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPoint
   return export_device_memory(context(), memory);
 }
 
-MemoryInfo DefaultMemoryManager::get_memory_info() {
-  ScopedContext scope(context());
+MemoryInfo DefaultMemoryManager::get_memory_info() { return driver_memory_info(context()); }
+
+MemoryInfo driver_memory_info(Context& context) {
+  ScopedContext scope(context);
   MemoryInfo info;
   CUEMM_CU(cuMemGetInfo, &info.free, &info.total);
   return info;

@@ -52,9 +52,14 @@ void HostOnlyMemoryManager::Tracker::finalize(std::uintptr_t address) noexcept {
 }
 
 Finalizer HostOnlyMemoryManager::track(std::uintptr_t address, std::size_t bytes, std::function<void()> release) {
+  // Releases run later, from whichever thread flushes: in our context.
+  auto in_context = [&context = context(), release = std::move(release)] {
+    ScopedContext scope(context);
+    release();
+  };
   {
     std::lock_guard lock(tracker_->mutex);
-    tracker_->live[address] = Tracker::Entry{{}, std::move(release), bytes};
+    tracker_->live[address] = Tracker::Entry{{}, std::move(in_context), bytes};
   }
   return [tracker = std::weak_ptr<Tracker>(tracker_), address] {
     if (auto owner = tracker.lock()) owner->finalize(address);
@@ -113,17 +118,6 @@ CleanupGuard HostOnlyMemoryManager::defer_cleanup() {
 }
 
 namespace {
-std::function<void()> in_context(Context& context, std::function<void()> release) {
-  return [&context, release = std::move(release)] {
-    ScopedContext scope(context);
-    release();
-  };
-}
-
-void check_size(std::size_t size, const char* call) {
-  if (size == 0) throw InvalidArgument(std::string(call) + ": size must be at least 1 byte (got 0)");
-}
-
 // Turns a fresh allocation into a tracked pointer; if making the pointer
 // fails, the allocation is released at once rather than leaked.
 template <typename Make>
@@ -139,7 +133,7 @@ std::shared_ptr<MemoryPointer> make_tracked(Make&& make, const std::function<voi
 
 std::shared_ptr<MemoryPointer> HostOnlyMemoryManager::memhostalloc(std::size_t size, bool mapped, bool portable,
                                                                    bool wc) {
-  check_size(size, "memhostalloc");
+  require_allocation_size(size, "memhostalloc");
   Context& ctx = context();
   const unsigned flags = (mapped ? cuda::CU_MEMHOSTALLOC_DEVICEMAP : 0u) |
                          (portable ? cuda::CU_MEMHOSTALLOC_PORTABLE : 0u) |
@@ -151,8 +145,7 @@ std::shared_ptr<MemoryPointer> HostOnlyMemoryManager::memhostalloc(std::size_t s
     return allocated;
   });
   const auto address = reinterpret_cast<std::uintptr_t>(pointer);
-  auto release = in_context(ctx, [pointer] { CUEMM_CU(cuMemFreeHost, pointer); });
-  Finalizer finalizer = track(address, size, release);
+  Finalizer finalizer = track(address, size, [pointer] { CUEMM_CU(cuMemFreeHost, pointer); });
   auto memory = make_tracked(
       [&]() -> std::shared_ptr<MemoryPointer> {
         if (mapped) return std::make_shared<MappedMemory>(&ctx, pointer, size, nullptr, finalizer);
@@ -166,7 +159,7 @@ std::shared_ptr<MemoryPointer> HostOnlyMemoryManager::memhostalloc(std::size_t s
 std::shared_ptr<MemoryPointer> HostOnlyMemoryManager::mempin(std::shared_ptr<const void> owner, void* pointer,
                                                              std::size_t size, bool mapped) {
   if (!pointer) throw InvalidArgument("mempin: the pointer is null");
-  check_size(size, "mempin");
+  require_allocation_size(size, "mempin");
   Context& ctx = context();
   const unsigned flags = mapped ? cuda::CU_MEMHOSTREGISTER_DEVICEMAP : 0u;
   ScopedContext scope(ctx);
@@ -175,8 +168,7 @@ std::shared_ptr<MemoryPointer> HostOnlyMemoryManager::mempin(std::shared_ptr<con
     return 0;
   });
   const auto address = reinterpret_cast<std::uintptr_t>(pointer);
-  auto release = in_context(ctx, [pointer] { CUEMM_CU(cuMemHostUnregister, pointer); });
-  Finalizer finalizer = track(address, size, release);
+  Finalizer finalizer = track(address, size, [pointer] { CUEMM_CU(cuMemHostUnregister, pointer); });
   auto memory = make_tracked(
       [&]() -> std::shared_ptr<MemoryPointer> {
         if (mapped) return std::make_shared<MappedMemory>(&ctx, pointer, size, owner, finalizer);
@@ -188,7 +180,7 @@ std::shared_ptr<MemoryPointer> HostOnlyMemoryManager::mempin(std::shared_ptr<con
 }
 
 std::shared_ptr<MemoryPointer> HostOnlyMemoryManager::memallocmanaged(std::size_t size, bool attach_global) {
-  check_size(size, "memallocmanaged");
+  require_allocation_size(size, "memallocmanaged");
   Context& ctx = context();
   const unsigned flags = attach_global ? cuda::CU_MEM_ATTACH_GLOBAL : cuda::CU_MEM_ATTACH_HOST;
   ScopedContext scope(ctx);
@@ -197,8 +189,7 @@ std::shared_ptr<MemoryPointer> HostOnlyMemoryManager::memallocmanaged(std::size_
     CUEMM_CU_ALLOC(size, cuMemAllocManaged, &allocated, size, flags);
     return allocated;
   });
-  auto release = in_context(ctx, [pointer] { CUEMM_CU(cuMemFree, pointer); });
-  Finalizer finalizer = track(pointer, size, release);
+  Finalizer finalizer = track(pointer, size, [pointer] { CUEMM_CU(cuMemFree, pointer); });
   auto memory = std::make_shared<ManagedMemory>(&ctx, pointer, size, nullptr, finalizer);
   adopt(pointer, memory);
   return memory;

@@ -6,6 +6,10 @@
 
 namespace cuemm {
 
+void require_allocation_size(std::size_t size, const char* call) {
+  if (size == 0) throw InvalidArgument(std::string(call) + ": size must be at least 1 byte (got 0)");
+}
+
 std::shared_ptr<MemoryPointer> BaseMemoryManager::memallocmanaged(std::size_t size, bool) {
   throw Error("this memory manager does not provide managed memory (memallocmanaged of " +
               std::to_string(size) + " bytes)");

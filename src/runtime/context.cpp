@@ -29,33 +29,27 @@ void Context::reset() {
 
 MemoryInfo Context::get_memory_info() { return memory_manager_->get_memory_info(); }
 
-namespace {
-void require_size(std::size_t size, const char* call) {
-  if (size == 0) throw InvalidArgument(std::string(call) + ": size must be at least 1 byte (got 0)");
-}
-}  // namespace
-
 std::shared_ptr<MemoryPointer> Context::memalloc(std::size_t size) {
-  require_size(size, "memalloc");
+  require_allocation_size(size, "memalloc");
   return memory_manager_->memalloc(size);
 }
 
 std::shared_ptr<MemoryPointer> Context::memhostalloc(std::size_t size, bool mapped, bool portable, bool wc) {
-  require_size(size, "memhostalloc");
+  require_allocation_size(size, "memhostalloc");
   return memory_manager_->memhostalloc(size, mapped, portable, wc);
 }
 
 std::shared_ptr<MemoryPointer> Context::mempin(std::shared_ptr<const void> owner, void* pointer, std::size_t size,
                                                bool mapped) {
   if (!pointer) throw InvalidArgument("mempin: the pointer is null");
-  require_size(size, "mempin");
+  require_allocation_size(size, "mempin");
   if (mapped && !device_.can_map_host_memory())
     throw InvalidArgument("mempin: device " + std::to_string(device_.id()) + " cannot map host memory");
   return memory_manager_->mempin(std::move(owner), pointer, size, mapped);
 }
 
 std::shared_ptr<MemoryPointer> Context::memallocmanaged(std::size_t size, bool attach_global) {
-  require_size(size, "memallocmanaged");
+  require_allocation_size(size, "memallocmanaged");
   return memory_manager_->memallocmanaged(size, attach_global);
 }
 

@@ -26,4 +26,7 @@ class DefaultMemoryManager : public HostOnlyMemoryManager {
 // allocation that contains it, with the memory's offset inside it.
 IpcHandle export_device_memory(Context& context, const std::shared_ptr<MemoryPointer>& memory);
 
+// The driver's free and total device memory, as seen from `context`.
+MemoryInfo driver_memory_info(Context& context);
+
 }  // namespace cuemm

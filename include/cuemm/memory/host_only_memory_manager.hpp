@@ -59,10 +59,11 @@ class HostOnlyMemoryManager : public BaseMemoryManager {
   virtual void on_reset() {}
   virtual CleanupGuard on_defer_cleanup() { return {}; }
 
-  // Records a new allocation: `memory` is released through `release` (queued
-  // on deallocations(), `bytes` counting towards the byte threshold) when its
-  // finalizer runs, or at once by reset(). Returns the finalizer to give the
-  // pointer. Call adopt() once the pointer exists.
+  // Records a new allocation: `memory` is released through `release`, run
+  // with this manager's context current (queued on deallocations(), `bytes`
+  // counting towards the byte threshold) when its finalizer runs, or at once by
+  // reset(). Returns the finalizer to give the pointer. Call adopt() once the
+  // pointer exists.
   Finalizer track(std::uintptr_t address, std::size_t bytes, std::function<void()> release);
   void adopt(std::uintptr_t address, const std::shared_ptr<MemoryPointer>& memory);
 

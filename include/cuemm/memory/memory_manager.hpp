@@ -33,6 +33,10 @@ struct MemoryInfo {
   std::size_t total = 0;
 };
 
+// InvalidArgument "<call>: size must be at least 1 byte (got 0)" for a zero
+// size: the driver refuses empty allocations, and so does every manager.
+void require_allocation_size(std::size_t size, const char* call);
+
 class BaseMemoryManager {
  public:
   explicit BaseMemoryManager(Context* context) : context_(context) {}

@@ -1,0 +1,33 @@
+// byte_size.hpp: "512M", "2GiB", "1073741824" -> bytes. Shared by the library
+// (pool options) and the simulated driver (CUEMM_SIM_MEMORY).
+#pragma once
+
+#include <cstddef>
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+namespace cuemm::util {
+
+// Binary suffixes K, M, G, T, optionally followed by B or iB; nullopt for
+// anything else (including negative numbers).
+inline std::optional<std::size_t> parse_byte_size(const std::string& text) {
+  const char* begin = text.c_str();
+  char* end = nullptr;
+  const double number = std::strtod(begin, &end);
+  if (end == begin || number < 0) return std::nullopt;
+  double scale = 1;
+  switch (*end | 0x20) {
+    case 'k': scale = 1024.0; ++end; break;
+    case 'm': scale = 1024.0 * 1024; ++end; break;
+    case 'g': scale = 1024.0 * 1024 * 1024; ++end; break;
+    case 't': scale = 1024.0 * 1024 * 1024 * 1024; ++end; break;
+    default: break;
+  }
+  if ((*end | 0x20) == 'i') ++end;  // "MiB"
+  if ((*end | 0x20) == 'b') ++end;  // "MB", "MiB"
+  if (*end != '\0') return std::nullopt;
+  return static_cast<std::size_t>(number * scale);
+}
+
+}  // namespace cuemm::util
