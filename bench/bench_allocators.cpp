@@ -45,6 +45,20 @@ void AllocateFree(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 
+// The pool's raw interface (no MemoryPointer), comparable to PyTorch's
+// raw_alloc/raw_delete and RMM's allocate/deallocate.
+void PoolRawAllocateFree(benchmark::State& state) {
+  auto& pool = shared_manager<cuemm::PoolMemoryManager>();
+  cuemm::ScopedContext scope(context());
+  const auto size = static_cast<std::size_t>(state.range(0));
+  for (auto _ : state) {
+    const cuemm::cuda::CUdeviceptr pointer = pool.allocate(size);
+    benchmark::DoNotOptimize(pointer);
+    pool.deallocate(pointer, size);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
 void DriverMemAllocFree(benchmark::State& state) {
   cuemm::ScopedContext scope(context());
   const auto size = static_cast<std::size_t>(state.range(0));
@@ -79,6 +93,7 @@ void PoolWithFreeBlocks(benchmark::State& state) {
 BENCHMARK(DriverMemAllocFree)->Arg(256)->Arg(1 << 20)->Arg(64 << 20)->ThreadRange(1, 4)->UseRealTime();
 BENCHMARK_TEMPLATE(AllocateFree, cuemm::DefaultMemoryManager)->Apply(set_sizes);
 BENCHMARK_TEMPLATE(AllocateFree, cuemm::PoolMemoryManager)->Apply(set_sizes);
+BENCHMARK(PoolRawAllocateFree)->Apply(set_sizes);
 BENCHMARK(PoolWithFreeBlocks)->Arg(0)->Arg(65536);
 
 BENCHMARK_MAIN();

@@ -1,11 +1,16 @@
 #include "cuemm/managers/pool_memory_manager.hpp"
 
+#include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "cuemm/driver/driver.hpp"
+#include "cuemm/managers/detail/size_classes.hpp"
 #include "cuemm/memory/default_memory_manager.hpp"
+#include "cuemm/memory/detail/recycling_allocator.hpp"
 #include "cuemm/runtime/context.hpp"
 #include "util/byte_size.hpp"
 
@@ -13,117 +18,210 @@ namespace cuemm {
 namespace {
 
 constexpr std::size_t kMinimumGrowth = std::size_t{32} << 20;
+constexpr std::uint32_t kMaximumBinCapacity = 512;
+constexpr std::uint32_t kMinimumBinCapacity = 4;
 
 std::size_t round_up(std::size_t value, std::size_t granularity) {
   return (value + granularity - 1) / granularity * granularity;
 }
 
 // "512M", "2G", "1073741824": a byte count from an environment variable.
-std::size_t byte_size_from_environment(const char* variable) {
+std::optional<std::size_t> byte_size_from_environment(const char* variable) {
   const char* text = std::getenv(variable);
-  if (!text || !*text) return 0;
+  if (!text || !*text) return std::nullopt;
   const auto bytes = util::parse_byte_size(text);
   if (!bytes)
     throw InvalidArgument(std::string(variable) + " must be a byte count such as 512M or 2G (got '" + text + "')");
   return *bytes;
 }
 
+// A freed block and the epoch it was freed in (Note [Stream-safe reuse]).
+struct Freed {
+  std::uintptr_t address;
+  std::uint64_t epoch;
+};
+
+// A tiny lock for a thread's own cache: its owner takes it on every operation
+// (one uncontended exchange), other threads only when flushing the caches.
+class SpinLock {
+ public:
+  void lock() noexcept {
+    while (flag_.test_and_set(std::memory_order_acquire)) std::this_thread::yield();  // held only briefly
+  }
+  void unlock() noexcept { flag_.clear(std::memory_order_release); }
+
+ private:
+  std::atomic_flag flag_;
+};
+
 }  // namespace
 
 PoolOptions PoolOptions::from_environment() {
   PoolOptions options;
-  options.initial_size = byte_size_from_environment("CUEMM_POOL_INITIAL_SIZE");
-  options.maximum_size = byte_size_from_environment("CUEMM_POOL_MAXIMUM_SIZE");
+  options.initial_size = byte_size_from_environment("CUEMM_POOL_INITIAL_SIZE").value_or(0);
+  options.maximum_size = byte_size_from_environment("CUEMM_POOL_MAXIMUM_SIZE").value_or(0);
+  options.thread_cache_size =
+      byte_size_from_environment("CUEMM_POOL_THREAD_CACHE_SIZE").value_or(options.thread_cache_size);
   return options;
 }
 
+// One thread's cached blocks, a FIFO ring per size class: the oldest free is
+// reused first, as it is the likeliest to be safe.
+struct ThreadCache {
+  struct Bin {
+    Freed* ring = nullptr;
+    std::uint32_t head = 0;  // the oldest entry
+    std::uint32_t count = 0;
+    std::uint32_t capacity = 0;
+    std::uint32_t frees_since_advance = 0;
+
+    Freed& at(std::uint32_t i) noexcept { return ring[(head + i) % capacity]; }
+  };
+
+  SpinLock lock;
+  std::atomic<std::size_t> bytes{0};  // written by the owner under `lock`
+  std::size_t budget;
+  std::array<Bin, detail::kSizeClassCount> bins;
+  std::unique_ptr<Freed[]> storage;
+
+  explicit ThreadCache(std::size_t budget_) : budget(budget_) {
+    std::size_t total = 0;
+    for (int c = 0; c < detail::kSizeClassCount; ++c) {
+      // Half the budget per class: room for two sealing batches of the largest class.
+      const std::size_t fit = budget / 2 / detail::size_class_bytes(c);
+      bins[c].capacity = static_cast<std::uint32_t>(
+          std::clamp<std::size_t>(fit, kMinimumBinCapacity, kMaximumBinCapacity));
+      total += bins[c].capacity;
+    }
+    storage = std::make_unique<Freed[]>(total);
+    Freed* next = storage.get();
+    for (auto& bin : bins) {
+      bin.ring = next;
+      next += bin.capacity;
+    }
+  }
+
+  // Removes the oldest `count` entries of a class into `out`.
+  std::size_t take_oldest(int size_class, std::uint32_t count, Freed* out) noexcept {
+    Bin& bin = bins[size_class];
+    count = std::min(count, bin.count);
+    for (std::uint32_t i = 0; i < count; ++i) out[i] = bin.at(i);
+    bin.head = (bin.head + count) % bin.capacity;
+    bin.count -= count;
+    bytes.store(bytes.load(std::memory_order_relaxed) - count * detail::size_class_bytes(size_class),
+                std::memory_order_relaxed);
+    return count;
+  }
+};
+
 // Everything the pointers' finalizers reach. A finalizer holds a raw pointer
 // to its Core (so it fits std::function's inline storage: no allocation), and
-// Cores are never deleted once they have handed out memory: reset and
-// destruction retire them, and a retired Core ignores late finalizers.
+// Cores are never deleted: reset and destruction retire them, and a retired
+// Core ignores late finalizers.
 struct PoolMemoryManager::Core {
-  struct Epoch {
-    std::vector<std::uintptr_t> blocks;
-    std::size_t bytes = 0;
-    cuda::CUevent event = nullptr;
+  struct Sealed {
+    std::uint64_t epoch;
+    cuda::CUevent event;  // null: already known complete
   };
 
   Context* context;
   PoolOptions options;
   mutable std::mutex mutex;
   detail::TlsfBlockAllocator blocks{kBlockGranularity};
-  std::vector<std::uintptr_t> current;  // freed since the last seal
-  std::size_t current_bytes = 0;
-  std::deque<Epoch> sealed;  // oldest first
+  // Frees are tagged with open_epoch; every tag below safe_epoch is safe.
+  std::atomic<std::uint64_t> open_epoch{1};
+  std::atomic<std::uint64_t> safe_epoch{1};
+  std::atomic<bool> freed_since_seal{false};
+  std::deque<Sealed> sealed;  // oldest first
+  struct Quarantined {
+    std::uintptr_t address;
+    std::size_t size;
+    std::uint64_t epoch;
+  };
+  std::deque<Quarantined> quarantine;  // freed, waiting for the GPU; oldest first
   std::size_t quarantined_bytes = 0;
   std::vector<cuda::CUevent> spare_events;
+  std::vector<std::unique_ptr<ThreadCache>> caches;
   int defer_depth = 0;
   std::atomic<bool> retired{false};
 
   Core(Context* context_, PoolOptions options_) : context(context_), options(options_) {}
 
-  // The finalizer of every block.
-  void release(std::uintptr_t address) noexcept {
-    if (retired.load(std::memory_order_acquire)) return;
-    std::lock_guard lock(mutex);
-    const std::size_t size = blocks.block_size(address);
-    if (size == 0) return;
-    try {
-      current.push_back(address);
-    } catch (...) {
-      blocks.deallocate(address);  // no room to defer: reuse at once rather than leak
-      return;
-    }
-    current_bytes += size;
-    quarantined_bytes += size;
-    if (current_bytes > blocks.region_bytes() / 8) seal();
+  void note_free() noexcept {
+    if (!freed_since_seal.load(std::memory_order_relaxed)) freed_since_seal.store(true, std::memory_order_relaxed);
   }
 
-  // Closes the current epoch with an event on the legacy default stream.
+  // --- under `mutex` ---
+
+  void quarantine_block(std::uintptr_t address, std::size_t size, std::uint64_t epoch) {
+    quarantine.push_back({address, size, epoch});
+    quarantined_bytes += size;
+  }
+
+  // Closes the open epoch: the next one opens first, so that any free tagged
+  // with the closed one happened before the event below is recorded.
   void seal() noexcept {
-    if (current.empty()) return;
-    Epoch epoch{std::move(current), current_bytes, nullptr};
-    current = {};
-    current_bytes = 0;
+    if (!freed_since_seal.exchange(false)) return;
+    const std::uint64_t closed = open_epoch.fetch_add(1);
+    Sealed entry{closed, nullptr};
     try {
       ScopedContext scope(*context);
       if (!spare_events.empty()) {
-        epoch.event = spare_events.back();
+        entry.event = spare_events.back();
         spare_events.pop_back();
       } else {
-        CUEMM_CU(cuEventCreate, &epoch.event, cuda::CU_EVENT_DISABLE_TIMING);
+        CUEMM_CU(cuEventCreate, &entry.event, cuda::CU_EVENT_DISABLE_TIMING);
       }
-      CUEMM_CU(cuEventRecord, epoch.event, cuda::CU_STREAM_LEGACY);
+      CUEMM_CU(cuEventRecord, entry.event, cuda::CU_STREAM_LEGACY);
+      sealed.push_back(entry);
     } catch (const std::exception& error) {
       // Without an event, wait for the device: slower, still safe.
       std::fprintf(stderr, "cuemm pool: cannot record a reuse event (%s); synchronising instead\n", error.what());
-      if (epoch.event) spare_events.push_back(epoch.event);
-      epoch.event = nullptr;
+      if (entry.event) spare_events.push_back(entry.event);
       CUEMM_CU_RESULT(cuCtxSynchronize);
+      sealed.push_back({closed, nullptr});
     }
-    sealed.push_back(std::move(epoch));
   }
 
-  // Returns the blocks of completed epochs to the index; with `wait`, waits
-  // for pending ones too. Returns the bytes reclaimed.
+  // Advances safe_epoch past completed events (with `wait`, past all sealed
+  // ones), then returns the safe part of the quarantine to the index.
+  // Returns the bytes reclaimed.
   std::size_t reclaim(bool wait) {
-    std::size_t reclaimed = 0;
     while (!sealed.empty()) {
-      Epoch& epoch = sealed.front();
-      if (epoch.event) {
+      Sealed& front = sealed.front();
+      if (front.event) {
         ScopedContext scope(*context);
-        const cuda::CUresult result =
-            wait ? CUEMM_CU_RESULT(cuEventSynchronize, epoch.event) : CUEMM_CU_RESULT(cuEventQuery, epoch.event);
+        const cuda::CUresult result = wait ? CUEMM_CU_RESULT(cuEventSynchronize, front.event)
+                                           : CUEMM_CU_RESULT(cuEventQuery, front.event);
         if (result == cuda::CUDA_ERROR_NOT_READY) break;
         driver::check(result, wait ? "cuEventSynchronize" : "cuEventQuery");
-        spare_events.push_back(epoch.event);
+        spare_events.push_back(front.event);
       }
-      for (std::uintptr_t address : epoch.blocks) blocks.deallocate(address);
-      quarantined_bytes -= epoch.bytes;
-      reclaimed += epoch.bytes;
+      safe_epoch.store(front.epoch + 1, std::memory_order_release);
       sealed.pop_front();
     }
+    const std::uint64_t safe = safe_epoch.load(std::memory_order_relaxed);
+    std::size_t reclaimed = 0;
+    while (!quarantine.empty() && quarantine.front().epoch < safe) {
+      blocks.deallocate(quarantine.front().address);
+      reclaimed += quarantine.front().size;
+      quarantine.pop_front();
+    }
+    quarantined_bytes -= reclaimed;
     return reclaimed;
+  }
+
+  // Moves every cached block of every thread into the quarantine.
+  void flush_caches() {
+    std::array<Freed, kMaximumBinCapacity> taken;
+    for (auto& cache : caches) {
+      std::lock_guard cache_lock(cache->lock);
+      for (int c = 0; c < detail::kSizeClassCount; ++c) {
+        while (const std::size_t n = cache->take_oldest(c, kMaximumBinCapacity, taken.data())) {
+          for (std::size_t i = 0; i < n; ++i) quarantine_block(taken[i].address, detail::size_class_bytes(c), taken[i].epoch);
+        }
+      }
+    }
   }
 
   // Takes a new segment of at least `size` bytes from the driver. Returns
@@ -166,16 +264,155 @@ struct PoolMemoryManager::Core {
     return released;
   }
 
+  // A block of `size` bytes from the index, trying in order of cost: the
+  // index, completed epochs, pending epochs when they hold enough, the
+  // driver, the thread caches and any pending epoch, and finally giving
+  // empty segments back so that one large one fits.
+  std::uintptr_t allocate_from_index(std::size_t size, std::size_t maximum_size) {
+    if (auto address = blocks.allocate(size)) [[likely]]
+      return *address;
+    seal();
+    reclaim(false);
+    if (auto address = blocks.allocate(size)) return *address;
+    if (quarantined_bytes >= size) {  // enough is waiting for the GPU: wait rather than grow
+      reclaim(true);
+      if (auto address = blocks.allocate(size)) return *address;
+    }
+    auto grown = [&]() -> std::optional<std::uintptr_t> {
+      return grow(size) ? blocks.allocate(size) : std::nullopt;
+    };
+    if (auto address = grown()) return *address;
+    flush_caches();
+    seal();
+    reclaim(true);
+    if (auto address = blocks.allocate(size)) return *address;
+    if (release_free_segments() > 0) {
+      if (auto address = grown()) return *address;
+    }
+    throw OutOfMemory("PoolMemoryManager::allocate", size,
+                      "the pool holds " + describe_bytes(blocks.region_bytes()) + " in " +
+                          std::to_string(blocks.region_count()) + " segment(s), " +
+                          describe_bytes(blocks.allocated_bytes() - quarantined_bytes) + " in use" +
+                          (maximum_size ? "; maximum " + describe_bytes(maximum_size) : ""));
+  }
+
+  // --- the thread caches (no `mutex` on their fast paths) ---
+
+  ThreadCache& cache_of_this_thread();
+  void forget_cache(ThreadCache* cache) noexcept;
+
+  // The cache class of a request, or -1 for the shared index.
+  int size_class(std::size_t size) const noexcept { return caches_enabled() ? detail::size_class_of(size) : -1; }
+
+  std::uintptr_t allocate(std::size_t size) {
+    const int size_class = this->size_class(size);
+    if (size_class < 0) {
+      std::lock_guard lock(mutex);
+      return allocate_from_index(size, options.maximum_size);
+    }
+    ThreadCache& cache = cache_of_this_thread();
+    bool advance = false;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      {
+        std::lock_guard cache_lock(cache.lock);
+        ThreadCache::Bin& bin = cache.bins[size_class];
+        if (bin.count && bin.at(0).epoch < safe_epoch.load(std::memory_order_acquire)) [[likely]] {
+          const std::uintptr_t address = bin.at(0).address;
+          bin.head = (bin.head + 1) % bin.capacity;
+          --bin.count;
+          cache.bytes.store(cache.bytes.load(std::memory_order_relaxed) - detail::size_class_bytes(size_class),
+                            std::memory_order_relaxed);
+          return address;
+        }
+        // Half a ring of frees since the last advance: seal and look for
+        // completed epochs, once per batch.
+        advance = attempt == 0 && bin.frees_since_advance >= bin.capacity / 2;
+        if (advance) bin.frees_since_advance = 0;
+      }
+      if (!advance) break;
+      std::lock_guard lock(mutex);
+      seal();
+      reclaim(false);
+    }
+    std::lock_guard lock(mutex);
+    return allocate_from_index(detail::size_class_bytes(size_class), options.maximum_size);
+  }
+
+  void deallocate(std::uintptr_t address, int size_class) noexcept {
+    if (retired.load(std::memory_order_acquire)) return;
+    const std::uint64_t epoch = open_epoch.load(std::memory_order_acquire);
+    note_free();
+    if (size_class < 0) {
+      std::lock_guard lock(mutex);
+      try {
+        const std::size_t block = blocks.block_size(address);
+        if (block == 0) return;
+        quarantine_block(address, block, epoch);
+        if (quarantined_bytes > blocks.region_bytes() / 8) {
+          seal();
+          reclaim(false);
+        }
+      } catch (...) {
+        blocks.deallocate(address);  // no room to defer: reuse at once rather than leak
+      }
+      return;
+    }
+    const std::size_t class_bytes = detail::size_class_bytes(size_class);
+    ThreadCache* cache = nullptr;
+    try {
+      cache = &cache_of_this_thread();
+    } catch (...) {
+    }
+    std::array<Freed, kMaximumBinCapacity / 2> spilled;
+    std::size_t spill_count = 0;
+    if (cache) {
+      std::lock_guard cache_lock(cache->lock);
+      ThreadCache::Bin& bin = cache->bins[size_class];
+      // Full ring or budget: the older half goes to the shared quarantine.
+      if (bin.count == bin.capacity || cache->bytes.load(std::memory_order_relaxed) + class_bytes > cache->budget)
+        spill_count = cache->take_oldest(size_class, std::max<std::uint32_t>(bin.count / 2, 1), spilled.data());
+      if (bin.count < bin.capacity) {
+        bin.at(bin.count) = {address, epoch};
+        ++bin.count;
+        ++bin.frees_since_advance;
+        cache->bytes.store(cache->bytes.load(std::memory_order_relaxed) + class_bytes, std::memory_order_relaxed);
+        address = 0;
+      }
+    }
+    if (spill_count == 0 && address == 0) return;
+    std::lock_guard lock(mutex);
+    try {
+      for (std::size_t i = 0; i < spill_count; ++i) quarantine_block(spilled[i].address, class_bytes, spilled[i].epoch);
+      if (address) quarantine_block(address, class_bytes, epoch);
+    } catch (...) {
+      for (std::size_t i = 0; i < spill_count; ++i) blocks.deallocate(spilled[i].address);
+      if (address) blocks.deallocate(address);
+    }
+  }
+
+  bool caches_enabled() const noexcept { return options.thread_cache_size > 0; }
+
+  std::size_t cached_bytes() const noexcept {
+    std::size_t total = 0;
+    for (const auto& cache : caches) total += cache->bytes.load(std::memory_order_relaxed);
+    return total;
+  }
+
   // Gives everything back to the driver; late finalizers become no-ops.
   void retire() noexcept {
     std::lock_guard lock(mutex);
     retired = true;
+    for (auto& cache : caches) {
+      std::lock_guard cache_lock(cache->lock);
+      for (auto& bin : cache->bins) bin.count = bin.head = bin.frees_since_advance = 0;
+      cache->bytes = 0;
+    }
     try {
       ScopedContext scope(*context);
-      for (auto& epoch : sealed) {
-        if (epoch.event) {
-          CUEMM_CU_RESULT(cuEventSynchronize, epoch.event);
-          CUEMM_CU_RESULT(cuEventDestroy, epoch.event);
+      for (auto& entry : sealed) {
+        if (entry.event) {
+          CUEMM_CU_RESULT(cuEventSynchronize, entry.event);
+          CUEMM_CU_RESULT(cuEventDestroy, entry.event);
         }
       }
       for (cuda::CUevent event : spare_events) CUEMM_CU_RESULT(cuEventDestroy, event);
@@ -186,14 +423,71 @@ struct PoolMemoryManager::Core {
     }
     sealed.clear();
     spare_events.clear();
-    current.clear();
-    current_bytes = quarantined_bytes = 0;
+    quarantine.clear();
+    quarantined_bytes = 0;
   }
 };
 
 namespace {
+
+// This thread's caches, one per pool Core it has used. At thread exit each
+// cache's blocks go back to its Core (Cores are never deleted).
+struct ThreadCacheDirectory {
+  PoolMemoryManager::Core* last_core = nullptr;
+  ThreadCache* last_cache = nullptr;
+  std::vector<std::pair<PoolMemoryManager::Core*, ThreadCache*>> entries;
+  ~ThreadCacheDirectory() {
+    for (auto& [core, cache] : entries) core->forget_cache(cache);
+  }
+};
+
+ThreadCacheDirectory& thread_cache_directory() {
+  thread_local ThreadCacheDirectory directory;
+  return directory;
+}
+
+}  // namespace
+
+ThreadCache& PoolMemoryManager::Core::cache_of_this_thread() {
+  ThreadCacheDirectory& directory = thread_cache_directory();
+  if (directory.last_core == this) [[likely]]
+    return *directory.last_cache;
+  ThreadCache* found = nullptr;
+  for (auto& [core, cache] : directory.entries)
+    if (core == this) found = cache;
+  if (!found) {
+    auto made = std::make_unique<ThreadCache>(options.thread_cache_size);
+    found = made.get();
+    std::lock_guard lock(mutex);
+    caches.push_back(std::move(made));
+    directory.entries.emplace_back(this, found);
+  }
+  directory.last_core = this;
+  directory.last_cache = found;
+  return *found;
+}
+
+void PoolMemoryManager::Core::forget_cache(ThreadCache* cache) noexcept {
+  std::lock_guard lock(mutex);
+  auto it = std::find_if(caches.begin(), caches.end(), [&](const auto& owned) { return owned.get() == cache; });
+  if (it == caches.end()) return;
+  if (!retired) {
+    try {
+      std::array<Freed, kMaximumBinCapacity> taken;
+      for (int c = 0; c < detail::kSizeClassCount; ++c) {
+        while (const std::size_t n = cache->take_oldest(c, kMaximumBinCapacity, taken.data()))
+          for (std::size_t i = 0; i < n; ++i) quarantine_block(taken[i].address, detail::size_class_bytes(c), taken[i].epoch);
+      }
+    } catch (...) {
+      std::fprintf(stderr, "cuemm pool: could not return a finished thread's cached blocks\n");
+    }
+  }
+  caches.erase(it);
+}
+
+namespace {
 // Retired cores may still be reached by pointers that outlive a reset or the
-// manager; they are small and kept until exit.
+// manager, and by threads' cache directories; they are small and kept until exit.
 void keep_retired(std::shared_ptr<void> core) {
   static auto* retired = new std::vector<std::shared_ptr<void>>();
   static std::mutex mutex;
@@ -211,7 +505,7 @@ PoolMemoryManager::PoolMemoryManager(Context* context, PoolOptions options)
 }
 
 PoolMemoryManager::~PoolMemoryManager() {
-  if (core_->blocks.region_count() > 0) core_->retire();
+  core_->retire();
   keep_retired(core_);
 }
 
@@ -239,47 +533,30 @@ CleanupGuard PoolMemoryManager::on_defer_cleanup() {
   });
 }
 
-std::uintptr_t PoolMemoryManager::allocate_block(std::size_t size) {
-  Core& core = *core_;
-  std::lock_guard lock(core.mutex);
-  if (auto address = core.blocks.allocate(size)) [[likely]]
-    return *address;
-  // Slow path, in order of cost: completed epochs, pending epochs when they
-  // hold enough, the driver, any pending epoch, and finally giving empty
-  // segments back so that one large one fits.
-  core.seal();
-  core.reclaim(false);
-  if (auto address = core.blocks.allocate(size)) return *address;
-  // Enough freed memory is waiting for the GPU: wait for it rather than grow.
-  if (core.quarantined_bytes >= size) {
-    core.reclaim(true);
-    if (auto address = core.blocks.allocate(size)) return *address;
-  }
-  auto grown = [&]() -> std::optional<std::uintptr_t> {
-    return core.grow(size) ? core.blocks.allocate(size) : std::nullopt;
-  };
-  if (auto address = grown()) return *address;
-  core.reclaim(true);
-  if (auto address = core.blocks.allocate(size)) return *address;
-  if (core.release_free_segments() > 0) {
-    if (auto address = grown()) return *address;
-  }
-  throw OutOfMemory("PoolMemoryManager::memalloc", size,
-                    "the pool holds " + describe_bytes(core.blocks.region_bytes()) + " in " +
-                        std::to_string(core.blocks.region_count()) + " segment(s), " +
-                        describe_bytes(core.blocks.allocated_bytes()) + " in use" +
-                        (options_.maximum_size ? "; maximum " + describe_bytes(options_.maximum_size) : ""));
+cuda::CUdeviceptr PoolMemoryManager::allocate(std::size_t size) {
+  require_allocation_size(size, "PoolMemoryManager::allocate");
+  return core_->allocate(size);
+}
+
+void PoolMemoryManager::deallocate(cuda::CUdeviceptr pointer, std::size_t size) noexcept {
+  if (pointer && size) core_->deallocate(pointer, core_->size_class(size));
 }
 
 std::shared_ptr<MemoryPointer> PoolMemoryManager::memalloc(std::size_t size) {
   require_allocation_size(size, "memalloc");
-  const std::uintptr_t address = with_flush_and_retry([&] { return allocate_block(size); });
+  const std::uintptr_t address = with_flush_and_retry([&] { return core_->allocate(size); });
   Core* core = core_.get();
+  // The finalizer keeps the size class in the address's low bits (blocks are
+  // 256-byte aligned) so that its closure fits std::function's inline storage.
+  const std::uintptr_t tagged = address | static_cast<std::uintptr_t>(core->size_class(size) + 1);
   try {
-    return std::make_shared<MemoryPointer>(&context(), address, size, nullptr,
-                                           [core, address] { core->release(address); });
+    return std::allocate_shared<MemoryPointer>(detail::RecyclingAllocator<MemoryPointer>{}, &context(), address,
+                                               size, nullptr, [core, tagged] {
+                                                 core->deallocate(tagged & ~std::uintptr_t{0xff},
+                                                                  static_cast<int>(tagged & 0xff) - 1);
+                                               });
   } catch (...) {
-    core->release(address);
+    core->deallocate(address, core->size_class(size));
     throw;
   }
 }
@@ -293,13 +570,14 @@ IpcHandle PoolMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer>
 MemoryInfo PoolMemoryManager::get_memory_info() {
   MemoryInfo info = driver_memory_info(context());
   std::lock_guard lock(core_->mutex);
-  info.free += core_->blocks.free_bytes() + core_->quarantined_bytes;
+  info.free += core_->blocks.free_bytes() + core_->quarantined_bytes + core_->cached_bytes();
   return info;
 }
 
 std::size_t PoolMemoryManager::trim() {
   std::lock_guard lock(core_->mutex);
   if (core_->defer_depth > 0) return 0;
+  core_->flush_caches();
   core_->seal();
   core_->reclaim(true);
   return core_->release_free_segments();
@@ -310,7 +588,9 @@ PoolStatistics PoolMemoryManager::statistics() const {
   PoolStatistics statistics;
   statistics.reserved_bytes = core_->blocks.region_bytes();
   statistics.quarantined_bytes = core_->quarantined_bytes;
-  statistics.in_use_bytes = core_->blocks.allocated_bytes() - core_->quarantined_bytes;
+  statistics.cached_bytes = core_->cached_bytes();
+  statistics.in_use_bytes =
+      core_->blocks.allocated_bytes() - core_->quarantined_bytes - statistics.cached_bytes;
   statistics.segments = core_->blocks.region_count();
   statistics.free_blocks = core_->blocks.free_blocks();
   return statistics;

@@ -1,5 +1,7 @@
 // What the pool adds: suballocation, stream-safe reuse, IPC of blocks inside
 // segments, trimming, limits and its statistics.
+#include <thread>
+
 #include "support/test_support.hpp"
 
 using namespace cuemm;
@@ -130,4 +132,81 @@ TEST_F(Pool, SizesFromTheEnvironmentAreParsed) {
   }
   unsetenv("CUEMM_POOL_INITIAL_SIZE");
   unsetenv("CUEMM_POOL_MAXIMUM_SIZE");
+}
+
+TEST_F(Pool, TheRawInterfaceHandsOutAlignedDistinctBlocks) {
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  std::vector<std::pair<cuda::CUdeviceptr, std::size_t>> blocks;
+  for (std::size_t size : {1u, 255u, 4097u, 70000u, 1u << 20, 3u << 20}) {
+    const cuda::CUdeviceptr pointer = pool.allocate(size);
+    EXPECT_EQ(pointer % 256, 0u) << size;
+    for (const auto& [other, other_size] : blocks)
+      EXPECT_TRUE(pointer + size <= other || other + other_size <= pointer) << "overlap at size " << size;
+    blocks.emplace_back(pointer, size);
+  }
+  for (const auto& [pointer, size] : blocks) pool.deallocate(pointer, size);
+  EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
+  EXPECT_THROW(pool.allocate(0), InvalidArgument);
+}
+
+TEST_F(Pool, AFinishedThreadsCachedBlocksGoBackToThePool) {
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  std::thread([&] {
+    ScopedContext scope(context);
+    std::vector<std::shared_ptr<MemoryPointer>> blocks;
+    for (int i = 0; i < 64; ++i) blocks.push_back(pool.memalloc(4096));
+    blocks.clear();
+    EXPECT_GE(pool.statistics().cached_bytes, 64u * 4096u) << "small blocks should be cached by their thread";
+  }).join();
+  const PoolStatistics after = pool.statistics();
+  EXPECT_EQ(after.cached_bytes, 0u);
+  EXPECT_EQ(after.in_use_bytes, 0u);
+  EXPECT_GE(pool.trim(), 32u << 20) << "the finished thread's blocks did not come back to the segments";
+}
+
+TEST_F(Pool, TrimEmptiesTheThreadCaches) {
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  for (int i = 0; i < 100; ++i) pool.memalloc(1000);
+  EXPECT_GT(pool.statistics().cached_bytes, 0u);
+  EXPECT_GT(pool.trim(), 0u);
+  EXPECT_EQ(pool.statistics().cached_bytes, 0u);
+  EXPECT_EQ(pool.statistics().reserved_bytes, 0u);
+}
+
+TEST_F(Pool, ThreadCachesCanBeTurnedOff) {
+  PoolOptions options;
+  options.thread_cache_size = 0;
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  auto block = pool.memalloc(1000);
+  EXPECT_EQ(pool.statistics().in_use_bytes, 1024u) << "without caches blocks are not rounded to a class";
+  block.reset();
+  EXPECT_EQ(pool.statistics().cached_bytes, 0u);
+}
+
+TEST_F(Pool, AThreadCacheStaysWithinItsBudget) {
+  PoolOptions options;
+  options.thread_cache_size = 1 << 20;
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  std::vector<std::shared_ptr<MemoryPointer>> blocks;
+  for (int i = 0; i < 200; ++i) blocks.push_back(pool.memalloc(64 << 10));
+  blocks.clear();
+  EXPECT_LE(pool.statistics().cached_bytes, std::size_t{1} << 20);
+}
+
+TEST_F(Pool, OutOfMemoryFlushesTheThreadCachesBeforeFailing) {
+  PoolOptions options;
+  options.maximum_size = 64 << 20;
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  {
+    std::vector<std::shared_ptr<MemoryPointer>> blocks;
+    for (int i = 0; i < 48; ++i) blocks.push_back(pool.memalloc(1 << 20));  // cached on release
+  }
+  EXPECT_GT(pool.statistics().cached_bytes, 0u);
+  EXPECT_NO_THROW(pool.memalloc(48 << 20)) << "cached blocks were not given back to make room";
 }

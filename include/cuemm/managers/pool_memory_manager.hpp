@@ -1,30 +1,35 @@
 // cuemm/managers/pool_memory_manager.hpp: a device memory pool (CUEMM_MEMORY_MANAGER=pool).
 //
-// Suballocates device memory from large driver allocations (segments) with an
-// O(1) two-level segregated fit index (see TlsfBlockAllocator), so neither the
-// allocation nor the free path scans anything. Host memory comes from
-// HostOnlyMemoryManager.
+// Suballocates device memory from large driver allocations (segments). Requests
+// up to 1 MiB are rounded to a size class (Note [Size classes]) and served from
+// a per-thread cache without a lock; the rest, and cache misses, go to an O(1)
+// two-level segregated fit index (see TlsfBlockAllocator) under one lock, so
+// neither path scans anything. Host memory comes from HostOnlyMemoryManager.
 //
 //   PoolOptions options;
 //   options.initial_size = 1ull << 30;            // CUEMM_POOL_INITIAL_SIZE
 //   options.maximum_size = 8ull << 30;            // CUEMM_POOL_MAXIMUM_SIZE
+//   options.thread_cache_size = 64ull << 20;      // CUEMM_POOL_THREAD_CACHE_SIZE
 //   cuemm::set_memory_manager([options](cuemm::Context* context) {
 //     return std::make_unique<cuemm::PoolMemoryManager>(context, options);
 //   });
 //
 // Note [Stream-safe reuse]
 // The EMM interface passes no stream, so a block may be freed while queued GPU
-// work still uses it. Freed blocks therefore wait in the current epoch; an
-// epoch is sealed with an event recorded on the legacy default stream (which
-// completes only after all earlier work on blocking streams), and its blocks
-// return to the pool once that event has completed. Sealing happens when the
-// pool would otherwise have to grow, or when an epoch holds more than 1/8 of
-// the pool, so the hot path makes no driver call. Work on non-blocking streams
-// is not covered by the legacy stream: synchronise it before freeing.
+// work still uses it. Each free is tagged with the open epoch; sealing an epoch
+// opens the next one and then records an event on the legacy default stream
+// (which completes only after all earlier work on blocking streams). A block
+// is handed out again only once its epoch's event has completed. Epochs are
+// sealed in batches: when a thread's cache has taken half its capacity of
+// frees for a class since it last did so, when the shared quarantine holds
+// more than 1/8 of the pool, or when the pool would otherwise grow, so the hot
+// path makes no driver call. Work on non-blocking streams is not covered by
+// the legacy stream: synchronise it before freeing.
 //
 // Out of memory: reclaim completed epochs, wait for pending ones, grow, and if
-// the driver is out of memory, return empty segments and flush the host-side
-// pending frees, then retry once before throwing OutOfMemory.
+// the driver is out of memory, flush the thread caches, return empty segments
+// and flush the host-side pending frees, then retry once before throwing
+// OutOfMemory.
 //
 // defer_cleanup(): blocks still return to the pool at once; empty segments are
 // not returned to the driver (trim() does nothing) until the guard ends.
@@ -46,6 +51,9 @@ namespace cuemm {
 struct PoolOptions {
   std::size_t initial_size = 0;  // reserved at initialize(); 0 reserves nothing up front
   std::size_t maximum_size = 0;  // 0: no limit but the device's
+  // Bytes each thread may keep cached for reuse without a lock; 0 turns the
+  // per-thread caches off.
+  std::size_t thread_cache_size = std::size_t{64} << 20;
   static PoolOptions from_environment();
 };
 
@@ -53,6 +61,7 @@ struct PoolStatistics {
   std::size_t reserved_bytes = 0;     // taken from the driver
   std::size_t in_use_bytes = 0;       // in blocks handed out (rounded sizes)
   std::size_t quarantined_bytes = 0;  // freed, waiting for the GPU (see Note [Stream-safe reuse])
+  std::size_t cached_bytes = 0;       // freed into the per-thread caches
   std::size_t segments = 0;
   std::size_t free_blocks = 0;
 };
@@ -68,6 +77,13 @@ class PoolMemoryManager : public HostOnlyMemoryManager {
   ~PoolMemoryManager() override;
 
   std::shared_ptr<MemoryPointer> memalloc(std::size_t size) override;
+
+  // The raw interface, without a MemoryPointer (as RMM's and PyTorch's):
+  // `size` bytes of device memory, 256-byte aligned, in this pool's context.
+  cuda::CUdeviceptr allocate(std::size_t size);
+  // Gives back a block from allocate(); `size` must be the size it was asked with.
+  void deallocate(cuda::CUdeviceptr pointer, std::size_t size) noexcept;
+
   IpcHandle get_ipc_handle(const std::shared_ptr<MemoryPointer>& memory) override;
   // Driver free memory plus the pool's free bytes; the device total.
   MemoryInfo get_memory_info() override;
@@ -78,16 +94,14 @@ class PoolMemoryManager : public HostOnlyMemoryManager {
   PoolStatistics statistics() const;
   const PoolOptions& options() const noexcept { return options_; }
 
+  struct Core;  // implementation: the state the pointers' finalizers reach; see the .cpp
+
  protected:
   void on_initialize() override;
   void on_reset() override;
   CleanupGuard on_defer_cleanup() override;
 
  private:
-  struct Core;  // the state the pointers' finalizers reach; see the .cpp
-
-  std::uintptr_t allocate_block(std::size_t size);
-
   PoolOptions options_;
   std::shared_ptr<Core> core_;
 };
