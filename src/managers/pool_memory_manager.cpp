@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "cuemm/driver/driver.hpp"
+#include "cuemm/managers/detail/reuse_epochs.hpp"
 #include "cuemm/managers/detail/size_classes.hpp"
 #include "cuemm/memory/default_memory_manager.hpp"
 #include "cuemm/memory/detail/recycling_allocator.hpp"
@@ -119,20 +120,11 @@ struct ThreadCache {
 // Cores are never deleted: reset and destruction retire them, and a retired
 // Core ignores late finalizers.
 struct PoolMemoryManager::Core {
-  struct Sealed {
-    std::uint64_t epoch;
-    cuda::CUevent event;  // null: already known complete
-  };
-
   Context* context;
   PoolOptions options;
   mutable std::mutex mutex;
   detail::TlsfBlockAllocator blocks{kBlockGranularity};
-  // Frees are tagged with open_epoch; every tag below safe_epoch is safe.
-  std::atomic<std::uint64_t> open_epoch{1};
-  std::atomic<std::uint64_t> safe_epoch{1};
-  std::atomic<bool> freed_since_seal{false};
-  std::deque<Sealed> sealed;  // oldest first
+  detail::ReuseEpochs epochs{context};
   struct Quarantined {
     std::uintptr_t address;
     std::size_t size;
@@ -140,16 +132,11 @@ struct PoolMemoryManager::Core {
   };
   std::deque<Quarantined> quarantine;  // freed, waiting for the GPU; oldest first
   std::size_t quarantined_bytes = 0;
-  std::vector<cuda::CUevent> spare_events;
   std::vector<std::unique_ptr<ThreadCache>> caches;
   int defer_depth = 0;
   std::atomic<bool> retired{false};
 
   Core(Context* context_, PoolOptions options_) : context(context_), options(options_) {}
-
-  void note_free() noexcept {
-    if (!freed_since_seal.load(std::memory_order_relaxed)) freed_since_seal.store(true, std::memory_order_relaxed);
-  }
 
   // --- under `mutex` ---
 
@@ -158,51 +145,15 @@ struct PoolMemoryManager::Core {
     quarantined_bytes += size;
   }
 
-  // Closes the open epoch: the next one opens first, so that any free tagged
-  // with the closed one happened before the event below is recorded.
-  void seal() noexcept {
-    if (!freed_since_seal.exchange(false)) return;
-    const std::uint64_t closed = open_epoch.fetch_add(1);
-    Sealed entry{closed, nullptr};
-    try {
-      ScopedContext scope(*context);
-      if (!spare_events.empty()) {
-        entry.event = spare_events.back();
-        spare_events.pop_back();
-      } else {
-        CUEMM_CU(cuEventCreate, &entry.event, cuda::CU_EVENT_DISABLE_TIMING);
-      }
-      CUEMM_CU(cuEventRecord, entry.event, cuda::CU_STREAM_LEGACY);
-      sealed.push_back(entry);
-    } catch (const std::exception& error) {
-      // Without an event, wait for the device: slower, still safe.
-      std::fprintf(stderr, "cuemm pool: cannot record a reuse event (%s); synchronising instead\n", error.what());
-      if (entry.event) spare_events.push_back(entry.event);
-      CUEMM_CU_RESULT(cuCtxSynchronize);
-      sealed.push_back({closed, nullptr});
-    }
-  }
+  void seal() noexcept { epochs.seal(); }
 
-  // Advances safe_epoch past completed events (with `wait`, past all sealed
-  // ones), then returns the safe part of the quarantine to the index.
+  // Looks for completed epochs (with `wait`, waits for all), then returns the
+  // safe part of the quarantine to the index.
   // Returns the bytes reclaimed.
   std::size_t reclaim(bool wait) {
-    while (!sealed.empty()) {
-      Sealed& front = sealed.front();
-      if (front.event) {
-        ScopedContext scope(*context);
-        const cuda::CUresult result = wait ? CUEMM_CU_RESULT(cuEventSynchronize, front.event)
-                                           : CUEMM_CU_RESULT(cuEventQuery, front.event);
-        if (result == cuda::CUDA_ERROR_NOT_READY) break;
-        driver::check(result, wait ? "cuEventSynchronize" : "cuEventQuery");
-        spare_events.push_back(front.event);
-      }
-      safe_epoch.store(front.epoch + 1, std::memory_order_release);
-      sealed.pop_front();
-    }
-    const std::uint64_t safe = safe_epoch.load(std::memory_order_relaxed);
+    epochs.poll(wait);
     std::size_t reclaimed = 0;
-    while (!quarantine.empty() && quarantine.front().epoch < safe) {
+    while (!quarantine.empty() && epochs.is_safe(quarantine.front().epoch)) {
       blocks.deallocate(quarantine.front().address);
       reclaimed += quarantine.front().size;
       quarantine.pop_front();
@@ -316,7 +267,7 @@ struct PoolMemoryManager::Core {
       {
         std::lock_guard cache_lock(cache.lock);
         ThreadCache::Bin& bin = cache.bins[size_class];
-        if (bin.count && bin.at(0).epoch < safe_epoch.load(std::memory_order_acquire)) [[likely]] {
+        if (bin.count && epochs.is_safe(bin.at(0).epoch)) [[likely]] {
           const std::uintptr_t address = bin.at(0).address;
           bin.head = (bin.head + 1) % bin.capacity;
           --bin.count;
@@ -340,8 +291,7 @@ struct PoolMemoryManager::Core {
 
   void deallocate(std::uintptr_t address, int size_class) noexcept {
     if (retired.load(std::memory_order_acquire)) return;
-    const std::uint64_t epoch = open_epoch.load(std::memory_order_acquire);
-    note_free();
+    const std::uint64_t epoch = epochs.tag();
     if (size_class < 0) {
       std::lock_guard lock(mutex);
       try {
@@ -407,22 +357,14 @@ struct PoolMemoryManager::Core {
       for (auto& bin : cache->bins) bin.count = bin.head = bin.frees_since_advance = 0;
       cache->bytes = 0;
     }
+    epochs.retire();
     try {
       ScopedContext scope(*context);
-      for (auto& entry : sealed) {
-        if (entry.event) {
-          CUEMM_CU_RESULT(cuEventSynchronize, entry.event);
-          CUEMM_CU_RESULT(cuEventDestroy, entry.event);
-        }
-      }
-      for (cuda::CUevent event : spare_events) CUEMM_CU_RESULT(cuEventDestroy, event);
       CUEMM_CU_RESULT(cuCtxSynchronize);  // blocks in use may still be read by queued work
       for (const auto& region : blocks.take_all_regions()) CUEMM_CU_RESULT(cuMemFree, region.base);
     } catch (const std::exception& error) {
       std::fprintf(stderr, "cuemm pool: returning memory failed: %s\n", error.what());
     }
-    sealed.clear();
-    spare_events.clear();
     quarantine.clear();
     quarantined_bytes = 0;
   }

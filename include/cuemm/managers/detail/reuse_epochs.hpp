@@ -1,0 +1,63 @@
+// cuemm/managers/detail/reuse_epochs.hpp: when may freed memory be reused?
+//
+// The EMM interface passes no stream, so memory may be freed while queued GPU
+// work still reads or writes it. A free is tagged with the open epoch (tag());
+// seal() opens the next epoch and then records an event on the legacy default
+// stream, which completes only after all earlier work on blocking streams.
+// Once that event has completed (poll()), every tag of the sealed epoch is
+// safe. Opening the next epoch before recording means a free tagged with the
+// closed one happened before the event was recorded.
+//
+// tag() and is_safe() are lock-free; seal(), poll() and retire() need the
+// owner's lock.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "cuemm/driver/cuda_api.hpp"
+
+namespace cuemm {
+class Context;
+}
+
+namespace cuemm::detail {
+
+class ReuseEpochs {
+ public:
+  explicit ReuseEpochs(Context* context) : context_(context) {}
+  ReuseEpochs(const ReuseEpochs&) = delete;
+  ReuseEpochs& operator=(const ReuseEpochs&) = delete;
+
+  // The epoch to tag a free with now.
+  std::uint64_t tag() noexcept {
+    if (!freed_since_seal_.load(std::memory_order_relaxed)) freed_since_seal_.store(true, std::memory_order_relaxed);
+    return open_.load(std::memory_order_acquire);
+  }
+  bool is_safe(std::uint64_t epoch) const noexcept { return epoch < safe_.load(std::memory_order_acquire); }
+
+  // Closes the open epoch if anything was tagged with it. Without an event
+  // (the driver refused one) it synchronises the context instead.
+  void seal() noexcept;
+  // Marks completed epochs safe; with `wait`, waits for every sealed one.
+  void poll(bool wait);
+  bool has_pending() const noexcept { return !sealed_.empty(); }
+  // Waits for and destroys every event (the owner is going away).
+  void retire() noexcept;
+
+ private:
+  struct Sealed {
+    std::uint64_t epoch;
+    cuda::CUevent event;  // null: known complete
+  };
+  Context* context_;
+  std::atomic<std::uint64_t> open_{1};
+  std::atomic<std::uint64_t> safe_{1};
+  std::atomic<bool> freed_since_seal_{false};
+  std::deque<Sealed> sealed_;  // oldest first
+  std::vector<cuda::CUevent> spare_events_;
+};
+
+}  // namespace cuemm::detail

@@ -1,0 +1,67 @@
+#include "cuemm/managers/detail/reuse_epochs.hpp"
+
+#include <cstdio>
+#include <exception>
+
+#include "cuemm/driver/driver.hpp"
+#include "cuemm/runtime/context.hpp"
+
+namespace cuemm::detail {
+
+void ReuseEpochs::seal() noexcept {
+  if (!freed_since_seal_.exchange(false)) return;
+  const std::uint64_t closed = open_.fetch_add(1);
+  Sealed entry{closed, nullptr};
+  try {
+    ScopedContext scope(*context_);
+    if (!spare_events_.empty()) {
+      entry.event = spare_events_.back();
+      spare_events_.pop_back();
+    } else {
+      CUEMM_CU(cuEventCreate, &entry.event, cuda::CU_EVENT_DISABLE_TIMING);
+    }
+    CUEMM_CU(cuEventRecord, entry.event, cuda::CU_STREAM_LEGACY);
+    sealed_.push_back(entry);
+  } catch (const std::exception& error) {
+    // Without an event, wait for the device: slower, still safe.
+    std::fprintf(stderr, "cuemm: cannot record a reuse event (%s); synchronising instead\n", error.what());
+    if (entry.event) spare_events_.push_back(entry.event);
+    CUEMM_CU_RESULT(cuCtxSynchronize);
+    sealed_.push_back({closed, nullptr});
+  }
+}
+
+void ReuseEpochs::poll(bool wait) {
+  while (!sealed_.empty()) {
+    Sealed& front = sealed_.front();
+    if (front.event) {
+      ScopedContext scope(*context_);
+      const cuda::CUresult result = wait ? CUEMM_CU_RESULT(cuEventSynchronize, front.event)
+                                         : CUEMM_CU_RESULT(cuEventQuery, front.event);
+      if (result == cuda::CUDA_ERROR_NOT_READY) return;
+      driver::check(result, wait ? "cuEventSynchronize" : "cuEventQuery");
+      spare_events_.push_back(front.event);
+    }
+    safe_.store(front.epoch + 1, std::memory_order_release);
+    sealed_.pop_front();
+  }
+}
+
+void ReuseEpochs::retire() noexcept {
+  try {
+    ScopedContext scope(*context_);
+    for (auto& entry : sealed_) {
+      if (!entry.event) continue;
+      CUEMM_CU_RESULT(cuEventSynchronize, entry.event);
+      CUEMM_CU_RESULT(cuEventDestroy, entry.event);
+    }
+    for (cuda::CUevent event : spare_events_) CUEMM_CU_RESULT(cuEventDestroy, event);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "cuemm: destroying reuse events failed: %s\n", error.what());
+  }
+  sealed_.clear();
+  spare_events_.clear();
+  safe_.store(open_.load());
+}
+
+}  // namespace cuemm::detail
