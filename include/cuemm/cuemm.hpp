@@ -16,4 +16,5 @@
 #include "cuemm/runtime/module.hpp"
 #include "cuemm/runtime/stream.hpp"
 #include "cuemm/driver/simulation.hpp"
+#include "cuemm/managers/pinned_host_pool.hpp"
 #include "cuemm/managers/pool_memory_manager.hpp"

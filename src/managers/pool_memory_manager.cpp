@@ -63,6 +63,12 @@ PoolOptions PoolOptions::from_environment() {
   options.maximum_size = byte_size_from_environment("CUEMM_POOL_MAXIMUM_SIZE").value_or(0);
   options.thread_cache_size =
       byte_size_from_environment("CUEMM_POOL_THREAD_CACHE_SIZE").value_or(options.thread_cache_size);
+  if (const char* text = std::getenv("CUEMM_PINNED_HOST_POOL"); text && *text) {
+    const std::string value(text);
+    if (value != "0" && value != "1")
+      throw InvalidArgument("CUEMM_PINNED_HOST_POOL must be 0 or 1 (got '" + value + "')");
+    options.pinned_host_pool = value == "1";
+  }
   return options;
 }
 
@@ -440,6 +446,7 @@ void keep_retired(std::shared_ptr<void> core) {
 
 PoolMemoryManager::PoolMemoryManager(Context* context, PoolOptions options)
     : HostOnlyMemoryManager(context), options_(options), core_(std::make_shared<Core>(context, options)) {
+  if (options_.pinned_host_pool) use_pinned_host_pool();
   if (options_.maximum_size && options_.initial_size > options_.maximum_size) {
     throw InvalidArgument("pool: the initial size (" + describe_bytes(options_.initial_size) +
                           ") exceeds the maximum size (" + describe_bytes(options_.maximum_size) + ")");

@@ -47,6 +47,14 @@ void ReuseEpochs::poll(bool wait) {
   }
 }
 
+bool ReuseEpochs::poll_until_safe(std::uint64_t epoch, std::chrono::nanoseconds budget) {
+  const auto deadline = std::chrono::steady_clock::now() + budget;
+  for (;;) {
+    poll(false);
+    if (is_safe(epoch) || !is_sealed(epoch) || std::chrono::steady_clock::now() >= deadline) return is_safe(epoch);
+  }
+}
+
 void ReuseEpochs::retire() noexcept {
   try {
     ScopedContext scope(*context_);

@@ -71,6 +71,14 @@ void HostOnlyMemoryManager::adopt(std::uintptr_t address, const std::shared_ptr<
   if (auto it = tracker_->live.find(address); it != tracker_->live.end()) it->second.memory = memory;
 }
 
+void HostOnlyMemoryManager::use_pinned_host_pool(PinnedHostPoolOptions options) { host_pool_options_ = options; }
+
+PinnedHostPool* HostOnlyMemoryManager::pinned_host_pool() {
+  if (!host_pool_options_ || !has_context()) return nullptr;
+  std::call_once(host_pool_made_, [&] { host_pool_ = std::make_unique<PinnedHostPool>(context(), *host_pool_options_); });
+  return host_pool_.get();
+}
+
 std::size_t HostOnlyMemoryManager::live_allocations() const {
   std::lock_guard lock(tracker_->mutex);
   return tracker_->live.size();
@@ -107,6 +115,7 @@ void HostOnlyMemoryManager::reset() {
     }
   }
   deallocations().flush_all();
+  if (host_pool_options_ && has_context()) pinned_host_pool()->trim();
   on_reset();
 }
 
@@ -134,6 +143,8 @@ std::shared_ptr<MemoryPointer> make_tracked(Make&& make, const std::function<voi
 std::shared_ptr<MemoryPointer> HostOnlyMemoryManager::memhostalloc(std::size_t size, bool mapped, bool portable,
                                                                    bool wc) {
   require_allocation_size(size, "memhostalloc");
+  if (PinnedHostPool* pool = pinned_host_pool())
+    return with_flush_and_retry([&] { return pool->allocate(size, mapped, portable, wc); });
   Context& ctx = context();
   const unsigned flags = (mapped ? cuda::CU_MEMHOSTALLOC_DEVICEMAP : 0u) |
                          (portable ? cuda::CU_MEMHOSTALLOC_PORTABLE : 0u) |
@@ -160,6 +171,8 @@ std::shared_ptr<MemoryPointer> HostOnlyMemoryManager::mempin(std::shared_ptr<con
                                                              std::size_t size, bool mapped) {
   if (!pointer) throw InvalidArgument("mempin: the pointer is null");
   require_allocation_size(size, "mempin");
+  if (PinnedHostPool* pool = pinned_host_pool())
+    return with_flush_and_retry([&] { return pool->pin(owner, pointer, size, mapped); });
   Context& ctx = context();
   const unsigned flags = mapped ? cuda::CU_MEMHOSTREGISTER_DEVICEMAP : 0u;
   ScopedContext scope(ctx);

@@ -54,6 +54,8 @@ struct PoolOptions {
   // Bytes each thread may keep cached for reuse without a lock; 0 turns the
   // per-thread caches off.
   std::size_t thread_cache_size = std::size_t{64} << 20;
+  // Pinned and mapped host memory from a PinnedHostPool (CUEMM_PINNED_HOST_POOL=0 turns it off).
+  bool pinned_host_pool = true;
   static PoolOptions from_environment();
 };
 

@@ -11,6 +11,10 @@
 //
 // Thread-safe. Under defer_cleanup() host memory released by its pointers
 // stays pending (not freed) until the last guard goes.
+//
+// A subclass may call use_pinned_host_pool() in its constructor: pinned and
+// mapped host memory and pinned ranges then come from a PinnedHostPool
+// (cached, reused once safe; reset() trims it) instead of the driver.
 #pragma once
 
 #include <cstddef>
@@ -18,8 +22,10 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
+#include "cuemm/managers/pinned_host_pool.hpp"
 #include "cuemm/memory/memory_manager.hpp"
 #include "cuemm/memory/pending_deallocations.hpp"
 
@@ -53,11 +59,15 @@ class HostOnlyMemoryManager : public BaseMemoryManager {
   PendingDeallocations& deallocations() noexcept { return tracker_->pending; }
   // Allocations made through this manager and not yet released.
   std::size_t live_allocations() const;
+  // The pinned host pool, or null when this manager does not use one.
+  PinnedHostPool* pinned_host_pool();
 
  protected:
   virtual void on_initialize() {}
   virtual void on_reset() {}
   virtual CleanupGuard on_defer_cleanup() { return {}; }
+
+  void use_pinned_host_pool(PinnedHostPoolOptions options = {});
 
   // Records a new allocation: `memory` is released through `release`, run
   // with this manager's context current (queued on deallocations(), `bytes`
@@ -88,6 +98,9 @@ class HostOnlyMemoryManager : public BaseMemoryManager {
   };
 
   DeallocationPolicy policy_;
+  std::optional<PinnedHostPoolOptions> host_pool_options_;
+  std::once_flag host_pool_made_;
+  std::unique_ptr<PinnedHostPool> host_pool_;
   std::shared_ptr<Tracker> tracker_;
   bool capacity_known_ = false;
 };

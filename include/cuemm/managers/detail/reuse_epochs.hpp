@@ -13,6 +13,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <vector>
@@ -37,12 +38,16 @@ class ReuseEpochs {
     return open_.load(std::memory_order_acquire);
   }
   bool is_safe(std::uint64_t epoch) const noexcept { return epoch < safe_.load(std::memory_order_acquire); }
+  // Whether the epoch has an event (or is safe): tags of the open one have none yet.
+  bool is_sealed(std::uint64_t epoch) const noexcept { return epoch < open_.load(std::memory_order_acquire); }
 
   // Closes the open epoch if anything was tagged with it. Without an event
   // (the driver refused one) it synchronises the context instead.
   void seal() noexcept;
   // Marks completed epochs safe; with `wait`, waits for every sealed one.
   void poll(bool wait);
+  // Polls until `epoch` is safe or `budget` has passed; returns whether it is.
+  bool poll_until_safe(std::uint64_t epoch, std::chrono::nanoseconds budget);
   bool has_pending() const noexcept { return !sealed_.empty(); }
   // Waits for and destroys every event (the owner is going away).
   void retire() noexcept;

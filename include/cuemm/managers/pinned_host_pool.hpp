@@ -1,0 +1,64 @@
+// cuemm/managers/pinned_host_pool.hpp: a cache of page-locked host memory.
+//
+// cuMemHostAlloc costs about 0.1 ms for 4 KiB and tens of milliseconds for
+// 64 MiB, so released blocks are kept and handed out again: a cached block
+// comes back without a driver call. Blocks are kept apart by kind (mapped,
+// portable, write-combined) and by size class (a quarter power of two, at
+// least 4 KiB). A released block is reused only after work queued before its
+// release has completed (see ReuseEpochs); when none is ready a small block is
+// allocated anew and a large one (1 MiB or more) waits, as waiting costs less
+// than allocating.
+//
+// Pinning (mempin) of caller memory is cached too: a released registration is
+// kept, with its owner alive, so pinning the same range again is free. At most
+// `registration_cache_bytes` of registrations are kept (the least recently
+// used go first); trim() gives up all of them.
+//
+// Used by any HostOnlyMemoryManager that asks for it (the pool manager does).
+// Thread-safe. Blocks handed out stay valid after the pool goes.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "cuemm/memory/memory_pointer.hpp"
+
+namespace cuemm {
+
+struct PinnedHostPoolOptions {
+  // Cached (released) blocks beyond this many bytes are freed at once.
+  std::size_t maximum_cached_bytes = std::size_t{1} << 30;
+  std::size_t registration_cache_bytes = std::size_t{64} << 20;
+};
+
+struct PinnedHostPoolStatistics {
+  std::size_t allocated_bytes = 0;  // taken from the driver and not yet given back
+  std::size_t cached_bytes = 0;     // released blocks waiting for reuse
+  std::size_t cached_registrations = 0;
+  std::size_t hits = 0;             // allocations and pins served from the caches
+  std::size_t misses = 0;
+};
+
+class PinnedHostPool {
+ public:
+  explicit PinnedHostPool(Context& context, PinnedHostPoolOptions options = {});
+  ~PinnedHostPool();
+  PinnedHostPool(const PinnedHostPool&) = delete;
+  PinnedHostPool& operator=(const PinnedHostPool&) = delete;
+
+  // As BaseMemoryManager::memhostalloc: MappedMemory when `mapped`, else PinnedMemory.
+  std::shared_ptr<MemoryPointer> allocate(std::size_t size, bool mapped, bool portable, bool write_combined);
+  // As BaseMemoryManager::mempin.
+  std::shared_ptr<MemoryPointer> pin(std::shared_ptr<const void> owner, void* pointer, std::size_t size,
+                                     bool mapped);
+  // Frees every cached block and registration; returns the bytes freed.
+  std::size_t trim();
+  PinnedHostPoolStatistics statistics() const;
+
+  struct State;  // implementation, shared with the blocks' finalizers
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace cuemm

@@ -1,0 +1,341 @@
+#include "cuemm/managers/pinned_host_pool.hpp"
+
+#include <bit>
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <list>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "cuemm/driver/driver.hpp"
+#include "cuemm/error.hpp"
+#include "cuemm/managers/detail/reuse_epochs.hpp"
+#include "cuemm/runtime/context.hpp"
+
+namespace cuemm {
+namespace {
+
+constexpr std::size_t kSmallestHostBlock = 4096;
+// From this size a block is worth waiting for rather than allocating anew.
+constexpr std::size_t kWaitForBlocksFrom = std::size_t{1} << 20;
+// Seal (record an event) after this many frees or bytes, so the hot path rarely calls the driver.
+constexpr std::size_t kFreesPerSeal = 16;
+constexpr std::size_t kBytesPerSeal = std::size_t{8} << 20;
+// cuMemHostAlloc of a small block takes about 100 us: polling for a while first pays.
+constexpr std::chrono::microseconds kPollBeforeAllocating{50};
+
+// A quarter power of two, at least 4 KiB: at most 25% over the request.
+std::size_t host_block_size(std::size_t size) {
+  if (size <= kSmallestHostBlock) return kSmallestHostBlock;
+  const std::size_t power = std::size_t{1} << (std::bit_width(size - 1) - 1);
+  const std::size_t step = power / 4;
+  return (size + step - 1) / step * step;
+}
+
+}  // namespace
+
+struct PinnedHostPool::State {
+  struct Block {
+    std::shared_ptr<State> state;  // the pool outlives its blocks
+    void* host;
+    cuda::CUdeviceptr device;  // 0 unless mapped
+    std::size_t bytes;
+    unsigned flags;
+  };
+  struct Freed {
+    Block* block;
+    std::uint64_t epoch;
+  };
+  struct Registration {
+    std::shared_ptr<State> state;
+    std::shared_ptr<const void> owner;  // kept alive while the range stays registered
+    void* pointer;
+    std::size_t size;
+    bool mapped;
+    cuda::CUdeviceptr device;
+    std::list<Registration*>::iterator in_cache;  // valid while cached
+  };
+  using RegistrationKey = std::tuple<std::uintptr_t, std::size_t, bool>;
+
+  Context* context;
+  PinnedHostPoolOptions options;
+  std::mutex mutex;
+  detail::ReuseEpochs epochs;
+  std::map<std::pair<unsigned, std::size_t>, std::deque<Freed>> free_lists;  // (flags, block size)
+  std::size_t frees_since_seal = 0, bytes_since_seal = 0;
+  std::list<Registration*> cached_registrations;  // most recently released first
+  std::map<RegistrationKey, Registration*> registration_index;  // cached ones only
+  std::size_t registration_bytes = 0;
+  PinnedHostPoolStatistics counters;
+  bool closed = false;  // the pool is gone: released memory is freed at once
+
+  State(Context& context_, PinnedHostPoolOptions options_)
+      : context(&context_), options(options_), epochs(&context_) {}
+
+  static void free_block(Block* block) noexcept {
+    try {
+      ScopedContext scope(*block->state->context);
+      CUEMM_CU(cuMemFreeHost, block->host);
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "cuemm pinned host pool: freeing a block failed: %s\n", error.what());
+    }
+  }
+  static void unregister(Registration* registration) noexcept {
+    try {
+      ScopedContext scope(*registration->state->context);
+      CUEMM_CU(cuMemHostUnregister, registration->pointer);
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "cuemm pinned host pool: unregistering failed: %s\n", error.what());
+    }
+  }
+
+  // --- under `mutex` ---
+
+  // Takes a safe block of the list, sealing and waiting as the header says.
+  Block* take_cached(std::deque<Freed>& list, std::size_t bytes) {
+    if (list.empty()) return nullptr;
+    if (!epochs.is_safe(list.front().epoch)) {
+      if (frees_since_seal >= kFreesPerSeal || bytes_since_seal >= kBytesPerSeal || bytes >= kWaitForBlocksFrom) {
+        epochs.seal();
+        frees_since_seal = bytes_since_seal = 0;
+      }
+      // A sealed epoch on an idle GPU completes within microseconds, far
+      // sooner than cuMemHostAlloc returns: poll a little before giving up.
+      const std::uint64_t epoch = list.front().epoch;
+      if (!epochs.poll_until_safe(epoch, kPollBeforeAllocating) && bytes >= kWaitForBlocksFrom) epochs.poll(true);
+      if (!epochs.is_safe(epoch)) return nullptr;
+    }
+    Block* block = list.front().block;
+    list.pop_front();
+    counters.cached_bytes -= block->bytes;
+    return block;
+  }
+
+  // Removes the oldest cached blocks until at most `keep` bytes are cached;
+  // returns them for freeing outside the lock.
+  std::vector<Block*> evict_blocks(std::size_t keep) {
+    std::vector<Block*> evicted;
+    for (auto it = free_lists.begin(); it != free_lists.end() && counters.cached_bytes > keep;) {
+      auto& list = it->second;
+      while (!list.empty() && counters.cached_bytes > keep) {
+        evicted.push_back(list.front().block);
+        counters.cached_bytes -= list.front().block->bytes;
+        counters.allocated_bytes -= list.front().block->bytes;
+        list.pop_front();
+      }
+      it = list.empty() ? free_lists.erase(it) : std::next(it);
+    }
+    return evicted;
+  }
+
+  std::vector<Registration*> evict_registrations(std::size_t keep) {
+    std::vector<Registration*> evicted;
+    while (registration_bytes > keep && !cached_registrations.empty()) {
+      Registration* oldest = cached_registrations.back();
+      cached_registrations.pop_back();
+      registration_index.erase({reinterpret_cast<std::uintptr_t>(oldest->pointer), oldest->size, oldest->mapped});
+      registration_bytes -= oldest->size;
+      evicted.push_back(oldest);
+    }
+    return evicted;
+  }
+
+  // --- the finalizers ---
+
+  static void release(Block* block) noexcept {
+    State& state = *block->state;
+    std::vector<Block*> evicted;
+    {
+      std::lock_guard lock(state.mutex);
+      if (!state.closed) {
+        try {
+          state.free_lists[{block->flags, block->bytes}].push_back({block, state.epochs.tag()});
+          state.counters.cached_bytes += block->bytes;
+          ++state.frees_since_seal;
+          state.bytes_since_seal += block->bytes;
+          evicted = state.evict_blocks(state.options.maximum_cached_bytes);
+          block = nullptr;
+        } catch (...) {
+        }
+      }
+      if (block) state.counters.allocated_bytes -= block->bytes;
+    }
+    if (block) evicted.push_back(block);  // the pool is gone (or full): free it now
+    for (Block* gone : evicted) {
+      free_block(gone);
+      delete gone;  // may drop the last reference to the state: after the lock
+    }
+  }
+
+  static void release(Registration* registration) noexcept {
+    State& state = *registration->state;
+    std::vector<Registration*> evicted;
+    {
+      std::lock_guard lock(state.mutex);
+      if (!state.closed && registration->size <= state.options.registration_cache_bytes) {
+        try {
+          const RegistrationKey key{reinterpret_cast<std::uintptr_t>(registration->pointer), registration->size,
+                                    registration->mapped};
+          if (state.registration_index.emplace(key, registration).second) {
+            state.cached_registrations.push_front(registration);
+            registration->in_cache = state.cached_registrations.begin();
+            state.registration_bytes += registration->size;
+            evicted = state.evict_registrations(state.options.registration_cache_bytes);
+            registration = nullptr;
+          }
+        } catch (...) {
+        }
+      }
+    }
+    if (registration) evicted.push_back(registration);
+    for (Registration* gone : evicted) {
+      unregister(gone);
+      delete gone;
+    }
+  }
+};
+
+PinnedHostPool::PinnedHostPool(Context& context, PinnedHostPoolOptions options)
+    : state_(std::make_shared<State>(context, options)) {}
+
+PinnedHostPool::~PinnedHostPool() {
+  {
+    std::lock_guard lock(state_->mutex);
+    state_->closed = true;
+  }
+  trim();
+  std::lock_guard lock(state_->mutex);
+  state_->epochs.retire();
+}
+
+std::shared_ptr<MemoryPointer> PinnedHostPool::allocate(std::size_t size, bool mapped, bool portable,
+                                                        bool write_combined) {
+  const unsigned flags = (mapped ? cuda::CU_MEMHOSTALLOC_DEVICEMAP : 0u) |
+                         (portable ? cuda::CU_MEMHOSTALLOC_PORTABLE : 0u) |
+                         (write_combined ? cuda::CU_MEMHOSTALLOC_WRITECOMBINED : 0u);
+  const std::size_t bytes = host_block_size(size);
+  State::Block* block = nullptr;
+  {
+    std::lock_guard lock(state_->mutex);
+    auto list = state_->free_lists.find({flags, bytes});
+    if (list != state_->free_lists.end()) block = state_->take_cached(list->second, bytes);
+    ++(block ? state_->counters.hits : state_->counters.misses);
+  }
+  if (!block) {
+    ScopedContext scope(*state_->context);
+    void* host = nullptr;
+    cuda::CUresult result = CUEMM_CU_RESULT(cuMemHostAlloc, &host, bytes, flags);
+    if (result == cuda::CUDA_ERROR_OUT_OF_MEMORY && trim() > 0)
+      result = CUEMM_CU_RESULT(cuMemHostAlloc, &host, bytes, flags);
+    if (result != cuda::CUDA_SUCCESS) driver::throw_allocation_error(result, "cuMemHostAlloc", bytes);
+    cuda::CUdeviceptr device = 0;
+    if (mapped) {
+      const cuda::CUresult mapped_result = CUEMM_CU_RESULT(cuMemHostGetDevicePointer, &device, host, 0);
+      if (mapped_result != cuda::CUDA_SUCCESS) {
+        CUEMM_CU_RESULT(cuMemFreeHost, host);
+        driver::check(mapped_result, "cuMemHostGetDevicePointer");
+      }
+    }
+    block = new State::Block{state_, host, device, bytes, flags};
+    std::lock_guard lock(state_->mutex);
+    state_->counters.allocated_bytes += bytes;
+  }
+  try {
+    auto finalizer = [block] { State::release(block); };
+    if (mapped) return std::make_shared<MappedMemory>(state_->context, block->host, block->device, size, nullptr, finalizer);
+    return std::make_shared<PinnedMemory>(state_->context, block->host, size, nullptr, finalizer);
+  } catch (...) {
+    State::release(block);
+    throw;
+  }
+}
+
+std::shared_ptr<MemoryPointer> PinnedHostPool::pin(std::shared_ptr<const void> owner, void* pointer,
+                                                   std::size_t size, bool mapped) {
+  State& state = *state_;
+  State::Registration* registration = nullptr;
+  {
+    std::lock_guard lock(state.mutex);
+    auto found = state.registration_index.find({reinterpret_cast<std::uintptr_t>(pointer), size, mapped});
+    if (found != state.registration_index.end()) {
+      registration = found->second;
+      state.cached_registrations.erase(registration->in_cache);
+      state.registration_index.erase(found);
+      state.registration_bytes -= size;
+    }
+    ++(registration ? state.counters.hits : state.counters.misses);
+  }
+  if (!registration) {
+    ScopedContext scope(*state.context);
+    const unsigned flags = mapped ? cuda::CU_MEMHOSTREGISTER_DEVICEMAP : 0u;
+    cuda::CUresult result = CUEMM_CU_RESULT(cuMemHostRegister, pointer, size, flags);
+    if (result == cuda::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED || result == cuda::CUDA_ERROR_OUT_OF_MEMORY) {
+      // A cached registration may overlap the range, or hold the pinned memory the driver needs.
+      std::vector<State::Registration*> evicted;
+      {
+        std::lock_guard lock(state.mutex);
+        evicted = state.evict_registrations(0);
+      }
+      for (auto* gone : evicted) {
+        State::unregister(gone);
+        delete gone;
+      }
+      if (!evicted.empty()) result = CUEMM_CU_RESULT(cuMemHostRegister, pointer, size, flags);
+    }
+    if (result != cuda::CUDA_SUCCESS) driver::throw_allocation_error(result, "cuMemHostRegister", size);
+    cuda::CUdeviceptr device = 0;
+    if (mapped) {
+      const cuda::CUresult mapped_result = CUEMM_CU_RESULT(cuMemHostGetDevicePointer, &device, pointer, 0);
+      if (mapped_result != cuda::CUDA_SUCCESS) {
+        CUEMM_CU_RESULT(cuMemHostUnregister, pointer);
+        driver::check(mapped_result, "cuMemHostGetDevicePointer");
+      }
+    }
+    registration = new State::Registration{state_, owner, pointer, size, mapped, device, {}};
+  }
+  try {
+    auto finalizer = [registration] { State::release(registration); };
+    if (mapped)
+      return std::make_shared<MappedMemory>(state.context, pointer, registration->device, size, std::move(owner),
+                                            finalizer);
+    return std::make_shared<PinnedMemory>(state.context, pointer, size, std::move(owner), finalizer);
+  } catch (...) {
+    State::release(registration);
+    throw;
+  }
+}
+
+std::size_t PinnedHostPool::trim() {
+  std::vector<State::Block*> blocks;
+  std::vector<State::Registration*> registrations;
+  {
+    std::lock_guard lock(state_->mutex);
+    state_->epochs.seal();
+    state_->epochs.poll(true);  // cached blocks may still be read by queued copies
+    blocks = state_->evict_blocks(0);
+    registrations = state_->evict_registrations(0);
+  }
+  std::size_t freed = 0;
+  for (auto* block : blocks) {
+    freed += block->bytes;
+    State::free_block(block);
+    delete block;
+  }
+  for (auto* registration : registrations) {
+    State::unregister(registration);
+    delete registration;
+  }
+  return freed;
+}
+
+PinnedHostPoolStatistics PinnedHostPool::statistics() const {
+  std::lock_guard lock(state_->mutex);
+  PinnedHostPoolStatistics statistics = state_->counters;
+  statistics.cached_registrations = state_->cached_registrations.size();
+  return statistics;
+}
+
+}  // namespace cuemm

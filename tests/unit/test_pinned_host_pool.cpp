@@ -1,0 +1,182 @@
+// The pinned host pool: cached reuse, kinds kept apart, stream-safe reuse,
+// pinned ranges, trimming, and memory that outlives the pool.
+#include <cstring>
+#include <thread>
+
+#include "support/test_support.hpp"
+
+using namespace cuemm;
+
+namespace {
+class HostPool : public ::testing::Test {
+ protected:
+  Context& context = current_context();
+};
+constexpr std::uint64_t kSpinNanoseconds = 100'000'000;
+}  // namespace
+
+TEST_F(HostPool, ReleasedBlocksAreHandedOutAgain) {
+  PinnedHostPool pool(context);
+  auto round = [&] {
+    std::vector<std::shared_ptr<MemoryPointer>> blocks;
+    for (int i = 0; i < 20; ++i) blocks.push_back(pool.allocate(4096, false, false, false));
+  };
+  round();
+  pool.allocate(4096, false, false, false).reset();  // twenty frees: this seals their epoch
+  context.synchronize();                             // and the GPU is idle, so it is safe
+  const PinnedHostPoolStatistics before = pool.statistics();
+  round();
+  const PinnedHostPoolStatistics after = pool.statistics();
+  EXPECT_GE(after.hits - before.hits, 19u);
+  EXPECT_LE(after.allocated_bytes, 22u * 4096u) << "blocks were allocated anew instead of reused";
+  EXPECT_EQ(after.cached_bytes, after.allocated_bytes);
+}
+
+TEST_F(HostPool, ALargeBlockIsWaitedForRatherThanAllocatedAgain) {
+  PinnedHostPool pool(context);
+  std::uintptr_t first = 0;
+  {
+    auto block = pool.allocate(4 << 20, false, false, false);
+    first = block->host_pointer();
+  }
+  auto again = pool.allocate(4 << 20, false, false, false);
+  EXPECT_EQ(again->host_pointer(), first);
+  EXPECT_EQ(pool.statistics().misses, 1u);
+}
+
+TEST_F(HostPool, KindsAreKeptApart) {
+  PinnedHostPool pool(context);
+  pool.allocate(4 << 20, true, false, false).reset();
+  auto pinned = pool.allocate(4 << 20, false, false, false);
+  EXPECT_EQ(pinned->kind(), MemoryKind::Pinned);
+  EXPECT_THROW(pinned->device_pointer(), StateError);
+  auto mapped = pool.allocate(4 << 20, true, false, false);
+  EXPECT_EQ(mapped->kind(), MemoryKind::Mapped);
+  EXPECT_NE(mapped->device_pointer(), 0u);
+  EXPECT_NE(pinned->host_pointer(), mapped->host_pointer());
+  auto combined = pool.allocate(4 << 20, false, false, true);
+  EXPECT_NE(combined->host_pointer(), pinned->host_pointer());
+  EXPECT_NE(combined->host_pointer(), mapped->host_pointer());
+}
+
+TEST_F(HostPool, ABlockIsNotReusedWhileAQueuedCopyMayStillReadIt) {
+  PinnedHostPool pool(context);
+  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
+  Stream stream = context.create_stream();
+  const std::uint64_t count = 1024;
+  auto scratch = context.memalloc(1 << 20);
+  auto device = context.memalloc(count * 4);
+  auto source = pool.allocate(count * 4, false, false, false);
+  auto* words = reinterpret_cast<std::uint32_t*>(source->host_pointer());
+  std::fill(words, words + count, 5u);
+  const std::uintptr_t source_address = source->host_pointer();
+  // The copy waits behind a long kernel; its source is released meanwhile.
+  module.function("cuemm_spin_fill_u32").launch({1}, {32}, stream, scratch->device_pointer(), 1u,
+                                                std::uint64_t{32}, kSpinNanoseconds);
+  CUEMM_CU(cuMemcpyHtoDAsync, device->device_pointer(), words, count * 4, stream.handle());
+  source.reset();
+  for (int i = 0; i < 40; ++i) {  // enough frees to seal an epoch
+    auto other = pool.allocate(count * 4, false, false, false);
+    if (other->host_pointer() == source_address)
+      std::fill(reinterpret_cast<std::uint32_t*>(other->host_pointer()),
+                reinterpret_cast<std::uint32_t*>(other->host_pointer()) + count, 9u);
+  }
+  stream.synchronize();
+  std::vector<std::uint32_t> copied(count);
+  CUEMM_CU(cuMemcpyDtoH, copied.data(), device->device_pointer(), count * 4);
+  EXPECT_EQ(copied, std::vector<std::uint32_t>(count, 5u)) << "the source was overwritten before the copy ran";
+}
+
+TEST_F(HostPool, TrimFreesEveryCachedBlock) {
+  PinnedHostPool pool(context);
+  pool.allocate(1 << 20, false, false, false).reset();
+  pool.allocate(1 << 16, true, true, false).reset();
+  EXPECT_GT(pool.statistics().cached_bytes, 0u);
+  EXPECT_GE(pool.trim(), (1u << 20) + (1u << 16));
+  EXPECT_EQ(pool.statistics().cached_bytes, 0u);
+  EXPECT_EQ(pool.statistics().allocated_bytes, 0u);
+}
+
+TEST_F(HostPool, TheCacheKeepsAtMostItsMaximum) {
+  PinnedHostPoolOptions options;
+  options.maximum_cached_bytes = 1 << 20;
+  PinnedHostPool pool(context, options);
+  {
+    std::vector<std::shared_ptr<MemoryPointer>> blocks;
+    for (int i = 0; i < 8; ++i) blocks.push_back(pool.allocate(512 << 10, false, false, false));
+  }
+  EXPECT_LE(pool.statistics().cached_bytes, 1u << 20);
+  EXPECT_LE(pool.statistics().allocated_bytes, 1u << 20);
+}
+
+TEST_F(HostPool, PinningTheSameRangeAgainReusesTheRegistration) {
+  CUEMM_REQUIRE_SIMULATION();
+  PinnedHostPool pool(context);
+  auto buffer = std::make_shared<std::vector<char>>(1 << 20);
+  simulation::reset_call_counts();
+  for (int i = 0; i < 10; ++i) {
+    auto pinned = pool.pin(buffer, buffer->data(), buffer->size(), true);
+    EXPECT_NE(pinned->device_pointer(), 0u);
+  }
+  EXPECT_EQ(simulation::call_count("cuMemHostRegister"), 1u);
+  EXPECT_EQ(pool.statistics().cached_registrations, 1u);
+  EXPECT_EQ(buffer.use_count(), 2) << "the cached registration keeps its owner alive";
+  pool.trim();
+  EXPECT_EQ(simulation::call_count("cuMemHostUnregister"), 1u);
+  EXPECT_EQ(buffer.use_count(), 1);
+}
+
+TEST_F(HostPool, AnOverlappingRangeEvictsCachedRegistrations) {
+  PinnedHostPool pool(context);
+  auto buffer = std::make_shared<std::vector<char>>(1 << 20);
+  pool.pin(buffer, buffer->data(), buffer->size(), false).reset();
+  auto half = pool.pin(buffer, buffer->data(), buffer->size() / 2, false);
+  EXPECT_EQ(half->host_pointer(), reinterpret_cast<std::uintptr_t>(buffer->data()));
+}
+
+TEST_F(HostPool, BlocksOutliveThePool) {
+  CUEMM_REQUIRE_SIMULATION();
+  const auto before = simulation::live_allocations();
+  std::shared_ptr<MemoryPointer> block;
+  {
+    PinnedHostPool pool(context);
+    block = pool.allocate(8192, true, false, false);
+    pool.allocate(8192, false, false, false).reset();
+  }
+  EXPECT_EQ(simulation::live_allocations(), before + 1) << "the cached block was not freed with the pool";
+  std::memset(reinterpret_cast<void*>(block->host_pointer()), 1, 8192);
+  block.reset();
+  EXPECT_EQ(simulation::live_allocations(), before);
+}
+
+TEST_F(HostPool, ThreadsShareThePoolSafely) {
+  PinnedHostPool pool(context);
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      ScopedContext scope(context);
+      for (int i = 0; i < 200; ++i) {
+        auto block = pool.allocate(4096 * (1 + i % 3), i % 2 == 0, false, false);
+        auto* bytes = reinterpret_cast<unsigned char*>(block->host_pointer());
+        std::memset(bytes, t, block->size());
+        for (std::size_t k = 0; k < block->size(); k += 512)
+          if (bytes[k] != t) ++failures;
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+TEST_F(HostPool, ThePoolManagerUsesIt) {
+  PoolMemoryManager manager(&context);
+  manager.initialize();
+  ASSERT_NE(manager.pinned_host_pool(), nullptr);
+  for (int i = 0; i < 3; ++i) manager.memhostalloc(4 << 20, true, false, false);  // large: waited for, reused
+  EXPECT_EQ(manager.pinned_host_pool()->statistics().hits, 2u);
+  PoolOptions options;
+  options.pinned_host_pool = false;
+  PoolMemoryManager without(&context, options);
+  EXPECT_EQ(without.pinned_host_pool(), nullptr);
+}
