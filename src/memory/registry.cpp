@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 
+#include "cuemm/adaptors/compose.hpp"
 #include "cuemm/error.hpp"
 #include "cuemm/managers/pool_memory_manager.hpp"
 #include "cuemm/memory/default_memory_manager.hpp"
@@ -145,6 +146,8 @@ std::unique_ptr<BaseMemoryManager> create_memory_manager(Context& context) {
                                                         : table.bundled.at("default");
   std::unique_ptr<BaseMemoryManager> manager = factory(&context);
   if (!manager) throw PluginError("the memory manager factory returned no manager");
+  if (const std::string adaptors = adaptors_from_environment(); !adaptors.empty())
+    manager = wrap_with_adaptors(&context, std::move(manager), adaptors);
   ++table.contexts;
   return manager;
 }

@@ -1,6 +1,7 @@
-// What every memory manager must do, instantiated for each one: a new manager
-// gets every test by being added to ManagerTypes.
+// What every memory manager and adaptor must do, instantiated for each one: a
+// new manager gets every test by being added to ManagerTypes.
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "support/test_support.hpp"
@@ -9,19 +10,52 @@ using namespace cuemm;
 
 namespace {
 
+// How to make each manager under test.
 template <typename Manager>
+struct Plain {
+  static std::unique_ptr<BaseMemoryManager> make(Context* context) { return std::make_unique<Manager>(context); }
+};
+std::ostream& discarded() {
+  static std::ostringstream sink;
+  sink.str("");
+  return sink;
+}
+struct StatisticsOverPool {
+  static std::unique_ptr<BaseMemoryManager> make(Context* context) {
+    return std::make_unique<StatisticsAdaptor>(context, std::make_unique<PoolMemoryManager>(context));
+  }
+};
+struct LoggingOverDefault {
+  static std::unique_ptr<BaseMemoryManager> make(Context* context) {
+    return std::make_unique<LoggingAdaptor>(context, std::make_unique<DefaultMemoryManager>(context), discarded());
+  }
+};
+struct TrackingOverPool {
+  static std::unique_ptr<BaseMemoryManager> make(Context* context) {
+    return std::make_unique<TrackingAdaptor>(context, std::make_unique<PoolMemoryManager>(context), &discarded());
+  }
+};
+struct LimitingOverStatisticsOverPool {
+  static std::unique_ptr<BaseMemoryManager> make(Context* context) {
+    return std::make_unique<LimitingAdaptor>(context, StatisticsOverPool::make(context), std::size_t{8} << 30);
+  }
+};
+
+template <typename Maker>
 class Conformance : public ::testing::Test {
  protected:
   void SetUp() override {
     context.deallocations().flush_all();
     if (simulation::active()) simulation::clear_faults();
-    manager = std::make_unique<Manager>(&context);
+    manager = Maker::make(&context);
     manager->initialize();
   }
   void TearDown() override {
     if (simulation::active()) simulation::clear_faults();
   }
-  void flush() { manager->deallocations().flush_all(); }
+  void flush() {
+    if (auto* host = find_adaptor<HostOnlyMemoryManager>(*manager)) host->deallocations().flush_all();
+  }
 
   // Fills the memory with a pattern derived from `seed` and returns it.
   static std::vector<std::uint32_t> fill(const std::shared_ptr<MemoryPointer>& memory, std::uint32_t seed) {
@@ -35,10 +69,11 @@ class Conformance : public ::testing::Test {
   }
 
   Context& context = current_context();
-  std::unique_ptr<Manager> manager;
+  std::unique_ptr<BaseMemoryManager> manager;
 };
 
-using ManagerTypes = ::testing::Types<DefaultMemoryManager, PoolMemoryManager>;
+using ManagerTypes = ::testing::Types<Plain<DefaultMemoryManager>, Plain<PoolMemoryManager>, StatisticsOverPool,
+                                      LoggingOverDefault, TrackingOverPool, LimitingOverStatisticsOverPool>;
 TYPED_TEST_SUITE(Conformance, ManagerTypes);
 
 }  // namespace
@@ -144,12 +179,12 @@ TYPED_TEST(Conformance, DestroyingTheManagerReturnsItsMemory) {
   this->manager.reset();
   const auto baseline = simulation::device_bytes_in_use(0);
   {
-    TypeParam manager(&this->context);
-    manager.initialize();
+    auto manager = TypeParam::make(&this->context);
+    manager->initialize();
     std::vector<std::shared_ptr<MemoryPointer>> blocks;
-    for (int i = 0; i < 10; ++i) blocks.push_back(manager.memalloc(3 << 20));
+    for (int i = 0; i < 10; ++i) blocks.push_back(manager->memalloc(3 << 20));
     blocks.clear();
-    manager.reset();
+    manager->reset();
   }
   EXPECT_EQ(simulation::device_bytes_in_use(0), baseline);
 }

@@ -1,0 +1,25 @@
+// cuemm/adaptors/compose.hpp: adaptors chosen by name, for every context.
+//
+//   CUEMM_MEMORY_MANAGER=pool CUEMM_ADAPTORS=statistics,log CUEMM_LOG_FILE=alloc.csv ./app
+//
+// Names, innermost first: statistics, log (to CUEMM_LOG_FILE, default
+// cuemm_log.csv; device N > 0 logs to name.deviceN.csv), tracking, limit (at
+// CUEMM_LIMIT bytes, such as 2G). Setting CUEMM_LOG_FILE alone adds log.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "cuemm/memory/memory_manager.hpp"
+
+namespace cuemm {
+
+// Wraps `manager` in the adaptors named in `spec` (comma-separated, innermost
+// first). InvalidArgument names an unknown adaptor or a missing setting.
+std::unique_ptr<BaseMemoryManager> wrap_with_adaptors(Context* context, std::unique_ptr<BaseMemoryManager> manager,
+                                                      const std::string& spec);
+
+// The spec from CUEMM_ADAPTORS and CUEMM_LOG_FILE ("" for none).
+std::string adaptors_from_environment();
+
+}  // namespace cuemm

@@ -1,0 +1,46 @@
+// cuemm/adaptors/logging_adaptor.hpp: a CSV log of every allocation and release.
+//
+// The columns are those of the EMM proposal's example log:
+//   Event Type,Device ID,Address,Stream,Size (bytes),Free Memory,Total Memory,
+//   Current Allocs,Start,End,Elapsed,Location
+// Event Type is Alloc or Free (HostAlloc/HostFree, ManagedAlloc/ManagedFree
+// for other kinds); Size is given for frees too, so a log can be replayed
+// (`cuemm replay`). Start and End are seconds on the adaptors' clock, Elapsed
+// is End - Start. Free and Total Memory are the manager's memory info when
+// asked for (it costs a driver call per event), else 0.
+//
+// To the file named by CUEMM_LOG_FILE (with CUEMM_ADAPTORS=log), to a path, or
+// to any std::ostream. Lines are written whole under a lock.
+#pragma once
+
+#include <iosfwd>
+#include <memory>
+#include <string>
+
+#include "cuemm/adaptors/manager_adaptor.hpp"
+
+namespace cuemm {
+
+struct LoggingOptions {
+  bool memory_info = false;  // fill Free/Total Memory (CUEMM_LOG_MEMORY_INFO=1)
+};
+
+class LoggingAdaptor : public ManagerAdaptor {
+ public:
+  // Logs to `path` (truncated). InvalidArgument when it cannot be opened.
+  LoggingAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream, const std::string& path,
+                 LoggingOptions options = {});
+  // Logs to `stream`, which must outlive every pointer this adaptor hands out.
+  LoggingAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream, std::ostream& stream,
+                 LoggingOptions options = {});
+  void flush();
+
+  static const char* header() noexcept;
+
+ private:
+  struct Log;
+  LoggingAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream, std::shared_ptr<Log> log);
+  std::shared_ptr<Log> log_;
+};
+
+}  // namespace cuemm

@@ -1,0 +1,110 @@
+// cuemm/adaptors/manager_adaptor.hpp: wrapping one memory manager in another.
+//
+// An adaptor is itself a memory manager: it forwards every member to the
+// manager it wraps (its upstream) and lets an AllocationObserver watch, or
+// refuse, each allocation and release. Adaptors compose:
+//
+//   auto pool = std::make_unique<cuemm::PoolMemoryManager>(context);
+//   auto limited = std::make_unique<cuemm::LimitingAdaptor>(context, std::move(pool), 1ull << 30);
+//   auto logged = std::make_unique<cuemm::LoggingAdaptor>(context, std::move(limited), "alloc.csv");
+//
+// or, for every context, CUEMM_ADAPTORS=limit,log (see adaptors/compose.hpp).
+// The pointers an adaptor returns have the upstream's kind and addresses; the
+// upstream pointer is released when the adaptor's is. Releases of memory that
+// a reset() already gave back are not reported.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "cuemm/memory/memory_manager.hpp"
+
+namespace cuemm {
+
+// One allocation or release, as observers see it. Times are seconds since the
+// process first used an adaptor.
+struct AllocationRecord {
+  MemoryKind kind;
+  std::uintptr_t address;
+  std::size_t size;
+  double start;
+  double end;
+  std::string call_site;  // see ScopedCallSite; empty when unknown
+};
+
+// Names the code that is allocating, for the log and the leak report (the
+// Numba bridge sets the Python caller's file and line). Per thread; nests.
+class ScopedCallSite {
+ public:
+  explicit ScopedCallSite(std::string site);
+  ~ScopedCallSite();
+  ScopedCallSite(const ScopedCallSite&) = delete;
+  ScopedCallSite& operator=(const ScopedCallSite&) = delete;
+  static const std::string& current() noexcept;
+
+ private:
+  std::string previous_;
+};
+
+class AllocationObserver {
+ public:
+  virtual ~AllocationObserver() = default;
+  // Before the upstream is asked; throwing refuses the allocation.
+  virtual void before_allocation(MemoryKind /*kind*/, std::size_t /*size*/) {}
+  // The upstream failed after before_allocation() accepted.
+  virtual void allocation_failed(MemoryKind /*kind*/, std::size_t /*size*/) noexcept {}
+  virtual void allocated(const AllocationRecord& /*record*/) noexcept {}
+  virtual void released(const AllocationRecord& /*record*/) noexcept {}
+  // Everything was given back by a reset; no release of it will be reported.
+  virtual void reset() noexcept {}
+};
+
+class ManagerAdaptor : public BaseMemoryManager {
+ public:
+  ManagerAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream,
+                 std::shared_ptr<AllocationObserver> observer);
+
+  std::shared_ptr<MemoryPointer> memalloc(std::size_t size) override;
+  std::shared_ptr<MemoryPointer> memhostalloc(std::size_t size, bool mapped, bool portable, bool wc) override;
+  std::shared_ptr<MemoryPointer> mempin(std::shared_ptr<const void> owner, void* pointer, std::size_t size,
+                                        bool mapped) override;
+  std::shared_ptr<MemoryPointer> memallocmanaged(std::size_t size, bool attach_global) override;
+  void initialize() override { upstream_->initialize(); }
+  IpcHandle get_ipc_handle(const std::shared_ptr<MemoryPointer>& memory) override;
+  MemoryInfo get_memory_info() override { return upstream_->get_memory_info(); }
+  void reset() override;
+  CleanupGuard defer_cleanup() override { return upstream_->defer_cleanup(); }
+  int interface_version() const override { return upstream_->interface_version(); }
+
+  BaseMemoryManager& upstream() const noexcept { return *upstream_; }
+
+ protected:
+  AllocationObserver& observer() const noexcept { return *observer_; }
+
+ private:
+  template <typename Allocate>
+  std::shared_ptr<MemoryPointer> observe(MemoryKind kind, std::size_t size, Allocate&& allocate);
+
+  std::unique_ptr<BaseMemoryManager> upstream_;
+  std::shared_ptr<AllocationObserver> observer_;
+  std::shared_ptr<std::atomic<std::uint64_t>> generation_;  // bumped by reset()
+};
+
+// The first adaptor of type `Adaptor` in the chain starting at `manager`
+// (itself included), or null.
+template <typename Adaptor>
+Adaptor* find_adaptor(BaseMemoryManager& manager) {
+  for (BaseMemoryManager* current = &manager; current;) {
+    if (auto* found = dynamic_cast<Adaptor*>(current)) return found;
+    auto* adaptor = dynamic_cast<ManagerAdaptor*>(current);
+    current = adaptor ? &adaptor->upstream() : nullptr;
+  }
+  return nullptr;
+}
+
+// Seconds on the adaptors' clock.
+double adaptor_clock() noexcept;
+
+}  // namespace cuemm

@@ -1,0 +1,49 @@
+// cuemm/adaptors/statistics_adaptor.hpp: counts of what a manager hands out.
+//
+// Current, peak and total bytes and counts per kind of memory, and a size
+// histogram of device allocations (power-of-two buckets). Relaxed atomics
+// only, no lock, so it can stay on in production.
+//
+//   auto* stats = cuemm::find_adaptor<cuemm::StatisticsAdaptor>(context.memory_manager());
+//   std::printf("%zu bytes in use\n", stats->statistics().of(cuemm::MemoryKind::Device).current_bytes);
+#pragma once
+
+#include <array>
+#include <string>
+
+#include "cuemm/adaptors/manager_adaptor.hpp"
+
+namespace cuemm {
+
+struct AllocationCounts {
+  std::size_t current_bytes = 0, peak_bytes = 0, total_bytes = 0;
+  std::size_t current_count = 0, peak_count = 0, total_count = 0;
+};
+
+struct MemoryStatistics {
+  std::array<AllocationCounts, 4> kinds;  // indexed by MemoryKind
+  // Device allocations of size in [2^i, 2^(i+1)) bytes.
+  std::array<std::size_t, 64> device_size_histogram{};
+  std::size_t failed_allocations = 0;
+  // Bytes the upstream holds from the driver, when it is a pool (else in use).
+  std::size_t reserved_bytes = 0;
+
+  const AllocationCounts& of(MemoryKind kind) const { return kinds[static_cast<int>(kind)]; }
+  // A few lines for people.
+  std::string summary() const;
+};
+
+class StatisticsAdaptor : public ManagerAdaptor {
+ public:
+  StatisticsAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream);
+  MemoryStatistics statistics() const;
+  // Peaks start again from the current values.
+  void reset_peaks();
+
+ private:
+  struct Counters;
+  StatisticsAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream, std::shared_ptr<Counters> counters);
+  std::shared_ptr<Counters> counters_;
+};
+
+}  // namespace cuemm

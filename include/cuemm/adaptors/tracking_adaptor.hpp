@@ -1,0 +1,33 @@
+// cuemm/adaptors/tracking_adaptor.hpp: every outstanding allocation, and who made it.
+//
+// Keeps each live allocation with its size, kind, time and call site (see
+// ScopedCallSite). reset() and the adaptor's destruction print a leak report
+// of what is still outstanding (to stderr, or the stream given), and
+// outstanding() lists it at any time. A map under a lock: a debugging tool.
+#pragma once
+
+#include <iosfwd>
+#include <vector>
+
+#include "cuemm/adaptors/manager_adaptor.hpp"
+
+namespace cuemm {
+
+class TrackingAdaptor : public ManagerAdaptor {
+ public:
+  // `report` receives the leak reports; null means stderr.
+  TrackingAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream, std::ostream* report = nullptr);
+  ~TrackingAdaptor() override;
+
+  // Live allocations, oldest first.
+  std::vector<AllocationRecord> outstanding() const;
+  // The leak report text ("" when nothing is outstanding).
+  std::string leak_report() const;
+
+ private:
+  struct Table;
+  TrackingAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream, std::shared_ptr<Table> table);
+  std::shared_ptr<Table> table_;
+};
+
+}  // namespace cuemm

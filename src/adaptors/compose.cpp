@@ -1,0 +1,68 @@
+#include "cuemm/adaptors/compose.hpp"
+
+#include <cstdlib>
+#include <sstream>
+
+#include "cuemm/adaptors/limiting_adaptor.hpp"
+#include "cuemm/adaptors/logging_adaptor.hpp"
+#include "cuemm/adaptors/statistics_adaptor.hpp"
+#include "cuemm/adaptors/tracking_adaptor.hpp"
+#include "cuemm/error.hpp"
+#include "cuemm/runtime/context.hpp"
+#include "cuemm/runtime/device.hpp"
+#include "util/byte_size.hpp"
+
+namespace cuemm {
+
+namespace {
+std::string environment(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? value : "";
+}
+
+std::string log_path(Context* context) {
+  std::string path = environment("CUEMM_LOG_FILE");
+  if (path.empty()) path = "cuemm_log.csv";
+  const int device = context ? context->device().id() : 0;
+  if (device == 0) return path;
+  const auto dot = path.rfind('.');
+  const std::string suffix = ".device" + std::to_string(device);
+  return dot == std::string::npos || dot < path.rfind('/') + 1 ? path + suffix : path.insert(dot, suffix);
+}
+}  // namespace
+
+std::string adaptors_from_environment() {
+  std::string spec = environment("CUEMM_ADAPTORS");
+  if (!environment("CUEMM_LOG_FILE").empty() && ("," + spec + ",").find(",log,") == std::string::npos)
+    spec += spec.empty() ? "log" : ",log";
+  return spec;
+}
+
+std::unique_ptr<BaseMemoryManager> wrap_with_adaptors(Context* context, std::unique_ptr<BaseMemoryManager> manager,
+                                                      const std::string& spec) {
+  std::stringstream names(spec);
+  std::string name;
+  while (std::getline(names, name, ',')) {
+    if (name.empty()) continue;
+    if (name == "statistics") {
+      manager = std::make_unique<StatisticsAdaptor>(context, std::move(manager));
+    } else if (name == "log") {
+      // The version probe (no context) writes no log.
+      if (context) manager = std::make_unique<LoggingAdaptor>(context, std::move(manager), log_path(context));
+    } else if (name == "tracking") {
+      manager = std::make_unique<TrackingAdaptor>(context, std::move(manager));
+    } else if (name == "limit") {
+      const std::string text = environment("CUEMM_LIMIT");
+      const auto limit = util::parse_byte_size(text.c_str());
+      if (text.empty() || !limit)
+        throw InvalidArgument("the limit adaptor needs CUEMM_LIMIT, a byte count such as 2G (got '" + text + "')");
+      manager = std::make_unique<LimitingAdaptor>(context, std::move(manager), *limit);
+    } else {
+      throw InvalidArgument("CUEMM_ADAPTORS: unknown adaptor '" + name +
+                            "' (known: statistics, log, tracking, limit)");
+    }
+  }
+  return manager;
+}
+
+}  // namespace cuemm

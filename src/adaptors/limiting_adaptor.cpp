@@ -1,0 +1,45 @@
+#include "cuemm/adaptors/limiting_adaptor.hpp"
+
+#include "cuemm/error.hpp"
+
+namespace cuemm {
+
+namespace {
+bool counted(MemoryKind kind) { return kind == MemoryKind::Device || kind == MemoryKind::Managed; }
+}  // namespace
+
+struct LimitingAdaptor::Cap : AllocationObserver {
+  std::size_t limit;
+  std::atomic<std::size_t> in_use{0};
+  explicit Cap(std::size_t limit_) : limit(limit_) {}
+
+  void before_allocation(MemoryKind kind, std::size_t size) override {
+    if (!counted(kind)) return;
+    // Reserve first, so that racing threads cannot pass the cap together.
+    const std::size_t before = in_use.fetch_add(size);
+    if (size > limit || before > limit - size) {
+      in_use.fetch_sub(size);
+      throw OutOfMemory("LimitingAdaptor", size,
+                        "the limit is " + describe_bytes(limit) + " and " + describe_bytes(before) + " are in use");
+    }
+  }
+  void allocation_failed(MemoryKind kind, std::size_t size) noexcept override {
+    if (counted(kind)) in_use.fetch_sub(size);
+  }
+  void released(const AllocationRecord& record) noexcept override {
+    if (counted(record.kind)) in_use.fetch_sub(record.size);
+  }
+  void reset() noexcept override { in_use = 0; }
+};
+
+LimitingAdaptor::LimitingAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream, std::size_t limit)
+    : LimitingAdaptor(context, std::move(upstream), std::make_shared<Cap>(limit)) {}
+
+LimitingAdaptor::LimitingAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream,
+                                 std::shared_ptr<Cap> cap)
+    : ManagerAdaptor(context, std::move(upstream), cap), cap_(std::move(cap)) {}
+
+std::size_t LimitingAdaptor::limit() const noexcept { return cap_->limit; }
+std::size_t LimitingAdaptor::in_use() const noexcept { return cap_->in_use.load(); }
+
+}  // namespace cuemm

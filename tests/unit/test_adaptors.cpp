@@ -1,0 +1,207 @@
+// What each adaptor adds: statistics, the CSV log, leak tracking, the limit,
+// and composing them by name.
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "support/test_support.hpp"
+
+using namespace cuemm;
+
+namespace {
+class Adaptors : public ::testing::Test {
+ protected:
+  Context& context = current_context();
+  std::unique_ptr<BaseMemoryManager> pool() { return std::make_unique<PoolMemoryManager>(&context); }
+};
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::stringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+}  // namespace
+
+TEST_F(Adaptors, StatisticsCountCurrentPeakAndTotal) {
+  StatisticsAdaptor stats(&context, pool());
+  stats.initialize();
+  {
+    auto a = stats.memalloc(1000);
+    auto b = stats.memalloc(3000);
+    auto host = stats.memhostalloc(4096, false, false, false);
+    const MemoryStatistics during = stats.statistics();
+    EXPECT_EQ(during.of(MemoryKind::Device).current_bytes, 4000u);
+    EXPECT_EQ(during.of(MemoryKind::Device).current_count, 2u);
+    EXPECT_EQ(during.of(MemoryKind::Pinned).current_bytes, 4096u);
+    EXPECT_GE(during.reserved_bytes, 4000u);
+  }
+  auto c = stats.memalloc(500);
+  const MemoryStatistics after = stats.statistics();
+  const AllocationCounts& device = after.of(MemoryKind::Device);
+  EXPECT_EQ(device.current_bytes, 500u);
+  EXPECT_EQ(device.peak_bytes, 4000u);
+  EXPECT_EQ(device.total_bytes, 4500u);
+  EXPECT_EQ(device.total_count, 3u);
+  EXPECT_EQ(device.peak_count, 2u);
+  EXPECT_EQ(after.device_size_histogram[8], 1u);   // 500 is in [256, 512)
+  EXPECT_EQ(after.device_size_histogram[9], 1u);   // 1000 in [512, 1024)
+  EXPECT_EQ(after.device_size_histogram[11], 1u);  // 3000 in [2048, 4096)
+  EXPECT_NE(after.summary().find("device"), std::string::npos);
+}
+
+TEST_F(Adaptors, StatisticsCountFailuresAndForgetMemoryAResetGaveBack) {
+  StatisticsAdaptor stats(&context, std::make_unique<LimitingAdaptor>(&context, pool(), 1 << 20));
+  stats.initialize();
+  EXPECT_THROW(stats.memalloc(2 << 20), OutOfMemory);
+  auto held = stats.memalloc(1000);
+  stats.reset();
+  held.reset();  // already given back by the reset: not counted again
+  const MemoryStatistics after = stats.statistics();
+  EXPECT_EQ(after.failed_allocations, 1u);
+  EXPECT_EQ(after.of(MemoryKind::Device).current_bytes, 0u);
+  EXPECT_EQ(after.of(MemoryKind::Device).current_count, 0u);
+}
+
+TEST_F(Adaptors, TheLogHasTheProposalsColumnsAndOneRowPerEvent) {
+  std::ostringstream out;
+  {
+    LoggingAdaptor logged(&context, pool(), out);
+    logged.initialize();
+    std::uintptr_t address = 0;
+    {
+      ScopedCallSite site("example.py:12, in main");
+      auto memory = logged.memalloc(80);
+      address = memory->device_pointer();
+    }
+    const auto lines = lines_of(out.str());
+    ASSERT_EQ(lines.size(), 3u) << out.str();
+    EXPECT_EQ(lines[0], LoggingAdaptor::header());
+    char hex[32];
+    std::snprintf(hex, sizeof hex, "0x%llx", static_cast<unsigned long long>(address));
+    EXPECT_EQ(lines[1].rfind(std::string("Alloc,0,") + hex + ",0,80,", 0), 0u) << lines[1];
+    EXPECT_EQ(lines[2].rfind(std::string("Free,0,") + hex + ",0,80,", 0), 0u) << lines[2];
+    EXPECT_NE(lines[1].find(",\"example.py:12, in main\""), std::string::npos) << "the location is not quoted";
+    // Current Allocs: 1 after the allocation, 0 after the free.
+    EXPECT_EQ(std::count(lines[1].begin(), lines[1].end(), ','), 12);
+  }
+}
+
+TEST_F(Adaptors, TheLogCanGoToAFile) {
+  const std::string path = ::testing::TempDir() + "/cuemm_adaptor_log.csv";
+  {
+    LoggingAdaptor logged(&context, pool(), path);
+    logged.initialize();
+    logged.memalloc(4096).reset();
+    logged.memhostalloc(4096, true, false, false).reset();
+    logged.flush();
+  }
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  const auto lines = lines_of(text.str());
+  ASSERT_EQ(lines.size(), 5u);
+  EXPECT_EQ(lines[3].rfind("HostAlloc,", 0), 0u);
+  EXPECT_EQ(lines[4].rfind("HostFree,", 0), 0u);
+  EXPECT_THROW(LoggingAdaptor(&context, pool(), std::string("/nonexistent/dir/log.csv")), InvalidArgument);
+}
+
+TEST_F(Adaptors, TrackingListsOutstandingAllocationsAndReportsLeaksAtReset) {
+  std::ostringstream report;
+  TrackingAdaptor tracked(&context, pool(), &report);
+  tracked.initialize();
+  auto kept = [&] {
+    ScopedCallSite site("leaky.cpp:7");
+    return tracked.memalloc(12345);
+  }();
+  tracked.memalloc(100).reset();
+  const auto outstanding = tracked.outstanding();
+  ASSERT_EQ(outstanding.size(), 1u);
+  EXPECT_EQ(outstanding[0].size, 12345u);
+  EXPECT_EQ(outstanding[0].address, kept->device_pointer());
+  EXPECT_EQ(outstanding[0].call_site, "leaky.cpp:7");
+  tracked.reset();
+  EXPECT_NE(report.str().find("1 allocation(s) outstanding"), std::string::npos) << report.str();
+  EXPECT_NE(report.str().find("leaky.cpp:7"), std::string::npos);
+  EXPECT_TRUE(tracked.outstanding().empty());
+}
+
+TEST_F(Adaptors, TheLimitRefusesWithTheRequestTheUseAndTheCap) {
+  LimitingAdaptor limited(&context, pool(), 10 << 20);
+  limited.initialize();
+  auto held = limited.memalloc(6 << 20);
+  try {
+    limited.memalloc(5 << 20);
+    FAIL() << "the cap was passed";
+  } catch (const OutOfMemory& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("5.00 MiB"), std::string::npos) << message;
+    EXPECT_NE(message.find("and 6.00 MiB"), std::string::npos) << message;
+    EXPECT_NE(message.find("are in use"), std::string::npos) << message;
+    EXPECT_NE(message.find("limit is 10.00 MiB"), std::string::npos) << message;
+  }
+  EXPECT_EQ(limited.in_use(), std::size_t{6} << 20) << "a refused request still counts";
+  auto host = limited.memhostalloc(8 << 20, false, false, false);  // host memory is not capped
+  held.reset();
+  EXPECT_NO_THROW(limited.memalloc(9 << 20));
+}
+
+TEST_F(Adaptors, TheLimitHoldsUnderRacingThreads) {
+  LimitingAdaptor limited(&context, pool(), 64 << 20);
+  limited.initialize();
+  std::vector<std::thread> threads;
+  std::atomic<std::size_t> peak{0};
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&] {
+      ScopedContext scope(context);
+      std::vector<std::shared_ptr<MemoryPointer>> held;
+      for (int i = 0; i < 100; ++i) {
+        try {
+          held.push_back(limited.memalloc(3 << 20));
+        } catch (const OutOfMemory&) {
+          if (!held.empty()) held.erase(held.begin());
+        }
+        std::size_t now = limited.in_use(), seen = peak.load();
+        while (now > seen && !peak.compare_exchange_weak(seen, now)) {
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_LE(peak.load(), std::size_t{64} << 20);
+  EXPECT_EQ(limited.in_use(), 0u);
+}
+
+TEST_F(Adaptors, AdaptorsComposeByName) {
+  setenv("CUEMM_LIMIT", "256M", 1);
+  auto manager = wrap_with_adaptors(&context, pool(), "statistics,tracking,limit");
+  ASSERT_NE(find_adaptor<LimitingAdaptor>(*manager), nullptr);
+  ASSERT_NE(find_adaptor<TrackingAdaptor>(*manager), nullptr);
+  ASSERT_NE(find_adaptor<StatisticsAdaptor>(*manager), nullptr);
+  ASSERT_NE(find_adaptor<PoolMemoryManager>(*manager), nullptr);
+  EXPECT_EQ(find_adaptor<LimitingAdaptor>(*manager)->limit(), std::size_t{256} << 20);
+  EXPECT_EQ(find_adaptor<LoggingAdaptor>(*manager), nullptr);
+  manager->initialize();
+  auto memory = manager->memalloc(1 << 20);
+  EXPECT_EQ(find_adaptor<StatisticsAdaptor>(*manager)->statistics().of(MemoryKind::Device).current_bytes, 1u << 20);
+  memory.reset();
+  try {
+    wrap_with_adaptors(&context, pool(), "statistics,sparkles");
+    FAIL();
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("'sparkles'"), std::string::npos);
+  }
+  unsetenv("CUEMM_LIMIT");
+  EXPECT_THROW(wrap_with_adaptors(&context, pool(), "limit"), InvalidArgument);
+}
+
+TEST_F(Adaptors, TheLogFileVariableAddsTheLog) {
+  setenv("CUEMM_LOG_FILE", "x.csv", 1);
+  setenv("CUEMM_ADAPTORS", "statistics", 1);
+  EXPECT_EQ(adaptors_from_environment(), "statistics,log");
+  setenv("CUEMM_ADAPTORS", "log,statistics", 1);
+  EXPECT_EQ(adaptors_from_environment(), "log,statistics");
+  unsetenv("CUEMM_LOG_FILE");
+  unsetenv("CUEMM_ADAPTORS");
+  EXPECT_EQ(adaptors_from_environment(), "");
+}
