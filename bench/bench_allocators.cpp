@@ -88,11 +88,37 @@ void PoolWithFreeBlocks(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 
+// Page-locked host memory: the pinned host pool against cuMemHostAlloc/cuMemFreeHost.
+void PinnedHostPoolAllocateFree(benchmark::State& state) {
+  static auto* pool = new cuemm::PinnedHostPool(context());
+  cuemm::ScopedContext scope(context());
+  const auto size = static_cast<std::size_t>(state.range(0));
+  for (auto _ : state) {
+    auto memory = pool->allocate(size, false, false, false);
+    benchmark::DoNotOptimize(memory->host_pointer());
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
+void DriverMemHostAllocFree(benchmark::State& state) {
+  cuemm::ScopedContext scope(context());
+  const auto size = static_cast<std::size_t>(state.range(0));
+  for (auto _ : state) {
+    void* pointer = nullptr;
+    CUEMM_CU(cuMemHostAlloc, &pointer, size, 0u);
+    CUEMM_CU(cuMemFreeHost, pointer);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
 }  // namespace
 
+BENCHMARK(DriverMemHostAllocFree)->Arg(4096)->Arg(1 << 20)->Arg(64 << 20)->UseRealTime();
+BENCHMARK(PinnedHostPoolAllocateFree)->Arg(4096)->Arg(1 << 20)->Arg(64 << 20)->UseRealTime();
 BENCHMARK(DriverMemAllocFree)->Arg(256)->Arg(1 << 20)->Arg(64 << 20)->ThreadRange(1, 4)->UseRealTime();
 BENCHMARK_TEMPLATE(AllocateFree, cuemm::DefaultMemoryManager)->Apply(set_sizes);
 BENCHMARK_TEMPLATE(AllocateFree, cuemm::PoolMemoryManager)->Apply(set_sizes);
+BENCHMARK_TEMPLATE(AllocateFree, cuemm::AsyncMemoryManager)->Apply(set_sizes);
 BENCHMARK(PoolRawAllocateFree)->Apply(set_sizes);
 BENCHMARK(PoolWithFreeBlocks)->Arg(0)->Arg(65536);
 

@@ -33,7 +33,9 @@
   X(cuEventQuery) X(cuEventSynchronize) X(cuEventElapsedTime) X(cuModuleLoadData)                 \
   X(cuModuleLoadDataEx) X(cuModuleUnload) X(cuModuleGetFunction) X(cuModuleGetGlobal)             \
   X(cuLaunchKernel) X(cuFuncGetAttribute) X(cuFuncSetCacheConfig) X(cuLinkCreate)                 \
-  X(cuProfilerStart) X(cuProfilerStop)
+  X(cuProfilerStart) X(cuProfilerStop) X(cuMemPoolCreate) X(cuMemPoolDestroy)                    \
+  X(cuMemPoolSetAttribute) X(cuMemPoolGetAttribute) X(cuMemPoolTrimTo) X(cuMemAllocFromPoolAsync)   \
+  X(cuMemFreeAsync)
 
 namespace cuemm::sim {
 

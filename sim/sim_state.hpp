@@ -41,6 +41,17 @@ struct Allocation {
   std::uint64_t id = 0;          // IpcMapping: exporter's allocation id
   int exporter_pid = 0;          // IpcMapping
   int ipc_opens = 0;             // IpcMapping: opens not yet closed
+  struct MemoryPool* pool = nullptr;  // Device memory from cuMemAllocFromPoolAsync
+};
+
+// A stream-ordered pool. The simulation keeps no memory in it: its blocks
+// come from the device arena and go back to it when their free runs.
+struct MemoryPool {
+  int device = 0;
+  int handle_types = 0;
+  std::uint64_t release_threshold = 0;
+  std::uint64_t used = 0, used_high = 0;
+  bool destroyed = false;  // forgotten once its last block is freed
 };
 
 struct Device {
@@ -88,6 +99,7 @@ struct State {
   std::map<SimEvent*, std::shared_ptr<SimEvent>> events;
   std::map<Module*, std::unique_ptr<Module>> modules;
   std::map<Function*, Module*> functions;
+  std::map<MemoryPool*, std::unique_ptr<MemoryPool>> pools;
   std::uint64_t next_allocation_id = 1;
 
   // The allocation that contains [address, address + size), or nullptr.

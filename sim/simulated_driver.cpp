@@ -697,6 +697,119 @@ SIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, std::size_t* size
   return CUDA_SUCCESS;
 }
 
+// --- Stream-ordered pools ------------------------------------------------------
+
+namespace {
+MemoryPool* find_pool(State& s, CUmemoryPool handle) {
+  auto it = s.pools.find(reinterpret_cast<MemoryPool*>(handle));
+  return it == s.pools.end() || it->second->destroyed ? nullptr : it->second.get();
+}
+
+void forget_pool_if_done(State& s, MemoryPool* pool) {
+  if (pool->destroyed && pool->used == 0) s.pools.erase(pool);
+}
+}  // namespace
+
+SIM_EXPORT CUresult cuMemPoolCreate(CUmemoryPool* out, const CUmemPoolProps* properties) {
+  SIM_BEGIN(cuMemPoolCreate);
+  if (!out || !properties || properties->alloc_type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      properties->location.type != CU_MEM_LOCATION_TYPE_DEVICE || (properties->handle_types & ~0x1))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!device_at(s, properties->location.id)) return CUDA_ERROR_INVALID_DEVICE;
+  auto pool = std::make_unique<MemoryPool>();
+  pool->device = properties->location.id;
+  pool->handle_types = properties->handle_types;
+  *out = reinterpret_cast<CUmemoryPool>(pool.get());
+  s.pools.emplace(pool.get(), std::move(pool));
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool handle) {
+  SIM_BEGIN(cuMemPoolDestroy);
+  MemoryPool* pool = find_pool(s, handle);
+  if (!pool) return CUDA_ERROR_INVALID_VALUE;
+  pool->destroyed = true;  // as on a GPU: outstanding blocks stay valid until freed
+  forget_pool_if_done(s, pool);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool handle, int attribute, void* value) {
+  SIM_BEGIN(cuMemPoolSetAttribute);
+  MemoryPool* pool = find_pool(s, handle);
+  if (!pool || !value) return CUDA_ERROR_INVALID_VALUE;
+  auto& number = *static_cast<std::uint64_t*>(value);
+  switch (attribute) {
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: pool->release_threshold = number; return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+      if (number != 0) return CUDA_ERROR_INVALID_VALUE;
+      pool->used_high = pool->used;
+      return CUDA_SUCCESS;
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+SIM_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool handle, int attribute, void* value) {
+  SIM_BEGIN(cuMemPoolGetAttribute);
+  MemoryPool* pool = find_pool(s, handle);
+  if (!pool || !value) return CUDA_ERROR_INVALID_VALUE;
+  auto& number = *static_cast<std::uint64_t*>(value);
+  switch (attribute) {
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: number = pool->release_threshold; return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: number = pool->used; return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: number = pool->used_high; return CUDA_SUCCESS;
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+SIM_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool handle, std::size_t) {
+  SIM_BEGIN(cuMemPoolTrimTo);
+  return find_pool(s, handle) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;  // nothing is kept to trim
+}
+
+SIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* pointer, std::size_t size, CUmemoryPool handle,
+                                            CUstream stream_handle) {
+  SIM_BEGIN(cuMemAllocFromPoolAsync);
+  SIM_CONTEXT();
+  MemoryPool* pool = find_pool(s, handle);
+  if (!pointer || size == 0 || !pool) return CUDA_ERROR_INVALID_VALUE;
+  CUresult error = CUDA_SUCCESS;
+  if (!resolve_stream(s, stream_handle, &error)) return error;
+  if (pool->device != context->device->ordinal) return CUDA_ERROR_INVALID_DEVICE;
+  // Allocated at once: at least as ordered as the stream asks.
+  if (const CUresult result = allocate_device_memory(s, context, size, AllocationKind::Device, 0, pointer))
+    return result;
+  Allocation& allocation = s.allocations.at(*pointer);
+  allocation.pool = pool;
+  pool->used += allocation.arena_size;
+  pool->used_high = std::max(pool->used_high, pool->used);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr pointer, CUstream stream_handle) {
+  SIM_BEGIN(cuMemFreeAsync);
+  auto it = s.allocations.find(pointer);
+  if (it == s.allocations.end() || it->second.kind != AllocationKind::Device) return CUDA_ERROR_INVALID_VALUE;
+  CUresult error = CUDA_SUCCESS;
+  auto stream = resolve_stream(s, stream_handle, &error);
+  if (!stream) return error;
+  // The block goes back once the stream's earlier work is done.
+  submit(stream, [pointer] {
+    State& state_now = state();
+    std::lock_guard freeing(state_now.mutex);
+    auto found = state_now.allocations.find(pointer);
+    if (found == state_now.allocations.end()) return;
+    if (MemoryPool* pool = found->second.pool) {
+      pool->used -= found->second.arena_size;
+      forget_pool_if_done(state_now, pool);
+    }
+    release_allocation(state_now, found);
+  });
+  return CUDA_SUCCESS;
+}
+
 // --- Host memory ---------------------------------------------------------------
 
 namespace {

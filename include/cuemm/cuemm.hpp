@@ -21,5 +21,6 @@
 #include "cuemm/adaptors/logging_adaptor.hpp"
 #include "cuemm/adaptors/statistics_adaptor.hpp"
 #include "cuemm/adaptors/tracking_adaptor.hpp"
+#include "cuemm/managers/async_memory_manager.hpp"
 #include "cuemm/managers/pinned_host_pool.hpp"
 #include "cuemm/managers/pool_memory_manager.hpp"

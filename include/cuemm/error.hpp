@@ -40,6 +40,12 @@ class PluginError : public Error {
   using Error::Error;
 };
 
+// The operation is valid but this manager cannot do it (the message says which can).
+class NotSupported : public Error {
+ public:
+  using Error::Error;
+};
+
 class CudaError : public Error {
  public:
   CudaError(cuda::CUresult code, std::string call, const std::string& detail = {});

@@ -9,6 +9,7 @@
 
 #include "cuemm/adaptors/compose.hpp"
 #include "cuemm/error.hpp"
+#include "cuemm/managers/async_memory_manager.hpp"
 #include "cuemm/managers/pool_memory_manager.hpp"
 #include "cuemm/memory/default_memory_manager.hpp"
 
@@ -31,6 +32,7 @@ Registry& registry() {
     auto* created = new Registry();  // never destroyed: contexts may outlive statics
     created->bundled["default"] = [](Context* context) { return std::make_unique<DefaultMemoryManager>(context); };
     created->bundled["pool"] = [](Context* context) { return std::make_unique<PoolMemoryManager>(context); };
+    created->bundled["async"] = [](Context* context) { return std::make_unique<AsyncMemoryManager>(context); };
     return created;
   }();
   return *table;

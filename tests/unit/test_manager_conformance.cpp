@@ -41,6 +41,8 @@ struct LimitingOverStatisticsOverPool {
   }
 };
 
+bool i_mapped(std::uint64_t nth) { return nth % 2 == 1; }
+
 template <typename Maker>
 class Conformance : public ::testing::Test {
  protected:
@@ -72,7 +74,8 @@ class Conformance : public ::testing::Test {
   std::unique_ptr<BaseMemoryManager> manager;
 };
 
-using ManagerTypes = ::testing::Types<Plain<DefaultMemoryManager>, Plain<PoolMemoryManager>, StatisticsOverPool,
+using ManagerTypes = ::testing::Types<Plain<DefaultMemoryManager>, Plain<PoolMemoryManager>,
+                                      Plain<AsyncMemoryManager>, StatisticsOverPool,
                                       LoggingOverDefault, TrackingOverPool, LimitingOverStatisticsOverPool>;
 TYPED_TEST_SUITE(Conformance, ManagerTypes);
 
@@ -159,8 +162,9 @@ TYPED_TEST(Conformance, ADriverFailureLeavesTheManagerConsistent) {
   const auto baseline = simulation::device_bytes_in_use(0);
   for (const cuda::CUresult failure : {cuda::CUDA_ERROR_UNKNOWN, cuda::CUDA_ERROR_OUT_OF_MEMORY}) {
     SCOPED_TRACE(error_name(failure));
-    // Every cuMemAlloc fails for a while: the first allocation cannot succeed.
+    // Every device allocation call fails for a while: the first allocation cannot succeed.
     simulation::inject_fault("cuMemAlloc", 1, failure, 8);
+    simulation::inject_fault("cuMemAllocFromPoolAsync", 1, failure, 8);
     EXPECT_THROW(this->manager->memalloc(1 << 20), CudaError);
     simulation::clear_faults();
     EXPECT_EQ(simulation::device_bytes_in_use(0), baseline) << "a failed allocation left memory behind";
@@ -171,6 +175,58 @@ TYPED_TEST(Conformance, ADriverFailureLeavesTheManagerConsistent) {
     this->manager->reset();
     this->flush();
     EXPECT_EQ(simulation::device_bytes_in_use(0), baseline) << "reset left memory behind";
+  }
+}
+
+// Each driver call a manager may make fails once, at its first, second or
+// third use: whatever the workload then sees, the manager works afterwards
+// and nothing leaks (but what a failed free call left with the driver, which
+// refused to take it back).
+TYPED_TEST(Conformance, AnyDriverCallFailingLeavesNothingBehind) {
+  CUEMM_REQUIRE_SIMULATION();
+  this->manager.reset();
+  this->context.deallocations().flush_all();
+  auto baseline = simulation::device_bytes_in_use(0);
+  auto host_baseline = simulation::live_allocations(simulation::AllocationKind::PinnedHost);
+  for (const std::string function :
+       {"cuMemAlloc", "cuMemFree", "cuMemAllocFromPoolAsync", "cuMemFreeAsync", "cuMemPoolCreate",
+        "cuMemPoolSetAttribute", "cuMemGetInfo", "cuEventCreate", "cuEventRecord", "cuEventQuery",
+        "cuEventSynchronize", "cuCtxSynchronize", "cuMemHostAlloc", "cuMemFreeHost", "cuMemHostGetDevicePointer"}) {
+    for (std::uint64_t nth = 1; nth <= 3; ++nth) {
+      SCOPED_TRACE(function + " failing at call " + std::to_string(nth));
+      {
+        auto manager = TypeParam::make(&this->context);
+        simulation::inject_fault(function, nth, cuda::CUDA_ERROR_UNKNOWN);
+        try {
+          manager->initialize();
+          std::vector<std::shared_ptr<MemoryPointer>> held;
+          for (int i = 0; i < 40; ++i) {
+            held.push_back(manager->memalloc(std::size_t{1} << (8 + i % 14)));
+            if (i % 3 == 0) held.erase(held.begin());
+          }
+          held.push_back(manager->memhostalloc(8192, i_mapped(nth), false, false));
+          held.clear();
+        } catch (const Error&) {
+          // Whatever failed said so with an exception; the checks below matter.
+        }
+        simulation::clear_faults();
+        auto memory = manager->memalloc(1 << 20);
+        auto values = this->fill(memory, 5);
+        EXPECT_TRUE(this->holds(memory, values));
+        memory.reset();
+        manager->reset();
+      }
+      this->context.deallocations().flush_all();
+      this->context.synchronize();
+      if (function.starts_with("cuMemFree")) {  // the driver kept what it refused to free
+        baseline = simulation::device_bytes_in_use(0);
+        host_baseline = simulation::live_allocations(simulation::AllocationKind::PinnedHost);
+        continue;
+      }
+      EXPECT_EQ(simulation::device_bytes_in_use(0), baseline) << "device memory leaked";
+      EXPECT_EQ(simulation::live_allocations(simulation::AllocationKind::PinnedHost), host_baseline)
+          << "pinned host memory leaked";
+    }
   }
 }
 

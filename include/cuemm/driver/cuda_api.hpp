@@ -34,6 +34,32 @@ struct CUuuid {
 };
 using CUstreamCallback = void (*)(CUstream, CUresult, void*);
 
+// Stream-ordered memory pools (CUDA 11.2+).
+struct CUmemLocation {
+  int type;  // CU_MEM_LOCATION_TYPE_*
+  int id;
+};
+struct CUmemPoolProps {
+  int alloc_type;    // CU_MEM_ALLOCATION_TYPE_*
+  int handle_types;  // CU_MEM_HANDLE_TYPE_* bits the pool's memory may be exported as
+  CUmemLocation location;
+  void* win32_security_attributes;
+  std::size_t max_size;  // 0: the system's default
+  unsigned short usage;
+  unsigned char reserved[54];
+};
+static_assert(sizeof(CUmemPoolProps) == 88);
+inline constexpr int CU_MEM_ALLOCATION_TYPE_PINNED = 0x1;
+inline constexpr int CU_MEM_LOCATION_TYPE_DEVICE = 0x1;
+inline constexpr int CU_MEM_HANDLE_TYPE_NONE = 0x0;
+inline constexpr int CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 0x1;
+// CUmemPool_attribute values (their value type is std::uint64_t).
+inline constexpr int CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4;
+inline constexpr int CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5;
+inline constexpr int CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH = 6;
+inline constexpr int CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7;
+inline constexpr int CU_MEMPOOL_ATTR_USED_MEM_HIGH = 8;
+
 // CUresult values cuemm and the simulated driver use.
 enum : CUresult {
   CUDA_SUCCESS = 0,
@@ -194,6 +220,14 @@ inline const CUstream CU_STREAM_PER_THREAD = reinterpret_cast<CUstream>(0x2);
     (CUmodule * module, const void* image, unsigned num_options, int* options, void** values))     \
   X(cuModuleUnload, "cuModuleUnload", (CUmodule module))                                           \
   X(cuModuleGetFunction, "cuModuleGetFunction", (CUfunction * function, CUmodule module, const char* name)) \
+  X(cuMemPoolCreate, "cuMemPoolCreate", (CUmemoryPool * pool, const CUmemPoolProps* properties))   \
+  X(cuMemPoolDestroy, "cuMemPoolDestroy", (CUmemoryPool pool))                                     \
+  X(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", (CUmemoryPool pool, int attribute, void* value)) \
+  X(cuMemPoolGetAttribute, "cuMemPoolGetAttribute", (CUmemoryPool pool, int attribute, void* value)) \
+  X(cuMemPoolTrimTo, "cuMemPoolTrimTo", (CUmemoryPool pool, std::size_t keep_bytes))               \
+  X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync",                                            \
+    (CUdeviceptr * pointer, std::size_t bytes, CUmemoryPool pool, CUstream stream))                \
+  X(cuMemFreeAsync, "cuMemFreeAsync", (CUdeviceptr pointer, CUstream stream))                      \
   X(cuLaunchKernel, "cuLaunchKernel",                                                              \
     (CUfunction function, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,     \
      unsigned block_y, unsigned block_z, unsigned shared_bytes, CUstream stream, void** params,    \

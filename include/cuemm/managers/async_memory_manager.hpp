@@ -1,0 +1,62 @@
+// cuemm/managers/async_memory_manager.hpp: the driver's stream-ordered pool
+// (CUEMM_MEMORY_MANAGER=async).
+//
+// Device memory from cuMemAllocFromPoolAsync on a pool of this manager's own
+// (not the device's default pool, so other libraries' settings do not leak
+// in), freed with cuMemFreeAsync. The EMM interface has no stream, so both run
+// on the legacy default stream: a block freed while blocking-stream work still
+// uses it is reused only after that work. The pool keeps freed memory up to
+// the release threshold (CUEMM_ASYNC_RELEASE_THRESHOLD, default: all of it).
+// Host memory comes from a PinnedHostPool.
+//
+// IPC: the driver cannot export stream-ordered memory with cuIpcGetMemHandle;
+// get_ipc_handle() says so (NotSupported) and names the pool manager, whose
+// blocks can be exported.
+//
+// reset() waits for the device, then gives the pool's free memory back; blocks
+// still held stay valid until released. Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+
+#include "cuemm/memory/host_only_memory_manager.hpp"
+
+namespace cuemm {
+
+struct AsyncOptions {
+  // Freed bytes the pool may keep at a synchronisation point; the rest goes back to the driver.
+  std::uint64_t release_threshold = UINT64_MAX;
+  bool pinned_host_pool = true;
+  static AsyncOptions from_environment();
+};
+
+struct AsyncStatistics {
+  std::uint64_t reserved_bytes = 0;  // held by the driver's pool
+  std::uint64_t used_bytes = 0;      // in blocks not yet freed
+};
+
+class AsyncMemoryManager : public HostOnlyMemoryManager {
+ public:
+  explicit AsyncMemoryManager(Context* context, AsyncOptions options = AsyncOptions::from_environment());
+  ~AsyncMemoryManager() override;
+
+  std::shared_ptr<MemoryPointer> memalloc(std::size_t size) override;
+  IpcHandle get_ipc_handle(const std::shared_ptr<MemoryPointer>& memory) override;
+  // Driver free memory plus the pool's reserved but unused bytes; the device total.
+  MemoryInfo get_memory_info() override;
+  AsyncStatistics statistics() const;
+
+ protected:
+  void on_initialize() override;
+  void on_reset() override;
+
+ private:
+  cuda::CUmemoryPool pool();
+  AsyncOptions options_;
+  std::mutex mutex_;
+  std::atomic<cuda::CUmemoryPool> pool_{nullptr};
+};
+
+}  // namespace cuemm

@@ -1,0 +1,128 @@
+#include "cuemm/managers/async_memory_manager.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "cuemm/driver/driver.hpp"
+#include "cuemm/memory/default_memory_manager.hpp"
+#include "cuemm/memory/detail/recycling_allocator.hpp"
+#include "cuemm/runtime/context.hpp"
+#include "cuemm/runtime/device.hpp"
+#include "util/byte_size.hpp"
+
+namespace cuemm {
+
+AsyncOptions AsyncOptions::from_environment() {
+  AsyncOptions options;
+  if (const char* text = std::getenv("CUEMM_ASYNC_RELEASE_THRESHOLD"); text && *text) {
+    const auto bytes = util::parse_byte_size(text);
+    if (!bytes)
+      throw InvalidArgument(std::string("CUEMM_ASYNC_RELEASE_THRESHOLD must be a byte count such as 1G (got '") +
+                            text + "')");
+    options.release_threshold = *bytes;
+  }
+  return options;
+}
+
+AsyncMemoryManager::AsyncMemoryManager(Context* context, AsyncOptions options)
+    : HostOnlyMemoryManager(context), options_(options) {
+  if (options_.pinned_host_pool) use_pinned_host_pool();
+}
+
+AsyncMemoryManager::~AsyncMemoryManager() {
+  if (cuda::CUmemoryPool pool = pool_.exchange(nullptr)) {
+    try {
+      ScopedContext scope(context());
+      CUEMM_CU_RESULT(cuMemPoolDestroy, pool);  // outstanding blocks keep it alive in the driver
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "cuemm async: destroying the pool failed: %s\n", error.what());
+    }
+  }
+}
+
+cuda::CUmemoryPool AsyncMemoryManager::pool() {
+  if (cuda::CUmemoryPool pool = pool_.load(std::memory_order_acquire)) [[likely]]
+    return pool;
+  std::lock_guard lock(mutex_);
+  if (cuda::CUmemoryPool pool = pool_.load()) return pool;
+  Context& ctx = context();
+  if (!driver::Driver::get().api().cuMemAllocFromPoolAsync)
+    throw CudaError(cuda::CUDA_ERROR_NOT_SUPPORTED, "cuMemAllocFromPoolAsync",
+                    "this driver has no stream-ordered allocator (CUDA 11.2 or later is needed)");
+  cuda::CUmemPoolProps properties{};
+  properties.alloc_type = cuda::CU_MEM_ALLOCATION_TYPE_PINNED;
+  properties.handle_types = cuda::CU_MEM_HANDLE_TYPE_NONE;
+  properties.location = {cuda::CU_MEM_LOCATION_TYPE_DEVICE, ctx.device().id()};
+  ScopedContext scope(ctx);
+  cuda::CUmemoryPool pool = nullptr;
+  CUEMM_CU(cuMemPoolCreate, &pool, &properties);
+  std::uint64_t threshold = options_.release_threshold;
+  if (const cuda::CUresult result = CUEMM_CU_RESULT(cuMemPoolSetAttribute, pool, cuda::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                                                    &threshold)) {
+    CUEMM_CU_RESULT(cuMemPoolDestroy, pool);
+    driver::check(result, "cuMemPoolSetAttribute");
+  }
+  pool_.store(pool, std::memory_order_release);
+  return pool;
+}
+
+void AsyncMemoryManager::on_initialize() { pool(); }
+
+void AsyncMemoryManager::on_reset() {
+  std::lock_guard lock(mutex_);
+  if (cuda::CUmemoryPool pool = pool_.load()) {
+    ScopedContext scope(context());
+    CUEMM_CU(cuCtxSynchronize);  // frees queued on the legacy stream have run
+    CUEMM_CU(cuMemPoolTrimTo, pool, 0);
+  }
+}
+
+std::shared_ptr<MemoryPointer> AsyncMemoryManager::memalloc(std::size_t size) {
+  require_allocation_size(size, "memalloc");
+  cuda::CUmemoryPool pool = this->pool();
+  Context* ctx = &context();
+  ScopedContext scope(*ctx);
+  const cuda::CUdeviceptr pointer = with_flush_and_retry([&] {
+    cuda::CUdeviceptr allocated = 0;
+    CUEMM_CU_ALLOC(size, cuMemAllocFromPoolAsync, &allocated, size, pool, cuda::CU_STREAM_LEGACY);
+    return allocated;
+  });
+  auto release = [ctx, pointer] {
+    ScopedContext release_scope(*ctx);
+    CUEMM_CU(cuMemFreeAsync, pointer, cuda::CU_STREAM_LEGACY);
+  };
+  try {
+    return std::allocate_shared<MemoryPointer>(detail::RecyclingAllocator<MemoryPointer>{}, ctx, pointer, size,
+                                               nullptr, release);
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+IpcHandle AsyncMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer>&) {
+  throw NotSupported(
+      "get_ipc_handle: memory from the stream-ordered pool (CUEMM_MEMORY_MANAGER=async) cannot be exported with an "
+      "IPC handle (the driver refuses cuIpcGetMemHandle on it); use CUEMM_MEMORY_MANAGER=pool for memory that is "
+      "shared between processes");
+}
+
+AsyncStatistics AsyncMemoryManager::statistics() const {
+  AsyncStatistics statistics;
+  if (cuda::CUmemoryPool pool = pool_.load()) {
+    ScopedContext scope(context());
+    CUEMM_CU(cuMemPoolGetAttribute, pool, cuda::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &statistics.reserved_bytes);
+    CUEMM_CU(cuMemPoolGetAttribute, pool, cuda::CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &statistics.used_bytes);
+  }
+  return statistics;
+}
+
+MemoryInfo AsyncMemoryManager::get_memory_info() {
+  MemoryInfo info = driver_memory_info(context());
+  const AsyncStatistics statistics = this->statistics();
+  info.free += statistics.reserved_bytes - std::min(statistics.used_bytes, statistics.reserved_bytes);
+  return info;
+}
+
+}  // namespace cuemm

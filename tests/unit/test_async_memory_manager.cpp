@@ -1,0 +1,84 @@
+// The stream-ordered pool manager: its own driver pool, ordered reuse, the
+// release threshold, and a clear refusal of IPC.
+#include "support/test_support.hpp"
+
+using namespace cuemm;
+
+namespace {
+class Async : public ::testing::Test {
+ protected:
+  Context& context = current_context();
+};
+constexpr std::uint64_t kSpinNanoseconds = 100'000'000;
+}  // namespace
+
+TEST_F(Async, IsABundledManager) {
+  const auto names = bundled_memory_managers();
+  EXPECT_NE(std::find(names.begin(), names.end(), "async"), names.end());
+}
+
+TEST_F(Async, AllocatesFromItsOwnPool) {
+  AsyncMemoryManager manager(&context);
+  manager.initialize();
+  if (simulation::active()) simulation::reset_call_counts();
+  {
+    auto a = manager.memalloc(1 << 20);
+    auto b = manager.memalloc(3 << 20);
+    EXPECT_GE(manager.statistics().used_bytes, 4u << 20);
+    if (simulation::active()) {
+      EXPECT_EQ(simulation::call_count("cuMemAllocFromPoolAsync"), 2u);
+      EXPECT_EQ(simulation::call_count("cuMemAlloc"), 0u);
+    }
+  }
+  context.synchronize();
+  EXPECT_EQ(manager.statistics().used_bytes, 0u);
+}
+
+TEST_F(Async, AFreedBlockIsNotReusedWhileQueuedWorkMayStillWriteIt) {
+  AsyncMemoryManager manager(&context);
+  manager.initialize();
+  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
+  Stream kernel_stream = context.create_stream();
+  Stream copy_stream = context.create_stream();
+  const std::uint64_t count = 1 << 18;
+  auto a = manager.memalloc(count * 4);
+  module.function("cuemm_spin_fill_u32").launch({64}, {256}, kernel_stream, a->device_pointer(), 7u, count,
+                                                kSpinNanoseconds);
+  a.reset();
+  auto b = manager.memalloc(count * 4);
+  std::vector<std::uint32_t> nines(count, 9u);
+  DeviceArray<std::uint32_t> b_array(b, count);
+  b_array.copy_to_device(nines, copy_stream);
+  copy_stream.synchronize();
+  kernel_stream.synchronize();
+  EXPECT_EQ(b_array.copy_to_host(), nines) << "the kernel's late write landed in the reused block";
+}
+
+TEST_F(Async, IpcIsRefusedWithAClearError) {
+  AsyncMemoryManager manager(&context);
+  manager.initialize();
+  auto memory = manager.memalloc(4096);
+  try {
+    manager.get_ipc_handle(memory);
+    FAIL();
+  } catch (const NotSupported& error) {
+    EXPECT_NE(std::string(error.what()).find("CUEMM_MEMORY_MANAGER=pool"), std::string::npos) << error.what();
+  }
+}
+
+TEST_F(Async, MemoryInfoCountsThePoolsUnusedBytes) {
+  AsyncMemoryManager manager(&context);
+  manager.initialize();
+  const MemoryInfo info = manager.get_memory_info();
+  EXPECT_GT(info.total, 0u);
+  EXPECT_LE(info.free, info.total);
+}
+
+TEST_F(Async, TheReleaseThresholdComesFromTheEnvironment) {
+  setenv("CUEMM_ASYNC_RELEASE_THRESHOLD", "256M", 1);
+  EXPECT_EQ(AsyncOptions::from_environment().release_threshold, std::uint64_t{256} << 20);
+  setenv("CUEMM_ASYNC_RELEASE_THRESHOLD", "plenty", 1);
+  EXPECT_THROW(AsyncOptions::from_environment(), InvalidArgument);
+  unsetenv("CUEMM_ASYNC_RELEASE_THRESHOLD");
+  EXPECT_EQ(AsyncOptions::from_environment().release_threshold, UINT64_MAX);
+}
