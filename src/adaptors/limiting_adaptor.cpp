@@ -15,13 +15,14 @@ struct LimitingAdaptor::Cap : AllocationObserver {
 
   void before_allocation(MemoryKind kind, std::size_t size) override {
     if (!counted(kind)) return;
-    // Reserve first, so that racing threads cannot pass the cap together.
-    const std::size_t before = in_use.fetch_add(size);
-    if (size > limit || before > limit - size) {
-      in_use.fetch_sub(size);
-      throw OutOfMemory("LimitingAdaptor", size,
-                        "the limit is " + describe_bytes(limit) + " and " + describe_bytes(before) + " are in use");
-    }
+    // Reserve with a compare-and-swap, so that racing threads cannot pass the
+    // cap together and in_use() never reads above it.
+    std::size_t before = in_use.load();
+    do {
+      if (size > limit || before > limit - size)
+        throw OutOfMemory("LimitingAdaptor", size,
+                          "the limit is " + describe_bytes(limit) + " and " + describe_bytes(before) + " are in use");
+    } while (!in_use.compare_exchange_weak(before, before + size));
   }
   void allocation_failed(MemoryKind kind, std::size_t size) noexcept override {
     if (counted(kind)) in_use.fetch_sub(size);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -21,6 +23,8 @@ namespace {
 constexpr std::size_t kMinimumGrowth = std::size_t{32} << 20;
 constexpr std::uint32_t kMaximumBinCapacity = 512;
 constexpr std::uint32_t kMinimumBinCapacity = 4;
+// Recording an event costs about a microsecond; threads' seals closer than this share one.
+constexpr std::chrono::microseconds kSealInterval{5};
 
 std::size_t round_up(std::size_t value, std::size_t granularity) {
   return (value + granularity - 1) / granularity * granularity;
@@ -82,7 +86,7 @@ struct ThreadCache {
     std::uint32_t capacity = 0;
     std::uint32_t frees_since_advance = 0;
 
-    Freed& at(std::uint32_t i) noexcept { return ring[(head + i) % capacity]; }
+    Freed& at(std::uint32_t i) noexcept { return ring[(head + i) & (capacity - 1)]; }  // capacity: a power of two
   };
 
   SpinLock lock;
@@ -94,10 +98,11 @@ struct ThreadCache {
   explicit ThreadCache(std::size_t budget_) : budget(budget_) {
     std::size_t total = 0;
     for (int c = 0; c < detail::kSizeClassCount; ++c) {
-      // Half the budget per class: room for two sealing batches of the largest class.
-      const std::size_t fit = budget / 2 / detail::size_class_bytes(c);
-      bins[c].capacity = static_cast<std::uint32_t>(
-          std::clamp<std::size_t>(fit, kMinimumBinCapacity, kMaximumBinCapacity));
+      // The whole budget may go to one class (the byte count still caps the
+      // sum): a class's ring holds two sealing batches.
+      const std::size_t fit = budget / detail::size_class_bytes(c);
+      bins[c].capacity = std::bit_floor(static_cast<std::uint32_t>(
+          std::clamp<std::size_t>(fit, kMinimumBinCapacity, kMaximumBinCapacity)));
       total += bins[c].capacity;
     }
     storage = std::make_unique<Freed[]>(total);
@@ -113,7 +118,7 @@ struct ThreadCache {
     Bin& bin = bins[size_class];
     count = std::min(count, bin.count);
     for (std::uint32_t i = 0; i < count; ++i) out[i] = bin.at(i);
-    bin.head = (bin.head + count) % bin.capacity;
+    bin.head = (bin.head + count) & (bin.capacity - 1);
     bin.count -= count;
     bytes.store(bytes.load(std::memory_order_relaxed) - count * detail::size_class_bytes(size_class),
                 std::memory_order_relaxed);
@@ -140,6 +145,7 @@ struct PoolMemoryManager::Core {
   std::size_t quarantined_bytes = 0;
   std::vector<std::unique_ptr<ThreadCache>> caches;
   int defer_depth = 0;
+  std::chrono::steady_clock::time_point last_seal{};
   std::atomic<bool> retired{false};
 
   Core(Context* context_, PoolOptions options_) : context(context_), options(options_) {}
@@ -166,6 +172,20 @@ struct PoolMemoryManager::Core {
     }
     quarantined_bytes -= reclaimed;
     return reclaimed;
+  }
+
+  // Seals the open epoch (at most every kSealInterval: with many threads one
+  // seal covers them all) and looks for completed ones. Skipped when another
+  // thread holds the lock: it is doing the same.
+  void advance_epochs() {
+    std::unique_lock lock(mutex, std::try_to_lock);
+    if (!lock.owns_lock()) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_seal >= kSealInterval) {
+      seal();
+      last_seal = now;
+    }
+    reclaim(false);
   }
 
   // Moves every cached block of every thread into the quarantine.
@@ -275,7 +295,7 @@ struct PoolMemoryManager::Core {
         ThreadCache::Bin& bin = cache.bins[size_class];
         if (bin.count && epochs.is_safe(bin.at(0).epoch)) [[likely]] {
           const std::uintptr_t address = bin.at(0).address;
-          bin.head = (bin.head + 1) % bin.capacity;
+          bin.head = (bin.head + 1) & (bin.capacity - 1);
           --bin.count;
           cache.bytes.store(cache.bytes.load(std::memory_order_relaxed) - detail::size_class_bytes(size_class),
                             std::memory_order_relaxed);
@@ -287,9 +307,7 @@ struct PoolMemoryManager::Core {
         if (advance) bin.frees_since_advance = 0;
       }
       if (!advance) break;
-      std::lock_guard lock(mutex);
-      seal();
-      reclaim(false);
+      advance_epochs();
     }
     std::lock_guard lock(mutex);
     return allocate_from_index(detail::size_class_bytes(size_class), options.maximum_size);
