@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Every test: set up, build, run the C++ suite (ctest) on the simulated driver
-# (the real one where a GPU is usable), then classic Numba's own cudadrv tests
-# against the simulated driver. Ends with one summary line.
+# (the real one where a GPU is usable), the Python package's tests (pytest), and
+# classic Numba's own cudadrv tests against the simulated driver, with Numba's
+# default manager and with cuemm's plugin. Ends with one summary line.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$root/build}
 "$root/scripts/setup.sh"
-"$root/scripts/build.sh"
+# Debian's python3 is the one with python3-numba (pyenv or a venv may come first on PATH).
+"$root/scripts/build.sh" -DPython_EXECUTABLE=/usr/bin/python3
 
 status=0
 echo "== C++ tests (ctest)"
@@ -21,8 +23,15 @@ fi
 echo "== install, and use through find_package(cuemm)"
 "$root/scripts/check-install.sh" || status=1
 
-echo "== classic Numba cudadrv tests on the simulated driver"
-(cd /tmp && /usr/bin/python3 "$root/tests/numba/classic_numba_cudadrv.py" "$build/lib/libcuemm_simdriver.so") || status=1
+sim_driver="$build/lib/libcuemm_simdriver.so"
+echo "== the Python package and its Numba plugin (pytest, simulated driver)"
+(cd /tmp && PYTHONPATH="$build/python" CUEMM_DRIVER=sim NUMBA_CUDA_DRIVER="$sim_driver" \
+  /usr/bin/python3 -m pytest -q -p no:cacheprovider "$root/tests/python") || status=1
+
+echo "== classic Numba cudadrv tests on the simulated driver: default manager, then cuemm's plugin"
+(cd /tmp && /usr/bin/python3 "$root/tests/numba/classic_numba_cudadrv.py" "$sim_driver") || status=1
+(cd /tmp && PYTHONPATH="$build/python" CUEMM_DRIVER=sim NUMBA_CUDA_MEMORY_MANAGER=cuemm \
+  /usr/bin/python3 "$root/tests/numba/classic_numba_cudadrv.py" "$sim_driver") || status=1
 
 if ((status)); then echo "run-tests: FAILED"; else echo "run-tests: all passed"; fi
 exit $status

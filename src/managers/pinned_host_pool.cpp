@@ -6,6 +6,7 @@
 #include <deque>
 #include <list>
 #include <map>
+#include <set>
 #include <mutex>
 #include <tuple>
 #include <vector>
@@ -44,6 +45,7 @@ struct PinnedHostPool::State {
     cuda::CUdeviceptr device;  // 0 unless mapped
     std::size_t bytes;
     unsigned flags;
+    bool dead = false;  // freed by release_everything() while handed out
   };
   struct Freed {
     Block* block;
@@ -57,6 +59,7 @@ struct PinnedHostPool::State {
     bool mapped;
     cuda::CUdeviceptr device;
     std::list<Registration*>::iterator in_cache;  // valid while cached
+    bool dead = false;
   };
   using RegistrationKey = std::tuple<std::uintptr_t, std::size_t, bool>;
 
@@ -70,6 +73,8 @@ struct PinnedHostPool::State {
   std::map<RegistrationKey, Registration*> registration_index;  // cached ones only
   std::size_t registration_bytes = 0;
   PinnedHostPoolStatistics counters;
+  std::set<Block*> handed_out;
+  std::set<Registration*> pinned_out;
   bool closed = false;  // the pool is gone: released memory is freed at once
 
   State(Context& context_, PinnedHostPoolOptions options_)
@@ -148,8 +153,15 @@ struct PinnedHostPool::State {
   static void release(Block* block) noexcept {
     State& state = *block->state;
     std::vector<Block*> evicted;
+    std::shared_ptr<State> keep;  // outlives the lock below
     {
       std::lock_guard lock(state.mutex);
+      state.handed_out.erase(block);
+      if (block->dead) {
+        keep = std::move(block->state);
+        delete block;
+        return;
+      }
       if (!state.closed) {
         try {
           state.free_lists[{block->flags, block->bytes}].push_back({block, state.epochs.tag()});
@@ -173,8 +185,15 @@ struct PinnedHostPool::State {
   static void release(Registration* registration) noexcept {
     State& state = *registration->state;
     std::vector<Registration*> evicted;
+    std::shared_ptr<State> keep;  // outlives the lock below
     {
       std::lock_guard lock(state.mutex);
+      state.pinned_out.erase(registration);
+      if (registration->dead) {
+        keep = std::move(registration->state);
+        delete registration;
+        return;
+      }
       if (!state.closed && registration->size <= state.options.registration_cache_bytes) {
         try {
           const RegistrationKey key{reinterpret_cast<std::uintptr_t>(registration->pointer), registration->size,
@@ -243,6 +262,10 @@ std::shared_ptr<MemoryPointer> PinnedHostPool::allocate(std::size_t size, bool m
     std::lock_guard lock(state_->mutex);
     state_->counters.allocated_bytes += bytes;
   }
+  {
+    std::lock_guard lock(state_->mutex);
+    state_->handed_out.insert(block);
+  }
   try {
     auto finalizer = [block] { State::release(block); };
     if (mapped) return std::make_shared<MappedMemory>(state_->context, block->host, block->device, size, nullptr, finalizer);
@@ -296,6 +319,10 @@ std::shared_ptr<MemoryPointer> PinnedHostPool::pin(std::shared_ptr<const void> o
     }
     registration = new State::Registration{state_, owner, pointer, size, mapped, device, {}};
   }
+  {
+    std::lock_guard lock(state.mutex);
+    state.pinned_out.insert(registration);
+  }
   try {
     auto finalizer = [registration] { State::release(registration); };
     if (mapped)
@@ -329,6 +356,28 @@ std::size_t PinnedHostPool::trim() {
     delete registration;
   }
   return freed;
+}
+
+void PinnedHostPool::release_everything() {
+  std::vector<State::Block*> blocks;
+  std::vector<State::Registration*> registrations;
+  {
+    std::lock_guard lock(state_->mutex);
+    state_->closed = true;
+    for (State::Block* block : state_->handed_out) {
+      block->dead = true;
+      blocks.push_back(block);
+      state_->counters.allocated_bytes -= block->bytes;
+    }
+    for (State::Registration* registration : state_->pinned_out) {
+      registration->dead = true;
+      registrations.push_back(registration);
+    }
+  }
+  trim();
+  // Handed-out records stay (their pointers still name them); only the memory goes.
+  for (State::Block* block : blocks) State::free_block(block);
+  for (State::Registration* registration : registrations) State::unregister(registration);
 }
 
 PinnedHostPoolStatistics PinnedHostPool::statistics() const {

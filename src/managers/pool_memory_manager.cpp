@@ -382,6 +382,7 @@ struct PoolMemoryManager::Core {
       cache->bytes = 0;
     }
     epochs.retire();
+    if (!context) return;  // the version-probe instance never touched the driver
     try {
       ScopedContext scope(*context);
       CUEMM_CU_RESULT(cuCtxSynchronize);  // blocks in use may still be read by queued work

@@ -25,7 +25,8 @@ void ReuseEpochs::seal() noexcept {
   } catch (const std::exception& error) {
     // Without an event, wait for the device: slower, still safe.
     std::fprintf(stderr, "cuemm: cannot record a reuse event (%s); synchronising instead\n", error.what());
-    if (entry.event) spare_events_.push_back(entry.event);
+    // The event may be stale (its context was reset): never reuse it.
+    if (entry.event) CUEMM_CU_RESULT(cuEventDestroy, entry.event);
     CUEMM_CU_RESULT(cuCtxSynchronize);
     sealed_.push_back({closed, nullptr});
   }
@@ -56,6 +57,7 @@ bool ReuseEpochs::poll_until_safe(std::uint64_t epoch, std::chrono::nanoseconds 
 }
 
 void ReuseEpochs::retire() noexcept {
+  if (sealed_.empty() && spare_events_.empty()) return;  // (also: a manager made without a context)
   try {
     ScopedContext scope(*context_);
     for (auto& entry : sealed_) {

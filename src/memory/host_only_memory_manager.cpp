@@ -75,7 +75,8 @@ void HostOnlyMemoryManager::use_pinned_host_pool(PinnedHostPoolOptions options) 
 
 PinnedHostPool* HostOnlyMemoryManager::pinned_host_pool() {
   if (!host_pool_options_ || !has_context()) return nullptr;
-  std::call_once(host_pool_made_, [&] { host_pool_ = std::make_unique<PinnedHostPool>(context(), *host_pool_options_); });
+  std::lock_guard lock(host_pool_mutex_);
+  if (!host_pool_) host_pool_ = std::make_shared<PinnedHostPool>(context(), *host_pool_options_);
   return host_pool_.get();
 }
 
@@ -115,7 +116,12 @@ void HostOnlyMemoryManager::reset() {
     }
   }
   deallocations().flush_all();
-  if (host_pool_options_ && has_context()) pinned_host_pool()->trim();
+  std::shared_ptr<PinnedHostPool> host_pool;
+  {
+    std::lock_guard lock(host_pool_mutex_);
+    host_pool = std::move(host_pool_);  // the next host allocation makes a fresh pool
+  }
+  if (host_pool) host_pool->release_everything();
   on_reset();
 }
 

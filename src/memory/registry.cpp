@@ -137,6 +137,20 @@ std::vector<std::string> bundled_memory_managers() {
   return names;
 }
 
+std::unique_ptr<BaseMemoryManager> make_bundled_memory_manager(const std::string& name, Context* context) {
+  Registry& table = registry();
+  MemoryManagerFactory factory;
+  {
+    std::lock_guard lock(table.mutex);
+    auto it = table.bundled.find(name);
+    if (it == table.bundled.end())
+      throw InvalidArgument("no bundled memory manager is called '" + name + "' (there are: " + bundled_names(table) +
+                            ")");
+    factory = it->second;
+  }
+  return factory(context);
+}
+
 namespace detail {
 
 std::unique_ptr<BaseMemoryManager> create_memory_manager(Context& context) {

@@ -180,3 +180,28 @@ TEST_F(HostPool, ThePoolManagerUsesIt) {
   PoolMemoryManager without(&context, options);
   EXPECT_EQ(without.pinned_host_pool(), nullptr);
 }
+
+TEST_F(HostPool, ReleasingEverythingFreesBlocksStillHeld) {
+  CUEMM_REQUIRE_SIMULATION();
+  const auto before = simulation::live_allocations(simulation::AllocationKind::PinnedHost);
+  PinnedHostPool pool(context);
+  auto held = pool.allocate(8192, true, false, false);
+  pool.allocate(8192, false, false, false).reset();
+  pool.release_everything();
+  EXPECT_EQ(simulation::live_allocations(simulation::AllocationKind::PinnedHost), before);
+  held.reset();  // already freed: nothing happens
+  EXPECT_EQ(simulation::live_allocations(simulation::AllocationKind::PinnedHost), before);
+}
+
+TEST_F(HostPool, AManagersResetFreesItsHostMemory) {
+  CUEMM_REQUIRE_SIMULATION();
+  const auto before = simulation::live_allocations(simulation::AllocationKind::PinnedHost);
+  PoolMemoryManager manager(&context);
+  manager.initialize();
+  auto held = manager.memhostalloc(4096, false, false, false);
+  manager.reset();
+  EXPECT_EQ(simulation::live_allocations(simulation::AllocationKind::PinnedHost), before);
+  held.reset();
+  auto fresh = manager.memhostalloc(4096, true, false, false);  // a new pool serves after the reset
+  EXPECT_NE(fresh->device_pointer(), 0u);
+}

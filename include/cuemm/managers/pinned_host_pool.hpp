@@ -53,6 +53,10 @@ class PinnedHostPool {
                                      bool mapped);
   // Frees every cached block and registration; returns the bytes freed.
   std::size_t trim();
+  // Frees everything, blocks still handed out included (their pointers become
+  // dead: releasing them later does nothing), and takes no more back. For a
+  // manager's reset(), after which the context may be reset too.
+  void release_everything();
   PinnedHostPoolStatistics statistics() const;
 
   struct State;  // implementation, shared with the blocks' finalizers

@@ -14,7 +14,8 @@
 //
 // A subclass may call use_pinned_host_pool() in its constructor: pinned and
 // mapped host memory and pinned ranges then come from a PinnedHostPool
-// (cached, reused once safe; reset() trims it) instead of the driver.
+// (cached, reused once safe) instead of the driver. reset() frees all of it,
+// blocks still held included, as Numba's reset frees all host memory.
 #pragma once
 
 #include <cstddef>
@@ -99,8 +100,8 @@ class HostOnlyMemoryManager : public BaseMemoryManager {
 
   DeallocationPolicy policy_;
   std::optional<PinnedHostPoolOptions> host_pool_options_;
-  std::once_flag host_pool_made_;
-  std::unique_ptr<PinnedHostPool> host_pool_;
+  std::mutex host_pool_mutex_;
+  std::shared_ptr<PinnedHostPool> host_pool_;
   std::shared_ptr<Tracker> tracker_;
   bool capacity_known_ = false;
 };

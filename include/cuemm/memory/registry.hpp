@@ -41,6 +41,10 @@ std::string memory_manager_name();
 // The bundled managers CUEMM_MEMORY_MANAGER accepts by name.
 std::vector<std::string> bundled_memory_managers();
 
+// A new instance of the bundled manager `name` for `context` (the Numba bridge
+// makes its own); InvalidArgument lists the bundled names for an unknown one.
+std::unique_ptr<BaseMemoryManager> make_bundled_memory_manager(const std::string& name, Context* context);
+
 namespace detail {
 // Used by Context: makes its manager and records that a context exists.
 std::unique_ptr<BaseMemoryManager> create_memory_manager(Context& context);

@@ -1,0 +1,130 @@
+"""cuemm: CUDA memory managers in C++, usable from Numba.
+
+    import cuemm
+    cuemm.use_cuemm_for_numba("pool", initial_size="1G")   # or NUMBA_CUDA_MEMORY_MANAGER=cuemm
+    from numba import cuda
+    d = cuda.device_array(1 << 20)
+    print(cuemm.statistics()["device"]["current_bytes"])
+
+Importing cuemm does not import Numba; the plugin class is made on first use.
+The manager and its options also come from the environment: CUEMM_MEMORY_MANAGER
+(pool, async or default; pool when unset), CUEMM_POOL_INITIAL_SIZE, CUEMM_ADAPTORS,
+CUEMM_LOG_FILE and the others listed in the README.
+"""
+
+import os
+
+from . import _core
+from ._core import CudaError
+
+__all__ = [
+    "use_cuemm_for_numba",
+    "statistics",
+    "write_log",
+    "plot",
+    "bundled_managers",
+    "CudaError",
+]
+
+# Options of use_cuemm_for_numba(), by manager, and the variables they set.
+_OPTION_VARIABLES = {
+    "pool": {
+        "initial_size": "CUEMM_POOL_INITIAL_SIZE",
+        "maximum_size": "CUEMM_POOL_MAXIMUM_SIZE",
+        "thread_cache_size": "CUEMM_POOL_THREAD_CACHE_SIZE",
+        "pinned_host_pool": "CUEMM_PINNED_HOST_POOL",
+    },
+    "async": {"release_threshold": "CUEMM_ASYNC_RELEASE_THRESHOLD"},
+    "default": {},
+}
+_COMMON_VARIABLES = {"adaptors": "CUEMM_ADAPTORS", "limit": "CUEMM_LIMIT", "log_file": "CUEMM_LOG_FILE"}
+
+
+def bundled_managers():
+    """The names use_cuemm_for_numba() accepts."""
+    return list(_core.bundled_managers())
+
+
+def use_cuemm_for_numba(manager=None, *, log=False, **options):
+    """Makes Numba allocate through cuemm's `manager` ("pool", "async" or "default").
+
+    Options are the manager's (pool: initial_size, maximum_size, thread_cache_size,
+    pinned_host_pool; async: release_threshold) and, for any manager, adaptors,
+    limit and log_file; sizes may be numbers or strings such as "512M". log=True
+    keeps a CSV log in memory for write_log() and plot(). Call it before Numba
+    creates a context (before the first allocation or kernel launch).
+    """
+    manager = manager or os.environ.get("CUEMM_MEMORY_MANAGER") or "pool"
+    if manager not in _OPTION_VARIABLES:
+        raise ValueError(f"unknown cuemm manager {manager!r}; choose one of {sorted(_OPTION_VARIABLES)}")
+    known = dict(_COMMON_VARIABLES, **_OPTION_VARIABLES[manager])
+    for name, value in options.items():
+        if name not in known:
+            raise TypeError(f"the {manager} manager has no option {name!r} (options: {', '.join(sorted(known))})")
+        if isinstance(value, bool):
+            value = int(value)
+        os.environ[known[name]] = str(value)
+    os.environ["CUEMM_MEMORY_MANAGER"] = manager
+    if log:
+        os.environ["CUEMM_LOG"] = "1"
+    from numba import cuda
+    from .numba_plugin import CuemmNumbaManager
+
+    cuda.set_memory_manager(CuemmNumbaManager)
+
+
+def _bridges():
+    from .numba_plugin import bridges
+
+    return bridges()
+
+
+def statistics(device=None):
+    """Counts of what cuemm handed out to Numba on `device` (default: the current one)."""
+    bridge = _bridge_for(device)
+    return bridge.statistics()
+
+
+def write_log(path, device=None):
+    """Writes the CSV log of this process's allocations (needs log=True or CUEMM_LOG=1)."""
+    text = _log_text(device)
+    with open(path, "w") as out:
+        out.write(text)
+
+
+def plot(path, device=None):
+    """Writes an SVG picture of live device memory over time, from the CSV log."""
+    from ._plot import svg_from_log
+
+    with open(path, "w") as out:
+        out.write(svg_from_log(_log_text(device)))
+
+
+def _log_text(device):
+    bridge = _bridge_for(device)
+    if not bridge.logging:
+        raise RuntimeError("cuemm keeps no log: call use_cuemm_for_numba(log=True) or set CUEMM_LOG=1 first")
+    return bridge.log_text()
+
+
+def _bridge_for(device):
+    bridges = _bridges()
+    if not bridges:
+        raise RuntimeError("cuemm has not allocated anything for Numba yet (no context uses it)")
+    if device is None:
+        from numba import cuda
+
+        device = cuda.get_current_device().id
+    if device not in bridges:
+        raise ValueError(f"cuemm serves no context on device {device} (it serves {sorted(bridges)})")
+    return bridges[device]
+
+
+def __getattr__(name):
+    # NUMBA_CUDA_MEMORY_MANAGER=cuemm imports this module and reads
+    # _numba_memory_manager: made here, so that `import cuemm` needs no Numba.
+    if name == "_numba_memory_manager":
+        from .numba_plugin import CuemmNumbaManager
+
+        return CuemmNumbaManager
+    raise AttributeError(f"module 'cuemm' has no attribute {name!r}")

@@ -1,0 +1,182 @@
+"""The Numba EMM plugin: every Numba allocation through cuemm's C++ managers.
+
+Selected with NUMBA_CUDA_MEMORY_MANAGER=cuemm or cuemm.use_cuemm_for_numba().
+Implements the whole BaseCUDAMemoryManager: device memory from the chosen
+manager (pool by default), pinned and mapped host memory from its pinned host
+pool, managed memory, IPC handles with the block's offset in its segment,
+real memory info, reset and defer_cleanup.
+
+Works with numba-cuda (pointers as cuda.bindings objects) and with classic
+Numba's own CUDA target (ctypes pointers).
+
+defer_cleanup(): while the context manager is active, host memory released
+by Numba stays pending and the pool returns no memory to the driver (blocks
+are still reused within the pool, which is safe: reuse waits for the GPU).
+"""
+
+import contextlib
+import ctypes
+import os
+import sys
+import threading
+import weakref
+
+from numba.cuda.cudadrv import driver as _driver
+
+from . import _core
+
+_USE_NV_BINDING = getattr(_driver, "USE_NV_BINDING", False)
+
+if _USE_NV_BINDING:
+    _binding = _driver.binding
+
+    def _device_pointer(address):
+        return _binding.CUdeviceptr(address)
+
+    def _host_pointer(address):
+        return address
+
+    def _address_of(pointer):
+        return int(pointer)
+
+    def _ipc_mem_handle(raw):
+        handle = _binding.CUipcMemHandle()
+        handle.reserved = raw
+        return handle
+
+else:
+    from numba.cuda.cudadrv import drvapi as _drvapi
+
+    _device_pointer = _drvapi.cu_device_ptr
+    _host_pointer = ctypes.c_void_p
+
+    def _address_of(pointer):
+        return pointer if isinstance(pointer, int) else pointer.value
+
+    def _ipc_mem_handle(raw):
+        return _drvapi.cu_ipc_mem_handle.from_buffer_copy(raw)
+
+
+_bridges = {}  # device id -> _core.Bridge, shared by the contexts Numba makes for it
+_bridges_lock = threading.Lock()
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_NUMBA_DIR = os.path.dirname(os.path.dirname(os.path.abspath(_driver.__file__)))
+
+
+def bridges():
+    with _bridges_lock:
+        return dict(_bridges)
+
+
+def _bridge_for_device(device):
+    with _bridges_lock:
+        bridge = _bridges.get(device)
+        if bridge is None:
+            manager = os.environ.get("CUEMM_MEMORY_MANAGER") or "pool"
+            bridge = _core.Bridge(device, manager, log=os.environ.get("CUEMM_LOG") == "1")
+            _bridges[device] = bridge
+        return bridge
+
+
+def _caller():
+    """file:line of the first caller outside Numba and cuemm (for the log)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not path.startswith(_NUMBA_DIR) and not path.startswith(_PACKAGE_DIR):
+            return f"{path}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""
+
+
+class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
+    """cuemm's memory manager for Numba (EMM plugin interface version 1)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._bridge = None
+        # Mapped and managed memory is handed out through own(), whose
+        # reference is weak: these keep the pointers alive until released.
+        self._owned = {}
+
+    # --- the plugin interface ---
+
+    def initialize(self):
+        self._get_bridge().initialize()
+
+    def memalloc(self, size):
+        bridge = self._get_bridge()
+        allocation = bridge.memalloc(size, _caller() if bridge.logging else "")
+        return _driver.MemoryPointer(weakref.proxy(self.context), _device_pointer(allocation.address), size,
+                                     finalizer=allocation.release)
+
+    def memhostalloc(self, size, mapped=False, portable=False, wc=False):
+        bridge = self._get_bridge()
+        allocation = bridge.memhostalloc(size, mapped, portable, wc, _caller() if bridge.logging else "")
+        context = weakref.proxy(self.context)
+        pointer = _host_pointer(allocation.host_address)
+        if mapped:
+            return self._owned_pointer(_driver.MappedMemory, context, pointer, size, allocation)
+        return _driver.PinnedMemory(context, pointer, size, finalizer=allocation.release)
+
+    def mempin(self, owner, pointer, size, mapped=False):
+        address = _address_of(pointer)
+        allocation = self._get_bridge().mempin(owner, address, size, mapped)
+        context = weakref.proxy(self.context)
+        if isinstance(pointer, int) and not _USE_NV_BINDING:
+            pointer = ctypes.c_void_p(pointer)
+        if mapped:
+            return self._owned_pointer(_driver.MappedMemory, context, pointer, size, allocation, owner=owner)
+        return _driver.PinnedMemory(context, pointer, size, owner=owner, finalizer=allocation.release)
+
+    def memallocmanaged(self, size, attach_global=True):
+        allocation = self._get_bridge().memallocmanaged(size, attach_global)
+        return self._owned_pointer(_driver.ManagedMemory, weakref.proxy(self.context),
+                                   _device_pointer(allocation.address), size, allocation)
+
+    def get_ipc_handle(self, memory):
+        raw, offset, _ = self._get_bridge().ipc_handle(_address_of(memory.handle), memory.size)
+        source_info = self.context.device.get_device_identity()
+        return _driver.IpcHandle(memory, _ipc_mem_handle(raw), memory.size, source_info, offset=offset)
+
+    def get_memory_info(self):
+        free, total = self._get_bridge().memory_info()
+        return _driver.MemoryInfo(free=free, total=total)
+
+    def reset(self):
+        if self._bridge is not None:
+            self._bridge.reset()
+        self._owned.clear()
+
+    @contextlib.contextmanager
+    def defer_cleanup(self):
+        with self._get_bridge().defer_cleanup():
+            yield
+
+    @property
+    def interface_version(self):
+        return 1
+
+    # --- helpers ---
+
+    def _get_bridge(self):
+        if self._bridge is None:
+            if self.context is None:
+                raise RuntimeError("this cuemm manager was made without a context (the version probe)")
+            device = getattr(self.context.device, "id", None)
+            if not isinstance(device, int):  # a context attached from elsewhere: ask the driver
+                device = _core.current_device()
+            self._bridge = _bridge_for_device(device)
+        return self._bridge
+
+    def _owned_pointer(self, kind, context, pointer, size, allocation, owner=None):
+        owned = self._owned
+        key = id(allocation)
+
+        def release():
+            owned.pop(key, None)
+            allocation.release()
+
+        memory = kind(context, pointer, size, owner=owner, finalizer=release)
+        owned[key] = memory
+        return memory.own()

@@ -1,0 +1,207 @@
+"""The cuemm package and its Numba plugin, on whichever driver Numba uses
+(the simulated one here through NUMBA_CUDA_DRIVER, libcuda on a GPU)."""
+import subprocess
+import sys
+
+import pytest
+
+PLUGIN = {"NUMBA_CUDA_MEMORY_MANAGER": "cuemm"}
+
+
+def test_import_needs_no_numba(run_python):
+    out = run_python("""
+        import sys, cuemm
+        assert "numba" not in sys.modules
+        print(sorted(cuemm.bundled_managers()))
+        cuemm._numba_memory_manager   # made on first use, importing Numba then
+        assert "numba" in sys.modules
+    """)
+    assert "pool" in out and "async" in out
+
+
+def test_bad_choices_are_clear_errors(run_python):
+    run_python("""
+        import cuemm
+        for call, error, words in [
+            (lambda: cuemm.use_cuemm_for_numba("sparkly"), ValueError, "sparkly"),
+            (lambda: cuemm.use_cuemm_for_numba("pool", colour="red"), TypeError, "colour"),
+        ]:
+            try:
+                call()
+            except error as caught:
+                assert words in str(caught), caught
+            else:
+                raise AssertionError("no error")
+    """)
+
+
+def test_device_arrays_round_trip_and_are_counted(run_python):
+    run_python("""
+        import numpy as np
+        from numba import cuda
+        import cuemm
+        assert type(cuda.current_context().memory_manager).__name__ == "CuemmNumbaManager"
+        arrays = [np.arange(n, dtype=np.float64) for n in (1, 100, 10_000, 1_000_000)]
+        device = [cuda.to_device(a) for a in arrays]
+        for a, d in zip(arrays, device):
+            assert (d.copy_to_host() == a).all()
+        stats = cuemm.statistics()
+        assert stats["device"]["current_count"] == 4, stats
+        assert stats["device"]["current_bytes"] == sum(a.nbytes for a in arrays), stats
+        del device, d
+        import gc; gc.collect()
+        cuda.current_context().deallocations.clear()
+        assert cuemm.statistics()["device"]["current_bytes"] == 0
+        info = cuda.current_context().get_memory_info()
+        assert 0 < info.free <= info.total
+    """, **PLUGIN)
+
+
+def test_pinned_mapped_and_pinned_ranges(run_python):
+    run_python("""
+        import numpy as np
+        from numba import cuda
+        from numba.cuda.cudadrv import driver
+        import cuemm
+        for n in (512, 1 << 17):
+            p = cuda.pinned_array(n, dtype=np.float32)
+            p[:] = 2
+            d = cuda.to_device(p)
+            assert (d.copy_to_host() == 2).all()
+            m = cuda.mapped_array(n, dtype=np.float32)
+            m[:] = 3
+            seen = np.zeros(n, dtype=np.float32)
+            driver.device_to_host(seen, m.gpu_data, m.nbytes)  # read through the device mapping
+            assert (seen == 3).all()
+        host = np.ones(4096)
+        with cuda.pinned(host):
+            d = cuda.to_device(host)
+        assert (d.copy_to_host() == 1).all()
+        stats = cuemm.statistics()
+        assert stats["pinned"]["total_count"] >= 3 and stats["mapped"]["total_count"] >= 2, stats
+    """, **PLUGIN)
+
+
+CHILD = """
+import pickle, sys
+from numba import cuda
+with open(sys.argv[1], "rb") as source:
+    handle = pickle.load(source)
+with handle as array:
+    values = array.copy_to_host().tolist()
+assert values == list(range(1000)), values[:10]
+print("child ok")
+"""
+
+
+def test_ipc_handles_carry_the_offset_of_suballocated_blocks(run_python, tmp_path):
+    payload, child = tmp_path / "handle.pickle", tmp_path / "child.py"
+    child.write_text(CHILD)
+    out = run_python(f"""
+        import pickle, subprocess, sys
+        import numpy as np
+        from numba import cuda
+        first = cuda.to_device(np.zeros(1000, dtype=np.int32))
+        second = cuda.to_device(np.arange(1000, dtype=np.int32))
+        handle = second.get_ipc_handle()
+        print("offset", handle._ipc_handle.offset)
+        with open({str(payload)!r}, "wb") as out:
+            pickle.dump(handle, out)
+        result = subprocess.run([sys.executable, {str(child)!r}, {str(payload)!r}], capture_output=True, text=True,
+                                timeout=120)
+        print(result.stdout, result.stderr)
+        assert result.returncode == 0
+    """, **PLUGIN)
+    assert "child ok" in out
+    assert "offset 0" not in out, "the second block should sit inside a segment, not at its start"
+
+
+def test_the_log_the_statistics_and_the_plot(run_python, tmp_path):
+    log, svg = tmp_path / "log.csv", tmp_path / "memory.svg"
+    run_python(f"""
+        import numpy as np
+        from numba import cuda
+        import cuemm
+        cuemm.use_cuemm_for_numba("pool", log=True)
+        a = cuda.device_array(1000)
+        b = cuda.device_array(2000)
+        del a
+        cuemm.write_log({str(log)!r})
+        cuemm.plot({str(svg)!r})
+    """)
+    lines = log.read_text().splitlines()
+    assert lines[0].startswith("Event Type,Device ID,Address,Stream,Size (bytes)")
+    allocs = [line for line in lines if line.startswith("Alloc,")]
+    assert len(allocs) == 2 and ",8000," in allocs[0] and ",16000," in allocs[1]
+    assert "<string>" in allocs[0], "the Python caller should be the location"
+    assert any(line.startswith("Free,") for line in lines)
+    assert svg.read_text().startswith("<svg") and "polyline" in svg.read_text()
+
+
+def test_threads_allocate_safely(run_python):
+    run_python("""
+        import threading
+        import numpy as np
+        from numba import cuda
+        errors = []
+        def work(seed):
+            try:
+                for i in range(50):
+                    a = np.full(1000 + seed * 10 + i, seed, dtype=np.int64)
+                    d = cuda.to_device(a)
+                    if not (d.copy_to_host() == seed).all():
+                        errors.append(seed)
+            except Exception as error:
+                errors.append(error)
+        cuda.current_context()
+        threads = [threading.Thread(target=work, args=(s,)) for s in range(8)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        assert not errors, errors
+    """, **PLUGIN)
+
+
+def test_bad_input_raises_python_errors(run_python):
+    run_python("""
+        from numba import cuda
+        import cuemm
+        manager = cuda.current_context().memory_manager
+        for bad, error in [(-5, ValueError), (0, ValueError), ("x", TypeError), (2**62, MemoryError)]:
+            try:
+                manager.memalloc(bad)
+            except error:
+                pass
+            else:
+                raise AssertionError(f"memalloc({bad!r}) did not raise {error.__name__}")
+        bridge = manager._get_bridge()
+        allocation = bridge.memalloc(100)
+        allocation.release()
+        allocation.release()  # twice is harmless
+        try:
+            allocation.address
+        except RuntimeError as error:
+            assert "released" in str(error)
+        else:
+            raise AssertionError("a released allocation still has an address")
+    """, **PLUGIN)
+
+
+def test_defer_cleanup_reset_and_the_async_manager(run_python):
+    run_python("""
+        from numba import cuda
+        import cuemm
+        cuemm.use_cuemm_for_numba("async")
+        with cuda.defer_cleanup():
+            d = cuda.device_array(1000)
+            del d
+        a = cuda.device_array(100)
+        try:
+            a.get_ipc_handle()
+        except NotImplementedError as error:
+            assert "CUEMM_MEMORY_MANAGER=pool" in str(error)
+        else:
+            raise AssertionError("the async manager exported an IPC handle")
+        cuda.current_context().reset()
+        b = cuda.to_device([1, 2, 3])
+        assert list(b.copy_to_host()) == [1, 2, 3]
+    """)
