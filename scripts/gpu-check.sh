@@ -6,7 +6,8 @@
 #   1. build cuemm there
 #   2. the whole C++ suite on the real driver (CUEMM_DRIVER=cuda)
 #   3. the seed's example on the real driver
-#   4. numba-cuda's suite with and without the cuemm plugin   (when the bridge exists)
+#   4. the Python package: pytest, pip install of the package, numba-cuda's own suite with and
+#      without the cuemm plugin (tests/numba/compare_numba_cuda_suite.py), Numba allocation speed
 #   5. the allocation benchmarks (Google Benchmark from .carry/benchmark: Debian's libbenchmark.so and headers)
 # Prints a short summary last. Logs go to $OUT when it is set.
 set -uo pipefail
@@ -22,6 +23,9 @@ summary+=("gpu: $(head -1 "$logs/gpu.txt")")
 gtest_args=()
 [ -d "$root/.carry/googletest" ] && gtest_args+=(-DCUEMM_GTEST_SOURCE_DIR="$root/.carry/googletest")
 [ -d "$root/.carry/benchmark" ] && gtest_args+=(-DCUEMM_BENCHMARK_ROOT="$root/.carry/benchmark")
+python=$(command -v python3)
+pybind11_dir=$("$python" -m pybind11 --cmakedir 2>/dev/null || true)
+[ -n "$pybind11_dir" ] && gtest_args+=(-Dpybind11_DIR="$pybind11_dir" -DPython_EXECUTABLE="$python")
 if CMAKE_POLICY_VERSION_MINIMUM=3.5 BUILD_DIR=$build "$root/scripts/build.sh" -DCUEMM_TEST_DRIVER=cuda \
     "${gtest_args[@]}" >"$logs/build.log" 2>&1; then
   summary+=("build: ok")
@@ -41,6 +45,24 @@ CUEMM_DRIVER=cuda "$build/bin/zeros_to_device" >"$logs/example.log" 2>&1
 example_status=$?
 cat "$logs/example.log"
 summary+=("example (real driver): exit $example_status")
+
+if [ -d "$build/python/cuemm" ] && [ "${CUEMM_GPU_SKIP_PYTHON:-0}" != 1 ]; then
+  (cd /tmp && PYTHONPATH="$build/python" CUEMM_DRIVER=cuda "$python" -m pytest -q -p no:cacheprovider "$root/tests/python") \
+    >"$logs/pytest.log" 2>&1
+  summary+=("pytest (real driver): $(tail -1 "$logs/pytest.log")")
+  (cd "$root" && CMAKE_POLICY_VERSION_MINIMUM=3.5 "$python" -m pip install --no-build-isolation --no-deps \
+      --target /tmp/cuemm-pip . >"$logs/pip.log" 2>&1 &&
+    cd /tmp && PYTHONPATH=/tmp/cuemm-pip "$python" -c "import cuemm, cuemm._core as c; print(c.driver_kind(), cuemm.bundled_managers())") \
+    >>"$logs/pip.log" 2>&1
+  summary+=("pip install . (scikit-build-core): exit $? ($(tail -1 "$logs/pip.log"))")
+  (cd /tmp && "$python" "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python") >"$logs/numba-cuda-suite.log" 2>&1
+  suite_status=$?
+  grep -E "^(default|cuemm|difference|  worse|  skipped)" "$logs/numba-cuda-suite.log"
+  summary+=("numba-cuda suite: exit $suite_status; $(grep '^difference' "$logs/numba-cuda-suite.log")")
+  (cd /tmp && "$python" "$root/bench/bench_numba.py" --cuemm "$build/python" --out "$logs/bench_numba.json") \
+    >"$logs/bench_numba.txt" 2>&1
+  summary+=("numba benchmark: exit $? (bench_numba.txt)")
+fi
 
 if [ -x "$build/bin/bench_allocators" ]; then
   CUEMM_DRIVER=cuda "$build/bin/bench_allocators" --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \

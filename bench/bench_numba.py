@@ -1,0 +1,122 @@
+"""Numba allocation speed: Numba's default manager, cuemm's plugin (pool) and a
+do-nothing plugin (Numba's floor), each in its own process, side by side.
+
+    python3 bench/bench_numba.py --cuemm build/python --out numba.json
+
+Prints a table of medians (ns per allocate+release pair) and the ratios the
+issue asks for; --out writes the raw figures as JSON for bench/make_results.py.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+DEVICE_SIZES = [256, 64 << 10, 4 << 20, 64 << 20]
+HOST_SIZES = [4 << 10, 1 << 20, 64 << 20]
+MANAGERS = {"default": None, "cuemm": "cuemm", "floor": "numba_fixed_buffer_plugin"}
+
+WORKER = r'''
+import json, sys, threading, time
+import numpy as np
+from numba import cuda
+
+kind, sizes, repeats = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+cuda.current_context()
+allocate = {"device": lambda n: cuda.device_array(n, dtype=np.uint8),
+            "pinned": lambda n: cuda.pinned_array(n, dtype=np.uint8),
+            "mapped": lambda n: cuda.mapped_array(n, dtype=np.uint8)}[kind] if kind != "threads" else None
+results = {}
+if kind == "threads":
+    def work(seed, count, errors):
+        for i in range(count):
+            d = cuda.to_device(np.full(8192, seed, dtype=np.uint8))
+            if i % 50 == 0 and not (d.copy_to_host() == seed).all():
+                errors.append(seed)
+    for threads in (1, 4, 8):
+        errors = []
+        count = 400
+        start = time.perf_counter_ns()
+        pool = [threading.Thread(target=work, args=(t, count, errors)) for t in range(threads)]
+        for t in pool: t.start()
+        for t in pool: t.join()
+        elapsed = time.perf_counter_ns() - start
+        results[str(threads)] = {"pairs_per_second": threads * count / (elapsed / 1e9), "errors": len(errors)}
+else:
+    for n in sizes:
+        iterations = 2000 if n <= (1 << 20) else 200
+        if kind != "device" and n >= (1 << 20):
+            iterations = 40
+        samples = []
+        allocate(n)  # warm up
+        for _ in range(repeats):
+            start = time.perf_counter_ns()
+            for _ in range(iterations):
+                a = allocate(n)
+                del a
+            samples.append((time.perf_counter_ns() - start) / iterations)
+        results[str(n)] = samples
+print(json.dumps(results))
+'''
+
+
+def measure(manager, kind, sizes, repeats, environment):
+    env = dict(environment)
+    env.pop("NUMBA_CUDA_MEMORY_MANAGER", None)
+    if MANAGERS[manager]:
+        env["NUMBA_CUDA_MEMORY_MANAGER"] = MANAGERS[manager]
+    result = subprocess.run([sys.executable, "-c", WORKER, kind, json.dumps(sizes), str(repeats)], env=env,
+                            capture_output=True, text=True, timeout=900)
+    if result.returncode != 0:
+        raise SystemExit(f"{manager} {kind} failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cuemm", required=True, help="folder holding the cuemm package")
+    parser.add_argument("--out")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    here = os.path.dirname(os.path.abspath(__file__))
+    environment = dict(os.environ)
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [args.cuemm, here, environment.get("PYTHONPATH")]))
+
+    figures = {"device": {}, "pinned": {}, "mapped": {}, "threads": {}}
+    for manager in MANAGERS:
+        figures["device"][manager] = measure(manager, "device", DEVICE_SIZES, args.repeats, environment)
+    for kind in ("pinned", "mapped"):
+        for manager in ("default", "cuemm"):
+            repeats = 3 if manager == "default" else args.repeats
+            sizes = HOST_SIZES
+            figures[kind][manager] = measure(manager, kind, sizes, repeats, environment)
+    for manager in ("default", "cuemm"):
+        figures["threads"][manager] = measure(manager, "threads", [], 1, environment)
+
+    def median(samples):
+        return statistics.median(samples)
+
+    print("cuda.device_array(n) + release, median ns per pair")
+    print(f"{'size':>10} {'default':>12} {'cuemm':>12} {'floor':>12} {'default/cuemm':>14} {'cuemm/floor':>12}")
+    for n in DEVICE_SIZES:
+        row = {m: median(figures["device"][m][str(n)]) for m in MANAGERS}
+        print(f"{n:>10} {row['default']:>12.0f} {row['cuemm']:>12.0f} {row['floor']:>12.0f} "
+              f"{row['default'] / row['cuemm']:>13.1f}x {row['cuemm'] / row['floor']:>11.3f}")
+    for kind in ("pinned", "mapped"):
+        print(f"cuda.{kind}_array(n) + release, median ns per pair")
+        for n in HOST_SIZES:
+            d, c = median(figures[kind]["default"][str(n)]), median(figures[kind]["cuemm"][str(n)])
+            print(f"{n:>10} default {d:>12.0f} cuemm {c:>10.0f} ratio {d / c:>9.1f}x")
+    print("Python threads, cuda.to_device(8 KiB) + release (content checked), pairs per second")
+    for manager in ("default", "cuemm"):
+        row = figures["threads"][manager]
+        print(f"  {manager:8} " + "  ".join(f"{t} threads: {row[t]['pairs_per_second']:.0f} ({row[t]['errors']} errors)"
+                                         for t in sorted(row, key=int)))
+    if args.out:
+        with open(args.out, "w") as out:
+            json.dump(figures, out, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""Runs numba-cuda's own test suite twice, with Numba's default memory manager
+and with NUMBA_CUDA_MEMORY_MANAGER=cuemm, and prints both summaries and every
+test whose outcome differs. Exits non-zero if a test fails or errors under
+cuemm that passes (or is skipped) under the default.
+
+Usage: compare_numba_cuda_suite.py PYTHONPATH_OF_CUEMM [test modules...]
+(default modules: the selection of ../shared/GPU-NOTES.md). Needs the GPU
+machine's workarounds, which this script sets up itself in a temporary folder:
+a stand-in `filecheck` package whose Matcher skips, and np.row_stack.
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+DEFAULT_MODULES = [
+    "numba.cuda.tests.cudadrv",
+    "numba.cuda.tests.cudapy.test_ipc",
+    "numba.cuda.tests.cudapy.test_cuda_array_interface",
+    "numba.cuda.tests.cudapy.test_array",
+    "numba.cuda.tests.cudapy.test_montecarlo",
+    "numba.cuda.tests.cudapy.test_matmul",
+]
+
+WORKAROUNDS = {
+    "filecheck/__init__.py": "",
+    "filecheck/matcher.py": (
+        "import unittest\n\n"
+        "class Matcher:\n"
+        "    def __init__(self, *args, **kwargs):\n"
+        "        raise unittest.SkipTest('FileCheck is not installed on this machine')\n"
+    ),
+    "filecheck/options.py": "class Options:\n    def __init__(self, *args, **kwargs):\n        pass\n",
+    "filecheck/parser.py": (
+        "class Parser:\n    def __init__(self, *args, **kwargs):\n        pass\n\n"
+        "def pattern_for_opts(*args, **kwargs):\n    return None\n"
+    ),
+    "filecheck/finput.py": "class FInput:\n    def __init__(self, *args, **kwargs):\n        pass\n",
+    "sitecustomize.py": "import numpy as np\nif not hasattr(np, 'row_stack'):\n    np.row_stack = np.vstack\n",
+}
+
+OUTCOME = re.compile(r"^(test\w*) \(([\w.]+)\)\s*(?:\.\.\.)?\s*(.*)$")
+
+
+def run(label, environment, modules):
+    result = subprocess.run([sys.executable, "-m", "numba.runtests", "-v", *modules], env=environment,
+                            capture_output=True, text=True, timeout=1800)
+    outcomes = {}
+    for line in (result.stderr + result.stdout).splitlines():
+        match = OUTCOME.match(line.strip())
+        if not match:
+            continue
+        name = f"{match.group(2)}.{match.group(1)}" if not match.group(2).endswith(match.group(1)) else match.group(2)
+        text = match.group(3)
+        if text.startswith("ok"):
+            outcomes[name] = "ok"
+        elif text.startswith("skipped"):
+            outcomes[name] = "skipped"
+        elif "FAIL" in text:
+            outcomes[name] = "FAIL"
+        elif "ERROR" in text:
+            outcomes[name] = "ERROR"
+    summary = [line for line in result.stderr.splitlines() if line.startswith(("Ran ", "OK", "FAILED"))]
+    print(f"{label}: {' '.join(summary)} (exit {result.returncode})")
+    counts = {k: sum(1 for v in outcomes.values() if v == k) for k in ("ok", "FAIL", "ERROR", "skipped")}
+    print(f"{label}: {counts['ok']} ok, {counts['FAIL']} failed, {counts['ERROR']} errors, {counts['skipped']} skipped")
+    return outcomes, result
+
+
+def main():
+    cuemm_path = sys.argv[1]
+    modules = sys.argv[2:] or DEFAULT_MODULES
+    with tempfile.TemporaryDirectory() as shims:
+        for path, text in WORKAROUNDS.items():
+            os.makedirs(os.path.dirname(os.path.join(shims, path)), exist_ok=True)
+            with open(os.path.join(shims, path), "w") as out:
+                out.write(text)
+        base = dict(os.environ)
+        base["PYTHONPATH"] = os.pathsep.join(filter(None, [shims, base.get("PYTHONPATH", "")]))
+        base.pop("NUMBA_CUDA_MEMORY_MANAGER", None)
+        default, _ = run("default", base, modules)
+        with_cuemm = dict(base, NUMBA_CUDA_MEMORY_MANAGER="cuemm",
+                          PYTHONPATH=os.pathsep.join([cuemm_path, base["PYTHONPATH"]]))
+        cuemm, cuemm_run = run("cuemm", with_cuemm, modules)
+    worse = sorted(name for name, outcome in cuemm.items()
+                   if outcome in ("FAIL", "ERROR") and default.get(name) in ("ok", "skipped"))
+    better = sorted(name for name, outcome in cuemm.items()
+                    if outcome == "ok" and default.get(name) in ("FAIL", "ERROR"))
+    skipped_only_with_cuemm = sorted(name for name, outcome in cuemm.items()
+                                     if outcome == "skipped" and default.get(name) == "ok")
+    print(f"difference: {len(worse)} fail or error only under cuemm, {len(better)} pass only under cuemm, "
+          f"{len(skipped_only_with_cuemm)} skipped only under cuemm (Numba skips some tests for any external manager)")
+    for name in worse:
+        print(f"  worse under cuemm: {name}")
+    for name in skipped_only_with_cuemm:
+        print(f"  skipped under cuemm: {name}")
+    if worse:
+        tail = "\n".join(cuemm_run.stderr.splitlines()[-80:])
+        print(tail)
+    return 1 if worse or not cuemm else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
