@@ -15,7 +15,7 @@ class FixedBufferManager(_driver.HostOnlyCUDAMemoryManager):
 
     def initialize(self):
         if self._buffer is None:
-            if getattr(_driver, "USE_NV_BINDING", False):
+            if getattr(_driver, "USE_NV_BINDING", hasattr(_driver, "binding")):
                 self._buffer = _driver.driver.cuMemAlloc(_BUFFER_BYTES)
             else:
                 import ctypes

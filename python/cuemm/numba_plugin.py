@@ -25,7 +25,9 @@ from numba.cuda.cudadrv import driver as _driver
 
 from . import _core
 
-_USE_NV_BINDING = getattr(_driver, "USE_NV_BINDING", False)
+# numba-cuda always uses cuda.bindings (and has no USE_NV_BINDING); classic Numba
+# uses ctypes unless NUMBA_CUDA_USE_NVIDIA_BINDING is set.
+_USE_NV_BINDING = getattr(_driver, "USE_NV_BINDING", hasattr(_driver, "binding"))
 
 if _USE_NV_BINDING:
     _binding = _driver.binding
