@@ -169,7 +169,8 @@ class Bridge {
 PYBIND11_MODULE(_core, module) {
   module.doc() = "cuemm's C++ memory managers (see cuemm.numba_plugin)";
 
-  static py::exception<CudaError> cuda_error(module, "CudaError", PyExc_RuntimeError);
+  // Never destroyed: a static Python object would be released after the interpreter is gone.
+  static auto& cuda_error = *new py::exception<CudaError>(module, "CudaError", PyExc_RuntimeError);
   py::register_exception_translator([](std::exception_ptr error) {
     try {
       if (error) std::rethrow_exception(error);
