@@ -10,6 +10,9 @@ def t(label, f, n=20000):
     for _ in range(n): f()
     print(f"{label}: {(time.perf_counter_ns()-s)/n:.0f} ns")
 t("bridge.memalloc+release", lambda: b.memalloc(256, "").release())
+t("bridge.memory_info (a call that returns at once... and asks the driver)", b.memory_info, 2000)
+import cuemm._core as core
+t("core.driver_kind (a trivial call)", core.driver_kind)
 from numba.cuda.cudadrv import driver as d
 t("CUdeviceptr", lambda: d.binding.CUdeviceptr(12345678))
 t("weakref.proxy", lambda: weakref.proxy(mm.context))

@@ -123,6 +123,7 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._bridge = None
+        self._initialized = False
         # Mapped and managed memory is handed out through own(), whose
         # reference is weak: these keep the pointers alive until released.
         self._owned = {}
@@ -130,7 +131,10 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
     # --- the plugin interface ---
 
     def initialize(self):
-        self._get_bridge().initialize()
+        # Numba calls this before every allocation; the manager needs it once.
+        if not self._initialized:
+            self._get_bridge().initialize()
+            self._initialized = True
 
     def memalloc(self, size):
         bridge = self._get_bridge()
@@ -173,6 +177,7 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
     def reset(self):
         if self._bridge is not None:
             self._bridge.reset()
+        self._initialized = False
         self._owned.clear()
 
     @contextlib.contextmanager
