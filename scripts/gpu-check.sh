@@ -73,6 +73,12 @@ else
   summary+=("benchmarks: not built (no Google Benchmark)")
 fi
 
+if [ -f "$logs/bench_allocators.json" ] && [ -f "$logs/bench_numba.json" ]; then
+  (cd "$root" && "$python" bench/make_results.py --allocators "$logs/bench_allocators.json" \
+    --numba "$logs/bench_numba.json" --gpu "$logs/gpu.txt" --out "$logs/RESULTS.md") >"$logs/results.log" 2>&1
+  summary+=("bench/RESULTS.md: written to $logs/RESULTS.md (exit $?)")
+fi
+
 echo
 echo "SUMMARY"
 printf '  %s\n' "${summary[@]}"
