@@ -41,11 +41,13 @@ def main():
     parser.add_argument("--numba", required=True)
     parser.add_argument("--gpu", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--commit", help="the commit measured (default: git's HEAD here)")
     args = parser.parse_args()
     allocators = json.load(open(args.allocators))
     numba = json.load(open(args.numba))
     m = medians(allocators)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                           text=True).stdout.strip()
     lines = [
         "# cuemm benchmark results",
         "",

@@ -9,7 +9,8 @@
 #   4. the Python package: pytest, pip install of the package, numba-cuda's own suite with and
 #      without the cuemm plugin (tests/numba/compare_numba_cuda_suite.py), Numba allocation speed
 #   5. the allocation benchmarks (Google Benchmark from .carry/benchmark: Debian's libbenchmark.so and headers)
-# Prints a short summary last. Logs go to $OUT when it is set.
+# Prints a short summary last. Logs go to $OUT when it is set. CUEMM_COMMIT names the
+# commit measured where the machine's copy has no up-to-date git history.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-/tmp/cuemm-gpu-build}
@@ -75,7 +76,8 @@ fi
 
 if [ -f "$logs/bench_allocators.json" ] && [ -f "$logs/bench_numba.json" ]; then
   (cd "$root" && "$python" bench/make_results.py --allocators "$logs/bench_allocators.json" \
-    --numba "$logs/bench_numba.json" --gpu "$logs/gpu.txt" --out "$logs/RESULTS.md") >"$logs/results.log" 2>&1
+    --numba "$logs/bench_numba.json" --gpu "$logs/gpu.txt" --out "$logs/RESULTS.md" \
+    ${CUEMM_COMMIT:+--commit "$CUEMM_COMMIT"}) >"$logs/results.log" 2>&1
   summary+=("bench/RESULTS.md: written to $logs/RESULTS.md (exit $?)")
 fi
 
