@@ -74,6 +74,15 @@ else
   summary+=("benchmarks: not built (no Google Benchmark)")
 fi
 
+# Fragmentation: peak reserved over peak live on RMM-style random workloads.
+for workload in "--max-size 64M --live 4G" "--max-size 1M --live 512M"; do
+  for manager in pool async default; do
+    echo "== $workload, $manager"
+    CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload --operations 20000 --manager $manager
+  done
+done >"$logs/bench_fragmentation.txt" 2>&1
+summary+=("fragmentation (pool, reserved/live): $(grep -A2 ', pool' "$logs/bench_fragmentation.txt" | grep -o 'reserved/live [0-9.]*' | tr '\n' ' ')")
+
 if [ -f "$logs/bench_allocators.json" ] && [ -f "$logs/bench_numba.json" ]; then
   (cd "$root" && "$python" bench/make_results.py --allocators "$logs/bench_allocators.json" \
     --numba "$logs/bench_numba.json" --gpu "$logs/gpu.txt" --out "$logs/RESULTS.md" \

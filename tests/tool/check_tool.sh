@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The cuemm tool: info, a random workload, and replay + plot of a log that the
+# logging adaptor writes (through CUEMM_LOG_FILE, while `cuemm random` runs).
+set -euo pipefail
+tool=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+"$tool" info | grep -q "^device 0: "
+"$tool" random --operations 3000 --max-size 2M --live 64M --manager pool >"$work/random.txt"
+grep -q "3000 operations" "$work/random.txt"
+grep -q "reserved/live" "$work/random.txt"
+
+# The log of a run of the tool itself: the context's manager logs everything.
+CUEMM_MEMORY_MANAGER=default CUEMM_LOG_FILE="$work/log.csv" "$tool" info >/dev/null
+printf 'Event Type,Device ID,Address,Stream,Size (bytes),Free Memory,Total Memory,Current Allocs,Start,End,Elapsed,Location\n' >"$work/made.csv"
+for i in 1 2 3; do
+  printf 'Alloc,0,0x%x,0,%d,0,0,%d,0.%d,0.%d1,0.0001,"x.py:%d, in f"\n' $((i * 4096)) $((i * 1000)) "$i" "$i" "$i" "$i" >>"$work/made.csv"
+done
+printf 'Free,0,0x%x,0,%d,0,0,2,0.5,0.51,0.0001,\n' 4096 1000 >>"$work/made.csv"
+"$tool" replay "$work/made.csv" --manager pool >"$work/replay.txt"
+grep -q "4 operations" "$work/replay.txt"
+grep -q "peak live 5.86 KiB" "$work/replay.txt"
+"$tool" plot "$work/made.csv" "$work/plot.svg" >/dev/null
+grep -q "<polyline" "$work/plot.svg"
+if "$tool" replay "$work/missing.csv" 2>"$work/error.txt"; then exit 1; fi
+grep -q "cannot read the log" "$work/error.txt"
+if "$tool" random --max-size lots 2>"$work/error.txt"; then exit 1; fi
+echo "cuemm tool: ok"

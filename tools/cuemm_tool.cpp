@@ -1,0 +1,307 @@
+// cuemm: the command-line tool.
+//
+//   cuemm info                               driver, devices, managers
+//   cuemm replay LOG.csv [--manager NAME]    replays an allocation log (the CSV of
+//                                            LoggingAdaptor) against a manager
+//   cuemm random [--manager NAME] [--max-size BYTES] [--operations N] [--seed S]
+//                                            a random mix of allocations and frees
+//   cuemm plot LOG.csv OUT.svg               live memory over time, as SVG
+//
+// replay and random report the time, peak live bytes, peak reserved bytes (what
+// the manager holds from the driver: the pool's segments, else the driver's
+// used memory since the start) and their ratio, the fragmentation overhead.
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cuemm/cuemm.hpp"
+
+namespace {
+
+using namespace cuemm;
+
+struct Operation {
+  bool allocate;
+  std::uint64_t id;  // pairs an allocation with its free
+  std::size_t size;
+  double time;       // seconds, from the log (0 for generated workloads)
+  bool device;       // device memory (else host, replayed as pinned memory)
+};
+
+std::vector<std::string> split_csv(const std::string& line) {
+  std::vector<std::string> fields;
+  std::string field;
+  bool quoted = false;
+  for (std::size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') field += '"', ++i;
+      else if (c == '"') quoted = false;
+      else field += c;
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      fields.push_back(field);
+      field.clear();
+    } else {
+      field += c;
+    }
+  }
+  fields.push_back(field);
+  return fields;
+}
+
+// The log's rows as operations: addresses pair frees with allocations.
+std::vector<Operation> read_log(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw InvalidArgument("cannot read the log '" + path + "'");
+  std::string line;
+  std::getline(in, line);
+  const auto header = split_csv(line);
+  auto column = [&](const char* name) {
+    for (std::size_t i = 0; i < header.size(); ++i)
+      if (header[i] == name) return i;
+    throw InvalidArgument(std::string("the log has no '") + name + "' column (is it a cuemm CSV log?)");
+  };
+  const std::size_t event = column("Event Type"), address = column("Address"), size = column("Size (bytes)"),
+                    end = column("End");
+  std::vector<Operation> operations;
+  std::map<std::pair<bool, std::string>, std::uint64_t> live;
+  std::uint64_t next = 0;
+  int row = 1;
+  while (std::getline(in, line)) {
+    ++row;
+    if (line.empty()) continue;
+    const auto fields = split_csv(line);
+    if (fields.size() < header.size()) throw InvalidArgument(path + ":" + std::to_string(row) + ": too few columns");
+    const std::string& type = fields[event];
+    const bool allocate = type == "Alloc" || type == "HostAlloc" || type == "ManagedAlloc";
+    const bool device = type == "Alloc" || type == "Free" || type == "ManagedAlloc" || type == "ManagedFree";
+    const std::size_t bytes = std::stoull(fields[size]);
+    const auto key = std::make_pair(device, fields[address]);
+    if (allocate) {
+      live[key] = next;
+      operations.push_back({true, next++, bytes, std::stod(fields[end]), device});
+    } else if (auto it = live.find(key); it != live.end()) {
+      operations.push_back({false, it->second, bytes, std::stod(fields[end]), device});
+      live.erase(it);
+    }
+  }
+  return operations;
+}
+
+// RMM's random-allocations workload: allocate while under the live cap,
+// otherwise (or at random) free a random live block.
+std::vector<Operation> random_workload(std::size_t max_size, std::size_t count, std::size_t live_cap, unsigned seed) {
+  std::mt19937_64 random(seed);
+  std::uniform_int_distribution<std::size_t> sizes(1, max_size);
+  std::vector<Operation> operations;
+  std::vector<std::pair<std::uint64_t, std::size_t>> live;
+  std::size_t live_bytes = 0;
+  std::uint64_t next = 0;
+  while (operations.size() < count) {
+    const std::size_t size = sizes(random);
+    const bool allocate = live.empty() || (live_bytes + size <= live_cap && random() % 2 == 0);
+    if (allocate) {
+      operations.push_back({true, next, size, 0, true});
+      live.emplace_back(next++, size);
+      live_bytes += size;
+    } else {
+      const std::size_t victim = random() % live.size();
+      operations.push_back({false, live[victim].first, live[victim].second, 0, true});
+      live_bytes -= live[victim].second;
+      live[victim] = live.back();
+      live.pop_back();
+    }
+  }
+  return operations;
+}
+
+struct ReplayReport {
+  double seconds = 0;
+  std::size_t operations = 0, peak_live = 0, peak_reserved = 0, failed = 0;
+};
+
+ReplayReport replay(const std::vector<Operation>& operations, const std::string& manager_name) {
+  Context& context = current_context();
+  auto manager = make_bundled_memory_manager(manager_name, &context);
+  manager->initialize();
+  auto* pool = dynamic_cast<PoolMemoryManager*>(manager.get());
+  const MemoryInfo start = driver_memory_info(context);
+  auto reserved_now = [&] {
+    if (pool) return pool->statistics().reserved_bytes;
+    const MemoryInfo now = driver_memory_info(context);
+    return start.free > now.free ? start.free - now.free : std::size_t{0};
+  };
+  std::unordered_map<std::uint64_t, std::shared_ptr<MemoryPointer>> live;
+  ReplayReport report;
+  std::size_t live_bytes = 0;
+  const auto began = std::chrono::steady_clock::now();
+  double measured = 0;
+  for (const Operation& operation : operations) {
+    if (operation.allocate) {
+      try {
+        auto memory = operation.device ? manager->memalloc(operation.size)
+                                       : manager->memhostalloc(operation.size, false, false, false);
+        live.emplace(operation.id, std::move(memory));
+        if (operation.device) live_bytes += operation.size;
+      } catch (const OutOfMemory&) {
+        ++report.failed;
+      }
+    } else if (auto it = live.find(operation.id); it != live.end()) {
+      if (it->second->kind() == MemoryKind::Device) live_bytes -= it->second->size();
+      live.erase(it);
+    }
+    ++report.operations;
+    // Sampling the reserved bytes is not part of the timed work.
+    const auto paused = std::chrono::steady_clock::now();
+    report.peak_live = std::max(report.peak_live, live_bytes);
+    report.peak_reserved = std::max(report.peak_reserved, reserved_now());
+    measured += std::chrono::duration<double>(std::chrono::steady_clock::now() - paused).count();
+  }
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count() - measured;
+  live.clear();
+  return report;
+}
+
+void print(const ReplayReport& report, const std::string& manager) {
+  std::printf("manager %s: %zu operations in %.3f s (%.0f ns each); %zu allocation(s) failed\n", manager.c_str(),
+              report.operations, report.seconds, 1e9 * report.seconds / std::max<std::size_t>(report.operations, 1),
+              report.failed);
+  std::printf("peak live %s, peak reserved %s: reserved/live %.3f\n", describe_bytes(report.peak_live).c_str(),
+              describe_bytes(report.peak_reserved).c_str(),
+              report.peak_live ? static_cast<double>(report.peak_reserved) / report.peak_live : 0.0);
+}
+
+void write_svg(const std::vector<Operation>& operations, const std::string& path) {
+  std::vector<std::pair<double, std::size_t>> points{{0.0, 0}};
+  std::map<std::uint64_t, std::size_t> live;
+  std::size_t bytes = 0;
+  for (const Operation& operation : operations) {
+    if (!operation.device) continue;
+    if (operation.allocate) {
+      live[operation.id] = operation.size;
+      bytes += operation.size;
+    } else if (auto it = live.find(operation.id); it != live.end()) {
+      bytes -= it->second;
+      live.erase(it);
+    }
+    points.emplace_back(operation.time, bytes);
+  }
+  double end = 1e-9;
+  std::size_t peak = 1;
+  for (const auto& [t, b] : points) end = std::max(end, t), peak = std::max(peak, b);
+  const int width = 800, height = 400, left = 70, bottom = 30;
+  auto x = [&](double t) { return left + (width - left - 10) * t / end; };
+  auto y = [&](std::size_t b) { return height - bottom - (height - bottom - 10) * static_cast<double>(b) / peak; };
+  std::ofstream out(path);
+  if (!out) throw InvalidArgument("cannot write '" + path + "'");
+  out << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
+      << "\" font-family=\"sans-serif\" font-size=\"11\">\n"
+      << "<line x1=\"" << left << "\" y1=\"" << height - bottom << "\" x2=\"" << width - 10 << "\" y2=\""
+      << height - bottom << "\" stroke=\"black\"/>\n<line x1=\"" << left << "\" y1=\"10\" x2=\"" << left
+      << "\" y2=\"" << height - bottom << "\" stroke=\"black\"/>\n<text x=\"" << left - 5
+      << "\" y=\"14\" text-anchor=\"end\">" << describe_bytes(peak).substr(0, describe_bytes(peak).find(' ', 0) + 4)
+      << "</text>\n<text x=\"" << width - 10 << "\" y=\"" << height - 8 << "\" text-anchor=\"end\">" << end
+      << " s</text>\n<polyline fill=\"none\" stroke=\"#1f77b4\" points=\"";
+  std::size_t previous = 0;
+  for (const auto& [t, b] : points) {
+    out << x(t) << ',' << y(previous) << ' ' << x(t) << ',' << y(b) << ' ';
+    previous = b;
+  }
+  out << "\"/>\n<text x=\"" << left + 10 << "\" y=\"24\" fill=\"#1f77b4\">device memory in use</text>\n</svg>\n";
+}
+
+std::string option(std::vector<std::string>& args, const std::string& name, const std::string& fallback) {
+  for (std::size_t i = 0; i + 1 < args.size(); ++i) {
+    if (args[i] == name) {
+      std::string value = args[i + 1];
+      args.erase(args.begin() + static_cast<long>(i), args.begin() + static_cast<long>(i) + 2);
+      return value;
+    }
+  }
+  return fallback;
+}
+
+std::size_t bytes_option(std::vector<std::string>& args, const std::string& name, const std::string& fallback) {
+  const std::string text = option(args, name, fallback);
+  std::size_t used = 0;
+  const double number = std::stod(text, &used);
+  const std::string unit = text.substr(used);
+  const std::map<std::string, double> units{{"", 1}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}};
+  auto it = units.find(unit.substr(0, 1));
+  if (it == units.end()) throw InvalidArgument(name + " must be a byte count such as 64M (got '" + text + "')");
+  return static_cast<std::size_t>(number * it->second);
+}
+
+int usage() {
+  std::fprintf(stderr,
+               "usage: cuemm info\n"
+               "       cuemm replay LOG.csv [--manager pool|async|default]\n"
+               "       cuemm random [--manager NAME] [--max-size 64M] [--live 1G] [--operations 100000] [--seed 1]\n"
+               "       cuemm plot LOG.csv OUT.svg\n");
+  return 2;
+}
+
+int run(std::vector<std::string> args) {
+  if (args.empty()) return usage();
+  const std::string command = args[0];
+  args.erase(args.begin());
+  if (command == "info") {
+    const auto& driver = driver::Driver::get();
+    std::printf("driver: %s (%s), CUDA %d\n", simulation::active() ? "simulated" : "cuda", driver.library_path().c_str(),
+                driver.version());
+    for (int i = 0; i < Device::count(); ++i) {
+      Device& device = Device::get(i);
+      const MemoryInfo memory = driver_memory_info(device.primary_context());
+      std::printf("device %d: %s, %s total, %s free\n", i, device.name().c_str(), describe_bytes(memory.total).c_str(),
+                  describe_bytes(memory.free).c_str());
+    }
+    std::printf("manager for new contexts: %s; bundled: ", memory_manager_name().c_str());
+    for (const auto& name : bundled_memory_managers()) std::printf("%s ", name.c_str());
+    std::printf("\nadaptors: %s\n", adaptors_from_environment().empty() ? "none" : adaptors_from_environment().c_str());
+    return 0;
+  }
+  if (command == "replay" || command == "random") {
+    const std::string manager = option(args, "--manager", "pool");
+    std::vector<Operation> operations;
+    if (command == "replay") {
+      if (args.size() != 1) return usage();
+      operations = read_log(args[0]);
+    } else {
+      const std::size_t max_size = bytes_option(args, "--max-size", "64M");
+      const std::size_t live = bytes_option(args, "--live", "1G");
+      const std::size_t count = std::stoull(option(args, "--operations", "100000"));
+      const unsigned seed = static_cast<unsigned>(std::stoul(option(args, "--seed", "1")));
+      if (!args.empty()) return usage();
+      operations = random_workload(max_size, count, live, seed);
+    }
+    print(replay(operations, manager), manager);
+    return 0;
+  }
+  if (command == "plot") {
+    if (args.size() != 2) return usage();
+    write_svg(read_log(args[0]), args[1]);
+    std::printf("wrote %s\n", args[1].c_str());
+    return 0;
+  }
+  return usage();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "cuemm: %s\n", error.what());
+    return 1;
+  }
+}
