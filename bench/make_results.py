@@ -42,6 +42,7 @@ def main():
     parser.add_argument("--gpu", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--commit", help="the commit measured (default: git's HEAD here)")
+    parser.add_argument("--fragmentation", help="the output of the `cuemm random` runs (optional)")
     args = parser.parse_args()
     allocators = json.load(open(args.allocators))
     numba = json.load(open(args.numba))
@@ -95,6 +96,21 @@ def main():
         d, p = m.get(f"DriverMemHostAllocFree/{s}/real_time"), m.get(f"PinnedHostPoolAllocateFree/{s}/real_time")
         if d and p:
             lines.append(f"| {s:,} B | {fmt(d)} | {fmt(p)} | {d / p:,.0f}x |")
+    if args.fragmentation:
+        lines += ["", "## Fragmentation: `cuemm random` (RMM-style random allocations and frees)", "",
+                  "| workload | manager | ns per operation | peak live | peak reserved | reserved / live |",
+                  "|---|---|---|---|---|---|"]
+        workload = manager = None
+        for line in open(args.fragmentation):
+            if line.startswith("== "):
+                workload, manager = line[3:].strip().rsplit(", ", 1)
+            elif line.startswith("manager ") and " ns each" in line:
+                per_operation = re.search(r"\(([0-9]+) ns each\)", line).group(1)
+            elif line.startswith("peak live"):
+                live = re.search(r"peak live ([0-9.]+ \w+)", line).group(1)
+                reserved = re.search(r"peak reserved ([0-9.]+ \w+)", line).group(1)
+                ratio = re.search(r"reserved/live ([0-9.]+)", line).group(1)
+                lines.append(f"| `{workload}` | {manager} | {per_operation} | {live} | {reserved} | {ratio} |")
     lines += ["", "## Numba (Python): allocate + release, ns per pair", "",
               "`floor` is a do-nothing plugin that returns one fixed buffer: Numba's own cost.", "",
               "| size | default | cuemm (pool) | floor | default / cuemm | cuemm / floor |", "|---|---|---|---|---|---|"]

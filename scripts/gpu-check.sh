@@ -86,6 +86,7 @@ summary+=("fragmentation (pool, reserved/live): $(grep -A2 ', pool' "$logs/bench
 if [ -f "$logs/bench_allocators.json" ] && [ -f "$logs/bench_numba.json" ]; then
   (cd "$root" && "$python" bench/make_results.py --allocators "$logs/bench_allocators.json" \
     --numba "$logs/bench_numba.json" --gpu "$logs/gpu.txt" --out "$logs/RESULTS.md" \
+    --fragmentation "$logs/bench_fragmentation.txt" \
     ${CUEMM_COMMIT:+--commit "$CUEMM_COMMIT"}) >"$logs/results.log" 2>&1
   summary+=("bench/RESULTS.md: written to $logs/RESULTS.md (exit $?)")
 fi
