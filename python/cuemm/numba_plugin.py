@@ -123,6 +123,8 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._bridge = None
+        self._logging = False
+        self._context_proxy = None
         self._initialized = False
         # Mapped and managed memory is handed out through own(), whose
         # reference is weak: these keep the pointers alive until released.
@@ -137,9 +139,9 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
             self._initialized = True
 
     def memalloc(self, size):
-        bridge = self._get_bridge()
-        allocation = bridge.memalloc(size, _caller() if bridge.logging else "")
-        return _DeviceMemory(weakref.proxy(self.context), _device_pointer(allocation.address), size, allocation)
+        bridge = self._bridge or self._get_bridge()
+        allocation = bridge.memalloc_at(size, _caller()) if self._logging else bridge.memalloc(size)
+        return _DeviceMemory(self._context_proxy, _device_pointer(allocation.address), size, allocation)
 
     def memhostalloc(self, size, mapped=False, portable=False, wc=False):
         bridge = self._get_bridge()
@@ -199,6 +201,8 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
             if not isinstance(device, int):  # a context attached from elsewhere: ask the driver
                 device = _core.current_device()
             self._bridge = _bridge_for_device(device)
+            self._logging = self._bridge.logging
+            self._context_proxy = weakref.proxy(self.context)
         return self._bridge
 
     def _owned_pointer(self, kind, context, pointer, size, allocation, owner=None):

@@ -69,8 +69,11 @@ class Bridge {
 
   void initialize() { manager_->initialize(); }
 
+  Allocation memalloc(long long size) {
+    return Allocation(call({}, [&] { return manager_->memalloc(checked_size(size, "memalloc")); }));
+  }
   // `site` names the Python caller for the log and the leak report.
-  Allocation memalloc(long long size, std::string site) {
+  Allocation memalloc_at(long long size, std::string site) {
     return Allocation(call(std::move(site), [&] { return manager_->memalloc(checked_size(size, "memalloc")); }));
   }
   Allocation memhostalloc(long long size, bool mapped, bool portable, bool wc, std::string site) {
@@ -205,7 +208,8 @@ PYBIND11_MODULE(_core, module) {
   py::class_<Bridge>(module, "Bridge")
       .def(py::init<int, const std::string&, bool>(), py::arg("device"), py::arg("manager"), py::arg("log") = false)
       .def("initialize", &Bridge::initialize)
-      .def("memalloc", &Bridge::memalloc, py::arg("size"), py::arg("site") = "")
+      .def("memalloc", &Bridge::memalloc, py::arg("size"))
+      .def("memalloc_at", &Bridge::memalloc_at, py::arg("size"), py::arg("site"))
       .def("memhostalloc", &Bridge::memhostalloc, py::arg("size"), py::arg("mapped") = false,
            py::arg("portable") = false, py::arg("wc") = false, py::arg("site") = "")
       .def("mempin", &Bridge::mempin, py::arg("owner"), py::arg("pointer"), py::arg("size"), py::arg("mapped") = false)
