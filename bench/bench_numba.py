@@ -77,20 +77,32 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--cuemm", required=True, help="folder holding the cuemm package")
     parser.add_argument("--out")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="each round runs every manager once, in a rotated order, so that drifts in the "
+                             "machine's speed fall on all of them alike")
     args = parser.parse_args()
     here = os.path.dirname(os.path.abspath(__file__))
     environment = dict(os.environ)
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [args.cuemm, here, environment.get("PYTHONPATH")]))
 
-    figures = {"device": {}, "pinned": {}, "mapped": {}, "threads": {}}
-    for manager in MANAGERS:
-        figures["device"][manager] = measure(manager, "device", DEVICE_SIZES, args.repeats, environment)
+    figures = {"device": {m: {} for m in MANAGERS}, "pinned": {}, "mapped": {}, "threads": {}}
     for kind in ("pinned", "mapped"):
-        for manager in ("default", "cuemm"):
-            repeats = 3 if manager == "default" else args.repeats
-            sizes = HOST_SIZES
-            figures[kind][manager] = measure(manager, kind, sizes, repeats, environment)
+        figures[kind] = {"default": {}, "cuemm": {}}
+
+    def add(kind, manager, samples):
+        for size, values in samples.items():
+            figures[kind][manager].setdefault(size, []).extend(values)
+
+    names = list(MANAGERS)
+    for round_ in range(args.rounds):
+        order = names[round_ % len(names):] + names[:round_ % len(names)]
+        for manager in order:
+            add("device", manager, measure(manager, "device", DEVICE_SIZES, args.repeats, environment))
+        for kind in ("pinned", "mapped"):
+            for manager in (("default", "cuemm") if round_ % 2 == 0 else ("cuemm", "default")):
+                repeats = 1 if manager == "default" else args.repeats
+                add(kind, manager, measure(manager, kind, HOST_SIZES, repeats, environment))
     for manager in ("default", "cuemm"):
         figures["threads"][manager] = measure(manager, "threads", [], 1, environment)
 
