@@ -188,16 +188,21 @@ struct PoolMemoryManager::Core {
     reclaim(false);
   }
 
+  // Moves every block of one thread's cache into the quarantine; the caller
+  // holds the cache's lock (or the cache's thread has finished).
+  void quarantine_cached_blocks(ThreadCache& cache) {
+    std::array<Freed, kMaximumBinCapacity> taken;
+    for (int c = 0; c < detail::kSizeClassCount; ++c) {
+      while (const std::size_t n = cache.take_oldest(c, kMaximumBinCapacity, taken.data()))
+        for (std::size_t i = 0; i < n; ++i) quarantine_block(taken[i].address, detail::size_class_bytes(c), taken[i].epoch);
+    }
+  }
+
   // Moves every cached block of every thread into the quarantine.
   void flush_caches() {
-    std::array<Freed, kMaximumBinCapacity> taken;
     for (auto& cache : caches) {
       std::lock_guard cache_lock(cache->lock);
-      for (int c = 0; c < detail::kSizeClassCount; ++c) {
-        while (const std::size_t n = cache->take_oldest(c, kMaximumBinCapacity, taken.data())) {
-          for (std::size_t i = 0; i < n; ++i) quarantine_block(taken[i].address, detail::size_class_bytes(c), taken[i].epoch);
-        }
-      }
+      quarantine_cached_blocks(*cache);
     }
   }
 
@@ -445,11 +450,7 @@ void PoolMemoryManager::Core::forget_cache(ThreadCache* cache) noexcept {
   if (it == caches.end()) return;
   if (!retired) {
     try {
-      std::array<Freed, kMaximumBinCapacity> taken;
-      for (int c = 0; c < detail::kSizeClassCount; ++c) {
-        while (const std::size_t n = cache->take_oldest(c, kMaximumBinCapacity, taken.data()))
-          for (std::size_t i = 0; i < n; ++i) quarantine_block(taken[i].address, detail::size_class_bytes(c), taken[i].epoch);
-      }
+      quarantine_cached_blocks(*cache);
     } catch (...) {
       std::fprintf(stderr, "cuemm pool: could not return a finished thread's cached blocks\n");
     }
