@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cuemm/cuemm.hpp"
+#include "util/byte_size.hpp"
 
 namespace {
 
@@ -232,13 +233,9 @@ std::string option(std::vector<std::string>& args, const std::string& name, cons
 
 std::size_t bytes_option(std::vector<std::string>& args, const std::string& name, const std::string& fallback) {
   const std::string text = option(args, name, fallback);
-  std::size_t used = 0;
-  const double number = std::stod(text, &used);
-  const std::string unit = text.substr(used);
-  const std::map<std::string, double> units{{"", 1}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}};
-  auto it = units.find(unit.substr(0, 1));
-  if (it == units.end()) throw InvalidArgument(name + " must be a byte count such as 64M (got '" + text + "')");
-  return static_cast<std::size_t>(number * it->second);
+  const auto bytes = util::parse_byte_size(text);
+  if (!bytes) throw InvalidArgument(name + " must be a byte count such as 64M (got '" + text + "')");
+  return *bytes;
 }
 
 int usage() {

@@ -10,7 +10,7 @@
 #include "cuemm/error.hpp"
 #include "cuemm/runtime/context.hpp"
 #include "cuemm/runtime/device.hpp"
-#include "util/byte_size.hpp"
+#include "util/environment.hpp"
 
 namespace cuemm {
 
@@ -52,10 +52,8 @@ std::unique_ptr<BaseMemoryManager> wrap_with_adaptors(Context* context, std::uni
     } else if (name == "tracking") {
       manager = std::make_unique<TrackingAdaptor>(context, std::move(manager));
     } else if (name == "limit") {
-      const std::string text = environment("CUEMM_LIMIT");
-      const auto limit = util::parse_byte_size(text.c_str());
-      if (text.empty() || !limit)
-        throw InvalidArgument("the limit adaptor needs CUEMM_LIMIT, a byte count such as 2G (got '" + text + "')");
+      const auto limit = util::byte_size_from_environment("CUEMM_LIMIT");
+      if (!limit) throw InvalidArgument("the limit adaptor needs CUEMM_LIMIT, a byte count such as 2G (it is not set)");
       manager = std::make_unique<LimitingAdaptor>(context, std::move(manager), *limit);
     } else {
       throw InvalidArgument("CUEMM_ADAPTORS: unknown adaptor '" + name +

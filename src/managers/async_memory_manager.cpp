@@ -9,19 +9,14 @@
 #include "cuemm/memory/detail/recycling_allocator.hpp"
 #include "cuemm/runtime/context.hpp"
 #include "cuemm/runtime/device.hpp"
-#include "util/byte_size.hpp"
+#include "util/environment.hpp"
 
 namespace cuemm {
 
 AsyncOptions AsyncOptions::from_environment() {
   AsyncOptions options;
-  if (const char* text = std::getenv("CUEMM_ASYNC_RELEASE_THRESHOLD"); text && *text) {
-    const auto bytes = util::parse_byte_size(text);
-    if (!bytes)
-      throw InvalidArgument(std::string("CUEMM_ASYNC_RELEASE_THRESHOLD must be a byte count such as 1G (got '") +
-                            text + "')");
-    options.release_threshold = *bytes;
-  }
+  if (const auto threshold = util::byte_size_from_environment("CUEMM_ASYNC_RELEASE_THRESHOLD"))
+    options.release_threshold = *threshold;
   return options;
 }
 

@@ -15,7 +15,7 @@
 #include "cuemm/memory/default_memory_manager.hpp"
 #include "cuemm/memory/detail/recycling_allocator.hpp"
 #include "cuemm/runtime/context.hpp"
-#include "util/byte_size.hpp"
+#include "util/environment.hpp"
 
 namespace cuemm {
 namespace {
@@ -28,16 +28,6 @@ constexpr std::chrono::microseconds kSealInterval{5};
 
 std::size_t round_up(std::size_t value, std::size_t granularity) {
   return (value + granularity - 1) / granularity * granularity;
-}
-
-// "512M", "2G", "1073741824": a byte count from an environment variable.
-std::optional<std::size_t> byte_size_from_environment(const char* variable) {
-  const char* text = std::getenv(variable);
-  if (!text || !*text) return std::nullopt;
-  const auto bytes = util::parse_byte_size(text);
-  if (!bytes)
-    throw InvalidArgument(std::string(variable) + " must be a byte count such as 512M or 2G (got '" + text + "')");
-  return *bytes;
 }
 
 // A freed block and the epoch it was freed in (Note [Stream-safe reuse]).
@@ -63,10 +53,10 @@ class SpinLock {
 
 PoolOptions PoolOptions::from_environment() {
   PoolOptions options;
-  options.initial_size = byte_size_from_environment("CUEMM_POOL_INITIAL_SIZE").value_or(0);
-  options.maximum_size = byte_size_from_environment("CUEMM_POOL_MAXIMUM_SIZE").value_or(0);
+  options.initial_size = util::byte_size_from_environment("CUEMM_POOL_INITIAL_SIZE").value_or(0);
+  options.maximum_size = util::byte_size_from_environment("CUEMM_POOL_MAXIMUM_SIZE").value_or(0);
   options.thread_cache_size =
-      byte_size_from_environment("CUEMM_POOL_THREAD_CACHE_SIZE").value_or(options.thread_cache_size);
+      util::byte_size_from_environment("CUEMM_POOL_THREAD_CACHE_SIZE").value_or(options.thread_cache_size);
   if (const char* text = std::getenv("CUEMM_PINNED_HOST_POOL"); text && *text) {
     const std::string value(text);
     if (value != "0" && value != "1")
