@@ -31,6 +31,33 @@ inline std::string test_kernels_ptx() {
   return text.str();
 }
 
+// The stream-safety race every pooling manager must win: a long kernel writes
+// 7 into A on one stream, A is released while it still runs, and B of the same
+// size is allocated and written with 9 from the host on another stream.
+struct ReuseRace {
+  bool b_intact;  // B still holds the nines once the kernel has finished
+  cuda::CUdeviceptr a;
+  cuda::CUdeviceptr b;
+};
+inline ReuseRace run_reuse_race(Context& context, BaseMemoryManager& manager) {
+  constexpr std::uint64_t kSpinNanoseconds = 100'000'000;
+  Module module = context.load_module(test_kernels_ptx());
+  Stream kernel_stream = context.create_stream();
+  Stream copy_stream = context.create_stream();
+  const std::uint64_t count = 1 << 18;
+  auto a = manager.memalloc(count * 4);
+  const auto a_address = a->device_pointer();
+  module.function("cuemm_spin_fill_u32").launch({64}, {256}, kernel_stream, a_address, 7u, count, kSpinNanoseconds);
+  a.reset();
+  auto b = manager.memalloc(count * 4);
+  std::vector<std::uint32_t> nines(count, 9u);
+  DeviceArray<std::uint32_t> b_array(b, count);
+  b_array.copy_to_device(nines, copy_stream);
+  copy_stream.synchronize();
+  kernel_stream.synchronize();
+  return {b_array.copy_to_host() == nines, a_address, b->device_pointer()};
+}
+
 // What a RecordingManager saw, shared so tests can read it after the context
 // owns the manager.
 struct ManagerLog {

@@ -11,7 +11,6 @@ class Pool : public ::testing::Test {
  protected:
   Context& context = current_context();
 };
-constexpr std::uint64_t kSpinNanoseconds = 100'000'000;
 }  // namespace
 
 TEST_F(Pool, IsABundledManager) {
@@ -34,24 +33,9 @@ TEST_F(Pool, SuballocatesFromFewSegments) {
 TEST_F(Pool, AFreedBlockIsNotReusedWhileQueuedWorkMayStillWriteIt) {
   PoolMemoryManager pool(&context);
   pool.initialize();
-  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
-  Stream kernel_stream = context.create_stream();
-  Stream copy_stream = context.create_stream();
-  const std::uint64_t count = 1 << 18;
-  auto a = pool.memalloc(count * 4);
-  const auto a_address = a->device_pointer();
-  // A long kernel writes 7 into A; A is released while it still runs.
-  module.function("cuemm_spin_fill_u32").launch({64}, {256}, kernel_stream, a_address, 7u, count, kSpinNanoseconds);
-  a.reset();
-  // B, of the same size, is written from the host on another stream.
-  auto b = pool.memalloc(count * 4);
-  std::vector<std::uint32_t> nines(count, 9u);
-  DeviceArray<std::uint32_t> b_array(b, count);
-  b_array.copy_to_device(nines, copy_stream);
-  copy_stream.synchronize();
-  kernel_stream.synchronize();
-  EXPECT_EQ(b_array.copy_to_host(), nines) << "the kernel's late write landed in the reused block";
-  EXPECT_NE(b->device_pointer(), a_address) << "A was handed out again before the kernel finished";
+  const cuemm::testing::ReuseRace race = cuemm::testing::run_reuse_race(context, pool);
+  EXPECT_TRUE(race.b_intact) << "the kernel's late write landed in the reused block";
+  EXPECT_NE(race.b, race.a) << "A was handed out again before the kernel finished";
 }
 
 TEST_F(Pool, IpcHandlesOfBlocksCarryTheirOffsetInTheSegment) {
