@@ -95,26 +95,25 @@ def _caller():
 # pointer (and every view of it, which keeps its base alive) the allocation
 # goes and gives the memory back at once. This needs no weakref finalizer,
 # which is most of Numba's own cost per allocation. free() still frees early.
-class _DeviceMemory(_driver.MemoryPointer):
+class _HoldsAllocation:
+    """free() of a pointer that holds its cuemm allocation in _allocation."""
+
+    def free(self):
+        if not self._allocation.alive:
+            raise RuntimeError("Freeing dead memory")
+        self._allocation.release()
+
+
+class _DeviceMemory(_HoldsAllocation, _driver.MemoryPointer):
     def __init__(self, context, pointer, size, allocation):
         super().__init__(context, pointer, size)
         self._allocation = allocation
 
-    def free(self):
-        if not self._allocation.alive:
-            raise RuntimeError("Freeing dead memory")
-        self._allocation.release()
 
-
-class _PinnedMemory(_driver.PinnedMemory):
+class _PinnedMemory(_HoldsAllocation, _driver.PinnedMemory):
     def __init__(self, context, pointer, size, allocation, owner=None):
         super().__init__(context, pointer, size, owner=owner)
         self._allocation = allocation
-
-    def free(self):
-        if not self._allocation.alive:
-            raise RuntimeError("Freeing dead memory")
-        self._allocation.release()
 
 
 class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
