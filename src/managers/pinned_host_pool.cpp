@@ -36,6 +36,29 @@ std::size_t host_block_size(std::size_t size) {
   return (size + step - 1) / step * step;
 }
 
+// The device address of mapped host memory that was just allocated or
+// registered; when the driver cannot give one, `undo` gives that memory back
+// before the error is thrown.
+template <typename Undo>
+cuda::CUdeviceptr mapped_device_pointer(void* host, Undo&& undo) {
+  cuda::CUdeviceptr device = 0;
+  const cuda::CUresult result = CUEMM_CU_RESULT(cuMemHostGetDevicePointer, &device, host, 0);
+  if (result != cuda::CUDA_SUCCESS) {
+    undo();
+    driver::check(result, "cuMemHostGetDevicePointer");
+  }
+  return device;
+}
+
+// The pointer handed out for page-locked host memory: MappedMemory when it is
+// mapped (device address known), else PinnedMemory.
+std::shared_ptr<MemoryPointer> host_memory_pointer(Context* context, void* host, cuda::CUdeviceptr device,
+                                                   std::size_t size, std::shared_ptr<const void> owner,
+                                                   Finalizer finalizer) {
+  if (device) return std::make_shared<MappedMemory>(context, host, device, size, std::move(owner), std::move(finalizer));
+  return std::make_shared<PinnedMemory>(context, host, size, std::move(owner), std::move(finalizer));
+}
+
 }  // namespace
 
 struct PinnedHostPool::State {
@@ -94,6 +117,21 @@ struct PinnedHostPool::State {
       CUEMM_CU(cuMemHostUnregister, registration->pointer);
     } catch (const std::exception& error) {
       std::fprintf(stderr, "cuemm pinned host pool: unregistering failed: %s\n", error.what());
+    }
+  }
+
+  // Gives the memory of records no pointer names back to the driver, and
+  // forgets them. Outside the lock: deleting the last record may destroy the state.
+  static void discard(const std::vector<Block*>& blocks) noexcept {
+    for (Block* block : blocks) {
+      free_block(block);
+      delete block;
+    }
+  }
+  static void discard(const std::vector<Registration*>& registrations) noexcept {
+    for (Registration* registration : registrations) {
+      unregister(registration);
+      delete registration;
     }
   }
 
@@ -176,10 +214,7 @@ struct PinnedHostPool::State {
       if (block) state.counters.allocated_bytes -= block->bytes;
     }
     if (block) evicted.push_back(block);  // the pool is gone (or full): free it now
-    for (Block* gone : evicted) {
-      free_block(gone);
-      delete gone;  // may drop the last reference to the state: after the lock
-    }
+    discard(evicted);
   }
 
   static void release(Registration* registration) noexcept {
@@ -210,10 +245,7 @@ struct PinnedHostPool::State {
       }
     }
     if (registration) evicted.push_back(registration);
-    for (Registration* gone : evicted) {
-      unregister(gone);
-      delete gone;
-    }
+    discard(evicted);
   }
 };
 
@@ -242,6 +274,7 @@ std::shared_ptr<MemoryPointer> PinnedHostPool::allocate(std::size_t size, bool m
     auto list = state_->free_lists.find({flags, bytes});
     if (list != state_->free_lists.end()) block = state_->take_cached(list->second, bytes);
     ++(block ? state_->counters.hits : state_->counters.misses);
+    if (block) state_->handed_out.insert(block);
   }
   if (!block) {
     ScopedContext scope(*state_->context);
@@ -250,26 +283,16 @@ std::shared_ptr<MemoryPointer> PinnedHostPool::allocate(std::size_t size, bool m
     if (result == cuda::CUDA_ERROR_OUT_OF_MEMORY && trim() > 0)
       result = CUEMM_CU_RESULT(cuMemHostAlloc, &host, bytes, flags);
     if (result != cuda::CUDA_SUCCESS) driver::throw_allocation_error(result, "cuMemHostAlloc", bytes);
-    cuda::CUdeviceptr device = 0;
-    if (mapped) {
-      const cuda::CUresult mapped_result = CUEMM_CU_RESULT(cuMemHostGetDevicePointer, &device, host, 0);
-      if (mapped_result != cuda::CUDA_SUCCESS) {
-        CUEMM_CU_RESULT(cuMemFreeHost, host);
-        driver::check(mapped_result, "cuMemHostGetDevicePointer");
-      }
-    }
+    const cuda::CUdeviceptr device =
+        mapped ? mapped_device_pointer(host, [&] { CUEMM_CU_RESULT(cuMemFreeHost, host); }) : 0;
     block = new State::Block{state_, host, device, bytes, flags};
     std::lock_guard lock(state_->mutex);
     state_->counters.allocated_bytes += bytes;
-  }
-  {
-    std::lock_guard lock(state_->mutex);
     state_->handed_out.insert(block);
   }
   try {
-    auto finalizer = [block] { State::release(block); };
-    if (mapped) return std::make_shared<MappedMemory>(state_->context, block->host, block->device, size, nullptr, finalizer);
-    return std::make_shared<PinnedMemory>(state_->context, block->host, size, nullptr, finalizer);
+    return host_memory_pointer(state_->context, block->host, block->device, size, nullptr,
+                               [block] { State::release(block); });
   } catch (...) {
     State::release(block);
     throw;
@@ -290,6 +313,7 @@ std::shared_ptr<MemoryPointer> PinnedHostPool::pin(std::shared_ptr<const void> o
       state.registration_bytes -= size;
     }
     ++(registration ? state.counters.hits : state.counters.misses);
+    if (registration) state.pinned_out.insert(registration);
   }
   if (!registration) {
     ScopedContext scope(*state.context);
@@ -302,33 +326,19 @@ std::shared_ptr<MemoryPointer> PinnedHostPool::pin(std::shared_ptr<const void> o
         std::lock_guard lock(state.mutex);
         evicted = state.evict_registrations(0);
       }
-      for (auto* gone : evicted) {
-        State::unregister(gone);
-        delete gone;
-      }
+      State::discard(evicted);
       if (!evicted.empty()) result = CUEMM_CU_RESULT(cuMemHostRegister, pointer, size, flags);
     }
     if (result != cuda::CUDA_SUCCESS) driver::throw_allocation_error(result, "cuMemHostRegister", size);
-    cuda::CUdeviceptr device = 0;
-    if (mapped) {
-      const cuda::CUresult mapped_result = CUEMM_CU_RESULT(cuMemHostGetDevicePointer, &device, pointer, 0);
-      if (mapped_result != cuda::CUDA_SUCCESS) {
-        CUEMM_CU_RESULT(cuMemHostUnregister, pointer);
-        driver::check(mapped_result, "cuMemHostGetDevicePointer");
-      }
-    }
+    const cuda::CUdeviceptr device =
+        mapped ? mapped_device_pointer(pointer, [&] { CUEMM_CU_RESULT(cuMemHostUnregister, pointer); }) : 0;
     registration = new State::Registration{state_, owner, pointer, size, mapped, device, {}};
-  }
-  {
     std::lock_guard lock(state.mutex);
     state.pinned_out.insert(registration);
   }
   try {
-    auto finalizer = [registration] { State::release(registration); };
-    if (mapped)
-      return std::make_shared<MappedMemory>(state.context, pointer, registration->device, size, std::move(owner),
-                                            finalizer);
-    return std::make_shared<PinnedMemory>(state.context, pointer, size, std::move(owner), finalizer);
+    return host_memory_pointer(state.context, pointer, registration->device, size, std::move(owner),
+                               [registration] { State::release(registration); });
   } catch (...) {
     State::release(registration);
     throw;
@@ -346,15 +356,9 @@ std::size_t PinnedHostPool::trim() {
     registrations = state_->evict_registrations(0);
   }
   std::size_t freed = 0;
-  for (auto* block : blocks) {
-    freed += block->bytes;
-    State::free_block(block);
-    delete block;
-  }
-  for (auto* registration : registrations) {
-    State::unregister(registration);
-    delete registration;
-  }
+  for (auto* block : blocks) freed += block->bytes;
+  State::discard(blocks);
+  State::discard(registrations);
   return freed;
 }
 
