@@ -281,8 +281,8 @@ struct PoolMemoryManager::Core {
   // The cache class of a request, or -1 for the shared index.
   int size_class(std::size_t size) const noexcept { return caches_enabled() ? detail::size_class_of(size) : -1; }
 
-  std::uintptr_t allocate(std::size_t size) {
-    const int size_class = this->size_class(size);
+  // `size_class` is size_class(size), which the caller also needs.
+  std::uintptr_t allocate(std::size_t size, int size_class) {
     if (size_class < 0) {
       std::lock_guard lock(mutex);
       return allocate_from_index(size, options.maximum_size);
@@ -499,7 +499,7 @@ CleanupGuard PoolMemoryManager::on_defer_cleanup() {
 
 cuda::CUdeviceptr PoolMemoryManager::allocate(std::size_t size) {
   require_allocation_size(size, "PoolMemoryManager::allocate");
-  return core_->allocate(size);
+  return core_->allocate(size, core_->size_class(size));
 }
 
 void PoolMemoryManager::deallocate(cuda::CUdeviceptr pointer, std::size_t size) noexcept {
@@ -508,11 +508,12 @@ void PoolMemoryManager::deallocate(cuda::CUdeviceptr pointer, std::size_t size) 
 
 std::shared_ptr<MemoryPointer> PoolMemoryManager::memalloc(std::size_t size) {
   require_allocation_size(size, "memalloc");
-  const std::uintptr_t address = with_flush_and_retry([&] { return core_->allocate(size); });
   Core* core = core_.get();
+  const int size_class = core->size_class(size);
+  const std::uintptr_t address = with_flush_and_retry([&] { return core->allocate(size, size_class); });
   // The finalizer keeps the size class in the address's low bits (blocks are
   // 256-byte aligned) so that its closure fits std::function's inline storage.
-  const std::uintptr_t tagged = address | static_cast<std::uintptr_t>(core->size_class(size) + 1);
+  const std::uintptr_t tagged = address | static_cast<std::uintptr_t>(size_class + 1);
   try {
     return std::allocate_shared<MemoryPointer>(detail::RecyclingAllocator<MemoryPointer>{}, &context(), address,
                                                size, nullptr, [core, tagged] {
@@ -520,7 +521,7 @@ std::shared_ptr<MemoryPointer> PoolMemoryManager::memalloc(std::size_t size) {
                                                                   static_cast<int>(tagged & 0xff) - 1);
                                                });
   } catch (...) {
-    core->deallocate(address, core->size_class(size));
+    core->deallocate(address, size_class);
     throw;
   }
 }
