@@ -201,7 +201,7 @@ TYPED_TEST(Conformance, AnyDriverCallFailingLeavesNothingBehind) {
           manager->initialize();
           std::vector<std::shared_ptr<MemoryPointer>> held;
           for (int i = 0; i < 40; ++i) {
-            held.push_back(manager->memalloc(std::size_t{1} << (8 + i % 14)));
+            held.push_back(manager->memalloc(std::size_t{1} << (8 + i % 16)));  // 256 B to 8 MiB
             if (i % 3 == 0) held.erase(held.begin());
           }
           held.push_back(manager->memhostalloc(8192, i_mapped(nth), false, false));

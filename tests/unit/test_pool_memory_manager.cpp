@@ -48,6 +48,41 @@ TEST_F(Pool, IpcHandlesOfBlocksCarryTheirOffsetInTheSegment) {
   EXPECT_EQ(handle.size(), 8192u);
 }
 
+TEST_F(Pool, ALargeBlockHasASegmentOfItsOwnWhoseSpareIsReused) {
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  auto large = pool.memalloc((40 << 20) + 1);
+  EXPECT_EQ(pool.statistics().reserved_bytes, std::size_t{42} << 20) << "rounded to the driver's 2 MiB pages";
+  EXPECT_EQ(pool.get_ipc_handle(large).offset(), 0u);
+  const cuda::CUdeviceptr address = large->device_pointer();
+  large.reset();
+  auto again = pool.memalloc(39 << 20);  // fits the 42 MiB spare (at most 1/8 over its 40 MiB)
+  EXPECT_EQ(again->device_pointer(), address) << "the spare was not reused";
+  EXPECT_EQ(pool.statistics().reserved_bytes, std::size_t{42} << 20);
+  EXPECT_EQ(pool.statistics().in_use_bytes, std::size_t{42} << 20);
+  const std::vector<std::uint8_t> values(39 << 20, 7);
+  DeviceArray<std::uint8_t> array(again, values.size());
+  array.copy_to_device(values);
+  EXPECT_EQ(array.copy_to_host(), values);
+}
+
+TEST_F(Pool, SparesAreGivenBackBeforeTheDriverIsAskedForMore) {
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  {
+    std::vector<std::shared_ptr<MemoryPointer>> blocks;
+    for (std::size_t i = 1; i <= 8; ++i) blocks.push_back(pool.memalloc(i * (10 << 20)));
+  }
+  EXPECT_EQ(pool.statistics().reserved_bytes, std::size_t{360} << 20);
+  auto block = pool.memalloc(100 << 20);  // no spare fits: the spares go before a new segment comes
+  const PoolStatistics statistics = pool.statistics();
+  EXPECT_LE(statistics.reserved_bytes - statistics.in_use_bytes, statistics.reserved_bytes / 32)
+      << "spare segments were kept beyond 1/32 of the pool";
+  block.reset();
+  EXPECT_EQ(pool.trim(), std::size_t{100} << 20) << "trim gives the spares back";
+  EXPECT_EQ(pool.statistics().reserved_bytes, 0u);
+}
+
 TEST_F(Pool, MemoryInfoCountsThePoolsFreeBytes) {
   PoolMemoryManager pool(&context);
   pool.initialize();
@@ -147,7 +182,9 @@ TEST_F(Pool, AFinishedThreadsCachedBlocksGoBackToThePool) {
   const PoolStatistics after = pool.statistics();
   EXPECT_EQ(after.cached_bytes, 0u);
   EXPECT_EQ(after.in_use_bytes, 0u);
-  EXPECT_GE(pool.trim(), 32u << 20) << "the finished thread's blocks did not come back to the segments";
+  ASSERT_GT(after.reserved_bytes, 0u);
+  EXPECT_EQ(pool.trim(), after.reserved_bytes) << "the finished thread's blocks did not come back to the segments";
+  EXPECT_EQ(pool.statistics().reserved_bytes, 0u);
 }
 
 TEST_F(Pool, TrimEmptiesTheThreadCaches) {

@@ -2,9 +2,11 @@
 //
 // Suballocates device memory from large driver allocations (segments). Requests
 // up to 1 MiB are rounded to a size class (Note [Size classes]) and served from
-// a per-thread cache without a lock; the rest, and cache misses, go to an O(1)
-// two-level segregated fit index (see TlsfBlockAllocator) under one lock, so
-// neither path scans anything. Host memory comes from HostOnlyMemoryManager.
+// a per-thread cache without a lock; cache misses and requests under 4 MiB go
+// to an O(1) two-level segregated fit index (see TlsfBlockAllocator) under one
+// lock, so neither path scans anything. Blocks of 4 MiB and more get a segment
+// of their own, kept as a spare when freed (Note [Dedicated segments]). Host
+// memory comes from HostOnlyMemoryManager.
 //
 //   PoolOptions options;
 //   options.initial_size = 1ull << 30;            // CUEMM_POOL_INITIAL_SIZE

@@ -1,0 +1,63 @@
+#include "cuemm/managers/detail/dedicated_segments.hpp"
+
+#include <iterator>
+
+namespace cuemm::detail {
+
+std::optional<std::uintptr_t> DedicatedSegments::take_spare(std::size_t segment) {
+  auto it = spares_.lower_bound(segment);
+  if (it == spares_.end() || it->first > segment + segment / 8) return std::nullopt;
+  const std::uintptr_t base = it->second;
+  spare_bytes_ -= it->first;
+  spares_.erase(it);
+  return base;
+}
+
+void DedicatedSegments::add(std::uintptr_t base, std::size_t size) {
+  sizes_.emplace(base, size);
+  bytes_ += size;
+}
+
+std::size_t DedicatedSegments::size_of(std::uintptr_t base) const noexcept {
+  auto it = sizes_.find(base);
+  return it == sizes_.end() ? 0 : it->second;
+}
+
+void DedicatedSegments::make_spare(std::uintptr_t base) {
+  const std::size_t size = size_of(base);
+  if (size == 0) return;
+  spares_.emplace(size, base);
+  spare_bytes_ += size;
+}
+
+void DedicatedSegments::forget(std::uintptr_t base) noexcept {
+  auto it = sizes_.find(base);
+  if (it == sizes_.end()) return;
+  bytes_ -= it->second;
+  sizes_.erase(it);
+}
+
+std::vector<DedicatedSegments::Segment> DedicatedSegments::take_spares_over(std::size_t keep) {
+  std::vector<Segment> taken;
+  while (spare_bytes_ > keep) {
+    auto largest = std::prev(spares_.end());
+    taken.push_back({largest->second, largest->first});
+    spare_bytes_ -= largest->first;
+    bytes_ -= largest->first;
+    sizes_.erase(largest->second);
+    spares_.erase(largest);
+  }
+  return taken;
+}
+
+std::vector<DedicatedSegments::Segment> DedicatedSegments::take_all() {
+  std::vector<Segment> taken;
+  taken.reserve(sizes_.size());
+  for (const auto& [base, size] : sizes_) taken.push_back({base, size});
+  sizes_.clear();
+  spares_.clear();
+  bytes_ = spare_bytes_ = 0;
+  return taken;
+}
+
+}  // namespace cuemm::detail

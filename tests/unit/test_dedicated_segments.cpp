@@ -1,0 +1,59 @@
+// The bookkeeping of the pool's large blocks (Note [Dedicated segments]).
+#include <gtest/gtest.h>
+
+#include "cuemm/managers/detail/dedicated_segments.hpp"
+
+using cuemm::detail::DedicatedSegments;
+
+namespace {
+constexpr std::size_t MiB = std::size_t{1} << 20;
+}
+
+TEST(DedicatedSegments, LargeRequestsAreRoundedToWholePages) {
+  EXPECT_FALSE(DedicatedSegments::wants(4 * MiB - 1));
+  EXPECT_TRUE(DedicatedSegments::wants(4 * MiB));
+  EXPECT_EQ(DedicatedSegments::segment_size(4 * MiB), 4 * MiB);
+  EXPECT_EQ(DedicatedSegments::segment_size(4 * MiB + 1), 6 * MiB);
+  EXPECT_EQ(DedicatedSegments::segment_size(SIZE_MAX - 5), 0u) << "overflow must not wrap to a small segment";
+}
+
+TEST(DedicatedSegments, ASpareServesRequestsUpToAnEighthSmaller) {
+  DedicatedSegments segments;
+  segments.add(0x1000000, 64 * MiB);
+  segments.make_spare(0x1000000);
+  EXPECT_EQ(segments.spare_bytes(), 64 * MiB);
+  EXPECT_FALSE(segments.take_spare(56 * MiB - 2 * MiB)) << "a spare 1/7 larger than the request wastes too much";
+  EXPECT_FALSE(segments.take_spare(66 * MiB)) << "a spare smaller than the request";
+  ASSERT_EQ(segments.take_spare(58 * MiB), std::optional<std::uintptr_t>(0x1000000));
+  EXPECT_EQ(segments.spare_bytes(), 0u);
+  EXPECT_EQ(segments.bytes(), 64 * MiB) << "a reused spare is still a segment";
+  EXPECT_FALSE(segments.take_spare(58 * MiB)) << "handed out twice";
+}
+
+TEST(DedicatedSegments, TheLargestSparesAreGivenBackFirst) {
+  DedicatedSegments segments;
+  for (std::uintptr_t i = 1; i <= 4; ++i) {
+    segments.add(i << 32, i * 8 * MiB);
+    segments.make_spare(i << 32);
+  }
+  segments.add(std::uintptr_t{9} << 32, 10 * MiB);  // in use: never given back
+  const auto taken = segments.take_spares_over(30 * MiB);
+  ASSERT_EQ(taken.size(), 2u);
+  EXPECT_EQ(taken[0].size, 32 * MiB);
+  EXPECT_EQ(taken[1].size, 24 * MiB);
+  EXPECT_EQ(segments.spare_bytes(), 24 * MiB);
+  EXPECT_EQ(segments.bytes(), 34 * MiB);
+  EXPECT_EQ(segments.size_of(std::uintptr_t{4} << 32), 0u) << "a given-back segment is forgotten";
+  EXPECT_EQ(segments.take_all().size(), 3u);
+  EXPECT_EQ(segments.bytes(), 0u);
+}
+
+TEST(DedicatedSegments, UnknownAddressesChangeNothing) {
+  DedicatedSegments segments;
+  segments.add(0x200000, 4 * MiB);
+  segments.make_spare(0x400000);
+  segments.forget(0x400000);
+  EXPECT_EQ(segments.size_of(0x400000), 0u);
+  EXPECT_EQ(segments.bytes(), 4 * MiB);
+  EXPECT_EQ(segments.spare_bytes(), 0u);
+}
