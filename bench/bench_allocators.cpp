@@ -1,14 +1,18 @@
 // Allocate+free pairs through each manager, side by side with the driver's own
-// cuMemAlloc/cuMemFree, from 1, 4 and 16 threads; and the pool with 64k free
-// blocks against an empty one. Times are wall clock; with several threads,
+// cuMemAlloc/cuMemFree and its stream-ordered pool, from 1, 4 and 16 threads;
+// and the pool with 64k free blocks against an empty one. (PyTorch's caching
+// allocator is in bench_torch_allocator.cpp, built where torch is.) Times are wall clock; with several threads,
 // items_per_second is the aggregate throughput of all threads together.
 //
 //   bench_allocators --benchmark_filter=Pool --benchmark_repetitions=5
 #include <benchmark/benchmark.h>
 
+#include <fstream>
 #include <memory>
 #include <mutex>
+#include <sstream>
 
+#include "benchmark_sizes.hpp"
 #include "cuemm/cuemm.hpp"
 
 namespace {
@@ -26,11 +30,6 @@ Manager& shared_manager() {
     return made;
   }();
   return *manager;
-}
-
-void set_sizes(benchmark::internal::Benchmark* benchmark) {
-  for (long size : {256L, 64L << 10, 1L << 20, 4L << 20, 64L << 20}) benchmark->Arg(size);
-  benchmark->ThreadRange(1, 16)->UseRealTime();
 }
 
 template <typename Manager>
@@ -67,6 +66,105 @@ void DriverMemAllocFree(benchmark::State& state) {
     CUEMM_CU(cuMemAlloc, &pointer, size);
     CUEMM_CU(cuMemFree, pointer);
   }
+  state.SetItemsProcessed(state.iterations());
+}
+
+// The driver's stream-ordered pool as CUDA programs use it: release threshold
+// at its maximum (nothing goes back to the driver), each thread on its
+// per-thread default stream.
+cuemm::cuda::CUmemoryPool driver_pool() {
+  static cuemm::cuda::CUmemoryPool pool = [] {
+    cuemm::ScopedContext scope(context());
+    cuemm::cuda::CUmemPoolProps properties{};
+    properties.alloc_type = cuemm::cuda::CU_MEM_ALLOCATION_TYPE_PINNED;
+    properties.location = {cuemm::cuda::CU_MEM_LOCATION_TYPE_DEVICE, context().device().id()};
+    cuemm::cuda::CUmemoryPool made = nullptr;
+    CUEMM_CU(cuMemPoolCreate, &made, &properties);
+    std::uint64_t threshold = UINT64_MAX;
+    CUEMM_CU(cuMemPoolSetAttribute, made, cuemm::cuda::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold);
+    return made;  // lives until exit
+  }();
+  return pool;
+}
+
+void DriverPoolAllocateFree(benchmark::State& state) {
+  const cuemm::cuda::CUmemoryPool pool = driver_pool();
+  cuemm::ScopedContext scope(context());
+  const auto size = static_cast<std::size_t>(state.range(0));
+  for (auto _ : state) {
+    cuemm::cuda::CUdeviceptr pointer = 0;
+    CUEMM_CU(cuMemAllocFromPoolAsync, &pointer, size, pool, cuemm::cuda::CU_STREAM_PER_THREAD);
+    CUEMM_CU(cuMemFreeAsync, pointer, cuemm::cuda::CU_STREAM_PER_THREAD);
+  }
+  CUEMM_CU(cuStreamSynchronize, cuemm::cuda::CU_STREAM_PER_THREAD);
+  state.SetItemsProcessed(state.iterations());
+}
+
+// Allocation between kernels: on each of 4 streams in turn (one per
+// iteration), allocate a block, launch a kernel that fills it, free it; the streams run concurrently and
+// nothing waits but the allocators. This is where stream safety costs: the
+// pool and async managers must not hand a block out again while a kernel may
+// still write it; cuMemFree waits for the device.
+struct KernelStreams {
+  cuemm::Module module = context().load_module(read_file(CUEMM_BENCH_KERNELS_PTX));
+  cuemm::Function fill = module.function("cuemm_fill_u32");
+  std::vector<cuemm::Stream> streams;
+  KernelStreams() {
+    for (int i = 0; i < 4; ++i) streams.push_back(context().create_stream());
+  }
+  static std::string read_file(const char* path) {
+    std::ifstream file(path);
+    std::stringstream text;
+    text << file.rdbuf();
+    return text.str();
+  }
+  void launch(cuemm::cuda::CUdeviceptr pointer, std::size_t size, const cuemm::Stream& stream) const {
+    const std::uint64_t count = size / 4;
+    fill.launch({static_cast<unsigned>(std::min<std::uint64_t>((count + 255) / 256, 1024))}, {256}, stream, pointer,
+                7u, count);
+  }
+  void synchronize() {
+    for (auto& stream : streams) stream.synchronize();
+  }
+};
+
+KernelStreams& kernel_streams() {
+  static auto* made = new KernelStreams();  // lives until exit
+  return *made;
+}
+
+template <typename Manager>
+void StreamsWithKernels(benchmark::State& state) {
+  Manager& manager = shared_manager<Manager>();
+  KernelStreams& work = kernel_streams();
+  cuemm::ScopedContext scope(context());
+  const auto size = static_cast<std::size_t>(state.range(0));
+  std::size_t next = 0;
+  for (auto _ : state) {
+    const cuemm::Stream& stream = work.streams[next++ % work.streams.size()];
+    auto memory = manager.memalloc(size);
+    work.launch(memory->device_pointer(), size, stream);
+  }
+  work.synchronize();
+  state.SetItemsProcessed(state.iterations());
+}
+
+// The driver's stream-ordered pool used on each kernel's own stream: the
+// stream orders reuse, so no allocator needs to wait.
+void DriverPoolStreamsWithKernels(benchmark::State& state) {
+  KernelStreams& work = kernel_streams();
+  cuemm::ScopedContext scope(context());
+  const cuemm::cuda::CUmemoryPool pool = driver_pool();
+  const auto size = static_cast<std::size_t>(state.range(0));
+  std::size_t next = 0;
+  for (auto _ : state) {
+    const cuemm::Stream& stream = work.streams[next++ % work.streams.size()];
+    cuemm::cuda::CUdeviceptr pointer = 0;
+    CUEMM_CU(cuMemAllocFromPoolAsync, &pointer, size, pool, stream.handle());
+    work.launch(pointer, size, stream);
+    CUEMM_CU(cuMemFreeAsync, pointer, stream.handle());
+  }
+  work.synchronize();
   state.SetItemsProcessed(state.iterations());
 }
 
@@ -116,10 +214,15 @@ void DriverMemHostAllocFree(benchmark::State& state) {
 BENCHMARK(DriverMemHostAllocFree)->Arg(4096)->Arg(1 << 20)->Arg(64 << 20)->UseRealTime();
 BENCHMARK(PinnedHostPoolAllocateFree)->Arg(4096)->Arg(1 << 20)->Arg(64 << 20)->UseRealTime();
 BENCHMARK(DriverMemAllocFree)->Arg(256)->Arg(1 << 20)->Arg(64 << 20)->ThreadRange(1, 4)->UseRealTime();
+BENCHMARK(DriverPoolAllocateFree)->Apply(set_sizes);
 BENCHMARK_TEMPLATE(AllocateFree, cuemm::DefaultMemoryManager)->Apply(set_sizes);
 BENCHMARK_TEMPLATE(AllocateFree, cuemm::PoolMemoryManager)->Apply(set_sizes);
 BENCHMARK_TEMPLATE(AllocateFree, cuemm::AsyncMemoryManager)->Apply(set_sizes);
 BENCHMARK(PoolRawAllocateFree)->Apply(set_sizes);
 BENCHMARK(PoolWithFreeBlocks)->Arg(0)->Arg(65536);
+BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::DefaultMemoryManager)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
+BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::PoolMemoryManager)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
+BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::AsyncMemoryManager)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
+BENCHMARK(DriverPoolStreamsWithKernels)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
 
 BENCHMARK_MAIN();

@@ -16,11 +16,12 @@ import statistics
 import subprocess
 
 
-def medians(allocators):
+def medians(runs):
     out = {}
-    for run in allocators["benchmarks"]:
-        if run.get("aggregate_name") == "median":
-            out[run["run_name"]] = run["real_time"]
+    for results in runs:
+        for run in results["benchmarks"]:
+            if run.get("aggregate_name") == "median":
+                out[run["run_name"]] = run["real_time"]
     return out
 
 
@@ -37,16 +38,18 @@ def fmt(ns):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--allocators", required=True)
+    parser.add_argument("--allocators", required=True, nargs="+",
+                        help="Google Benchmark JSON: bench_allocators's, and the anchors' (bench_torch_allocator)")
     parser.add_argument("--numba", required=True)
     parser.add_argument("--gpu", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--commit", help="the commit measured (default: git's HEAD here)")
     parser.add_argument("--fragmentation", help="the output of the `cuemm random` runs (optional)")
     args = parser.parse_args()
-    allocators = json.load(open(args.allocators))
+    runs = [json.load(open(path)) for path in args.allocators]
+    allocators = runs[0]
     numba = json.load(open(args.numba))
-    m = medians(allocators)
+    m = medians(runs)
     commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                            text=True).stdout.strip()
     lines = [
@@ -71,6 +74,9 @@ def main():
     ]
     sizes = [256, 65536, 1048576, 4194304, 67108864]
     rows = [("cuMemAlloc + cuMemFree", "DriverMemAllocFree/{s}/real_time/threads:{t}"),
+            ("driver's stream-ordered pool (threshold max, per-thread stream)",
+             "DriverPoolAllocateFree/{s}/real_time/threads:{t}"),
+            ("PyTorch CUDACachingAllocator raw_alloc/raw_delete", "TorchRawAllocFree/{s}/real_time/threads:{t}"),
             ("default manager (Numba's behaviour)", "AllocateFree<cuemm::DefaultMemoryManager>/{s}/real_time/threads:{t}"),
             ("async manager (driver's stream-ordered pool)", "AllocateFree<cuemm::AsyncMemoryManager>/{s}/real_time/threads:{t}"),
             ("pool manager, memalloc (MemoryPointer)", "AllocateFree<cuemm::PoolMemoryManager>/{s}/real_time/threads:{t}"),
@@ -87,6 +93,24 @@ def main():
     sixteen = {s: m.get(f"PoolRawAllocateFree/{s}/real_time/threads:16") for s in sizes}
     lines += ["Pool scaling, raw interface: aggregate throughput of 16 threads over one thread's: " +
               ", ".join(f"{s:,} B {one[s] / sixteen[s]:.1f}x" for s in sizes if one[s] and sixteen[s]), ""]
+    torch = {s: m.get(f"TorchRawAllocFree/{s}/real_time/threads:1") for s in sizes}
+    if all(torch.values()):
+        lines += ["PyTorch's caching allocator over the pool's raw pair, 1 thread: " +
+                  ", ".join(f"{s:,} B {torch[s] / one[s]:.1f}x" for s in sizes if one[s]), ""]
+    else:
+        lines += ["PyTorch's caching allocator was not measured in this run (bench_torch_allocator not built).", ""]
+    kernels = [("default manager (deferred cuMemFree)", "StreamsWithKernels<cuemm::DefaultMemoryManager>"),
+               ("pool manager", "StreamsWithKernels<cuemm::PoolMemoryManager>"),
+               ("async manager", "StreamsWithKernels<cuemm::AsyncMemoryManager>"),
+               ("driver's pool, on each kernel's stream", "DriverPoolStreamsWithKernels")]
+    if any(f"{name}/65536/real_time" in m for _, name in kernels):
+        lines += ["## Allocation between kernels on 4 streams (C++)", "",
+                  "Per allocate + kernel launch + free, ns (each stream in turn; the kernel fills the block).", "",
+                  "| allocator | 65,536 B | 4,194,304 B |", "|---|---|---|"]
+        for label, name in kernels:
+            cells = [fmt(m[f"{name}/{s}/real_time"]) if f"{name}/{s}/real_time" in m else "-" for s in (65536, 4194304)]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("")
     empty, holes = m.get("PoolWithFreeBlocks/0"), m.get("PoolWithFreeBlocks/65536")
     if empty and holes:
         lines += [f"Pool with 64k free blocks: {fmt(holes)} ns against {fmt(empty)} ns with none ({holes / empty:.2f}x).", ""]

@@ -27,6 +27,10 @@ gtest_args=()
 python=$(command -v python3)
 pybind11_dir=$("$python" -m pybind11 --cmakedir 2>/dev/null || true)
 [ -n "$pybind11_dir" ] && gtest_args+=(-Dpybind11_DIR="$pybind11_dir" -DPython_EXECUTABLE="$python")
+# PyTorch's caching allocator as a benchmark anchor, where torch is installed.
+torch_dir=$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null || true)
+torch_abi=$("$python" -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))' 2>/dev/null || true)
+[ -n "$torch_dir" ] && gtest_args+=(-DCUEMM_TORCH_DIR="$torch_dir" -DCUEMM_TORCH_CXX11_ABI="$torch_abi")
 if CMAKE_POLICY_VERSION_MINIMUM=3.5 BUILD_DIR=$build "$root/scripts/build.sh" -DCUEMM_TEST_DRIVER=cuda \
     "${gtest_args[@]}" >"$logs/build.log" 2>&1; then
   summary+=("build: ok")
@@ -65,17 +69,27 @@ if [ -d "$build/python/cuemm" ] && [ "${CUEMM_GPU_SKIP_PYTHON:-0}" != 1 ]; then
   summary+=("numba benchmark: exit $? (bench_numba.txt)")
 fi
 
+anchors=()
 if [ -x "$build/bin/bench_allocators" ]; then
   CUEMM_DRIVER=cuda "$build/bin/bench_allocators" --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
     --benchmark_min_time=0.2 --benchmark_out="$logs/bench_allocators.json" --benchmark_out_format=json \
     >"$logs/bench_allocators.txt" 2>&1
   summary+=("benchmarks: exit $? ($(grep -c _median "$logs/bench_allocators.txt") medians in bench_allocators.txt)")
+  if [ -x "$build/bin/bench_torch_allocator" ]; then
+    "$build/bin/bench_torch_allocator" --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
+      --benchmark_min_time=0.2 --benchmark_out="$logs/bench_torch_allocator.json" --benchmark_out_format=json \
+      >"$logs/bench_torch_allocator.txt" 2>&1
+    summary+=("PyTorch anchor: exit $? ($(grep -c _median "$logs/bench_torch_allocator.txt") medians)")
+    [ -s "$logs/bench_torch_allocator.json" ] && anchors+=("$logs/bench_torch_allocator.json")
+  else
+    summary+=("PyTorch anchor: not built (see build.log)")
+  fi
 else
   summary+=("benchmarks: not built (no Google Benchmark)")
 fi
 
 # Fragmentation: peak reserved over peak live on RMM-style random workloads.
-for workload in "--max-size 64M --live 4G" "--max-size 1M --live 512M"; do
+for workload in "--max-size 64M --live 4G" "--max-size 64M --live 1G" "--max-size 1M --live 512M"; do
   for manager in pool async default; do
     echo "== $workload, $manager"
     CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload --operations 20000 --manager $manager
@@ -84,7 +98,7 @@ done >"$logs/bench_fragmentation.txt" 2>&1
 summary+=("fragmentation (pool, reserved/live): $(grep -A2 ', pool' "$logs/bench_fragmentation.txt" | grep -o 'reserved/live [0-9.]*' | tr '\n' ' ')")
 
 if [ -f "$logs/bench_allocators.json" ] && [ -f "$logs/bench_numba.json" ]; then
-  (cd "$root" && "$python" bench/make_results.py --allocators "$logs/bench_allocators.json" \
+  (cd "$root" && "$python" bench/make_results.py --allocators "$logs/bench_allocators.json" "${anchors[@]}" \
     --numba "$logs/bench_numba.json" --gpu "$logs/gpu.txt" --out "$logs/RESULTS.md" \
     --fragmentation "$logs/bench_fragmentation.txt" \
     ${CUEMM_COMMIT:+--commit "$CUEMM_COMMIT"}) >"$logs/results.log" 2>&1

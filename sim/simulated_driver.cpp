@@ -778,9 +778,17 @@ SIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* pointer, std::size_t si
   CUresult error = CUDA_SUCCESS;
   if (!resolve_stream(s, stream_handle, &error)) return error;
   if (pool->device != context->device->ordinal) return CUDA_ERROR_INVALID_DEVICE;
-  // Allocated at once: at least as ordered as the stream asks.
-  if (const CUresult result = allocate_device_memory(s, context, size, AllocationKind::Device, 0, pointer))
-    return result;
+  // Allocated at once: at least as ordered as the stream asks. A real pool
+  // reuses what streams freed earlier, in stream order; here that memory
+  // comes back when the queued frees have run, so wait for them.
+  // (Other threads may take what the wait gave back: try a few times.)
+  CUresult result = allocate_device_memory(s, context, size, AllocationKind::Device, 0, pointer);
+  for (int attempt = 0; attempt < 16 && result == CUDA_ERROR_OUT_OF_MEMORY; ++attempt) {
+    synchronize_context(lock, context);
+    if (!find_pool(s, handle)) return CUDA_ERROR_INVALID_VALUE;  // destroyed meanwhile
+    result = allocate_device_memory(s, context, size, AllocationKind::Device, 0, pointer);
+  }
+  if (result != CUDA_SUCCESS) return result;
   Allocation& allocation = s.allocations.at(*pointer);
   allocation.pool = pool;
   pool->used += allocation.arena_size;

@@ -1,0 +1,34 @@
+// The anchor cuemm's pool is measured against: PyTorch's CUDACachingAllocator
+// through its C++ raw_alloc/raw_delete, with the same sizes and threads as
+// bench_allocators. Built only where torch's C++ headers and libraries are
+// (CUEMM_TORCH_DIR); scripts/gpu-check.sh runs it beside bench_allocators.
+#include <benchmark/benchmark.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+
+#include "benchmark_sizes.hpp"
+
+namespace {
+
+void TorchRawAllocFree(benchmark::State& state) {
+  const auto size = static_cast<std::size_t>(state.range(0));
+  for (auto _ : state) {
+    void* pointer = c10::cuda::CUDACachingAllocator::raw_alloc(size);
+    benchmark::DoNotOptimize(pointer);
+    c10::cuda::CUDACachingAllocator::raw_delete(pointer);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
+}  // namespace
+
+BENCHMARK(TorchRawAllocFree)->Apply(set_sizes);
+
+int main(int argc, char** argv) {
+  c10::cuda::CUDACachingAllocator::init(c10::cuda::device_count());
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
