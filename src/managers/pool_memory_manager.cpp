@@ -58,6 +58,8 @@ PoolOptions PoolOptions::from_environment() {
   options.maximum_size = util::byte_size_from_environment("CUEMM_POOL_MAXIMUM_SIZE").value_or(0);
   options.thread_cache_size =
       util::byte_size_from_environment("CUEMM_POOL_THREAD_CACHE_SIZE").value_or(options.thread_cache_size);
+  options.dedicated_size =
+      util::byte_size_from_environment("CUEMM_POOL_DEDICATED_SIZE").value_or(options.dedicated_size);
   if (const char* text = std::getenv("CUEMM_PINNED_HOST_POOL"); text && *text) {
     const std::string value(text);
     if (value != "0" && value != "1")
@@ -82,6 +84,7 @@ struct ThreadCache {
 
   SpinLock lock;
   std::atomic<std::size_t> bytes{0};  // written by the owner under `lock`
+  std::uint32_t frees_since_advance = 0;  // of all classes
   std::size_t budget;
   std::array<Bin, detail::kSizeClassCount> bins;
   std::unique_ptr<Freed[]> storage;
@@ -279,8 +282,7 @@ struct PoolMemoryManager::Core {
   // index, completed epochs, pending epochs when they hold enough, the
   // driver, the thread caches and any pending epoch, and finally giving
   // empty segments back so that one large one fits.
-  // `own` is the calling thread's cache, if it has one.
-  std::uintptr_t allocate_from_index(std::size_t size, ThreadCache* own = nullptr) {
+  std::uintptr_t allocate_from_index(std::size_t size) {
     if (auto address = blocks.allocate(size)) [[likely]]
       return *address;
     seal();
@@ -291,18 +293,6 @@ struct PoolMemoryManager::Core {
     // index runs dry makes busy threads thrash; measured, 16 threads at 64 KiB
     // went from 16 ns to 1.1 us a pair.)
     if (quarantined_bytes >= size) {
-      seal();
-      reclaim(true);
-      if (auto address = blocks.allocate(size)) return *address;
-    }
-    // The caller's own cached blocks, safe or soon, may merge into one that
-    // fits: cheaper than growing. (On one thread with requests up to 1 MiB,
-    // reserved over live went from 1.77 to 1.1.)
-    if (own && own->bytes.load(std::memory_order_relaxed) >= size) {
-      {
-        std::lock_guard cache_lock(own->lock);
-        quarantine_cached_blocks(*own);
-      }
       seal();
       reclaim(true);
       if (auto address = blocks.allocate(size)) return *address;
@@ -385,14 +375,17 @@ struct PoolMemoryManager::Core {
   ThreadCache& cache_of_this_thread();
   void forget_cache(ThreadCache* cache) noexcept;
 
-  // The cache class of a request, or -1 for the shared index.
-  int size_class(std::size_t size) const noexcept { return caches_enabled() ? detail::size_class_of(size) : -1; }
+  // The cache class of a request, or -1 for the shared index or a segment of its own.
+  int size_class(std::size_t size) const noexcept {
+    return caches_enabled() && !wants_own_segment(size) ? detail::size_class_of(size) : -1;
+  }
+  bool wants_own_segment(std::size_t size) const noexcept { return size >= options.dedicated_size; }
 
   // `size_class` is size_class(size), which the caller also needs.
   std::uintptr_t allocate(std::size_t size, int size_class) {
     if (size_class < 0) {
       std::lock_guard lock(mutex);
-      return detail::DedicatedSegments::wants(size) ? allocate_dedicated(size) : allocate_from_index(size);
+      return wants_own_segment(size) ? allocate_dedicated(size) : allocate_from_index(size);
     }
     ThreadCache& cache = cache_of_this_thread();
     bool advance = false;
@@ -410,14 +403,17 @@ struct PoolMemoryManager::Core {
         }
         // Half a ring of frees since the last advance: seal and look for
         // completed epochs, once per batch.
-        advance = attempt == 0 && bin.frees_since_advance >= bin.capacity / 2;
-        if (advance) bin.frees_since_advance = 0;
+        // (Or many frees of any class: a thread whose requests are spread
+        // over many classes must still see its frees become reusable.)
+        advance = attempt == 0 && (bin.frees_since_advance >= bin.capacity / 2 ||
+                                   cache.frees_since_advance >= kMaximumBinCapacity / 2);
+        if (advance) bin.frees_since_advance = cache.frees_since_advance = 0;
       }
       if (!advance) break;
       advance_epochs();
     }
     std::lock_guard lock(mutex);
-    return allocate_from_index(detail::size_class_bytes(size_class), &cache);
+    return allocate_from_index(detail::size_class_bytes(size_class));
   }
 
   void deallocate(std::uintptr_t address, int size_class) noexcept {
@@ -460,6 +456,7 @@ struct PoolMemoryManager::Core {
         bin.at(bin.count) = {address, epoch};
         ++bin.count;
         ++bin.frees_since_advance;
+        ++cache->frees_since_advance;
         cache->bytes.store(cache->bytes.load(std::memory_order_relaxed) + class_bytes, std::memory_order_relaxed);
         address = 0;
       }

@@ -9,11 +9,12 @@ namespace {
 constexpr std::size_t MiB = std::size_t{1} << 20;
 }
 
-TEST(DedicatedSegments, LargeRequestsAreRoundedToWholePages) {
-  EXPECT_FALSE(DedicatedSegments::wants(4 * MiB - 1));
-  EXPECT_TRUE(DedicatedSegments::wants(4 * MiB));
+TEST(DedicatedSegments, SegmentsAreWholePagesOrSmallSteps) {
   EXPECT_EQ(DedicatedSegments::segment_size(4 * MiB), 4 * MiB);
   EXPECT_EQ(DedicatedSegments::segment_size(4 * MiB + 1), 6 * MiB);
+  EXPECT_EQ(DedicatedSegments::segment_size(80), 256u);
+  EXPECT_EQ(DedicatedSegments::segment_size(0), 256u);
+  EXPECT_EQ(DedicatedSegments::segment_size(2 * MiB - 1), 2 * MiB);
   EXPECT_EQ(DedicatedSegments::segment_size(SIZE_MAX - 5), 0u) << "overflow must not wrap to a small segment";
 }
 

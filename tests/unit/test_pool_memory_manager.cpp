@@ -83,6 +83,29 @@ TEST_F(Pool, SparesAreGivenBackBeforeTheDriverIsAskedForMore) {
   EXPECT_EQ(pool.statistics().reserved_bytes, 0u);
 }
 
+// For programs that open a raw IPC handle and ignore its offset (numba-cuda's
+// TestIpcMemory.test_ipc_handle does): every block in a segment of its own.
+TEST_F(Pool, WithDedicatedSizeZeroEveryIpcHandleHasOffsetZero) {
+  PoolOptions options;
+  options.dedicated_size = 0;
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  std::vector<std::shared_ptr<MemoryPointer>> blocks;
+  for (std::size_t size : {80u, 4096u, 100000u, 3u << 20}) {
+    blocks.push_back(pool.memalloc(size));
+    EXPECT_EQ(pool.get_ipc_handle(blocks.back()).offset(), 0u) << size << " bytes";
+  }
+  EXPECT_EQ(pool.statistics().segments, 4u);
+  const cuda::CUdeviceptr first = blocks.front()->device_pointer();
+  blocks.clear();
+  auto again = pool.memalloc(80);
+  EXPECT_EQ(again->device_pointer(), first) << "the spare segment was not reused";
+  setenv("CUEMM_POOL_DEDICATED_SIZE", "0", 1);
+  EXPECT_EQ(PoolOptions::from_environment().dedicated_size, 0u);
+  unsetenv("CUEMM_POOL_DEDICATED_SIZE");
+  EXPECT_EQ(PoolOptions::from_environment().dedicated_size, std::size_t{4} << 20);
+}
+
 TEST_F(Pool, MemoryInfoCountsThePoolsFreeBytes) {
   PoolMemoryManager pool(&context);
   pool.initialize();

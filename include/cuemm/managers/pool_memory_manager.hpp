@@ -56,6 +56,11 @@ struct PoolOptions {
   // Bytes each thread may keep cached for reuse without a lock; 0 turns the
   // per-thread caches off.
   std::size_t thread_cache_size = std::size_t{64} << 20;
+  // Requests of this size and more get a driver allocation of their own
+  // (Note [Dedicated segments]); CUEMM_POOL_DEDICATED_SIZE. 0 gives every
+  // block its own, so every IPC handle has offset 0: for programs that open
+  // raw handles without the offset (see docs/ipc-offsets.md).
+  std::size_t dedicated_size = std::size_t{4} << 20;
   // Pinned and mapped host memory from a PinnedHostPool (CUEMM_PINNED_HOST_POOL=0 turns it off).
   bool pinned_host_pool = true;
   static PoolOptions from_environment();

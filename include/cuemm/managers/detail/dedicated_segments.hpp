@@ -5,9 +5,10 @@
 // A few large blocks placed in shared segments leave holes that later large
 // requests do not fit: on RMM's random workload with sizes up to 64 MiB the
 // pool reserved 1.3-1.6x the live bytes, whatever the fit policy, even in one
-// contiguous region. So blocks of kSmallestBlock and more get a segment each,
+// contiguous region. So large blocks get a segment each,
 // rounded up to the driver's 2 MiB pages, which wastes at most that rounding
-// (the same 1.07-1.10x on that workload). A freed segment becomes a spare for
+// (1.07-1.10x on that workload). The pool's dedicated_size option sets the
+// threshold (4 MiB unless changed). A freed segment becomes a spare for
 // a later request of the same size or up to 1/8 smaller; the pool gives the
 // largest spares back to the driver before it takes a new segment, so spares
 // stay a small part of the pool.
@@ -16,6 +17,7 @@
 // segments from the driver and gives back the ones handed out by take_*().
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -27,18 +29,20 @@ namespace cuemm::detail {
 
 class DedicatedSegments {
  public:
-  static constexpr std::size_t kSmallestBlock = std::size_t{4} << 20;
   static constexpr std::size_t kPage = std::size_t{2} << 20;
+  static constexpr std::size_t kSmallGranularity = 256;
 
   struct Segment {
     std::uintptr_t base;
     std::size_t size;
   };
 
-  static bool wants(std::size_t size) noexcept { return size >= kSmallestBlock; }
-  // The segment for a request of `size` bytes (0 when that overflows).
+  // The segment for a request of `size` bytes: whole 2 MiB pages, or 256-byte
+  // steps below a page (which the driver packs into shared pages); 0 when
+  // that overflows.
   static std::size_t segment_size(std::size_t size) noexcept {
-    return size > SIZE_MAX - kPage ? 0 : (size + kPage - 1) / kPage * kPage;
+    const std::size_t step = size < kPage ? kSmallGranularity : kPage;
+    return size > SIZE_MAX - step ? 0 : (std::max<std::size_t>(size, 1) + step - 1) / step * step;
   }
 
   // A spare of `segment` to segment + segment/8 bytes, now in use; nullopt if none.
