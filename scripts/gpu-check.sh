@@ -62,7 +62,7 @@ if [ -d "$build/python/cuemm" ] && [ "${CUEMM_GPU_SKIP_PYTHON:-0}" != 1 ]; then
   summary+=("pip install . (scikit-build-core): exit $? ($(tail -1 "$logs/pip.log"))")
   (cd /tmp && "$python" "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python") >"$logs/numba-cuda-suite.log" 2>&1
   suite_status=$?
-  grep -E "^(default|cuemm|difference|  worse|  skipped)" "$logs/numba-cuda-suite.log"
+  grep -E "^(default|cuemm|difference|raw-handle|  worse|  skipped|  fails)" "$logs/numba-cuda-suite.log"
   summary+=("numba-cuda suite: exit $suite_status; $(grep '^difference' "$logs/numba-cuda-suite.log")")
   (cd /tmp && "$python" "$root/bench/bench_numba.py" --cuemm "$build/python" --out "$logs/bench_numba.json") \
     >"$logs/bench_numba.txt" 2>&1
