@@ -125,8 +125,11 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
         self._logging = False
         self._context_proxy = None
         self._initialized = False
-        # Mapped and managed memory is handed out through own(), whose
-        # reference is weak: these keep the pointers alive until released.
+        # Mapped and managed memory is handed out through own(), as Numba
+        # does (numba-cuda's mapped_array builds its ndarray on the owned
+        # pointer's buffer; a MappedMemory itself is refused, measured on the
+        # GPU machine). own()'s reference is weak: these keep the pointers
+        # alive until released.
         self._owned = {}
 
     # --- the plugin interface ---

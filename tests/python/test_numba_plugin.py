@@ -79,6 +79,12 @@ def test_pinned_mapped_and_pinned_ranges(run_python):
         assert (d.copy_to_host() == 1).all()
         stats = cuemm.statistics()
         assert stats["pinned"]["total_count"] >= 3 and stats["mapped"]["total_count"] >= 2, stats
+        assert stats["mapped"]["current_count"] == 1, stats  # m, still referenced
+        view = m[10:20]
+        del m
+        assert cuemm.statistics()["mapped"]["current_count"] == 1, "a view keeps its mapped array alive"
+        del view
+        assert cuemm.statistics()["mapped"]["current_count"] == 0, "a dropped mapped array was not given back"
     """, **PLUGIN)
 
 
