@@ -225,6 +225,21 @@ struct PoolMemoryManager::Core {
     }
   }
 
+  // Gives the safe blocks of one thread's cache back to the index; the caller
+  // holds `mutex`.
+  void return_safe_cached_blocks(ThreadCache& cache) {
+    std::lock_guard cache_lock(cache.lock);
+    for (int c = 0; c < detail::kSizeClassCount; ++c) {
+      ThreadCache::Bin& bin = cache.bins[c];
+      std::uint32_t safe = 0;
+      while (safe < bin.count && epochs.is_safe(bin.at(safe).epoch)) blocks.deallocate(bin.at(safe++).address);
+      bin.head = (bin.head + safe) & (bin.capacity - 1);
+      bin.count -= safe;
+      cache.bytes.store(cache.bytes.load(std::memory_order_relaxed) - safe * detail::size_class_bytes(c),
+                        std::memory_order_relaxed);
+    }
+  }
+
   // Moves every cached block of every thread into the quarantine.
   void flush_caches() {
     for (auto& cache : caches) {
@@ -282,7 +297,8 @@ struct PoolMemoryManager::Core {
   // index, completed epochs, pending epochs when they hold enough, the
   // driver, the thread caches and any pending epoch, and finally giving
   // empty segments back so that one large one fits.
-  std::uintptr_t allocate_from_index(std::size_t size) {
+  // `own` is the calling thread's cache, if it has one.
+  std::uintptr_t allocate_from_index(std::size_t size, ThreadCache* own = nullptr) {
     if (auto address = blocks.allocate(size)) [[likely]]
       return *address;
     seal();
@@ -295,6 +311,18 @@ struct PoolMemoryManager::Core {
     if (quarantined_bytes >= size) {
       seal();
       reclaim(true);
+      if (auto address = blocks.allocate(size)) return *address;
+    }
+    // The caller's own cached blocks that are safe already may merge into
+    // one that fits: cheaper than growing, where this thread holds most of
+    // what the threads cache (it hoards rather than shares a busy pool).
+    // Nothing waits here, and other threads' caches are left alone: both made
+    // busy threads thrash. (Measured on the H100: RMM's random workload up
+    // to 1 MiB went from 1.59 to 1.15 reserved over live; done for every
+    // thread, 16 threads of 64 KiB pairs went from 4 to 53 ns.)
+    const std::size_t own_bytes = own ? own->bytes.load(std::memory_order_relaxed) : 0;
+    if (own_bytes >= size && 2 * own_bytes >= cached_bytes()) {
+      return_safe_cached_blocks(*own);
       if (auto address = blocks.allocate(size)) return *address;
     }
     auto grown = [&]() -> std::optional<std::uintptr_t> {
@@ -413,7 +441,7 @@ struct PoolMemoryManager::Core {
       advance_epochs();
     }
     std::lock_guard lock(mutex);
-    return allocate_from_index(detail::size_class_bytes(size_class));
+    return allocate_from_index(detail::size_class_bytes(size_class), &cache);
   }
 
   void deallocate(std::uintptr_t address, int size_class) noexcept {
