@@ -89,7 +89,7 @@ else
 fi
 
 # Fragmentation: peak reserved over peak live on RMM-style random workloads.
-for workload in "--max-size 64M --live 4G" "--max-size 64M --live 1G" "--max-size 1M --live 512M"; do
+for workload in "--max-size 64M --live 4G" "--max-size 64M --live 1G" "--max-size 4M --live 512M" "--max-size 1M --live 512M" "--max-size 256K --live 64M"; do
   for manager in pool async default; do
     echo "== $workload, $manager"
     CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload --operations 20000 --manager $manager
