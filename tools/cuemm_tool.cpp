@@ -14,7 +14,6 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <map>
 #include <random>
 #include <sstream>
 #include <string>
@@ -36,65 +35,13 @@ struct Operation {
   bool device;       // device memory (else host, replayed as pinned memory)
 };
 
-std::vector<std::string> split_csv(const std::string& line) {
-  std::vector<std::string> fields;
-  std::string field;
-  bool quoted = false;
-  for (std::size_t i = 0; i < line.size(); ++i) {
-    const char c = line[i];
-    if (quoted) {
-      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') field += '"', ++i;
-      else if (c == '"') quoted = false;
-      else field += c;
-    } else if (c == '"') {
-      quoted = true;
-    } else if (c == ',') {
-      fields.push_back(field);
-      field.clear();
-    } else {
-      field += c;
-    }
-  }
-  fields.push_back(field);
-  return fields;
-}
-
-// The log's rows as operations: addresses pair frees with allocations.
+// The log's Alloc/Free rows as operations (managed memory is replayed as device memory).
 std::vector<Operation> read_log(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw InvalidArgument("cannot read the log '" + path + "'");
-  std::string line;
-  std::getline(in, line);
-  const auto header = split_csv(line);
-  auto column = [&](const char* name) {
-    for (std::size_t i = 0; i < header.size(); ++i)
-      if (header[i] == name) return i;
-    throw InvalidArgument(std::string("the log has no '") + name + "' column (is it a cuemm CSV log?)");
-  };
-  const std::size_t event = column("Event Type"), address = column("Address"), size = column("Size (bytes)"),
-                    end = column("End");
   std::vector<Operation> operations;
-  std::map<std::pair<bool, std::string>, std::uint64_t> live;
-  std::uint64_t next = 0;
-  int row = 1;
-  while (std::getline(in, line)) {
-    ++row;
-    if (line.empty()) continue;
-    const auto fields = split_csv(line);
-    if (fields.size() < header.size()) throw InvalidArgument(path + ":" + std::to_string(row) + ": too few columns");
-    const std::string& type = fields[event];
-    const bool allocate = type == "Alloc" || type == "HostAlloc" || type == "ManagedAlloc";
-    const bool device = type == "Alloc" || type == "Free" || type == "ManagedAlloc" || type == "ManagedFree";
-    const std::size_t bytes = std::stoull(fields[size]);
-    const auto key = std::make_pair(device, fields[address]);
-    if (allocate) {
-      live[key] = next;
-      operations.push_back({true, next++, bytes, std::stod(fields[end]), device});
-    } else if (auto it = live.find(key); it != live.end()) {
-      operations.push_back({false, it->second, bytes, std::stod(fields[end]), device});
-      live.erase(it);
-    }
-  }
+  for (const LoggedEvent& event : read_memory_log(in, path))
+    operations.push_back({event.allocate, event.id, event.size, event.time, event.kind != LoggedKind::Host});
   return operations;
 }
 
@@ -181,45 +128,6 @@ void print(const ReplayReport& report, const std::string& manager) {
               report.peak_live ? static_cast<double>(report.peak_reserved) / report.peak_live : 0.0);
 }
 
-void write_svg(const std::vector<Operation>& operations, const std::string& path) {
-  std::vector<std::pair<double, std::size_t>> points{{0.0, 0}};
-  std::map<std::uint64_t, std::size_t> live;
-  std::size_t bytes = 0;
-  for (const Operation& operation : operations) {
-    if (!operation.device) continue;
-    if (operation.allocate) {
-      live[operation.id] = operation.size;
-      bytes += operation.size;
-    } else if (auto it = live.find(operation.id); it != live.end()) {
-      bytes -= it->second;
-      live.erase(it);
-    }
-    points.emplace_back(operation.time, bytes);
-  }
-  double end = 1e-9;
-  std::size_t peak = 1;
-  for (const auto& [t, b] : points) end = std::max(end, t), peak = std::max(peak, b);
-  const int width = 800, height = 400, left = 70, bottom = 30;
-  auto x = [&](double t) { return left + (width - left - 10) * t / end; };
-  auto y = [&](std::size_t b) { return height - bottom - (height - bottom - 10) * static_cast<double>(b) / peak; };
-  std::ofstream out(path);
-  if (!out) throw InvalidArgument("cannot write '" + path + "'");
-  out << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
-      << "\" font-family=\"sans-serif\" font-size=\"11\">\n"
-      << "<line x1=\"" << left << "\" y1=\"" << height - bottom << "\" x2=\"" << width - 10 << "\" y2=\""
-      << height - bottom << "\" stroke=\"black\"/>\n<line x1=\"" << left << "\" y1=\"10\" x2=\"" << left
-      << "\" y2=\"" << height - bottom << "\" stroke=\"black\"/>\n<text x=\"" << left - 5
-      << "\" y=\"14\" text-anchor=\"end\">" << describe_bytes(peak).substr(0, describe_bytes(peak).find(' ', 0) + 4)
-      << "</text>\n<text x=\"" << width - 10 << "\" y=\"" << height - 8 << "\" text-anchor=\"end\">" << end
-      << " s</text>\n<polyline fill=\"none\" stroke=\"#1f77b4\" points=\"";
-  std::size_t previous = 0;
-  for (const auto& [t, b] : points) {
-    out << x(t) << ',' << y(previous) << ' ' << x(t) << ',' << y(b) << ' ';
-    previous = b;
-  }
-  out << "\"/>\n<text x=\"" << left + 10 << "\" y=\"24\" fill=\"#1f77b4\">device memory in use</text>\n</svg>\n";
-}
-
 std::string option(std::vector<std::string>& args, const std::string& name, const std::string& fallback) {
   for (std::size_t i = 0; i + 1 < args.size(); ++i) {
     if (args[i] == name) {
@@ -285,7 +193,11 @@ int run(std::vector<std::string> args) {
   }
   if (command == "plot") {
     if (args.size() != 2) return usage();
-    write_svg(read_log(args[0]), args[1]);
+    std::ifstream in(args[0]);
+    if (!in) throw InvalidArgument("cannot read the log '" + args[0] + "'");
+    const std::string svg = memory_plot_svg(read_memory_log(in, args[0]));
+    std::ofstream out(args[1]);
+    if (!(out << svg)) throw InvalidArgument("cannot write '" + args[1] + "'");
     std::printf("wrote %s\n", args[1].c_str());
     return 0;
   }

@@ -93,11 +93,9 @@ def write_log(path, device=None):
 
 
 def plot(path, device=None):
-    """Writes an SVG picture of live device memory over time, from the CSV log."""
-    from ._plot import svg_from_log
-
+    """Writes an SVG picture of device, host and managed memory in use over time, from the CSV log."""
     with open(path, "w") as out:
-        out.write(svg_from_log(_log_text(device)))
+        out.write(_core.memory_plot_svg(_log_text(device)))
 
 
 def _log_text(device):

@@ -223,6 +223,10 @@ PYBIND11_MODULE(_core, module) {
       .def("log_text", &Bridge::log_text);
 
   module.def("bundled_managers", &bundled_memory_managers);
+  module.def("memory_plot_svg", [](const std::string& log_text) {
+    std::istringstream in(log_text);
+    return memory_plot_svg(read_memory_log(in, "the log"));
+  }, py::arg("log_text"), "An SVG picture of memory in use over time, from a cuemm CSV log");
   module.def("current_device", [] {
     cuda::CUdevice device = 0;
     CUEMM_CU(cuCtxGetDevice, &device);

@@ -87,6 +87,51 @@ TEST_F(Adaptors, TheLogHasTheProposalsColumnsAndOneRowPerEvent) {
   }
 }
 
+TEST_F(Adaptors, ALogReadsBackAndDrawsEachKind) {
+  std::ostringstream out;
+  {
+    LoggingAdaptor logged(&context, pool(), out);
+    logged.initialize();
+    auto device = logged.memalloc(4096);
+    auto host = logged.memhostalloc(8192, false, false, false);
+    {
+      ScopedCallSite site("quoted, with \"marks\"");
+      logged.memalloc(1 << 20).reset();
+    }
+    device.reset();
+    logged.flush();
+  }
+  std::istringstream in(out.str());
+  const std::vector<LoggedEvent> events = read_memory_log(in, "log.csv");
+  ASSERT_EQ(events.size(), 6u) << out.str();  // the host block goes back as the adaptor's scope ends
+  EXPECT_TRUE(events[0].allocate && events[0].kind == LoggedKind::Device && events[0].size == 4096);
+  EXPECT_TRUE(events[1].allocate && events[1].kind == LoggedKind::Host && events[1].size == 8192);
+  EXPECT_EQ(events[3].id, events[2].id) << "a free is paired with its allocation";
+  EXPECT_FALSE(events[4].allocate);
+  EXPECT_EQ(events[4].id, events[0].id);
+  EXPECT_TRUE(!events[5].allocate && events[5].kind == LoggedKind::Host && events[5].id == events[1].id);
+  const std::string svg = memory_plot_svg(events);
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find("device memory in use"), std::string::npos);
+  EXPECT_NE(svg.find("host memory in use"), std::string::npos);
+  EXPECT_EQ(svg.find("managed memory in use"), std::string::npos) << "a kind the log never used is drawn";
+
+  std::istringstream not_a_log("time,bytes\n1,2\n");
+  try {
+    read_memory_log(not_a_log, "numbers.csv");
+    FAIL() << "a file without the log's columns was read";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("numbers.csv"), std::string::npos) << error.what();
+  }
+  std::istringstream bad_size(std::string(LoggingAdaptor::header()) + "\nAlloc,0,0x10,0,lots,0,0,1,0,0,0,\n");
+  try {
+    read_memory_log(bad_size, "bad.csv");
+    FAIL() << "a size that is no number was read";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("bad.csv:2"), std::string::npos) << error.what();
+  }
+}
+
 TEST_F(Adaptors, TheLogCanGoToAFile) {
   const std::string path = ::testing::TempDir() + "/cuemm_adaptor_log.csv";
   {

@@ -1,0 +1,150 @@
+#include "cuemm/adaptors/memory_log.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <map>
+#include <sstream>
+#include <utility>
+
+#include "cuemm/error.hpp"
+
+namespace cuemm {
+namespace {
+
+std::vector<std::string> split_csv(const std::string& line) {
+  std::vector<std::string> fields;
+  std::string field;
+  bool quoted = false;
+  for (std::size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') field += '"', ++i;
+      else if (c == '"') quoted = false;
+      else field += c;
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      fields.push_back(field);
+      field.clear();
+    } else if (c != '\r') {
+      field += c;
+    }
+  }
+  fields.push_back(field);
+  return fields;
+}
+
+struct EventType {
+  const char* name;
+  bool allocate;
+  LoggedKind kind;
+};
+constexpr std::array<EventType, 6> kEventTypes{{{"Alloc", true, LoggedKind::Device},
+                                               {"Free", false, LoggedKind::Device},
+                                               {"HostAlloc", true, LoggedKind::Host},
+                                               {"HostFree", false, LoggedKind::Host},
+                                               {"ManagedAlloc", true, LoggedKind::Managed},
+                                               {"ManagedFree", false, LoggedKind::Managed}}};
+
+constexpr std::array<const char*, 3> kKindNames{"device", "host", "managed"};
+constexpr std::array<const char*, 3> kKindColours{"#1f77b4", "#ff7f0e", "#2ca02c"};
+
+}  // namespace
+
+std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& source) {
+  std::string line;
+  if (!std::getline(in, line)) throw InvalidArgument("'" + source + "' is empty, not a cuemm CSV log");
+  const auto header = split_csv(line);
+  auto column = [&](const char* name) {
+    for (std::size_t i = 0; i < header.size(); ++i)
+      if (header[i] == name) return i;
+    throw InvalidArgument("'" + source + "' has no '" + name + "' column (is it a cuemm CSV log?)");
+  };
+  const std::size_t type_column = column("Event Type"), address = column("Address"), size = column("Size (bytes)"),
+                    end = column("End");
+  std::vector<LoggedEvent> events;
+  std::map<std::pair<LoggedKind, std::string>, std::uint64_t> live;
+  std::uint64_t next = 0;
+  for (int row = 2; std::getline(in, line); ++row) {
+    if (line.empty() || line == "\r") continue;
+    const auto fields = split_csv(line);
+    const std::string where = source + ":" + std::to_string(row);
+    if (fields.size() < header.size()) throw InvalidArgument(where + ": too few columns");
+    const auto type = std::find_if(kEventTypes.begin(), kEventTypes.end(),
+                                   [&](const EventType& t) { return fields[type_column] == t.name; });
+    if (type == kEventTypes.end()) continue;
+    LoggedEvent event{type->allocate, type->kind, 0, 0, 0.0};
+    try {
+      event.size = std::stoull(fields[size]);
+      event.time = std::stod(fields[end]);
+    } catch (const std::exception&) {
+      throw InvalidArgument(where + ": the size '" + fields[size] + "' or end '" + fields[end] + "' is not a number");
+    }
+    const auto key = std::make_pair(event.kind, fields[address]);
+    if (event.allocate) {
+      event.id = live[key] = next++;
+    } else if (auto it = live.find(key); it != live.end()) {
+      event.id = it->second;
+      live.erase(it);
+    } else {
+      continue;
+    }
+    events.push_back(event);
+  }
+  return events;
+}
+
+std::string memory_plot_svg(const std::vector<LoggedEvent>& events) {
+  std::array<std::vector<std::pair<double, std::size_t>>, 3> series;
+  std::array<std::size_t, 3> live{};
+  std::map<std::uint64_t, std::size_t> sizes;  // what each live allocation had
+  for (const LoggedEvent& event : events) {
+    const auto k = static_cast<std::size_t>(event.kind);
+    if (event.allocate) {
+      sizes[event.id] = event.size;
+      live[k] += event.size;
+    } else if (auto it = sizes.find(event.id); it != sizes.end()) {
+      live[k] -= it->second;
+      sizes.erase(it);
+    }
+    if (series[k].empty()) series[k].emplace_back(0.0, 0);
+    series[k].emplace_back(event.time, live[k]);
+  }
+  double end = 1e-9;
+  std::size_t peak = 1;
+  for (const auto& points : series)
+    for (const auto& [t, b] : points) end = std::max(end, t), peak = std::max(peak, b);
+  constexpr int kWidth = 800, kHeight = 400, kLeft = 70, kBottom = 30;
+  auto x = [&](double t) { return kLeft + (kWidth - kLeft - 10) * t / end; };
+  auto y = [&](std::size_t b) { return kHeight - kBottom - (kHeight - kBottom - 10) * static_cast<double>(b) / peak; };
+  std::ostringstream out;
+  char text[64];
+  out << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kWidth << "\" height=\"" << kHeight
+      << "\" font-family=\"sans-serif\" font-size=\"11\">\n"
+      << "<line x1=\"" << kLeft << "\" y1=\"" << kHeight - kBottom << "\" x2=\"" << kWidth - 10 << "\" y2=\""
+      << kHeight - kBottom << "\" stroke=\"black\"/>\n"
+      << "<line x1=\"" << kLeft << "\" y1=\"10\" x2=\"" << kLeft << "\" y2=\"" << kHeight - kBottom
+      << "\" stroke=\"black\"/>\n";
+  std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(peak) / (1 << 20));
+  out << "<text x=\"" << kLeft - 5 << "\" y=\"14\" text-anchor=\"end\">" << text << "</text>\n";
+  std::snprintf(text, sizeof text, "%.3f s", end);
+  out << "<text x=\"" << kWidth - 10 << "\" y=\"" << kHeight - 8 << "\" text-anchor=\"end\">" << text << "</text>\n";
+  int legend_row = 0;
+  for (std::size_t k = 0; k < series.size(); ++k) {
+    if (series[k].empty()) continue;
+    out << "<polyline fill=\"none\" stroke=\"" << kKindColours[k] << "\" points=\"";
+    std::size_t previous = 0;
+    for (const auto& [t, b] : series[k]) {
+      std::snprintf(text, sizeof text, "%.1f,%.1f %.1f,%.1f ", x(t), y(previous), x(t), y(b));
+      out << text;
+      previous = b;
+    }
+    out << "\"/>\n<text x=\"" << kLeft + 10 << "\" y=\"" << 24 + 14 * legend_row++ << "\" fill=\"" << kKindColours[k]
+        << "\">" << kKindNames[k] << " memory in use</text>\n";
+  }
+  out << "</svg>\n";
+  return out.str();
+}
+
+}  // namespace cuemm
