@@ -60,7 +60,11 @@ if [ -d "$build/python/cuemm" ] && [ "${CUEMM_GPU_SKIP_PYTHON:-0}" != 1 ]; then
     cd /tmp && PYTHONPATH=/tmp/cuemm-pip "$python" -c "import cuemm, cuemm._core as c; print(c.driver_kind(), cuemm.bundled_managers())") \
     >>"$logs/pip.log" 2>&1
   summary+=("pip install . (scikit-build-core): exit $? ($(tail -1 "$logs/pip.log"))")
-  (cd /tmp && "$python" "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python") >"$logs/numba-cuda-suite.log" 2>&1
+  # Under cuemm every process of the suite logs its allocations (for the replay below).
+  suite_logs=/tmp/cuemm-suite-logs
+  rm -rf "$suite_logs" && mkdir -p "$suite_logs"
+  (cd /tmp && CUEMM_LOG_FILE="$suite_logs/cuemm-%p.csv" "$python" "$root/tests/numba/compare_numba_cuda_suite.py" \
+    "$build/python") >"$logs/numba-cuda-suite.log" 2>&1
   suite_status=$?
   grep -E "^(default|cuemm|difference|raw-handle|  worse|  skipped|  fails)" "$logs/numba-cuda-suite.log"
   summary+=("numba-cuda suite: exit $suite_status; $(grep '^difference' "$logs/numba-cuda-suite.log")")
@@ -88,13 +92,24 @@ else
   summary+=("benchmarks: not built (no Google Benchmark)")
 fi
 
-# Fragmentation: peak reserved over peak live on RMM-style random workloads.
-for workload in "--max-size 64M --live 4G" "--max-size 64M --live 1G" "--max-size 4M --live 512M" "--max-size 1M --live 512M" "--max-size 256K --live 64M"; do
-  for manager in pool async default; do
-    echo "== $workload, $manager"
-    CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload --operations 20000 --manager $manager
+# Fragmentation: peak reserved over peak live on RMM-style random workloads,
+# and on a recorded log: the largest of numba-cuda's suite processes.
+{
+  for workload in "--max-size 64M --live 4G" "--max-size 64M --live 1G" "--max-size 4M --live 512M" \
+      "--max-size 1M --live 512M" "--max-size 256K --live 64M"; do
+    for manager in pool async default; do
+      echo "== $workload, $manager"
+      CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload --operations 20000 --manager $manager
+    done
   done
-done >"$logs/bench_fragmentation.txt" 2>&1
+  suite_log=$(ls -S /tmp/cuemm-suite-logs/*.csv 2>/dev/null | head -1)
+  if [ -n "$suite_log" ]; then
+    for manager in pool async default; do
+      echo "== replay of numba-cuda's suite log ($(($(wc -l <"$suite_log") - 1)) rows), $manager"
+      CUEMM_DRIVER=cuda "$build/bin/cuemm" replay "$suite_log" --manager $manager
+    done
+  fi
+} >"$logs/bench_fragmentation.txt" 2>&1
 summary+=("fragmentation (pool, reserved/live): $(grep -A2 ', pool' "$logs/bench_fragmentation.txt" | grep -o 'reserved/live [0-9.]*' | tr '\n' ' ')")
 
 if [ -f "$logs/bench_allocators.json" ] && [ -f "$logs/bench_numba.json" ]; then

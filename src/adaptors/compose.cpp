@@ -1,5 +1,7 @@
 #include "cuemm/adaptors/compose.hpp"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <sstream>
 
@@ -20,9 +22,14 @@ std::string environment(const char* name) {
   return value ? value : "";
 }
 
+// CUEMM_LOG_FILE, where "%p" becomes the process id (so that processes
+// started with the same environment keep logs of their own), and a device
+// suffix for devices other than 0.
 std::string log_path(Context* context) {
   std::string path = environment("CUEMM_LOG_FILE");
   if (path.empty()) path = "cuemm_log.csv";
+  for (auto at = path.find("%p"); at != std::string::npos; at = path.find("%p", at))
+    path.replace(at, 2, std::to_string(::getpid()));
   const int device = context ? context->device().id() : 0;
   if (device == 0) return path;
   const auto dot = path.rfind('.');

@@ -1,5 +1,8 @@
 // What each adaptor adds: statistics, the CSV log, leak tracking, the limit,
 // and composing them by name.
+#include <unistd.h>
+
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -238,6 +241,24 @@ TEST_F(Adaptors, AdaptorsComposeByName) {
   }
   unsetenv("CUEMM_LIMIT");
   EXPECT_THROW(wrap_with_adaptors(&context, pool(), "limit"), InvalidArgument);
+}
+
+TEST_F(Adaptors, PercentPInTheLogFileIsTheProcessId) {
+  const std::string directory = ::testing::TempDir();
+  setenv("CUEMM_LOG_FILE", (directory + "cuemm-%p.csv").c_str(), 1);
+  const std::string expected = directory + "cuemm-" + std::to_string(::getpid()) + ".csv";
+  std::remove(expected.c_str());
+  {
+    auto manager = wrap_with_adaptors(&context, pool(), "log");
+    manager->initialize();
+    manager->memalloc(4096).reset();
+  }
+  unsetenv("CUEMM_LOG_FILE");
+  std::ifstream log(expected);
+  ASSERT_TRUE(log) << "no log at " << expected;
+  const std::vector<LoggedEvent> events = read_memory_log(log, expected);
+  EXPECT_EQ(events.size(), 2u);
+  std::remove(expected.c_str());
 }
 
 TEST_F(Adaptors, TheLogFileVariableAddsTheLog) {

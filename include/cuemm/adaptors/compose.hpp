@@ -3,7 +3,8 @@
 //   CUEMM_MEMORY_MANAGER=pool CUEMM_ADAPTORS=statistics,log CUEMM_LOG_FILE=alloc.csv ./app
 //
 // Names, innermost first: statistics, log (to CUEMM_LOG_FILE, default
-// cuemm_log.csv; device N > 0 logs to name.deviceN.csv), tracking, limit (at
+// cuemm_log.csv, where %p stands for the process id; device N > 0 logs to
+// name.deviceN.csv), tracking, limit (at
 // CUEMM_LIMIT bytes, such as 2G). Setting CUEMM_LOG_FILE alone adds log.
 #pragma once
 
