@@ -229,14 +229,13 @@ struct PoolMemoryManager::Core {
   // holds `mutex`.
   void return_safe_cached_blocks(ThreadCache& cache) {
     std::lock_guard cache_lock(cache.lock);
+    std::array<Freed, kMaximumBinCapacity> taken;
     for (int c = 0; c < detail::kSizeClassCount; ++c) {
       ThreadCache::Bin& bin = cache.bins[c];
       std::uint32_t safe = 0;
-      while (safe < bin.count && epochs.is_safe(bin.at(safe).epoch)) blocks.deallocate(bin.at(safe++).address);
-      bin.head = (bin.head + safe) & (bin.capacity - 1);
-      bin.count -= safe;
-      cache.bytes.store(cache.bytes.load(std::memory_order_relaxed) - safe * detail::size_class_bytes(c),
-                        std::memory_order_relaxed);
+      while (safe < bin.count && epochs.is_safe(bin.at(safe).epoch)) ++safe;  // epochs only grow along a ring
+      const std::size_t n = cache.take_oldest(c, safe, taken.data());
+      for (std::size_t i = 0; i < n; ++i) blocks.deallocate(taken[i].address);
     }
   }
 
