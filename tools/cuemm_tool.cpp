@@ -35,12 +35,16 @@ struct Operation {
   bool device;       // device memory (else host, replayed as pinned memory)
 };
 
-// The log's Alloc/Free rows as operations (managed memory is replayed as device memory).
-std::vector<Operation> read_log(const std::string& path) {
+std::vector<LoggedEvent> read_log_events(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw InvalidArgument("cannot read the log '" + path + "'");
+  return read_memory_log(in, path);
+}
+
+// The log's Alloc/Free rows as operations (managed memory is replayed as device memory).
+std::vector<Operation> read_log(const std::string& path) {
   std::vector<Operation> operations;
-  for (const LoggedEvent& event : read_memory_log(in, path))
+  for (const LoggedEvent& event : read_log_events(path))
     operations.push_back({event.allocate, event.id, event.size, event.time, event.kind != LoggedKind::Host});
   return operations;
 }
@@ -193,9 +197,7 @@ int run(std::vector<std::string> args) {
   }
   if (command == "plot") {
     if (args.size() != 2) return usage();
-    std::ifstream in(args[0]);
-    if (!in) throw InvalidArgument("cannot read the log '" + args[0] + "'");
-    const std::string svg = memory_plot_svg(read_memory_log(in, args[0]));
+    const std::string svg = memory_plot_svg(read_log_events(args[0]));
     std::ofstream out(args[1]);
     if (!(out << svg)) throw InvalidArgument("cannot write '" + args[1] + "'");
     std::printf("wrote %s\n", args[1].c_str());
