@@ -58,6 +58,21 @@ void PoolRawAllocateFree(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 
+// The same, stream-ordered on each thread's per-thread default stream (as the
+// driver's pool below, and PyTorch's on its current stream): a freed block is
+// reused at once by the same stream.
+void PoolStreamOrderedAllocateFree(benchmark::State& state) {
+  auto& pool = shared_manager<cuemm::PoolMemoryManager>();
+  cuemm::ScopedContext scope(context());
+  const auto size = static_cast<std::size_t>(state.range(0));
+  for (auto _ : state) {
+    const cuemm::cuda::CUdeviceptr pointer = pool.allocate(size, cuemm::cuda::CU_STREAM_PER_THREAD);
+    benchmark::DoNotOptimize(pointer);
+    pool.deallocate(pointer, size, cuemm::cuda::CU_STREAM_PER_THREAD);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
 void DriverMemAllocFree(benchmark::State& state) {
   cuemm::ScopedContext scope(context());
   const auto size = static_cast<std::size_t>(state.range(0));
@@ -219,6 +234,7 @@ BENCHMARK_TEMPLATE(AllocateFree, cuemm::DefaultMemoryManager)->Apply(set_sizes);
 BENCHMARK_TEMPLATE(AllocateFree, cuemm::PoolMemoryManager)->Apply(set_sizes);
 BENCHMARK_TEMPLATE(AllocateFree, cuemm::AsyncMemoryManager)->Apply(set_sizes);
 BENCHMARK(PoolRawAllocateFree)->Apply(set_sizes);
+BENCHMARK(PoolStreamOrderedAllocateFree)->Apply(set_sizes);
 BENCHMARK(PoolWithFreeBlocks)->Arg(0)->Arg(65536);
 BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::DefaultMemoryManager)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
 BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::PoolMemoryManager)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();

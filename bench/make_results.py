@@ -80,7 +80,9 @@ def main():
             ("default manager (Numba's behaviour)", "AllocateFree<cuemm::DefaultMemoryManager>/{s}/real_time/threads:{t}"),
             ("async manager (driver's stream-ordered pool)", "AllocateFree<cuemm::AsyncMemoryManager>/{s}/real_time/threads:{t}"),
             ("pool manager, memalloc (MemoryPointer)", "AllocateFree<cuemm::PoolMemoryManager>/{s}/real_time/threads:{t}"),
-            ("pool, raw allocate/deallocate", "PoolRawAllocateFree/{s}/real_time/threads:{t}")]
+            ("pool, raw allocate/deallocate", "PoolRawAllocateFree/{s}/real_time/threads:{t}"),
+            ("pool, stream-ordered allocate/deallocate (per-thread stream)",
+             "PoolStreamOrderedAllocateFree/{s}/real_time/threads:{t}")]
     for threads in (1, 4, 16):
         lines += [f"### {threads} thread(s)", "", "| allocator | " + " | ".join(f"{s:,} B" for s in sizes) + " |",
                   "|---|" + "---|" * len(sizes)]
@@ -89,15 +91,16 @@ def main():
                      for s in sizes]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("")
-    one = {s: m.get(f"PoolRawAllocateFree/{s}/real_time/threads:1") for s in sizes}
-    sixteen = {s: m.get(f"PoolRawAllocateFree/{s}/real_time/threads:16") for s in sizes}
-    lines += ["Pool scaling, raw interface: aggregate throughput of 16 threads over one thread's: " +
-              ", ".join(f"{s:,} B {one[s] / sixteen[s]:.1f}x" for s in sizes if one[s] and sixteen[s]), ""]
     torch = {s: m.get(f"TorchRawAllocFree/{s}/real_time/threads:1") for s in sizes}
-    if all(torch.values()):
-        lines += ["PyTorch's caching allocator over the pool's raw pair, 1 thread: " +
-                  ", ".join(f"{s:,} B {torch[s] / one[s]:.1f}x" for s in sizes if one[s]), ""]
-    else:
+    for label, name in (("raw interface", "PoolRawAllocateFree"), ("stream-ordered", "PoolStreamOrderedAllocateFree")):
+        one = {s: m.get(f"{name}/{s}/real_time/threads:1") for s in sizes}
+        sixteen = {s: m.get(f"{name}/{s}/real_time/threads:16") for s in sizes}
+        lines += [f"Pool scaling, {label}: aggregate throughput of 16 threads over one thread's: " +
+                  ", ".join(f"{s:,} B {one[s] / sixteen[s]:.1f}x" for s in sizes if one[s] and sixteen[s]), ""]
+        if all(torch.values()):
+            lines += [f"PyTorch's caching allocator over the pool's pair ({label}), 1 thread: " +
+                      ", ".join(f"{s:,} B {torch[s] / one[s]:.1f}x" for s in sizes if one[s]), ""]
+    if not all(torch.values()):
         lines += ["PyTorch's caching allocator was not measured in this run (bench_torch_allocator not built).", ""]
     kernels = [("default manager (deferred cuMemFree)", "StreamsWithKernels<cuemm::DefaultMemoryManager>"),
                ("pool manager", "StreamsWithKernels<cuemm::PoolMemoryManager>"),

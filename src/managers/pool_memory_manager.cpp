@@ -24,6 +24,10 @@ namespace {
 constexpr std::size_t kMinimumGrowth = std::size_t{8} << 20;
 constexpr std::uint32_t kMaximumBinCapacity = 512;
 constexpr std::uint32_t kMinimumBinCapacity = 4;
+// Large blocks (beyond the size classes) a thread keeps from stream-ordered frees.
+constexpr std::uint32_t kOrderedLargeCapacity = 4;
+// Large blocks a thread has out in stream order whose size it remembers.
+constexpr std::uint32_t kLentCapacity = 8;
 // Recording an event costs about a microsecond; threads' seals closer than this share one.
 constexpr std::chrono::microseconds kSealInterval{5};
 
@@ -82,12 +86,55 @@ struct ThreadCache {
     Freed& at(std::uint32_t i) noexcept { return ring[(head + i) & (capacity - 1)]; }  // capacity: a power of two
   };
 
+  // Blocks freed in stream order on a default stream (Note [Stream-ordered
+  // reuse]); reused at once by this thread, newest first.
+  struct OrderedBin {
+    std::uintptr_t* slots = nullptr;
+    std::uint32_t count = 0;
+    std::uint32_t capacity = 0;
+  };
+  struct OrderedLarge {
+    std::uintptr_t address;
+    std::size_t bytes;
+    bool dedicated;  // a segment of its own
+  };
+
   SpinLock lock;
-  std::atomic<std::size_t> bytes{0};  // written by the owner under `lock`
+  std::atomic<std::size_t> bytes{0};  // written by the owner under `lock`; rings and ordered bins
+  std::atomic<std::size_t> large_bytes{0};  // in `ordered_large`, under `lock`
   std::uint32_t frees_since_advance = 0;  // of all classes
   std::size_t budget;
   std::array<Bin, detail::kSizeClassCount> bins;
   std::unique_ptr<Freed[]> storage;
+  std::array<OrderedBin, detail::kSizeClassCount> ordered;
+  std::unique_ptr<std::uintptr_t[]> ordered_storage;
+  std::array<OrderedLarge, kOrderedLargeCapacity> ordered_large;  // oldest first
+  std::uint32_t ordered_large_count = 0;
+  // The large blocks this thread took in stream order, so that their
+  // stream-ordered free needs no lock to learn their size. An entry is
+  // trusted only if no large block was freed another way since it was made
+  // (`generation`): a block freed elsewhere may have been merged or split.
+  struct Lent {
+    OrderedLarge block;
+    std::uint64_t generation;
+  };
+  std::array<Lent, kLentCapacity> lent{};
+  std::uint32_t next_lent = 0;  // the slot to overwrite next
+
+  void lend(const OrderedLarge& block, std::uint64_t generation) noexcept {
+    lent[next_lent] = {block, generation};
+    next_lent = (next_lent + 1) % kLentCapacity;
+  }
+  // The lent block at `address`, forgotten; nullopt if unknown or stale.
+  std::optional<OrderedLarge> take_lent(std::uintptr_t address, std::uint64_t generation) noexcept {
+    for (Lent& entry : lent) {
+      if (entry.block.address != address) continue;
+      const Lent found = entry;
+      entry.block.address = 0;
+      if (found.generation == generation) return found.block;
+    }
+    return std::nullopt;
+  }
 
   explicit ThreadCache(std::size_t budget_) : budget(budget_) {
     std::size_t total = 0;
@@ -105,6 +152,47 @@ struct ThreadCache {
       bin.ring = next;
       next += bin.capacity;
     }
+    // A stream-ordered free is reused by the thread's next request: a
+    // quarter of a ring is enough depth.
+    std::size_t ordered_total = 0;
+    for (int c = 0; c < detail::kSizeClassCount; ++c) {
+      ordered[c].capacity = std::max(bins[c].capacity / 4, kMinimumBinCapacity);
+      ordered_total += ordered[c].capacity;
+    }
+    ordered_storage = std::make_unique<std::uintptr_t[]>(ordered_total);
+    std::uintptr_t* slot = ordered_storage.get();
+    for (auto& bin : ordered) {
+      bin.slots = slot;
+      slot += bin.capacity;
+    }
+  }
+
+  void add_bytes(std::size_t n) noexcept { bytes.store(bytes.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
+  void remove_bytes(std::size_t n) noexcept { bytes.store(bytes.load(std::memory_order_relaxed) - n, std::memory_order_relaxed); }
+
+  // Removes the oldest `count` stream-ordered blocks of a class into `out`.
+  std::size_t take_oldest_ordered(int size_class, std::uint32_t count, std::uintptr_t* out) noexcept {
+    OrderedBin& bin = ordered[size_class];
+    count = std::min(count, bin.count);
+    std::copy(bin.slots, bin.slots + count, out);
+    std::copy(bin.slots + count, bin.slots + bin.count, bin.slots);
+    bin.count -= count;
+    remove_bytes(count * detail::size_class_bytes(size_class));
+    return count;
+  }
+
+  // The newest stream-ordered large block of the same kind that holds `bytes`
+  // and wastes at most 1/8 of it, removed; or nullopt.
+  std::optional<OrderedLarge> take_ordered_large(std::size_t needed, bool dedicated) noexcept {
+    for (std::uint32_t i = ordered_large_count; i-- > 0;) {
+      const OrderedLarge found = ordered_large[i];
+      if (found.dedicated != dedicated || found.bytes < needed || found.bytes > needed + needed / 8) continue;
+      std::copy(ordered_large.begin() + i + 1, ordered_large.begin() + ordered_large_count, ordered_large.begin() + i);
+      --ordered_large_count;
+      large_bytes.store(large_bytes.load(std::memory_order_relaxed) - found.bytes, std::memory_order_relaxed);
+      return found;
+    }
+    return std::nullopt;
   }
 
   // Removes the oldest `count` entries of a class into `out`.
@@ -114,8 +202,7 @@ struct ThreadCache {
     for (std::uint32_t i = 0; i < count; ++i) out[i] = bin.at(i);
     bin.head = (bin.head + count) & (bin.capacity - 1);
     bin.count -= count;
-    bytes.store(bytes.load(std::memory_order_relaxed) - count * detail::size_class_bytes(size_class),
-                std::memory_order_relaxed);
+    remove_bytes(count * detail::size_class_bytes(size_class));
     return count;
   }
 };
@@ -142,6 +229,9 @@ struct PoolMemoryManager::Core {
   std::vector<std::unique_ptr<ThreadCache>> caches;
   int defer_depth = 0;
   std::chrono::steady_clock::time_point last_seal{};
+  cuda::CUevent ordering_event = nullptr;  // order_after()'s
+  // Large frees that did not go through their thread's lent blocks (ThreadCache::Lent).
+  std::atomic<std::uint64_t> large_frees_elsewhere{0};
   std::atomic<bool> retired{false};
 
   Core(Context* context_, PoolOptions options_) : context(context_), options(options_) {}
@@ -222,6 +312,23 @@ struct PoolMemoryManager::Core {
     for (int c = 0; c < detail::kSizeClassCount; ++c) {
       while (const std::size_t n = cache.take_oldest(c, kMaximumBinCapacity, taken.data()))
         for (std::size_t i = 0; i < n; ++i) quarantine_block(taken[i].address, detail::size_class_bytes(c), taken[i].epoch);
+    }
+    quarantine_ordered_blocks(cache);
+  }
+
+  // Moves a thread's stream-ordered blocks into the quarantine. Their freeing
+  // work is on a default stream, which the next seal's event covers.
+  void quarantine_ordered_blocks(ThreadCache& cache) {
+    const std::uint64_t epoch = epochs.tag();
+    std::array<std::uintptr_t, kMaximumBinCapacity> taken;
+    for (int c = 0; c < detail::kSizeClassCount; ++c) {
+      while (const std::size_t n = cache.take_oldest_ordered(c, kMaximumBinCapacity, taken.data()))
+        for (std::size_t i = 0; i < n; ++i) quarantine_block(taken[i], detail::size_class_bytes(c), epoch);
+    }
+    while (cache.ordered_large_count) {
+      const ThreadCache::OrderedLarge& large = cache.ordered_large[--cache.ordered_large_count];
+      cache.large_bytes.store(cache.large_bytes.load(std::memory_order_relaxed) - large.bytes, std::memory_order_relaxed);
+      quarantine_block(large.address, large.bytes, epoch, large.dedicated);
     }
   }
 
@@ -448,6 +555,7 @@ struct PoolMemoryManager::Core {
     const std::uint64_t epoch = epochs.tag();
     if (size_class < 0) {
       std::lock_guard lock(mutex);
+      large_frees_elsewhere.fetch_add(1, std::memory_order_acq_rel);
       const std::size_t segment = dedicated.size_of(address);
       const std::size_t block = segment ? segment : blocks.block_size(address);
       if (block == 0) return;
@@ -499,11 +607,140 @@ struct PoolMemoryManager::Core {
     }
   }
 
+  // --- stream-ordered, on a default stream (Note [Stream-ordered reuse]) ---
+
+  std::uintptr_t allocate_ordered(std::size_t size, int size_class) {
+    if (!caches_enabled()) return allocate(size, size_class);
+    ThreadCache& cache = cache_of_this_thread();
+    {
+      std::lock_guard cache_lock(cache.lock);
+      if (size_class >= 0) {
+        ThreadCache::OrderedBin& bin = cache.ordered[size_class];
+        if (bin.count) [[likely]] {
+          cache.remove_bytes(detail::size_class_bytes(size_class));
+          return bin.slots[--bin.count];
+        }
+      } else {
+        const bool own_segment = wants_own_segment(size);
+        const std::size_t needed =
+            own_segment ? detail::DedicatedSegments::segment_size(size) : blocks.rounded_size(size);
+        if (auto found = cache.take_ordered_large(needed, own_segment)) {
+          cache.lend(*found, large_frees_elsewhere.load(std::memory_order_acquire));
+          return found->address;
+        }
+      }
+    }
+    if (size_class >= 0) return allocate(size, size_class);
+    std::lock_guard lock(mutex);
+    const bool own_segment = wants_own_segment(size);
+    const std::uintptr_t address = own_segment ? allocate_dedicated(size) : allocate_from_index(size);
+    const std::size_t bytes = own_segment ? dedicated.size_of(address) : blocks.block_size(address);
+    std::lock_guard cache_lock(cache.lock);
+    cache.lend({address, bytes, own_segment}, large_frees_elsewhere.load(std::memory_order_acquire));
+    return address;
+  }
+
+  void deallocate_ordered(std::uintptr_t address, int size_class) noexcept {
+    if (retired.load(std::memory_order_acquire)) return;
+    ThreadCache* cache = nullptr;
+    if (caches_enabled()) {
+      try {
+        cache = &cache_of_this_thread();
+      } catch (...) {
+      }
+    }
+    if (!cache) return deallocate(address, size_class);  // tagged with the epoch: still safe
+    if (size_class < 0) return deallocate_ordered_large(address, *cache);
+    const std::size_t class_bytes = detail::size_class_bytes(size_class);
+    std::array<std::uintptr_t, kMaximumBinCapacity> spilled;
+    std::size_t spill_count = 0;
+    {
+      std::lock_guard cache_lock(cache->lock);
+      ThreadCache::OrderedBin& bin = cache->ordered[size_class];
+      // Full bin or budget: the older half goes to the quarantine.
+      if (bin.count == bin.capacity || cache->bytes.load(std::memory_order_relaxed) + class_bytes > cache->budget)
+        spill_count = cache->take_oldest_ordered(size_class, std::max<std::uint32_t>(bin.count / 2, 1), spilled.data());
+      if (bin.count < bin.capacity) {
+        bin.slots[bin.count++] = address;
+        cache->add_bytes(class_bytes);
+        address = 0;
+      }
+    }
+    if (spill_count == 0 && address == 0) return;
+    std::lock_guard lock(mutex);
+    const std::uint64_t epoch = epochs.tag();
+    try {
+      for (std::size_t i = 0; i < spill_count; ++i) quarantine_block(spilled[i], class_bytes, epoch);
+      if (address) quarantine_block(address, class_bytes, epoch);
+    } catch (...) {
+      for (std::size_t i = 0; i < spill_count; ++i) blocks.deallocate(spilled[i]);
+      if (address) blocks.deallocate(address);
+    }
+  }
+
+  // The size lookup needs the lock; the block then stays with the thread,
+  // and the oldest one it kept goes to the quarantine when it has too many.
+  void deallocate_ordered_large(std::uintptr_t address, ThreadCache& cache) noexcept {
+    {
+      std::lock_guard cache_lock(cache.lock);
+      const auto lent = cache.take_lent(address, large_frees_elsewhere.load(std::memory_order_acquire));
+      if (lent && cache.ordered_large_count < kOrderedLargeCapacity) [[likely]] {
+        cache.ordered_large[cache.ordered_large_count++] = *lent;
+        cache.large_bytes.store(cache.large_bytes.load(std::memory_order_relaxed) + lent->bytes,
+                                std::memory_order_relaxed);
+        return;
+      }
+    }
+    std::lock_guard lock(mutex);
+    large_frees_elsewhere.fetch_add(1, std::memory_order_acq_rel);
+    const std::size_t segment = dedicated.size_of(address);
+    const std::size_t block = segment ? segment : blocks.block_size(address);
+    if (block == 0) return;
+    std::lock_guard cache_lock(cache.lock);
+    try {
+      if (cache.ordered_large_count == kOrderedLargeCapacity) {
+        const ThreadCache::OrderedLarge oldest = cache.ordered_large[0];
+        quarantine_block(oldest.address, oldest.bytes, epochs.tag(), oldest.dedicated);
+        std::copy(cache.ordered_large.begin() + 1, cache.ordered_large.end(), cache.ordered_large.begin());
+        --cache.ordered_large_count;
+        cache.large_bytes.store(cache.large_bytes.load(std::memory_order_relaxed) - oldest.bytes,
+                                std::memory_order_relaxed);
+      }
+    } catch (...) {
+      // No room to defer the oldest: it is still the thread's; this one waits for its epoch instead.
+      try {
+        quarantine_block(address, block, epochs.tag(), segment != 0);
+      } catch (...) {
+        reuse({address, block, epochs.tag(), segment != 0});
+      }
+      return;
+    }
+    cache.ordered_large[cache.ordered_large_count++] = {address, block, segment != 0};
+    cache.large_bytes.store(cache.large_bytes.load(std::memory_order_relaxed) + block, std::memory_order_relaxed);
+  }
+
+  // Makes the legacy stream wait for the work queued so far on `stream`, so
+  // that the next epoch's event covers it; failing that, waits for it here.
+  void order_after(cuda::CUstream stream) noexcept {
+    std::lock_guard lock(mutex);  // one event: record and wait together
+    try {
+      ScopedContext scope(*context);
+      if (!ordering_event) CUEMM_CU(cuEventCreate, &ordering_event, cuda::CU_EVENT_DISABLE_TIMING);
+      CUEMM_CU(cuEventRecord, ordering_event, stream);
+      CUEMM_CU(cuStreamWaitEvent, cuda::CU_STREAM_LEGACY, ordering_event, 0);
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "cuemm pool: cannot order a free on stream %p (%s); synchronising instead\n",
+                   static_cast<void*>(stream), error.what());
+      if (CUEMM_CU_RESULT(cuStreamSynchronize, stream) != cuda::CUDA_SUCCESS) CUEMM_CU_RESULT(cuCtxSynchronize);
+    }
+  }
+
   bool caches_enabled() const noexcept { return options.thread_cache_size > 0; }
 
   std::size_t cached_bytes() const noexcept {
     std::size_t total = 0;
-    for (const auto& cache : caches) total += cache->bytes.load(std::memory_order_relaxed);
+    for (const auto& cache : caches)
+      total += cache->bytes.load(std::memory_order_relaxed) + cache->large_bytes.load(std::memory_order_relaxed);
     return total;
   }
 
@@ -514,13 +751,17 @@ struct PoolMemoryManager::Core {
     for (auto& cache : caches) {
       std::lock_guard cache_lock(cache->lock);
       for (auto& bin : cache->bins) bin.count = bin.head = bin.frees_since_advance = 0;
+      for (auto& bin : cache->ordered) bin.count = 0;
+      cache->ordered_large_count = 0;
       cache->bytes = 0;
+      cache->large_bytes = 0;
     }
     epochs.retire();
     if (!context) return;  // the version-probe instance never touched the driver
     try {
       ScopedContext scope(*context);
       CUEMM_CU_RESULT(cuCtxSynchronize);  // blocks in use may still be read by queued work
+      if (ordering_event) CUEMM_CU_RESULT(cuEventDestroy, std::exchange(ordering_event, nullptr));
       for (const auto& region : blocks.take_all_regions()) CUEMM_CU_RESULT(cuMemFree, region.base);
       free_segments(dedicated.take_all());
     } catch (const std::exception& error) {
@@ -660,6 +901,29 @@ std::shared_ptr<MemoryPointer> PoolMemoryManager::memalloc(std::size_t size) {
     core->deallocate(address, size_class);
     throw;
   }
+}
+
+namespace {
+// Streams whose work the legacy stream's events cover and whose frees a
+// thread may reuse at once (Note [Stream-ordered reuse]).
+bool is_default_stream(cuda::CUstream stream) noexcept {
+  return stream == nullptr || stream == cuda::CU_STREAM_LEGACY || stream == cuda::CU_STREAM_PER_THREAD;
+}
+}  // namespace
+
+cuda::CUdeviceptr PoolMemoryManager::allocate(std::size_t size, cuda::CUstream stream) {
+  require_allocation_size(size, "PoolMemoryManager::allocate");
+  const int size_class = core_->size_class(size);
+  // A block for any other stream is one that every stream may use.
+  return is_default_stream(stream) ? core_->allocate_ordered(size, size_class) : core_->allocate(size, size_class);
+}
+
+void PoolMemoryManager::deallocate(cuda::CUdeviceptr pointer, std::size_t size, cuda::CUstream stream) noexcept {
+  if (!pointer || !size) return;
+  const int size_class = core_->size_class(size);
+  if (is_default_stream(stream)) return core_->deallocate_ordered(pointer, size_class);
+  core_->order_after(stream);
+  core_->deallocate(pointer, size_class);
 }
 
 IpcHandle PoolMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer>& memory) {

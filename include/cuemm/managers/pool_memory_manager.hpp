@@ -28,6 +28,21 @@
 // path makes no driver call. Work on non-blocking streams is not covered by
 // the legacy stream: synchronise it before freeing.
 //
+// Note [Stream-ordered reuse]
+// allocate(size, stream) and deallocate(pointer, size, stream) follow
+// cudaMallocAsync's rules: the block is ready for work on `stream` at once,
+// and a free says that all work using the block is queued on `stream`. On the
+// default streams (legacy, or the calling thread's per-thread stream) a freed
+// block then needs no event: the thread keeps it (newest first) and hands it
+// to its next request on either default stream, whose work the driver orders
+// after the freeing work (the legacy stream and the per-thread streams wait
+// for each other). No other thread gets it until it goes to the quarantine
+// (when the thread's cache is full, flushed or its thread ends), tagged with
+// the open epoch as every other free. A free on any other stream records an
+// event there and makes the legacy stream wait for it, so the next epoch's
+// event covers that work too (also for non-blocking streams); that costs two
+// driver calls, and orders later legacy-stream work after the stream's.
+//
 // Out of memory: reclaim completed epochs, wait for pending ones, grow, and if
 // the driver is out of memory, flush the thread caches, return empty segments
 // and flush the host-side pending frees, then retry once before throwing
@@ -70,7 +85,7 @@ struct PoolStatistics {
   std::size_t reserved_bytes = 0;     // taken from the driver
   std::size_t in_use_bytes = 0;       // in blocks handed out (rounded sizes)
   std::size_t quarantined_bytes = 0;  // freed, waiting for the GPU (see Note [Stream-safe reuse])
-  std::size_t cached_bytes = 0;       // freed into the per-thread caches
+  std::size_t cached_bytes = 0;       // freed into the per-thread caches (stream-ordered frees too)
   std::size_t segments = 0;
   std::size_t free_blocks = 0;
 };
@@ -92,6 +107,12 @@ class PoolMemoryManager : public HostOnlyMemoryManager {
   cuda::CUdeviceptr allocate(std::size_t size);
   // Gives back a block from allocate(); `size` must be the size it was asked with.
   void deallocate(cuda::CUdeviceptr pointer, std::size_t size) noexcept;
+  // Stream-ordered (Note [Stream-ordered reuse]): as RMM's allocate and
+  // deallocate on a stream, and PyTorch's raw_alloc and raw_delete on its
+  // current stream. A block from either allocate() may be freed by either
+  // deallocate().
+  cuda::CUdeviceptr allocate(std::size_t size, cuda::CUstream stream);
+  void deallocate(cuda::CUdeviceptr pointer, std::size_t size, cuda::CUstream stream) noexcept;
 
   IpcHandle get_ipc_handle(const std::shared_ptr<MemoryPointer>& memory) override;
   // Driver free memory plus the pool's free bytes; the device total.
