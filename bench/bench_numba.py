@@ -88,7 +88,7 @@ def main():
 
     figures = {"device": {m: {} for m in MANAGERS}, "pinned": {}, "mapped": {}, "threads": {}}
     for kind in ("pinned", "mapped"):
-        figures[kind] = {"default": {}, "cuemm": {}}
+        figures[kind] = {"default": {}, "cuemm": {}, "floor": {}}
 
     def add(kind, manager, samples):
         for size, values in samples.items():
@@ -100,7 +100,7 @@ def main():
         for manager in order:
             add("device", manager, measure(manager, "device", DEVICE_SIZES, args.repeats, environment))
         for kind in ("pinned", "mapped"):
-            for manager in (("default", "cuemm") if round_ % 2 == 0 else ("cuemm", "default")):
+            for manager in order:
                 repeats = 1 if manager == "default" else args.repeats
                 add(kind, manager, measure(manager, kind, HOST_SIZES, repeats, environment))
     for manager in ("default", "cuemm"):
@@ -118,8 +118,9 @@ def main():
     for kind in ("pinned", "mapped"):
         print(f"cuda.{kind}_array(n) + release, median ns per pair")
         for n in HOST_SIZES:
-            d, c = median(figures[kind]["default"][str(n)]), median(figures[kind]["cuemm"][str(n)])
-            print(f"{n:>10} default {d:>12.0f} cuemm {c:>10.0f} ratio {d / c:>9.1f}x")
+            d, c, f = (median(figures[kind][m][str(n)]) for m in MANAGERS)
+            print(f"{n:>10} default {d:>12.0f} cuemm {c:>10.0f} floor {f:>10.0f} ratio {d / c:>9.1f}x "
+                  f"cuemm/floor {c / f:.3f}")
     print("Python threads, cuda.to_device(8 KiB) + release (content checked), pairs per second")
     for manager in ("default", "cuemm"):
         row = figures["threads"][manager]

@@ -147,11 +147,16 @@ def main():
         f = statistics.median(numba["device"]["floor"][s])
         lines.append(f"| {int(s):,} B | {fmt(d)} | {fmt(c)} | {fmt(f)} | {d / c:.1f}x | {c / f:.2f} |")
     for kind in ("pinned", "mapped"):
-        lines += ["", f"`cuda.{kind}_array(n)` + release:", "", "| size | default | cuemm | default / cuemm |",
-                  "|---|---|---|---|"]
+        floor = numba[kind].get("floor") or {}
+        lines += ["", f"`cuda.{kind}_array(n)` + release (floor: one fixed pinned buffer, wrapped as Numba wraps it):",
+                  "", "| size | default | cuemm | floor | default / cuemm | default / floor | cuemm / floor |",
+                  "|---|---|---|---|---|---|---|"]
         for s, samples in numba[kind]["cuemm"].items():
             d, c = statistics.median(numba[kind]["default"][s]), statistics.median(samples)
-            lines.append(f"| {int(s):,} B | {fmt(d)} | {fmt(c)} | {d / c:,.1f}x |")
+            f = statistics.median(floor[s]) if floor.get(s) else None
+            cells = [fmt(f), f"{d / f:,.1f}x", f"{c / f:.2f}"] if f else ["-", "-", "-"]
+            lines.append(f"| {int(s):,} B | {fmt(d)} | {fmt(c)} | " + " | ".join([cells[0], f"{d / c:,.1f}x"] + cells[1:])
+                         + " |")
     lines += ["", "Python threads, `cuda.to_device(8 KiB)` + release with content checks, pairs per second:", ""]
     for manager, row in numba["threads"].items():
         lines.append(f"- {manager}: " + ", ".join(f"{t} thread(s) {row[t]['pairs_per_second']:,.0f} "
