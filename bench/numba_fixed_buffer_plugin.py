@@ -10,9 +10,9 @@ import ctypes
 import weakref
 
 from numba.cuda.cudadrv import driver as _driver
-from numba.cuda.cudadrv import enums as _enums
 
 _BUFFER_BYTES = 128 << 20
+_CU_MEMHOSTALLOC_DEVICEMAP = 0x02  # cuda.h
 
 
 class FixedBufferManager(_driver.HostOnlyCUDAMemoryManager):
@@ -44,7 +44,7 @@ class FixedBufferManager(_driver.HostOnlyCUDAMemoryManager):
             raise MemoryError("the fixed buffer is smaller than the request")
         pointer = self._host_buffers.get(mapped)
         if pointer is None:
-            flags = _enums.CU_MEMHOSTALLOC_DEVICEMAP if mapped else 0
+            flags = _CU_MEMHOSTALLOC_DEVICEMAP if mapped else 0
             if getattr(_driver, "USE_NV_BINDING", hasattr(_driver, "binding")):
                 pointer = _driver.driver.cuMemHostAlloc(_BUFFER_BYTES, flags)
             else:
