@@ -185,14 +185,25 @@ struct ThreadCache {
   // and wastes at most 1/8 of it, removed; or nullopt.
   std::optional<OrderedLarge> take_ordered_large(std::size_t needed, bool dedicated) noexcept {
     for (std::uint32_t i = ordered_large_count; i-- > 0;) {
-      const OrderedLarge found = ordered_large[i];
-      if (found.dedicated != dedicated || found.bytes < needed || found.bytes > needed + needed / 8) continue;
-      std::copy(ordered_large.begin() + i + 1, ordered_large.begin() + ordered_large_count, ordered_large.begin() + i);
-      --ordered_large_count;
-      large_bytes.store(large_bytes.load(std::memory_order_relaxed) - found.bytes, std::memory_order_relaxed);
-      return found;
+      const OrderedLarge& found = ordered_large[i];
+      if (found.dedicated == dedicated && found.bytes >= needed && found.bytes <= needed + needed / 8)
+        return remove_ordered_large(i);
     }
     return std::nullopt;
+  }
+
+  // The caller checks that there is room.
+  void push_ordered_large(const OrderedLarge& block) noexcept {
+    ordered_large[ordered_large_count++] = block;
+    large_bytes.store(large_bytes.load(std::memory_order_relaxed) + block.bytes, std::memory_order_relaxed);
+  }
+
+  OrderedLarge remove_ordered_large(std::uint32_t i) noexcept {
+    const OrderedLarge removed = ordered_large[i];
+    std::copy(ordered_large.begin() + i + 1, ordered_large.begin() + ordered_large_count, ordered_large.begin() + i);
+    --ordered_large_count;
+    large_bytes.store(large_bytes.load(std::memory_order_relaxed) - removed.bytes, std::memory_order_relaxed);
+    return removed;
   }
 
   // Removes the oldest `count` entries of a class into `out`.
@@ -326,8 +337,7 @@ struct PoolMemoryManager::Core {
         for (std::size_t i = 0; i < n; ++i) quarantine_block(taken[i], detail::size_class_bytes(c), epoch);
     }
     while (cache.ordered_large_count) {
-      const ThreadCache::OrderedLarge& large = cache.ordered_large[--cache.ordered_large_count];
-      cache.large_bytes.store(cache.large_bytes.load(std::memory_order_relaxed) - large.bytes, std::memory_order_relaxed);
+      const ThreadCache::OrderedLarge large = cache.remove_ordered_large(cache.ordered_large_count - 1);
       quarantine_block(large.address, large.bytes, epoch, large.dedicated);
     }
   }
@@ -685,9 +695,7 @@ struct PoolMemoryManager::Core {
       std::lock_guard cache_lock(cache.lock);
       const auto lent = cache.take_lent(address, large_frees_elsewhere.load(std::memory_order_acquire));
       if (lent && cache.ordered_large_count < kOrderedLargeCapacity) [[likely]] {
-        cache.ordered_large[cache.ordered_large_count++] = *lent;
-        cache.large_bytes.store(cache.large_bytes.load(std::memory_order_relaxed) + lent->bytes,
-                                std::memory_order_relaxed);
+        cache.push_ordered_large(*lent);
         return;
       }
     }
@@ -699,12 +707,9 @@ struct PoolMemoryManager::Core {
     std::lock_guard cache_lock(cache.lock);
     try {
       if (cache.ordered_large_count == kOrderedLargeCapacity) {
-        const ThreadCache::OrderedLarge oldest = cache.ordered_large[0];
+        const ThreadCache::OrderedLarge& oldest = cache.ordered_large[0];
         quarantine_block(oldest.address, oldest.bytes, epochs.tag(), oldest.dedicated);
-        std::copy(cache.ordered_large.begin() + 1, cache.ordered_large.end(), cache.ordered_large.begin());
-        --cache.ordered_large_count;
-        cache.large_bytes.store(cache.large_bytes.load(std::memory_order_relaxed) - oldest.bytes,
-                                std::memory_order_relaxed);
+        cache.remove_ordered_large(0);
       }
     } catch (...) {
       // No room to defer the oldest: it is still the thread's; this one waits for its epoch instead.
@@ -715,8 +720,7 @@ struct PoolMemoryManager::Core {
       }
       return;
     }
-    cache.ordered_large[cache.ordered_large_count++] = {address, block, segment != 0};
-    cache.large_bytes.store(cache.large_bytes.load(std::memory_order_relaxed) + block, std::memory_order_relaxed);
+    cache.push_ordered_large({address, block, segment != 0});
   }
 
   // Makes the legacy stream wait for the work queued so far on `stream`, so
