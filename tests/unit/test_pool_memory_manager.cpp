@@ -456,3 +456,51 @@ TEST_F(Pool, StreamOrderedAndStreamLessFreesMixAcrossThreads) {
   const std::size_t reserved = pool.statistics().reserved_bytes;
   EXPECT_EQ(pool.trim(), reserved) << "some block did not come back";
 }
+
+// Each driver call the stream-ordered paths make fails once, at its first,
+// second or third use: whatever the workload sees, the pool works afterwards
+// and gives everything back.
+TEST_F(Pool, AnyDriverCallFailingInTheStreamOrderedPathsLeavesNothingBehind) {
+  CUEMM_REQUIRE_SIMULATION();
+  ScopedContext scope(context);
+  cuda::CUstream user_stream = nullptr;
+  CUEMM_CU(cuStreamCreate, &user_stream, cuda::CU_STREAM_NON_BLOCKING);
+  const Stream owned_stream(&context, user_stream, true);
+  const auto baseline = simulation::device_bytes_in_use(0);
+  for (const std::string function : {"cuMemAlloc", "cuEventCreate", "cuEventRecord", "cuStreamWaitEvent",
+                                     "cuEventQuery", "cuEventSynchronize"}) {
+    for (std::uint64_t nth = 1; nth <= 3; ++nth) {
+      SCOPED_TRACE(function + " failing at call " + std::to_string(nth));
+      {
+        PoolMemoryManager pool(&context);
+        pool.initialize();
+        simulation::inject_fault(function, nth, cuda::CUDA_ERROR_UNKNOWN);
+        std::vector<std::pair<cuda::CUdeviceptr, std::size_t>> held;
+        try {
+          for (int i = 0; i < 40; ++i) {
+            const std::size_t size = std::size_t{1} << (8 + i % 16);  // 256 B to 8 MiB
+            const cuda::CUstream stream = i % 3 == 0 ? user_stream : cuda::CU_STREAM_PER_THREAD;
+            held.emplace_back(pool.allocate(size, stream), size);
+            if (i % 2 == 0) {
+              pool.deallocate(held.front().first, held.front().second, stream);
+              held.erase(held.begin());
+            }
+          }
+        } catch (const Error&) {
+          // Whatever failed said so with an exception; the checks below matter.
+        }
+        simulation::clear_faults();
+        for (const auto& [block, size] : held) pool.deallocate(block, size, cuda::CU_STREAM_PER_THREAD);
+        EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
+        const cuda::CUdeviceptr block = pool.allocate(1 << 20, cuda::CU_STREAM_PER_THREAD);
+        CUEMM_CU(cuMemsetD32, block, 5u, (1 << 20) / 4);
+        std::uint32_t last = 0;
+        CUEMM_CU(cuMemcpyDtoH, &last, block + (1 << 20) - 4, 4);
+        EXPECT_EQ(last, 5u);
+        pool.deallocate(block, 1 << 20, cuda::CU_STREAM_PER_THREAD);
+      }
+      context.synchronize();
+      EXPECT_EQ(simulation::device_bytes_in_use(0), baseline) << "the pool left device memory behind";
+    }
+  }
+}
