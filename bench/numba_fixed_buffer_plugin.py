@@ -13,6 +13,7 @@ from numba.cuda.cudadrv import driver as _driver
 
 _BUFFER_BYTES = 128 << 20
 _CU_MEMHOSTALLOC_DEVICEMAP = 0x02  # cuda.h
+_USE_NV_BINDING = getattr(_driver, "USE_NV_BINDING", hasattr(_driver, "binding"))
 
 
 class FixedBufferManager(_driver.HostOnlyCUDAMemoryManager):
@@ -25,7 +26,7 @@ class FixedBufferManager(_driver.HostOnlyCUDAMemoryManager):
 
     def initialize(self):
         if self._buffer is None:
-            if getattr(_driver, "USE_NV_BINDING", hasattr(_driver, "binding")):
+            if _USE_NV_BINDING:
                 self._buffer = _driver.driver.cuMemAlloc(_BUFFER_BYTES)
             else:
                 import ctypes
@@ -45,7 +46,7 @@ class FixedBufferManager(_driver.HostOnlyCUDAMemoryManager):
         pointer = self._host_buffers.get(mapped)
         if pointer is None:
             flags = _CU_MEMHOSTALLOC_DEVICEMAP if mapped else 0
-            if getattr(_driver, "USE_NV_BINDING", hasattr(_driver, "binding")):
+            if _USE_NV_BINDING:
                 pointer = _driver.driver.cuMemHostAlloc(_BUFFER_BYTES, flags)
             else:
                 pointer = ctypes.c_void_p()
