@@ -170,19 +170,20 @@ struct ThreadCache {
   void add_bytes(std::size_t n) noexcept { bytes.store(bytes.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
   void remove_bytes(std::size_t n) noexcept { bytes.store(bytes.load(std::memory_order_relaxed) - n, std::memory_order_relaxed); }
 
-  // Removes the oldest `count` stream-ordered blocks of a class into `out`.
-  std::size_t take_oldest_ordered(int size_class, std::uint32_t count, std::uintptr_t* out) noexcept {
+  // Removes the oldest `count` stream-ordered blocks of a class into `out`,
+  // tagged with `epoch`.
+  std::size_t take_oldest_ordered(int size_class, std::uint32_t count, std::uint64_t epoch, Freed* out) noexcept {
     OrderedBin& bin = ordered[size_class];
     count = std::min(count, bin.count);
-    std::copy(bin.slots, bin.slots + count, out);
+    for (std::uint32_t i = 0; i < count; ++i) out[i] = {bin.slots[i], epoch};
     std::copy(bin.slots + count, bin.slots + bin.count, bin.slots);
     bin.count -= count;
     remove_bytes(count * detail::size_class_bytes(size_class));
     return count;
   }
 
-  // The newest stream-ordered large block of the same kind that holds `bytes`
-  // and wastes at most 1/8 of it, removed; or nullopt.
+  // The newest stream-ordered large block of the same kind that holds
+  // `needed` bytes and wastes at most 1/8 of them, removed; or nullopt.
   std::optional<OrderedLarge> take_ordered_large(std::size_t needed, bool dedicated) noexcept {
     for (std::uint32_t i = ordered_large_count; i-- > 0;) {
       const OrderedLarge& found = ordered_large[i];
@@ -256,6 +257,17 @@ struct PoolMemoryManager::Core {
 
   std::size_t reserved_bytes() const noexcept { return blocks.region_bytes() + dedicated.bytes(); }
 
+  // The bytes of the block handed out at `address` (0 if none), and whether
+  // it has a segment of its own.
+  struct BlockAt {
+    std::size_t bytes;
+    bool dedicated;
+  };
+  BlockAt block_at(std::uintptr_t address) const {
+    if (const std::size_t segment = dedicated.size_of(address)) return {segment, true};
+    return {blocks.block_size(address), false};
+  }
+
   // A safe block goes back to the index, or to the spares.
   void reuse(const Quarantined& block) {
     if (!block.dedicated) {
@@ -318,23 +330,18 @@ struct PoolMemoryManager::Core {
 
   // Moves every block of one thread's cache into the quarantine; the caller
   // holds the cache's lock (or the cache's thread has finished).
+  // Its stream-ordered blocks are tagged with the open epoch: their freeing
+  // work is on a default stream, which the next seal's event covers.
   void quarantine_cached_blocks(ThreadCache& cache) {
+    const std::uint64_t epoch = epochs.tag();
     std::array<Freed, kMaximumBinCapacity> taken;
     for (int c = 0; c < detail::kSizeClassCount; ++c) {
-      while (const std::size_t n = cache.take_oldest(c, kMaximumBinCapacity, taken.data()))
+      auto quarantine_taken = [&](std::size_t n) {
         for (std::size_t i = 0; i < n; ++i) quarantine_block(taken[i].address, detail::size_class_bytes(c), taken[i].epoch);
-    }
-    quarantine_ordered_blocks(cache);
-  }
-
-  // Moves a thread's stream-ordered blocks into the quarantine. Their freeing
-  // work is on a default stream, which the next seal's event covers.
-  void quarantine_ordered_blocks(ThreadCache& cache) {
-    const std::uint64_t epoch = epochs.tag();
-    std::array<std::uintptr_t, kMaximumBinCapacity> taken;
-    for (int c = 0; c < detail::kSizeClassCount; ++c) {
-      while (const std::size_t n = cache.take_oldest_ordered(c, kMaximumBinCapacity, taken.data()))
-        for (std::size_t i = 0; i < n; ++i) quarantine_block(taken[i], detail::size_class_bytes(c), epoch);
+      };
+      while (const std::size_t n = cache.take_oldest(c, kMaximumBinCapacity, taken.data())) quarantine_taken(n);
+      while (const std::size_t n = cache.take_oldest_ordered(c, kMaximumBinCapacity, epoch, taken.data()))
+        quarantine_taken(n);
     }
     while (cache.ordered_large_count) {
       const ThreadCache::OrderedLarge large = cache.remove_ordered_large(cache.ordered_large_count - 1);
@@ -541,8 +548,7 @@ struct PoolMemoryManager::Core {
           const std::uintptr_t address = bin.at(0).address;
           bin.head = (bin.head + 1) & (bin.capacity - 1);
           --bin.count;
-          cache.bytes.store(cache.bytes.load(std::memory_order_relaxed) - detail::size_class_bytes(size_class),
-                            std::memory_order_relaxed);
+          cache.remove_bytes(detail::size_class_bytes(size_class));
           return address;
         }
         // Half a ring of frees since the last advance: seal and look for
@@ -566,12 +572,11 @@ struct PoolMemoryManager::Core {
     if (size_class < 0) {
       std::lock_guard lock(mutex);
       large_frees_elsewhere.fetch_add(1, std::memory_order_acq_rel);
-      const std::size_t segment = dedicated.size_of(address);
-      const std::size_t block = segment ? segment : blocks.block_size(address);
+      const auto [block, in_segment_of_its_own] = block_at(address);
       if (block == 0) return;
       try {
-        quarantine_block(address, block, epoch, segment != 0);
-        if (segment) {
+        quarantine_block(address, block, epoch, in_segment_of_its_own);
+        if (in_segment_of_its_own) {
           seal_if_due();  // so that a later request for it seldom waits
           reclaim(false);
         } else if (quarantined_bytes > reserved_bytes() / 8) {
@@ -579,7 +584,7 @@ struct PoolMemoryManager::Core {
           reclaim(false);
         }
       } catch (...) {
-        reuse({address, block, epoch, segment != 0});  // no room to defer: reuse at once rather than leak
+        reuse({address, block, epoch, in_segment_of_its_own});  // no room to defer: reuse at once rather than leak
       }
       return;
     }
@@ -589,7 +594,7 @@ struct PoolMemoryManager::Core {
       cache = &cache_of_this_thread();
     } catch (...) {
     }
-    std::array<Freed, kMaximumBinCapacity / 2> spilled;
+    std::array<Freed, kMaximumBinCapacity / 2 + 1> spilled;  // and the freed block, when it does not fit
     std::size_t spill_count = 0;
     if (cache) {
       std::lock_guard cache_lock(cache->lock);
@@ -602,18 +607,25 @@ struct PoolMemoryManager::Core {
         ++bin.count;
         ++bin.frees_since_advance;
         ++cache->frees_since_advance;
-        cache->bytes.store(cache->bytes.load(std::memory_order_relaxed) + class_bytes, std::memory_order_relaxed);
+        cache->add_bytes(class_bytes);
         address = 0;
       }
     }
-    if (spill_count == 0 && address == 0) return;
+    if (address) spilled[spill_count++] = {address, epoch};
+    quarantine_spilled(spilled.data(), spill_count, class_bytes);
+  }
+
+  // Blocks of one class that a thread's cache had no room for go to the
+  // quarantine; with no host memory to record them there, to the index at
+  // once (rather than leak), those not yet recorded.
+  void quarantine_spilled(const Freed* spilled, std::size_t count, std::size_t class_bytes) noexcept {
+    if (count == 0) return;
     std::lock_guard lock(mutex);
+    std::size_t recorded = 0;
     try {
-      for (std::size_t i = 0; i < spill_count; ++i) quarantine_block(spilled[i].address, class_bytes, spilled[i].epoch);
-      if (address) quarantine_block(address, class_bytes, epoch);
+      for (; recorded < count; ++recorded) quarantine_block(spilled[recorded].address, class_bytes, spilled[recorded].epoch);
     } catch (...) {
-      for (std::size_t i = 0; i < spill_count; ++i) blocks.deallocate(spilled[i].address);
-      if (address) blocks.deallocate(address);
+      for (std::size_t i = recorded; i < count; ++i) blocks.deallocate(spilled[i].address);
     }
   }
 
@@ -642,11 +654,10 @@ struct PoolMemoryManager::Core {
     }
     if (size_class >= 0) return allocate(size, size_class);
     std::lock_guard lock(mutex);
-    const bool own_segment = wants_own_segment(size);
-    const std::uintptr_t address = own_segment ? allocate_dedicated(size) : allocate_from_index(size);
-    const std::size_t bytes = own_segment ? dedicated.size_of(address) : blocks.block_size(address);
+    const std::uintptr_t address = wants_own_segment(size) ? allocate_dedicated(size) : allocate_from_index(size);
+    const BlockAt block = block_at(address);
     std::lock_guard cache_lock(cache.lock);
-    cache.lend({address, bytes, own_segment}, large_frees_elsewhere.load(std::memory_order_acquire));
+    cache.lend({address, block.bytes, block.dedicated}, large_frees_elsewhere.load(std::memory_order_acquire));
     return address;
   }
 
@@ -662,30 +673,24 @@ struct PoolMemoryManager::Core {
     if (!cache) return deallocate(address, size_class);  // tagged with the epoch: still safe
     if (size_class < 0) return deallocate_ordered_large(address, *cache);
     const std::size_t class_bytes = detail::size_class_bytes(size_class);
-    std::array<std::uintptr_t, kMaximumBinCapacity> spilled;
+    std::array<Freed, kMaximumBinCapacity / 2 + 1> spilled;  // and the freed block, when it does not fit
     std::size_t spill_count = 0;
     {
       std::lock_guard cache_lock(cache->lock);
       ThreadCache::OrderedBin& bin = cache->ordered[size_class];
-      // Full bin or budget: the older half goes to the quarantine.
+      // Full bin or budget: the older half goes to the quarantine, tagged now
+      // (their freeing work was queued before this call).
       if (bin.count == bin.capacity || cache->bytes.load(std::memory_order_relaxed) + class_bytes > cache->budget)
-        spill_count = cache->take_oldest_ordered(size_class, std::max<std::uint32_t>(bin.count / 2, 1), spilled.data());
+        spill_count = cache->take_oldest_ordered(size_class, std::max<std::uint32_t>(bin.count / 2, 1),
+                                                 epochs.tag(), spilled.data());
       if (bin.count < bin.capacity) {
         bin.slots[bin.count++] = address;
         cache->add_bytes(class_bytes);
         address = 0;
       }
     }
-    if (spill_count == 0 && address == 0) return;
-    std::lock_guard lock(mutex);
-    const std::uint64_t epoch = epochs.tag();
-    try {
-      for (std::size_t i = 0; i < spill_count; ++i) quarantine_block(spilled[i], class_bytes, epoch);
-      if (address) quarantine_block(address, class_bytes, epoch);
-    } catch (...) {
-      for (std::size_t i = 0; i < spill_count; ++i) blocks.deallocate(spilled[i]);
-      if (address) blocks.deallocate(address);
-    }
+    if (address) spilled[spill_count++] = {address, epochs.tag()};
+    quarantine_spilled(spilled.data(), spill_count, class_bytes);
   }
 
   // The size lookup needs the lock; the block then stays with the thread,
@@ -701,8 +706,7 @@ struct PoolMemoryManager::Core {
     }
     std::lock_guard lock(mutex);
     large_frees_elsewhere.fetch_add(1, std::memory_order_acq_rel);
-    const std::size_t segment = dedicated.size_of(address);
-    const std::size_t block = segment ? segment : blocks.block_size(address);
+    const auto [block, in_segment_of_its_own] = block_at(address);
     if (block == 0) return;
     std::lock_guard cache_lock(cache.lock);
     try {
@@ -714,13 +718,13 @@ struct PoolMemoryManager::Core {
     } catch (...) {
       // No room to defer the oldest: it is still the thread's; this one waits for its epoch instead.
       try {
-        quarantine_block(address, block, epochs.tag(), segment != 0);
+        quarantine_block(address, block, epochs.tag(), in_segment_of_its_own);
       } catch (...) {
-        reuse({address, block, epochs.tag(), segment != 0});
+        reuse({address, block, epochs.tag(), in_segment_of_its_own});
       }
       return;
     }
-    cache.push_ordered_large({address, block, segment != 0});
+    cache.push_ordered_large({address, block, in_segment_of_its_own});
   }
 
   // Makes the legacy stream wait for the work queued so far on `stream`, so
@@ -907,25 +911,19 @@ std::shared_ptr<MemoryPointer> PoolMemoryManager::memalloc(std::size_t size) {
   }
 }
 
-namespace {
-// Streams whose work the legacy stream's events cover and whose frees a
-// thread may reuse at once (Note [Stream-ordered reuse]).
-bool is_default_stream(cuda::CUstream stream) noexcept {
-  return stream == nullptr || stream == cuda::CU_STREAM_LEGACY || stream == cuda::CU_STREAM_PER_THREAD;
-}
-}  // namespace
-
 cuda::CUdeviceptr PoolMemoryManager::allocate(std::size_t size, cuda::CUstream stream) {
   require_allocation_size(size, "PoolMemoryManager::allocate");
   const int size_class = core_->size_class(size);
-  // A block for any other stream is one that every stream may use.
-  return is_default_stream(stream) ? core_->allocate_ordered(size, size_class) : core_->allocate(size, size_class);
+  // The default streams' work is what the legacy stream's events cover, so a
+  // thread may reuse its frees on them at once (Note [Stream-ordered reuse]);
+  // a block for any other stream is one that every stream may use.
+  return cuda::is_default_stream(stream) ? core_->allocate_ordered(size, size_class) : core_->allocate(size, size_class);
 }
 
 void PoolMemoryManager::deallocate(cuda::CUdeviceptr pointer, std::size_t size, cuda::CUstream stream) noexcept {
   if (!pointer || !size) return;
   const int size_class = core_->size_class(size);
-  if (is_default_stream(stream)) return core_->deallocate_ordered(pointer, size_class);
+  if (cuda::is_default_stream(stream)) return core_->deallocate_ordered(pointer, size_class);
   core_->order_after(stream);
   core_->deallocate(pointer, size_class);
 }

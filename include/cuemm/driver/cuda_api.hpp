@@ -147,6 +147,12 @@ inline constexpr unsigned CU_EVENT_DISABLE_TIMING = 0x2;
 inline const CUstream CU_STREAM_LEGACY = reinterpret_cast<CUstream>(0x1);
 inline const CUstream CU_STREAM_PER_THREAD = reinterpret_cast<CUstream>(0x2);
 
+// The handles that name a default stream: the legacy one (0 or
+// CU_STREAM_LEGACY) or the calling thread's per-thread stream.
+inline bool is_default_stream(CUstream stream) noexcept {
+  return stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD;
+}
+
 }  // namespace cuemm::cuda
 
 // X(name, "symbol|fallback symbol", (parameters))

@@ -36,9 +36,7 @@ class Stream {
 
   cuda::CUstream handle() const noexcept { return handle_; }
   Context* context() const noexcept { return context_; }
-  bool is_default() const noexcept {
-    return handle_ == nullptr || handle_ == cuda::CU_STREAM_LEGACY || handle_ == cuda::CU_STREAM_PER_THREAD;
-  }
+  bool is_default() const noexcept { return cuda::is_default_stream(handle_); }
 
   void synchronize() const;
   // True when all work queued so far has completed.
