@@ -31,6 +31,7 @@ struct LimitingAdaptor::Cap : AllocationObserver {
     if (counted(record.kind)) in_use.fetch_sub(record.size);
   }
   void reset() noexcept override { in_use = 0; }
+  bool wants_times_and_call_sites() const noexcept override { return false; }
 };
 
 LimitingAdaptor::LimitingAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream, std::size_t limit)

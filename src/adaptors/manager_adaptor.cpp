@@ -1,8 +1,10 @@
 #include "cuemm/adaptors/manager_adaptor.hpp"
 
 #include <chrono>
+#include <type_traits>
 
 #include "cuemm/error.hpp"
+#include "cuemm/memory/detail/recycling_allocator.hpp"
 
 namespace cuemm {
 
@@ -36,15 +38,24 @@ std::shared_ptr<MemoryPointer> rewrap(const std::shared_ptr<MemoryPointer>& upst
                                       Finalizer finalizer) {
   Context* context = upstream->context();
   auto* host = reinterpret_cast<void*>(upstream->host_pointer());
+  // Made at allocation rate: through the recycling allocator, as managers do.
+  auto make = [](auto* kind, auto&&... arguments) {
+    using Pointer = std::remove_pointer_t<decltype(kind)>;
+    return std::allocate_shared<Pointer>(detail::RecyclingAllocator<Pointer>{},
+                                         std::forward<decltype(arguments)>(arguments)...);
+  };
   switch (upstream->kind()) {
     case MemoryKind::Device:
-      return std::make_shared<MemoryPointer>(context, upstream->handle(), size, nullptr, std::move(finalizer));
+      return make(static_cast<MemoryPointer*>(nullptr), context, upstream->handle(), size, nullptr,
+                  std::move(finalizer));
     case MemoryKind::Mapped:
-      return std::make_shared<MappedMemory>(context, host, upstream->handle(), size, nullptr, std::move(finalizer));
+      return make(static_cast<MappedMemory*>(nullptr), context, host, upstream->handle(), size, nullptr,
+                  std::move(finalizer));
     case MemoryKind::Pinned:
-      return std::make_shared<PinnedMemory>(context, host, size, nullptr, std::move(finalizer));
+      return make(static_cast<PinnedMemory*>(nullptr), context, host, size, nullptr, std::move(finalizer));
     case MemoryKind::Managed:
-      return std::make_shared<ManagedMemory>(context, upstream->handle(), size, nullptr, std::move(finalizer));
+      return make(static_cast<ManagedMemory*>(nullptr), context, upstream->handle(), size, nullptr,
+                  std::move(finalizer));
   }
   throw StateError("unknown memory kind");
 }
@@ -53,7 +64,8 @@ std::shared_ptr<MemoryPointer> rewrap(const std::shared_ptr<MemoryPointer>& upst
 template <typename Allocate>
 std::shared_ptr<MemoryPointer> ManagerAdaptor::observe(MemoryKind kind, std::size_t size, Allocate&& allocate) {
   observer_->before_allocation(kind, size);
-  const double start = adaptor_clock();
+  const bool detailed = observer_->wants_times_and_call_sites();
+  const double start = detailed ? adaptor_clock() : 0.0;
   std::shared_ptr<MemoryPointer> upstream;
   try {
     upstream = allocate();
@@ -62,18 +74,23 @@ std::shared_ptr<MemoryPointer> ManagerAdaptor::observe(MemoryKind kind, std::siz
     observer_->allocation_failed(kind, size);
     throw;
   }
-  AllocationRecord record{upstream->kind(), upstream->kind() == MemoryKind::Pinned ? upstream->host_pointer()
-                                                                                  : upstream->handle(),
-                          size, start, adaptor_clock(), ScopedCallSite::current()};
+  AllocationRecord record{upstream->kind(),
+                          upstream->kind() == MemoryKind::Pinned ? upstream->host_pointer() : upstream->handle(),
+                          size,
+                          start,
+                          detailed ? adaptor_clock() : 0.0,
+                          detailed ? ScopedCallSite::current() : std::string()};
   observer_->allocated(record);
   const AllocationRecord allocated = record;
   const std::uint64_t generation = generation_->load();
-  auto release = [observer = observer_, generations = generation_, generation, upstream,
+  auto release = [observer = observer_, generations = generation_, generation, upstream, detailed,
                   record = std::move(record)]() mutable {
-    record.start = adaptor_clock();
+    if (detailed) record.start = adaptor_clock();
     upstream.reset();  // the upstream's own finalizer runs here
-    record.end = adaptor_clock();
-    record.call_site = ScopedCallSite::current();
+    if (detailed) {
+      record.end = adaptor_clock();
+      record.call_site = ScopedCallSite::current();
+    }
     if (generations->load() == generation) observer->released(record);
   };
   try {

@@ -40,6 +40,7 @@ struct StatisticsAdaptor::Counters : AllocationObserver {
     kind.current_bytes.fetch_sub(record.size, std::memory_order_relaxed);
     kind.current_count.fetch_sub(1, std::memory_order_relaxed);
   }
+  bool wants_times_and_call_sites() const noexcept override { return false; }
   void reset() noexcept override {
     for (Kind& kind : kinds) {
       kind.current_bytes = 0;

@@ -24,7 +24,8 @@
 namespace cuemm {
 
 // One allocation or release, as observers see it. Times are seconds since the
-// process first used an adaptor.
+// process first used an adaptor; they and the call site are filled in only for
+// observers that want them (AllocationObserver::wants_times_and_call_sites).
 struct AllocationRecord {
   MemoryKind kind;
   std::uintptr_t address;
@@ -59,6 +60,10 @@ class AllocationObserver {
   virtual void released(const AllocationRecord& /*record*/) noexcept {}
   // Everything was given back by a reset; no release of it will be reported.
   virtual void reset() noexcept {}
+  // Whether records carry start, end and call_site. Reading the clock and
+  // copying the call site cost more than counting does: observers that only
+  // count say false and records then hold zero times and no call site.
+  virtual bool wants_times_and_call_sites() const noexcept { return true; }
 };
 
 class ManagerAdaptor : public BaseMemoryManager {
