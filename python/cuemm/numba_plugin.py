@@ -122,7 +122,7 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._bridge = None
-        self._logging = False
+        self._allocate_device = None  # the bridge's fast memalloc, when not logging call sites
         self._context_proxy = None
         self._initialized = False
         # Mapped and managed memory is handed out through own(), as Numba
@@ -141,8 +141,11 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
             self._initialized = True
 
     def memalloc(self, size):
-        bridge = self._bridge or self._get_bridge()
-        allocation = bridge.memalloc_at(size, _caller()) if self._logging else bridge.memalloc(size)
+        allocate = self._allocate_device
+        if allocate is None:
+            bridge = self._get_bridge()
+            allocate = self._allocate_device or (lambda n: bridge.memalloc_at(n, _caller()))
+        allocation = allocate(size)
         return _DeviceMemory(self._context_proxy, _device_pointer(allocation.address), size, allocation)
 
     def memhostalloc(self, size, mapped=False, portable=False, wc=False):
@@ -196,14 +199,15 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
     # --- helpers ---
 
     def _get_bridge(self):
-        if self._bridge is None:
+        if self._bridge is None:  # (once per context)
             if self.context is None:
                 raise RuntimeError("this cuemm manager was made without a context (the version probe)")
             device = getattr(self.context.device, "id", None)
             if not isinstance(device, int):  # a context attached from elsewhere: ask the driver
                 device = _core.current_device()
             self._bridge = _bridge_for_device(device)
-            self._logging = self._bridge.logging
+            if not self._bridge.logging:
+                self._allocate_device = self._bridge.device_allocator().memalloc
             self._context_proxy = weakref.proxy(self.context)
         return self._bridge
 
