@@ -1165,7 +1165,15 @@ SIM_EXPORT CUresult cuStreamQuery(CUstream handle) {
   CUresult error = CUDA_SUCCESS;
   auto stream = resolve_stream(s, handle, &error);
   if (!stream) return error;
-  return stream->is_complete(stream->last_ticket()) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+  if (!stream->is_complete(stream->last_ticket())) return CUDA_ERROR_NOT_READY;
+  // The legacy default stream reads as busy while any blocking stream is, as
+  // its ordering implies (measured on the H100: busy for a kernel on a
+  // blocking stream, idle for one on a non-blocking stream).
+  if (Context* context = stream->context(); stream == context->legacy) {
+    for (const auto& other : context->streams)
+      if (other->blocking() && !other->is_complete(other->last_ticket())) return CUDA_ERROR_NOT_READY;
+  }
+  return CUDA_SUCCESS;
 }
 
 SIM_EXPORT CUresult cuStreamAddCallback(CUstream handle, CUstreamCallback callback, void* user_data,

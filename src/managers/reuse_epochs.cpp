@@ -14,6 +14,16 @@ void ReuseEpochs::seal() noexcept {
   Sealed entry{closed, nullptr};
   try {
     ScopedContext scope(*context_);
+    // An idle legacy stream (which reads as busy while any blocking stream
+    // is) means everything queued before now has run: the closed epoch and
+    // every sealed one are safe, with no event to record and poll.
+    if (CUEMM_CU_RESULT(cuStreamQuery, cuda::CU_STREAM_LEGACY) == cuda::CUDA_SUCCESS) {
+      for (const Sealed& sealed : sealed_)
+        if (sealed.event) spare_events_.push_back(sealed.event);
+      sealed_.clear();
+      safe_.store(closed + 1, std::memory_order_release);
+      return;
+    }
     if (!spare_events_.empty()) {
       entry.event = spare_events_.back();
       spare_events_.pop_back();

@@ -34,17 +34,17 @@ inline std::string test_kernels_ptx() {
 // The stream-safety race every pooling manager must win: a long kernel writes
 // 7 into A on one stream, A is released while it still runs, and B of the same
 // size is allocated and written with 9 from the host on another stream.
+// `count` 32-bit words each (the default: 1 MiB).
 struct ReuseRace {
   bool b_intact;  // B still holds the nines once the kernel has finished
   cuda::CUdeviceptr a;
   cuda::CUdeviceptr b;
 };
-inline ReuseRace run_reuse_race(Context& context, BaseMemoryManager& manager) {
+inline ReuseRace run_reuse_race(Context& context, BaseMemoryManager& manager, std::uint64_t count = 1 << 18) {
   constexpr std::uint64_t kSpinNanoseconds = 100'000'000;
   Module module = context.load_module(test_kernels_ptx());
   Stream kernel_stream = context.create_stream();
   Stream copy_stream = context.create_stream();
-  const std::uint64_t count = 1 << 18;
   auto a = manager.memalloc(count * 4);
   const auto a_address = a->device_pointer();
   module.function("cuemm_spin_fill_u32").launch({64}, {256}, kernel_stream, a_address, 7u, count, kSpinNanoseconds);

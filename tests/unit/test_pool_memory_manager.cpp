@@ -38,6 +38,17 @@ TEST_F(Pool, AFreedBlockIsNotReusedWhileQueuedWorkMayStillWriteIt) {
   EXPECT_NE(race.b, race.a) << "A was handed out again before the kernel finished";
 }
 
+// A block with a segment of its own is sealed at its free, and B may be A
+// once the pool has waited for the kernel (waiting costs less than a new
+// segment); the legacy stream must read as busy while the kernel runs on
+// another stream.
+TEST_F(Pool, AFreedLargeBlockIsNotReusedWhileQueuedWorkMayStillWriteIt) {
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  const cuemm::testing::ReuseRace race = cuemm::testing::run_reuse_race(context, pool, std::uint64_t{4} << 20);
+  EXPECT_TRUE(race.b_intact) << "the kernel's late write landed in the reused block";
+}
+
 TEST_F(Pool, IpcHandlesOfBlocksCarryTheirOffsetInTheSegment) {
   PoolMemoryManager pool(&context);
   pool.initialize();

@@ -21,7 +21,8 @@
 // work still uses it. Each free is tagged with the open epoch; sealing an epoch
 // opens the next one and then records an event on the legacy default stream
 // (which completes only after all earlier work on blocking streams). A block
-// is handed out again only once its epoch's event has completed. Epochs are
+// is handed out again only once its epoch's event has completed (or, when the
+// legacy stream was idle at sealing, at once: no event is needed). Epochs are
 // sealed in batches: when a thread's cache has taken half its capacity of
 // frees for a class since it last did so, when the shared quarantine holds
 // more than 1/8 of the pool, or when the pool would otherwise grow, so the hot
