@@ -78,6 +78,8 @@ def main():
     parser.add_argument("--cuemm", required=True, help="folder holding the cuemm package")
     parser.add_argument("--out")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--kinds", default="device,pinned,mapped,threads",
+                        help="which measurements to make (comma-separated; the default makes all)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="each round runs every manager once, in a rotated order, so that drifts in the "
                              "machine's speed fall on all of them alike")
@@ -94,35 +96,40 @@ def main():
         for size, values in samples.items():
             figures[kind][manager].setdefault(size, []).extend(values)
 
+    kinds = args.kinds.split(",")
     names = list(MANAGERS)
     for round_ in range(args.rounds):
         order = names[round_ % len(names):] + names[:round_ % len(names)]
-        for manager in order:
-            add("device", manager, measure(manager, "device", DEVICE_SIZES, args.repeats, environment))
+        if "device" in kinds:
+            for manager in order:
+                add("device", manager, measure(manager, "device", DEVICE_SIZES, args.repeats, environment))
         for kind in ("pinned", "mapped"):
+            if kind not in kinds:
+                continue
             for manager in order:
                 repeats = 1 if manager == "default" else args.repeats
                 add(kind, manager, measure(manager, kind, HOST_SIZES, repeats, environment))
-    for manager in ("default", "cuemm"):
-        figures["threads"][manager] = measure(manager, "threads", [], 1, environment)
+    if "threads" in kinds:
+        for manager in ("default", "cuemm"):
+            figures["threads"][manager] = measure(manager, "threads", [], 1, environment)
 
     def median(samples):
         return statistics.median(samples)
 
     print("cuda.device_array(n) + release, median ns per pair")
     print(f"{'size':>10} {'default':>12} {'cuemm':>12} {'floor':>12} {'default/cuemm':>14} {'cuemm/floor':>12}")
-    for n in DEVICE_SIZES:
+    for n in DEVICE_SIZES if "device" in kinds else []:
         row = {m: median(figures["device"][m][str(n)]) for m in MANAGERS}
         print(f"{n:>10} {row['default']:>12.0f} {row['cuemm']:>12.0f} {row['floor']:>12.0f} "
               f"{row['default'] / row['cuemm']:>13.1f}x {row['cuemm'] / row['floor']:>11.3f}")
-    for kind in ("pinned", "mapped"):
+    for kind in [k for k in ("pinned", "mapped") if k in kinds]:
         print(f"cuda.{kind}_array(n) + release, median ns per pair")
         for n in HOST_SIZES:
             d, c, f = (median(figures[kind][m][str(n)]) for m in MANAGERS)
             print(f"{n:>10} default {d:>12.0f} cuemm {c:>10.0f} floor {f:>10.0f} ratio {d / c:>9.1f}x "
                   f"cuemm/floor {c / f:.3f}")
     print("Python threads, cuda.to_device(8 KiB) + release (content checked), pairs per second")
-    for manager in ("default", "cuemm"):
+    for manager in ("default", "cuemm") if "threads" in kinds else []:
         row = figures["threads"][manager]
         print(f"  {manager:8} " + "  ".join(f"{t} threads: {row[t]['pairs_per_second']:.0f} ({row[t]['errors']} errors)"
                                          for t in sorted(row, key=int)))
