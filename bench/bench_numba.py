@@ -23,12 +23,39 @@ import numpy as np
 from numba import cuda
 
 kind, sizes, repeats = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
-cuda.current_context()
+context = cuda.current_context()
 allocate = {"device": lambda n: cuda.device_array(n, dtype=np.uint8),
             "pinned": lambda n: cuda.pinned_array(n, dtype=np.uint8),
-            "mapped": lambda n: cuda.mapped_array(n, dtype=np.uint8)}[kind] if kind != "threads" else None
+            "mapped": lambda n: cuda.mapped_array(n, dtype=np.uint8),
+            "interleaved": lambda n: cuda.device_array(n, dtype=np.uint8)}.get(kind)
 results = {}
-if kind == "threads":
+if kind == "interleaved":
+    # The three managers in one process (this one runs under cuemm), swapped
+    # in as the context's manager in turn, round after round: differences
+    # between processes (memory layout, a busy neighbour) then fall on all
+    # three alike. Results: per manager and size, one median per round.
+    from numba.cuda.cudadrv import driver as _driver
+    from numba_fixed_buffer_plugin import FixedBufferManager
+    managers = {"cuemm": context.memory_manager,
+                "default": _driver.NumbaCUDAMemoryManager(context=context),
+                "floor": FixedBufferManager(context=context)}
+    for manager in managers.values():
+        manager.initialize()
+    names = list(managers)
+    results = {name: {str(n): [] for n in sizes} for name in names}
+    for round_ in range(repeats):
+        for name in names[round_ % 3:] + names[:round_ % 3]:
+            context.memory_manager = managers[name]
+            for n in sizes:
+                iterations = 1000 if n <= (1 << 20) else 300
+                allocate(n)  # warm up
+                start = time.perf_counter_ns()
+                for _ in range(iterations):
+                    a = allocate(n)
+                    del a
+                results[name][str(n)].append((time.perf_counter_ns() - start) / iterations)
+    context.memory_manager = managers["cuemm"]
+elif kind == "threads":
     def work(seed, count, errors):
         for i in range(count):
             d = cuda.to_device(np.full(8192, seed, dtype=np.uint8))
@@ -73,12 +100,26 @@ def measure(manager, kind, sizes, repeats, environment):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def interleaved_summary(samples):
+    """Per size: each manager's median, and the median over rounds of the
+    ratios taken within a round (the drift between rounds cancels in those)."""
+    summary = {}
+    for size in samples["cuemm"]:
+        rounds = zip(samples["default"][size], samples["cuemm"][size], samples["floor"][size])
+        ratios = [(d / c, c / f) for d, c, f in rounds]
+        summary[int(size)] = {name: statistics.median(samples[name][size]) for name in ("default", "cuemm", "floor")}
+        summary[int(size)]["default/cuemm"] = statistics.median(r[0] for r in ratios)
+        summary[int(size)]["cuemm/floor"] = statistics.median(r[1] for r in ratios)
+    return summary
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--cuemm", required=True, help="folder holding the cuemm package")
     parser.add_argument("--out")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--kinds", default="device,pinned,mapped,threads",
+    parser.add_argument("--interleaved-rounds", type=int, default=15)
+    parser.add_argument("--kinds", default="device,pinned,mapped,threads,interleaved",
                         help="which measurements to make (comma-separated; the default makes all)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="each round runs every manager once, in a rotated order, so that drifts in the "
@@ -112,6 +153,8 @@ def main():
     if "threads" in kinds:
         for manager in ("default", "cuemm"):
             figures["threads"][manager] = measure(manager, "threads", [], 1, environment)
+    if "interleaved" in kinds:
+        figures["interleaved"] = measure("cuemm", "interleaved", DEVICE_SIZES, args.interleaved_rounds, environment)
 
     def median(samples):
         return statistics.median(samples)
@@ -128,11 +171,18 @@ def main():
             d, c, f = (median(figures[kind][m][str(n)]) for m in MANAGERS)
             print(f"{n:>10} default {d:>12.0f} cuemm {c:>10.0f} floor {f:>10.0f} ratio {d / c:>9.1f}x "
                   f"cuemm/floor {c / f:.3f}")
-    print("Python threads, cuda.to_device(8 KiB) + release (content checked), pairs per second")
+    if "threads" in kinds:
+        print("Python threads, cuda.to_device(8 KiB) + release (content checked), pairs per second")
     for manager in ("default", "cuemm") if "threads" in kinds else []:
         row = figures["threads"][manager]
         print(f"  {manager:8} " + "  ".join(f"{t} threads: {row[t]['pairs_per_second']:.0f} ({row[t]['errors']} errors)"
                                          for t in sorted(row, key=int)))
+    if "interleaved" in kinds:
+        print("cuda.device_array(n) + release, the three managers interleaved in one process: median ns per pair "
+              "and the median of the rounds' ratios")
+        for n, row in interleaved_summary(figures["interleaved"]).items():
+            print(f"{n:>10} default {row['default']:>9.0f} cuemm {row['cuemm']:>9.0f} floor {row['floor']:>9.0f} "
+                  f"default/cuemm {row['default/cuemm']:>6.1f}x cuemm/floor {row['cuemm/floor']:.3f}")
     if args.out:
         with open(args.out, "w") as out:
             json.dump(figures, out, indent=1)

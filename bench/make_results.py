@@ -15,6 +15,8 @@ import re
 import statistics
 import subprocess
 
+from bench_numba import interleaved_summary
+
 
 def medians(runs):
     out = {}
@@ -146,6 +148,14 @@ def main():
         c = statistics.median(samples)
         f = statistics.median(numba["device"]["floor"][s])
         lines.append(f"| {int(s):,} B | {fmt(d)} | {fmt(c)} | {fmt(f)} | {d / c:.1f}x | {c / f:.2f} |")
+    if numba.get("interleaved"):
+        lines += ["", "The same, with the three managers interleaved in one process (swapped in as the context's "
+                  "manager in turn, round after round; ratios are the medians of each round's ratio, so drifts "
+                  "between processes and rounds cancel):", "",
+                  "| size | default | cuemm (pool) | floor | default / cuemm | cuemm / floor |", "|---|---|---|---|---|---|"]
+        for s, row in interleaved_summary(numba["interleaved"]).items():
+            lines.append(f"| {s:,} B | {fmt(row['default'])} | {fmt(row['cuemm'])} | {fmt(row['floor'])} | "
+                         f"{row['default/cuemm']:.1f}x | {row['cuemm/floor']:.2f} |")
     for kind in ("pinned", "mapped"):
         floor = numba[kind].get("floor") or {}
         lines += ["", f"`cuda.{kind}_array(n)` + release (floor: one fixed pinned buffer, wrapped as Numba wraps it):",
