@@ -28,6 +28,11 @@ echo "== the Python package and its Numba plugin (pytest, simulated driver)"
 (cd /tmp && PYTHONPATH="$build/python" CUEMM_DRIVER=sim NUMBA_CUDA_DRIVER="$sim_driver" \
   /usr/bin/python3 -m pytest -q -p no:cacheprovider "$root/tests/python") || status=1
 
+echo "== Numba benchmark smoke (the three managers interleaved in one process; never on timing)"
+(cd /tmp && CUEMM_DRIVER=sim NUMBA_CUDA_DRIVER="$sim_driver" /usr/bin/python3 "$root/bench/bench_numba.py" \
+  --cuemm "$build/python" --kinds interleaved --interleaved-rounds 2 >/tmp/cuemm-numba-bench-smoke.txt 2>&1) ||
+  { tail -20 /tmp/cuemm-numba-bench-smoke.txt; status=1; }
+
 echo "== classic Numba cudadrv tests on the simulated driver: default manager, then cuemm's plugin"
 (cd /tmp && /usr/bin/python3 "$root/tests/numba/classic_numba_cudadrv.py" "$sim_driver") || status=1
 (cd /tmp && PYTHONPATH="$build/python" CUEMM_DRIVER=sim NUMBA_CUDA_MEMORY_MANAGER=cuemm \
