@@ -1,7 +1,6 @@
 #include "cuemm/adaptors/manager_adaptor.hpp"
 
 #include <chrono>
-#include <type_traits>
 
 #include "cuemm/error.hpp"
 #include "cuemm/memory/detail/recycling_allocator.hpp"
@@ -39,23 +38,16 @@ std::shared_ptr<MemoryPointer> rewrap(const std::shared_ptr<MemoryPointer>& upst
   Context* context = upstream->context();
   auto* host = reinterpret_cast<void*>(upstream->host_pointer());
   // Made at allocation rate: through the recycling allocator, as managers do.
-  auto make = [](auto* kind, auto&&... arguments) {
-    using Pointer = std::remove_pointer_t<decltype(kind)>;
-    return std::allocate_shared<Pointer>(detail::RecyclingAllocator<Pointer>{},
-                                         std::forward<decltype(arguments)>(arguments)...);
-  };
   switch (upstream->kind()) {
     case MemoryKind::Device:
-      return make(static_cast<MemoryPointer*>(nullptr), context, upstream->handle(), size, nullptr,
-                  std::move(finalizer));
+      return detail::make_recycled<MemoryPointer>(context, upstream->handle(), size, nullptr, std::move(finalizer));
     case MemoryKind::Mapped:
-      return make(static_cast<MappedMemory*>(nullptr), context, host, upstream->handle(), size, nullptr,
-                  std::move(finalizer));
+      return detail::make_recycled<MappedMemory>(context, host, upstream->handle(), size, nullptr,
+                                                 std::move(finalizer));
     case MemoryKind::Pinned:
-      return make(static_cast<PinnedMemory*>(nullptr), context, host, size, nullptr, std::move(finalizer));
+      return detail::make_recycled<PinnedMemory>(context, host, size, nullptr, std::move(finalizer));
     case MemoryKind::Managed:
-      return make(static_cast<ManagedMemory*>(nullptr), context, upstream->handle(), size, nullptr,
-                  std::move(finalizer));
+      return detail::make_recycled<ManagedMemory>(context, upstream->handle(), size, nullptr, std::move(finalizer));
   }
   throw StateError("unknown memory kind");
 }

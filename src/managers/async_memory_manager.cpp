@@ -88,8 +88,7 @@ std::shared_ptr<MemoryPointer> AsyncMemoryManager::memalloc(std::size_t size) {
     CUEMM_CU(cuMemFreeAsync, pointer, cuda::CU_STREAM_LEGACY);
   };
   try {
-    return std::allocate_shared<MemoryPointer>(detail::RecyclingAllocator<MemoryPointer>{}, ctx, pointer, size,
-                                               nullptr, release);
+    return detail::make_recycled<MemoryPointer>(ctx, pointer, size, nullptr, release);
   } catch (...) {
     release();
     throw;

@@ -900,11 +900,9 @@ std::shared_ptr<MemoryPointer> PoolMemoryManager::memalloc(std::size_t size) {
   // 256-byte aligned) so that its closure fits std::function's inline storage.
   const std::uintptr_t tagged = address | static_cast<std::uintptr_t>(size_class + 1);
   try {
-    return std::allocate_shared<MemoryPointer>(detail::RecyclingAllocator<MemoryPointer>{}, &context(), address,
-                                               size, nullptr, [core, tagged] {
-                                                 core->deallocate(tagged & ~std::uintptr_t{0xff},
-                                                                  static_cast<int>(tagged & 0xff) - 1);
-                                               });
+    return detail::make_recycled<MemoryPointer>(&context(), address, size, nullptr, [core, tagged] {
+      core->deallocate(tagged & ~std::uintptr_t{0xff}, static_cast<int>(tagged & 0xff) - 1);
+    });
   } catch (...) {
     core->deallocate(address, size_class);
     throw;

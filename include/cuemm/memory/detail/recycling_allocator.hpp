@@ -8,7 +8,9 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <new>
+#include <utility>
 
 namespace cuemm::detail {
 
@@ -81,5 +83,11 @@ struct RecyclingAllocator {
   template <typename U>
   bool operator==(const RecyclingAllocator<U>&) const noexcept { return true; }
 };
+
+// std::make_shared through the recycling allocator.
+template <typename T, typename... Arguments>
+std::shared_ptr<T> make_recycled(Arguments&&... arguments) {
+  return std::allocate_shared<T>(RecyclingAllocator<T>{}, std::forward<Arguments>(arguments)...);
+}
 
 }  // namespace cuemm::detail
