@@ -44,6 +44,13 @@ void AllocateFree(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 
+// The pool under the statistics adaptor, as the Numba bridge runs it: what
+// leaving statistics on costs.
+struct PoolWithStatistics : cuemm::StatisticsAdaptor {
+  explicit PoolWithStatistics(cuemm::Context* context)
+      : StatisticsAdaptor(context, std::make_unique<cuemm::PoolMemoryManager>(context)) {}
+};
+
 // The pool's raw interface (no MemoryPointer), comparable to PyTorch's
 // raw_alloc/raw_delete and RMM's allocate/deallocate.
 void PoolRawAllocateFree(benchmark::State& state) {
@@ -233,6 +240,7 @@ BENCHMARK(DriverPoolAllocateFree)->Apply(set_sizes);
 BENCHMARK_TEMPLATE(AllocateFree, cuemm::DefaultMemoryManager)->Apply(set_sizes);
 BENCHMARK_TEMPLATE(AllocateFree, cuemm::PoolMemoryManager)->Apply(set_sizes);
 BENCHMARK_TEMPLATE(AllocateFree, cuemm::AsyncMemoryManager)->Apply(set_sizes);
+BENCHMARK_TEMPLATE(AllocateFree, PoolWithStatistics)->Apply(set_sizes);
 BENCHMARK(PoolRawAllocateFree)->Apply(set_sizes);
 BENCHMARK(PoolStreamOrderedAllocateFree)->Apply(set_sizes);
 BENCHMARK(PoolWithFreeBlocks)->Arg(0)->Arg(65536);

@@ -82,6 +82,8 @@ def main():
             ("default manager (Numba's behaviour)", "AllocateFree<cuemm::DefaultMemoryManager>/{s}/real_time/threads:{t}"),
             ("async manager (driver's stream-ordered pool)", "AllocateFree<cuemm::AsyncMemoryManager>/{s}/real_time/threads:{t}"),
             ("pool manager, memalloc (MemoryPointer)", "AllocateFree<cuemm::PoolMemoryManager>/{s}/real_time/threads:{t}"),
+            ("pool under the statistics adaptor, memalloc",
+             "AllocateFree<PoolWithStatistics>/{s}/real_time/threads:{t}"),
             ("pool, raw allocate/deallocate", "PoolRawAllocateFree/{s}/real_time/threads:{t}"),
             ("pool, stream-ordered allocate/deallocate (per-thread stream)",
              "PoolStreamOrderedAllocateFree/{s}/real_time/threads:{t}")]

@@ -1,22 +1,67 @@
-import cProfile, pstats, time, weakref
+"""Where the cuemm plugin's time goes in Numba's device_array, step by step.
+
+Run with NUMBA_CUDA_MEMORY_MANAGER=cuemm (and cuemm importable). Each line is
+the median over rounds of ns per operation, in one process, so the steps can
+be compared with each other and with the floor (a MemoryPointer around a fixed
+buffer, which is all bench/numba_fixed_buffer_plugin.py does):
+
+    python3 bench/profile_numba_plugin.py [--size 256] [--rounds 7]
+
+A diagnosis tool: bench_numba.py is the measurement that RESULTS.md reports.
+"""
+import argparse
+import statistics
+import time
+import weakref
+
 import numpy as np
 from numba import cuda
-cuda.current_context()
-for i in range(2000): a = cuda.device_array(256, dtype=np.uint8); del a
-mm = cuda.current_context().memory_manager
-b = mm._get_bridge()
-def t(label, f, n=20000):
-    s = time.perf_counter_ns()
-    for _ in range(n): f()
-    print(f"{label}: {(time.perf_counter_ns()-s)/n:.0f} ns")
-t("bridge.memalloc+release", lambda: b.memalloc(256, "").release())
-t("bridge.memory_info (a call that returns at once... and asks the driver)", b.memory_info, 2000)
-import cuemm._core as core
-t("core.driver_kind (a trivial call)", core.driver_kind)
-from numba.cuda.cudadrv import driver as d
-t("CUdeviceptr", lambda: d.binding.CUdeviceptr(12345678))
-t("weakref.proxy", lambda: weakref.proxy(mm.context))
-t("mm.memalloc", lambda: mm.memalloc(256))
-t("device_array", lambda: cuda.device_array(256, dtype=np.uint8))
-cProfile.run("for _ in range(5000): cuda.device_array(256, dtype=np.uint8)", "/tmp/p.out")
-pstats.Stats("/tmp/p.out").sort_stats("tottime").print_stats(14)
+from numba.cuda.cudadrv import driver as _driver
+
+
+def per_operation(function, count, rounds):
+    samples = []
+    for _ in range(rounds):
+        began = time.perf_counter_ns()
+        for _ in range(count):
+            function()
+        samples.append((time.perf_counter_ns() - began) / count)
+    return statistics.median(samples)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=256)
+    parser.add_argument("--count", type=int, default=20000)
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    size = args.size
+
+    context = cuda.current_context()
+    manager = context.memory_manager
+    if type(manager).__name__ != "CuemmNumbaManager":
+        raise SystemExit("run with NUMBA_CUDA_MEMORY_MANAGER=cuemm")
+    for _ in range(2000):
+        cuda.device_array(size, dtype=np.uint8)
+    from cuemm import numba_plugin as plugin
+
+    allocate = manager._allocate_device
+    proxy = weakref.proxy(context)
+    fixed, fixed_pointer = allocate(size)  # kept: the floor's buffer
+
+    steps = [
+        ("floor: MemoryPointer(fixed buffer)", lambda: _driver.MemoryPointer(context, fixed_pointer, size)),
+        ("C++: allocate + release (Allocation, pointer)", lambda: allocate(size)),
+        ("Allocation.address", lambda: fixed.address),
+        ("pointer object from an address", lambda: plugin._device_pointer(123456768)),
+        ("MemoryPointer, then one attribute", lambda: setattr(_driver.MemoryPointer(proxy, fixed_pointer, size), "_a", fixed)),
+        ("_DeviceMemory (fixed buffer)", lambda: setattr(plugin._DeviceMemory(proxy, fixed_pointer, size), "_allocation", fixed)),
+        ("plugin memalloc (whole)", lambda: manager.memalloc(size)),
+        ("device_array (cuemm)", lambda: cuda.device_array(size, dtype=np.uint8)),
+    ]
+    for label, function in steps:
+        print(f"{label:45s} {per_operation(function, args.count, args.rounds):9.0f} ns")
+
+
+if __name__ == "__main__":
+    main()

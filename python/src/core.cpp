@@ -272,33 +272,59 @@ class Bridge {
 // --- DeviceAllocator: Bridge.memalloc without pybind11's dispatcher ---
 //
 // Numba's memalloc calls this once per allocation: a METH_O method on a plain
-// type holding the bridge, which parses one int and no keyword arguments.
+// type holding the bridge, which parses one int and no keyword arguments, and
+// also makes the pointer object Numba wants (the type given at construction:
+// cuda.bindings' CUdeviceptr or ctypes' c_uint64), which costs less here than
+// reading the address and calling the type from Python.
 struct PyDeviceAllocator {
   PyObject_HEAD
   Bridge* bridge;
   PyObject* bridge_object;  // keeps the bridge alive
+  PyObject* pointer_type;
 };
 
+// memalloc(size) -> (Allocation, pointer object)
 PyObject* device_allocator_memalloc(PyObject* object, PyObject* size_object) {
+  auto* self = reinterpret_cast<PyDeviceAllocator*>(object);
   const long long size = PyLong_AsLongLong(size_object);  // TypeError, OverflowError
   if (size == -1 && PyErr_Occurred()) return nullptr;
+  PyObject* allocation = nullptr;
   try {
-    return reinterpret_cast<PyDeviceAllocator*>(object)->bridge->memalloc(size).release().ptr();
+    allocation = self->bridge->memalloc(size).release().ptr();
   } catch (...) {
     set_python_error_from_any(std::current_exception());
     return nullptr;
   }
+  PyObject* address = PyLong_FromUnsignedLongLong(reinterpret_cast<PyAllocation*>(allocation)->memory->handle());
+  PyObject* pointer = address ? PyObject_CallOneArg(self->pointer_type, address) : nullptr;
+  Py_XDECREF(address);
+  if (!pointer) {
+    Py_DECREF(allocation);  // gives the memory back
+    return nullptr;
+  }
+  PyObject* pair = PyTuple_New(2);
+  if (!pair) {
+    Py_DECREF(allocation);
+    Py_DECREF(pointer);
+    return nullptr;
+  }
+  PyTuple_SET_ITEM(pair, 0, allocation);
+  PyTuple_SET_ITEM(pair, 1, pointer);
+  return pair;
 }
 
 void device_allocator_dealloc(PyObject* object) {
-  Py_XDECREF(reinterpret_cast<PyDeviceAllocator*>(object)->bridge_object);
+  auto* self = reinterpret_cast<PyDeviceAllocator*>(object);
+  Py_XDECREF(self->bridge_object);
+  Py_XDECREF(self->pointer_type);
   PyTypeObject* type = Py_TYPE(object);
   type->tp_free(object);
   Py_DECREF(type);
 }
 
 PyMethodDef device_allocator_methods[] = {
-    {"memalloc", device_allocator_memalloc, METH_O, "memalloc(size) -> Allocation of device memory"},
+    {"memalloc", device_allocator_memalloc, METH_O,
+     "memalloc(size) -> (Allocation of device memory, its address as the pointer type)"},
     {nullptr, nullptr, 0, nullptr}};
 PyType_Slot device_allocator_slots[] = {{Py_tp_dealloc, reinterpret_cast<void*>(device_allocator_dealloc)},
                                         {Py_tp_methods, device_allocator_methods},
@@ -308,11 +334,13 @@ PyType_Spec device_allocator_spec{"cuemm._core.DeviceAllocator", sizeof(PyDevice
                                   device_allocator_slots};
 PyTypeObject* device_allocator_type = nullptr;  // made when the module loads; never freed
 
-py::object device_allocator_of(py::object bridge_object) {
+py::object device_allocator_of(py::object bridge_object, py::object pointer_type) {
+  if (!PyCallable_Check(pointer_type.ptr())) throw py::type_error("device_allocator: pointer_type must be callable");
   auto* self = PyObject_New(PyDeviceAllocator, device_allocator_type);
   if (!self) throw py::error_already_set();
   self->bridge = bridge_object.cast<Bridge*>();
   self->bridge_object = bridge_object.release().ptr();
+  self->pointer_type = pointer_type.release().ptr();
   return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(self));
 }
 
@@ -344,7 +372,8 @@ PYBIND11_MODULE(_core, module) {
       .def("initialize", &Bridge::initialize)
       .def("memalloc", &Bridge::memalloc, py::arg("size"))
       .def("memalloc_at", &Bridge::memalloc_at, py::arg("size"), py::arg("site"))
-      .def("device_allocator", &device_allocator_of, "A DeviceAllocator for this bridge (its memalloc is the fast path)")
+      .def("device_allocator", &device_allocator_of, py::arg("pointer_type") = py::module_::import("builtins").attr("int"),
+           "A DeviceAllocator for this bridge, whose memalloc is the fast path (addresses as pointer_type)")
       .def("memhostalloc", &Bridge::memhostalloc, py::arg("size"), py::arg("mapped") = false,
            py::arg("portable") = false, py::arg("wc") = false, py::arg("site") = "")
       .def("mempin", &Bridge::mempin, py::arg("owner"), py::arg("pointer"), py::arg("size"), py::arg("mapped") = false)

@@ -20,37 +20,57 @@ double adaptor_clock() noexcept {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - origin).count();
 }
 
+struct ManagerAdaptor::Shared {
+  std::shared_ptr<AllocationObserver> observer;
+  std::atomic<std::uint64_t> generation{0};  // bumped by reset()
+};
+
 ManagerAdaptor::ManagerAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream,
                                std::shared_ptr<AllocationObserver> observer)
-    : BaseMemoryManager(context),
-      upstream_(std::move(upstream)),
-      observer_(std::move(observer)),
-      generation_(std::make_shared<std::atomic<std::uint64_t>>(0)) {
+    : BaseMemoryManager(context), upstream_(std::move(upstream)), observer_(std::move(observer)) {
   if (!upstream_) throw InvalidArgument("an adaptor needs a manager to wrap (upstream is null)");
   if (!observer_) throw InvalidArgument("an adaptor needs an observer (it is null)");
+  shared_ = std::make_shared<Shared>();
+  shared_->observer = observer_;
 }
 
 namespace {
-// The same kind of pointer as `upstream`, at the same addresses, whose
-// finalizer is `finalizer`.
-std::shared_ptr<MemoryPointer> rewrap(const std::shared_ptr<MemoryPointer>& upstream, std::size_t size,
-                                      Finalizer finalizer) {
-  Context* context = upstream->context();
-  auto* host = reinterpret_cast<void*>(upstream->host_pointer());
-  // Made at allocation rate: through the recycling allocator, as managers do.
-  switch (upstream->kind()) {
-    case MemoryKind::Device:
-      return detail::make_recycled<MemoryPointer>(context, upstream->handle(), size, nullptr, std::move(finalizer));
-    case MemoryKind::Mapped:
-      return detail::make_recycled<MappedMemory>(context, host, upstream->handle(), size, nullptr,
-                                                 std::move(finalizer));
-    case MemoryKind::Pinned:
-      return detail::make_recycled<PinnedMemory>(context, host, size, nullptr, std::move(finalizer));
-    case MemoryKind::Managed:
-      return detail::make_recycled<ManagedMemory>(context, upstream->handle(), size, nullptr, std::move(finalizer));
+// What an adaptor hands out: a pointer of the upstream's kind, at the same
+// addresses, that holds the upstream pointer and reports its release. The
+// finalizer captures only `this`, so std::function stores it inline (made at
+// allocation rate: no allocation but the recycled pointer's own), and the
+// destructor runs it while the members it uses still exist.
+template <typename Base, typename Shared>
+class ObservedPointer final : public Base {
+ public:
+  template <typename... BaseArguments>
+  ObservedPointer(std::shared_ptr<Shared> shared, std::uint64_t generation, bool detailed,
+                  std::shared_ptr<MemoryPointer> upstream, AllocationRecord record, BaseArguments&&... base)
+      : Base(std::forward<BaseArguments>(base)..., nullptr, [this] { release(); }),
+        shared_(std::move(shared)),
+        upstream_(std::move(upstream)),
+        record_(std::move(record)),
+        generation_(generation),
+        detailed_(detailed) {}
+  ~ObservedPointer() override { this->finalize_now(); }
+
+ private:
+  void release() noexcept {
+    if (detailed_) record_.start = adaptor_clock();
+    upstream_.reset();  // the upstream's own finalizer runs here
+    if (detailed_) {
+      record_.end = adaptor_clock();
+      record_.call_site = ScopedCallSite::current();
+    }
+    if (shared_->generation.load(std::memory_order_relaxed) == generation_) shared_->observer->released(record_);
   }
-  throw StateError("unknown memory kind");
-}
+
+  std::shared_ptr<Shared> shared_;
+  std::shared_ptr<MemoryPointer> upstream_;
+  AllocationRecord record_;
+  std::uint64_t generation_;
+  bool detailed_;
+};
 }  // namespace
 
 template <typename Allocate>
@@ -66,31 +86,39 @@ std::shared_ptr<MemoryPointer> ManagerAdaptor::observe(MemoryKind kind, std::siz
     observer_->allocation_failed(kind, size);
     throw;
   }
-  AllocationRecord record{upstream->kind(),
-                          upstream->kind() == MemoryKind::Pinned ? upstream->host_pointer() : upstream->handle(),
+  const MemoryKind made = upstream->kind();
+  AllocationRecord record{made,
+                          made == MemoryKind::Pinned ? upstream->host_pointer() : upstream->handle(),
                           size,
                           start,
                           detailed ? adaptor_clock() : 0.0,
                           detailed ? ScopedCallSite::current() : std::string()};
   observer_->allocated(record);
-  const AllocationRecord allocated = record;
-  const std::uint64_t generation = generation_->load();
-  auto release = [observer = observer_, generations = generation_, generation, upstream, detailed,
-                  record = std::move(record)]() mutable {
-    if (detailed) record.start = adaptor_clock();
-    upstream.reset();  // the upstream's own finalizer runs here
-    if (detailed) {
-      record.end = adaptor_clock();
-      record.call_site = ScopedCallSite::current();
-    }
-    if (generations->load() == generation) observer->released(record);
-  };
+  const std::uint64_t generation = shared_->generation.load(std::memory_order_relaxed);
+  Context* context = upstream->context();
+  const std::uintptr_t handle = upstream->handle();
+  auto* host = reinterpret_cast<void*>(upstream->host_pointer());
+  // Made at allocation rate: through the recycling allocator, as managers do.
+  // If making it fails, the upstream pointer goes with this frame and its release is reported.
   try {
-    return rewrap(upstream, size, std::move(release));
+    switch (made) {
+      case MemoryKind::Device:
+        return detail::make_recycled<ObservedPointer<MemoryPointer, Shared>>(
+            shared_, generation, detailed, std::move(upstream), std::move(record), context, handle, size);
+      case MemoryKind::Mapped:
+        return detail::make_recycled<ObservedPointer<MappedMemory, Shared>>(
+            shared_, generation, detailed, std::move(upstream), std::move(record), context, host, handle, size);
+      case MemoryKind::Pinned:
+        return detail::make_recycled<ObservedPointer<PinnedMemory, Shared>>(
+            shared_, generation, detailed, std::move(upstream), std::move(record), context, host, size);
+      case MemoryKind::Managed:
+        return detail::make_recycled<ObservedPointer<ManagedMemory, Shared>>(
+            shared_, generation, detailed, std::move(upstream), std::move(record), context, handle, size);
+    }
+    throw StateError("unknown memory kind");
   } catch (...) {
-    // `release` was moved into a pointer that failed to build, or not at all:
-    // either way the upstream pointer goes with this frame.
-    observer_->released(allocated);
+    observer_->released({made, made == MemoryKind::Pinned ? reinterpret_cast<std::uintptr_t>(host) : handle, size,
+                         0.0, 0.0, std::string()});
     throw;
   }
 }
@@ -122,7 +150,7 @@ IpcHandle ManagerAdaptor::get_ipc_handle(const std::shared_ptr<MemoryPointer>& m
 }
 
 void ManagerAdaptor::reset() {
-  generation_->fetch_add(1);
+  shared_->generation.fetch_add(1);
   observer_->reset();
   upstream_->reset();
 }

@@ -189,6 +189,37 @@ def test_bad_input_raises_python_errors(run_python):
             assert "released" in str(error)
         else:
             raise AssertionError("a released allocation still has an address")
+        # The fast path: (Allocation, the address as the given type); dropping the
+        # Allocation gives the memory back.
+        class Pointer(int):
+            pass
+        allocation, pointer = bridge.device_allocator(Pointer).memalloc(4096)
+        assert type(pointer) is Pointer and pointer == allocation.address and allocation.size == 4096
+        in_use = cuemm.statistics()["device"]["current_bytes"]
+        del allocation
+        assert cuemm.statistics()["device"]["current_bytes"] == in_use - 4096
+        def refuse(address):
+            raise KeyError(address)
+        try:
+            bridge.device_allocator(refuse).memalloc(4096)
+        except KeyError:
+            pass
+        else:
+            raise AssertionError("the pointer type's error was lost")
+        assert cuemm.statistics()["device"]["current_bytes"] == in_use - 4096  # and nothing leaked
+        for bad, error in [(-1, ValueError), ("x", TypeError)]:
+            try:
+                bridge.device_allocator(int).memalloc(bad)
+            except error:
+                pass
+            else:
+                raise AssertionError(f"device_allocator().memalloc({bad!r}) did not raise {error.__name__}")
+        try:
+            bridge.device_allocator(5)
+        except TypeError as error:
+            assert "pointer_type" in str(error)
+        else:
+            raise AssertionError("a pointer type that is not callable was accepted")
     """, **PLUGIN)
 
 

@@ -92,9 +92,11 @@ class ManagerAdaptor : public BaseMemoryManager {
   template <typename Allocate>
   std::shared_ptr<MemoryPointer> observe(MemoryKind kind, std::size_t size, Allocate&& allocate);
 
+  struct Shared;  // what the pointers handed out need, as they may outlive the adaptor
+
   std::unique_ptr<BaseMemoryManager> upstream_;
   std::shared_ptr<AllocationObserver> observer_;
-  std::shared_ptr<std::atomic<std::uint64_t>> generation_;  // bumped by reset()
+  std::shared_ptr<Shared> shared_;
 };
 
 // The first adaptor of type `Adaptor` in the chain starting at `manager`

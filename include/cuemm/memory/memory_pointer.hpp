@@ -97,6 +97,9 @@ class MemoryPointer : public std::enable_shared_from_this<MemoryPointer> {
   };
   MemoryPointer(Context* context, std::uintptr_t pointer, std::size_t size,
                 std::shared_ptr<const void> owner, Finalizer finalizer, Details details);
+  // For a subclass whose finalizer uses the subclass's members: its
+  // destructor calls this, so the finalizer runs (if it has not) while they exist.
+  void finalize_now() noexcept { run_finalizer(); }
 
  private:
   friend class OwnedPointer;
