@@ -46,10 +46,23 @@ MemoryPointer::MemoryPointer(Context* context, std::uintptr_t pointer, std::size
       alive_(true),
       refct_(details.initial_refct) {}
 
-MemoryPointer::~MemoryPointer() { run_finalizer(); }
+MemoryPointer::~MemoryPointer() { finalize_unshared(); }
+
+void MemoryPointer::finalize_unshared() noexcept {
+  // Nothing else refers to this pointer (a racing free() or mark_released()
+  // would hold a reference), so a plain read decides: no atomic exchange.
+  if (!has_finalizer_ || !alive_.load(std::memory_order_acquire)) return;
+  alive_.store(false, std::memory_order_relaxed);
+  call_finalizer();
+}
 
 bool MemoryPointer::run_finalizer() noexcept {
   if (!has_finalizer_ || !alive_.exchange(false, std::memory_order_acq_rel)) return false;
+  call_finalizer();
+  return true;
+}
+
+void MemoryPointer::call_finalizer() noexcept {
   auto finalizer = std::move(finalizer_);
   try {
     finalizer();
@@ -57,7 +70,6 @@ bool MemoryPointer::run_finalizer() noexcept {
     std::fprintf(stderr, "cuemm: releasing %s memory at %s failed: %s\n", to_string(kind_),
                  hex(pointer_).c_str(), error.what());
   }
-  return true;
 }
 
 cuda::CUdeviceptr MemoryPointer::device_pointer() const {

@@ -99,11 +99,13 @@ class MemoryPointer : public std::enable_shared_from_this<MemoryPointer> {
                 std::shared_ptr<const void> owner, Finalizer finalizer, Details details);
   // For a subclass whose finalizer uses the subclass's members: its
   // destructor calls this, so the finalizer runs (if it has not) while they exist.
-  void finalize_now() noexcept { run_finalizer(); }
+  void finalize_now() noexcept { finalize_unshared(); }
 
  private:
   friend class OwnedPointer;
   bool run_finalizer() noexcept;  // true when this call ran it
+  void finalize_unshared() noexcept;  // run_finalizer() for a destructor
+  void call_finalizer() noexcept;
   void drop_owned_reference() noexcept;
 
   Context* context_;
