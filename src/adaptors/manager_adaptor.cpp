@@ -27,12 +27,14 @@ struct ManagerAdaptor::Shared {
 
 ManagerAdaptor::ManagerAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream,
                                std::shared_ptr<AllocationObserver> observer)
-    : BaseMemoryManager(context), upstream_(std::move(upstream)), observer_(std::move(observer)) {
+    : BaseMemoryManager(context), upstream_(std::move(upstream)) {
   if (!upstream_) throw InvalidArgument("an adaptor needs a manager to wrap (upstream is null)");
-  if (!observer_) throw InvalidArgument("an adaptor needs an observer (it is null)");
+  if (!observer) throw InvalidArgument("an adaptor needs an observer (it is null)");
   shared_ = std::make_shared<Shared>();
-  shared_->observer = observer_;
+  shared_->observer = std::move(observer);
 }
+
+AllocationObserver& ManagerAdaptor::observer() const noexcept { return *shared_->observer; }
 
 namespace {
 // What an adaptor hands out: a pointer of the upstream's kind, at the same
@@ -52,7 +54,7 @@ class ObservedPointer final : public Base {
         record_(std::move(record)),
         generation_(generation),
         detailed_(detailed) {}
-  ~ObservedPointer() override { this->finalize_now(); }
+  ~ObservedPointer() override { this->finalize_unshared(); }
 
  private:
   void release() noexcept {
@@ -75,25 +77,22 @@ class ObservedPointer final : public Base {
 
 template <typename Allocate>
 std::shared_ptr<MemoryPointer> ManagerAdaptor::observe(MemoryKind kind, std::size_t size, Allocate&& allocate) {
-  observer_->before_allocation(kind, size);
-  const bool detailed = observer_->wants_times_and_call_sites();
+  observer().before_allocation(kind, size);
+  const bool detailed = observer().wants_times_and_call_sites();
   const double start = detailed ? adaptor_clock() : 0.0;
   std::shared_ptr<MemoryPointer> upstream;
   try {
     upstream = allocate();
     if (!upstream) throw PluginError("the wrapped memory manager returned no pointer");
   } catch (...) {
-    observer_->allocation_failed(kind, size);
+    observer().allocation_failed(kind, size);
     throw;
   }
   const MemoryKind made = upstream->kind();
-  AllocationRecord record{made,
-                          made == MemoryKind::Pinned ? upstream->host_pointer() : upstream->handle(),
-                          size,
-                          start,
-                          detailed ? adaptor_clock() : 0.0,
+  const std::uintptr_t address = made == MemoryKind::Pinned ? upstream->host_pointer() : upstream->handle();
+  AllocationRecord record{made, address, size, start, detailed ? adaptor_clock() : 0.0,
                           detailed ? ScopedCallSite::current() : std::string()};
-  observer_->allocated(record);
+  observer().allocated(record);
   const std::uint64_t generation = shared_->generation.load(std::memory_order_relaxed);
   Context* context = upstream->context();
   const std::uintptr_t handle = upstream->handle();
@@ -117,8 +116,7 @@ std::shared_ptr<MemoryPointer> ManagerAdaptor::observe(MemoryKind kind, std::siz
     }
     throw StateError("unknown memory kind");
   } catch (...) {
-    observer_->released({made, made == MemoryKind::Pinned ? reinterpret_cast<std::uintptr_t>(host) : handle, size,
-                         0.0, 0.0, std::string()});
+    observer().released({made, address, size, 0.0, 0.0, std::string()});
     throw;
   }
 }
@@ -151,7 +149,7 @@ IpcHandle ManagerAdaptor::get_ipc_handle(const std::shared_ptr<MemoryPointer>& m
 
 void ManagerAdaptor::reset() {
   shared_->generation.fetch_add(1);
-  observer_->reset();
+  observer().reset();
   upstream_->reset();
 }
 

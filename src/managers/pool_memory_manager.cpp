@@ -533,16 +533,18 @@ struct PoolMemoryManager::Core {
   }
   bool wants_own_segment(std::size_t size) const noexcept { return size >= options.dedicated_size; }
 
+  // A request too large for the size classes (or with the caches off); the
+  // caller holds `mutex`. `own` as for allocate_from_index().
+  std::uintptr_t allocate_beyond_classes(std::size_t size, ThreadCache* own) {
+    return wants_own_segment(size) ? allocate_dedicated(size) : allocate_from_index(size, own);
+  }
+
   // `size_class` is size_class(size), which the caller also needs.
   std::uintptr_t allocate(std::size_t size, int size_class) {
     if (size_class < 0) {
-      if (wants_own_segment(size)) {
-        std::lock_guard lock(mutex);
-        return allocate_dedicated(size);
-      }
-      ThreadCache* own = caches_enabled() ? &cache_of_this_thread() : nullptr;
+      ThreadCache* own = caches_enabled() && !wants_own_segment(size) ? &cache_of_this_thread() : nullptr;
       std::lock_guard lock(mutex);
-      return allocate_from_index(size, own);
+      return allocate_beyond_classes(size, own);
     }
     ThreadCache& cache = cache_of_this_thread();
     bool advance = false;
@@ -660,7 +662,7 @@ struct PoolMemoryManager::Core {
     }
     if (size_class >= 0) return allocate(size, size_class);
     std::lock_guard lock(mutex);
-    const std::uintptr_t address = wants_own_segment(size) ? allocate_dedicated(size) : allocate_from_index(size);
+    const std::uintptr_t address = allocate_beyond_classes(size, nullptr);
     const BlockAt block = block_at(address);
     std::lock_guard cache_lock(cache.lock);
     cache.lend({address, block.bytes, block.dedicated}, large_frees_elsewhere.load(std::memory_order_acquire));

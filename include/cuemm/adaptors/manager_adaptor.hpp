@@ -86,7 +86,7 @@ class ManagerAdaptor : public BaseMemoryManager {
   BaseMemoryManager& upstream() const noexcept { return *upstream_; }
 
  protected:
-  AllocationObserver& observer() const noexcept { return *observer_; }
+  AllocationObserver& observer() const noexcept;
 
  private:
   template <typename Allocate>
@@ -95,8 +95,7 @@ class ManagerAdaptor : public BaseMemoryManager {
   struct Shared;  // what the pointers handed out need, as they may outlive the adaptor
 
   std::unique_ptr<BaseMemoryManager> upstream_;
-  std::shared_ptr<AllocationObserver> observer_;
-  std::shared_ptr<Shared> shared_;
+  std::shared_ptr<Shared> shared_;  // holds the observer
 };
 
 // The first adaptor of type `Adaptor` in the chain starting at `manager`

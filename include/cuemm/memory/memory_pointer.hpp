@@ -97,14 +97,14 @@ class MemoryPointer : public std::enable_shared_from_this<MemoryPointer> {
   };
   MemoryPointer(Context* context, std::uintptr_t pointer, std::size_t size,
                 std::shared_ptr<const void> owner, Finalizer finalizer, Details details);
-  // For a subclass whose finalizer uses the subclass's members: its
-  // destructor calls this, so the finalizer runs (if it has not) while they exist.
-  void finalize_now() noexcept { finalize_unshared(); }
+  // Runs the finalizer if it has not run, for a destructor (no other
+  // reference exists then). A subclass whose finalizer uses the subclass's
+  // members calls it from its own destructor, while they still exist.
+  void finalize_unshared() noexcept;
 
  private:
   friend class OwnedPointer;
   bool run_finalizer() noexcept;  // true when this call ran it
-  void finalize_unshared() noexcept;  // run_finalizer() for a destructor
   void call_finalizer() noexcept;
   void drop_owned_reference() noexcept;
 
