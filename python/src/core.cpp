@@ -9,7 +9,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <array>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "cuemm/cuemm.hpp"
@@ -29,6 +31,52 @@ std::shared_ptr<const void> hold_python_object(py::object object) {
     delete object;
   });
 }
+
+// Holds the GIL across a call into cuemm until the call may block (cuemm's
+// BlockingHook: a driver call, or a lock another thread holds), then lets
+// other Python threads run until the call returns. A block from a thread's
+// cache comes back without giving the GIL up at all: giving it up and taking
+// it back cost more than that allocation. Blocking with the GIL held could
+// deadlock (a stream callback may need it to finish), hence not simply
+// keeping it.
+class GilUntilBlocking final : public BlockingHook {
+ public:
+  GilUntilBlocking() noexcept : scope_(*this) {}
+  ~GilUntilBlocking() {
+    if (saved_) PyEval_RestoreThread(saved_);
+  }
+  GilUntilBlocking(const GilUntilBlocking&) = delete;
+  GilUntilBlocking& operator=(const GilUntilBlocking&) = delete;
+  void before_blocking() noexcept override {
+    if (!saved_) saved_ = PyEval_SaveThread();
+  }
+
+ private:
+  PyThreadState* saved_ = nullptr;
+  ScopedBlockingHook scope_;
+};
+
+// The GIL for one call into a manager: released at once (the manager may
+// block without telling, as a log adaptor writing a file does), or only when
+// the call may block.
+class GilForCall {
+ public:
+  explicit GilForCall(bool until_blocking) {
+    if (until_blocking)
+      lazy_.emplace();
+    else
+      saved_ = PyEval_SaveThread();
+  }
+  ~GilForCall() {
+    if (saved_) PyEval_RestoreThread(saved_);
+  }
+  GilForCall(const GilForCall&) = delete;
+  GilForCall& operator=(const GilForCall&) = delete;
+
+ private:
+  std::optional<GilUntilBlocking> lazy_;
+  PyThreadState* saved_ = nullptr;
+};
 
 PyObject* cuda_error_type = nullptr;  // cuemm._core.CudaError, made when the module loads
 
@@ -81,25 +129,41 @@ void set_python_error_from_any(std::exception_ptr error) noexcept {
 // instance registry) cost more than the pool's whole allocate+free (measured
 // on the simulated driver: 1.0 us a pair through pybind11 objects, against
 // the pool's 50 ns).
+//
+// On the device fast path it holds the pointer of the bridge's outermost
+// adaptor's upstream and gives it back through that adaptor
+// (ManagerAdaptor::memalloc_unwrapped): one pointer object per allocation
+// rather than two.
 struct PyAllocation {
   PyObject_HEAD
-  std::shared_ptr<MemoryPointer> memory;  // empty once released
+  ManagerAdaptor::Unwrapped held;  // held.memory is empty once released
+  ManagerAdaptor* adaptor;  // gives `held` back when set; otherwise dropping held.memory does
+  PyObject* adaptor_owner;  // keeps `adaptor` alive (its Bridge)
+  bool gil_until_blocking;  // GilForCall's choice for giving it back
 };
 
-// Gives the memory back, once; the GIL is released meanwhile, as giving back
-// may wait for the GPU (and a stream callback may need the GIL to finish).
+// Gives the memory back, once; the GIL is released while that may block
+// (it may wait for the GPU, and a stream callback may need the GIL to finish).
+// What is held is moved out first, with the GIL: another thread may look at
+// this object meanwhile.
 void release_allocation(PyAllocation* self) noexcept {
-  std::shared_ptr<MemoryPointer> memory = std::move(self->memory);
-  if (!memory) return;
-  Py_BEGIN_ALLOW_THREADS
-  memory.reset();
-  Py_END_ALLOW_THREADS
+  if (!self->held.memory) return;
+  ManagerAdaptor::Unwrapped held = std::move(self->held);
+  self->held.memory = nullptr;
+  {
+    GilForCall gil(self->gil_until_blocking);
+    if (self->adaptor)
+      self->adaptor->release_unwrapped(held);
+    else
+      held.memory.reset();
+  }
+  Py_CLEAR(self->adaptor_owner);
 }
 
 void allocation_dealloc(PyObject* object) {
   auto* self = reinterpret_cast<PyAllocation*>(object);
   release_allocation(self);
-  self->memory.~shared_ptr();
+  self->held.~Unwrapped();
   PyTypeObject* type = Py_TYPE(object);
   type->tp_free(object);
   Py_DECREF(type);  // instances of a heap type hold a reference to it
@@ -107,7 +171,7 @@ void allocation_dealloc(PyObject* object) {
 
 // The allocation's memory, or null with RuntimeError set when it was released.
 const MemoryPointer* live_memory(PyObject* object) {
-  const auto& memory = reinterpret_cast<PyAllocation*>(object)->memory;
+  const auto& memory = reinterpret_cast<PyAllocation*>(object)->held.memory;
   if (!memory) PyErr_SetString(PyExc_RuntimeError, "this cuemm allocation was already released");
   return memory.get();
 }
@@ -125,7 +189,7 @@ PyObject* allocation_size(PyObject* object, void*) {
   return memory ? PyLong_FromSize_t(memory->size()) : nullptr;
 }
 PyObject* allocation_alive(PyObject* object, void*) {
-  return PyBool_FromLong(reinterpret_cast<PyAllocation*>(object)->memory != nullptr);
+  return PyBool_FromLong(reinterpret_cast<PyAllocation*>(object)->held.memory != nullptr);
 }
 PyObject* allocation_release(PyObject* object, PyObject*) {
   release_allocation(reinterpret_cast<PyAllocation*>(object));
@@ -149,11 +213,32 @@ PyType_Slot allocation_slots[] = {{Py_tp_dealloc, reinterpret_cast<void*>(alloca
 PyType_Spec allocation_spec{"cuemm._core.Allocation", sizeof(PyAllocation), 0, Py_TPFLAGS_DEFAULT, allocation_slots};
 PyTypeObject* allocation_type = nullptr;  // made when the module loads; never freed
 
-// A new Python Allocation owning `memory` (the GIL is held).
-py::object wrap_allocation(std::shared_ptr<MemoryPointer> memory) {
+// A new Python Allocation owning `held`, given back through `adaptor` (kept
+// alive by `adaptor_owner`) when that is set (the GIL is held). On failure,
+// `held` goes back at once.
+PyObject* new_allocation(ManagerAdaptor::Unwrapped&& held, ManagerAdaptor* adaptor, PyObject* adaptor_owner,
+                         bool gil_until_blocking) noexcept {
   auto* self = PyObject_New(PyAllocation, allocation_type);
+  if (!self) {
+    GilForCall gil(gil_until_blocking);
+    if (adaptor)
+      adaptor->release_unwrapped(held);
+    else
+      held.memory.reset();
+    return nullptr;
+  }
+  new (&self->held) ManagerAdaptor::Unwrapped(std::move(held));
+  self->adaptor = adaptor;
+  Py_XINCREF(adaptor_owner);
+  self->adaptor_owner = adaptor_owner;
+  self->gil_until_blocking = gil_until_blocking;
+  return reinterpret_cast<PyObject*>(self);
+}
+
+// A new Python Allocation owning `memory` (the GIL is held).
+py::object wrap_allocation(std::shared_ptr<MemoryPointer> memory, bool gil_until_blocking) {
+  PyObject* self = new_allocation({std::move(memory), {}, 0, false}, nullptr, nullptr, gil_until_blocking);
   if (!self) throw py::error_already_set();
-  new (&self->memory) std::shared_ptr<MemoryPointer>(std::move(memory));
   return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(self));
 }
 
@@ -167,31 +252,49 @@ class Bridge {
       made = wrap_with_adaptors(context_, std::move(made), adaptors);
     manager_ = std::move(made);
     name_ = manager;
+    // A log adaptor may write a file under its lock without telling.
+    gil_until_blocking_ = find_adaptor<LoggingAdaptor>(*manager_) == nullptr;
+    outermost_adaptor_ = dynamic_cast<ManagerAdaptor*>(manager_.get());
   }
 
-  void initialize() { manager_->initialize(); }
+  void initialize() {
+    GilForCall gil(gil_until_blocking_);
+    manager_->initialize();
+  }
+
+  // The fast path's memalloc (DeviceAllocator): the new Allocation. Through
+  // the outermost adaptor without its pointer, when there is one;
+  // `bridge_object` is this bridge's Python object, which the Allocation keeps.
+  PyObject* memalloc_held(long long size, PyObject* bridge_object) {
+    if (!outermost_adaptor_) return memalloc(size).release().ptr();
+    ManagerAdaptor::Unwrapped held =
+        call({}, [&] { return outermost_adaptor_->memalloc_unwrapped(checked_size(size, "memalloc")); });
+    PyObject* allocation = new_allocation(std::move(held), outermost_adaptor_, bridge_object, gil_until_blocking_);
+    if (!allocation) throw py::error_already_set();
+    return allocation;
+  }
 
   py::object memalloc(long long size) {
-    return wrap_allocation(call({}, [&] { return manager_->memalloc(checked_size(size, "memalloc")); }));
+    return wrap(call({}, [&] { return manager_->memalloc(checked_size(size, "memalloc")); }));
   }
   // `site` names the Python caller for the log and the leak report.
   py::object memalloc_at(long long size, std::string site) {
-    return wrap_allocation(call(std::move(site), [&] { return manager_->memalloc(checked_size(size, "memalloc")); }));
+    return wrap(call(std::move(site), [&] { return manager_->memalloc(checked_size(size, "memalloc")); }));
   }
   py::object memhostalloc(long long size, bool mapped, bool portable, bool wc, std::string site) {
-    return wrap_allocation(call(std::move(site), [&] {
+    return wrap(call(std::move(site), [&] {
       return manager_->memhostalloc(checked_size(size, "memhostalloc"), mapped, portable, wc);
     }));
   }
   py::object mempin(py::object owner, std::uintptr_t pointer, long long size, bool mapped) {
     if (pointer == 0) throw InvalidArgument("mempin: the pointer is null");
     auto held = hold_python_object(std::move(owner));
-    return wrap_allocation(call({}, [&] {
+    return wrap(call({}, [&] {
       return manager_->mempin(held, reinterpret_cast<void*>(pointer), checked_size(size, "mempin"), mapped);
     }));
   }
   py::object memallocmanaged(long long size, bool attach_global) {
-    return wrap_allocation(call({}, [&] { return manager_->memallocmanaged(checked_size(size, "memallocmanaged"), attach_global); }));
+    return wrap(call({}, [&] { return manager_->memallocmanaged(checked_size(size, "memallocmanaged"), attach_global); }));
   }
 
   // (handle bytes, offset of [address, address + size) in the exported allocation, size)
@@ -206,7 +309,10 @@ class Bridge {
   }
 
   py::tuple memory_info() {
-    const MemoryInfo info = manager_->get_memory_info();
+    const MemoryInfo info = [&] {
+      py::gil_scoped_release unlocked;  // asks the driver
+      return manager_->get_memory_info();
+    }();
     return py::make_tuple(info.free, info.total);
   }
 
@@ -215,7 +321,10 @@ class Bridge {
     manager_->reset();
   }
 
-  std::shared_ptr<CleanupGuard> defer_cleanup() { return std::make_shared<CleanupGuard>(manager_->defer_cleanup()); }
+  std::shared_ptr<CleanupGuard> defer_cleanup() {
+    py::gil_scoped_release unlocked;  // may take a manager's lock
+    return std::make_shared<CleanupGuard>(manager_->defer_cleanup());
+  }
 
   py::dict statistics() const {
     const MemoryStatistics stats = find_adaptor<StatisticsAdaptor>(*manager_)->statistics();
@@ -255,9 +364,12 @@ class Bridge {
     if (size < 0) throw InvalidArgument(std::string(call) + ": size must not be negative (got " + std::to_string(size) + ")");
     return static_cast<std::size_t>(size);
   }
+  py::object wrap(std::shared_ptr<MemoryPointer> memory) const {
+    return wrap_allocation(std::move(memory), gil_until_blocking_);
+  }
   template <typename Allocate>
-  std::shared_ptr<MemoryPointer> call(std::string site, Allocate&& allocate) {
-    py::gil_scoped_release unlocked;  // other Python threads run while the driver works
+  auto call(std::string site, Allocate&& allocate) -> decltype(allocate()) {
+    GilForCall gil(gil_until_blocking_);  // other Python threads run while the driver works
     if (site.empty()) return allocate();
     ScopedCallSite named(std::move(site));
     return allocate();
@@ -267,6 +379,8 @@ class Bridge {
   std::ostringstream log_text_;  // declared before manager_: the log adaptor writes here until it goes
   std::unique_ptr<BaseMemoryManager> manager_;
   std::string name_;
+  bool gil_until_blocking_ = true;
+  ManagerAdaptor* outermost_adaptor_ = nullptr;  // manager_, when it is an adaptor
 };
 
 // --- DeviceAllocator: Bridge.memalloc without pybind11's dispatcher ---
@@ -276,11 +390,49 @@ class Bridge {
 // also makes the pointer object Numba wants (the type given at construction:
 // cuda.bindings' CUdeviceptr or ctypes' c_uint64), which costs less here than
 // reading the address and calling the type from Python.
+//
+// The pointer objects are reused per address: a pool hands the same addresses
+// out again and again, and making a cuda.bindings CUdeviceptr costs more than
+// the pool's whole allocation (130 ns on the H100 machine). Numba never
+// changes a pointer object it was given, so one object may serve every
+// allocation at its address. The cache is used with the GIL held.
+class PointerObjects {
+ public:
+  // A new reference to a pointer object for `address`, or null with the error set.
+  PyObject* get(PyObject* type, std::uintptr_t address) {
+    Slot& slot = slots_[(address * 0x9E3779B97F4A7C15ull) >> (64 - kSlotBits)];
+    if (slot.object && slot.address == address) [[likely]] {
+      Py_INCREF(slot.object);
+      return slot.object;
+    }
+    PyObject* number = PyLong_FromUnsignedLongLong(address);
+    PyObject* made = number ? PyObject_CallOneArg(type, number) : nullptr;
+    Py_XDECREF(number);
+    if (!made) return nullptr;
+    Py_XDECREF(slot.object);
+    Py_INCREF(made);
+    slot = {address, made};
+    return made;
+  }
+  void clear() noexcept {
+    for (Slot& slot : slots_) Py_CLEAR(slot.object);
+  }
+
+ private:
+  static constexpr int kSlotBits = 10;  // a pool hands addresses out again in turn (its caches are rings)
+  struct Slot {
+    std::uintptr_t address;
+    PyObject* object;
+  };
+  std::array<Slot, std::size_t{1} << kSlotBits> slots_{};
+};
+
 struct PyDeviceAllocator {
   PyObject_HEAD
   Bridge* bridge;
   PyObject* bridge_object;  // keeps the bridge alive
   PyObject* pointer_type;
+  PointerObjects pointers;
 };
 
 // memalloc(size) -> (Allocation, pointer object)
@@ -290,14 +442,13 @@ PyObject* device_allocator_memalloc(PyObject* object, PyObject* size_object) {
   if (size == -1 && PyErr_Occurred()) return nullptr;
   PyObject* allocation = nullptr;
   try {
-    allocation = self->bridge->memalloc(size).release().ptr();
+    allocation = self->bridge->memalloc_held(size, self->bridge_object);
   } catch (...) {
     set_python_error_from_any(std::current_exception());
     return nullptr;
   }
-  PyObject* address = PyLong_FromUnsignedLongLong(reinterpret_cast<PyAllocation*>(allocation)->memory->handle());
-  PyObject* pointer = address ? PyObject_CallOneArg(self->pointer_type, address) : nullptr;
-  Py_XDECREF(address);
+  PyObject* pointer =
+      self->pointers.get(self->pointer_type, reinterpret_cast<PyAllocation*>(allocation)->held.memory->handle());
   if (!pointer) {
     Py_DECREF(allocation);  // gives the memory back
     return nullptr;
@@ -317,6 +468,8 @@ void device_allocator_dealloc(PyObject* object) {
   auto* self = reinterpret_cast<PyDeviceAllocator*>(object);
   Py_XDECREF(self->bridge_object);
   Py_XDECREF(self->pointer_type);
+  self->pointers.clear();
+  self->pointers.~PointerObjects();
   PyTypeObject* type = Py_TYPE(object);
   type->tp_free(object);
   Py_DECREF(type);
@@ -341,6 +494,7 @@ py::object device_allocator_of(py::object bridge_object, py::object pointer_type
   self->bridge = bridge_object.cast<Bridge*>();
   self->bridge_object = bridge_object.release().ptr();
   self->pointer_type = pointer_type.release().ptr();
+  new (&self->pointers) PointerObjects();
   return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(self));
 }
 
@@ -365,7 +519,10 @@ PYBIND11_MODULE(_core, module) {
 
   py::class_<CleanupGuard, std::shared_ptr<CleanupGuard>>(module, "CleanupGuard")
       .def("__enter__", [](std::shared_ptr<CleanupGuard> self) { return self; })
-      .def("__exit__", [](CleanupGuard& self, py::args) { self.release(); });
+      .def("__exit__", [](CleanupGuard& self, py::args) {
+        py::gil_scoped_release unlocked;  // the deferred cleanup may run now
+        self.release();
+      });
 
   py::class_<Bridge>(module, "Bridge")
       .def(py::init<int, const std::string&, bool>(), py::arg("device"), py::arg("manager"), py::arg("log") = false)

@@ -8,6 +8,7 @@
 #include "cuemm/error.hpp"
 #include "cuemm/runtime/context.hpp"
 #include "cuemm/runtime/device.hpp"
+#include "cuemm/threading/blocking_hook.hpp"
 
 namespace cuemm {
 
@@ -17,7 +18,7 @@ const char* LoggingAdaptor::header() noexcept {
 }
 
 struct LoggingAdaptor::Log : AllocationObserver {
-  std::mutex mutex;
+  BlockingAwareMutex mutex;
   std::unique_ptr<std::ofstream> file;
   std::ostream* out;
   LoggingOptions options;

@@ -37,6 +37,20 @@ ManagerAdaptor::ManagerAdaptor(Context* context, std::unique_ptr<BaseMemoryManag
 AllocationObserver& ManagerAdaptor::observer() const noexcept { return *shared_->observer; }
 
 namespace {
+// Lets go of an upstream pointer and reports its release (unless a reset()
+// gave its memory back meanwhile); with `detailed`, timed and with the call site.
+template <typename Shared>
+void release_and_report(const Shared& shared, std::shared_ptr<MemoryPointer>& upstream,
+                        AllocationRecord& record, std::uint64_t generation, bool detailed) noexcept {
+  if (detailed) record.start = adaptor_clock();
+  upstream.reset();  // the upstream's own finalizer runs here
+  if (detailed) {
+    record.end = adaptor_clock();
+    record.call_site = ScopedCallSite::current();
+  }
+  if (shared.generation.load(std::memory_order_relaxed) == generation) shared.observer->released(record);
+}
+
 // What an adaptor hands out: a pointer of the upstream's kind, at the same
 // addresses, that holds the upstream pointer and reports its release. The
 // finalizer captures only `this`, so std::function stores it inline (made at
@@ -57,15 +71,7 @@ class ObservedPointer final : public Base {
   ~ObservedPointer() override { this->finalize_unshared(); }
 
  private:
-  void release() noexcept {
-    if (detailed_) record_.start = adaptor_clock();
-    upstream_.reset();  // the upstream's own finalizer runs here
-    if (detailed_) {
-      record_.end = adaptor_clock();
-      record_.call_site = ScopedCallSite::current();
-    }
-    if (shared_->generation.load(std::memory_order_relaxed) == generation_) shared_->observer->released(record_);
-  }
+  void release() noexcept { release_and_report(*shared_, upstream_, record_, generation_, detailed_); }
 
   std::shared_ptr<Shared> shared_;
   std::shared_ptr<MemoryPointer> upstream_;
@@ -76,7 +82,7 @@ class ObservedPointer final : public Base {
 }  // namespace
 
 template <typename Allocate>
-std::shared_ptr<MemoryPointer> ManagerAdaptor::observe(MemoryKind kind, std::size_t size, Allocate&& allocate) {
+ManagerAdaptor::Unwrapped ManagerAdaptor::allocate_observed(MemoryKind kind, std::size_t size, Allocate&& allocate) {
   observer().before_allocation(kind, size);
   const bool detailed = observer().wants_times_and_call_sites();
   const double start = detailed ? adaptor_clock() : 0.0;
@@ -93,7 +99,14 @@ std::shared_ptr<MemoryPointer> ManagerAdaptor::observe(MemoryKind kind, std::siz
   AllocationRecord record{made, address, size, start, detailed ? adaptor_clock() : 0.0,
                           detailed ? ScopedCallSite::current() : std::string()};
   observer().allocated(record);
-  const std::uint64_t generation = shared_->generation.load(std::memory_order_relaxed);
+  return {std::move(upstream), std::move(record), shared_->generation.load(std::memory_order_relaxed), detailed};
+}
+
+template <typename Allocate>
+std::shared_ptr<MemoryPointer> ManagerAdaptor::observe(MemoryKind kind, std::size_t size, Allocate&& allocate) {
+  auto [upstream, record, generation, detailed] = allocate_observed(kind, size, std::forward<Allocate>(allocate));
+  const MemoryKind made = record.kind;
+  const std::uintptr_t address = record.address;
   Context* context = upstream->context();
   const std::uintptr_t handle = upstream->handle();
   auto* host = reinterpret_cast<void*>(upstream->host_pointer());
@@ -124,6 +137,16 @@ std::shared_ptr<MemoryPointer> ManagerAdaptor::observe(MemoryKind kind, std::siz
 std::shared_ptr<MemoryPointer> ManagerAdaptor::memalloc(std::size_t size) {
   require_allocation_size(size, "memalloc");
   return observe(MemoryKind::Device, size, [&] { return upstream_->memalloc(size); });
+}
+
+ManagerAdaptor::Unwrapped ManagerAdaptor::memalloc_unwrapped(std::size_t size) {
+  require_allocation_size(size, "memalloc");
+  return allocate_observed(MemoryKind::Device, size, [&] { return upstream_->memalloc(size); });
+}
+
+void ManagerAdaptor::release_unwrapped(Unwrapped& allocation) noexcept {
+  if (allocation.memory)
+    release_and_report(*shared_, allocation.memory, allocation.record, allocation.generation, allocation.detailed);
 }
 
 std::shared_ptr<MemoryPointer> ManagerAdaptor::memhostalloc(std::size_t size, bool mapped, bool portable, bool wc) {

@@ -8,11 +8,12 @@
 #include <mutex>
 
 #include "cuemm/error.hpp"
+#include "cuemm/threading/blocking_hook.hpp"
 
 namespace cuemm {
 
 struct TrackingAdaptor::Table : AllocationObserver {
-  mutable std::mutex mutex;
+  mutable BlockingAwareMutex mutex;
   // Keyed by (kind, address): pinned host and device addresses may coincide.
   std::map<std::pair<int, std::uintptr_t>, AllocationRecord> live;
   std::ostream* report;

@@ -15,6 +15,7 @@
 #include "cuemm/error.hpp"
 #include "cuemm/managers/detail/reuse_epochs.hpp"
 #include "cuemm/runtime/context.hpp"
+#include "cuemm/threading/blocking_hook.hpp"
 
 namespace cuemm {
 namespace {
@@ -88,7 +89,7 @@ struct PinnedHostPool::State {
 
   Context* context;
   PinnedHostPoolOptions options;
-  std::mutex mutex;
+  BlockingAwareMutex mutex;
   detail::ReuseEpochs epochs;
   std::map<std::pair<unsigned, std::size_t>, std::deque<Freed>> free_lists;  // (flags, block size)
   std::size_t frees_since_seal = 0, bytes_since_seal = 0;

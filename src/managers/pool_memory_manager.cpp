@@ -17,6 +17,7 @@
 #include "cuemm/memory/detail/recycling_allocator.hpp"
 #include "cuemm/runtime/context.hpp"
 #include "util/environment.hpp"
+#include "cuemm/threading/blocking_hook.hpp"
 
 namespace cuemm {
 namespace {
@@ -46,6 +47,9 @@ struct Freed {
 class SpinLock {
  public:
   void lock() noexcept {
+    if (!flag_.test_and_set(std::memory_order_acquire)) [[likely]]
+      return;
+    before_blocking();
     while (flag_.test_and_set(std::memory_order_acquire)) std::this_thread::yield();  // held only briefly
   }
   void unlock() noexcept { flag_.clear(std::memory_order_release); }
@@ -226,7 +230,7 @@ struct ThreadCache {
 struct PoolMemoryManager::Core {
   Context* context;
   PoolOptions options;
-  mutable std::mutex mutex;
+  mutable BlockingAwareMutex mutex;
   detail::TlsfBlockAllocator blocks{kBlockGranularity};
   detail::DedicatedSegments dedicated;  // Note [Dedicated segments]
   detail::ReuseEpochs epochs{context};
@@ -846,7 +850,7 @@ namespace {
 // manager, and by threads' cache directories; they are small and kept until exit.
 void keep_retired(std::shared_ptr<void> core) {
   static auto* retired = new std::vector<std::shared_ptr<void>>();
-  static std::mutex mutex;
+  static BlockingAwareMutex mutex;
   std::lock_guard lock(mutex);
   retired->push_back(std::move(core));
 }

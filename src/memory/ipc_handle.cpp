@@ -12,6 +12,7 @@
 #include "cuemm/memory/memory_pointer.hpp"
 #include "cuemm/runtime/context.hpp"
 #include "cuemm/runtime/device.hpp"
+#include "cuemm/threading/blocking_hook.hpp"
 
 namespace cuemm {
 namespace {
@@ -21,7 +22,7 @@ using HandleBytes = std::array<char, cuda::kIpcHandleSize>;
 // Driver handles this process exported: the driver refuses to open them here,
 // and we say so clearly first.
 struct ExportedHandles {
-  std::mutex mutex;
+  BlockingAwareMutex mutex;
   std::set<HandleBytes> handles;
 };
 ExportedHandles& exported() {

@@ -12,12 +12,13 @@
 #include "cuemm/managers/async_memory_manager.hpp"
 #include "cuemm/managers/pool_memory_manager.hpp"
 #include "cuemm/memory/default_memory_manager.hpp"
+#include "cuemm/threading/blocking_hook.hpp"
 
 namespace cuemm {
 namespace {
 
 struct Registry {
-  std::mutex mutex;
+  BlockingAwareMutex mutex;
   MemoryManagerFactory chosen;  // from set_memory_manager(); empty means default
   std::string chosen_name = "default";
   std::map<std::string, MemoryManagerFactory> bundled;

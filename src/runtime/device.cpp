@@ -6,12 +6,13 @@
 
 #include "cuemm/driver/driver.hpp"
 #include "cuemm/runtime/context.hpp"
+#include "cuemm/threading/blocking_hook.hpp"
 
 namespace cuemm {
 
 // All devices, and which Context each driver context handle belongs to.
 struct DeviceTable {
-  std::mutex mutex;
+  BlockingAwareMutex mutex;
   bool counted = false;
   int count = 0;
   std::vector<std::unique_ptr<Device>> devices;

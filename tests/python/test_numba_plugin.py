@@ -207,6 +207,15 @@ def test_bad_input_raises_python_errors(run_python):
         else:
             raise AssertionError("the pointer type's error was lost")
         assert cuemm.statistics()["device"]["current_bytes"] == in_use - 4096  # and nothing leaked
+        # Pointer objects are reused per address; each still names its own allocation's address.
+        allocator = bridge.device_allocator(Pointer)
+        live = [allocator.memalloc(size) for size in (256, 256, 65536, 4 << 20) * 8]
+        assert all(pointer == allocation.address for allocation, pointer in live)
+        assert len({pointer for _, pointer in live}) == len(live)
+        for _ in range(3):
+            live = [allocator.memalloc(256) for _ in range(200)]
+            assert all(pointer == allocation.address for allocation, pointer in live)
+            del live
         for bad, error in [(-1, ValueError), ("x", TypeError)]:
             try:
                 bridge.device_allocator(int).memalloc(bad)
@@ -221,6 +230,34 @@ def test_bad_input_raises_python_errors(run_python):
         else:
             raise AssertionError("a pointer type that is not callable was accepted")
     """, **PLUGIN)
+
+
+def test_fast_path_allocations_outlive_their_bridge_and_its_reset(run_python):
+    # The fast path's Allocation gives its memory back through the bridge's
+    # statistics adaptor: it must keep the bridge alive, and a release after
+    # the bridge's reset() is not counted (reset gave that memory back).
+    run_python("""
+        import gc
+        import cuemm._core as core
+        bridge = core.Bridge(0, "pool")
+        bridge.initialize()
+        allocate = bridge.device_allocator(int).memalloc
+        kept = [allocate(size) for size in (256, 1 << 20, 8 << 20)]
+        assert bridge.statistics()["device"]["current_bytes"] == 256 + (1 << 20) + (8 << 20)
+        kept.pop()[0].release()
+        assert bridge.statistics()["device"]["current_bytes"] == 256 + (1 << 20)
+        bridge.reset()
+        assert bridge.statistics()["device"]["current_bytes"] == 0
+        kept.pop()
+        assert bridge.statistics()["device"]["current_bytes"] == 0, "a release after reset was counted"
+        allocation, pointer = allocate(4096)
+        assert pointer == allocation.address
+        del bridge, allocate, kept
+        gc.collect()
+        assert allocation.alive and allocation.size == 4096
+        allocation.release()
+        assert not allocation.alive
+    """)
 
 
 def test_defer_cleanup_reset_and_the_async_manager(run_python):

@@ -66,6 +66,36 @@ TEST_F(Adaptors, StatisticsCountFailuresAndForgetMemoryAResetGaveBack) {
   EXPECT_EQ(after.of(MemoryKind::Device).current_count, 0u);
 }
 
+// memalloc_unwrapped: the upstream's own pointer, observed like a wrapped one.
+TEST_F(Adaptors, AnUnwrappedAllocationIsObservedAndLoggedLikeAWrappedOne) {
+  std::ostringstream text;
+  auto stats = std::make_unique<StatisticsAdaptor>(&context, pool());
+  StatisticsAdaptor* counted = stats.get();
+  LoggingAdaptor logged(&context, std::move(stats), text);
+  logged.initialize();
+  ManagerAdaptor::Unwrapped held = logged.memalloc_unwrapped(5000);
+  ASSERT_NE(held.memory, nullptr);
+  EXPECT_EQ(held.record.size, 5000u);
+  EXPECT_EQ(held.record.address, held.memory->handle());
+  EXPECT_EQ(counted->statistics().of(MemoryKind::Device).current_bytes, 5000u);
+  logged.release_unwrapped(held);
+  EXPECT_EQ(held.memory, nullptr);
+  logged.release_unwrapped(held);  // twice: nothing more
+  EXPECT_EQ(counted->statistics().of(MemoryKind::Device).current_bytes, 0u);
+  EXPECT_EQ(counted->statistics().of(MemoryKind::Device).total_count, 1u);
+  logged.flush();
+  const auto rows = lines_of(text.str());
+  ASSERT_EQ(rows.size(), 3u) << text.str();  // header, allocation, release
+  EXPECT_NE(rows[2].find(",5000,"), std::string::npos) << rows[2];
+
+  // Memory a reset gave back is not reported again.
+  ManagerAdaptor::Unwrapped stale = logged.memalloc_unwrapped(100);
+  logged.reset();
+  logged.release_unwrapped(stale);
+  EXPECT_EQ(counted->statistics().of(MemoryKind::Device).current_bytes, 0u);
+  EXPECT_THROW(logged.memalloc_unwrapped(0), InvalidArgument);
+}
+
 TEST_F(Adaptors, TheLogHasTheProposalsColumnsAndOneRowPerEvent) {
   std::ostringstream out;
   {

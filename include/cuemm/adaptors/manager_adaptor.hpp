@@ -85,10 +85,27 @@ class ManagerAdaptor : public BaseMemoryManager {
 
   BaseMemoryManager& upstream() const noexcept { return *upstream_; }
 
+  // For a caller that keeps an object of its own per allocation (the Python
+  // bridge): memalloc without the adaptor's own pointer around the upstream's,
+  // which costs a second pointer per allocation. The allocation is observed as
+  // usual; the caller must let go of `memory` only through release_unwrapped(),
+  // once, while this adaptor exists.
+  struct Unwrapped {
+    std::shared_ptr<MemoryPointer> memory;  // the upstream's
+    AllocationRecord record;
+    std::uint64_t generation;
+    bool detailed;
+  };
+  Unwrapped memalloc_unwrapped(std::size_t size);
+  // Lets go of `allocation.memory` and reports the release (once: later calls do nothing).
+  void release_unwrapped(Unwrapped& allocation) noexcept;
+
  protected:
   AllocationObserver& observer() const noexcept;
 
  private:
+  template <typename Allocate>
+  Unwrapped allocate_observed(MemoryKind kind, std::size_t size, Allocate&& allocate);
   template <typename Allocate>
   std::shared_ptr<MemoryPointer> observe(MemoryKind kind, std::size_t size, Allocate&& allocate);
 

@@ -21,6 +21,7 @@
 
 #include "cuemm/driver/cuda_api.hpp"
 #include "cuemm/error.hpp"
+#include "cuemm/threading/blocking_hook.hpp"
 
 namespace cuemm::driver {
 
@@ -79,8 +80,10 @@ inline void check(CUresult code, const char* call) {
 }  // namespace cuemm::driver
 
 // Calls a driver function through the loaded driver; throws on failure.
+// Every call may wait, so each first runs the thread's BlockingHook.
 #define CUEMM_CU(function, ...)                                                              \
   do {                                                                                       \
+    ::cuemm::before_blocking();                                                              \
     const auto& cuemm_api_ = ::cuemm::driver::Driver::get().api();                           \
     if (!cuemm_api_.function) ::cuemm::driver::throw_missing_function(#function);            \
     ::cuemm::driver::check(cuemm_api_.function(__VA_ARGS__), #function);                     \
@@ -89,6 +92,7 @@ inline void check(CUresult code, const char* call) {
 // For allocations: an out-of-memory error names the bytes requested.
 #define CUEMM_CU_ALLOC(bytes, function, ...)                                                 \
   do {                                                                                       \
+    ::cuemm::before_blocking();                                                              \
     const auto& cuemm_api_ = ::cuemm::driver::Driver::get().api();                           \
     if (!cuemm_api_.function) ::cuemm::driver::throw_missing_function(#function);            \
     if (const auto cuemm_result_ = cuemm_api_.function(__VA_ARGS__))                         \
@@ -99,6 +103,7 @@ inline void check(CUresult code, const char* call) {
 // code that handles particular results itself).
 #define CUEMM_CU_RESULT(function, ...)                                                        \
   ([&]() -> ::cuemm::cuda::CUresult {                                                        \
+    ::cuemm::before_blocking();                                                              \
     const auto& cuemm_api_ = ::cuemm::driver::Driver::get().api();                           \
     return cuemm_api_.function ? cuemm_api_.function(__VA_ARGS__)                            \
                                : ::cuemm::cuda::CUDA_ERROR_NOT_SUPPORTED;                   \

@@ -22,6 +22,7 @@
 #include <mutex>
 
 #include "cuemm/memory/host_only_memory_manager.hpp"
+#include "cuemm/threading/blocking_hook.hpp"
 
 namespace cuemm {
 
@@ -55,7 +56,7 @@ class AsyncMemoryManager : public HostOnlyMemoryManager {
  private:
   cuda::CUmemoryPool pool();
   AsyncOptions options_;
-  std::mutex mutex_;
+  BlockingAwareMutex mutex_;
   std::atomic<cuda::CUmemoryPool> pool_{nullptr};
 };
 

@@ -92,7 +92,7 @@ class HostOnlyMemoryManager : public BaseMemoryManager {
       std::function<void()> release;
       std::size_t bytes;
     };
-    std::mutex mutex;
+    BlockingAwareMutex mutex;
     std::unordered_map<std::uintptr_t, Entry> live;  // Invariant: released blocks are never here
     PendingDeallocations pending;
     void finalize(std::uintptr_t address) noexcept;
@@ -100,7 +100,7 @@ class HostOnlyMemoryManager : public BaseMemoryManager {
 
   DeallocationPolicy policy_;
   std::optional<PinnedHostPoolOptions> host_pool_options_;
-  std::mutex host_pool_mutex_;
+  BlockingAwareMutex host_pool_mutex_;
   std::shared_ptr<PinnedHostPool> host_pool_;
   std::shared_ptr<Tracker> tracker_;
   bool capacity_known_ = false;
@@ -111,6 +111,7 @@ void flush_pending_and_log(PendingDeallocations& pending, const char* why) noexc
 }  // namespace cuemm
 
 #include "cuemm/error.hpp"
+#include "cuemm/threading/blocking_hook.hpp"
 
 template <typename Allocate>
 auto cuemm::HostOnlyMemoryManager::with_flush_and_retry(Allocate&& allocate) -> decltype(allocate()) {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cuemm/memory/cleanup_guard.hpp"
+#include "cuemm/threading/blocking_hook.hpp"
 
 namespace cuemm {
 
@@ -53,7 +54,7 @@ class PendingDeallocations {
   };
   std::size_t run(std::vector<Pending> batch) noexcept;
 
-  mutable std::mutex mutex_;
+  mutable BlockingAwareMutex mutex_;
   std::vector<Pending> pending_;
   std::size_t pending_bytes_ = 0;
   std::size_t max_count_;

@@ -16,6 +16,7 @@
 
 #include "cuemm/driver/cuda_api.hpp"
 #include "cuemm/memory/ipc_handle.hpp"
+#include "cuemm/threading/blocking_hook.hpp"
 
 namespace cuemm {
 
@@ -57,7 +58,7 @@ class Device {
   int ordinal_;
   std::string name_;
   std::string uuid_;
-  std::mutex mutex_;
+  BlockingAwareMutex mutex_;
   std::unique_ptr<Context> primary_;
   bool retained_ = false;
 };

@@ -1,0 +1,68 @@
+// cuemm/threading/blocking_hook.hpp: knowing when a call into cuemm may block.
+//
+// A caller may hold something that other threads need while it is inside
+// cuemm: the Python bridge holds the GIL. Giving it up around every call
+// costs more than a cached allocation itself, and keeping it across a call
+// that waits can deadlock (a stream callback may need it to finish, or the
+// thread holding a pool's lock may be waiting for such a callback). So
+// cuemm tells the caller just before it might wait: every driver call and
+// every wait for a lock that another thread holds first runs the calling
+// thread's BlockingHook. Calls that never wait (a block from a thread's
+// cache) never run it.
+//
+//   struct ReleaseOnBlock : cuemm::BlockingHook {
+//     void before_blocking() noexcept override { /* give up what others need */ }
+//   } hook;
+//   cuemm::ScopedBlockingHook scope(hook);  // this thread, until scope ends
+//   auto memory = manager.memalloc(size);
+//
+// Locks that such a waiter may meet are BlockingAwareMutex.
+#pragma once
+
+#include <mutex>
+
+namespace cuemm {
+
+class BlockingHook {
+ public:
+  // Runs on the calling thread before it may block; at most once is enough
+  // (later calls within the scope should do nothing).
+  virtual void before_blocking() noexcept = 0;
+
+ protected:
+  ~BlockingHook() = default;
+};
+
+// Installs `hook` for this thread until the scope ends (scopes nest).
+class ScopedBlockingHook {
+ public:
+  explicit ScopedBlockingHook(BlockingHook& hook) noexcept;
+  ~ScopedBlockingHook();
+  ScopedBlockingHook(const ScopedBlockingHook&) = delete;
+  ScopedBlockingHook& operator=(const ScopedBlockingHook&) = delete;
+
+ private:
+  BlockingHook* previous_;
+};
+
+// Runs this thread's hook, if it has one: call before anything that may wait.
+void before_blocking() noexcept;
+
+// A std::mutex that runs the thread's hook before it waits for another
+// thread to unlock it.
+class BlockingAwareMutex {
+ public:
+  void lock() {
+    if (mutex_.try_lock()) [[likely]]
+      return;
+    before_blocking();
+    mutex_.lock();
+  }
+  bool try_lock() { return mutex_.try_lock(); }
+  void unlock() { mutex_.unlock(); }
+
+ private:
+  std::mutex mutex_;
+};
+
+}  // namespace cuemm
