@@ -137,11 +137,12 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
             self._initialized = True
 
     def memalloc(self, size):
-        allocate = self._allocate_device
-        if allocate is None:
-            self._get_bridge()
-            allocate = self._allocate_device or self._allocate_device_logged
-        allocation, pointer = allocate(size)
+        # Runs until the bridge exists, and when the log wants call sites;
+        # otherwise this instance's memalloc is the bridge's (see _get_bridge).
+        self._get_bridge()
+        if self._allocate_device is not None:
+            return self.memalloc(size)
+        allocation, pointer = self._allocate_device_logged(size)
         memory = _DeviceMemory(self._context_proxy, pointer, size)
         memory._allocation = allocation
         return memory
@@ -204,9 +205,13 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
             if not isinstance(device, int):  # a context attached from elsewhere: ask the driver
                 device = _core.current_device()
             self._bridge = _bridge_for_device(device)
-            if not self._bridge.logging:
-                self._allocate_device = self._bridge.device_allocator(_device_pointer).memalloc
             self._context_proxy = weakref.proxy(self.context)
+            if not self._bridge.logging:
+                allocator = self._bridge.device_allocator(_device_pointer, _DeviceMemory, self._context_proxy)
+                self._allocate_device = allocator.memalloc
+                # Numba's calls to memalloc go straight to C++ from now on (this
+                # instance's attribute hides the method below): no Python frame.
+                self.memalloc = allocator.memalloc_memory
         return self._bridge
 
     def _allocate_device_logged(self, size):

@@ -432,27 +432,36 @@ struct PyDeviceAllocator {
   Bridge* bridge;
   PyObject* bridge_object;  // keeps the bridge alive
   PyObject* pointer_type;
+  PyObject* memory_type;  // for memalloc_memory; may be None
+  PyObject* context;      // its first argument
   PointerObjects pointers;
 };
 
-// memalloc(size) -> (Allocation, pointer object)
-PyObject* device_allocator_memalloc(PyObject* object, PyObject* size_object) {
-  auto* self = reinterpret_cast<PyDeviceAllocator*>(object);
+PyObject* allocation_attribute = nullptr;  // "_allocation", interned when the module loads
+
+// A new Allocation and its pointer object (new references), or false with the error set.
+bool allocate_with_pointer(PyDeviceAllocator* self, PyObject* size_object, PyObject** allocation, PyObject** pointer) {
   const long long size = PyLong_AsLongLong(size_object);  // TypeError, OverflowError
-  if (size == -1 && PyErr_Occurred()) return nullptr;
-  PyObject* allocation = nullptr;
+  if (size == -1 && PyErr_Occurred()) return false;
   try {
-    allocation = self->bridge->memalloc_held(size, self->bridge_object);
+    *allocation = self->bridge->memalloc_held(size, self->bridge_object);
   } catch (...) {
     set_python_error_from_any(std::current_exception());
-    return nullptr;
+    return false;
   }
-  PyObject* pointer =
-      self->pointers.get(self->pointer_type, reinterpret_cast<PyAllocation*>(allocation)->held.memory->handle());
-  if (!pointer) {
-    Py_DECREF(allocation);  // gives the memory back
-    return nullptr;
+  *pointer = self->pointers.get(self->pointer_type, reinterpret_cast<PyAllocation*>(*allocation)->held.memory->handle());
+  if (!*pointer) {
+    Py_DECREF(*allocation);  // gives the memory back
+    return false;
   }
+  return true;
+}
+
+// memalloc(size) -> (Allocation, pointer object)
+PyObject* device_allocator_memalloc(PyObject* object, PyObject* size_object) {
+  PyObject *allocation, *pointer;
+  if (!allocate_with_pointer(reinterpret_cast<PyDeviceAllocator*>(object), size_object, &allocation, &pointer))
+    return nullptr;
   PyObject* pair = PyTuple_New(2);
   if (!pair) {
     Py_DECREF(allocation);
@@ -464,10 +473,30 @@ PyObject* device_allocator_memalloc(PyObject* object, PyObject* size_object) {
   return pair;
 }
 
+// memalloc_memory(size) -> memory_type(context, pointer, size), its _allocation
+// set: the whole of the Numba plugin's memalloc, with no Python frame.
+PyObject* device_allocator_memalloc_memory(PyObject* object, PyObject* size_object) {
+  auto* self = reinterpret_cast<PyDeviceAllocator*>(object);
+  if (self->memory_type == Py_None) {
+    PyErr_SetString(PyExc_TypeError, "memalloc_memory: this DeviceAllocator was made without a memory_type");
+    return nullptr;
+  }
+  PyObject *allocation, *pointer;
+  if (!allocate_with_pointer(self, size_object, &allocation, &pointer)) return nullptr;
+  PyObject* arguments[] = {self->context, pointer, size_object};
+  PyObject* memory = PyObject_Vectorcall(self->memory_type, arguments, 3, nullptr);
+  Py_DECREF(pointer);
+  if (memory && PyObject_SetAttr(memory, allocation_attribute, allocation) < 0) Py_CLEAR(memory);
+  Py_DECREF(allocation);  // the memory object holds it now, or it gives the memory back
+  return memory;
+}
+
 void device_allocator_dealloc(PyObject* object) {
   auto* self = reinterpret_cast<PyDeviceAllocator*>(object);
   Py_XDECREF(self->bridge_object);
   Py_XDECREF(self->pointer_type);
+  Py_XDECREF(self->memory_type);
+  Py_XDECREF(self->context);
   self->pointers.clear();
   self->pointers.~PointerObjects();
   PyTypeObject* type = Py_TYPE(object);
@@ -478,6 +507,8 @@ void device_allocator_dealloc(PyObject* object) {
 PyMethodDef device_allocator_methods[] = {
     {"memalloc", device_allocator_memalloc, METH_O,
      "memalloc(size) -> (Allocation of device memory, its address as the pointer type)"},
+    {"memalloc_memory", device_allocator_memalloc_memory, METH_O,
+     "memalloc_memory(size) -> memory_type(context, pointer, size) with ._allocation set to the Allocation"},
     {nullptr, nullptr, 0, nullptr}};
 PyType_Slot device_allocator_slots[] = {{Py_tp_dealloc, reinterpret_cast<void*>(device_allocator_dealloc)},
                                         {Py_tp_methods, device_allocator_methods},
@@ -487,13 +518,18 @@ PyType_Spec device_allocator_spec{"cuemm._core.DeviceAllocator", sizeof(PyDevice
                                   device_allocator_slots};
 PyTypeObject* device_allocator_type = nullptr;  // made when the module loads; never freed
 
-py::object device_allocator_of(py::object bridge_object, py::object pointer_type) {
+py::object device_allocator_of(py::object bridge_object, py::object pointer_type, py::object memory_type,
+                               py::object context) {
   if (!PyCallable_Check(pointer_type.ptr())) throw py::type_error("device_allocator: pointer_type must be callable");
+  if (!memory_type.is_none() && !PyCallable_Check(memory_type.ptr()))
+    throw py::type_error("device_allocator: memory_type must be callable or None");
   auto* self = PyObject_New(PyDeviceAllocator, device_allocator_type);
   if (!self) throw py::error_already_set();
   self->bridge = bridge_object.cast<Bridge*>();
   self->bridge_object = bridge_object.release().ptr();
   self->pointer_type = pointer_type.release().ptr();
+  self->memory_type = memory_type.release().ptr();
+  self->context = context.release().ptr();
   new (&self->pointers) PointerObjects();
   return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(self));
 }
@@ -510,6 +546,8 @@ PYBIND11_MODULE(_core, module) {
     if (!set_python_error(error)) std::rethrow_exception(error);  // pybind11's own translators take it
   });
 
+  allocation_attribute = PyUnicode_InternFromString("_allocation");
+  if (!allocation_attribute) throw py::error_already_set();
   allocation_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&allocation_spec));
   if (!allocation_type) throw py::error_already_set();
   module.add_object("Allocation", reinterpret_cast<PyObject*>(allocation_type));
@@ -530,7 +568,9 @@ PYBIND11_MODULE(_core, module) {
       .def("memalloc", &Bridge::memalloc, py::arg("size"))
       .def("memalloc_at", &Bridge::memalloc_at, py::arg("size"), py::arg("site"))
       .def("device_allocator", &device_allocator_of, py::arg("pointer_type") = py::module_::import("builtins").attr("int"),
-           "A DeviceAllocator for this bridge, whose memalloc is the fast path (addresses as pointer_type)")
+           py::arg("memory_type") = py::none(), py::arg("context") = py::none(),
+           "A DeviceAllocator for this bridge, whose memalloc is the fast path (addresses as pointer_type; "
+           "memalloc_memory also makes memory_type(context, pointer, size))")
       .def("memhostalloc", &Bridge::memhostalloc, py::arg("size"), py::arg("mapped") = false,
            py::arg("portable") = false, py::arg("wc") = false, py::arg("site") = "")
       .def("mempin", &Bridge::mempin, py::arg("owner"), py::arg("pointer"), py::arg("size"), py::arg("mapped") = false)

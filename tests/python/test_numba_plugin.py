@@ -216,6 +216,31 @@ def test_bad_input_raises_python_errors(run_python):
             live = [allocator.memalloc(256) for _ in range(200)]
             assert all(pointer == allocation.address for allocation, pointer in live)
             del live
+        # memalloc_memory: Numba's whole memalloc, the memory object made in C++.
+        class Memory:
+            def __init__(self, context, pointer, size):
+                self.context, self.pointer, self.size = context, pointer, size
+        context = object()
+        memory = bridge.device_allocator(Pointer, Memory, context).memalloc_memory(4096)
+        assert type(memory) is Memory and memory.context is context and memory.size == 4096
+        assert memory.pointer == memory._allocation.address and type(memory.pointer) is Pointer
+        assert cuemm.statistics()["device"]["current_bytes"] == in_use
+        del memory
+        assert cuemm.statistics()["device"]["current_bytes"] == in_use - 4096
+        def refusing_memory(context, pointer, size):
+            raise KeyError(size)
+        for make, error in [(lambda: bridge.device_allocator(Pointer, refusing_memory).memalloc_memory(4096), KeyError),
+                            (lambda: bridge.device_allocator(Pointer).memalloc_memory(4096), TypeError),
+                            (lambda: bridge.device_allocator(Pointer, 5), TypeError)]:
+            try:
+                make()
+            except error:
+                pass
+            else:
+                raise AssertionError(f"no {error.__name__}")
+        assert cuemm.statistics()["device"]["current_bytes"] == in_use - 4096  # nothing leaked
+        # Numba's calls reach it directly once the bridge exists.
+        assert type(manager.memalloc).__name__ == "builtin_function_or_method", manager.memalloc
         for bad, error in [(-1, ValueError), ("x", TypeError)]:
             try:
                 bridge.device_allocator(int).memalloc(bad)
