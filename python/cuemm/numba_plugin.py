@@ -118,7 +118,7 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._bridge = None
-        self._allocate_device = None  # the bridge's fast memalloc, when not logging call sites
+        self._allocate_device = None  # the bridge's (Allocation, pointer) memalloc, when not logging call sites
         self._context_proxy = None
         self._initialized = False
         # Mapped and managed memory is handed out through own(), as Numba
@@ -142,8 +142,8 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
         self._get_bridge()
         if self._allocate_device is not None:
             return self.memalloc(size)
-        allocation, pointer = self._allocate_device_logged(size)
-        memory = _DeviceMemory(self._context_proxy, pointer, size)
+        allocation = self._bridge.memalloc_at(size, _caller())
+        memory = _DeviceMemory(self._context_proxy, _device_pointer(allocation.address), size)
         memory._allocation = allocation
         return memory
 
@@ -213,10 +213,6 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
                 # instance's attribute hides the method below): no Python frame.
                 self.memalloc = allocator.memalloc_memory
         return self._bridge
-
-    def _allocate_device_logged(self, size):
-        allocation = self._bridge.memalloc_at(size, _caller())
-        return allocation, _device_pointer(allocation.address)
 
     def _owned_pointer(self, kind, context, pointer, size, allocation, owner=None):
         owned = self._owned

@@ -11,7 +11,6 @@
 
 #include <array>
 #include <fstream>
-#include <optional>
 #include <sstream>
 
 #include "cuemm/cuemm.hpp"
@@ -32,21 +31,24 @@ std::shared_ptr<const void> hold_python_object(py::object object) {
   });
 }
 
-// Holds the GIL across a call into cuemm until the call may block (cuemm's
-// BlockingHook: a driver call, or a lock another thread holds), then lets
-// other Python threads run until the call returns. A block from a thread's
-// cache comes back without giving the GIL up at all: giving it up and taking
-// it back cost more than that allocation. Blocking with the GIL held could
-// deadlock (a stream callback may need it to finish), hence not simply
-// keeping it.
-class GilUntilBlocking final : public BlockingHook {
+// The GIL for one call into a manager. With `until_blocking`, it is kept
+// until the call may block (cuemm's BlockingHook: a driver call, or a lock
+// another thread holds) and other Python threads run from then until the call
+// returns: a block from a thread's cache comes back without giving the GIL up
+// at all, which cost more than that allocation. Blocking with the GIL held
+// could deadlock (a stream callback may need it to finish), hence not simply
+// keeping it. Without, it is given up at once: the manager may block without
+// telling, as a log adaptor writing a file does.
+class GilForCall final : public BlockingHook {
  public:
-  GilUntilBlocking() noexcept : scope_(*this) {}
-  ~GilUntilBlocking() {
+  explicit GilForCall(bool until_blocking) noexcept : scope_(*this) {
+    if (!until_blocking) before_blocking();
+  }
+  ~GilForCall() {
     if (saved_) PyEval_RestoreThread(saved_);
   }
-  GilUntilBlocking(const GilUntilBlocking&) = delete;
-  GilUntilBlocking& operator=(const GilUntilBlocking&) = delete;
+  GilForCall(const GilForCall&) = delete;
+  GilForCall& operator=(const GilForCall&) = delete;
   void before_blocking() noexcept override {
     if (!saved_) saved_ = PyEval_SaveThread();
   }
@@ -54,28 +56,6 @@ class GilUntilBlocking final : public BlockingHook {
  private:
   PyThreadState* saved_ = nullptr;
   ScopedBlockingHook scope_;
-};
-
-// The GIL for one call into a manager: released at once (the manager may
-// block without telling, as a log adaptor writing a file does), or only when
-// the call may block.
-class GilForCall {
- public:
-  explicit GilForCall(bool until_blocking) {
-    if (until_blocking)
-      lazy_.emplace();
-    else
-      saved_ = PyEval_SaveThread();
-  }
-  ~GilForCall() {
-    if (saved_) PyEval_RestoreThread(saved_);
-  }
-  GilForCall(const GilForCall&) = delete;
-  GilForCall& operator=(const GilForCall&) = delete;
-
- private:
-  std::optional<GilUntilBlocking> lazy_;
-  PyThreadState* saved_ = nullptr;
 };
 
 PyObject* cuda_error_type = nullptr;  // cuemm._core.CudaError, made when the module loads
@@ -142,21 +122,23 @@ struct PyAllocation {
   bool gil_until_blocking;  // GilForCall's choice for giving it back
 };
 
-// Gives the memory back, once; the GIL is released while that may block
-// (it may wait for the GPU, and a stream callback may need the GIL to finish).
-// What is held is moved out first, with the GIL: another thread may look at
-// this object meanwhile.
+// Gives `held` back, through `adaptor` when set; the GIL is released while
+// that may block (it may wait for the GPU, and a stream callback may need the
+// GIL to finish).
+void give_back(ManagerAdaptor::Unwrapped& held, ManagerAdaptor* adaptor, bool gil_until_blocking) noexcept {
+  GilForCall gil(gil_until_blocking);
+  if (adaptor)
+    adaptor->release_unwrapped(held);
+  else
+    held.memory.reset();
+}
+
+// Gives the memory back, once. What is held is moved out first, with the GIL:
+// another thread may look at this object meanwhile (a moved-from pointer is empty).
 void release_allocation(PyAllocation* self) noexcept {
   if (!self->held.memory) return;
   ManagerAdaptor::Unwrapped held = std::move(self->held);
-  self->held.memory = nullptr;
-  {
-    GilForCall gil(self->gil_until_blocking);
-    if (self->adaptor)
-      self->adaptor->release_unwrapped(held);
-    else
-      held.memory.reset();
-  }
+  give_back(held, self->adaptor, self->gil_until_blocking);
   Py_CLEAR(self->adaptor_owner);
 }
 
@@ -220,11 +202,7 @@ PyObject* new_allocation(ManagerAdaptor::Unwrapped&& held, ManagerAdaptor* adapt
                          bool gil_until_blocking) noexcept {
   auto* self = PyObject_New(PyAllocation, allocation_type);
   if (!self) {
-    GilForCall gil(gil_until_blocking);
-    if (adaptor)
-      adaptor->release_unwrapped(held);
-    else
-      held.memory.reset();
+    give_back(held, adaptor, gil_until_blocking);
     return nullptr;
   }
   new (&self->held) ManagerAdaptor::Unwrapped(std::move(held));

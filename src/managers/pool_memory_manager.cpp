@@ -16,8 +16,8 @@
 #include "cuemm/memory/default_memory_manager.hpp"
 #include "cuemm/memory/detail/recycling_allocator.hpp"
 #include "cuemm/runtime/context.hpp"
-#include "util/environment.hpp"
 #include "cuemm/threading/blocking_hook.hpp"
+#include "util/environment.hpp"
 
 namespace cuemm {
 namespace {

@@ -29,6 +29,7 @@
 #include "cuemm/managers/pinned_host_pool.hpp"
 #include "cuemm/memory/memory_manager.hpp"
 #include "cuemm/memory/pending_deallocations.hpp"
+#include "cuemm/threading/blocking_hook.hpp"
 
 namespace cuemm {
 
@@ -111,7 +112,6 @@ void flush_pending_and_log(PendingDeallocations& pending, const char* why) noexc
 }  // namespace cuemm
 
 #include "cuemm/error.hpp"
-#include "cuemm/threading/blocking_hook.hpp"
 
 template <typename Allocate>
 auto cuemm::HostOnlyMemoryManager::with_flush_and_retry(Allocate&& allocate) -> decltype(allocate()) {
