@@ -17,6 +17,7 @@
 #include "cuemm/memory/detail/recycling_allocator.hpp"
 #include "cuemm/runtime/context.hpp"
 #include "cuemm/threading/blocking_hook.hpp"
+#include "threading/owner_biased_lock.hpp"
 #include "util/environment.hpp"
 
 namespace cuemm {
@@ -25,6 +26,9 @@ namespace {
 constexpr std::size_t kMinimumGrowth = std::size_t{8} << 20;
 constexpr std::uint32_t kMaximumBinCapacity = 512;
 constexpr std::uint32_t kMinimumBinCapacity = 4;
+// A thread's ring with this many blocks of a class may be sealed for its own
+// next request when the index is empty; a seal costs one stream query.
+constexpr std::uint32_t kRingBatchWorthSealing = 64;
 // Large blocks (beyond the size classes) a thread keeps from stream-ordered frees.
 constexpr std::uint32_t kOrderedLargeCapacity = 4;
 // Large blocks a thread has out in stream order whose size it remembers.
@@ -40,22 +44,6 @@ std::size_t round_up(std::size_t value, std::size_t granularity) {
 struct Freed {
   std::uintptr_t address;
   std::uint64_t epoch;
-};
-
-// A tiny lock for a thread's own cache: its owner takes it on every operation
-// (one uncontended exchange), other threads only when flushing the caches.
-class SpinLock {
- public:
-  void lock() noexcept {
-    if (!flag_.test_and_set(std::memory_order_acquire)) [[likely]]
-      return;
-    before_blocking();
-    while (flag_.test_and_set(std::memory_order_acquire)) std::this_thread::yield();  // held only briefly
-  }
-  void unlock() noexcept { flag_.clear(std::memory_order_release); }
-
- private:
-  std::atomic_flag flag_;
 };
 
 }  // namespace
@@ -103,7 +91,9 @@ struct ThreadCache {
     bool dedicated;  // a segment of its own
   };
 
-  SpinLock lock;
+  // Taken by the owning thread on every operation (plain stores), by other
+  // threads only to flush the cache (see OwnerBiasedLock).
+  OwnerBiasedLock lock;
   std::atomic<std::size_t> bytes{0};  // written by the owner under `lock`; rings and ordered bins
   std::atomic<std::size_t> large_bytes{0};  // in `ordered_large`, under `lock`
   std::uint32_t frees_since_advance = 0;  // of all classes
@@ -211,6 +201,46 @@ struct ThreadCache {
     return removed;
   }
 
+  // Over its budget a thread spills the older half of the ring or
+  // stream-ordered bin that holds the most bytes, not of the class it frees:
+  // a thread that has moved on from one size would otherwise spill every
+  // free of the next (measured: 256 B pairs after 1 MiB ones, 101 -> 13 ns
+  // here). A scan of the classes, not of blocks, and only when spilling.
+  // Returns the blocks' class; ring blocks keep their epochs, stream-ordered
+  // ones get `epoch`.
+  int spill_fullest(std::uint64_t epoch, Freed* out, std::size_t& count) noexcept {
+    int fullest = 0;
+    bool in_ordered = false;
+    std::size_t most = 0;
+    for (int c = 0; c < detail::kSizeClassCount; ++c) {
+      const std::size_t class_bytes = detail::size_class_bytes(c);
+      if (bins[c].count * class_bytes > most) {
+        most = bins[c].count * class_bytes;
+        fullest = c;
+        in_ordered = false;
+      }
+      if (ordered[c].count * class_bytes > most) {
+        most = ordered[c].count * class_bytes;
+        fullest = c;
+        in_ordered = true;
+      }
+    }
+    count = in_ordered ? take_oldest_ordered(fullest, std::max<std::uint32_t>(ordered[fullest].count / 2, 1), epoch, out)
+                       : take_oldest(fullest, std::max<std::uint32_t>(bins[fullest].count / 2, 1), out);
+    return fullest;
+  }
+
+  // The oldest block of a class, removed, if its epoch is safe; else 0.
+  std::uintptr_t take_oldest_if_safe(int size_class, const detail::ReuseEpochs& epochs) noexcept {
+    Bin& bin = bins[size_class];
+    if (!bin.count || !epochs.is_safe(bin.at(0).epoch)) return 0;
+    const std::uintptr_t address = bin.at(0).address;
+    bin.head = (bin.head + 1) & (bin.capacity - 1);
+    --bin.count;
+    remove_bytes(detail::size_class_bytes(size_class));
+    return address;
+  }
+
   // Removes the oldest `count` entries of a class into `out`.
   std::size_t take_oldest(int size_class, std::uint32_t count, Freed* out) noexcept {
     Bin& bin = bins[size_class];
@@ -315,12 +345,19 @@ struct PoolMemoryManager::Core {
   }
 
   // Seals the open epoch (at most every kSealInterval: with many threads one
-  // seal covers them all) and looks for completed ones. Skipped when another
-  // thread holds the lock: it is doing the same.
-  void advance_epochs() {
+  // seal covers them all, unless the caller's oldest cached block, `waiting_for`,
+  // is in the open epoch: a thread freeing faster than the interval would
+  // otherwise miss its own cache half the time) and looks for completed ones.
+  // Skipped when another thread holds the lock: it is doing the same.
+  void advance_epochs(std::optional<std::uint64_t> waiting_for) {
     std::unique_lock lock(mutex, std::try_to_lock);
     if (!lock.owns_lock()) return;
-    seal_if_due();
+    if (waiting_for && !epochs.is_sealed(*waiting_for)) {
+      seal();
+      last_seal = std::chrono::steady_clock::now();
+    } else {
+      seal_if_due();
+    }
     reclaim(false);
   }
 
@@ -353,10 +390,10 @@ struct PoolMemoryManager::Core {
     }
   }
 
-  // Gives the safe blocks of one thread's cache back to the index; the caller
-  // holds `mutex`.
+  // Gives the safe blocks of the calling thread's own cache back to the
+  // index; the caller holds `mutex`.
   void return_safe_cached_blocks(ThreadCache& cache) {
-    std::lock_guard cache_lock(cache.lock);
+    std::lock_guard cache_lock(cache.lock.owner());
     std::array<Freed, kMaximumBinCapacity> taken;
     for (int c = 0; c < detail::kSizeClassCount; ++c) {
       ThreadCache::Bin& bin = cache.bins[c];
@@ -370,7 +407,7 @@ struct PoolMemoryManager::Core {
   // Moves every cached block of every thread into the quarantine.
   void flush_caches() {
     for (auto& cache : caches) {
-      std::lock_guard cache_lock(cache->lock);
+      std::lock_guard cache_lock(cache->lock.visitor());
       quarantine_cached_blocks(*cache);
     }
   }
@@ -528,7 +565,8 @@ struct PoolMemoryManager::Core {
 
   // --- the thread caches (no `mutex` on their fast paths) ---
 
-  ThreadCache& cache_of_this_thread();
+  // Null once the thread's caches have gone back (during its exit).
+  ThreadCache* cache_of_this_thread();
   void forget_cache(ThreadCache* cache) noexcept;
 
   // The cache class of a request, or -1 for the shared index or a segment of its own.
@@ -546,23 +584,24 @@ struct PoolMemoryManager::Core {
   // `size_class` is size_class(size), which the caller also needs.
   std::uintptr_t allocate(std::size_t size, int size_class) {
     if (size_class < 0) {
-      ThreadCache* own = caches_enabled() && !wants_own_segment(size) ? &cache_of_this_thread() : nullptr;
+      ThreadCache* own = caches_enabled() && !wants_own_segment(size) ? cache_of_this_thread() : nullptr;
       std::lock_guard lock(mutex);
       return allocate_beyond_classes(size, own);
     }
-    ThreadCache& cache = cache_of_this_thread();
+    ThreadCache* own = cache_of_this_thread();
+    if (!own) [[unlikely]] {
+      std::lock_guard lock(mutex);
+      return allocate_from_index(detail::size_class_bytes(size_class));
+    }
+    ThreadCache& cache = *own;
     bool advance = false;
+    std::optional<std::uint64_t> oldest_epoch;
     for (int attempt = 0; attempt < 2; ++attempt) {
       {
-        std::lock_guard cache_lock(cache.lock);
-        ThreadCache::Bin& bin = cache.bins[size_class];
-        if (bin.count && epochs.is_safe(bin.at(0).epoch)) [[likely]] {
-          const std::uintptr_t address = bin.at(0).address;
-          bin.head = (bin.head + 1) & (bin.capacity - 1);
-          --bin.count;
-          cache.remove_bytes(detail::size_class_bytes(size_class));
+        std::lock_guard cache_lock(cache.lock.owner());
+        if (const std::uintptr_t address = cache.take_oldest_if_safe(size_class, epochs)) [[likely]]
           return address;
-        }
+        ThreadCache::Bin& bin = cache.bins[size_class];
         // Half a ring of frees since the last advance: seal and look for
         // completed epochs, once per batch.
         // (Or many frees of any class: a thread whose requests are spread
@@ -570,12 +609,27 @@ struct PoolMemoryManager::Core {
         advance = attempt == 0 && (bin.frees_since_advance >= bin.capacity / 2 ||
                                    cache.frees_since_advance >= kMaximumBinCapacity / 2);
         if (advance) bin.frees_since_advance = cache.frees_since_advance = 0;
+        if (bin.count) oldest_epoch = bin.at(0).epoch;
       }
       if (!advance) break;
-      advance_epochs();
+      advance_epochs(oldest_epoch);
     }
+    const std::size_t class_bytes = detail::size_class_bytes(size_class);
     std::lock_guard lock(mutex);
-    return allocate_from_index(detail::size_class_bytes(size_class), &cache);
+    if (auto address = blocks.allocate(class_bytes)) [[likely]]
+      return *address;
+    // The index is out of blocks, and the ring may hold most of the pool
+    // before its batch is due: once sealed, its oldest block is cheaper than
+    // giving the ring back to the index (measured: 64 KiB pairs in an 8 MiB
+    // pool, 42 -> 16 ns a pair here). Only from a ring that holds a batch
+    // worth a seal: short rings (many threads) let the pool grow instead.
+    if (cache.bins[size_class].count >= kRingBatchWorthSealing) {  // (its own thread: no other writes the count now)
+      seal();
+      reclaim(false);
+      std::lock_guard cache_lock(cache.lock.owner());
+      if (const std::uintptr_t address = cache.take_oldest_if_safe(size_class, epochs)) return address;
+    }
+    return allocate_from_index(class_bytes, &cache);
   }
 
   void deallocate(std::uintptr_t address, int size_class) noexcept {
@@ -603,17 +657,21 @@ struct PoolMemoryManager::Core {
     const std::size_t class_bytes = detail::size_class_bytes(size_class);
     ThreadCache* cache = nullptr;
     try {
-      cache = &cache_of_this_thread();
+      cache = cache_of_this_thread();
     } catch (...) {
     }
-    std::array<Freed, kMaximumBinCapacity / 2 + 1> spilled;  // and the freed block, when it does not fit
+    std::array<Freed, kMaximumBinCapacity / 2> spilled;
     std::size_t spill_count = 0;
+    int spill_class = size_class;
     if (cache) {
-      std::lock_guard cache_lock(cache->lock);
+      std::lock_guard cache_lock(cache->lock.owner());
       ThreadCache::Bin& bin = cache->bins[size_class];
-      // Full ring or budget: the older half goes to the shared quarantine.
-      if (bin.count == bin.capacity || cache->bytes.load(std::memory_order_relaxed) + class_bytes > cache->budget)
-        spill_count = cache->take_oldest(size_class, std::max<std::uint32_t>(bin.count / 2, 1), spilled.data());
+      // Full ring: its older half goes to the shared quarantine; full
+      // budget: see spill_fullest().
+      if (bin.count == bin.capacity)
+        spill_count = cache->take_oldest(size_class, bin.count / 2, spilled.data());
+      else if (cache->bytes.load(std::memory_order_relaxed) + class_bytes > cache->budget)
+        spill_class = cache->spill_fullest(epoch, spilled.data(), spill_count);
       if (bin.count < bin.capacity) {
         bin.at(bin.count) = {address, epoch};
         ++bin.count;
@@ -623,8 +681,11 @@ struct PoolMemoryManager::Core {
         address = 0;
       }
     }
-    if (address) spilled[spill_count++] = {address, epoch};
-    quarantine_spilled(spilled.data(), spill_count, class_bytes);
+    quarantine_spilled(spilled.data(), spill_count, detail::size_class_bytes(spill_class));
+    if (address) {  // no cache, or no room in it
+      const Freed freed{address, epoch};
+      quarantine_spilled(&freed, 1, class_bytes);
+    }
   }
 
   // Blocks of one class that a thread's cache had no room for go to the
@@ -644,10 +705,11 @@ struct PoolMemoryManager::Core {
   // --- stream-ordered, on a default stream (Note [Stream-ordered reuse]) ---
 
   std::uintptr_t allocate_ordered(std::size_t size, int size_class) {
-    if (!caches_enabled()) return allocate(size, size_class);
-    ThreadCache& cache = cache_of_this_thread();
+    ThreadCache* own = caches_enabled() ? cache_of_this_thread() : nullptr;
+    if (!own) return allocate(size, size_class);
+    ThreadCache& cache = *own;
     {
-      std::lock_guard cache_lock(cache.lock);
+      std::lock_guard cache_lock(cache.lock.owner());
       if (size_class >= 0) {
         ThreadCache::OrderedBin& bin = cache.ordered[size_class];
         if (bin.count) [[likely]] {
@@ -668,7 +730,7 @@ struct PoolMemoryManager::Core {
     std::lock_guard lock(mutex);
     const std::uintptr_t address = allocate_beyond_classes(size, nullptr);
     const BlockAt block = block_at(address);
-    std::lock_guard cache_lock(cache.lock);
+    std::lock_guard cache_lock(cache.lock.owner());
     cache.lend({address, block.bytes, block.dedicated}, large_frees_elsewhere.load(std::memory_order_acquire));
     return address;
   }
@@ -678,38 +740,43 @@ struct PoolMemoryManager::Core {
     ThreadCache* cache = nullptr;
     if (caches_enabled()) {
       try {
-        cache = &cache_of_this_thread();
+        cache = cache_of_this_thread();
       } catch (...) {
       }
     }
     if (!cache) return deallocate(address, size_class);  // tagged with the epoch: still safe
     if (size_class < 0) return deallocate_ordered_large(address, *cache);
     const std::size_t class_bytes = detail::size_class_bytes(size_class);
-    std::array<Freed, kMaximumBinCapacity / 2 + 1> spilled;  // and the freed block, when it does not fit
+    std::array<Freed, kMaximumBinCapacity / 2> spilled;
     std::size_t spill_count = 0;
+    int spill_class = size_class;
     {
-      std::lock_guard cache_lock(cache->lock);
+      std::lock_guard cache_lock(cache->lock.owner());
       ThreadCache::OrderedBin& bin = cache->ordered[size_class];
-      // Full bin or budget: the older half goes to the quarantine, tagged now
-      // (their freeing work was queued before this call).
-      if (bin.count == bin.capacity || cache->bytes.load(std::memory_order_relaxed) + class_bytes > cache->budget)
-        spill_count = cache->take_oldest_ordered(size_class, std::max<std::uint32_t>(bin.count / 2, 1),
-                                                 epochs.tag(), spilled.data());
+      // Full bin or budget, as deallocate(): the older half goes to the
+      // quarantine, tagged now (their freeing work was queued before this call).
+      if (bin.count == bin.capacity)
+        spill_count = cache->take_oldest_ordered(size_class, bin.count / 2, epochs.tag(), spilled.data());
+      else if (cache->bytes.load(std::memory_order_relaxed) + class_bytes > cache->budget)
+        spill_class = cache->spill_fullest(epochs.tag(), spilled.data(), spill_count);
       if (bin.count < bin.capacity) {
         bin.slots[bin.count++] = address;
         cache->add_bytes(class_bytes);
         address = 0;
       }
     }
-    if (address) spilled[spill_count++] = {address, epochs.tag()};
-    quarantine_spilled(spilled.data(), spill_count, class_bytes);
+    quarantine_spilled(spilled.data(), spill_count, detail::size_class_bytes(spill_class));
+    if (address) {
+      const Freed freed{address, epochs.tag()};
+      quarantine_spilled(&freed, 1, class_bytes);
+    }
   }
 
   // The size lookup needs the lock; the block then stays with the thread,
   // and the oldest one it kept goes to the quarantine when it has too many.
   void deallocate_ordered_large(std::uintptr_t address, ThreadCache& cache) noexcept {
     {
-      std::lock_guard cache_lock(cache.lock);
+      std::lock_guard cache_lock(cache.lock.owner());
       const auto lent = cache.take_lent(address, large_frees_elsewhere.load(std::memory_order_acquire));
       if (lent && cache.ordered_large_count < kOrderedLargeCapacity) [[likely]] {
         cache.push_ordered_large(*lent);
@@ -720,7 +787,7 @@ struct PoolMemoryManager::Core {
     large_frees_elsewhere.fetch_add(1, std::memory_order_acq_rel);
     const auto [block, in_segment_of_its_own] = block_at(address);
     if (block == 0) return;
-    std::lock_guard cache_lock(cache.lock);
+    std::lock_guard cache_lock(cache.lock.owner());
     try {
       if (cache.ordered_large_count == kOrderedLargeCapacity) {
         const ThreadCache::OrderedLarge& oldest = cache.ordered_large[0];
@@ -769,7 +836,7 @@ struct PoolMemoryManager::Core {
     std::lock_guard lock(mutex);
     retired = true;
     for (auto& cache : caches) {
-      std::lock_guard cache_lock(cache->lock);
+      std::lock_guard cache_lock(cache->lock.visitor());
       for (auto& bin : cache->bins) bin.count = bin.head = bin.frees_since_advance = 0;
       for (auto& bin : cache->ordered) bin.count = 0;
       cache->ordered_large_count = 0;
@@ -797,13 +864,28 @@ namespace {
 // This thread's caches, one per pool Core it has used. At thread exit each
 // cache's blocks go back to its Core (Cores are never deleted).
 struct ThreadCacheDirectory {
-  PoolMemoryManager::Core* last_core = nullptr;
-  ThreadCache* last_cache = nullptr;
   std::vector<std::pair<PoolMemoryManager::Core*, ThreadCache*>> entries;
-  ~ThreadCacheDirectory() {
-    for (auto& [core, cache] : entries) core->forget_cache(cache);
-  }
+  ~ThreadCacheDirectory();
 };
+
+// The cache this thread used last, for the hot path. Trivial and in the
+// initial-exec TLS model, so reading it is one load; the directory above,
+// like any thread_local with a destructor in a shared library, costs a call
+// into the dynamic linker per access (a third of a cached pair, measured).
+struct LastCache {
+  PoolMemoryManager::Core* core;
+  ThreadCache* cache;
+};
+[[gnu::tls_model("initial-exec")]] thread_local LastCache last_cache{nullptr, nullptr};
+// Set when the directory has given the caches back: memory freed later in the
+// thread's exit (other thread_locals' destructors) skips the caches.
+[[gnu::tls_model("initial-exec")]] thread_local bool caches_gone = false;
+
+ThreadCacheDirectory::~ThreadCacheDirectory() {
+  last_cache = {nullptr, nullptr};
+  caches_gone = true;
+  for (auto& [core, cache] : entries) core->forget_cache(cache);
+}
 
 ThreadCacheDirectory& thread_cache_directory() {
   thread_local ThreadCacheDirectory directory;
@@ -812,10 +894,11 @@ ThreadCacheDirectory& thread_cache_directory() {
 
 }  // namespace
 
-ThreadCache& PoolMemoryManager::Core::cache_of_this_thread() {
+ThreadCache* PoolMemoryManager::Core::cache_of_this_thread() {
+  if (last_cache.core == this) [[likely]]
+    return last_cache.cache;
+  if (caches_gone) return nullptr;
   ThreadCacheDirectory& directory = thread_cache_directory();
-  if (directory.last_core == this) [[likely]]
-    return *directory.last_cache;
   ThreadCache* found = nullptr;
   for (auto& [core, cache] : directory.entries)
     if (core == this) found = cache;
@@ -826,9 +909,8 @@ ThreadCache& PoolMemoryManager::Core::cache_of_this_thread() {
     caches.push_back(std::move(made));
     directory.entries.emplace_back(this, found);
   }
-  directory.last_core = this;
-  directory.last_cache = found;
-  return *found;
+  last_cache = {this, found};
+  return found;
 }
 
 void PoolMemoryManager::Core::forget_cache(ThreadCache* cache) noexcept {

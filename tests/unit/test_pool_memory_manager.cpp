@@ -27,7 +27,9 @@ TEST_F(Pool, SuballocatesFromFewSegments) {
   const PoolStatistics statistics = pool.statistics();
   EXPECT_LE(statistics.segments, 2u);
   EXPECT_GE(statistics.in_use_bytes, 1000u * 1000u);
-  if (simulation::active()) EXPECT_LE(simulation::call_count("cuMemAlloc"), 2u);
+  if (simulation::active()) {
+    EXPECT_LE(simulation::call_count("cuMemAlloc"), 2u);
+  }
 }
 
 TEST_F(Pool, AFreedBlockIsNotReusedWhileQueuedWorkMayStillWriteIt) {
@@ -253,6 +255,25 @@ TEST_F(Pool, AThreadCacheStaysWithinItsBudget) {
   for (int i = 0; i < 200; ++i) blocks.push_back(pool.memalloc(64 << 10));
   blocks.clear();
   EXPECT_LE(pool.statistics().cached_bytes, std::size_t{1} << 20);
+}
+
+// Over its budget a thread gives up part of what it holds most of, not the
+// block of the size it now frees: else every later free of that size went to
+// the shared quarantine, under the pool's lock.
+TEST_F(Pool, AThreadThatMovesOnToAnotherSizeMakesRoomInItsCache) {
+  PoolOptions options;
+  options.thread_cache_size = 4 << 20;
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  {
+    std::vector<std::shared_ptr<MemoryPointer>> blocks;
+    for (int i = 0; i < 4; ++i) blocks.push_back(pool.memalloc(1 << 20));
+  }
+  ASSERT_EQ(pool.statistics().cached_bytes, std::size_t{4} << 20) << "the budget is full of 1 MiB blocks";
+  for (int i = 0; i < 100; ++i) pool.memalloc(256);
+  const PoolStatistics statistics = pool.statistics();
+  EXPECT_LE(statistics.cached_bytes, std::size_t{3} << 20) << "the 1 MiB blocks kept the whole budget";
+  EXPECT_GT(statistics.cached_bytes % (1 << 20), 0u) << "the 256 B blocks are not cached";
 }
 
 TEST_F(Pool, OutOfMemoryFlushesTheThreadCachesBeforeFailing) {
