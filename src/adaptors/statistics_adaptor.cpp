@@ -1,10 +1,13 @@
 #include "cuemm/adaptors/statistics_adaptor.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cstdio>
+#include <vector>
 
 #include "cuemm/error.hpp"
 #include "cuemm/managers/pool_memory_manager.hpp"
+#include "cuemm/threading/blocking_hook.hpp"
 
 namespace cuemm {
 
@@ -14,40 +17,171 @@ void raise_peak(std::atomic<std::size_t>& peak, std::size_t value) noexcept {
   while (value > seen && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
   }
 }
+
+// Written by one thread only: a plain load and store, no locked instruction.
+void add_own(std::atomic<std::size_t>& counter, std::size_t value) noexcept {
+  counter.store(counter.load(std::memory_order_relaxed) + value, std::memory_order_relaxed);
+}
+
+std::atomic<std::uint64_t> next_counters_id{1};
 }  // namespace
 
-struct StatisticsAdaptor::Counters : AllocationObserver {
-  struct Kind {
-    std::atomic<std::size_t> current_bytes{0}, peak_bytes{0}, total_bytes{0};
-    std::atomic<std::size_t> current_count{0}, peak_count{0}, total_count{0};
+// Current and peak values are global atomics, so that peaks are exact; totals,
+// the histogram and failures are kept per thread (a Shard) and summed when
+// read, so that threads allocating at once do not share their cache lines.
+struct StatisticsAdaptor::Counters : AllocationObserver, std::enable_shared_from_this<Counters> {
+  struct alignas(64) Current {
+    std::atomic<std::size_t> bytes{0}, peak_bytes{0}, count{0}, peak_count{0};
   };
-  std::array<Kind, 4> kinds;
-  std::array<std::atomic<std::size_t>, 64> histogram{};
-  std::atomic<std::size_t> failed{0};
+  struct Shard {
+    std::array<std::atomic<std::size_t>, 4> total_bytes{}, total_count{};
+    std::array<std::atomic<std::size_t>, 64> histogram{};
+    std::atomic<std::size_t> failed{0};
 
-  void allocation_failed(MemoryKind, std::size_t) noexcept override { failed.fetch_add(1, std::memory_order_relaxed); }
+    void add_to(MemoryStatistics& out) const noexcept {
+      for (int k = 0; k < 4; ++k) {
+        out.kinds[k].total_bytes += total_bytes[k].load(std::memory_order_relaxed);
+        out.kinds[k].total_count += total_count[k].load(std::memory_order_relaxed);
+      }
+      for (int i = 0; i < 64; ++i) out.device_size_histogram[i] += histogram[i].load(std::memory_order_relaxed);
+      out.failed_allocations += failed.load(std::memory_order_relaxed);
+    }
+  };
+
+  const std::uint64_t id = next_counters_id.fetch_add(1);
+  std::array<Current, 4> current;
+  mutable BlockingAwareMutex mutex;             // shards, spares and `retired`
+  std::vector<std::unique_ptr<Shard>> shards;   // of living threads
+  std::vector<std::unique_ptr<Shard>> spares;   // of finished threads, folded into `retired`, zeroed
+  MemoryStatistics retired;                     // finished threads' totals
+
+  Shard& shard_of_this_thread();
+  // A finished thread's shard: its totals are kept, the shard is reused.
+  void retire(Shard* shard) noexcept {
+    std::lock_guard lock(mutex);
+    auto it = std::find_if(shards.begin(), shards.end(), [&](const auto& owned) { return owned.get() == shard; });
+    if (it == shards.end()) return;
+    shard->add_to(retired);
+    try {
+      spares.push_back(std::move(*it));
+    } catch (...) {
+      return;  // (the shard stays with the living ones, its totals counted twice: not worth failing a thread's exit)
+    }
+    shards.erase(it);
+    Shard& spare = *spares.back();
+    for (int k = 0; k < 4; ++k) spare.total_bytes[k] = spare.total_count[k] = 0;
+    for (auto& bucket : spare.histogram) bucket = 0;
+    spare.failed = 0;
+  }
+
+  void allocation_failed(MemoryKind, std::size_t) noexcept override {
+    try {
+      add_own(shard_of_this_thread().failed, 1);
+    } catch (...) {
+    }
+  }
   void allocated(const AllocationRecord& record) noexcept override {
-    Kind& kind = kinds[static_cast<int>(record.kind)];
-    raise_peak(kind.peak_bytes, kind.current_bytes.fetch_add(record.size, std::memory_order_relaxed) + record.size);
-    raise_peak(kind.peak_count, kind.current_count.fetch_add(1, std::memory_order_relaxed) + 1);
-    kind.total_bytes.fetch_add(record.size, std::memory_order_relaxed);
-    kind.total_count.fetch_add(1, std::memory_order_relaxed);
-    if (record.kind == MemoryKind::Device)
-      histogram[std::bit_width(record.size) - 1].fetch_add(1, std::memory_order_relaxed);
+    const int k = static_cast<int>(record.kind);
+    Current& now = current[k];
+    raise_peak(now.peak_bytes, now.bytes.fetch_add(record.size, std::memory_order_relaxed) + record.size);
+    raise_peak(now.peak_count, now.count.fetch_add(1, std::memory_order_relaxed) + 1);
+    try {
+      Shard& shard = shard_of_this_thread();
+      add_own(shard.total_bytes[k], record.size);
+      add_own(shard.total_count[k], 1);
+      if (record.kind == MemoryKind::Device) add_own(shard.histogram[std::bit_width(record.size) - 1], 1);
+    } catch (...) {  // no memory for a new thread's shard: its totals go uncounted
+    }
   }
   void released(const AllocationRecord& record) noexcept override {
-    Kind& kind = kinds[static_cast<int>(record.kind)];
-    kind.current_bytes.fetch_sub(record.size, std::memory_order_relaxed);
-    kind.current_count.fetch_sub(1, std::memory_order_relaxed);
+    Current& now = current[static_cast<int>(record.kind)];
+    now.bytes.fetch_sub(record.size, std::memory_order_relaxed);
+    now.count.fetch_sub(1, std::memory_order_relaxed);
   }
   bool wants_times_and_call_sites() const noexcept override { return false; }
   void reset() noexcept override {
-    for (Kind& kind : kinds) {
-      kind.current_bytes = 0;
-      kind.current_count = 0;
+    for (Current& now : current) {
+      now.bytes = 0;
+      now.count = 0;
     }
   }
+
+  MemoryStatistics read() const {
+    MemoryStatistics out;
+    std::lock_guard lock(mutex);
+    out = retired;
+    for (const auto& shard : shards) shard->add_to(out);
+    for (int k = 0; k < 4; ++k) {
+      out.kinds[k].current_bytes = current[k].bytes.load(std::memory_order_relaxed);
+      out.kinds[k].peak_bytes = current[k].peak_bytes.load(std::memory_order_relaxed);
+      out.kinds[k].current_count = current[k].count.load(std::memory_order_relaxed);
+      out.kinds[k].peak_count = current[k].peak_count.load(std::memory_order_relaxed);
+    }
+    return out;
+  }
 };
+
+namespace {
+// This thread's shards, one per Counters it has counted for. At thread exit
+// each goes back to its Counters, if that still exists.
+struct ShardDirectory {
+  std::vector<std::pair<std::weak_ptr<StatisticsAdaptor::Counters>, StatisticsAdaptor::Counters::Shard*>> entries;
+  ~ShardDirectory();
+};
+
+// The shard this thread used last, for the hot path: trivial and initial-exec,
+// so reading it is one load (see the pool's LastCache). Counters ids are
+// never reused, so a stale entry never matches.
+struct LastShard {
+  std::uint64_t counters_id;
+  StatisticsAdaptor::Counters::Shard* shard;
+};
+[[gnu::tls_model("initial-exec")]] thread_local LastShard last_shard{0, nullptr};
+[[gnu::tls_model("initial-exec")]] thread_local bool shards_gone = false;
+
+ShardDirectory::~ShardDirectory() {
+  last_shard = {0, nullptr};
+  shards_gone = true;
+  for (auto& [counters, shard] : entries)
+    if (auto alive = counters.lock()) alive->retire(shard);
+}
+
+ShardDirectory& shard_directory() {
+  thread_local ShardDirectory directory;
+  return directory;
+}
+}  // namespace
+
+StatisticsAdaptor::Counters::Shard& StatisticsAdaptor::Counters::shard_of_this_thread() {
+  if (last_shard.counters_id == id) [[likely]]
+    return *last_shard.shard;
+  // A thread past its directory's end counts into a shard that is never retired.
+  ShardDirectory* directory = shards_gone ? nullptr : &shard_directory();
+  Shard* found = nullptr;
+  if (directory) {
+    for (auto it = directory->entries.begin(); it != directory->entries.end();) {
+      if (it->first.expired()) {
+        it = directory->entries.erase(it);  // its Counters is gone
+        continue;
+      }
+      if (it->first.lock().get() == this) found = it->second;
+      ++it;
+    }
+  }
+  if (!found) {
+    std::lock_guard lock(mutex);
+    if (!spares.empty()) {
+      shards.push_back(std::move(spares.back()));
+      spares.pop_back();
+    } else {
+      shards.push_back(std::make_unique<Shard>());
+    }
+    found = shards.back().get();
+    if (directory) directory->entries.emplace_back(weak_from_this(), found);
+  }
+  if (directory) last_shard = {id, found};
+  return *found;
+}
 
 StatisticsAdaptor::StatisticsAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream)
     : StatisticsAdaptor(context, std::move(upstream), std::make_shared<Counters>()) {}
@@ -57,19 +191,7 @@ StatisticsAdaptor::StatisticsAdaptor(Context* context, std::unique_ptr<BaseMemor
     : ManagerAdaptor(context, std::move(upstream), counters), counters_(std::move(counters)) {}
 
 MemoryStatistics StatisticsAdaptor::statistics() const {
-  MemoryStatistics out;
-  for (int k = 0; k < 4; ++k) {
-    const Counters::Kind& from = counters_->kinds[k];
-    AllocationCounts& to = out.kinds[k];
-    to.current_bytes = from.current_bytes.load(std::memory_order_relaxed);
-    to.peak_bytes = from.peak_bytes.load(std::memory_order_relaxed);
-    to.total_bytes = from.total_bytes.load(std::memory_order_relaxed);
-    to.current_count = from.current_count.load(std::memory_order_relaxed);
-    to.peak_count = from.peak_count.load(std::memory_order_relaxed);
-    to.total_count = from.total_count.load(std::memory_order_relaxed);
-  }
-  for (int i = 0; i < 64; ++i) out.device_size_histogram[i] = counters_->histogram[i].load(std::memory_order_relaxed);
-  out.failed_allocations = counters_->failed.load(std::memory_order_relaxed);
+  MemoryStatistics out = counters_->read();
   if (auto* pool = find_adaptor<PoolMemoryManager>(upstream()))
     out.reserved_bytes = pool->statistics().reserved_bytes;
   else
@@ -78,9 +200,9 @@ MemoryStatistics StatisticsAdaptor::statistics() const {
 }
 
 void StatisticsAdaptor::reset_peaks() {
-  for (auto& kind : counters_->kinds) {
-    kind.peak_bytes = kind.current_bytes.load();
-    kind.peak_count = kind.current_count.load();
+  for (auto& now : counters_->current) {
+    now.peak_bytes = now.bytes.load();
+    now.peak_count = now.count.load();
   }
 }
 

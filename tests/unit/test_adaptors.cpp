@@ -2,6 +2,7 @@
 // and composing them by name.
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -64,6 +65,48 @@ TEST_F(Adaptors, StatisticsCountFailuresAndForgetMemoryAResetGaveBack) {
   EXPECT_EQ(after.failed_allocations, 1u);
   EXPECT_EQ(after.of(MemoryKind::Device).current_bytes, 0u);
   EXPECT_EQ(after.of(MemoryKind::Device).current_count, 0u);
+}
+
+// Totals and the histogram are kept per thread: what threads counted stays
+// counted after they finish, also when a later thread reuses a finished one's
+// shard, and the adaptor may go before its threads do.
+TEST_F(Adaptors, StatisticsOfManyThreadsAddUpAfterTheyFinish) {
+  auto stats = std::make_unique<StatisticsAdaptor>(&context, pool());
+  stats->initialize();
+  constexpr int kThreads = 8, kEach = 500;
+  for (int wave = 0; wave < 2; ++wave) {  // the second wave reuses the first's shards
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t)
+      threads.emplace_back([&] {
+        for (int i = 0; i < kEach; ++i) stats->memalloc(3000);
+      });
+    for (auto& thread : threads) thread.join();
+  }
+  std::vector<std::shared_ptr<MemoryPointer>> held;
+  for (int i = 0; i < 5; ++i) held.push_back(stats->memalloc(100));  // and this thread's own
+  const MemoryStatistics after = stats->statistics();
+  const AllocationCounts& device = after.of(MemoryKind::Device);
+  EXPECT_EQ(device.total_count, 2u * kThreads * kEach + 5u);
+  EXPECT_EQ(device.total_bytes, 2u * kThreads * kEach * 3000u + 500u);
+  EXPECT_EQ(after.device_size_histogram[11], 2u * kThreads * kEach);  // 3000 in [2048, 4096)
+  EXPECT_EQ(after.device_size_histogram[6], 5u);                      // 100 in [64, 128)
+  EXPECT_EQ(device.current_count, 5u);
+  EXPECT_EQ(device.current_bytes, 500u);
+  EXPECT_GE(device.peak_count, 5u);
+  EXPECT_LE(device.peak_count, std::size_t{kThreads} + 5u) << "each thread holds one block at a time";
+  // A thread that counted for the adaptor and outlives it finishes cleanly
+  // (its shard's adaptor is gone by then).
+  std::atomic<bool> counted{false}, adaptor_gone{false};
+  std::thread late([&] {
+    stats->memalloc(100);
+    counted = true;
+    while (!adaptor_gone) std::this_thread::yield();
+  });
+  while (!counted) std::this_thread::yield();
+  held.clear();
+  stats.reset();
+  adaptor_gone = true;
+  late.join();
 }
 
 // memalloc_unwrapped: the upstream's own pointer, observed like a wrapped one.

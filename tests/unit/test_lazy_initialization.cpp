@@ -21,7 +21,9 @@ TEST(LazyInitialization, NothingTouchesTheDriverBeforeFirstUse) {
 
   Context& context = current_context();  // first use
   EXPECT_TRUE(driver::Driver::is_loaded());
-  if (simulation::active()) EXPECT_EQ(simulation::call_count("cuInit"), 1u);
+  if (simulation::active()) {
+    EXPECT_EQ(simulation::call_count("cuInit"), 1u);
+  }
   auto allocation = context.memalloc(100);
   const auto events = recording_log()->snapshot();
   ASSERT_FALSE(events.empty());

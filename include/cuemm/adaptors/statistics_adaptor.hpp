@@ -40,8 +40,9 @@ class StatisticsAdaptor : public ManagerAdaptor {
   // Peaks start again from the current values.
   void reset_peaks();
 
+  struct Counters;  // implementation, shared with the threads' shards; see the .cpp
+
  private:
-  struct Counters;
   StatisticsAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream, std::shared_ptr<Counters> counters);
   std::shared_ptr<Counters> counters_;
 };
