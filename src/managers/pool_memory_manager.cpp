@@ -274,7 +274,7 @@ struct PoolMemoryManager::Core {
   std::size_t quarantined_bytes = 0;
   std::vector<std::unique_ptr<ThreadCache>> caches;
   int defer_depth = 0;
-  std::chrono::steady_clock::time_point last_seal{};
+  std::atomic<std::int64_t> last_seal{0};  // steady_clock ticks
   cuda::CUevent ordering_event = nullptr;  // order_after()'s
   // Large frees that did not go through their thread's lent blocks (ThreadCache::Lent).
   std::atomic<std::uint64_t> large_frees_elsewhere{0};
@@ -334,6 +334,10 @@ struct PoolMemoryManager::Core {
   // Returns the bytes reclaimed.
   std::size_t reclaim(bool wait) {
     epochs.poll(wait);
+    return reclaim_quarantine();
+  }
+
+  std::size_t reclaim_quarantine() {
     std::size_t reclaimed = 0;
     while (!quarantine.empty() && epochs.is_safe(quarantine.front().epoch)) {
       reuse(quarantine.front());
@@ -344,30 +348,37 @@ struct PoolMemoryManager::Core {
     return reclaimed;
   }
 
+  // --- without `mutex` ---
+
   // Seals the open epoch (at most every kSealInterval: with many threads one
   // seal covers them all, unless the caller's oldest cached block, `waiting_for`,
   // is in the open epoch: a thread freeing faster than the interval would
   // otherwise miss its own cache half the time) and looks for completed ones.
-  // Skipped when another thread holds the lock: it is doing the same.
+  // The epochs have a lock of their own, so the seal's stream query does not
+  // hold up the pool; a thread that finds another sealing skips it. Then the
+  // quarantine's safe blocks go back to the index, unless another thread
+  // holds the pool's lock.
   void advance_epochs(std::optional<std::uint64_t> waiting_for) {
-    std::unique_lock lock(mutex, std::try_to_lock);
-    if (!lock.owns_lock()) return;
     if (waiting_for && !epochs.is_sealed(*waiting_for)) {
-      seal();
-      last_seal = std::chrono::steady_clock::now();
+      if (epochs.try_seal()) last_seal.store(now_ticks(), std::memory_order_relaxed);
     } else {
       seal_if_due();
     }
-    reclaim(false);
+    epochs.try_poll();
+    std::unique_lock lock(mutex, std::try_to_lock);
+    if (lock.owns_lock()) reclaim_quarantine();
   }
 
+  static std::int64_t now_ticks() noexcept { return std::chrono::steady_clock::now().time_since_epoch().count(); }
+
   void seal_if_due() noexcept {
-    const auto now = std::chrono::steady_clock::now();
-    if (now - last_seal >= kSealInterval) {
-      seal();
-      last_seal = now;
-    }
+    const std::int64_t now = now_ticks();
+    const std::int64_t interval = std::chrono::steady_clock::duration(kSealInterval).count();
+    if (now - last_seal.load(std::memory_order_relaxed) >= interval && epochs.try_seal())
+      last_seal.store(now, std::memory_order_relaxed);
   }
+
+  // --- under `mutex` ---
 
   // Moves every block of one thread's cache into the quarantine; the caller
   // holds the cache's lock (or the cache's thread has finished).

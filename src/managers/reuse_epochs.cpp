@@ -9,6 +9,18 @@
 namespace cuemm::detail {
 
 void ReuseEpochs::seal() noexcept {
+  std::lock_guard lock(mutex_);
+  seal_locked();
+}
+
+bool ReuseEpochs::try_seal() noexcept {
+  std::unique_lock lock(mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  seal_locked();
+  return true;
+}
+
+void ReuseEpochs::seal_locked() noexcept {
   if (!freed_since_seal_.exchange(false)) return;
   const std::uint64_t closed = open_.fetch_add(1);
   Sealed entry{closed, nullptr};
@@ -43,6 +55,16 @@ void ReuseEpochs::seal() noexcept {
 }
 
 void ReuseEpochs::poll(bool wait) {
+  std::lock_guard lock(mutex_);
+  poll_locked(wait);
+}
+
+void ReuseEpochs::try_poll() {
+  std::unique_lock lock(mutex_, std::try_to_lock);
+  if (lock.owns_lock()) poll_locked(false);
+}
+
+void ReuseEpochs::poll_locked(bool wait) {
   while (!sealed_.empty()) {
     Sealed& front = sealed_.front();
     if (front.event) {
@@ -67,6 +89,7 @@ bool ReuseEpochs::poll_until_safe(std::uint64_t epoch, std::chrono::nanoseconds 
 }
 
 void ReuseEpochs::retire() noexcept {
+  std::lock_guard lock(mutex_);
   if (sealed_.empty() && spare_events_.empty()) return;  // (also: a manager made without a context)
   try {
     ScopedContext scope(*context_);

@@ -11,8 +11,9 @@
 // on the H100), the closed epoch is safe at once and no event is recorded:
 // the common case of a host program between kernels costs one query.
 //
-// tag() and is_safe() are lock-free; seal(), poll() and retire() need the
-// owner's lock.
+// tag() and is_safe() are lock-free; seal(), poll() and retire() take the
+// epochs' own lock, so that a seal's stream query (about a microsecond) does
+// not hold up the owner's lock.
 #pragma once
 
 #include <atomic>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "cuemm/driver/cuda_api.hpp"
+#include "cuemm/threading/blocking_hook.hpp"
 
 namespace cuemm {
 class Context;
@@ -47,11 +49,14 @@ class ReuseEpochs {
   // Closes the open epoch if anything was tagged with it. Without an event
   // (the driver refused one) it synchronises the context instead.
   void seal() noexcept;
+  // seal() unless another thread is sealing or polling; returns whether it ran.
+  bool try_seal() noexcept;
   // Marks completed epochs safe; with `wait`, waits for every sealed one.
   void poll(bool wait);
+  // poll(false) unless another thread is sealing or polling.
+  void try_poll();
   // Polls until `epoch` is safe or `budget` has passed; returns whether it is.
   bool poll_until_safe(std::uint64_t epoch, std::chrono::nanoseconds budget);
-  bool has_pending() const noexcept { return !sealed_.empty(); }
   // Waits for and destroys every event (the owner is going away).
   void retire() noexcept;
 
@@ -60,7 +65,11 @@ class ReuseEpochs {
     std::uint64_t epoch;
     cuda::CUevent event;  // null: known complete
   };
+  void seal_locked() noexcept;
+  void poll_locked(bool wait);
+
   Context* context_;
+  mutable BlockingAwareMutex mutex_;  // sealed_ and spare_events_
   std::atomic<std::uint64_t> open_{1};
   std::atomic<std::uint64_t> safe_{1};
   std::atomic<bool> freed_since_seal_{false};
