@@ -351,19 +351,15 @@ struct PoolMemoryManager::Core {
   // --- without `mutex` ---
 
   // Seals the open epoch (at most every kSealInterval: with many threads one
-  // seal covers them all, unless the caller's oldest cached block, `waiting_for`,
-  // is in the open epoch: a thread freeing faster than the interval would
-  // otherwise miss its own cache half the time) and looks for completed ones.
-  // The epochs have a lock of their own, so the seal's stream query does not
-  // hold up the pool; a thread that finds another sealing skips it. Then the
-  // quarantine's safe blocks go back to the index, unless another thread
-  // holds the pool's lock.
-  void advance_epochs(std::optional<std::uint64_t> waiting_for) {
-    if (waiting_for && !epochs.is_sealed(*waiting_for)) {
-      if (epochs.try_seal()) last_seal.store(now_ticks(), std::memory_order_relaxed);
-    } else {
-      seal_if_due();
-    }
+  // seal covers them all) and looks for completed ones. The epochs have a
+  // lock of their own, so the seal's stream query does not hold up the pool;
+  // a thread that finds another sealing skips it. Then the quarantine's safe
+  // blocks go back to the index, unless another thread holds the pool's lock.
+  // (Sealing at once whenever a thread's oldest cached block was still in the
+  // open epoch made 1 MiB pairs 3x faster on the H100, but RMM's random
+  // workload up to 1 MiB then reserved 1.229x its live bytes, not 1.146x.)
+  void advance_epochs() {
+    seal_if_due();
     epochs.try_poll();
     std::unique_lock lock(mutex, std::try_to_lock);
     if (lock.owns_lock()) reclaim_quarantine();
@@ -606,7 +602,6 @@ struct PoolMemoryManager::Core {
     }
     ThreadCache& cache = *own;
     bool advance = false;
-    std::optional<std::uint64_t> oldest_epoch;
     for (int attempt = 0; attempt < 2; ++attempt) {
       {
         std::lock_guard cache_lock(cache.lock.owner());
@@ -620,10 +615,9 @@ struct PoolMemoryManager::Core {
         advance = attempt == 0 && (bin.frees_since_advance >= bin.capacity / 2 ||
                                    cache.frees_since_advance >= kMaximumBinCapacity / 2);
         if (advance) bin.frees_since_advance = cache.frees_since_advance = 0;
-        if (bin.count) oldest_epoch = bin.at(0).epoch;
       }
       if (!advance) break;
-      advance_epochs(oldest_epoch);
+      advance_epochs();
     }
     const std::size_t class_bytes = detail::size_class_bytes(size_class);
     std::lock_guard lock(mutex);
