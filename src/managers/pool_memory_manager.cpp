@@ -647,6 +647,13 @@ struct PoolMemoryManager::Core {
       if (block == 0) return;
       try {
         quarantine_block(address, block, epoch, in_segment_of_its_own);
+      } catch (...) {
+        reuse({address, block, epoch, in_segment_of_its_own});  // no room to defer: reuse at once rather than leak
+        return;
+      }
+      // The block is in the quarantine now: a failed poll below leaves it
+      // there for a later one (reusing it here as well counted it twice).
+      try {
         if (in_segment_of_its_own) {
           seal_if_due();  // so that a later request for it seldom waits
           reclaim(false);
@@ -655,7 +662,6 @@ struct PoolMemoryManager::Core {
           reclaim(false);
         }
       } catch (...) {
-        reuse({address, block, epoch, in_segment_of_its_own});  // no room to defer: reuse at once rather than leak
       }
       return;
     }
