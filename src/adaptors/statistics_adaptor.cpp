@@ -38,6 +38,11 @@ struct StatisticsAdaptor::Counters : AllocationObserver, std::enable_shared_from
     std::array<std::atomic<std::size_t>, 64> histogram{};
     std::atomic<std::size_t> failed{0};
 
+    void clear() noexcept {
+      for (int k = 0; k < 4; ++k) total_bytes[k] = total_count[k] = 0;
+      for (auto& bucket : histogram) bucket = 0;
+      failed = 0;
+    }
     void add_to(MemoryStatistics& out) const noexcept {
       for (int k = 0; k < 4; ++k) {
         out.kinds[k].total_bytes += total_bytes[k].load(std::memory_order_relaxed);
@@ -61,17 +66,14 @@ struct StatisticsAdaptor::Counters : AllocationObserver, std::enable_shared_from
     std::lock_guard lock(mutex);
     auto it = std::find_if(shards.begin(), shards.end(), [&](const auto& owned) { return owned.get() == shard; });
     if (it == shards.end()) return;
-    shard->add_to(retired);
     try {
       spares.push_back(std::move(*it));
     } catch (...) {
-      return;  // (the shard stays with the living ones, its totals counted twice: not worth failing a thread's exit)
+      return;  // no room to keep it spare: it stays with the living ones, still counted there
     }
     shards.erase(it);
-    Shard& spare = *spares.back();
-    for (int k = 0; k < 4; ++k) spare.total_bytes[k] = spare.total_count[k] = 0;
-    for (auto& bucket : spare.histogram) bucket = 0;
-    spare.failed = 0;
+    shard->add_to(retired);
+    shard->clear();
   }
 
   void allocation_failed(MemoryKind, std::size_t) noexcept override {
@@ -160,11 +162,12 @@ StatisticsAdaptor::Counters::Shard& StatisticsAdaptor::Counters::shard_of_this_t
   Shard* found = nullptr;
   if (directory) {
     for (auto it = directory->entries.begin(); it != directory->entries.end();) {
-      if (it->first.expired()) {
+      const auto counters = it->first.lock();
+      if (!counters) {
         it = directory->entries.erase(it);  // its Counters is gone
         continue;
       }
-      if (it->first.lock().get() == this) found = it->second;
+      if (counters.get() == this) found = it->second;
       ++it;
     }
   }

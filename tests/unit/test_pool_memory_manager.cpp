@@ -10,6 +10,11 @@ namespace {
 class Pool : public ::testing::Test {
  protected:
   Context& context = current_context();
+  // `count` blocks of `size` held at once, then all released (into the thread's cache).
+  static void hold_then_release(PoolMemoryManager& pool, int count, std::size_t size) {
+    std::vector<std::shared_ptr<MemoryPointer>> blocks;
+    for (int i = 0; i < count; ++i) blocks.push_back(pool.memalloc(size));
+  }
 };
 }  // namespace
 
@@ -251,9 +256,7 @@ TEST_F(Pool, AThreadCacheStaysWithinItsBudget) {
   options.thread_cache_size = 1 << 20;
   PoolMemoryManager pool(&context, options);
   pool.initialize();
-  std::vector<std::shared_ptr<MemoryPointer>> blocks;
-  for (int i = 0; i < 200; ++i) blocks.push_back(pool.memalloc(64 << 10));
-  blocks.clear();
+  hold_then_release(pool, 200, 64 << 10);
   EXPECT_LE(pool.statistics().cached_bytes, std::size_t{1} << 20);
 }
 
@@ -265,10 +268,7 @@ TEST_F(Pool, AThreadThatMovesOnToAnotherSizeMakesRoomInItsCache) {
   options.thread_cache_size = 4 << 20;
   PoolMemoryManager pool(&context, options);
   pool.initialize();
-  {
-    std::vector<std::shared_ptr<MemoryPointer>> blocks;
-    for (int i = 0; i < 4; ++i) blocks.push_back(pool.memalloc(1 << 20));
-  }
+  hold_then_release(pool, 4, 1 << 20);
   ASSERT_EQ(pool.statistics().cached_bytes, std::size_t{4} << 20) << "the budget is full of 1 MiB blocks";
   for (int i = 0; i < 100; ++i) pool.memalloc(256);
   const PoolStatistics statistics = pool.statistics();
@@ -281,10 +281,7 @@ TEST_F(Pool, OutOfMemoryFlushesTheThreadCachesBeforeFailing) {
   options.maximum_size = 64 << 20;
   PoolMemoryManager pool(&context, options);
   pool.initialize();
-  {
-    std::vector<std::shared_ptr<MemoryPointer>> blocks;
-    for (int i = 0; i < 48; ++i) blocks.push_back(pool.memalloc(1 << 20));  // cached on release
-  }
+  hold_then_release(pool, 48, 1 << 20);  // cached on release
   EXPECT_GT(pool.statistics().cached_bytes, 0u);
   EXPECT_NO_THROW(pool.memalloc(48 << 20)) << "cached blocks were not given back to make room";
 }
