@@ -1,5 +1,6 @@
 #include "cuemm/managers/pinned_host_pool.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <chrono>
 #include <cstdio>
@@ -23,9 +24,16 @@ namespace {
 constexpr std::size_t kSmallestHostBlock = 4096;
 // From this size a block is worth waiting for rather than allocating anew.
 constexpr std::size_t kWaitForBlocksFrom = std::size_t{1} << 20;
-// Seal (record an event) after this many frees or bytes, so the hot path rarely calls the driver.
+// Seal (record an event) after this many frees, so the hot path rarely calls the driver.
 constexpr std::size_t kFreesPerSeal = 16;
-constexpr std::size_t kBytesPerSeal = std::size_t{8} << 20;
+// A list of released blocks of one kind and size grows to this many bytes
+// (at least 2 blocks, at most kFreesPerSeal) before it is sealed, so a loop
+// of same-size requests pays one stream query a rotation, not one a request.
+constexpr std::size_t kRotationBytes = std::size_t{32} << 20;
+// A stream query costs about 0.35 us on the H100, cuMemHostAlloc about 0.1 ms
+// plus 0.5 ms a MiB: a list of large blocks grows by one only once its seals
+// have cost about as much as the new block (short loops wait instead).
+constexpr std::size_t seals_worth_a_host_block(std::size_t bytes) { return 300 + 1500 * (bytes >> 20); }
 // cuMemHostAlloc of a small block takes about 100 us: polling for a while first pays.
 constexpr std::chrono::microseconds kPollBeforeAllocating{50};
 
@@ -70,6 +78,8 @@ struct PinnedHostPool::State {
     std::size_t bytes;
     unsigned flags;
     bool dead = false;  // freed by release_everything() while handed out
+    Block* previous_out = nullptr;  // links of the handed-out list
+    Block* next_out = nullptr;
   };
   struct Freed {
     Block* block;
@@ -92,12 +102,13 @@ struct PinnedHostPool::State {
   BlockingAwareMutex mutex;
   detail::ReuseEpochs epochs;
   std::map<std::pair<unsigned, std::size_t>, std::deque<Freed>> free_lists;  // (flags, block size)
-  std::size_t frees_since_seal = 0, bytes_since_seal = 0;
+  std::size_t frees_since_seal = 0;
+  std::size_t seals_for_large_blocks = 0;  // since a list of large blocks last grew
   std::list<Registration*> cached_registrations;  // most recently released first
   std::map<RegistrationKey, Registration*> registration_index;  // cached ones only
   std::size_t registration_bytes = 0;
   PinnedHostPoolStatistics counters;
-  std::set<Block*> handed_out;
+  Block* handed_out = nullptr;  // a list through the blocks: no allocation per request
   std::set<Registration*> pinned_out;
   bool closed = false;  // the pool is gone: released memory is freed at once
 
@@ -138,14 +149,36 @@ struct PinnedHostPool::State {
 
   // --- under `mutex` ---
 
-  // Takes a safe block of the list, sealing and waiting as the header says.
+  void hand_out(Block* block) noexcept {
+    block->previous_out = nullptr;
+    block->next_out = handed_out;
+    if (handed_out) handed_out->previous_out = block;
+    handed_out = block;
+  }
+  void take_back(Block* block) noexcept {
+    (block->previous_out ? block->previous_out->next_out : handed_out) = block->next_out;
+    if (block->next_out) block->next_out->previous_out = block->previous_out;
+    block->previous_out = block->next_out = nullptr;
+  }
+
+  static std::size_t rotation_length(std::size_t bytes) noexcept {
+    return std::clamp(kRotationBytes / bytes, std::size_t{2}, kFreesPerSeal);
+  }
+
+  // Takes a safe block of the list, sealing and waiting as the header says;
+  // null when a new block should be allocated.
   Block* take_cached(std::deque<Freed>& list, std::size_t bytes) {
     if (list.empty()) return nullptr;
     if (!epochs.is_safe(list.front().epoch)) {
-      if (frees_since_seal >= kFreesPerSeal || bytes_since_seal >= kBytesPerSeal || bytes >= kWaitForBlocksFrom) {
-        epochs.seal();
-        frees_since_seal = bytes_since_seal = 0;
+      const bool large = bytes >= kWaitForBlocksFrom;
+      if (list.size() < rotation_length(bytes) &&
+          (large ? seals_for_large_blocks >= seals_worth_a_host_block(bytes) : frees_since_seal < kFreesPerSeal)) {
+        if (large) seals_for_large_blocks = 0;
+        return nullptr;
       }
+      epochs.seal();
+      frees_since_seal = 0;
+      if (large) ++seals_for_large_blocks;
       // A sealed epoch on an idle GPU completes within microseconds, far
       // sooner than cuMemHostAlloc returns: poll a little before giving up.
       const std::uint64_t epoch = list.front().epoch;
@@ -195,7 +228,7 @@ struct PinnedHostPool::State {
     std::shared_ptr<State> keep;  // outlives the lock below
     {
       std::lock_guard lock(state.mutex);
-      state.handed_out.erase(block);
+      state.take_back(block);
       if (block->dead) {
         keep = std::move(block->state);
         delete block;
@@ -206,7 +239,6 @@ struct PinnedHostPool::State {
           state.free_lists[{block->flags, block->bytes}].push_back({block, state.epochs.tag()});
           state.counters.cached_bytes += block->bytes;
           ++state.frees_since_seal;
-          state.bytes_since_seal += block->bytes;
           evicted = state.evict_blocks(state.options.maximum_cached_bytes);
           block = nullptr;
         } catch (...) {
@@ -275,7 +307,7 @@ std::shared_ptr<MemoryPointer> PinnedHostPool::allocate(std::size_t size, bool m
     auto list = state_->free_lists.find({flags, bytes});
     if (list != state_->free_lists.end()) block = state_->take_cached(list->second, bytes);
     ++(block ? state_->counters.hits : state_->counters.misses);
-    if (block) state_->handed_out.insert(block);
+    if (block) state_->hand_out(block);
   }
   if (!block) {
     ScopedContext scope(*state_->context);
@@ -289,7 +321,7 @@ std::shared_ptr<MemoryPointer> PinnedHostPool::allocate(std::size_t size, bool m
     block = new State::Block{state_, host, device, bytes, flags};
     std::lock_guard lock(state_->mutex);
     state_->counters.allocated_bytes += bytes;
-    state_->handed_out.insert(block);
+    state_->hand_out(block);
   }
   try {
     return host_memory_pointer(state_->context, block->host, block->device, size, nullptr,
@@ -369,7 +401,8 @@ void PinnedHostPool::release_everything() {
   {
     std::lock_guard lock(state_->mutex);
     state_->closed = true;
-    for (State::Block* block : state_->handed_out) {
+    for (State::Block* block = state_->handed_out; block; block = block->next_out) {
+      if (block->dead) continue;  // (an earlier call freed it)
       block->dead = true;
       blocks.push_back(block);
       state_->counters.allocated_bytes -= block->bytes;

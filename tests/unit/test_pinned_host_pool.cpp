@@ -44,6 +44,21 @@ TEST_F(HostPool, ALargeBlockIsWaitedForRatherThanAllocatedAgain) {
   EXPECT_EQ(pool.statistics().misses, 1u);
 }
 
+// A long loop of large blocks, once its seals have cost about as much as a
+// new block, rotates through a few (here up to 16 of 1 MiB) and seals once a
+// rotation rather than once a request.
+TEST_F(HostPool, ALongLoopOfLargeBlocksRotatesThroughAFew) {
+  CUEMM_REQUIRE_SIMULATION();  // (counts the driver's calls; 300k pairs)
+  PinnedHostPool pool(context);
+  for (int i = 0; i < 300000; ++i) pool.allocate(1 << 20, false, false, false).reset();
+  EXPECT_LE(pool.statistics().allocated_bytes, 16u << 20);
+  EXPECT_GT(pool.statistics().allocated_bytes, 1u << 20) << "the rotation did not grow";
+  simulation::reset_call_counts();
+  for (int i = 0; i < 1000; ++i) pool.allocate(1 << 20, false, false, false).reset();
+  EXPECT_LE(simulation::call_count("cuStreamQuery"), 1000u / 4) << "a seal for every few requests, not each";
+  EXPECT_EQ(simulation::call_count("cuMemHostAlloc"), 0u);
+}
+
 TEST_F(HostPool, KindsAreKeptApart) {
   PinnedHostPool pool(context);
   pool.allocate(4 << 20, true, false, false).reset();

@@ -5,9 +5,13 @@
 // comes back without a driver call. Blocks are kept apart by kind (mapped,
 // portable, write-combined) and by size class (a quarter power of two, at
 // least 4 KiB). A released block is reused only after work queued before its
-// release has completed (see ReuseEpochs); when none is ready a small block is
-// allocated anew and a large one (1 MiB or more) waits, as waiting costs less
-// than allocating.
+// release has completed (see ReuseEpochs). When the oldest released block of
+// the kind and size is not ready, a small block is allocated anew until 16
+// were released (then the epoch is sealed: one stream query), and a large
+// one (1 MiB or more) is waited for, as waiting costs less than allocating.
+// Released blocks rotate, up to 16 of a kind and size (32 MiB, at least 2),
+// so a loop pays a seal per rotation; a loop of large blocks adds one to its
+// rotation only once its seals have cost about as much as the new block.
 //
 // Pinning (mempin) of caller memory is cached too: a released registration is
 // kept, with its owner alive, so pinning the same range again is free. At most
