@@ -29,10 +29,19 @@ constexpr std::uint32_t kMinimumBinCapacity = 4;
 // A thread's ring with this many blocks of a class may be sealed for its own
 // next request when the index is empty; a seal costs one stream query.
 constexpr std::uint32_t kRingBatchWorthSealing = 64;
+// Or this fraction of its capacity: a ring of the largest classes holds only
+// 64 blocks (the budget), and returning it to the index whenever the index
+// ran dry cost 1 MiB pairs 120 ns on the H100 (most of them).
+constexpr std::uint32_t kRingFractionWorthSealing = 8;
 // Large blocks (beyond the size classes) a thread keeps from stream-ordered frees.
 constexpr std::uint32_t kOrderedLargeCapacity = 4;
 // Large blocks a thread has out in stream order whose size it remembers.
 constexpr std::uint32_t kLentCapacity = 8;
+// Segments of their own that rotate to save stream queries (see allocate_dedicated()):
+// idle bytes, idle count, and the stream queries that buy one more.
+constexpr std::size_t kRotationBudget = std::size_t{32} << 20;
+constexpr std::size_t kMaximumRotation = 8;
+constexpr std::size_t kSealsWorthASegment = 256;
 // Recording an event costs about a microsecond; threads' seals closer than this share one.
 constexpr std::chrono::microseconds kSealInterval{5};
 
@@ -272,6 +281,9 @@ struct PoolMemoryManager::Core {
   };
   std::deque<Quarantined> quarantine;  // freed, waiting for the GPU; oldest first
   std::size_t quarantined_bytes = 0;
+  std::size_t quarantined_segment_bytes = 0;  // the part in segments of their own
+  std::size_t quarantined_segments = 0;
+  std::size_t seals_for_segments = 0;  // seals a request for a segment of its own made since the last rotation grew
   std::vector<std::unique_ptr<ThreadCache>> caches;
   int defer_depth = 0;
   std::atomic<std::int64_t> last_seal{0};  // steady_clock ticks
@@ -287,6 +299,10 @@ struct PoolMemoryManager::Core {
   void quarantine_block(std::uintptr_t address, std::size_t size, std::uint64_t epoch, bool in_segment_of_its_own = false) {
     quarantine.push_back({address, size, epoch, in_segment_of_its_own});
     quarantined_bytes += size;
+    if (in_segment_of_its_own) {
+      quarantined_segment_bytes += size;
+      ++quarantined_segments;
+    }
   }
 
   std::size_t reserved_bytes() const noexcept { return blocks.region_bytes() + dedicated.bytes(); }
@@ -342,6 +358,10 @@ struct PoolMemoryManager::Core {
     while (!quarantine.empty() && epochs.is_safe(quarantine.front().epoch)) {
       reuse(quarantine.front());
       reclaimed += quarantine.front().size;
+      if (quarantine.front().dedicated) {
+        quarantined_segment_bytes -= quarantine.front().size;
+        --quarantined_segments;
+      }
       quarantine.pop_front();
     }
     quarantined_bytes -= reclaimed;
@@ -538,7 +558,21 @@ struct PoolMemoryManager::Core {
     const std::size_t segment = detail::DedicatedSegments::segment_size(size);
     if (segment == 0) throw OutOfMemory("PoolMemoryManager::allocate", size, "no device has that much memory");
     if (auto base = dedicated.take_spare(segment)) return *base;
+    // Reusing a segment freed since the last seal costs a stream query (a
+    // third of a microsecond on the H100, and in Python the GIL's hand-over);
+    // a new segment costs about 0.1 ms once. So once the queries have cost
+    // as much as a segment, a loop of such requests gets one more segment to
+    // rotate through, and seals once a rotation (as renting skis until the
+    // rent would have bought them). Idle segments stay within a small budget.
+    if (seals_for_segments >= kSealsWorthASegment && quarantined_segments < kMaximumRotation &&
+        quarantined_segment_bytes + dedicated.spare_bytes() + segment <= rotation_budget()) {
+      if (auto base = new_dedicated_segment(segment)) {
+        seals_for_segments = 0;
+        return *base;
+      }
+    }
     seal();
+    ++seals_for_segments;
     reclaim(false);
     if (auto base = dedicated.take_spare(segment)) return *base;
     if (quarantined_bytes >= segment) {
@@ -556,6 +590,10 @@ struct PoolMemoryManager::Core {
     if (auto base = new_dedicated_segment(segment)) return *base;
     throw out_of_memory(size);
   }
+
+  // Bytes of segments of their own that may sit idle (spare, or waiting for
+  // the GPU) to save stream queries: 1/32 of the pool, and at least kRotationBudget.
+  std::size_t rotation_budget() const noexcept { return std::max(reserved_bytes() / 32, kRotationBudget); }
 
   OutOfMemory out_of_memory(std::size_t size) const {
     return OutOfMemory("PoolMemoryManager::allocate", size,
@@ -620,20 +658,27 @@ struct PoolMemoryManager::Core {
       advance_epochs();
     }
     const std::size_t class_bytes = detail::size_class_bytes(size_class);
-    std::lock_guard lock(mutex);
-    if (auto address = blocks.allocate(class_bytes)) [[likely]]
-      return *address;
+    {
+      std::lock_guard lock(mutex);
+      if (auto address = blocks.allocate(class_bytes)) [[likely]]
+        return *address;
+    }
     // The index is out of blocks, and the ring may hold most of the pool
     // before its batch is due: once sealed, its oldest block is cheaper than
     // giving the ring back to the index (measured: 64 KiB pairs in an 8 MiB
     // pool, 42 -> 16 ns a pair here). Only from a ring that holds a batch
     // worth a seal: short rings (many threads) let the pool grow instead.
-    if (cache.bins[size_class].count >= kRingBatchWorthSealing) {  // (its own thread: no other writes the count now)
-      seal();
-      reclaim(false);
+    // Not under the pool's lock, and skipped while another thread seals
+    // (that seal may cover this ring too): 16 threads of 1 MiB pairs
+    // otherwise queued behind each other's stream queries.
+    const ThreadCache::Bin& bin = cache.bins[size_class];  // (its own thread: no other writes the count now)
+    if (bin.count >= std::min(kRingBatchWorthSealing, bin.capacity / kRingFractionWorthSealing)) {
+      epochs.try_seal();
+      epochs.try_poll();
       std::lock_guard cache_lock(cache.lock.owner());
       if (const std::uintptr_t address = cache.take_oldest_if_safe(size_class, epochs)) return address;
     }
+    std::lock_guard lock(mutex);
     return allocate_from_index(class_bytes, &cache);
   }
 
@@ -655,8 +700,13 @@ struct PoolMemoryManager::Core {
       // there for a later one (reusing it here as well counted it twice).
       try {
         if (in_segment_of_its_own) {
-          seal_if_due();  // so that a later request for it seldom waits
-          reclaim(false);
+          // Beyond the segments that rotate (see allocate_dedicated()), a
+          // request of this size may wait for this one: seal now, so that it seldom does.
+          if (quarantined_segments >= kMaximumRotation ||
+              quarantined_segment_bytes + dedicated.spare_bytes() > rotation_budget()) {
+            seal_if_due();
+            reclaim(false);
+          }
         } else if (quarantined_bytes > reserved_bytes() / 8) {
           seal();
           reclaim(false);
@@ -866,7 +916,7 @@ struct PoolMemoryManager::Core {
       std::fprintf(stderr, "cuemm pool: returning memory failed: %s\n", error.what());
     }
     quarantine.clear();
-    quarantined_bytes = 0;
+    quarantined_bytes = quarantined_segment_bytes = quarantined_segments = 0;
   }
 };
 

@@ -56,6 +56,33 @@ TEST_F(Pool, AFreedLargeBlockIsNotReusedWhileQueuedWorkMayStillWriteIt) {
   EXPECT_TRUE(race.b_intact) << "the kernel's late write landed in the reused block";
 }
 
+// A short loop of large requests reuses its one segment (a seal each time
+// costs less than a new segment); a long one, once its seals have cost
+// about as much, rotates through a few (at most 8, within 32 MiB) and seals
+// once a rotation.
+TEST_F(Pool, ALongLoopOfLargeRequestsRotatesThroughAFewSegments) {
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  auto pairs = [&](int count) {
+    std::vector<cuda::CUdeviceptr> seen;
+    for (int i = 0; i < count; ++i) {
+      const cuda::CUdeviceptr block = pool.allocate(4 << 20);
+      if (std::find(seen.begin(), seen.end(), block) == seen.end()) seen.push_back(block);
+      pool.deallocate(block, 4 << 20);
+    }
+    return seen.size();
+  };
+  EXPECT_EQ(pairs(100), 1u);
+  EXPECT_EQ(pool.statistics().segments, 1u);
+  pairs(20000);
+  if (simulation::active()) simulation::reset_call_counts();
+  EXPECT_LE(pairs(2000), 8u);
+  EXPECT_LE(pool.statistics().reserved_bytes, std::size_t{32} << 20);
+  if (simulation::active()) {
+    EXPECT_LE(simulation::call_count("cuStreamQuery"), 2000u / 4) << "a seal for every few requests, not each";
+  }
+}
+
 TEST_F(Pool, IpcHandlesOfBlocksCarryTheirOffsetInTheSegment) {
   PoolMemoryManager pool(&context);
   pool.initialize();
