@@ -12,9 +12,10 @@
 // a later request of the same size or up to 1/8 smaller; the pool gives the
 // largest spares back to the driver before it takes a new segment, so spares
 // stay a small part of the pool. Reusing a segment freed since the last seal
-// costs a stream query, so a loop of such requests rotates through a few
-// segments instead (idle ones within 1/32 of the pool or 32 MiB), sealing once
-// a rotation.
+// costs a stream query, so a long loop of such requests rotates through a
+// few segments instead, sealing once a rotation: it gets one more segment
+// each time its queries have cost about as much as a new segment (at most 8
+// idle, within 1/32 of the pool or 32 MiB); a short loop just seals.
 //
 // Not thread-safe: the owner locks. Knows nothing of CUDA: the owner takes the
 // segments from the driver and gives back the ones handed out by take_*().
