@@ -564,8 +564,11 @@ struct PoolMemoryManager::Core {
     // as much as a segment, a loop of such requests gets one more segment to
     // rotate through, and seals once a rotation (as renting skis until the
     // rent would have bought them). Idle segments stay within a small budget.
+    // (Spares of other sizes go first, to keep within the budget.)
+    const std::size_t budget = rotation_budget(segment);
     if (seals_for_segments >= kSealsWorthASegment && quarantined_segments < kMaximumRotation &&
-        quarantined_segment_bytes + dedicated.spare_bytes() + segment <= rotation_budget()) {
+        quarantined_segment_bytes + segment <= budget) {
+      free_segments(dedicated.take_spares_over(budget - quarantined_segment_bytes - segment));
       if (auto base = new_dedicated_segment(segment)) {
         seals_for_segments = 0;
         return *base;
@@ -592,8 +595,11 @@ struct PoolMemoryManager::Core {
   }
 
   // Bytes of segments of their own that may sit idle (spare, or waiting for
-  // the GPU) to save stream queries: 1/32 of the pool, and at least kRotationBudget.
-  std::size_t rotation_budget() const noexcept { return std::max(reserved_bytes() / 32, kRotationBudget); }
+  // the GPU) to save stream queries in a loop of `segment`-byte requests: 1/32
+  // of the pool, at least kRotationBudget, and at least room for two.
+  std::size_t rotation_budget(std::size_t segment) const noexcept {
+    return std::max({reserved_bytes() / 32, kRotationBudget, 2 * segment});
+  }
 
   OutOfMemory out_of_memory(std::size_t size) const {
     return OutOfMemory("PoolMemoryManager::allocate", size,
@@ -703,7 +709,7 @@ struct PoolMemoryManager::Core {
           // Beyond the segments that rotate (see allocate_dedicated()), a
           // request of this size may wait for this one: seal now, so that it seldom does.
           if (quarantined_segments >= kMaximumRotation ||
-              quarantined_segment_bytes + dedicated.spare_bytes() > rotation_budget()) {
+              quarantined_segment_bytes + dedicated.spare_bytes() > rotation_budget(block)) {
             seal_if_due();
             reclaim(false);
           }
