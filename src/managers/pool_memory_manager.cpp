@@ -283,7 +283,8 @@ struct PoolMemoryManager::Core {
   std::size_t quarantined_bytes = 0;
   std::size_t quarantined_segment_bytes = 0;  // the part in segments of their own
   std::size_t quarantined_segments = 0;
-  std::size_t seals_for_segments = 0;  // seals a request for a segment of its own made since the last rotation grew
+  std::size_t seals_for_segments = 0;
+  std::size_t seals_for_index = 0;  // the same for requests from the index  // seals a request for a segment of its own made since the last rotation grew
   std::vector<std::unique_ptr<ThreadCache>> caches;
   int defer_depth = 0;
   std::atomic<std::int64_t> last_seal{0};  // steady_clock ticks
@@ -492,7 +493,16 @@ struct PoolMemoryManager::Core {
   std::uintptr_t allocate_from_index(std::size_t size, ThreadCache* own = nullptr) {
     if (auto address = blocks.allocate(size)) [[likely]]
       return *address;
+    // A long loop whose frees wait in the quarantine grows the pool once its
+    // seals have cost about as much as a new segment (as allocate_dedicated()).
+    if (seals_for_index >= kSealsWorthASegment && quarantined_bytes + size <= rotation_budget(size)) {
+      if (grow(size)) {
+        seals_for_index = 0;
+        if (auto address = blocks.allocate(size)) return *address;
+      }
+    }
     seal();
+    ++seals_for_index;
     reclaim(false);
     if (auto address = blocks.allocate(size)) return *address;
     // Enough freed memory is waiting for the GPU: wait for it rather than grow.
@@ -714,7 +724,10 @@ struct PoolMemoryManager::Core {
             reclaim(false);
           }
         } else if (quarantined_bytes > reserved_bytes() / 8) {
-          seal();
+          // At most one seal every kSealInterval: in a small pool one block
+          // is 1/8 of it, and sealing at every free cost 1-4 MiB pairs a
+          // stream query each (and in Python the GIL's hand-over: 2-3 us).
+          seal_if_due();
           reclaim(false);
         }
       } catch (...) {
