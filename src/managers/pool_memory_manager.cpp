@@ -41,6 +41,7 @@ constexpr std::uint32_t kLentCapacity = 8;
 // idle bytes, idle count, and the stream queries that buy one more.
 constexpr std::size_t kRotationBudget = std::size_t{32} << 20;
 constexpr std::size_t kMaximumRotation = 8;
+constexpr std::size_t kMinimumRotation = 4;  // whatever their size
 constexpr std::size_t kSealsWorthASegment = 256;
 // Recording an event costs about a microsecond; threads' seals closer than this share one.
 constexpr std::chrono::microseconds kSealInterval{5};
@@ -606,9 +607,9 @@ struct PoolMemoryManager::Core {
 
   // Bytes of segments of their own that may sit idle (spare, or waiting for
   // the GPU) to save stream queries in a loop of `segment`-byte requests: 1/32
-  // of the pool, at least kRotationBudget, and at least room for two.
+  // of the pool, at least kRotationBudget, and at least room for kMinimumRotation.
   std::size_t rotation_budget(std::size_t segment) const noexcept {
-    return std::max({reserved_bytes() / 32, kRotationBudget, 2 * segment});
+    return std::max({reserved_bytes() / 32, kRotationBudget, kMinimumRotation * segment});
   }
 
   OutOfMemory out_of_memory(std::size_t size) const {
