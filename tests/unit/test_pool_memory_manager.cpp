@@ -1,5 +1,6 @@
 // What the pool adds: suballocation, stream-safe reuse, IPC of blocks inside
 // segments, trimming, limits and its statistics.
+#include <chrono>
 #include <thread>
 
 #include "support/test_support.hpp"
@@ -79,10 +80,14 @@ TEST_F(Pool, ALongLoopOfLargeRequestsRotatesThroughAFewBlocks) {
     EXPECT_EQ(pool.statistics().segments, 1u);
     pairs(20000);
     if (simulation::active()) simulation::reset_call_counts();
+    const auto began = std::chrono::steady_clock::now();
     EXPECT_LE(pairs(2000), 16u);
+    // Frees may also seal, at most once every 5 us (under a sanitizer a pair takes longer).
+    const auto elapsed = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - began);
     EXPECT_LE(pool.statistics().reserved_bytes, std::size_t{48} << 20);
     if (simulation::active()) {
-      EXPECT_LE(simulation::call_count("cuStreamQuery"), 2000u / 4) << "a seal for every few requests, not each";
+      EXPECT_LE(simulation::call_count("cuStreamQuery"), 2000u / 4 + elapsed.count() / 5 + 1)
+          << "a seal for every few requests, not each";
     }
   }
 }
