@@ -284,8 +284,10 @@ struct PoolMemoryManager::Core {
   std::size_t quarantined_bytes = 0;
   std::size_t quarantined_segment_bytes = 0;  // the part in segments of their own
   std::size_t quarantined_segments = 0;
+  // Seals that requests for a segment of their own (for a block from the
+  // index) made since their rotation last grew (see allocate_dedicated()).
   std::size_t seals_for_segments = 0;
-  std::size_t seals_for_index = 0;  // the same for requests from the index  // seals a request for a segment of its own made since the last rotation grew
+  std::size_t seals_for_index = 0;
   std::vector<std::unique_ptr<ThreadCache>> caches;
   int defer_depth = 0;
   std::atomic<std::int64_t> last_seal{0};  // steady_clock ticks
