@@ -27,7 +27,7 @@ constexpr std::size_t kWaitForBlocksFrom = std::size_t{1} << 20;
 // Seal (record an event) after this many frees, so the hot path rarely calls the driver.
 constexpr std::size_t kFreesPerSeal = 16;
 // A list of released blocks of one kind and size grows to this many bytes
-// (at least 2 blocks, at most kFreesPerSeal) before it is sealed, so a loop
+// (at least 4 blocks, at most kFreesPerSeal) before it is sealed, so a loop
 // of same-size requests pays one stream query a rotation, not one a request.
 constexpr std::size_t kRotationBytes = std::size_t{32} << 20;
 // A stream query costs about 0.35 us on the H100, cuMemHostAlloc about 0.1 ms
@@ -71,6 +71,11 @@ std::shared_ptr<MemoryPointer> host_memory_pointer(Context* context, void* host,
 }  // namespace
 
 struct PinnedHostPool::State {
+  struct Block;
+  struct Freed {
+    Block* block;
+    std::uint64_t epoch;
+  };
   struct Block {
     std::shared_ptr<State> state;  // the pool outlives its blocks
     void* host;
@@ -78,12 +83,9 @@ struct PinnedHostPool::State {
     std::size_t bytes;
     unsigned flags;
     bool dead = false;  // freed by release_everything() while handed out
+    std::deque<Freed>* list = nullptr;  // its kind and size's, once released
     Block* previous_out = nullptr;  // links of the handed-out list
     Block* next_out = nullptr;
-  };
-  struct Freed {
-    Block* block;
-    std::uint64_t epoch;
   };
   struct Registration {
     std::shared_ptr<State> state;
@@ -101,7 +103,11 @@ struct PinnedHostPool::State {
   PinnedHostPoolOptions options;
   BlockingAwareMutex mutex;
   detail::ReuseEpochs epochs;
-  std::map<std::pair<unsigned, std::size_t>, std::deque<Freed>> free_lists;  // (flags, block size)
+  // Per (flags, block size). Lists stay once made (there are few), so a
+  // block can keep a pointer to its own: no lookup to release it.
+  std::map<std::pair<unsigned, std::size_t>, std::deque<Freed>> free_lists;
+  std::pair<unsigned, std::size_t> last_key{};  // the last list a request found, to skip the map
+  std::deque<Freed>* last_list = nullptr;
   std::size_t frees_since_seal = 0;
   std::size_t seals_for_large_blocks = 0;  // since a list of large blocks last grew
   std::list<Registration*> cached_registrations;  // most recently released first
@@ -162,7 +168,7 @@ struct PinnedHostPool::State {
   }
 
   static std::size_t rotation_length(std::size_t bytes) noexcept {
-    return std::clamp(kRotationBytes / bytes, std::size_t{2}, kFreesPerSeal);
+    return std::clamp(kRotationBytes / bytes, std::size_t{4}, kFreesPerSeal);
   }
 
   // Takes a safe block of the list, sealing and waiting as the header says;
@@ -203,7 +209,7 @@ struct PinnedHostPool::State {
         counters.allocated_bytes -= list.front().block->bytes;
         list.pop_front();
       }
-      it = list.empty() ? free_lists.erase(it) : std::next(it);
+      ++it;
     }
     return evicted;
   }
@@ -236,7 +242,8 @@ struct PinnedHostPool::State {
       }
       if (!state.closed) {
         try {
-          state.free_lists[{block->flags, block->bytes}].push_back({block, state.epochs.tag()});
+          if (!block->list) block->list = &state.free_lists[{block->flags, block->bytes}];
+          block->list->push_back({block, state.epochs.tag()});
           state.counters.cached_bytes += block->bytes;
           ++state.frees_since_seal;
           evicted = state.evict_blocks(state.options.maximum_cached_bytes);
@@ -304,8 +311,16 @@ std::shared_ptr<MemoryPointer> PinnedHostPool::allocate(std::size_t size, bool m
   State::Block* block = nullptr;
   {
     std::lock_guard lock(state_->mutex);
-    auto list = state_->free_lists.find({flags, bytes});
-    if (list != state_->free_lists.end()) block = state_->take_cached(list->second, bytes);
+    State& state = *state_;
+    const std::pair<unsigned, std::size_t> key{flags, bytes};
+    if (!state.last_list || state.last_key != key) {
+      auto found = state.free_lists.find(key);
+      if (found != state.free_lists.end()) {
+        state.last_key = key;
+        state.last_list = &found->second;
+      }
+    }
+    if (state.last_list && state.last_key == key) block = state.take_cached(*state.last_list, bytes);
     ++(block ? state_->counters.hits : state_->counters.misses);
     if (block) state_->hand_out(block);
   }

@@ -9,7 +9,7 @@
 // the kind and size is not ready, a small block is allocated anew until 16
 // were released (then the epoch is sealed: one stream query), and a large
 // one (1 MiB or more) is waited for, as waiting costs less than allocating.
-// Released blocks rotate, up to 16 of a kind and size (32 MiB, at least 2),
+// Released blocks rotate, up to 16 of a kind and size (32 MiB, at least 4),
 // so a loop pays a seal per rotation; a loop of large blocks adds one to its
 // rotation only once its seals have cost about as much as the new block.
 //
