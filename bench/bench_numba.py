@@ -28,9 +28,11 @@ context = cuda.current_context()
 allocate = {"device": lambda n: cuda.device_array(n, dtype=np.uint8),
             "pinned": lambda n: cuda.pinned_array(n, dtype=np.uint8),
             "mapped": lambda n: cuda.mapped_array(n, dtype=np.uint8),
-            "interleaved": lambda n: cuda.device_array(n, dtype=np.uint8)}.get(kind)
+            "interleaved": lambda n: cuda.device_array(n, dtype=np.uint8),
+            "interleaved-pinned": lambda n: cuda.pinned_array(n, dtype=np.uint8),
+            "interleaved-mapped": lambda n: cuda.mapped_array(n, dtype=np.uint8)}.get(kind)
 results = {}
-if kind == "interleaved":
+if kind.startswith("interleaved"):
     # The three managers in one process (this one runs under cuemm), swapped
     # in as the context's manager in turn, round after round: differences
     # between processes (memory layout, a busy neighbour) then fall on all
@@ -44,19 +46,25 @@ if kind == "interleaved":
         manager.initialize()
     names = list(managers)
     results = {name: {str(n): [] for n in sizes} for name in names}
-    # Each manager first runs a long loop of each size once (not timed): the
-    # rounds measure the steady state of a loop, and cuemm's pool adds blocks
-    # to a loop's rotation only after thousands of pairs.
+    # Device memory: 1000 pairs a round (300 from 4 MiB); host memory: 1000
+    # (40 from 1 MiB, where Numba's default takes 0.7-35 ms a pair).
+    host = kind != "interleaved"
+    def iterations_for(n):
+        return (40 if host else 300) if n >= (1 << 20) else 1000
+    # Each manager first runs a loop of each size once (not timed): the rounds
+    # measure the steady state of a loop, and cuemm's pool adds blocks to a
+    # loop's rotation only after thousands of pairs. (Host memory: one round's
+    # worth.)
     for name in names:
         context.memory_manager = managers[name]
         for n in sizes:
-            for _ in range(WARM_UP_PAIRS):
+            for _ in range(iterations_for(n) if host else WARM_UP_PAIRS):
                 allocate(n)
     for round_ in range(repeats):
         for name in names[round_ % 3:] + names[:round_ % 3]:
             context.memory_manager = managers[name]
             for n in sizes:
-                iterations = 1000 if n <= (1 << 20) else 300
+                iterations = iterations_for(n)
                 allocate(n)  # warm up
                 start = time.perf_counter_ns()
                 for _ in range(iterations):
@@ -164,6 +172,10 @@ def main():
             figures["threads"][manager] = measure(manager, "threads", [], 1, environment)
     if "interleaved" in kinds:
         figures["interleaved"] = measure("cuemm", "interleaved", DEVICE_SIZES, args.interleaved_rounds, environment)
+        # Pinned and mapped too, when asked for: their separate processes drift more than cuemm's effect.
+        for kind in [k for k in ("pinned", "mapped") if k in kinds]:
+            figures[f"interleaved-{kind}"] = measure("cuemm", f"interleaved-{kind}", HOST_SIZES,
+                                                     min(args.interleaved_rounds, 5), environment)
 
     def median(samples):
         return statistics.median(samples)
@@ -186,10 +198,13 @@ def main():
         row = figures["threads"][manager]
         print(f"  {manager:8} " + "  ".join(f"{t} threads: {row[t]['pairs_per_second']:.0f} ({row[t]['errors']} errors)"
                                          for t in sorted(row, key=int)))
-    if "interleaved" in kinds:
-        print("cuda.device_array(n) + release, the three managers interleaved in one process: median ns per pair "
+    for kind, call in (("interleaved", "device_array"), ("interleaved-pinned", "pinned_array"),
+                       ("interleaved-mapped", "mapped_array")):
+        if kind not in figures:
+            continue
+        print(f"cuda.{call}(n) + release, the three managers interleaved in one process: median ns per pair "
               "and the median of the rounds' ratios")
-        for n, row in interleaved_summary(figures["interleaved"]).items():
+        for n, row in interleaved_summary(figures[kind]).items():
             print(f"{n:>10} default {row['default']:>9.0f} cuemm {row['cuemm']:>9.0f} floor {row['floor']:>9.0f} "
                   f"default/cuemm {row['default/cuemm']:>6.1f}x cuemm/floor {row['cuemm/floor']:.3f}")
     if args.out:

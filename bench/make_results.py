@@ -169,6 +169,13 @@ def main():
             cells = [fmt(f), f"{d / f:,.1f}x", f"{c / f:.2f}"] if f else ["-", "-", "-"]
             lines.append(f"| {int(s):,} B | {fmt(d)} | {fmt(c)} | " + " | ".join([cells[0], f"{d / c:,.1f}x"] + cells[1:])
                          + " |")
+        if numba.get(f"interleaved-{kind}"):
+            lines += ["", "The same, interleaved in one process as above (each manager first ran one round's pairs "
+                      "untimed):", "",
+                      "| size | default | cuemm | floor | default / cuemm | cuemm / floor |", "|---|---|---|---|---|---|"]
+            for s, row in interleaved_summary(numba[f"interleaved-{kind}"]).items():
+                lines.append(f"| {s:,} B | {fmt(row['default'])} | {fmt(row['cuemm'])} | {fmt(row['floor'])} | "
+                             f"{row['default/cuemm']:,.1f}x | {row['cuemm/floor']:.2f} |")
     lines += ["", "Python threads, `cuda.to_device(8 KiB)` + release with content checks, pairs per second:", ""]
     for manager, row in numba["threads"].items():
         lines.append(f"- {manager}: " + ", ".join(f"{t} thread(s) {row[t]['pairs_per_second']:,.0f} "
