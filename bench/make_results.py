@@ -38,6 +38,15 @@ def fmt(ns):
     return f"{ns:,.0f}" if ns >= 100 else f"{ns:.1f}"
 
 
+def interleaved_table(samples, cuemm_header):
+    """The rows of one interleaved measurement (bench_numba's interleaved_summary), with its header."""
+    lines = [f"| size | default | {cuemm_header} | floor | default / cuemm | cuemm / floor |", "|---|---|---|---|---|---|"]
+    for s, row in interleaved_summary(samples).items():
+        lines.append(f"| {s:,} B | {fmt(row['default'])} | {fmt(row['cuemm'])} | {fmt(row['floor'])} | "
+                     f"{row['default/cuemm']:,.1f}x | {row['cuemm/floor']:.2f} |")
+    return lines
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--allocators", required=True, nargs="+",
@@ -153,11 +162,8 @@ def main():
     if numba.get("interleaved"):
         lines += ["", "The same, with the three managers interleaved in one process (swapped in as the context's "
                   "manager in turn, round after round, after each ran 5,000 untimed pairs of each size; ratios are "
-                  "the medians of each round's ratio, so drifts between processes and rounds cancel):", "",
-                  "| size | default | cuemm (pool) | floor | default / cuemm | cuemm / floor |", "|---|---|---|---|---|---|"]
-        for s, row in interleaved_summary(numba["interleaved"]).items():
-            lines.append(f"| {s:,} B | {fmt(row['default'])} | {fmt(row['cuemm'])} | {fmt(row['floor'])} | "
-                         f"{row['default/cuemm']:.1f}x | {row['cuemm/floor']:.2f} |")
+                  "the medians of each round's ratio, so drifts between processes and rounds cancel):", ""]
+        lines += interleaved_table(numba["interleaved"], "cuemm (pool)")
     for kind in ("pinned", "mapped"):
         floor = numba[kind].get("floor") or {}
         lines += ["", f"`cuda.{kind}_array(n)` + release (floor: one fixed pinned buffer, wrapped as Numba wraps it):",
@@ -171,11 +177,8 @@ def main():
                          + " |")
         if numba.get(f"interleaved-{kind}"):
             lines += ["", "The same, interleaved in one process as above (each manager first ran one round's pairs "
-                      "untimed):", "",
-                      "| size | default | cuemm | floor | default / cuemm | cuemm / floor |", "|---|---|---|---|---|---|"]
-            for s, row in interleaved_summary(numba[f"interleaved-{kind}"]).items():
-                lines.append(f"| {s:,} B | {fmt(row['default'])} | {fmt(row['cuemm'])} | {fmt(row['floor'])} | "
-                             f"{row['default/cuemm']:,.1f}x | {row['cuemm/floor']:.2f} |")
+                      "untimed):", ""]
+            lines += interleaved_table(numba[f"interleaved-{kind}"], "cuemm")
     lines += ["", "Python threads, `cuda.to_device(8 KiB)` + release with content checks, pairs per second:", ""]
     for manager, row in numba["threads"].items():
         lines.append(f"- {manager}: " + ", ".join(f"{t} thread(s) {row[t]['pairs_per_second']:,.0f} "

@@ -188,7 +188,7 @@ struct PinnedHostPool::State {
       // A sealed epoch on an idle GPU completes within microseconds, far
       // sooner than cuMemHostAlloc returns: poll a little before giving up.
       const std::uint64_t epoch = list.front().epoch;
-      if (!epochs.poll_until_safe(epoch, kPollBeforeAllocating) && bytes >= kWaitForBlocksFrom) epochs.poll(true);
+      if (!epochs.poll_until_safe(epoch, kPollBeforeAllocating) && large) epochs.poll(true);
       if (!epochs.is_safe(epoch)) return nullptr;
     }
     Block* block = list.front().block;
