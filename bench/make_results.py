@@ -152,7 +152,9 @@ def main():
                 ratio = re.search(r"reserved/live ([0-9.]+)", line).group(1)
                 lines.append(f"| `{workload}` | {manager} | {per_operation} | {live} | {reserved} | {ratio} |")
     lines += ["", "## Numba (Python): allocate + release, ns per pair", "",
-              "`floor` is a do-nothing plugin that returns one fixed buffer: Numba's own cost.", "",
+              "`floor` is a do-nothing plugin that returns one fixed buffer: Numba's own cost. Each timed loop "
+              "ends by flushing the manager's queue of deferred frees (Numba's default defers them), so every loop "
+              "pays for its own frees.", "",
               "| size | default | cuemm (pool) | floor | default / cuemm | cuemm / floor |", "|---|---|---|---|---|---|"]
     for s, samples in numba["device"]["cuemm"].items():
         d = statistics.median(numba["device"]["default"][s])
