@@ -35,7 +35,7 @@ constexpr std::uint32_t kRingBatchWorthSealing = 64;
 constexpr std::uint32_t kRingFractionWorthSealing = 8;
 // Large blocks (beyond the size classes) a thread keeps from stream-ordered frees.
 constexpr std::uint32_t kOrderedLargeCapacity = 4;
-// Large blocks a thread has out in stream order whose size it remembers.
+// Large blocks a thread has out whose size it remembers.
 constexpr std::uint32_t kLentCapacity = 8;
 // Segments of their own that rotate to save stream queries (see allocate_dedicated()):
 // idle bytes, idle count, and the stream queries that buy one more.
@@ -114,8 +114,19 @@ struct ThreadCache {
   std::unique_ptr<std::uintptr_t[]> ordered_storage;
   std::array<OrderedLarge, kOrderedLargeCapacity> ordered_large;  // oldest first
   std::uint32_t ordered_large_count = 0;
-  // The large blocks this thread took in stream order, so that their
-  // stream-ordered free needs no lock to learn their size. An entry is
+  // Large blocks this thread freed without a stream, oldest first, each with
+  // its epoch (Note [Large blocks in the thread caches]); in `large_bytes` too.
+  struct HeldLarge {
+    OrderedLarge block;
+    std::uint64_t epoch;
+  };
+  std::array<HeldLarge, kMaximumRotation> held_large;
+  std::uint32_t held_large_count = 0;
+  std::size_t held_large_bytes = 0;
+  // Seals this thread's requests made for held blocks since it last took one more.
+  std::size_t seals_for_held = 0;
+  // The large blocks this thread took, so that their free needs no lock to
+  // learn their size. An entry is
   // trusted only if no large block was freed another way since it was made
   // (`generation`): a block freed elsewhere may have been merged or split.
   struct Lent {
@@ -208,6 +219,33 @@ struct ThreadCache {
     std::copy(ordered_large.begin() + i + 1, ordered_large.begin() + ordered_large_count, ordered_large.begin() + i);
     --ordered_large_count;
     large_bytes.store(large_bytes.load(std::memory_order_relaxed) - removed.bytes, std::memory_order_relaxed);
+    return removed;
+  }
+
+  // The oldest held block of the kind that holds `needed` bytes and wastes
+  // at most 1/8 of them; -1 if none.
+  int find_held_large(std::size_t needed, bool dedicated) const noexcept {
+    for (std::uint32_t i = 0; i < held_large_count; ++i) {
+      const OrderedLarge& found = held_large[i].block;
+      if (found.dedicated == dedicated && found.bytes >= needed && found.bytes <= needed + needed / 8)
+        return static_cast<int>(i);
+    }
+    return -1;
+  }
+
+  // The caller checks that there is room.
+  void push_held_large(const OrderedLarge& block, std::uint64_t epoch) noexcept {
+    held_large[held_large_count++] = {block, epoch};
+    held_large_bytes += block.bytes;
+    large_bytes.store(large_bytes.load(std::memory_order_relaxed) + block.bytes, std::memory_order_relaxed);
+  }
+
+  HeldLarge remove_held_large(std::uint32_t i) noexcept {
+    const HeldLarge removed = held_large[i];
+    std::copy(held_large.begin() + i + 1, held_large.begin() + held_large_count, held_large.begin() + i);
+    --held_large_count;
+    held_large_bytes -= removed.block.bytes;
+    large_bytes.store(large_bytes.load(std::memory_order_relaxed) - removed.block.bytes, std::memory_order_relaxed);
     return removed;
   }
 
@@ -418,6 +456,17 @@ struct PoolMemoryManager::Core {
     while (cache.ordered_large_count) {
       const ThreadCache::OrderedLarge large = cache.remove_ordered_large(cache.ordered_large_count - 1);
       quarantine_block(large.address, large.bytes, epoch, large.dedicated);
+    }
+    quarantine_held_blocks(cache);
+  }
+
+  // Moves the large blocks a thread holds into the quarantine, with their
+  // epochs; the caller holds `mutex` and the cache's lock.
+  void quarantine_held_blocks(ThreadCache& cache) {
+    while (cache.held_large_count) {
+      const ThreadCache::HeldLarge& oldest = cache.held_large[0];
+      quarantine_block(oldest.block.address, oldest.block.bytes, oldest.epoch, oldest.block.dedicated);
+      cache.remove_held_large(0);
     }
   }
 
@@ -648,9 +697,10 @@ struct PoolMemoryManager::Core {
   // `size_class` is size_class(size), which the caller also needs.
   std::uintptr_t allocate(std::size_t size, int size_class) {
     if (size_class < 0) {
-      ThreadCache* own = caches_enabled() && !wants_own_segment(size) ? cache_of_this_thread() : nullptr;
+      ThreadCache* own = caches_enabled() ? cache_of_this_thread() : nullptr;
+      if (own) return allocate_large(size, *own);
       std::lock_guard lock(mutex);
-      return allocate_beyond_classes(size, own);
+      return allocate_beyond_classes(size, nullptr);
     }
     ThreadCache* own = cache_of_this_thread();
     if (!own) [[unlikely]] {
@@ -701,10 +751,109 @@ struct PoolMemoryManager::Core {
     return allocate_from_index(class_bytes, &cache);
   }
 
+  // --- large blocks in the thread caches (Note [Large blocks in the thread caches]) ---
+
+  // Bytes of large blocks a thread may hold: its cache's budget, and room to
+  // rotate through kMinimumRotation blocks of `bytes` whatever their size.
+  std::size_t held_budget(std::size_t bytes) const noexcept {
+    return std::max(options.thread_cache_size, kMinimumRotation * bytes);
+  }
+  bool has_room_to_hold(const ThreadCache& cache, std::size_t bytes) const noexcept {
+    return cache.held_large_count < kMaximumRotation && cache.held_large_bytes + bytes <= held_budget(bytes);
+  }
+
+  // A request beyond the size classes, without a stream, from a thread with
+  // a cache: a block it holds once safe, else one from the pool.
+  std::uintptr_t allocate_large(std::size_t size, ThreadCache& cache) {
+    const bool own_segment = wants_own_segment(size);
+    const std::size_t needed =
+        own_segment ? detail::DedicatedSegments::segment_size(size) : blocks.rounded_size(size);
+    // Whether the thread's loop takes one more block from the pool rather
+    // than wait for one it holds (as renting skis until the rent would have
+    // bought them: see allocate_dedicated()).
+    bool buys_one_more = false;
+    std::uint64_t waits_for = 0;
+    for (int attempt = 0; needed != 0 && attempt < 2; ++attempt) {
+      {
+        std::lock_guard cache_lock(cache.lock.owner());
+        const int found = cache.find_held_large(needed, own_segment);
+        if (found < 0) break;
+        if (epochs.is_safe(cache.held_large[found].epoch)) {
+          const ThreadCache::OrderedLarge block = cache.remove_held_large(found).block;
+          cache.lend(block, large_frees_elsewhere.load(std::memory_order_acquire));
+          return block.address;
+        }
+        if (attempt == 1) break;  // the GPU still uses it: the pool's path waits for it
+        if (cache.seals_for_held >= kSealsWorthASegment && has_room_to_hold(cache, needed)) {
+          cache.seals_for_held = 0;
+          buys_one_more = true;
+          break;
+        }
+        ++cache.seals_for_held;
+        waits_for = cache.held_large[found].epoch;
+      }
+      epochs.seal_through(waits_for);
+    }
+    std::lock_guard lock(mutex);
+    if (!buys_one_more) {
+      // The thread has moved on to other sizes, or must wait for the GPU:
+      // what it holds goes back to the pool (held blocks that no request
+      // fits would otherwise sit idle; measured on RMM's random workload).
+      std::lock_guard cache_lock(cache.lock.owner());
+      quarantine_held_blocks(cache);
+    }
+    const std::uintptr_t address = allocate_beyond_classes(size, own_segment ? nullptr : &cache);
+    const BlockAt block = block_at(address);
+    std::lock_guard cache_lock(cache.lock.owner());
+    cache.lend({address, block.bytes, block.dedicated}, large_frees_elsewhere.load(std::memory_order_acquire));
+    return address;
+  }
+
+  // Keeps a large block that this thread took (so it knows its size) with
+  // the thread; its oldest held blocks go to the quarantine when it holds too
+  // many. Returns false, changing nothing, for a block it does not know.
+  bool hold_large(std::uintptr_t address, std::uint64_t epoch, ThreadCache& cache) noexcept {
+    std::optional<ThreadCache::OrderedLarge> lent;
+    {
+      std::lock_guard cache_lock(cache.lock.owner());
+      lent = cache.take_lent(address, large_frees_elsewhere.load(std::memory_order_acquire));
+      if (!lent) return false;
+      if (has_room_to_hold(cache, lent->bytes)) [[likely]] {
+        cache.push_held_large(*lent, epoch);
+        return true;
+      }
+    }
+    std::lock_guard lock(mutex);
+    std::lock_guard cache_lock(cache.lock.owner());
+    try {
+      while (cache.held_large_count && !has_room_to_hold(cache, lent->bytes)) {
+        const ThreadCache::HeldLarge& oldest = cache.held_large[0];
+        quarantine_block(oldest.block.address, oldest.block.bytes, oldest.epoch, oldest.block.dedicated);
+        cache.remove_held_large(0);
+      }
+    } catch (...) {
+      // No room to defer the oldest: this one waits in the quarantine instead.
+      try {
+        quarantine_block(address, lent->bytes, epoch, lent->dedicated);
+      } catch (...) {
+        reuse({address, lent->bytes, epoch, lent->dedicated});
+      }
+      return true;
+    }
+    cache.push_held_large(*lent, epoch);
+    return true;
+  }
+
   void deallocate(std::uintptr_t address, int size_class) noexcept {
     if (retired.load(std::memory_order_acquire)) return;
     const std::uint64_t epoch = epochs.tag();
     if (size_class < 0) {
+      ThreadCache* cache = nullptr;
+      try {
+        if (caches_enabled()) cache = cache_of_this_thread();
+      } catch (...) {
+      }
+      if (cache && hold_large(address, epoch, *cache)) return;
       std::lock_guard lock(mutex);
       large_frees_elsewhere.fetch_add(1, std::memory_order_acq_rel);
       const auto [block, in_segment_of_its_own] = block_at(address);
@@ -923,6 +1072,8 @@ struct PoolMemoryManager::Core {
       for (auto& bin : cache->bins) bin.count = bin.head = bin.frees_since_advance = 0;
       for (auto& bin : cache->ordered) bin.count = 0;
       cache->ordered_large_count = 0;
+      cache->held_large_count = 0;
+      cache->held_large_bytes = 0;
       cache->bytes = 0;
       cache->large_bytes = 0;
     }

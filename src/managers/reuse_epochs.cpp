@@ -20,6 +20,18 @@ bool ReuseEpochs::try_seal() noexcept {
   return true;
 }
 
+bool ReuseEpochs::seal_through(std::uint64_t epoch) noexcept {
+  if (is_safe(epoch)) return true;
+  std::lock_guard lock(mutex_);
+  if (!is_sealed(epoch)) seal_locked();
+  try {
+    poll_locked(false);
+  } catch (const std::exception&) {
+    return false;  // a failed query: the caller takes the slow path, which polls again
+  }
+  return is_safe(epoch);
+}
+
 void ReuseEpochs::seal_locked() noexcept {
   if (!freed_since_seal_.exchange(false)) return;
   const std::uint64_t closed = open_.fetch_add(1);

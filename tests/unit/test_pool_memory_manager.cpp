@@ -1,6 +1,7 @@
 // What the pool adds: suballocation, stream-safe reuse, IPC of blocks inside
 // segments, trimming, limits and its statistics.
 #include <chrono>
+#include <random>
 #include <thread>
 
 #include "support/test_support.hpp"
@@ -90,6 +91,74 @@ TEST_F(Pool, ALongLoopOfLargeRequestsRotatesThroughAFewBlocks) {
           << "a seal for every few requests, not each";
     }
   }
+}
+
+// Note [Large blocks in the thread caches]: a thread keeps the large blocks
+// it frees without a stream, and its next request of the size takes one
+// back once the GPU is done with it; a request of another size gives back
+// what it holds, so that other requests may use it.
+TEST_F(Pool, AThreadKeepsItsLargeFreesUntilItMovesOnToAnotherSize) {
+  for (std::size_t size : {std::size_t{8} << 20, std::size_t{3} << 20}) {  // a segment of its own; from the index
+    SCOPED_TRACE(size);
+    PoolMemoryManager pool(&context);
+    pool.initialize();
+    auto block = pool.memalloc(size);
+    const cuda::CUdeviceptr address = block->device_pointer();
+    block.reset();
+    EXPECT_GE(pool.statistics().cached_bytes, size) << "the freeing thread does not keep its large block";
+    block = pool.memalloc(size);
+    EXPECT_EQ(block->device_pointer(), address);
+    EXPECT_EQ(pool.statistics().cached_bytes, 0u);
+    block.reset();
+    auto other = pool.memalloc(size * 3);
+    EXPECT_EQ(pool.statistics().cached_bytes, 0u) << "a request of another size left the held block idle";
+  }
+}
+
+// Large blocks through the thread caches and across threads: each thread
+// loops over a few large sizes and hands some blocks to another thread to
+// free (whose cache does not know their size); every block keeps its
+// contents while it is out.
+TEST_F(Pool, LargeBlocksKeepTheirContentsAcrossThreads) {
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  std::mutex mutex;
+  std::vector<std::shared_ptr<MemoryPointer>> handed_over;
+  std::atomic<int> corrupted{0};
+  auto word_at = [](cuda::CUdeviceptr address) {
+    std::uint32_t word = 0;
+    CUEMM_CU(cuMemcpyDtoH, &word, address, sizeof word);
+    return word;
+  };
+  std::vector<std::thread> threads;
+  for (std::uint32_t t = 0; t < 6; ++t) {
+    threads.emplace_back([&, t] {
+      ScopedContext scope(context);
+      std::mt19937 random(t);
+      for (std::uint32_t step = 0; step < 80; ++step) {
+        const std::size_t size = (1 + random() % 3) * (std::size_t{3} << 20) - 4096 * (random() % 3);
+        auto memory = pool.memalloc(size);
+        const std::uint32_t value = t * 1000 + step;
+        CUEMM_CU(cuMemsetD32, memory->device_pointer(), value, size / 4);
+        std::this_thread::yield();
+        const cuda::CUdeviceptr last = memory->device_pointer() + (size / 4 - 1) * 4;
+        if (word_at(memory->device_pointer()) != value || word_at(last) != value) corrupted.fetch_add(1);
+        if (random() % 4 == 0) {
+          std::lock_guard lock(mutex);
+          handed_over.push_back(std::move(memory));
+        } else if (random() % 4 == 0) {
+          std::lock_guard lock(mutex);
+          handed_over.clear();  // this thread frees others' blocks
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  handed_over.clear();
+  EXPECT_EQ(corrupted, 0);
+  EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
+  pool.trim();
+  EXPECT_EQ(pool.statistics().reserved_bytes, 0u) << "a block was lost on the way";
 }
 
 TEST_F(Pool, IpcHandlesOfBlocksCarryTheirOffsetInTheSegment) {
@@ -255,6 +324,7 @@ TEST_F(Pool, AFinishedThreadsCachedBlocksGoBackToThePool) {
     ScopedContext scope(context);
     std::vector<std::shared_ptr<MemoryPointer>> blocks;
     for (int i = 0; i < 64; ++i) blocks.push_back(pool.memalloc(4096));
+    blocks.push_back(pool.memalloc(8 << 20));  // held by the thread when freed
     blocks.clear();
     EXPECT_GE(pool.statistics().cached_bytes, 64u * 4096u) << "small blocks should be cached by their thread";
   }).join();
@@ -270,7 +340,8 @@ TEST_F(Pool, TrimEmptiesTheThreadCaches) {
   PoolMemoryManager pool(&context);
   pool.initialize();
   for (int i = 0; i < 100; ++i) pool.memalloc(1000);
-  EXPECT_GT(pool.statistics().cached_bytes, 0u);
+  pool.memalloc(8 << 20);
+  EXPECT_GT(pool.statistics().cached_bytes, std::size_t{8} << 20);
   EXPECT_GT(pool.trim(), 0u);
   EXPECT_EQ(pool.statistics().cached_bytes, 0u);
   EXPECT_EQ(pool.statistics().reserved_bytes, 0u);

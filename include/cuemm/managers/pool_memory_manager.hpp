@@ -44,6 +44,18 @@
 // event covers that work too (also for non-blocking streams); that costs two
 // driver calls, and orders later legacy-stream work after the stream's.
 //
+// Note [Large blocks in the thread caches]
+// A thread also keeps the blocks beyond the size classes that it frees
+// without a stream (those it took itself, so that it knows their size), each
+// tagged with its epoch, and its next request that one fits (wasting at most
+// 1/8) takes the oldest once its epoch is safe, sealing if need be: a loop of
+// large requests then takes no lock, and threads that wait for a seal share
+// one. A loop whose seals have cost about as much as a new block gets one
+// more to rotate through (at most 8, within the thread cache's budget or 4
+// blocks), so that it seals once a rotation. A request that nothing held
+// fits, or that would wait for the GPU, first gives everything the thread
+// holds back to the quarantine: held blocks no request fits would sit idle.
+//
 // Out of memory: reclaim completed epochs, wait for pending ones, grow, and if
 // the driver is out of memory, flush the thread caches, return empty segments
 // and flush the host-side pending frees, then retry once before throwing
@@ -69,8 +81,9 @@ namespace cuemm {
 struct PoolOptions {
   std::size_t initial_size = 0;  // reserved at initialize(); 0 reserves nothing up front
   std::size_t maximum_size = 0;  // 0: no limit but the device's
-  // Bytes each thread may keep cached for reuse without a lock; 0 turns the
-  // per-thread caches off.
+  // Bytes each thread may keep cached for reuse without a lock (large
+  // blocks: also room for 4 of the size; Note [Large blocks in the thread
+  // caches]); 0 turns the per-thread caches off.
   std::size_t thread_cache_size = std::size_t{64} << 20;
   // Requests of this size and more get a driver allocation of their own
   // (Note [Dedicated segments]); CUEMM_POOL_DEDICATED_SIZE. 0 gives every

@@ -16,6 +16,8 @@
 // few segments instead, sealing once a rotation: it gets one more segment
 // each time its queries have cost about as much as a new segment (at most 8
 // idle, within 1/32 of the pool or 32 MiB); a short loop just seals.
+// (A thread with a cache rotates its own the same way: the pool's Note
+// [Large blocks in the thread caches].)
 //
 // Not thread-safe: the owner locks. Knows nothing of CUDA: the owner takes the
 // segments from the driver and gives back the ones handed out by take_*().
