@@ -772,8 +772,9 @@ struct PoolMemoryManager::Core {
     // than wait for one it holds (as renting skis until the rent would have
     // bought them: see allocate_dedicated()).
     bool buys_one_more = false;
-    std::uint64_t waits_for = 0;
     for (int attempt = 0; needed != 0 && attempt < 2; ++attempt) {
+      std::uint64_t waits_for = 0;
+      bool may_hold_more = false;
       {
         std::lock_guard cache_lock(cache.lock.owner());
         const int found = cache.find_held_large(needed, own_segment);
@@ -784,14 +785,20 @@ struct PoolMemoryManager::Core {
           return block.address;
         }
         if (attempt == 1) break;  // the GPU still uses it: the pool's path waits for it
-        if (cache.seals_for_held >= kSealsWorthASegment && has_room_to_hold(cache, needed)) {
+        may_hold_more = has_room_to_hold(cache, needed);
+        if (may_hold_more && cache.seals_for_held >= kSealsWorthASegment) {
           cache.seals_for_held = 0;
           buys_one_more = true;
           break;
         }
-        ++cache.seals_for_held;
         waits_for = cache.held_large[found].epoch;
       }
+      // An idle block of the size costs less than a seal (and then the loop
+      // seals once a rotation): a new thread takes over a finished one's.
+      if (may_hold_more) {
+        if (const std::uintptr_t address = take_idle_block(size, own_segment, cache)) return address;
+      }
+      ++cache.seals_for_held;  // (only its own thread touches it)
       epochs.seal_through(waits_for);
     }
     std::lock_guard lock(mutex);
@@ -807,6 +814,21 @@ struct PoolMemoryManager::Core {
     std::lock_guard cache_lock(cache.lock.owner());
     cache.lend({address, block.bytes, block.dedicated}, large_frees_elsewhere.load(std::memory_order_acquire));
     return address;
+  }
+
+  // A free block of the size that the pool has at hand (a spare segment, or
+  // from the index without growing it), lent to the thread; 0 if none, or
+  // if the pool's lock is busy (the caller seals instead).
+  std::uintptr_t take_idle_block(std::size_t size, bool own_segment, ThreadCache& cache) {
+    std::unique_lock lock(mutex, std::try_to_lock);
+    if (!lock.owns_lock()) return 0;
+    const std::optional<std::uintptr_t> address =
+        own_segment ? dedicated.take_spare(detail::DedicatedSegments::segment_size(size)) : blocks.allocate(size);
+    if (!address) return 0;
+    const BlockAt block = block_at(*address);
+    std::lock_guard cache_lock(cache.lock.owner());
+    cache.lend({*address, block.bytes, block.dedicated}, large_frees_elsewhere.load(std::memory_order_acquire));
+    return *address;
   }
 
   // Keeps a large block that this thread took (so it knows its size) with

@@ -50,9 +50,11 @@
 // tagged with its epoch, and its next request that one fits (wasting at most
 // 1/8) takes the oldest once its epoch is safe, sealing if need be: a loop of
 // large requests then takes no lock, and threads that wait for a seal share
-// one. A loop whose seals have cost about as much as a new block gets one
-// more to rotate through (at most 8, within the thread cache's budget or 4
-// blocks), so that it seals once a rotation. A request that nothing held
+// one. Rather than seal, it takes an idle block of the size when the pool
+// has one (a finished thread's, say); and a loop whose seals have cost about
+// as much as a new block gets one more from the driver. So it rotates
+// through a few (at most 8, within the thread cache's budget or 4 blocks)
+// and seals once a rotation. A request that nothing held
 // fits, or that would wait for the GPU, first gives everything the thread
 // holds back to the quarantine: held blocks no request fits would sit idle.
 //

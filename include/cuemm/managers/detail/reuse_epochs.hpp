@@ -39,8 +39,12 @@ class ReuseEpochs {
 
   // The epoch to tag a free with now.
   std::uint64_t tag() noexcept {
+    // The epoch first, then the flag: the other way round, a seal between
+    // the two cleared the flag and left this tag in an epoch marked as holding
+    // no frees, which no later seal closed until another free came.
+    const std::uint64_t epoch = open_.load(std::memory_order_acquire);
     if (!freed_since_seal_.load(std::memory_order_relaxed)) freed_since_seal_.store(true, std::memory_order_relaxed);
-    return open_.load(std::memory_order_acquire);
+    return epoch;
   }
   bool is_safe(std::uint64_t epoch) const noexcept { return epoch < safe_.load(std::memory_order_acquire); }
   // Whether the epoch has an event (or is safe): tags of the open one have none yet.
@@ -74,8 +78,10 @@ class ReuseEpochs {
   void poll_locked(bool wait);
 
   Context* context_;
-  mutable BlockingAwareMutex mutex_;  // sealed_ and spare_events_
-  std::atomic<std::uint64_t> open_{1};
+  // Its own cache line: threads that wait for a seal read the epochs below
+  // while the sealer holds this.
+  alignas(64) mutable BlockingAwareMutex mutex_;  // sealed_ and spare_events_
+  alignas(64) std::atomic<std::uint64_t> open_{1};
   std::atomic<std::uint64_t> safe_{1};
   std::atomic<bool> freed_since_seal_{false};
   std::deque<Sealed> sealed_;  // oldest first
