@@ -14,6 +14,7 @@
 
 #include "cuemm/driver/driver.hpp"
 #include "cuemm/error.hpp"
+#include "cuemm/managers/detail/rent_or_buy.hpp"
 #include "cuemm/managers/detail/reuse_epochs.hpp"
 #include "cuemm/runtime/context.hpp"
 #include "cuemm/threading/blocking_hook.hpp"
@@ -109,7 +110,7 @@ struct PinnedHostPool::State {
   std::pair<unsigned, std::size_t> last_key{};  // the last list a request found, to skip the map
   std::deque<Freed>* last_list = nullptr;
   std::size_t frees_since_seal = 0;
-  std::size_t seals_for_large_blocks = 0;  // since a list of large blocks last grew
+  detail::RentOrBuy large_block_rental;  // the seals for large blocks, which buy one more
   std::list<Registration*> cached_registrations;  // most recently released first
   std::map<RegistrationKey, Registration*> registration_index;  // cached ones only
   std::size_t registration_bytes = 0;
@@ -178,13 +179,13 @@ struct PinnedHostPool::State {
     if (!epochs.is_safe(list.front().epoch)) {
       const bool large = bytes >= kWaitForBlocksFrom;
       if (list.size() < rotation_length(bytes) &&
-          (large ? seals_for_large_blocks >= seals_worth_a_host_block(bytes) : frees_since_seal < kFreesPerSeal)) {
-        if (large) seals_for_large_blocks = 0;
+          (large ? large_block_rental.buys(seals_worth_a_host_block(bytes)) : frees_since_seal < kFreesPerSeal)) {
+        if (large) large_block_rental.bought();
         return nullptr;
       }
       epochs.seal();
       frees_since_seal = 0;
-      if (large) ++seals_for_large_blocks;
+      if (large) large_block_rental.rent();
       // A sealed epoch on an idle GPU completes within microseconds, far
       // sooner than cuMemHostAlloc returns: poll a little before giving up.
       const std::uint64_t epoch = list.front().epoch;

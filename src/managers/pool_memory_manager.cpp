@@ -11,6 +11,7 @@
 
 #include "cuemm/driver/driver.hpp"
 #include "cuemm/managers/detail/dedicated_segments.hpp"
+#include "cuemm/managers/detail/rent_or_buy.hpp"
 #include "cuemm/managers/detail/reuse_epochs.hpp"
 #include "cuemm/managers/detail/size_classes.hpp"
 #include "cuemm/memory/default_memory_manager.hpp"
@@ -123,8 +124,8 @@ struct ThreadCache {
   std::array<HeldLarge, kMaximumRotation> held_large;
   std::uint32_t held_large_count = 0;
   std::size_t held_large_bytes = 0;
-  // Seals this thread's requests made for held blocks since it last took one more.
-  std::size_t seals_for_held = 0;
+  // Its requests' seals for held blocks, which buy one more (only its own thread touches it).
+  detail::RentOrBuy held_rental;
   // The large blocks this thread took, so that their free needs no lock to
   // learn their size. An entry is
   // trusted only if no large block was freed another way since it was made
@@ -322,10 +323,10 @@ struct PoolMemoryManager::Core {
   std::size_t quarantined_bytes = 0;
   std::size_t quarantined_segment_bytes = 0;  // the part in segments of their own
   std::size_t quarantined_segments = 0;
-  // Seals that requests for a segment of their own (for a block from the
-  // index) made since their rotation last grew (see allocate_dedicated()).
-  std::size_t seals_for_segments = 0;
-  std::size_t seals_for_index = 0;
+  // The seals that requests for a segment of their own (for a block from
+  // the index) pay, which buy one more (see allocate_dedicated()).
+  detail::RentOrBuy segment_rental;
+  detail::RentOrBuy index_rental;
   std::vector<std::unique_ptr<ThreadCache>> caches;
   int defer_depth = 0;
   std::atomic<std::int64_t> last_seal{0};  // steady_clock ticks
@@ -547,14 +548,14 @@ struct PoolMemoryManager::Core {
       return *address;
     // A long loop whose frees wait in the quarantine grows the pool once its
     // seals have cost about as much as a new segment (as allocate_dedicated()).
-    if (seals_for_index >= kSealsWorthASegment && quarantined_bytes + size <= rotation_budget(size)) {
+    if (index_rental.buys(kSealsWorthASegment) && quarantined_bytes + size <= rotation_budget(size)) {
       if (grow(size)) {
-        seals_for_index = 0;
+        index_rental.bought();
         if (auto address = blocks.allocate(size)) return *address;
       }
     }
     seal();
-    ++seals_for_index;
+    index_rental.rent();
     reclaim(false);
     if (auto address = blocks.allocate(size)) return *address;
     // Enough freed memory is waiting for the GPU: wait for it rather than grow.
@@ -622,22 +623,19 @@ struct PoolMemoryManager::Core {
     if (auto base = dedicated.take_spare(segment)) return *base;
     // Reusing a segment freed since the last seal costs a stream query (a
     // third of a microsecond on the H100, and in Python the GIL's hand-over);
-    // a new segment costs about 0.1 ms once. So once the queries have cost
-    // as much as a segment, a loop of such requests gets one more segment to
-    // rotate through, and seals once a rotation (as renting skis until the
-    // rent would have bought them). Idle segments stay within a small budget.
-    // (Spares of other sizes go first, to keep within the budget.)
+    // a new segment costs about 0.1 ms once (see RentOrBuy). Idle segments
+    // stay within a small budget; spares of other sizes go first.
     const std::size_t budget = rotation_budget(segment);
-    if (seals_for_segments >= kSealsWorthASegment && quarantined_segments < kMaximumRotation &&
+    if (segment_rental.buys(kSealsWorthASegment) && quarantined_segments < kMaximumRotation &&
         quarantined_segment_bytes + segment <= budget) {
       free_segments(dedicated.take_spares_over(budget - quarantined_segment_bytes - segment));
       if (auto base = new_dedicated_segment(segment)) {
-        seals_for_segments = 0;
+        segment_rental.bought();
         return *base;
       }
     }
     seal();
-    ++seals_for_segments;
+    segment_rental.rent();
     reclaim(false);
     if (auto base = dedicated.take_spare(segment)) return *base;
     if (quarantined_bytes >= segment) {
@@ -769,8 +767,7 @@ struct PoolMemoryManager::Core {
     const std::size_t needed =
         own_segment ? detail::DedicatedSegments::segment_size(size) : blocks.rounded_size(size);
     // Whether the thread's loop takes one more block from the pool rather
-    // than wait for one it holds (as renting skis until the rent would have
-    // bought them: see allocate_dedicated()).
+    // than wait for one it holds (see RentOrBuy).
     bool buys_one_more = false;
     for (int attempt = 0; needed != 0 && attempt < 2; ++attempt) {
       std::uint64_t waits_for = 0;
@@ -786,8 +783,8 @@ struct PoolMemoryManager::Core {
         }
         if (attempt == 1) break;  // the GPU still uses it: the pool's path waits for it
         may_hold_more = has_room_to_hold(cache, needed);
-        if (may_hold_more && cache.seals_for_held >= kSealsWorthASegment) {
-          cache.seals_for_held = 0;
+        if (may_hold_more && cache.held_rental.buys(kSealsWorthASegment)) {
+          cache.held_rental.bought();
           buys_one_more = true;
           break;
         }
@@ -798,7 +795,7 @@ struct PoolMemoryManager::Core {
       if (may_hold_more) {
         if (const std::uintptr_t address = take_idle_block(size, own_segment, cache)) return address;
       }
-      ++cache.seals_for_held;  // (only its own thread touches it)
+      cache.held_rental.rent();
       epochs.seal_through(waits_for);
     }
     std::lock_guard lock(mutex);
