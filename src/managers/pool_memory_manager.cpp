@@ -43,6 +43,7 @@ constexpr std::uint32_t kLentCapacity = 8;
 constexpr std::size_t kRotationBudget = std::size_t{32} << 20;
 constexpr std::size_t kMaximumRotation = 8;
 constexpr std::size_t kMinimumRotation = 4;  // whatever their size
+constexpr std::size_t kHeldRotationBudget = std::size_t{512} << 20;  // a thread's, for 8 large blocks
 constexpr std::size_t kSealsWorthASegment = 256;
 // Recording an event costs about a microsecond; threads' seals closer than this share one.
 constexpr std::chrono::microseconds kSealInterval{5};
@@ -751,10 +752,13 @@ struct PoolMemoryManager::Core {
 
   // --- large blocks in the thread caches (Note [Large blocks in the thread caches]) ---
 
-  // Bytes of large blocks a thread may hold: its cache's budget, and room to
-  // rotate through kMinimumRotation blocks of `bytes` whatever their size.
+  // Bytes of large blocks a thread may hold: its cache's budget, room to
+  // rotate through kMinimumRotation blocks of `bytes` whatever their size,
+  // and through kMaximumRotation within kHeldRotationBudget. (64 MiB pairs
+  // on the H100: 150-280 ns through 4 blocks, 75-110 through 8.)
   std::size_t held_budget(std::size_t bytes) const noexcept {
-    return std::max(options.thread_cache_size, kMinimumRotation * bytes);
+    return std::max({options.thread_cache_size, kMinimumRotation * bytes,
+                     std::min(kMaximumRotation * bytes, kHeldRotationBudget)});
   }
   bool has_room_to_hold(const ThreadCache& cache, std::size_t bytes) const noexcept {
     return cache.held_large_count < kMaximumRotation && cache.held_large_bytes + bytes <= held_budget(bytes);

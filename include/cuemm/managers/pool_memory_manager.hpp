@@ -53,8 +53,8 @@
 // one. Rather than seal, it takes an idle block of the size when the pool
 // has one (a finished thread's, say); and a loop whose seals have cost about
 // as much as a new block gets one more from the driver. So it rotates
-// through a few (at most 8, within the thread cache's budget or 4 blocks)
-// and seals once a rotation. A request that nothing held
+// through a few (at most 8, within the thread cache's budget, 4 blocks or
+// 512 MiB) and seals once a rotation. A request that nothing held
 // fits, or that would wait for the GPU, first gives everything the thread
 // holds back to the quarantine: held blocks no request fits would sit idle.
 //
@@ -84,8 +84,8 @@ struct PoolOptions {
   std::size_t initial_size = 0;  // reserved at initialize(); 0 reserves nothing up front
   std::size_t maximum_size = 0;  // 0: no limit but the device's
   // Bytes each thread may keep cached for reuse without a lock (large
-  // blocks: also room for 4 of the size; Note [Large blocks in the thread
-  // caches]); 0 turns the per-thread caches off.
+  // blocks: also room for 4 of the size, or for 8 within 512 MiB; Note
+  // [Large blocks in the thread caches]); 0 turns the per-thread caches off.
   std::size_t thread_cache_size = std::size_t{64} << 20;
   // Requests of this size and more get a driver allocation of their own
   // (Note [Dedicated segments]); CUEMM_POOL_DEDICATED_SIZE. 0 gives every
