@@ -95,9 +95,9 @@ TEST_F(Pool, ALongLoopOfLargeRequestsRotatesThroughAFewBlocks) {
 
 // Note [Large blocks in the thread caches]: a thread keeps the large blocks
 // it frees without a stream, and its next request of the size takes one
-// back once the GPU is done with it; a request of another size gives back
-// what it holds, so that other requests may use it.
-TEST_F(Pool, AThreadKeepsItsLargeFreesUntilItMovesOnToAnotherSize) {
+// back once the GPU is done with it; a request of another size gives back a
+// lone held block (so that other requests may use it), not a rotation.
+TEST_F(Pool, AThreadKeepsItsLargeFreesButGivesBackAStrayOne) {
   for (std::size_t size : {std::size_t{8} << 20, std::size_t{3} << 20}) {  // a segment of its own; from the index
     SCOPED_TRACE(size);
     PoolMemoryManager pool(&context);
@@ -106,16 +106,39 @@ TEST_F(Pool, AThreadKeepsItsLargeFreesUntilItMovesOnToAnotherSize) {
     const cuda::CUdeviceptr address = block->device_pointer();
     block.reset();
     EXPECT_GE(pool.statistics().cached_bytes, size) << "the freeing thread does not keep its large block";
+    if (size < pool.options().dedicated_size) continue;  // (from the index it may take an idle block instead)
     block = pool.memalloc(size);
-    if (size >= pool.options().dedicated_size) {
-      // (From the index it may take an idle block instead.)
-      EXPECT_EQ(block->device_pointer(), address) << "with no spare, the held block was not reused";
-      EXPECT_EQ(pool.statistics().cached_bytes, 0u);
-    }
+    EXPECT_EQ(block->device_pointer(), address) << "with no spare, the held block was not reused";
+    EXPECT_EQ(pool.statistics().cached_bytes, 0u);
     block.reset();
     auto other = pool.memalloc(size * 3);
-    EXPECT_EQ(pool.statistics().cached_bytes, 0u) << "a request of another size left the held block idle";
+    EXPECT_EQ(pool.statistics().cached_bytes, 0u) << "a request of another size left the lone held block idle";
+    other.reset();
+    auto a = pool.memalloc(size), b = pool.memalloc(size);
+    a.reset();
+    b.reset();
+    other = pool.memalloc(size * 3);
+    EXPECT_EQ(pool.statistics().cached_bytes, 2 * size) << "a request of another size broke up a rotation";
   }
+}
+
+// Loops that alternate between two large sizes keep both rotations: after
+// the first rounds the driver is asked for nothing more.
+TEST_F(Pool, LoopsThatAlternateBetweenLargeSizesKeepTheirBlocks) {
+  CUEMM_REQUIRE_SIMULATION();
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  auto rounds = [&](int count) {
+    for (int round = 0; round < count; ++round)
+      for (std::size_t size : {std::size_t{4} << 20, std::size_t{64} << 20})
+        for (int i = 0; i < 300; ++i) pool.deallocate(pool.allocate(size), size);
+  };
+  rounds(40);  // (each rotation grows by a block per 256 seals)
+  simulation::reset_call_counts();
+  rounds(5);
+  EXPECT_EQ(simulation::call_count("cuMemAlloc"), 0u);
+  EXPECT_EQ(simulation::call_count("cuMemFree"), 0u) << "a segment was given back to be taken again";
+  EXPECT_LE(simulation::call_count("cuStreamQuery"), 5u * 600 / 4) << "a seal for most pairs";
 }
 
 // A thread's loop of large requests takes idle blocks of the size before it

@@ -54,9 +54,11 @@
 // has one (a finished thread's, say); and a loop whose seals have cost about
 // as much as a new block gets one more from the driver. So it rotates
 // through a few (at most 8, within the thread cache's budget, 4 blocks or
-// 512 MiB) and seals once a rotation. A request that nothing held
-// fits, or that would wait for the GPU, first gives everything the thread
-// holds back to the quarantine: held blocks no request fits would sit idle.
+// 512 MiB) and seals once a rotation. A thread holds up to two rotations, so
+// loops that alternate between two sizes keep both. A request that nothing
+// held fits gives the lone held blocks of other sizes back to the
+// quarantine (held blocks that no request fits would sit idle), and one that
+// would wait for the GPU gives back everything, for the pool to wait on.
 //
 // Out of memory: reclaim completed epochs, wait for pending ones, grow, and if
 // the driver is out of memory, flush the thread caches, return empty segments
