@@ -201,14 +201,16 @@ struct ThreadCache {
     return count;
   }
 
+  // Whether `block` serves a request of `needed` bytes of the kind, wasting at most 1/8.
+  static bool fits(const OrderedLarge& block, std::size_t needed, bool dedicated) noexcept {
+    return block.dedicated == dedicated && block.bytes >= needed && block.bytes <= needed + needed / 8;
+  }
+
   // The newest stream-ordered large block of the same kind that holds
   // `needed` bytes and wastes at most 1/8 of them, removed; or nullopt.
   std::optional<OrderedLarge> take_ordered_large(std::size_t needed, bool dedicated) noexcept {
-    for (std::uint32_t i = ordered_large_count; i-- > 0;) {
-      const OrderedLarge& found = ordered_large[i];
-      if (found.dedicated == dedicated && found.bytes >= needed && found.bytes <= needed + needed / 8)
-        return remove_ordered_large(i);
-    }
+    for (std::uint32_t i = ordered_large_count; i-- > 0;)
+      if (fits(ordered_large[i], needed, dedicated)) return remove_ordered_large(i);
     return std::nullopt;
   }
 
@@ -226,10 +228,6 @@ struct ThreadCache {
     return removed;
   }
 
-  // Whether `block` serves a request of `needed` bytes of the kind, wasting at most 1/8.
-  static bool fits(const OrderedLarge& block, std::size_t needed, bool dedicated) noexcept {
-    return block.dedicated == dedicated && block.bytes >= needed && block.bytes <= needed + needed / 8;
-  }
   // The oldest held block that fits; -1 if none.
   int find_held_large(std::size_t needed, bool dedicated) const noexcept {
     for (std::uint32_t i = 0; i < held_large_count; ++i)
@@ -485,6 +483,7 @@ struct PoolMemoryManager::Core {
   void quarantine_held_strays(ThreadCache& cache) {
     for (std::uint32_t i = 0; i < cache.held_large_count;) {
       const ThreadCache::OrderedLarge& block = cache.held_large[i].block;
+      // (The blocks that a request for 8/9 of its bytes would take: within 1/8 below it, itself included.)
       if (cache.count_held_large(block.bytes - block.bytes / 9, block.dedicated) > 1)
         ++i;
       else
@@ -704,6 +703,16 @@ struct PoolMemoryManager::Core {
 
   // Null once the thread's caches have gone back (during its exit).
   ThreadCache* cache_of_this_thread();
+  // The same for the free paths, which cannot throw: null also without host
+  // memory for a new cache, or with the caches off.
+  ThreadCache* cache_for_a_free() noexcept {
+    if (!caches_enabled()) return nullptr;
+    try {
+      return cache_of_this_thread();
+    } catch (...) {
+      return nullptr;
+    }
+  }
   void forget_cache(ThreadCache* cache) noexcept;
 
   // The cache class of a request, or -1 for the shared index or a segment of its own.
@@ -785,11 +794,11 @@ struct PoolMemoryManager::Core {
     return std::max({options.thread_cache_size, kMinimumRotation * bytes,
                      std::min(kMaximumRotation * bytes, kHeldRotationBudget)});
   }
-  // Whether the rotation of blocks of `bytes` has room for one more (within
-  // held_budget()), and the thread for it (two rotations' worth).
+  // Whether the rotation of blocks of `bytes` has room for one more, within held_budget().
   bool rotation_has_room(const ThreadCache& cache, std::size_t bytes, bool dedicated) const noexcept {
     return cache.bytes_held_large(bytes, dedicated) + bytes <= held_budget(bytes);
   }
+  // Whether it has, and the thread has room for one more (two rotations' worth).
   bool has_room_to_hold(const ThreadCache& cache, std::size_t bytes, bool dedicated) const noexcept {
     return cache.held_large_count < kHeldCapacity && rotation_has_room(cache, bytes, dedicated) &&
            cache.held_large_bytes + bytes <= 2 * std::max(held_budget(bytes), kHeldRotationBudget);
@@ -855,9 +864,7 @@ struct PoolMemoryManager::Core {
         quarantine_held_strays(cache);
     }
     const std::uintptr_t address = allocate_beyond_classes(size, own_segment ? nullptr : &cache);
-    const BlockAt block = block_at(address);
-    std::lock_guard cache_lock(cache.lock.owner());
-    cache.lend({address, block.bytes, block.dedicated}, large_frees_elsewhere.load(std::memory_order_acquire));
+    lend_from_pool(cache, address);
     return address;
   }
 
@@ -870,10 +877,16 @@ struct PoolMemoryManager::Core {
     const std::optional<std::uintptr_t> address =
         own_segment ? dedicated.take_spare(detail::DedicatedSegments::segment_size(size)) : blocks.allocate(size);
     if (!address) return 0;
-    const BlockAt block = block_at(*address);
-    std::lock_guard cache_lock(cache.lock.owner());
-    cache.lend({*address, block.bytes, block.dedicated}, large_frees_elsewhere.load(std::memory_order_acquire));
+    lend_from_pool(cache, *address);
     return *address;
+  }
+
+  // Records a block just taken from the pool as lent to the thread, so that
+  // its free needs no lock; the caller holds `mutex`.
+  void lend_from_pool(ThreadCache& cache, std::uintptr_t address) noexcept {
+    const BlockAt block = block_at(address);
+    std::lock_guard cache_lock(cache.lock.owner());
+    cache.lend({address, block.bytes, block.dedicated}, large_frees_elsewhere.load(std::memory_order_acquire));
   }
 
   // Keeps a large block that this thread took (so it knows its size) with
@@ -917,11 +930,7 @@ struct PoolMemoryManager::Core {
     if (retired.load(std::memory_order_acquire)) return;
     const std::uint64_t epoch = epochs.tag();
     if (size_class < 0) {
-      ThreadCache* cache = nullptr;
-      try {
-        if (caches_enabled()) cache = cache_of_this_thread();
-      } catch (...) {
-      }
+      ThreadCache* cache = cache_for_a_free();
       if (cache && hold_large(address, epoch, *cache)) return;
       std::lock_guard lock(mutex);
       large_frees_elsewhere.fetch_add(1, std::memory_order_acq_rel);
@@ -956,11 +965,7 @@ struct PoolMemoryManager::Core {
       return;
     }
     const std::size_t class_bytes = detail::size_class_bytes(size_class);
-    ThreadCache* cache = nullptr;
-    try {
-      cache = cache_of_this_thread();
-    } catch (...) {
-    }
+    ThreadCache* cache = cache_for_a_free();
     std::array<Freed, kMaximumBinCapacity / 2> spilled;
     std::size_t spill_count = 0;
     int spill_class = size_class;
@@ -1030,21 +1035,13 @@ struct PoolMemoryManager::Core {
     if (size_class >= 0) return allocate(size, size_class);
     std::lock_guard lock(mutex);
     const std::uintptr_t address = allocate_beyond_classes(size, nullptr);
-    const BlockAt block = block_at(address);
-    std::lock_guard cache_lock(cache.lock.owner());
-    cache.lend({address, block.bytes, block.dedicated}, large_frees_elsewhere.load(std::memory_order_acquire));
+    lend_from_pool(cache, address);
     return address;
   }
 
   void deallocate_ordered(std::uintptr_t address, int size_class) noexcept {
     if (retired.load(std::memory_order_acquire)) return;
-    ThreadCache* cache = nullptr;
-    if (caches_enabled()) {
-      try {
-        cache = cache_of_this_thread();
-      } catch (...) {
-      }
-    }
+    ThreadCache* cache = cache_for_a_free();
     if (!cache) return deallocate(address, size_class);  // tagged with the epoch: still safe
     if (size_class < 0) return deallocate_ordered_large(address, *cache);
     const std::size_t class_bytes = detail::size_class_bytes(size_class);

@@ -37,7 +37,7 @@ bool ReuseEpochs::try_seal() noexcept {
   return true;
 }
 
-bool ReuseEpochs::seal_through(std::uint64_t epoch) noexcept {
+void ReuseEpochs::seal_through(std::uint64_t epoch) noexcept {
   // While another thread seals, watch for its seal to cover `epoch` rather
   // than sleep on the lock: a sleeper's wake-up took microseconds on the
   // H100's host, and 16 threads of large pairs queued behind each other.
@@ -48,7 +48,7 @@ bool ReuseEpochs::seal_through(std::uint64_t epoch) noexcept {
     // Watch `safe_` (a read, so the sealer's lock and its writes stay in
     // its own cache), trying the lock now and then.
     for (int pause = 0; pause < kPausesBetweenTries; ++pause) {
-      if (is_safe(epoch)) return true;
+      if (is_safe(epoch)) return;
       pause_briefly();
     }
     if (tries == kTriesBeforeSleeping) {
@@ -57,7 +57,7 @@ bool ReuseEpochs::seal_through(std::uint64_t epoch) noexcept {
     }
     if (tries >= kTriesBeforeYielding) std::this_thread::yield();
   }
-  if (is_safe(epoch)) return true;
+  if (is_safe(epoch)) return;
   if (!is_sealed(epoch)) {
     freed_since_seal_.store(true, std::memory_order_relaxed);  // `epoch` holds a free
     seal_locked();
@@ -65,9 +65,8 @@ bool ReuseEpochs::seal_through(std::uint64_t epoch) noexcept {
   try {
     poll_locked(false);
   } catch (const std::exception&) {
-    return false;  // a failed query: the caller takes the slow path, which polls again
+    // A failed query: the caller finds `epoch` unsafe and takes the slow path, which polls again.
   }
-  return is_safe(epoch);
 }
 
 void ReuseEpochs::seal_locked() noexcept {

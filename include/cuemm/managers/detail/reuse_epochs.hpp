@@ -58,8 +58,8 @@ class ReuseEpochs {
   // Seals the open epoch if `epoch` is still open, then marks completed
   // epochs safe. Threads that queue for the lock behind one that sealed
   // find their tags sealed already: one stream query serves them all.
-  // Returns whether `epoch` is safe.
-  bool seal_through(std::uint64_t epoch) noexcept;
+  // (The caller checks is_safe() after.)
+  void seal_through(std::uint64_t epoch) noexcept;
   // Marks completed epochs safe; with `wait`, waits for every sealed one.
   void poll(bool wait);
   // poll(false) unless another thread is sealing or polling.
