@@ -20,10 +20,10 @@ const char* LoggingAdaptor::header() noexcept {
 struct LoggingAdaptor::Log : AllocationObserver {
   BlockingAwareMutex mutex;
   std::unique_ptr<std::ofstream> file;
-  std::ostream* out;
+  std::ostream* out;  // null once the adaptor is gone
   LoggingOptions options;
   int device = 0;
-  BaseMemoryManager* manager = nullptr;  // for memory info; cleared when the adaptor goes
+  BaseMemoryManager* manager = nullptr;  // for memory info; null once the adaptor is gone
   std::atomic<long long> current{0};
 
   Log(std::ostream* out_, LoggingOptions options_) : out(out_), options(options_) {}
@@ -42,6 +42,7 @@ struct LoggingAdaptor::Log : AllocationObserver {
     const long long allocs = allocation ? current.fetch_add(1) + 1 : current.fetch_sub(1) - 1;
     MemoryInfo info;
     std::lock_guard lock(mutex);
+    if (!out) return;  // an event that was under way as the adaptor went
     if (options.memory_info && manager) {
       try {
         info = manager->get_memory_info();
@@ -94,6 +95,14 @@ LoggingAdaptor::LoggingAdaptor(Context* context, std::unique_ptr<BaseMemoryManag
   log_->manager = &this->upstream();
   if (context) log_->device = context->device().id();
   *log_->out << header() << '\n';
+}
+
+LoggingAdaptor::~LoggingAdaptor() {
+  std::lock_guard lock(log_->mutex);
+  log_->out->flush();
+  log_->out = nullptr;
+  log_->manager = nullptr;
+  log_->file.reset();  // closes the file
 }
 
 void LoggingAdaptor::flush() {

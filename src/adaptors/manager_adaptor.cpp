@@ -4,6 +4,7 @@
 
 #include "cuemm/error.hpp"
 #include "cuemm/memory/detail/recycling_allocator.hpp"
+#include "util/keep_until_exit.hpp"
 
 namespace cuemm {
 
@@ -20,9 +21,11 @@ double adaptor_clock() noexcept {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - origin).count();
 }
 
-struct ManagerAdaptor::Shared {
+// Read by every release, written only by reset() and the destructor: on a
+// cache line of its own, so that it stays shared between the threads' caches.
+struct alignas(64) ManagerAdaptor::Shared {
   std::shared_ptr<AllocationObserver> observer;
-  std::atomic<std::uint64_t> generation{0};  // bumped by reset()
+  std::atomic<std::uint64_t> generation{0};  // bumped by reset() and when the adaptor goes
 };
 
 ManagerAdaptor::ManagerAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream,
@@ -32,6 +35,14 @@ ManagerAdaptor::ManagerAdaptor(Context* context, std::unique_ptr<BaseMemoryManag
   if (!observer) throw InvalidArgument("an adaptor needs an observer (it is null)");
   shared_ = std::make_shared<Shared>();
   shared_->observer = std::move(observer);
+}
+
+// The pointers handed out reach Shared by a raw pointer (a reference count
+// per pointer would have every thread write one cache line), so it is kept
+// until exit; the new generation stops their later releases being reported.
+ManagerAdaptor::~ManagerAdaptor() {
+  shared_->generation.fetch_add(1);
+  util::keep_until_exit(std::move(shared_));
 }
 
 AllocationObserver& ManagerAdaptor::observer() const noexcept { return *shared_->observer; }
@@ -60,10 +71,10 @@ template <typename Base, typename Shared>
 class ObservedPointer final : public Base {
  public:
   template <typename... BaseArguments>
-  ObservedPointer(std::shared_ptr<Shared> shared, std::uint64_t generation, bool detailed,
+  ObservedPointer(Shared* shared, std::uint64_t generation, bool detailed,
                   std::shared_ptr<MemoryPointer> upstream, AllocationRecord record, BaseArguments&&... base)
       : Base(std::forward<BaseArguments>(base)..., nullptr, [this] { release(); }),
-        shared_(std::move(shared)),
+        shared_(shared),
         upstream_(std::move(upstream)),
         record_(std::move(record)),
         generation_(generation),
@@ -73,7 +84,7 @@ class ObservedPointer final : public Base {
  private:
   void release() noexcept { release_and_report(*shared_, upstream_, record_, generation_, detailed_); }
 
-  std::shared_ptr<Shared> shared_;
+  Shared* shared_;  // outlives this (see ~ManagerAdaptor)
   std::shared_ptr<MemoryPointer> upstream_;
   AllocationRecord record_;
   std::uint64_t generation_;
@@ -116,16 +127,16 @@ std::shared_ptr<MemoryPointer> ManagerAdaptor::observe(MemoryKind kind, std::siz
     switch (made) {
       case MemoryKind::Device:
         return detail::make_recycled<ObservedPointer<MemoryPointer, Shared>>(
-            shared_, generation, detailed, std::move(upstream), std::move(record), context, handle, size);
+            shared_.get(), generation, detailed, std::move(upstream), std::move(record), context, handle, size);
       case MemoryKind::Mapped:
         return detail::make_recycled<ObservedPointer<MappedMemory, Shared>>(
-            shared_, generation, detailed, std::move(upstream), std::move(record), context, host, handle, size);
+            shared_.get(), generation, detailed, std::move(upstream), std::move(record), context, host, handle, size);
       case MemoryKind::Pinned:
         return detail::make_recycled<ObservedPointer<PinnedMemory, Shared>>(
-            shared_, generation, detailed, std::move(upstream), std::move(record), context, host, size);
+            shared_.get(), generation, detailed, std::move(upstream), std::move(record), context, host, size);
       case MemoryKind::Managed:
         return detail::make_recycled<ObservedPointer<ManagedMemory, Shared>>(
-            shared_, generation, detailed, std::move(upstream), std::move(record), context, handle, size);
+            shared_.get(), generation, detailed, std::move(upstream), std::move(record), context, handle, size);
     }
     throw StateError("unknown memory kind");
   } catch (...) {

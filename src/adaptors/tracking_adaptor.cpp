@@ -81,6 +81,8 @@ TrackingAdaptor::TrackingAdaptor(Context* context, std::unique_ptr<BaseMemoryMan
 
 TrackingAdaptor::~TrackingAdaptor() {
   if (has_context()) table_->print();
+  std::lock_guard lock(table_->mutex);
+  table_->live.clear();  // the table is kept until exit (see ~ManagerAdaptor); its records are not
 }
 
 std::vector<AllocationRecord> TrackingAdaptor::outstanding() const {

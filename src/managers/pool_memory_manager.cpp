@@ -20,6 +20,7 @@
 #include "cuemm/threading/blocking_hook.hpp"
 #include "threading/owner_biased_lock.hpp"
 #include "util/environment.hpp"
+#include "util/keep_until_exit.hpp"
 
 namespace cuemm {
 namespace {
@@ -1227,16 +1228,6 @@ void PoolMemoryManager::Core::forget_cache(ThreadCache* cache) noexcept {
   caches.erase(it);
 }
 
-namespace {
-// Retired cores may still be reached by pointers that outlive a reset or the
-// manager, and by threads' cache directories; they are small and kept until exit.
-void keep_retired(std::shared_ptr<void> core) {
-  static auto* retired = new std::vector<std::shared_ptr<void>>();
-  static BlockingAwareMutex mutex;
-  std::lock_guard lock(mutex);
-  retired->push_back(std::move(core));
-}
-}  // namespace
 
 PoolMemoryManager::PoolMemoryManager(Context* context, PoolOptions options)
     : HostOnlyMemoryManager(context), options_(options), core_(std::make_shared<Core>(context, options)) {
@@ -1249,7 +1240,7 @@ PoolMemoryManager::PoolMemoryManager(Context* context, PoolOptions options)
 
 PoolMemoryManager::~PoolMemoryManager() {
   core_->retire();
-  keep_retired(core_);
+  util::keep_until_exit(core_);  // pointers that outlive the manager still free into it
 }
 
 void PoolMemoryManager::on_initialize() {
@@ -1262,7 +1253,7 @@ void PoolMemoryManager::on_initialize() {
 void PoolMemoryManager::on_reset() {
   auto retiring = std::exchange(core_, std::make_shared<Core>(has_context() ? &context() : nullptr, options_));
   retiring->retire();
-  keep_retired(std::move(retiring));
+  util::keep_until_exit(std::move(retiring));
 }
 
 CleanupGuard PoolMemoryManager::on_defer_cleanup() {

@@ -30,9 +30,10 @@ class LoggingAdaptor : public ManagerAdaptor {
   // Logs to `path` (truncated). InvalidArgument when it cannot be opened.
   LoggingAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream, const std::string& path,
                  LoggingOptions options = {});
-  // Logs to `stream`, which must outlive every pointer this adaptor hands out.
+  // Logs to `stream`, which must outlive the adaptor.
   LoggingAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream, std::ostream& stream,
                  LoggingOptions options = {});
+  ~LoggingAdaptor() override;  // flushes and closes the log
   void flush();
 
   static const char* header() noexcept;

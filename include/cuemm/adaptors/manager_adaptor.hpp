@@ -11,7 +11,9 @@
 // or, for every context, CUEMM_ADAPTORS=limit,log (see adaptors/compose.hpp).
 // The pointers an adaptor returns have the upstream's kind and addresses; the
 // upstream pointer is released when the adaptor's is. Releases of memory that
-// a reset() already gave back are not reported.
+// a reset() already gave back are not reported, nor releases after the adaptor
+// is gone (its observer is then kept until exit, as pointers may still reach it,
+// and may see an event that was under way as the adaptor went).
 #pragma once
 
 #include <atomic>
@@ -70,6 +72,7 @@ class ManagerAdaptor : public BaseMemoryManager {
  public:
   ManagerAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream,
                  std::shared_ptr<AllocationObserver> observer);
+  ~ManagerAdaptor() override;
 
   std::shared_ptr<MemoryPointer> memalloc(std::size_t size) override;
   std::shared_ptr<MemoryPointer> memhostalloc(std::size_t size, bool mapped, bool portable, bool wc) override;
