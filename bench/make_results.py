@@ -47,6 +47,16 @@ def interleaved_table(samples, cuemm_header):
     return lines
 
 
+def checked_out_commit():
+    """HEAD here, marked when the files differ from it (a copy shipped with a stale history)."""
+    def git(*words):
+        return subprocess.run(["git", *words], capture_output=True, text=True).stdout.strip()
+    head = git("rev-parse", "--short", "HEAD")
+    if head and git("status", "--porcelain", "--untracked-files=no"):
+        return f"{head}, with changes not committed (pass --commit or CUEMM_COMMIT)"
+    return head
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--allocators", required=True, nargs="+",
@@ -61,8 +71,7 @@ def main():
     allocators = runs[0]
     numba = json.load(open(args.numba))
     m = medians(runs)
-    commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                           text=True).stdout.strip()
+    commit = args.commit or checked_out_commit()
     lines = [
         "# cuemm benchmark results",
         "",
