@@ -16,6 +16,7 @@
 #include "cuemm/error.hpp"
 #include "cuemm/managers/detail/rent_or_buy.hpp"
 #include "cuemm/managers/detail/reuse_epochs.hpp"
+#include "cuemm/memory/detail/recycling_allocator.hpp"
 #include "cuemm/runtime/context.hpp"
 #include "cuemm/threading/blocking_hook.hpp"
 
@@ -65,8 +66,10 @@ cuda::CUdeviceptr mapped_device_pointer(void* host, Undo&& undo) {
 std::shared_ptr<MemoryPointer> host_memory_pointer(Context* context, void* host, cuda::CUdeviceptr device,
                                                    std::size_t size, std::shared_ptr<const void> owner,
                                                    Finalizer finalizer) {
-  if (device) return std::make_shared<MappedMemory>(context, host, device, size, std::move(owner), std::move(finalizer));
-  return std::make_shared<PinnedMemory>(context, host, size, std::move(owner), std::move(finalizer));
+  // Made at allocation rate: through the recycling allocator, as the device pool's are.
+  if (device)
+    return detail::make_recycled<MappedMemory>(context, host, device, size, std::move(owner), std::move(finalizer));
+  return detail::make_recycled<PinnedMemory>(context, host, size, std::move(owner), std::move(finalizer));
 }
 
 }  // namespace
