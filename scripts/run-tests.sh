@@ -11,6 +11,9 @@ build=${BUILD_DIR:-$root/build}
 "$root/scripts/build.sh" -DPython_EXECUTABLE=/usr/bin/python3
 
 status=0
+echo "== README (the two commands first)"
+"$root/scripts/check-readme.sh" || status=1
+
 echo "== C++ tests (ctest)"
 (cd "$build" && ctest --output-on-failure --timeout 300) || status=1
 
