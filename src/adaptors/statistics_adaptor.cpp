@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include "cuemm/error.hpp"
@@ -96,6 +97,9 @@ struct StatisticsAdaptor::Counters : AllocationObserver, std::enable_shared_from
   void publish(Shard& shard, int k) noexcept {
     const std::int64_t bytes = shard.unpublished[k].bytes.exchange(0, std::memory_order_relaxed);
     const std::int64_t count = shard.unpublished[k].count.exchange(0, std::memory_order_relaxed);
+    add_published(k, bytes, count);
+  }
+  void add_published(int k, std::int64_t bytes, std::int64_t count) noexcept {
     published[k].bytes.fetch_add(bytes, std::memory_order_relaxed);
     published[k].count.fetch_add(count, std::memory_order_relaxed);
   }
@@ -110,13 +114,10 @@ struct StatisticsAdaptor::Counters : AllocationObserver, std::enable_shared_from
       raise_peak(peak[k].bytes, published[k].bytes.load(std::memory_order_relaxed) + own_bytes);
       raise_peak(peak[k].count, published[k].count.load(std::memory_order_relaxed) + own_count);
     }
-    if (!shard) {
-      published[k].bytes.fetch_add(bytes, std::memory_order_relaxed);
-      published[k].count.fetch_add(count, std::memory_order_relaxed);
-    } else if (own_bytes > kUnpublishedBytes || own_bytes < -kUnpublishedBytes || own_count > kUnpublishedCount ||
-               own_count < -kUnpublishedCount) {
+    if (!shard)
+      add_published(k, bytes, count);
+    else if (std::abs(own_bytes) > kUnpublishedBytes || std::abs(own_count) > kUnpublishedCount)
       publish(*shard, k);
-    }
   }
 
   // A finished thread's shard: its counts are kept, the shard is reused.
@@ -168,10 +169,7 @@ struct StatisticsAdaptor::Counters : AllocationObserver, std::enable_shared_from
   void reset() noexcept override {
     std::lock_guard lock(mutex);
     const auto sums = in_use_locked();
-    for (int k = 0; k < 4; ++k) {
-      published[k].bytes.fetch_sub(sums[k].first, std::memory_order_relaxed);
-      published[k].count.fetch_sub(sums[k].second, std::memory_order_relaxed);
-    }
+    for (int k = 0; k < 4; ++k) add_published(k, -sums[k].first, -sums[k].second);
   }
   void reset_peaks() noexcept {
     std::lock_guard lock(mutex);

@@ -325,8 +325,8 @@ std::shared_ptr<MemoryPointer> PinnedHostPool::allocate(std::size_t size, bool m
       }
     }
     if (state.last_list && state.last_key == key) block = state.take_cached(*state.last_list, bytes);
-    ++(block ? state_->counters.hits : state_->counters.misses);
-    if (block) state_->hand_out(block);
+    ++(block ? state.counters.hits : state.counters.misses);
+    if (block) state.hand_out(block);
   }
   if (!block) {
     ScopedContext scope(*state_->context);

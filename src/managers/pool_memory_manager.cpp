@@ -376,6 +376,18 @@ struct PoolMemoryManager::Core {
   }
 
   // A safe block goes back to the index, or to the spares.
+  // Defers `block` to the quarantine; without host memory to, reuses it at
+  // once rather than leak it. Returns whether it is in the quarantine.
+  bool quarantine_or_reuse(const Quarantined& block) noexcept {
+    try {
+      quarantine_block(block.address, block.size, block.epoch, block.dedicated);
+      return true;
+    } catch (...) {
+      reuse(block);
+      return false;
+    }
+  }
+
   void reuse(const Quarantined& block) {
     if (!block.dedicated) {
       blocks.deallocate(block.address);
@@ -916,11 +928,7 @@ struct PoolMemoryManager::Core {
       }
     } catch (...) {
       // No room to defer the oldest: this one waits in the quarantine instead.
-      try {
-        quarantine_block(address, lent->bytes, epoch, lent->dedicated);
-      } catch (...) {
-        reuse({address, lent->bytes, epoch, lent->dedicated});
-      }
+      quarantine_or_reuse({address, lent->bytes, epoch, lent->dedicated});
       return true;
     }
     cache.push_held_large(*lent, epoch);
@@ -937,12 +945,7 @@ struct PoolMemoryManager::Core {
       large_frees_elsewhere.fetch_add(1, std::memory_order_acq_rel);
       const auto [block, in_segment_of_its_own] = block_at(address);
       if (block == 0) return;
-      try {
-        quarantine_block(address, block, epoch, in_segment_of_its_own);
-      } catch (...) {
-        reuse({address, block, epoch, in_segment_of_its_own});  // no room to defer: reuse at once rather than leak
-        return;
-      }
+      if (!quarantine_or_reuse({address, block, epoch, in_segment_of_its_own})) return;
       // The block is in the quarantine now: a failed poll below leaves it
       // there for a later one (reusing it here as well counted it twice).
       try {
@@ -1095,11 +1098,7 @@ struct PoolMemoryManager::Core {
       }
     } catch (...) {
       // No room to defer the oldest: it is still the thread's; this one waits for its epoch instead.
-      try {
-        quarantine_block(address, block, epochs.tag(), in_segment_of_its_own);
-      } catch (...) {
-        reuse({address, block, epochs.tag(), in_segment_of_its_own});
-      }
+      quarantine_or_reuse({address, block, epochs.tag(), in_segment_of_its_own});
       return;
     }
     cache.push_ordered_large({address, block, in_segment_of_its_own});
@@ -1227,7 +1226,6 @@ void PoolMemoryManager::Core::forget_cache(ThreadCache* cache) noexcept {
   }
   caches.erase(it);
 }
-
 
 PoolMemoryManager::PoolMemoryManager(Context* context, PoolOptions options)
     : HostOnlyMemoryManager(context), options_(options), core_(std::make_shared<Core>(context, options)) {
