@@ -9,6 +9,7 @@
 #include "cuemm/error.hpp"
 #include "cuemm/managers/pool_memory_manager.hpp"
 #include "cuemm/threading/blocking_hook.hpp"
+#include "util/thread_slots.hpp"
 
 namespace cuemm {
 
@@ -29,7 +30,6 @@ T add_own(std::atomic<T>& counter, T value) noexcept {
 
 std::size_t non_negative(std::int64_t value) noexcept { return value > 0 ? static_cast<std::size_t>(value) : 0; }
 
-std::atomic<std::uint64_t> next_counters_id{1};
 }  // namespace
 
 // Note [Counting without a shared cache line]
@@ -75,7 +75,7 @@ struct StatisticsAdaptor::Counters : AllocationObserver, std::enable_shared_from
   // Written when a peak rises, read by every allocation.
   struct alignas(64) Peak : InUse {};
 
-  const std::uint64_t id = next_counters_id.fetch_add(1);
+  const std::uint64_t id = util::next_thread_slots_id();
   std::array<Published, 4> published;
   mutable std::array<Peak, 4> peak;
   mutable BlockingAwareMutex mutex;             // shards, spares and `retired`
@@ -83,14 +83,19 @@ struct StatisticsAdaptor::Counters : AllocationObserver, std::enable_shared_from
   std::vector<std::unique_ptr<Shard>> spares;   // of finished threads, folded into `retired`, zeroed
   MemoryStatistics retired;                     // finished threads' totals
 
-  Shard& shard_of_this_thread();
+  // The calling thread's shard; null without memory for a new thread's, or
+  // late in the thread's exit (then the counts go straight to `published`).
   Shard* shard_or_null() noexcept {
     try {
-      return &shard_of_this_thread();
-    } catch (...) {  // no memory for a new thread's shard
+      return util::ThreadSlots<Counters, Shard>::of_this_thread(*this);
+    } catch (...) {
       return nullptr;
     }
   }
+  // For util::ThreadSlots.
+  std::uint64_t thread_slots_id() const noexcept { return id; }
+  Shard* make_thread_slot();
+  void thread_slot_done(Shard* shard) noexcept { retire(shard); }
 
   // Moves a thread's share of the bytes and blocks in use into `published`
   // (its own count first: a read in between sees too little, never too much).
@@ -200,67 +205,16 @@ struct StatisticsAdaptor::Counters : AllocationObserver, std::enable_shared_from
   }
 };
 
-namespace {
-// This thread's shards, one per Counters it has counted for. At thread exit
-// each goes back to its Counters, if that still exists.
-struct ShardDirectory {
-  std::vector<std::pair<std::weak_ptr<StatisticsAdaptor::Counters>, StatisticsAdaptor::Counters::Shard*>> entries;
-  ~ShardDirectory();
-};
-
-// The shard this thread used last, for the hot path: trivial and initial-exec,
-// so reading it is one load (see the pool's LastCache). Counters ids are
-// never reused, so a stale entry never matches.
-struct LastShard {
-  std::uint64_t counters_id;
-  StatisticsAdaptor::Counters::Shard* shard;
-};
-[[gnu::tls_model("initial-exec")]] thread_local LastShard last_shard{0, nullptr};
-[[gnu::tls_model("initial-exec")]] thread_local bool shards_gone = false;
-
-ShardDirectory::~ShardDirectory() {
-  last_shard = {0, nullptr};
-  shards_gone = true;
-  for (auto& [counters, shard] : entries)
-    if (auto alive = counters.lock()) alive->retire(shard);
-}
-
-ShardDirectory& shard_directory() {
-  thread_local ShardDirectory directory;
-  return directory;
-}
-}  // namespace
-
-StatisticsAdaptor::Counters::Shard& StatisticsAdaptor::Counters::shard_of_this_thread() {
-  if (last_shard.counters_id == id) [[likely]]
-    return *last_shard.shard;
-  // A thread past its directory's end counts into a shard that is never retired.
-  ShardDirectory* directory = shards_gone ? nullptr : &shard_directory();
-  Shard* found = nullptr;
-  if (directory) {
-    for (auto it = directory->entries.begin(); it != directory->entries.end();) {
-      const auto counters = it->first.lock();
-      if (!counters) {
-        it = directory->entries.erase(it);  // its Counters is gone
-        continue;
-      }
-      if (counters.get() == this) found = it->second;
-      ++it;
-    }
+StatisticsAdaptor::Counters::Shard* StatisticsAdaptor::Counters::make_thread_slot() {
+  std::lock_guard lock(mutex);
+  shards.reserve(shards.size() + 1);
+  if (!spares.empty()) {
+    shards.push_back(std::move(spares.back()));
+    spares.pop_back();
+  } else {
+    shards.push_back(std::make_unique<Shard>());
   }
-  if (!found) {
-    std::lock_guard lock(mutex);
-    if (!spares.empty()) {
-      shards.push_back(std::move(spares.back()));
-      spares.pop_back();
-    } else {
-      shards.push_back(std::make_unique<Shard>());
-    }
-    found = shards.back().get();
-    if (directory) directory->entries.emplace_back(weak_from_this(), found);
-  }
-  if (directory) last_shard = {id, found};
-  return *found;
+  return shards.back().get();
 }
 
 StatisticsAdaptor::StatisticsAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream)

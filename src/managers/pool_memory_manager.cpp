@@ -21,6 +21,7 @@
 #include "threading/owner_biased_lock.hpp"
 #include "util/environment.hpp"
 #include "util/keep_until_exit.hpp"
+#include "util/thread_slots.hpp"
 
 namespace cuemm {
 namespace {
@@ -320,7 +321,7 @@ struct ThreadCache {
 // to its Core (so it fits std::function's inline storage: no allocation), and
 // Cores are never deleted: reset and destruction retire them, and a retired
 // Core ignores late finalizers.
-struct PoolMemoryManager::Core {
+struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager::Core> {
   Context* context;
   PoolOptions options;
   mutable BlockingAwareMutex mutex;
@@ -715,7 +716,7 @@ struct PoolMemoryManager::Core {
   // --- the thread caches (no `mutex` on their fast paths) ---
 
   // Null once the thread's caches have gone back (during its exit).
-  ThreadCache* cache_of_this_thread();
+  ThreadCache* cache_of_this_thread() { return util::ThreadSlots<Core, ThreadCache>::of_this_thread(*this); }
   // The same for the free paths, which cannot throw: null also without host
   // memory for a new cache, or with the caches off.
   ThreadCache* cache_for_a_free() noexcept {
@@ -727,6 +728,11 @@ struct PoolMemoryManager::Core {
     }
   }
   void forget_cache(ThreadCache* cache) noexcept;
+  // For util::ThreadSlots (a finished thread's cache goes back through forget_cache).
+  const std::uint64_t thread_slots_id_ = util::next_thread_slots_id();
+  std::uint64_t thread_slots_id() const noexcept { return thread_slots_id_; }
+  ThreadCache* make_thread_slot();
+  void thread_slot_done(ThreadCache* cache) noexcept { forget_cache(cache); }
 
   // The cache class of a request, or -1 for the shared index or a segment of its own.
   int size_class(std::size_t size) const noexcept {
@@ -1159,58 +1165,11 @@ struct PoolMemoryManager::Core {
   }
 };
 
-namespace {
-
-// This thread's caches, one per pool Core it has used. At thread exit each
-// cache's blocks go back to its Core (Cores are never deleted).
-struct ThreadCacheDirectory {
-  std::vector<std::pair<PoolMemoryManager::Core*, ThreadCache*>> entries;
-  ~ThreadCacheDirectory();
-};
-
-// The cache this thread used last, for the hot path. Trivial and in the
-// initial-exec TLS model, so reading it is one load; the directory above,
-// like any thread_local with a destructor in a shared library, costs a call
-// into the dynamic linker per access (a third of a cached pair, measured).
-struct LastCache {
-  PoolMemoryManager::Core* core;
-  ThreadCache* cache;
-};
-[[gnu::tls_model("initial-exec")]] thread_local LastCache last_cache{nullptr, nullptr};
-// Set when the directory has given the caches back: memory freed later in the
-// thread's exit (other thread_locals' destructors) skips the caches.
-[[gnu::tls_model("initial-exec")]] thread_local bool caches_gone = false;
-
-ThreadCacheDirectory::~ThreadCacheDirectory() {
-  last_cache = {nullptr, nullptr};
-  caches_gone = true;
-  for (auto& [core, cache] : entries) core->forget_cache(cache);
-}
-
-ThreadCacheDirectory& thread_cache_directory() {
-  thread_local ThreadCacheDirectory directory;
-  return directory;
-}
-
-}  // namespace
-
-ThreadCache* PoolMemoryManager::Core::cache_of_this_thread() {
-  if (last_cache.core == this) [[likely]]
-    return last_cache.cache;
-  if (caches_gone) return nullptr;
-  ThreadCacheDirectory& directory = thread_cache_directory();
-  ThreadCache* found = nullptr;
-  for (auto& [core, cache] : directory.entries)
-    if (core == this) found = cache;
-  if (!found) {
-    auto made = std::make_unique<ThreadCache>(options.thread_cache_size);
-    found = made.get();
-    std::lock_guard lock(mutex);
-    caches.push_back(std::move(made));
-    directory.entries.emplace_back(this, found);
-  }
-  last_cache = {this, found};
-  return found;
+ThreadCache* PoolMemoryManager::Core::make_thread_slot() {
+  auto made = std::make_unique<ThreadCache>(options.thread_cache_size);
+  std::lock_guard lock(mutex);
+  caches.push_back(std::move(made));
+  return caches.back().get();
 }
 
 void PoolMemoryManager::Core::forget_cache(ThreadCache* cache) noexcept {

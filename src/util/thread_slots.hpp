@@ -1,0 +1,86 @@
+// thread_slots.hpp: one object per (owner, thread), found with one thread-local load.
+//
+// The pool's thread caches, the statistics adaptor's counters and the pinned
+// pool's fronts are each "this thread's part of that owner", looked up on
+// every allocation. The part used last sits in a trivial initial-exec
+// thread_local, so the hot path is one load and a compare (a thread_local
+// with a destructor in a shared library costs a call into the dynamic linker
+// per access: a third of a cached pair, measured). The rest sit in a
+// per-thread directory whose destructor, when the thread ends, hands each
+// part back to its owner if the owner still exists.
+//
+// The owner is held by a shared_ptr (enable_shared_from_this) and provides
+//   std::uint64_t thread_slots_id() const;   // unique for the process, never reused
+//   Slot* make_thread_slot();                // the owner keeps it; may throw
+//   void thread_slot_done(Slot*) noexcept;   // its thread has ended
+//
+//   Slot* mine = ThreadSlots<Owner, Slot>::of_this_thread(owner);  // null late in the thread's exit
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+namespace cuemm::util {
+
+// Ids for owners of thread slots: unique, never reused, never 0.
+inline std::uint64_t next_thread_slots_id() noexcept {
+  static std::atomic<std::uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+template <typename Owner, typename Slot>
+class ThreadSlots {
+ public:
+  // The calling thread's slot of `owner`, made on its first use; null once the
+  // thread's directory has gone (other thread_locals' destructors run later).
+  static Slot* of_this_thread(Owner& owner) {
+    if (last_.id == owner.thread_slots_id()) [[likely]]
+      return last_.slot;
+    return find_or_make(owner);
+  }
+
+ private:
+  struct Last {
+    std::uint64_t id;
+    Slot* slot;
+  };
+  struct Directory {
+    std::vector<std::pair<std::weak_ptr<Owner>, Slot*>> entries;
+    ~Directory() {
+      last_ = {0, nullptr};
+      gone_ = true;
+      for (auto& [owner, slot] : entries)
+        if (auto alive = owner.lock()) alive->thread_slot_done(slot);
+    }
+  };
+
+  [[gnu::noinline]] static Slot* find_or_make(Owner& owner) {
+    if (gone_) return nullptr;
+    thread_local Directory directory;
+    Slot* found = nullptr;
+    for (auto it = directory.entries.begin(); it != directory.entries.end();) {
+      const auto alive = it->first.lock();
+      if (!alive) {
+        it = directory.entries.erase(it);  // its owner is gone
+        continue;
+      }
+      if (alive.get() == &owner) found = it->second;
+      ++it;
+    }
+    if (!found) {
+      directory.entries.reserve(directory.entries.size() + 1);
+      found = owner.make_thread_slot();
+      directory.entries.emplace_back(owner.weak_from_this(), found);
+    }
+    last_ = {owner.thread_slots_id(), found};
+    return found;
+  }
+
+  [[gnu::tls_model("initial-exec")]] static inline thread_local Last last_{0, nullptr};
+  [[gnu::tls_model("initial-exec")]] static inline thread_local bool gone_ = false;
+};
+
+}  // namespace cuemm::util
