@@ -1,6 +1,8 @@
 #include "cuemm/managers/pinned_host_pool.hpp"
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <bit>
 #include <chrono>
 #include <cstdio>
@@ -19,6 +21,8 @@
 #include "cuemm/memory/detail/recycling_allocator.hpp"
 #include "cuemm/runtime/context.hpp"
 #include "cuemm/threading/blocking_hook.hpp"
+#include "threading/owner_biased_lock.hpp"
+#include "util/thread_slots.hpp"
 
 namespace cuemm {
 namespace {
@@ -38,6 +42,8 @@ constexpr std::size_t kRotationBytes = std::size_t{32} << 20;
 constexpr std::size_t seals_worth_a_host_block(std::size_t bytes) { return 300 + 1500 * (bytes >> 20); }
 // cuMemHostAlloc of a small block takes about 100 us: polling for a while first pays.
 constexpr std::chrono::microseconds kPollBeforeAllocating{50};
+// Kinds and sizes a thread's front keeps (Note [Per-thread fronts]).
+constexpr std::size_t kFrontLists = 4;
 
 // A quarter power of two, at least 4 KiB: at most 25% over the request.
 std::size_t host_block_size(std::size_t size) {
@@ -74,11 +80,61 @@ std::shared_ptr<MemoryPointer> host_memory_pointer(Context* context, void* host,
 
 }  // namespace
 
-struct PinnedHostPool::State {
+// Note [Per-thread fronts]
+// Each thread keeps the blocks it releases in a front of its own, up to a
+// rotation (see the header) for each of four kinds and sizes, and takes them
+// back without the pool's lock: the lock's two round trips per pair were a
+// third of a cached pair. A front's blocks stay on the handed-out list; the
+// pool's lock is taken only to move blocks between a front and the shared
+// lists: a release that finds its front's list full or all four lists taken
+// (the least recently used one goes to the shared lists), a request that
+// finds its front's list empty, and a thread that ends. trim(),
+// release_everything() and the destructor take every front's blocks
+// (through each front's owner-biased lock, which costs its owner nothing).
+struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::State> {
   struct Block;
   struct Freed {
     Block* block;
     std::uint64_t epoch;
+  };
+  // One thread's released blocks (Note [Per-thread fronts]).
+  struct Front {
+    struct List {
+      unsigned flags = 0;
+      std::size_t bytes = 0;  // 0: unused
+      std::array<Freed, kFreesPerSeal> ring{};  // released blocks, oldest at `head`
+      std::uint32_t head = 0;
+      std::uint32_t count = 0;
+      std::size_t frees_since_seal = 0;
+      detail::RentOrBuy rental;  // large blocks: when the rotation grows
+      std::uint64_t last_used = 0;
+
+      const Freed& oldest() const noexcept { return ring[head]; }
+      void push(Freed freed) noexcept { ring[(head + count++) % kFreesPerSeal] = freed; }
+      Freed pop() noexcept {
+        const Freed oldest = ring[head];
+        head = (head + 1) % kFreesPerSeal;
+        --count;
+        return oldest;
+      }
+    };
+    OwnerBiasedLock lock;  // the lists; the owner thread's side is nearly free
+    std::array<List, kFrontLists> lists;
+    std::uint64_t uses = 0;
+    // Written by the owner (under `lock`), read by statistics() without it.
+    std::atomic<std::size_t> bytes{0};
+    std::atomic<std::size_t> hits{0};
+    std::size_t claimed = 0;  // of the pool's maximum_cached_bytes (see claim())
+
+    List* find(unsigned flags, std::size_t block_bytes) noexcept {
+      for (List& list : lists)
+        if (list.bytes == block_bytes && list.flags == flags) return &list;
+      return nullptr;
+    }
+    void add(std::atomic<std::size_t>& counter, std::size_t value, bool up) noexcept {
+      const std::size_t now = counter.load(std::memory_order_relaxed);
+      counter.store(up ? now + value : now - value, std::memory_order_relaxed);
+    }
   };
   struct Block {
     std::shared_ptr<State> state;  // the pool outlives its blocks
@@ -120,7 +176,14 @@ struct PinnedHostPool::State {
   PinnedHostPoolStatistics counters;
   Block* handed_out = nullptr;  // a list through the blocks: no allocation per request
   std::set<Registration*> pinned_out;
-  bool closed = false;  // the pool is gone: released memory is freed at once
+  // The pool is gone, or everything was released: released memory is freed
+  // at once. Set under `mutex`; fronts read it under their own lock.
+  std::atomic<bool> closed{false};
+  std::vector<std::unique_ptr<Front>> fronts;  // of living threads
+  // What the fronts have claimed of maximum_cached_bytes: the most each has
+  // held, until it is emptied; the shared lists keep at most the rest.
+  std::atomic<std::size_t> front_claims{0};
+  const std::uint64_t thread_slots_id_ = util::next_thread_slots_id();
 
   State(Context& context_, PinnedHostPoolOptions options_)
       : context(&context_), options(options_), epochs(&context_) {}
@@ -144,12 +207,6 @@ struct PinnedHostPool::State {
 
   // Gives the memory of records no pointer names back to the driver, and
   // forgets them. Outside the lock: deleting the last record may destroy the state.
-  static void discard(const std::vector<Block*>& blocks) noexcept {
-    for (Block* block : blocks) {
-      free_block(block);
-      delete block;
-    }
-  }
   static void discard(const std::vector<Registration*>& registrations) noexcept {
     for (Registration* registration : registrations) {
       unregister(registration);
@@ -175,45 +232,206 @@ struct PinnedHostPool::State {
     return std::clamp(kRotationBytes / bytes, std::size_t{4}, kFreesPerSeal);
   }
 
-  // Takes a safe block of the list, sealing and waiting as the header says;
-  // null when a new block should be allocated.
-  Block* take_cached(std::deque<Freed>& list, std::size_t bytes) {
-    if (list.empty()) return nullptr;
-    if (!epochs.is_safe(list.front().epoch)) {
-      const bool large = bytes >= kWaitForBlocksFrom;
-      if (list.size() < rotation_length(bytes) &&
-          (large ? large_block_rental.buys(seals_worth_a_host_block(bytes)) : frees_since_seal < kFreesPerSeal)) {
-        if (large) large_block_rental.bought();
-        return nullptr;
-      }
-      epochs.seal();
-      frees_since_seal = 0;
-      if (large) large_block_rental.rent();
-      // A sealed epoch on an idle GPU completes within microseconds, far
-      // sooner than cuMemHostAlloc returns: poll a little before giving up.
-      const std::uint64_t epoch = list.front().epoch;
-      if (!epochs.poll_until_safe(epoch, kPollBeforeAllocating) && large) epochs.poll(true);
-      if (!epochs.is_safe(epoch)) return nullptr;
+  // Whether the oldest of `held` released blocks of `bytes` (tagged `epoch`)
+  // may be handed out, sealing and waiting as the header says; false when a
+  // new block should be allocated instead. The rental and the count of frees
+  // are those of the list the block is in.
+  bool wait_for_oldest(std::size_t held, std::size_t bytes, std::uint64_t epoch, detail::RentOrBuy& rental,
+                       std::size_t& frees) {
+    if (epochs.is_safe(epoch)) return true;
+    const bool large = bytes >= kWaitForBlocksFrom;
+    if (held < rotation_length(bytes) &&
+        (large ? rental.buys(seals_worth_a_host_block(bytes)) : frees < kFreesPerSeal)) {
+      if (large) rental.bought();
+      return false;
     }
+    epochs.seal_through(epoch);
+    frees = 0;
+    if (large) rental.rent();
+    // A sealed epoch on an idle GPU completes within microseconds, far
+    // sooner than cuMemHostAlloc returns: poll a little before giving up.
+    if (!epochs.poll_until_safe(epoch, kPollBeforeAllocating) && large) epochs.poll(true);
+    return epochs.is_safe(epoch);
+  }
+
+  // Takes a safe block of a shared list; null when a new block should be
+  // allocated. Under `mutex`.
+  Block* take_cached(std::deque<Freed>& list, std::size_t bytes) {
+    if (list.empty() || !wait_for_oldest(list.size(), bytes, list.front().epoch, large_block_rental, frees_since_seal))
+      return nullptr;
     Block* block = list.front().block;
     list.pop_front();
     counters.cached_bytes -= block->bytes;
     return block;
   }
 
-  // Removes the oldest cached blocks until at most `keep` bytes are cached;
-  // returns them for freeing outside the lock.
-  std::vector<Block*> evict_blocks(std::size_t keep) {
-    std::vector<Block*> evicted;
-    for (auto it = free_lists.begin(); it != free_lists.end() && counters.cached_bytes > keep;) {
+  // --- the fronts (Note [Per-thread fronts]) ---
+
+  // For util::ThreadSlots.
+  std::uint64_t thread_slots_id() const noexcept { return thread_slots_id_; }
+  Front* make_thread_slot() {
+    auto made = std::make_unique<Front>();
+    std::lock_guard lock(mutex);
+    fronts.push_back(std::move(made));
+    return fronts.back().get();
+  }
+  void thread_slot_done(Front* front) noexcept {
+    Leftovers leftovers;
+    {
+      std::lock_guard lock(mutex);
+      {
+        std::lock_guard front_lock(front->lock.visitor());
+        empty_front(*front, leftovers);
+      }
+      std::erase_if(fronts, [&](const auto& owned) { return owned.get() == front; });
+    }
+    leftovers.discard();
+  }
+  // The calling thread's front; null without memory for a new one (or late in its exit).
+  Front* front_of_this_thread() noexcept {
+    try {
+      return util::ThreadSlots<State, Front>::of_this_thread(*this);
+    } catch (...) {
+      return nullptr;
+    }
+  }
+
+  // A block of the kind and size from the calling thread's front, sealing
+  // and waiting as the header says; null when the front has none ready.
+  // Under the front's lock.
+  Block* take_from_front(Front& front, unsigned flags, std::size_t bytes) {
+    Front::List* list = front.find(flags, bytes);
+    if (!list || !list->count) return nullptr;
+    list->last_used = ++front.uses;
+    if (!wait_for_oldest(list->count, bytes, list->oldest().epoch, list->rental, list->frees_since_seal))
+      return nullptr;
+    Block* block = list->pop().block;
+    front.add(front.bytes, bytes, false);
+    front.add(front.hits, 1, true);
+    return block;
+  }
+  // Keeps a released block in the calling thread's front; false when its
+  // list is full. A new kind and size takes the least recently used list,
+  // whose blocks go to `displaced` (for the shared lists: the caller cannot
+  // take `mutex` under the front's lock). Under the front's lock.
+  bool keep_in_front(Front& front, Block* block, Front::List& displaced) noexcept {
+    Front::List* list = front.find(block->flags, block->bytes);
+    if (!list) {
+      list = &*std::min_element(front.lists.begin(), front.lists.end(),
+                                [](const auto& a, const auto& b) { return a.last_used < b.last_used; });
+      front.add(front.bytes, list->bytes * list->count, false);
+      displaced = *list;
+      *list = Front::List{};
+      list->flags = block->flags;
+      list->bytes = block->bytes;
+    }
+    if (list->count >= rotation_length(block->bytes) || !claim(front, block->bytes)) return false;
+    list->last_used = ++front.uses;
+    list->push({block, epochs.tag()});
+    ++list->frees_since_seal;
+    front.add(front.bytes, block->bytes, true);
+    return true;
+  }
+
+  // Makes room in the front for `bytes` more within maximum_cached_bytes;
+  // false when the pool has none. Claims only past the front's highest
+  // level so far: a loop in steady state claims nothing.
+  bool claim(Front& front, std::size_t bytes) noexcept {
+    const std::size_t needed = front.bytes.load(std::memory_order_relaxed) + bytes;
+    if (needed <= front.claimed) return true;
+    const std::size_t more = needed - front.claimed;
+    std::size_t claims = front_claims.load(std::memory_order_relaxed);
+    do {
+      if (claims + more > options.maximum_cached_bytes) return false;
+    } while (!front_claims.compare_exchange_weak(claims, claims + more, std::memory_order_relaxed));
+    front.claimed += more;
+    return true;
+  }
+
+  // --- under `mutex` ---
+
+  // Blocks on their way out, chained through `next_out` (they are off the
+  // handed-out list): no allocation on the release path. Discarded outside
+  // the lock, as deleting the last record may destroy the state.
+  struct Leftovers {
+    Block* blocks = nullptr;   // memory and record to free
+    Block* records = nullptr;  // records whose memory release_everything() freed
+    void add(Block*& chain, Block* block) noexcept {
+      block->next_out = chain;
+      chain = block;
+    }
+    void discard() noexcept {
+      while (Block* block = blocks) {
+        blocks = block->next_out;
+        free_block(block);
+        delete block;
+      }
+      while (Block* block = records) {
+        records = block->next_out;
+        delete block;
+      }
+    }
+  };
+  // Moves a block that left a front into the shared lists, with its epoch;
+  // into `leftovers` once the pool is closed (or when it is dead already).
+  // Returns whether it went to a shared list.
+  bool share(const Freed& freed, Leftovers& leftovers) noexcept {
+    Block* block = freed.block;
+    take_back(block);
+    if (block->dead) {
+      leftovers.add(leftovers.records, block);
+      return false;
+    }
+    if (!closed) {
+      try {
+        if (!block->list) block->list = &free_lists[{block->flags, block->bytes}];
+        block->list->push_back(freed);
+        counters.cached_bytes += block->bytes;
+        return true;
+      } catch (...) {  // no host memory: free the block rather than lose it
+      }
+    }
+    counters.allocated_bytes -= block->bytes;
+    leftovers.add(leftovers.blocks, block);
+    return false;
+  }
+  void share(Front::List& list, Leftovers& leftovers) noexcept {
+    while (list.count) share(list.pop(), leftovers);
+  }
+  // Takes every block out of a front; the caller holds its lock as a visitor.
+  void empty_front(Front& front, Leftovers& leftovers) noexcept {
+    for (auto& list : front.lists) share(list, leftovers);
+    front.bytes.store(0, std::memory_order_relaxed);
+    front_claims.fetch_sub(std::exchange(front.claimed, 0), std::memory_order_relaxed);
+  }
+  void empty_fronts(Leftovers& leftovers) {
+    for (auto& front : fronts) {
+      std::lock_guard front_lock(front->lock.visitor());
+      empty_front(*front, leftovers);
+    }
+  }
+  std::size_t front_bytes() const noexcept {
+    std::size_t total = 0;
+    for (const auto& front : fronts) total += front->bytes.load(std::memory_order_relaxed);
+    return total;
+  }
+
+  // Moves the oldest blocks of the shared lists into `leftovers` until at
+  // most `keep` bytes are cached there and in the fronts; returns the bytes.
+  std::size_t evict_blocks(std::size_t keep, Leftovers& leftovers) noexcept {
+    const std::size_t in_fronts = front_claims.load(std::memory_order_relaxed);
+    keep = keep > in_fronts ? keep - in_fronts : 0;
+    std::size_t evicted = 0;
+    for (auto it = free_lists.begin(); it != free_lists.end() && counters.cached_bytes > keep; ++it) {
       auto& list = it->second;
       while (!list.empty() && counters.cached_bytes > keep) {
-        evicted.push_back(list.front().block);
-        counters.cached_bytes -= list.front().block->bytes;
-        counters.allocated_bytes -= list.front().block->bytes;
+        Block* block = list.front().block;
         list.pop_front();
+        counters.cached_bytes -= block->bytes;
+        counters.allocated_bytes -= block->bytes;
+        evicted += block->bytes;
+        leftovers.add(leftovers.blocks, block);
       }
-      ++it;
     }
     return evicted;
   }
@@ -234,31 +452,30 @@ struct PinnedHostPool::State {
 
   static void release(Block* block) noexcept {
     State& state = *block->state;
-    std::vector<Block*> evicted;
-    std::shared_ptr<State> keep;  // outlives the lock below
-    {
+    Leftovers leftovers;
+    if (Front* front = state.front_of_this_thread()) {
+      Front::List displaced;
+      bool kept = false;
+      {
+        std::lock_guard front_lock(front->lock.owner());
+        if (!state.closed.load(std::memory_order_acquire)) kept = state.keep_in_front(*front, block, displaced);
+      }
+      if (kept && !displaced.count) return;
       std::lock_guard lock(state.mutex);
-      state.take_back(block);
-      if (block->dead) {
-        keep = std::move(block->state);
-        delete block;
-        return;
-      }
-      if (!state.closed) {
-        try {
-          if (!block->list) block->list = &state.free_lists[{block->flags, block->bytes}];
-          block->list->push_back({block, state.epochs.tag()});
-          state.counters.cached_bytes += block->bytes;
-          ++state.frees_since_seal;
-          evicted = state.evict_blocks(state.options.maximum_cached_bytes);
-          block = nullptr;
-        } catch (...) {
-        }
-      }
-      if (block) state.counters.allocated_bytes -= block->bytes;
+      state.share(displaced, leftovers);
+      if (!kept) state.release_shared(block, leftovers);
+    } else {
+      std::lock_guard lock(state.mutex);
+      state.release_shared(block, leftovers);
     }
-    if (block) evicted.push_back(block);  // the pool is gone (or full): free it now
-    discard(evicted);
+    leftovers.discard();  // (the pool is gone, or full: free them now)
+  }
+  // A released block to the shared lists (or, when the pool is closed, to
+  // `leftovers`). Under `mutex`.
+  void release_shared(Block* block, Leftovers& leftovers) noexcept {
+    if (!share({block, epochs.tag()}, leftovers)) return;
+    ++frees_since_seal;
+    evict_blocks(options.maximum_cached_bytes, leftovers);
   }
 
   static void release(Registration* registration) noexcept {
@@ -313,7 +530,11 @@ std::shared_ptr<MemoryPointer> PinnedHostPool::allocate(std::size_t size, bool m
                          (write_combined ? cuda::CU_MEMHOSTALLOC_WRITECOMBINED : 0u);
   const std::size_t bytes = host_block_size(size);
   State::Block* block = nullptr;
-  {
+  if (State::Front* front = state_->front_of_this_thread()) {
+    std::lock_guard front_lock(front->lock.owner());
+    block = state_->take_from_front(*front, flags, bytes);
+  }
+  if (!block) {
     std::lock_guard lock(state_->mutex);
     State& state = *state_;
     const std::pair<unsigned, std::size_t> key{flags, bytes};
@@ -398,39 +619,45 @@ std::shared_ptr<MemoryPointer> PinnedHostPool::pin(std::shared_ptr<const void> o
 }
 
 std::size_t PinnedHostPool::trim() {
-  std::vector<State::Block*> blocks;
+  State& state = *state_;
+  State::Leftovers leftovers;
   std::vector<State::Registration*> registrations;
-  {
-    std::lock_guard lock(state_->mutex);
-    state_->epochs.seal();
-    state_->epochs.poll(true);  // cached blocks may still be read by queued copies
-    blocks = state_->evict_blocks(0);
-    registrations = state_->evict_registrations(0);
-  }
   std::size_t freed = 0;
-  for (auto* block : blocks) freed += block->bytes;
-  State::discard(blocks);
+  {
+    std::lock_guard lock(state.mutex);
+    state.empty_fronts(leftovers);
+    state.epochs.seal();
+    state.epochs.poll(true);  // cached blocks may still be read by queued copies
+    freed = state.evict_blocks(0, leftovers);
+    registrations = state.evict_registrations(0);
+  }
+  leftovers.discard();
   State::discard(registrations);
   return freed;
 }
 
 void PinnedHostPool::release_everything() {
+  State& state = *state_;
+  State::Leftovers leftovers;
   std::vector<State::Block*> blocks;
   std::vector<State::Registration*> registrations;
   {
-    std::lock_guard lock(state_->mutex);
-    state_->closed = true;
-    for (State::Block* block = state_->handed_out; block; block = block->next_out) {
+    std::lock_guard lock(state.mutex);
+    state.closed = true;
+    // The fronts first: a release after this sees `closed` and keeps nothing.
+    state.empty_fronts(leftovers);
+    for (State::Block* block = state.handed_out; block; block = block->next_out) {
       if (block->dead) continue;  // (an earlier call freed it)
       block->dead = true;
       blocks.push_back(block);
-      state_->counters.allocated_bytes -= block->bytes;
+      state.counters.allocated_bytes -= block->bytes;
     }
-    for (State::Registration* registration : state_->pinned_out) {
+    for (State::Registration* registration : state.pinned_out) {
       registration->dead = true;
       registrations.push_back(registration);
     }
   }
+  leftovers.discard();
   trim();
   // Handed-out records stay (their pointers still name them); only the memory goes.
   for (State::Block* block : blocks) State::free_block(block);
@@ -440,6 +667,8 @@ void PinnedHostPool::release_everything() {
 PinnedHostPoolStatistics PinnedHostPool::statistics() const {
   std::lock_guard lock(state_->mutex);
   PinnedHostPoolStatistics statistics = state_->counters;
+  statistics.cached_bytes += state_->front_bytes();
+  for (const auto& front : state_->fronts) statistics.hits += front->hits.load(std::memory_order_relaxed);
   statistics.cached_registrations = state_->cached_registrations.size();
   return statistics;
 }

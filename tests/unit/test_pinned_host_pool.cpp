@@ -208,6 +208,66 @@ TEST_F(HostPool, ReleasingEverythingFreesBlocksStillHeld) {
   EXPECT_EQ(simulation::live_allocations(simulation::AllocationKind::PinnedHost), before);
 }
 
+// Note [Per-thread fronts]: a thread's released blocks are kept by the
+// thread, and still reach every other part of the pool.
+TEST_F(HostPool, AThreadKeepsFourKindsAndSizesAndSharesTheRest) {
+  CUEMM_REQUIRE_SIMULATION();
+  PinnedHostPool pool(context);
+  const std::size_t sizes[] = {1 << 20, 2 << 20, 3 << 20, 4 << 20, 5 << 20};  // large: waited for
+  for (std::size_t size : sizes) pool.allocate(size, false, false, false).reset();
+  simulation::reset_call_counts();
+  const auto before = pool.statistics();
+  for (std::size_t size : sizes) pool.allocate(size, false, false, false).reset();
+  EXPECT_EQ(simulation::call_count("cuMemHostAlloc"), 0u) << "the size the front gave back was allocated anew";
+  EXPECT_EQ(pool.statistics().hits - before.hits, 5u);
+  EXPECT_EQ(pool.statistics().cached_bytes, 15u << 20);
+}
+
+TEST_F(HostPool, AFinishedThreadsBlocksServeTheOthers) {
+  CUEMM_REQUIRE_SIMULATION();
+  PinnedHostPool pool(context);
+  std::uintptr_t released = 0;
+  std::thread([&] {
+    ScopedContext scope(context);
+    auto block = pool.allocate(1 << 20, true, false, false);
+    released = block->host_pointer();
+  }).join();
+  EXPECT_EQ(pool.statistics().cached_bytes, 1u << 20);
+  simulation::reset_call_counts();
+  auto again = pool.allocate(1 << 20, true, false, false);
+  EXPECT_EQ(again->host_pointer(), released);
+  EXPECT_EQ(simulation::call_count("cuMemHostAlloc"), 0u);
+}
+
+TEST_F(HostPool, TrimAndReleaseEverythingReachTheFrontsOfLivingThreads) {
+  CUEMM_REQUIRE_SIMULATION();
+  const auto before = simulation::live_allocations(simulation::AllocationKind::PinnedHost);
+  PinnedHostPool pool(context);
+  std::shared_ptr<MemoryPointer> held;
+  std::atomic<int> step{0};
+  std::thread owner([&] {
+    ScopedContext scope(context);
+    // Small blocks: a rotation of new ones until enough frees make a seal worth it.
+    for (int i = 0; i < 3; ++i) pool.allocate(8192, false, false, false).reset();
+    held = pool.allocate(8192, true, false, false);
+    step = 1;
+    while (step.load() != 2) std::this_thread::yield();
+    pool.allocate(8192, false, false, false).reset();  // after release_everything(): freed at once
+  });
+  while (step.load() != 1) std::this_thread::yield();
+  EXPECT_EQ(pool.statistics().cached_bytes, 3u * 8192u);
+  EXPECT_EQ(pool.trim(), 3u * 8192u);
+  EXPECT_EQ(pool.statistics().cached_bytes, 0u);
+  EXPECT_EQ(simulation::live_allocations(simulation::AllocationKind::PinnedHost), before + 1);
+  pool.release_everything();
+  EXPECT_EQ(simulation::live_allocations(simulation::AllocationKind::PinnedHost), before);
+  step = 2;
+  owner.join();
+  held.reset();  // freed by release_everything(): nothing happens
+  EXPECT_EQ(simulation::live_allocations(simulation::AllocationKind::PinnedHost), before);
+  EXPECT_EQ(pool.statistics().cached_bytes, 0u);
+}
+
 TEST_F(HostPool, AManagersResetFreesItsHostMemory) {
   CUEMM_REQUIRE_SIMULATION();
   const auto before = simulation::live_allocations(simulation::AllocationKind::PinnedHost);

@@ -12,6 +12,10 @@
 // Released blocks rotate, up to 16 of a kind and size (32 MiB, at least 4),
 // so a loop pays a seal per rotation; a loop of large blocks adds one to its
 // rotation only once its seals have cost about as much as the new block.
+// Each thread keeps its own released blocks (four kinds and sizes, a rotation
+// each) and takes them back without the pool's lock; what a thread keeps
+// counts towards `maximum_cached_bytes`, and goes back to the pool when the
+// thread ends (Note [Per-thread fronts] in the .cpp).
 //
 // Pinning (mempin) of caller memory is cached too: a released registration is
 // kept, with its owner alive, so pinning the same range again is free. At most
