@@ -34,7 +34,7 @@ MemoryPointer::MemoryPointer(Context* context, std::uintptr_t pointer, std::size
                     Details{MemoryKind::Device, 0, 1}) {}
 
 MemoryPointer::MemoryPointer(Context* context, std::uintptr_t pointer, std::size_t size,
-                             std::shared_ptr<const void> owner, Finalizer finalizer, Details details)
+                             std::shared_ptr<const void>&& owner, Finalizer&& finalizer, Details details)
     : context_(context),
       pointer_(pointer),
       size_(size),
@@ -138,7 +138,7 @@ AutoFreePointer::AutoFreePointer(Context* context, std::uintptr_t pointer, std::
                       Details{MemoryKind::Device, 0, 0}) {}
 
 AutoFreePointer::AutoFreePointer(Context* context, std::uintptr_t pointer, std::size_t size,
-                                 std::shared_ptr<const void> owner, Finalizer finalizer, Details details)
+                                 std::shared_ptr<const void>&& owner, Finalizer&& finalizer, Details details)
     : MemoryPointer(context, pointer, size, std::move(owner), std::move(finalizer),
                     Details{details.kind, details.host_pointer, 0}) {}
 

@@ -96,7 +96,7 @@ class MemoryPointer : public std::enable_shared_from_this<MemoryPointer> {
     int initial_refct;
   };
   MemoryPointer(Context* context, std::uintptr_t pointer, std::size_t size,
-                std::shared_ptr<const void> owner, Finalizer finalizer, Details details);
+                std::shared_ptr<const void>&& owner, Finalizer&& finalizer, Details details);
   // Runs the finalizer if it has not run, for a destructor (no other
   // reference exists then). A subclass whose finalizer uses the subclass's
   // members calls it from its own destructor, while they still exist.
@@ -128,7 +128,7 @@ class AutoFreePointer : public MemoryPointer {
 
  protected:
   AutoFreePointer(Context* context, std::uintptr_t pointer, std::size_t size,
-                  std::shared_ptr<const void> owner, Finalizer finalizer, Details details);
+                  std::shared_ptr<const void>&& owner, Finalizer&& finalizer, Details details);
 };
 
 class MappedMemory : public AutoFreePointer {
