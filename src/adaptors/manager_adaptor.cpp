@@ -72,7 +72,7 @@ class ObservedPointer final : public Base {
  public:
   template <typename... BaseArguments>
   ObservedPointer(Shared* shared, std::uint64_t generation, bool detailed,
-                  std::shared_ptr<MemoryPointer> upstream, AllocationRecord record, BaseArguments&&... base)
+                  std::shared_ptr<MemoryPointer>&& upstream, AllocationRecord&& record, BaseArguments&&... base)
       : Base(std::forward<BaseArguments>(base)..., nullptr, [this] { release(); }),
         shared_(shared),
         upstream_(std::move(upstream)),
