@@ -9,6 +9,7 @@
 #include "cuemm/error.hpp"
 #include "cuemm/managers/pool_memory_manager.hpp"
 #include "cuemm/threading/blocking_hook.hpp"
+#include "util/owned_counter.hpp"
 #include "util/thread_slots.hpp"
 
 namespace cuemm {
@@ -18,14 +19,6 @@ void raise_peak(std::atomic<std::int64_t>& peak, std::int64_t value) noexcept {
   std::int64_t seen = peak.load(std::memory_order_relaxed);
   while (value > seen && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
   }
-}
-
-// Written by one thread only: a plain load and store, no locked instruction.
-template <typename T>
-T add_own(std::atomic<T>& counter, T value) noexcept {
-  const T sum = counter.load(std::memory_order_relaxed) + value;
-  counter.store(sum, std::memory_order_relaxed);
-  return sum;
 }
 
 std::size_t non_negative(std::int64_t value) noexcept { return value > 0 ? static_cast<std::size_t>(value) : 0; }
@@ -112,8 +105,8 @@ struct StatisticsAdaptor::Counters : AllocationObserver, std::enable_shared_from
     const int k = static_cast<int>(kind);
     std::int64_t own_bytes = bytes, own_count = count;
     if (shard) {
-      own_bytes = add_own(shard->unpublished[k].bytes, bytes);
-      own_count = add_own(shard->unpublished[k].count, count);
+      own_bytes = util::add_own(shard->unpublished[k].bytes, bytes);
+      own_count = util::add_own(shard->unpublished[k].count, count);
     }
     if (count > 0) {
       raise_peak(peak[k].bytes, published[k].bytes.load(std::memory_order_relaxed) + own_bytes);
@@ -142,16 +135,16 @@ struct StatisticsAdaptor::Counters : AllocationObserver, std::enable_shared_from
   }
 
   void allocation_failed(MemoryKind, std::size_t) noexcept override {
-    if (Shard* shard = shard_or_null()) add_own(shard->failed, std::size_t{1});
+    if (Shard* shard = shard_or_null()) util::add_own(shard->failed, std::size_t{1});
   }
   void allocated(const AllocationRecord& record) noexcept override {
     Shard* shard = shard_or_null();
     change_in_use(record.kind, static_cast<std::int64_t>(record.size), 1, shard);
     if (!shard) return;  // its totals go uncounted
     const int k = static_cast<int>(record.kind);
-    add_own(shard->total_bytes[k], record.size);
-    add_own(shard->total_count[k], std::size_t{1});
-    if (record.kind == MemoryKind::Device) add_own(shard->histogram[std::bit_width(record.size) - 1], std::size_t{1});
+    util::add_own(shard->total_bytes[k], record.size);
+    util::add_own(shard->total_count[k], std::size_t{1});
+    if (record.kind == MemoryKind::Device) util::add_own(shard->histogram[std::bit_width(record.size) - 1], std::size_t{1});
   }
   void released(const AllocationRecord& record) noexcept override {
     change_in_use(record.kind, -static_cast<std::int64_t>(record.size), -1, shard_or_null());

@@ -22,6 +22,7 @@
 #include "cuemm/runtime/context.hpp"
 #include "cuemm/threading/blocking_hook.hpp"
 #include "threading/owner_biased_lock.hpp"
+#include "util/owned_counter.hpp"
 #include "util/thread_slots.hpp"
 
 namespace cuemm {
@@ -102,7 +103,7 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
     struct List {
       unsigned flags = 0;
       std::size_t bytes = 0;  // 0: unused
-      std::array<Freed, kFreesPerSeal> ring{};  // released blocks, oldest at `head`
+      std::array<Freed, kFreesPerSeal> ring;  // released blocks, oldest at `head` (read below `count` only)
       std::uint32_t head = 0;
       std::uint32_t count = 0;
       std::size_t frees_since_seal = 0;
@@ -130,10 +131,6 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
       for (List& list : lists)
         if (list.bytes == block_bytes && list.flags == flags) return &list;
       return nullptr;
-    }
-    void add(std::atomic<std::size_t>& counter, std::size_t value, bool up) noexcept {
-      const std::size_t now = counter.load(std::memory_order_relaxed);
-      counter.store(up ? now + value : now - value, std::memory_order_relaxed);
     }
   };
   struct Block {
@@ -306,8 +303,8 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
     if (!wait_for_oldest(list->count, bytes, list->oldest().epoch, list->rental, list->frees_since_seal))
       return nullptr;
     Block* block = list->pop().block;
-    front.add(front.bytes, bytes, false);
-    front.add(front.hits, 1, true);
+    util::subtract_own(front.bytes, bytes);
+    util::add_own(front.hits, std::size_t{1});
     return block;
   }
   // Keeps a released block in the calling thread's front; false when its
@@ -319,8 +316,8 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
     if (!list) {
       list = &*std::min_element(front.lists.begin(), front.lists.end(),
                                 [](const auto& a, const auto& b) { return a.last_used < b.last_used; });
-      front.add(front.bytes, list->bytes * list->count, false);
-      displaced = *list;
+      util::subtract_own(front.bytes, list->bytes * list->count);
+      while (list->count) displaced.push(list->pop());
       *list = Front::List{};
       list->flags = block->flags;
       list->bytes = block->bytes;
@@ -329,7 +326,7 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
     list->last_used = ++front.uses;
     list->push({block, epochs.tag()});
     ++list->frees_since_seal;
-    front.add(front.bytes, block->bytes, true);
+    util::add_own(front.bytes, block->bytes);
     return true;
   }
 

@@ -21,6 +21,7 @@
 #include "threading/owner_biased_lock.hpp"
 #include "util/environment.hpp"
 #include "util/keep_until_exit.hpp"
+#include "util/owned_counter.hpp"
 #include "util/thread_slots.hpp"
 
 namespace cuemm {
@@ -188,8 +189,8 @@ struct ThreadCache {
     }
   }
 
-  void add_bytes(std::size_t n) noexcept { bytes.store(bytes.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
-  void remove_bytes(std::size_t n) noexcept { bytes.store(bytes.load(std::memory_order_relaxed) - n, std::memory_order_relaxed); }
+  void add_bytes(std::size_t n) noexcept { util::add_own(bytes, n); }
+  void remove_bytes(std::size_t n) noexcept { util::subtract_own(bytes, n); }
 
   // Removes the oldest `count` stream-ordered blocks of a class into `out`,
   // tagged with `epoch`.
@@ -219,14 +220,14 @@ struct ThreadCache {
   // The caller checks that there is room.
   void push_ordered_large(const OrderedLarge& block) noexcept {
     ordered_large[ordered_large_count++] = block;
-    large_bytes.store(large_bytes.load(std::memory_order_relaxed) + block.bytes, std::memory_order_relaxed);
+    util::add_own(large_bytes, block.bytes);
   }
 
   OrderedLarge remove_ordered_large(std::uint32_t i) noexcept {
     const OrderedLarge removed = ordered_large[i];
     std::copy(ordered_large.begin() + i + 1, ordered_large.begin() + ordered_large_count, ordered_large.begin() + i);
     --ordered_large_count;
-    large_bytes.store(large_bytes.load(std::memory_order_relaxed) - removed.bytes, std::memory_order_relaxed);
+    util::subtract_own(large_bytes, removed.bytes);
     return removed;
   }
 
@@ -253,7 +254,7 @@ struct ThreadCache {
   void push_held_large(const OrderedLarge& block, std::uint64_t epoch) noexcept {
     held_large[held_large_count++] = {block, epoch};
     held_large_bytes += block.bytes;
-    large_bytes.store(large_bytes.load(std::memory_order_relaxed) + block.bytes, std::memory_order_relaxed);
+    util::add_own(large_bytes, block.bytes);
   }
 
   HeldLarge remove_held_large(std::uint32_t i) noexcept {
@@ -261,7 +262,7 @@ struct ThreadCache {
     std::copy(held_large.begin() + i + 1, held_large.begin() + held_large_count, held_large.begin() + i);
     --held_large_count;
     held_large_bytes -= removed.block.bytes;
-    large_bytes.store(large_bytes.load(std::memory_order_relaxed) - removed.block.bytes, std::memory_order_relaxed);
+    util::subtract_own(large_bytes, removed.block.bytes);
     return removed;
   }
 
@@ -376,7 +377,6 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     return {blocks.block_size(address), false};
   }
 
-  // A safe block goes back to the index, or to the spares.
   // Defers `block` to the quarantine; without host memory to, reuses it at
   // once rather than leak it. Returns whether it is in the quarantine.
   bool quarantine_or_reuse(const Quarantined& block) noexcept {
@@ -389,6 +389,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     }
   }
 
+  // A safe block goes back to the index, or to the spares.
   void reuse(const Quarantined& block) {
     if (!block.dedicated) {
       blocks.deallocate(block.address);
