@@ -35,6 +35,8 @@
   X(cuLaunchKernel) X(cuFuncGetAttribute) X(cuFuncSetCacheConfig) X(cuLinkCreate)                 \
   X(cuProfilerStart) X(cuProfilerStop) X(cuMemPoolCreate) X(cuMemPoolDestroy)                    \
   X(cuMemPoolSetAttribute) X(cuMemPoolGetAttribute) X(cuMemPoolTrimTo) X(cuMemAllocFromPoolAsync)   \
+  X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) \
+  X(cuMemSetAccess) X(cuMemGetAllocationGranularity)   \
   X(cuMemFreeAsync)
 
 namespace cuemm::sim {

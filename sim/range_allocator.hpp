@@ -27,6 +27,21 @@ class RangeAllocator {
     return offset;
   }
 
+  // The same at an offset that is a multiple of `alignment` (a power of two):
+  // the smallest free range that holds such a block.
+  std::optional<std::size_t> allocate_aligned(std::size_t size, std::size_t alignment) {
+    for (auto fit = by_size_.lower_bound({size, 0}); fit != by_size_.end(); ++fit) {
+      const auto [length, offset] = *fit;
+      const std::size_t start = (offset + alignment - 1) & ~(alignment - 1);
+      if (start + size > offset + length) continue;
+      erase_free(offset, length);
+      if (start > offset) insert_free(offset, start - offset);
+      if (start + size < offset + length) insert_free(start + size, offset + length - start - size);
+      return start;
+    }
+    return std::nullopt;
+  }
+
   void release(std::size_t offset, std::size_t size) {
     // Invariant: free ranges never touch; merge with both neighbours.
     auto next = by_offset_.lower_bound(offset);

@@ -29,7 +29,7 @@ int cuemmSimInjectFault(const char* function, unsigned long long nth, int result
 void cuemmSimClearFaults(void);
 
 /* Live allocations of a kind (0 device, 1 managed, 2 pinned host, 3 registered
- * host, 4 opened IPC mapping; -1 all kinds), and device bytes in use. */
+ * host, 4 opened IPC mapping, 5 physical memory mapped by cuMemMap; -1 all kinds), and device bytes in use. */
 unsigned long long cuemmSimLiveAllocations(int kind);
 unsigned long long cuemmSimDeviceBytesInUse(int device);
 

@@ -24,8 +24,8 @@ namespace cuemm::sim {
 
 using namespace cuemm::cuda;
 
-enum class AllocationKind { Device = 0, Managed = 1, PinnedHost = 2, RegisteredHost = 3, IpcMapping = 4 };
-inline constexpr int kAllocationKinds = 5;
+enum class AllocationKind { Device = 0, Managed = 1, PinnedHost = 2, RegisteredHost = 3, IpcMapping = 4, VirtualMapping = 5 };
+inline constexpr int kAllocationKinds = 6;
 
 struct Allocation {
   std::uintptr_t base = 0;
@@ -42,6 +42,17 @@ struct Allocation {
   int exporter_pid = 0;          // IpcMapping
   int ipc_opens = 0;             // IpcMapping: opens not yet closed
   struct MemoryPool* pool = nullptr;  // Device memory from cuMemAllocFromPoolAsync
+  std::uint64_t physical = 0;         // VirtualMapping: the cuMemCreate handle mapped here
+};
+
+// Device memory from cuMemCreate: a range of the device's arena, mapped into
+// reserved addresses by cuMemMap. Gone once released and no longer mapped.
+struct PhysicalMemory {
+  int device = 0;
+  std::size_t arena_offset = 0;
+  std::size_t size = 0;
+  int mappings = 0;
+  bool released = false;
 };
 
 // A stream-ordered pool. The simulation keeps no memory in it: its blocks
@@ -100,6 +111,9 @@ struct State {
   std::map<Module*, std::unique_ptr<Module>> modules;
   std::map<Function*, Module*> functions;
   std::map<MemoryPool*, std::unique_ptr<MemoryPool>> pools;
+  std::map<std::uintptr_t, std::size_t> reservations;  // cuMemAddressReserve: base -> bytes
+  std::map<std::uint64_t, PhysicalMemory> physical;    // cuMemCreate handles
+  std::uint64_t next_physical_handle = 1;
   std::uint64_t next_allocation_id = 1;
 
   // The allocation that contains [address, address + size), or nullptr.

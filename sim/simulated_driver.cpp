@@ -124,6 +124,16 @@ CUresult allocate_device_memory(State& s, Context* context, std::size_t size, Al
   return CUDA_SUCCESS;
 }
 
+// Gives the arena range of a cuMemCreate handle back.
+void release_physical(State& s, std::map<std::uint64_t, PhysicalMemory>::iterator it) {
+  Device& device = *s.devices[it->second.device];
+  fallocate(device.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(it->second.arena_offset),
+            static_cast<off_t>(it->second.size));
+  device.ranges->release(it->second.arena_offset, it->second.size);
+  device.used -= it->second.size;
+  s.physical.erase(it);
+}
+
 // Returns the allocation's memory to where it came from and forgets it.
 void release_allocation(State& s, std::map<std::uintptr_t, Allocation>::iterator it) {
   Allocation& allocation = it->second;
@@ -154,6 +164,15 @@ void release_allocation(State& s, std::map<std::uintptr_t, Allocation>::iterator
       break;
     case AllocationKind::RegisteredHost:
       break;
+    case AllocationKind::VirtualMapping: {
+      // The addresses stay reserved, without memory behind them.
+      mmap(reinterpret_cast<void*>(allocation.base), allocation.size, PROT_NONE,
+           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+      auto physical = s.physical.find(allocation.physical);
+      if (physical != s.physical.end() && --physical->second.mappings == 0 && physical->second.released)
+        release_physical(s, physical);
+      break;
+    }
   }
   s.allocations.erase(it);
 }
@@ -281,8 +300,16 @@ Allocation* State::find(std::uintptr_t address, std::size_t size) {
   Allocation& allocation = it->second;
   const std::size_t extent =
       allocation.kind == AllocationKind::PinnedHost ? allocation.mapping_size : allocation.size;
-  if (address < allocation.base || address + size > allocation.base + std::max<std::size_t>(extent, 1))
-    return nullptr;
+  if (address < allocation.base) return nullptr;
+  std::uintptr_t end = allocation.base + std::max<std::size_t>(extent, 1);
+  // Physical memory mapped side by side into reserved addresses is one range
+  // to the device, as on a GPU.
+  for (auto next = std::next(it); address + size > end && allocation.kind == AllocationKind::VirtualMapping &&
+                                  next != allocations.end() && next->first == end &&
+                                  next->second.kind == AllocationKind::VirtualMapping;
+       ++next)
+    end += next->second.size;
+  if (address + size > end) return nullptr;
   return &allocation;
 }
 
@@ -694,6 +721,157 @@ SIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, std::size_t* size
   if (!allocation) return CUDA_ERROR_NOT_FOUND;
   if (base) *base = allocation->base;
   if (size) *size = allocation->size;
+  return CUDA_SUCCESS;
+}
+
+// --- Virtual memory management ---------------------------------------------------
+// Reserved addresses are PROT_NONE host mappings; cuMemCreate takes a range of
+// the device's arena; cuMemMap maps that range of the arena's memfd over the
+// reserved addresses, so mapped memory is device memory like any other.
+
+namespace {
+constexpr std::size_t kVirtualGranularity = std::size_t{2} << 20;
+
+bool is_device_property(State& s, const CUmemAllocationProp* properties) {
+  return properties && properties->type == CU_MEM_ALLOCATION_TYPE_PINNED &&
+         properties->location.type == CU_MEM_LOCATION_TYPE_DEVICE && device_at(s, properties->location.id);
+}
+
+// Whether [pointer, pointer + bytes) lies inside one reservation.
+bool is_reserved(State& s, std::uintptr_t pointer, std::size_t bytes) {
+  auto it = s.reservations.upper_bound(pointer);
+  if (it == s.reservations.begin()) return false;
+  --it;
+  return pointer >= it->first && pointer + bytes <= it->first + it->second;
+}
+}  // namespace
+
+SIM_EXPORT CUresult cuMemGetAllocationGranularity(std::size_t* granularity, const CUmemAllocationProp* properties,
+                                                   int option) {
+  SIM_BEGIN(cuMemGetAllocationGranularity);
+  (void)option;
+  if (!granularity || !is_device_property(s, properties)) return CUDA_ERROR_INVALID_VALUE;
+  *granularity = kVirtualGranularity;
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemAddressReserve(CUdeviceptr* pointer, std::size_t bytes, std::size_t alignment,
+                                        CUdeviceptr hint, unsigned long long flags) {
+  SIM_BEGIN(cuMemAddressReserve);
+  (void)hint;
+  if (!pointer || bytes == 0 || bytes % kVirtualGranularity || flags != 0 ||
+      (alignment && (alignment & (alignment - 1))))
+    return CUDA_ERROR_INVALID_VALUE;
+  alignment = std::max(alignment, kVirtualGranularity);
+  const std::size_t span = bytes + alignment;
+  void* mapping = mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (mapping == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  const auto start = reinterpret_cast<std::uintptr_t>(mapping);
+  const std::uintptr_t base = round_up(start, alignment);
+  if (base > start) munmap(mapping, base - start);
+  if (start + span > base + bytes) munmap(reinterpret_cast<void*>(base + bytes), start + span - base - bytes);
+  s.reservations.emplace(base, bytes);
+  *pointer = base;
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemAddressFree(CUdeviceptr pointer, std::size_t bytes) {
+  SIM_BEGIN(cuMemAddressFree);
+  auto it = s.reservations.find(pointer);
+  if (it == s.reservations.end() || it->second != bytes) return CUDA_ERROR_INVALID_VALUE;
+  auto mapped = s.allocations.lower_bound(pointer);
+  if (mapped != s.allocations.end() && mapped->first < pointer + bytes) return CUDA_ERROR_INVALID_VALUE;  // still mapped
+  munmap(reinterpret_cast<void*>(pointer), bytes);
+  s.reservations.erase(it);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, std::size_t bytes,
+                                const CUmemAllocationProp* properties, unsigned long long flags) {
+  SIM_BEGIN(cuMemCreate);
+  if (!handle || bytes == 0 || bytes % kVirtualGranularity || flags != 0 || !is_device_property(s, properties))
+    return CUDA_ERROR_INVALID_VALUE;
+  Device& device = *s.devices[properties->location.id];
+  if (!ensure_arena(device)) return CUDA_ERROR_OUT_OF_MEMORY;
+  auto offset = device.ranges->allocate_aligned(bytes, kVirtualGranularity);  // mmap wants page offsets
+  if (!offset) return CUDA_ERROR_OUT_OF_MEMORY;
+  device.used += bytes;
+  const std::uint64_t id = s.next_physical_handle++;
+  s.physical.emplace(id, PhysicalMemory{device.ordinal, *offset, bytes, 0, false});
+  *handle = id;
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  SIM_BEGIN(cuMemRelease);
+  auto it = s.physical.find(handle);
+  if (it == s.physical.end() || it->second.released) return CUDA_ERROR_INVALID_VALUE;
+  it->second.released = true;
+  if (it->second.mappings == 0) release_physical(s, it);
+  return CUDA_SUCCESS;
+}
+
+// Maps the whole of a handle's memory (offset 0): all cuemm asks for.
+SIM_EXPORT CUresult cuMemMap(CUdeviceptr pointer, std::size_t bytes, std::size_t offset,
+                             CUmemGenericAllocationHandle handle, unsigned long long flags) {
+  SIM_BEGIN(cuMemMap);
+  auto physical = s.physical.find(handle);
+  if (physical == s.physical.end() || physical->second.released || offset != 0 || flags != 0 ||
+      bytes != physical->second.size || pointer % kVirtualGranularity || !is_reserved(s, pointer, bytes))
+    return CUDA_ERROR_INVALID_VALUE;
+  auto next = s.allocations.lower_bound(pointer);
+  if ((next != s.allocations.end() && next->first < pointer + bytes) || s.find(pointer))
+    return CUDA_ERROR_INVALID_VALUE;  // already mapped
+  Device& device = *s.devices[physical->second.device];
+  void* mapped = mmap(reinterpret_cast<void*>(pointer), bytes, PROT_NONE, MAP_SHARED | MAP_FIXED, device.memfd,
+                      static_cast<off_t>(physical->second.arena_offset));
+  if (mapped == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  Allocation allocation;
+  allocation.base = pointer;
+  allocation.size = bytes;
+  allocation.kind = AllocationKind::VirtualMapping;
+  allocation.context = current_context(s) ? current_context(s) : device.primary;
+  allocation.device = device.ordinal;
+  allocation.arena_offset = physical->second.arena_offset;
+  allocation.arena_size = bytes;
+  allocation.id = s.next_allocation_id++;
+  allocation.physical = handle;
+  ++physical->second.mappings;
+  s.allocations.emplace(pointer, allocation);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemSetAccess(CUdeviceptr pointer, std::size_t bytes, const CUmemAccessDesc* descriptors,
+                                   std::size_t count) {
+  SIM_BEGIN(cuMemSetAccess);
+  if (!descriptors || count == 0 || !s.find(pointer, bytes) ||
+      s.find(pointer)->kind != AllocationKind::VirtualMapping)
+    return CUDA_ERROR_INVALID_VALUE;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (descriptors[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || !device_at(s, descriptors[i].location.id))
+      return CUDA_ERROR_INVALID_DEVICE;
+  }
+  const int protection = descriptors[0].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
+                         : descriptors[0].flags == 0x1                               ? PROT_READ
+                                                                                     : PROT_NONE;
+  mprotect(reinterpret_cast<void*>(pointer), bytes, protection);
+  return CUDA_SUCCESS;
+}
+
+// Unmaps whole mappings only, one or several side by side.
+SIM_EXPORT CUresult cuMemUnmap(CUdeviceptr pointer, std::size_t bytes) {
+  SIM_BEGIN(cuMemUnmap);
+  std::uintptr_t end = pointer;
+  for (auto it = s.allocations.find(pointer); end < pointer + bytes; it = s.allocations.find(end)) {
+    if (it == s.allocations.end() || it->second.kind != AllocationKind::VirtualMapping) return CUDA_ERROR_INVALID_VALUE;
+    end += it->second.size;
+  }
+  if (end != pointer + bytes) return CUDA_ERROR_INVALID_VALUE;
+  for (auto it = s.allocations.find(pointer); it != s.allocations.end() && it->first < end;) {
+    auto next = std::next(it);
+    release_allocation(s, it);
+    it = next;
+  }
   return CUDA_SUCCESS;
 }
 

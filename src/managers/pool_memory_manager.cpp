@@ -11,6 +11,8 @@
 
 #include "cuemm/driver/driver.hpp"
 #include "cuemm/managers/detail/dedicated_segments.hpp"
+#include "cuemm/managers/detail/expandable_arena.hpp"
+#include "cuemm/runtime/device.hpp"
 #include "cuemm/managers/detail/rent_or_buy.hpp"
 #include "cuemm/managers/detail/reuse_epochs.hpp"
 #include "cuemm/managers/detail/size_classes.hpp"
@@ -73,6 +75,12 @@ PoolOptions PoolOptions::from_environment() {
       util::byte_size_from_environment("CUEMM_POOL_THREAD_CACHE_SIZE").value_or(options.thread_cache_size);
   options.dedicated_size =
       util::byte_size_from_environment("CUEMM_POOL_DEDICATED_SIZE").value_or(options.dedicated_size);
+  if (const char* text = std::getenv("CUEMM_POOL_EXPANDABLE"); text && *text) {
+    const std::string value(text);
+    if (value != "0" && value != "1")
+      throw InvalidArgument("CUEMM_POOL_EXPANDABLE must be 0 or 1 (got '" + value + "')");
+    options.expandable = value == "1";
+  }
   if (const char* text = std::getenv("CUEMM_PINNED_HOST_POOL"); text && *text) {
     const std::string value(text);
     if (value != "0" && value != "1")
@@ -328,6 +336,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   mutable BlockingAwareMutex mutex;
   detail::TlsfBlockAllocator blocks{kBlockGranularity};
   detail::DedicatedSegments dedicated;  // Note [Dedicated segments]
+  std::unique_ptr<detail::ExpandableArena> arena;  // with options.expandable (Note [Expandable arena])
   detail::ReuseEpochs epochs{context};
   struct Quarantined {
     std::uintptr_t address;
@@ -536,6 +545,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // Takes a new segment of at least `size` bytes from the driver. Returns
   // false when the driver or the pool's maximum has no room.
   bool grow(std::size_t size) {
+    if (options.expandable) return grow_arena(size);
     // The index searches lists whose blocks are all >= size: up to 1/16 above
     // it (Note [Two-level segregated fit]); a segment that small must still be found.
     const std::size_t wanted = round_up(size + size / 16 + kBlockGranularity, kSegmentGranularity);
@@ -564,6 +574,38 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     }
   }
 
+  // grow() with options.expandable: maps what the arena's free end lacks for
+  // a block of `size` (Note [Expandable arena]).
+  bool grow_arena(std::size_t size) {
+    ScopedContext scope(*context);
+    if (!arena) arena = std::make_unique<detail::ExpandableArena>(context->device().id());
+    if (!arena->reserved()) {
+      std::size_t free = 0, total = 0;
+      CUEMM_CU(cuMemGetInfo, &free, &total);
+      arena->reserve(options.maximum_size ? options.maximum_size : total);
+    }
+    const std::uintptr_t base = arena->base();
+    const std::uintptr_t end = base + arena->mapped_bytes();
+    const std::size_t free_at_end = arena->mapped_bytes() ? end - blocks.free_tail(base) : 0;
+    // The index takes a block from a list whose blocks are all >= size: up
+    // to 1/16 above it (Note [Two-level segregated fit]).
+    const std::size_t wanted = size + size / 16 + kBlockGranularity;
+    const std::size_t step = round_up(wanted > free_at_end ? wanted - free_at_end : 1, arena->granularity());
+    if (options.maximum_size && reserved_bytes() + step > options.maximum_size) return false;
+    if (!arena->grow(step)) return false;
+    try {
+      if (end == base) {
+        blocks.add_region(base, step);
+      } else {
+        blocks.extend_region(base, step);
+      }
+    } catch (...) {
+      arena->shrink_to(end - base);
+      throw;
+    }
+    return true;
+  }
+
   // Gives back every spare and every entirely free shared segment.
   std::size_t release_free_segments() {
     const auto spares = dedicated.take_spares_over(0);
@@ -571,11 +613,26 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     std::size_t released = 0;
     for (const auto& spare : spares) released += spare.size;
     ScopedContext scope(*context);
+    if (arena) return released + shrink_arena();
     for (const auto& region : blocks.take_free_regions()) {
       CUEMM_CU_RESULT(cuMemFree, region.base);
       released += region.size;
     }
     return released;
+  }
+
+  // Unmaps the arena's free end, whole mappings only.
+  std::size_t shrink_arena() {
+    if (arena->mapped_bytes() == 0) return 0;
+    const std::uintptr_t base = arena->base();
+    const std::size_t cut = arena->mapping_end_at_or_after(blocks.free_tail(base) - base);
+    if (cut == arena->mapped_bytes()) return 0;
+    if (cut == 0) {
+      blocks.take_free_regions();  // the arena's one region, all free
+    } else {
+      blocks.shrink_region(base, base + cut);
+    }
+    return arena->shrink_to(cut);
   }
 
   // A block of `size` bytes from the index, trying in order of cost: the
@@ -1156,7 +1213,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       ScopedContext scope(*context);
       CUEMM_CU_RESULT(cuCtxSynchronize);  // blocks in use may still be read by queued work
       if (ordering_event) CUEMM_CU_RESULT(cuEventDestroy, std::exchange(ordering_event, nullptr));
-      for (const auto& region : blocks.take_all_regions()) CUEMM_CU_RESULT(cuMemFree, region.base);
+      for (const auto& region : blocks.take_all_regions())
+        if (!arena) CUEMM_CU_RESULT(cuMemFree, region.base);
+      if (arena) arena->release();
       free_segments(dedicated.take_all());
     } catch (const std::exception& error) {
       std::fprintf(stderr, "cuemm pool: returning memory failed: %s\n", error.what());
@@ -1270,6 +1329,17 @@ void PoolMemoryManager::deallocate(cuda::CUdeviceptr pointer, std::size_t size, 
 }
 
 IpcHandle PoolMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer>& memory) {
+  if (memory && options_.expandable) {
+    std::lock_guard lock(core_->mutex);
+    if (core_->arena && core_->arena->contains(memory->handle())) {
+      char address[32];
+      std::snprintf(address, sizeof address, "0x%llx", static_cast<unsigned long long>(memory->handle()));
+      throw NotSupported(std::string("pool: the block at ") + address +
+                         " lies in the pool's expandable arena (CUEMM_POOL_EXPANDABLE=1), memory that "
+                         "cuIpcGetMemHandle cannot export; blocks of the dedicated size (" +
+                         describe_bytes(options_.dedicated_size) + ") and more, or a pool without the option, can be");
+    }
+  }
   // The driver's handle names the whole segment; the block's offset in it
   // travels in the IpcHandle.
   return export_device_memory(context(), memory);

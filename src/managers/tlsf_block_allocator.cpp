@@ -86,8 +86,16 @@ void TlsfBlockAllocator::add_region(std::uintptr_t base, std::size_t size) {
     throw std::invalid_argument("TlsfBlockAllocator: a region must be a non-empty multiple of the granularity");
   regions_.reserve(regions_.size() + 1);
   Block* block = new_block();
-  *block = Block{base, size, nullptr, nullptr, nullptr, nullptr, false};
-  regions_.push_back(block);
+  Block* sentinel;
+  try {
+    sentinel = new_block();
+  } catch (...) {
+    recycle(block);
+    throw;
+  }
+  *block = Block{base, size, nullptr, sentinel, nullptr, nullptr, false};
+  *sentinel = Block{base + size, 0, block, nullptr, nullptr, nullptr, false};
+  regions_.push_back({block, sentinel});
   insert_free(block);
   region_bytes_ += size;
   free_bytes_ += size;
@@ -149,18 +157,66 @@ std::size_t TlsfBlockAllocator::block_size(std::uintptr_t address) const {
   return it == allocated_.end() ? 0 : it->second->size;
 }
 
+const TlsfBlockAllocator::Bounds& TlsfBlockAllocator::bounds_of(std::uintptr_t base) const {
+  for (const Bounds& bounds : regions_)
+    if (bounds.first->address == base) return bounds;
+  throw std::invalid_argument("TlsfBlockAllocator: no region starts at that address");
+}
+
+void TlsfBlockAllocator::extend_region(std::uintptr_t base, std::size_t size) {
+  if (size == 0 || size % granularity_) throw std::invalid_argument("TlsfBlockAllocator: a region grows by a non-empty multiple of the granularity");
+  Block* sentinel = bounds_of(base).sentinel;
+  Block* last = sentinel->previous_in_memory;
+  if (last->free) {
+    remove_free(last);
+    last->size += size;
+  } else {
+    Block* added = new_block();
+    *added = Block{sentinel->address, size, last, sentinel, nullptr, nullptr, false};
+    last->next_in_memory = added;
+    sentinel->previous_in_memory = added;
+    last = added;
+  }
+  sentinel->address += size;
+  insert_free(last);
+  region_bytes_ += size;
+  free_bytes_ += size;
+}
+
+std::uintptr_t TlsfBlockAllocator::free_tail(std::uintptr_t base) const {
+  const Block* last = bounds_of(base).sentinel->previous_in_memory;
+  return last->free ? last->address : last->address + last->size;
+}
+
+void TlsfBlockAllocator::shrink_region(std::uintptr_t base, std::uintptr_t end) {
+  Block* sentinel = bounds_of(base).sentinel;
+  Block* last = sentinel->previous_in_memory;
+  if (end == sentinel->address) return;
+  if (!last->free || end <= last->address || end > sentinel->address || (end - last->address) % granularity_)
+    throw std::invalid_argument("TlsfBlockAllocator: a region shrinks only within the free space at its end");
+  const std::size_t removed = sentinel->address - end;
+  remove_free(last);
+  last->size -= removed;
+  insert_free(last);
+  sentinel->address = end;
+  region_bytes_ -= removed;
+  free_bytes_ -= removed;
+}
+
 std::vector<TlsfBlockAllocator::Region> TlsfBlockAllocator::take_free_regions() {
   std::vector<Region> taken;
-  std::vector<Block*> kept;
-  for (Block* first : regions_) {
-    if (first->free && !first->next_in_memory) {
+  std::vector<Bounds> kept;
+  for (const Bounds& bounds : regions_) {
+    Block* first = bounds.first;
+    if (first->free && first->next_in_memory == bounds.sentinel) {
       remove_free(first);
       taken.push_back({first->address, first->size});
       region_bytes_ -= first->size;
       free_bytes_ -= first->size;
       recycle(first);
+      recycle(bounds.sentinel);
     } else {
-      kept.push_back(first);
+      kept.push_back(bounds);
     }
   }
   regions_ = std::move(kept);
@@ -169,7 +225,8 @@ std::vector<TlsfBlockAllocator::Region> TlsfBlockAllocator::take_free_regions() 
 
 std::vector<TlsfBlockAllocator::Region> TlsfBlockAllocator::take_all_regions() {
   std::vector<Region> taken;
-  for (Block* block : regions_) {
+  for (const Bounds& bounds : regions_) {
+    Block* block = bounds.first;
     Region region{block->address, 0};
     for (; block; block = block->next_in_memory) region.size += block->size;
     taken.push_back(region);

@@ -39,6 +39,24 @@ struct CUmemLocation {
   int type;  // CU_MEM_LOCATION_TYPE_*
   int id;
 };
+// Virtual memory management (CUDA 10.2+): reserve addresses, map physical memory into them.
+using CUmemGenericAllocationHandle = unsigned long long;
+struct CUmemAllocationProp {
+  int type;                    // CU_MEM_ALLOCATION_TYPE_*
+  int requested_handle_types;  // CU_MEM_HANDLE_TYPE_*
+  CUmemLocation location;
+  void* win32_handle_metadata;
+  unsigned char compression_type;
+  unsigned char gpu_direct_rdma_capable;
+  unsigned short usage;
+  unsigned char reserved[4];
+};
+struct CUmemAccessDesc {
+  CUmemLocation location;
+  int flags;  // CU_MEM_ACCESS_FLAGS_PROT_*
+};
+inline constexpr int CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 0x3;
+inline constexpr int CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0x0;
 struct CUmemPoolProps {
   int alloc_type;    // CU_MEM_ALLOCATION_TYPE_*
   int handle_types;  // CU_MEM_HANDLE_TYPE_* bits the pool's memory may be exported as
@@ -49,6 +67,7 @@ struct CUmemPoolProps {
   unsigned char reserved[54];
 };
 static_assert(sizeof(CUmemPoolProps) == 88);
+static_assert(sizeof(CUmemAllocationProp) == 32 && sizeof(CUmemAccessDesc) == 12);
 inline constexpr int CU_MEM_ALLOCATION_TYPE_PINNED = 0x1;
 inline constexpr int CU_MEM_LOCATION_TYPE_DEVICE = 0x1;
 inline constexpr int CU_MEM_HANDLE_TYPE_NONE = 0x0;
@@ -226,6 +245,21 @@ inline bool is_default_stream(CUstream stream) noexcept {
     (CUmodule * module, const void* image, unsigned num_options, int* options, void** values))     \
   X(cuModuleUnload, "cuModuleUnload", (CUmodule module))                                           \
   X(cuModuleGetFunction, "cuModuleGetFunction", (CUfunction * function, CUmodule module, const char* name)) \
+  X(cuMemAddressReserve, "cuMemAddressReserve",                                                   \
+    (CUdeviceptr * pointer, std::size_t bytes, std::size_t alignment, CUdeviceptr hint, unsigned long long flags)) \
+  X(cuMemAddressFree, "cuMemAddressFree", (CUdeviceptr pointer, std::size_t bytes))                \
+  X(cuMemCreate, "cuMemCreate",                                                                   \
+    (CUmemGenericAllocationHandle * handle, std::size_t bytes, const CUmemAllocationProp* properties, \
+     unsigned long long flags))                                                                    \
+  X(cuMemRelease, "cuMemRelease", (CUmemGenericAllocationHandle handle))                           \
+  X(cuMemMap, "cuMemMap",                                                                         \
+    (CUdeviceptr pointer, std::size_t bytes, std::size_t offset, CUmemGenericAllocationHandle handle, \
+     unsigned long long flags))                                                                    \
+  X(cuMemUnmap, "cuMemUnmap", (CUdeviceptr pointer, std::size_t bytes))                            \
+  X(cuMemSetAccess, "cuMemSetAccess",                                                             \
+    (CUdeviceptr pointer, std::size_t bytes, const CUmemAccessDesc* descriptors, std::size_t count)) \
+  X(cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity",                               \
+    (std::size_t * granularity, const CUmemAllocationProp* properties, int option))               \
   X(cuMemPoolCreate, "cuMemPoolCreate", (CUmemoryPool * pool, const CUmemPoolProps* properties))   \
   X(cuMemPoolDestroy, "cuMemPoolDestroy", (CUmemoryPool pool))                                     \
   X(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", (CUmemoryPool pool, int attribute, void* value)) \

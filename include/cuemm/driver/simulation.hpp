@@ -30,7 +30,8 @@ void reset_call_counts();
 void inject_fault(const std::string& function, std::uint64_t nth, cuda::CUresult result, std::uint64_t times = 1);
 void clear_faults();
 
-enum class AllocationKind { Any = -1, Device = 0, Managed = 1, PinnedHost = 2, RegisteredHost = 3, IpcMapping = 4 };
+enum class AllocationKind { Any = -1, Device = 0, Managed = 1, PinnedHost = 2, RegisteredHost = 3, IpcMapping = 4,
+                            VirtualMapping = 5 };
 std::uint64_t live_allocations(AllocationKind kind = AllocationKind::Any);
 std::uint64_t device_bytes_in_use(int device);
 

@@ -51,6 +51,18 @@ class TlsfBlockAllocator {
   std::size_t deallocate(std::uintptr_t address);
   std::size_t block_size(std::uintptr_t address) const;
 
+  // Growing and shrinking a region in place (an address range the owner maps
+  // memory into at its end). Each finds the region by its base among all regions.
+  // Adds `size` bytes at the end of the region that starts at `base`; they
+  // merge with a free block there.
+  void extend_region(std::uintptr_t base, std::size_t size);
+  // Where the free space at the end of that region begins: its end when the
+  // last block is in use.
+  std::uintptr_t free_tail(std::uintptr_t base) const;
+  // Gives back the region's end from `end` on, which must lie within the free
+  // space at its end and leave the region non-empty (multiples of the granularity).
+  void shrink_region(std::uintptr_t base, std::uintptr_t end);
+
   // Removes and returns every region that is entirely free.
   std::vector<Region> take_free_regions();
   // Forgets everything (the owner frees the regions).
@@ -83,6 +95,14 @@ class TlsfBlockAllocator {
     bool free;
   };
 
+  // Each region ends in a sentinel node: size 0, never free, so nothing merges
+  // past it, and its previous_in_memory is the region's last block.
+  struct Bounds {
+    Block* first;
+    Block* sentinel;
+  };
+  const Bounds& bounds_of(std::uintptr_t base) const;
+
   struct Index {
     int first;
     int second;
@@ -99,7 +119,7 @@ class TlsfBlockAllocator {
   std::uint32_t second_level_bitmaps_[kFirstLevels] = {};
   Block* free_lists_[kFirstLevels][kSecondLevels] = {};
   std::unordered_map<std::uintptr_t, Block*> allocated_;
-  std::vector<Block*> regions_;  // the first block of each region
+  std::vector<Bounds> regions_;
   std::vector<std::unique_ptr<Block[]>> node_chunks_;
   std::vector<Block*> spare_nodes_;
   std::size_t region_bytes_ = 0;

@@ -1,0 +1,83 @@
+#include "cuemm/managers/detail/expandable_arena.hpp"
+
+#include "cuemm/driver/driver.hpp"
+
+namespace cuemm::detail {
+
+ExpandableArena::~ExpandableArena() { release(); }
+
+cuda::CUmemAllocationProp ExpandableArena::properties() const noexcept {
+  cuda::CUmemAllocationProp properties{};
+  properties.type = cuda::CU_MEM_ALLOCATION_TYPE_PINNED;
+  properties.location = {cuda::CU_MEM_LOCATION_TYPE_DEVICE, device_};
+  return properties;
+}
+
+void ExpandableArena::reserve(std::size_t bytes) {
+  if (base_) return;
+  const cuda::CUmemAllocationProp wanted = properties();
+  std::size_t granularity = 0;
+  CUEMM_CU(cuMemGetAllocationGranularity, &granularity, &wanted, cuda::CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  if (granularity == 0) throw Error("cuMemGetAllocationGranularity gave 0 for device " + std::to_string(device_));
+  granularity_ = granularity;
+  const std::size_t rounded = (bytes + granularity - 1) / granularity * granularity;
+  CUEMM_CU_ALLOC(rounded, cuMemAddressReserve, &base_, rounded, 0, 0, 0);
+  reserved_ = rounded;
+}
+
+bool ExpandableArena::grow(std::size_t bytes) {
+  if (bytes == 0 || bytes % granularity_) throw InvalidArgument("ExpandableArena::grow: " + std::to_string(bytes) + " bytes is not a multiple of the granularity");
+  if (mapped_ + bytes > reserved_) return false;
+  mappings_.reserve(mappings_.size() + 1);
+  const cuda::CUmemAllocationProp wanted = properties();
+  cuda::CUmemGenericAllocationHandle handle = 0;
+  const cuda::CUresult created = CUEMM_CU_RESULT(cuMemCreate, &handle, bytes, &wanted, 0);
+  if (created == cuda::CUDA_ERROR_OUT_OF_MEMORY) return false;
+  if (created != cuda::CUDA_SUCCESS) driver::throw_allocation_error(created, "cuMemCreate", bytes);
+  const cuda::CUdeviceptr at = base_ + mapped_;
+  cuda::CUresult result = CUEMM_CU_RESULT(cuMemMap, at, bytes, 0, handle, 0);
+  if (result == cuda::CUDA_SUCCESS) {
+    const cuda::CUmemAccessDesc access{{cuda::CU_MEM_LOCATION_TYPE_DEVICE, device_}, cuda::CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    result = CUEMM_CU_RESULT(cuMemSetAccess, at, bytes, &access, 1);
+    if (result != cuda::CUDA_SUCCESS) CUEMM_CU_RESULT(cuMemUnmap, at, bytes);
+  }
+  if (result != cuda::CUDA_SUCCESS) {
+    CUEMM_CU_RESULT(cuMemRelease, handle);
+    if (result == cuda::CUDA_ERROR_OUT_OF_MEMORY) return false;
+    driver::throw_allocation_error(result, "cuMemMap", bytes);
+  }
+  mappings_.push_back({mapped_, bytes, handle});
+  mapped_ += bytes;
+  return true;
+}
+
+std::size_t ExpandableArena::mapping_end_at_or_after(std::size_t offset) const {
+  // From the end: the pool cuts only its free tail, a few mappings.
+  std::size_t end = mapped_;
+  for (auto it = mappings_.rbegin(); it != mappings_.rend() && it->offset >= offset; ++it) end = it->offset;
+  return end;
+}
+
+void ExpandableArena::unmap_last() noexcept {
+  const Mapping last = mappings_.back();
+  CUEMM_CU_RESULT(cuMemUnmap, base_ + last.offset, last.size);
+  CUEMM_CU_RESULT(cuMemRelease, last.handle);
+  mappings_.pop_back();
+  mapped_ = last.offset;
+}
+
+std::size_t ExpandableArena::shrink_to(std::size_t offset) {
+  const std::size_t before = mapped_;
+  while (!mappings_.empty() && mappings_.back().offset >= offset) unmap_last();
+  return before - mapped_;
+}
+
+void ExpandableArena::release() noexcept {
+  if (!base_) return;
+  while (!mappings_.empty()) unmap_last();
+  CUEMM_CU_RESULT(cuMemAddressFree, base_, reserved_);
+  base_ = 0;
+  reserved_ = 0;
+}
+
+}  // namespace cuemm::detail
