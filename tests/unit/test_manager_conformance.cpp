@@ -25,6 +25,14 @@ struct StatisticsOverPool {
     return std::make_unique<StatisticsAdaptor>(context, std::make_unique<PoolMemoryManager>(context));
   }
 };
+// The pool with its expandable arena (Note [Expandable arena]).
+struct ExpandablePool {
+  static std::unique_ptr<BaseMemoryManager> make(Context* context) {
+    PoolOptions options = PoolOptions::from_environment();
+    options.expandable = true;
+    return std::make_unique<PoolMemoryManager>(context, options);
+  }
+};
 struct LoggingOverDefault {
   static std::unique_ptr<BaseMemoryManager> make(Context* context) {
     return std::make_unique<LoggingAdaptor>(context, std::make_unique<DefaultMemoryManager>(context), discarded());
@@ -74,7 +82,7 @@ class Conformance : public ::testing::Test {
   std::unique_ptr<BaseMemoryManager> manager;
 };
 
-using ManagerTypes = ::testing::Types<Plain<DefaultMemoryManager>, Plain<PoolMemoryManager>,
+using ManagerTypes = ::testing::Types<Plain<DefaultMemoryManager>, Plain<PoolMemoryManager>, ExpandablePool,
                                       Plain<AsyncMemoryManager>, StatisticsOverPool,
                                       LoggingOverDefault, TrackingOverPool, LimitingOverStatisticsOverPool>;
 TYPED_TEST_SUITE(Conformance, ManagerTypes);
@@ -165,6 +173,7 @@ TYPED_TEST(Conformance, ADriverFailureLeavesTheManagerConsistent) {
     // Every device allocation call fails for a while: the first allocation cannot succeed.
     simulation::inject_fault("cuMemAlloc", 1, failure, 8);
     simulation::inject_fault("cuMemAllocFromPoolAsync", 1, failure, 8);
+    simulation::inject_fault("cuMemCreate", 1, failure, 8);
     EXPECT_THROW(this->manager->memalloc(1 << 20), CudaError);
     simulation::clear_faults();
     EXPECT_EQ(simulation::device_bytes_in_use(0), baseline) << "a failed allocation left memory behind";
@@ -191,7 +200,9 @@ TYPED_TEST(Conformance, AnyDriverCallFailingLeavesNothingBehind) {
   for (const std::string function :
        {"cuMemAlloc", "cuMemFree", "cuMemAllocFromPoolAsync", "cuMemFreeAsync", "cuMemPoolCreate",
         "cuMemPoolSetAttribute", "cuMemGetInfo", "cuEventCreate", "cuEventRecord", "cuEventQuery",
-        "cuEventSynchronize", "cuCtxSynchronize", "cuMemHostAlloc", "cuMemFreeHost", "cuMemHostGetDevicePointer"}) {
+        "cuEventSynchronize", "cuCtxSynchronize", "cuMemHostAlloc", "cuMemFreeHost", "cuMemHostGetDevicePointer",
+        "cuMemGetAllocationGranularity", "cuMemAddressReserve", "cuMemCreate", "cuMemMap", "cuMemSetAccess",
+        "cuMemUnmap", "cuMemRelease", "cuMemAddressFree"}) {
     for (std::uint64_t nth = 1; nth <= 3; ++nth) {
       SCOPED_TRACE(function + " failing at call " + std::to_string(nth));
       {
@@ -218,7 +229,8 @@ TYPED_TEST(Conformance, AnyDriverCallFailingLeavesNothingBehind) {
       }
       this->context.deallocations().flush_all();
       this->context.synchronize();
-      if (function.starts_with("cuMemFree")) {  // the driver kept what it refused to free
+      if (function.starts_with("cuMemFree") || function == "cuMemUnmap" || function == "cuMemRelease" ||
+          function == "cuMemAddressFree") {  // the driver kept what it refused to free
         baseline = simulation::device_bytes_in_use(0);
         host_baseline = simulation::live_allocations(simulation::AllocationKind::PinnedHost);
         continue;

@@ -349,6 +349,12 @@ TEST_F(Pool, SizesFromTheEnvironmentAreParsed) {
   }
   unsetenv("CUEMM_POOL_INITIAL_SIZE");
   unsetenv("CUEMM_POOL_MAXIMUM_SIZE");
+  EXPECT_FALSE(PoolOptions::from_environment().expandable);
+  setenv("CUEMM_POOL_EXPANDABLE", "1", 1);
+  EXPECT_TRUE(PoolOptions::from_environment().expandable);
+  setenv("CUEMM_POOL_EXPANDABLE", "yes", 1);
+  EXPECT_THROW(PoolOptions::from_environment(), InvalidArgument);
+  unsetenv("CUEMM_POOL_EXPANDABLE");
 }
 
 TEST_F(Pool, TheRawInterfaceHandsOutAlignedDistinctBlocks) {
@@ -691,4 +697,49 @@ TEST_F(Pool, AnyDriverCallFailingInTheStreamOrderedPathsLeavesNothingBehind) {
       EXPECT_EQ(simulation::device_bytes_in_use(0), baseline) << "the pool left device memory behind";
     }
   }
+}
+
+// Note [Expandable arena]: growth maps memory right after the free end, so a
+// block too large for the free end alone spans it and the new memory.
+TEST_F(Pool, AnExpandablePoolGrowsItsOneRangeByWhatIsMissing) {
+  PoolOptions options;
+  options.expandable = true;
+  options.thread_cache_size = 0;  // every block from the index
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  auto first = pool.memalloc(1536 << 10);
+  const std::size_t reserved = pool.statistics().reserved_bytes;
+  EXPECT_EQ(reserved, 2u << 20) << "grew by more than one 2 MiB page for 1.5 MiB";
+  auto second = pool.memalloc(2 << 20);  // needs the free 0.5 MiB at the end and one more page
+  auto values = std::vector<std::uint32_t>((2 << 20) / 4, 7u);
+  DeviceArray<std::uint32_t>(second, values.size()).copy_to_device(values);
+  EXPECT_EQ(DeviceArray<std::uint32_t>(second, values.size()).copy_to_host(), values);
+  EXPECT_EQ(second->device_pointer(), first->device_pointer() + (1536 << 10));
+  EXPECT_EQ(pool.statistics().segments, 1u);
+  EXPECT_EQ(pool.statistics().reserved_bytes, 4u << 20);
+  second.reset();
+  EXPECT_EQ(pool.trim(), 2u << 20) << "the free end's whole mapping was not unmapped";
+  first.reset();
+  EXPECT_EQ(pool.trim(), 2u << 20);
+  EXPECT_EQ(pool.statistics().reserved_bytes, 0u);
+  auto again = pool.memalloc(4096);  // grows from nothing again
+  EXPECT_EQ(pool.statistics().reserved_bytes, 2u << 20);
+}
+
+TEST_F(Pool, AnExpandablePoolRefusesIpcOfItsArenaByName) {
+  PoolOptions options;
+  options.expandable = true;
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  auto small = pool.memalloc(4096);
+  try {
+    pool.get_ipc_handle(small);
+    ADD_FAILURE() << "an arena block was exported";
+  } catch (const NotSupported& error) {
+    EXPECT_NE(std::string(error.what()).find("CUEMM_POOL_EXPANDABLE"), std::string::npos) << error.what();
+  }
+  auto large = pool.memalloc(8 << 20);  // a segment of its own: exportable
+  IpcHandle handle = pool.get_ipc_handle(large);
+  EXPECT_EQ(handle.offset(), 0u);
+  EXPECT_EQ(handle.size(), 8u << 20);
 }

@@ -114,3 +114,39 @@ TEST(TlsfBlockAllocator, TakeAllRegionsForgetsEverything) {
   EXPECT_FALSE(allocator.allocate(512));
   EXPECT_THROW(allocator.add_region(kBase + 1, 512), std::invalid_argument);
 }
+
+TEST(TlsfBlockAllocator, ARegionGrowsIntoTheFreeSpaceAtItsEnd) {
+  TlsfBlockAllocator allocator(256);
+  allocator.add_region(kBase, 1 << 20);
+  auto front = allocator.allocate(768 << 10);  // leaves 256 KiB free at the end
+  ASSERT_TRUE(front);
+  EXPECT_EQ(allocator.free_tail(kBase), kBase + (768 << 10));
+  EXPECT_FALSE(allocator.allocate(1 << 20));
+  allocator.extend_region(kBase, 1 << 20);
+  auto merged = allocator.allocate(1 << 20);  // only fits across the old end
+  ASSERT_TRUE(merged);
+  EXPECT_EQ(*merged, kBase + (768 << 10));
+  EXPECT_EQ(allocator.region_count(), 1u);
+  EXPECT_EQ(allocator.region_bytes(), 2u << 20);
+  // With the end in use, growth adds a free block after it.
+  EXPECT_EQ(allocator.free_tail(kBase), kBase + (1792 << 10));
+  allocator.extend_region(kBase, 256 << 10);
+  allocator.deallocate(*merged);
+  EXPECT_EQ(allocator.free_tail(kBase), kBase + (768 << 10)) << "the freed block did not merge with the grown end";
+}
+
+TEST(TlsfBlockAllocator, ARegionShrinksOnlyWithinItsFreeEnd) {
+  TlsfBlockAllocator allocator(256);
+  allocator.add_region(kBase, 4 << 20);
+  auto front = allocator.allocate(1 << 20);
+  ASSERT_TRUE(front);
+  EXPECT_THROW(allocator.shrink_region(kBase, kBase + (512 << 10)), std::invalid_argument) << "cuts a block in use";
+  EXPECT_THROW(allocator.shrink_region(kBase + 256, kBase + (2 << 20)), std::invalid_argument) << "not a region";
+  allocator.shrink_region(kBase, kBase + (2 << 20));
+  EXPECT_EQ(allocator.region_bytes(), 2u << 20);
+  EXPECT_EQ(allocator.free_bytes(), 1u << 20);
+  EXPECT_FALSE(allocator.allocate((1 << 20) + 256)) << "space beyond the new end was handed out";
+  auto rest = allocator.allocate(1 << 20);
+  ASSERT_TRUE(rest);
+  EXPECT_EQ(*rest, kBase + (1 << 20));
+}
