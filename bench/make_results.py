@@ -57,6 +57,40 @@ def checked_out_commit():
     return head
 
 
+def fragmentation_lines(path):
+    """The fragmentation section of RESULTS.md from the output of gpu-check's `cuemm random` runs."""
+    lines = []
+    lines += ["", "## Fragmentation: `cuemm random` (RMM-style random allocations and frees)", "",
+              "| workload | manager | ns per operation | peak live | peak reserved | reserved / live |",
+              "|---|---|---|---|---|---|"]
+    workload = manager = None
+    seeds = []
+    for line in open(path):
+        if line.startswith("== seeds "):
+            head, ratios = line[len("== seeds "):].split(":", 1)
+            seeds_workload, seeds_manager = head.split(" ", 1)[1].rsplit(", ", 1)
+            values = [float(v) for v in ratios.split()]
+            if values:
+                seeds.append((head.split(" ", 1)[0], seeds_workload, seeds_manager, values))
+        elif line.startswith("== "):
+            workload, manager = line[3:].strip().rsplit(", ", 1)
+        elif line.startswith("manager ") and " ns each" in line:
+            per_operation = re.search(r"\(([0-9]+) ns each\)", line).group(1)
+        elif line.startswith("peak live"):
+            live = re.search(r"peak live ([0-9.]+ \w+)", line).group(1)
+            reserved = re.search(r"peak reserved ([0-9.]+ \w+)", line).group(1)
+            ratio = re.search(r"reserved/live ([0-9.]+)", line).group(1)
+            lines.append(f"| `{workload}` | {manager} | {per_operation} | {live} | {reserved} | {ratio} |")
+    if seeds:
+        lines += ["", "Other traces of the same workloads (`--seed`): reserved / live per seed.", "",
+                  "| workload | manager | seeds | mean | max | per seed |", "|---|---|---|---|---|---|"]
+        for seed_range, seeds_workload, seeds_manager, values in seeds:
+            lines.append(f"| `{seeds_workload}` | {seeds_manager} | {seed_range} | "
+                         f"{statistics.mean(values):.3f} | {max(values):.3f} | "
+                         f"{' '.join(f'{v:.3f}' for v in values)} |")
+    return lines
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--allocators", required=True, nargs="+",
@@ -146,20 +180,7 @@ def main():
         if d and p:
             lines.append(f"| {s:,} B | {fmt(d)} | {fmt(p)} | {d / p:,.0f}x |")
     if args.fragmentation:
-        lines += ["", "## Fragmentation: `cuemm random` (RMM-style random allocations and frees)", "",
-                  "| workload | manager | ns per operation | peak live | peak reserved | reserved / live |",
-                  "|---|---|---|---|---|---|"]
-        workload = manager = None
-        for line in open(args.fragmentation):
-            if line.startswith("== "):
-                workload, manager = line[3:].strip().rsplit(", ", 1)
-            elif line.startswith("manager ") and " ns each" in line:
-                per_operation = re.search(r"\(([0-9]+) ns each\)", line).group(1)
-            elif line.startswith("peak live"):
-                live = re.search(r"peak live ([0-9.]+ \w+)", line).group(1)
-                reserved = re.search(r"peak reserved ([0-9.]+ \w+)", line).group(1)
-                ratio = re.search(r"reserved/live ([0-9.]+)", line).group(1)
-                lines.append(f"| `{workload}` | {manager} | {per_operation} | {live} | {reserved} | {ratio} |")
+        lines += fragmentation_lines(args.fragmentation)
     lines += ["", "## Numba (Python): allocate + release, ns per pair", "",
               "`floor` is a do-nothing plugin that returns one fixed buffer: Numba's own cost. Each timed loop "
               "ends by flushing the manager's queue of deferred frees (Numba's default defers them), so every loop "

@@ -101,6 +101,19 @@ fi
       echo "== $workload, $manager"
       CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload --operations 20000 --manager $manager
     done
+    echo "== $workload, pool (expandable)"
+    CUEMM_POOL_EXPANDABLE=1 CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload --operations 20000 --manager pool
+  done
+  # Other traces of the same workloads: seeds 1-8.
+  for workload in "--max-size 4M --live 512M" "--max-size 1M --live 512M" "--max-size 256K --live 64M"; do
+    for expandable in 0 1; do
+      ratios=""
+      for seed in 1 2 3 4 5 6 7 8; do
+        ratios="$ratios $(CUEMM_POOL_EXPANDABLE=$expandable CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload \
+          --operations 20000 --seed $seed --manager pool | grep -o 'reserved/live [0-9.]*' | cut -d' ' -f2)"
+      done
+      echo "== seeds 1-8 $workload, pool$([ $expandable = 1 ] && echo ' (expandable)'):$ratios"
+    done
   done
   suite_log=$(ls -S /tmp/cuemm-suite-logs/*.csv 2>/dev/null | head -1)
   if [ -n "$suite_log" ]; then
@@ -108,9 +121,14 @@ fi
       echo "== replay of numba-cuda's suite log ($(($(wc -l <"$suite_log") - 1)) rows), $manager"
       CUEMM_DRIVER=cuda "$build/bin/cuemm" replay "$suite_log" --manager $manager
     done
+    echo "== replay of numba-cuda's suite log ($(($(wc -l <"$suite_log") - 1)) rows), pool (expandable)"
+    CUEMM_POOL_EXPANDABLE=1 CUEMM_DRIVER=cuda "$build/bin/cuemm" replay "$suite_log" --manager pool
   fi
 } >"$logs/bench_fragmentation.txt" 2>&1
-summary+=("fragmentation (pool, reserved/live): $(grep -A2 ', pool' "$logs/bench_fragmentation.txt" | grep -o 'reserved/live [0-9.]*' | tr '\n' ' ')")
+summary+=("fragmentation (pool, reserved/live): $(grep -A2 ', pool$' "$logs/bench_fragmentation.txt" | grep -o 'reserved/live [0-9.]*' | cut -d' ' -f2 | tr '\n' ' ')")
+summary+=("fragmentation (pool, expandable): $(grep -A2 ', pool (expandable)$' "$logs/bench_fragmentation.txt" | grep -o 'reserved/live [0-9.]*' | cut -d' ' -f2 | tr '\n' ' ')")
+summary+=("$(awk -F': ' '/^== seeds/ {n = split($2, v, " "); s = 0; m = 0; for (i = 1; i <= n; i++) { s += v[i]; if (v[i] > m) m = v[i] }
+  sub(/^== seeds 1-8 --max-size /, "", $1); sub(/ --live [0-9A-Z]*/, "", $1); printf "%s mean %.3f max %.3f; ", $1, s / n, m}' "$logs/bench_fragmentation.txt")")
 
 if [ -f "$logs/bench_allocators.json" ] && [ -f "$logs/bench_numba.json" ]; then
   (cd "$root" && "$python" bench/make_results.py --allocators "$logs/bench_allocators.json" "${anchors[@]}" \
