@@ -32,6 +32,8 @@ _OPTION_VARIABLES = {
         "initial_size": "CUEMM_POOL_INITIAL_SIZE",
         "maximum_size": "CUEMM_POOL_MAXIMUM_SIZE",
         "thread_cache_size": "CUEMM_POOL_THREAD_CACHE_SIZE",
+        "dedicated_size": "CUEMM_POOL_DEDICATED_SIZE",
+        "expandable": "CUEMM_POOL_EXPANDABLE",
         "pinned_host_pool": "CUEMM_PINNED_HOST_POOL",
     },
     "async": {"release_threshold": "CUEMM_ASYNC_RELEASE_THRESHOLD"},
@@ -49,7 +51,7 @@ def use_cuemm_for_numba(manager=None, *, log=False, **options):
     """Makes Numba allocate through cuemm's `manager` ("pool", "async" or "default").
 
     Options are the manager's (pool: initial_size, maximum_size, thread_cache_size,
-    pinned_host_pool; async: release_threshold) and, for any manager, adaptors,
+    dedicated_size, expandable, pinned_host_pool; async: release_threshold) and, for any manager, adaptors,
     limit and log_file; sizes may be numbers or strings such as "512M". log=True
     keeps a CSV log in memory for write_log() and plot(). Call it before Numba
     creates a context (before the first allocation or kernel launch).

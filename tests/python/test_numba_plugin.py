@@ -144,6 +144,26 @@ def test_the_log_the_statistics_and_the_plot(run_python, tmp_path):
     assert svg.read_text().startswith("<svg") and "polyline" in svg.read_text()
 
 
+def test_the_expandable_pool_serves_numba_and_refuses_ipc_of_its_arena(run_python):
+    run_python("""
+        import numpy as np
+        from numba import cuda
+        import cuemm
+        cuemm.use_cuemm_for_numba("pool", expandable=True, thread_cache_size=0)
+        arrays = [np.arange(n, dtype=np.float64) for n in (1, 1000, 300_000, 2_000_000)]
+        device = [cuda.to_device(a) for a in arrays]
+        for a, d in zip(arrays, device):
+            assert (d.copy_to_host() == a).all()
+        try:
+            device[1].get_ipc_handle()
+        except NotImplementedError as error:
+            assert "CUEMM_POOL_EXPANDABLE" in str(error), error
+        else:
+            raise AssertionError("an arena block was exported")
+        device[3].get_ipc_handle()  # 16 MB: a segment of its own, exportable
+    """)
+
+
 def test_threads_allocate_safely(run_python):
     run_python("""
         import threading
