@@ -37,8 +37,10 @@ constexpr std::uint32_t kMinimumBinCapacity = 4;
 constexpr std::uint32_t kRingBatchWorthSealing = 64;
 // Or this fraction of its capacity: a ring of the largest classes holds only
 // 64 blocks (the budget), and returning it to the index whenever the index
-// ran dry cost 1 MiB pairs 120 ns on the H100 (most of them).
-constexpr std::uint32_t kRingFractionWorthSealing = 8;
+// ran dry cost 1 MiB pairs 120 ns on the H100 (most of them). A loop then
+// sealing for every 8 blocks (1/8) paid a stream query per 8 pairs: 1 MiB
+// pairs 113-169 ns; per 32 blocks, 83 ns (16 threads: 67 -> 40 ns).
+constexpr std::uint32_t kRingFractionWorthSealing = 2;
 // Large blocks (beyond the size classes) a thread keeps from stream-ordered frees.
 constexpr std::uint32_t kOrderedLargeCapacity = 4;
 // Large blocks a thread has out whose size it remembers.
