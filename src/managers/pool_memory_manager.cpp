@@ -37,10 +37,11 @@ constexpr std::uint32_t kMinimumBinCapacity = 4;
 constexpr std::uint32_t kRingBatchWorthSealing = 64;
 // Or this fraction of its capacity: a ring of the largest classes holds only
 // 64 blocks (the budget), and returning it to the index whenever the index
-// ran dry cost 1 MiB pairs 120 ns on the H100 (most of them). A loop then
-// sealing for every 8 blocks (1/8) paid a stream query per 8 pairs: 1 MiB
-// pairs 113-169 ns; per 32 blocks, 83 ns (16 threads: 67 -> 40 ns).
-constexpr std::uint32_t kRingFractionWorthSealing = 2;
+// ran dry cost 1 MiB pairs 120 ns on the H100 (most of them). Sealing for
+// every 8 blocks (1/8) then paid a stream query per 8 pairs (1 MiB pairs
+// 113-169 ns on the H100); per 16, half as many. (Per 32, 1/2, kept the
+// largest rings at the whole budget, so they spilled in turn.)
+constexpr std::uint32_t kRingFractionWorthSealing = 4;
 // Large blocks (beyond the size classes) a thread keeps from stream-ordered frees.
 constexpr std::uint32_t kOrderedLargeCapacity = 4;
 // Large blocks a thread has out whose size it remembers.
@@ -101,6 +102,7 @@ struct ThreadCache {
     std::uint32_t count = 0;
     std::uint32_t capacity = 0;
     std::uint32_t frees_since_advance = 0;
+    std::uint64_t last_free = 0;  // the cache's free_serial at its latest free
 
     Freed& at(std::uint32_t i) noexcept { return ring[(head + i) & (capacity - 1)]; }  // capacity: a power of two
   };
@@ -111,6 +113,7 @@ struct ThreadCache {
     std::uintptr_t* slots = nullptr;
     std::uint32_t count = 0;
     std::uint32_t capacity = 0;
+    std::uint64_t last_free = 0;
   };
   struct OrderedLarge {
     std::uintptr_t address;
@@ -124,6 +127,7 @@ struct ThreadCache {
   std::atomic<std::size_t> bytes{0};  // written by the owner under `lock`; rings and ordered bins
   std::atomic<std::size_t> large_bytes{0};  // in `ordered_large`, under `lock`
   std::uint32_t frees_since_advance = 0;  // of all classes
+  std::uint64_t free_serial = 0;          // counts its frees into rings and ordered bins
   std::size_t budget;
   std::array<Bin, detail::kSizeClassCount> bins;
   std::unique_ptr<Freed[]> storage;
@@ -276,33 +280,45 @@ struct ThreadCache {
     return removed;
   }
 
-  // Over its budget a thread spills the older half of the ring or
-  // stream-ordered bin that holds the most bytes, not of the class it frees:
-  // a thread that has moved on from one size would otherwise spill every
-  // free of the next (measured: 256 B pairs after 1 MiB ones, 101 -> 13 ns
-  // here). A scan of the classes, not of blocks, and only when spilling.
-  // Returns the blocks' class; ring blocks keep their epochs, stream-ordered
-  // ones get `epoch`.
-  int spill_fullest(std::uint64_t epoch, Freed* out, std::size_t& count) noexcept {
-    int fullest = 0;
+  // Over its budget a thread spills the ring or stream-ordered bin of
+  // another class that it freed into longest ago (up to half a ring's
+  // capacity of blocks at once): a thread that has moved on from one size
+  // would otherwise spill every free of the next (measured: 256 B pairs
+  // after 1 MiB ones, 101 -> 13 ns here), and spilling the fullest instead
+  // halved the ring in use whenever it was the fullest (1 MiB pairs after
+  // 64 KiB ones at 1-16 threads: 69-74 -> 53-55 ns here). Only when no other class holds blocks
+  // does the freeing class spill its older half. A scan of the classes, not
+  // of blocks, and only when spilling. Returns the blocks' class; ring blocks
+  // keep their epochs, stream-ordered ones get `epoch`.
+  int spill_stalest(int freeing_class, std::uint64_t epoch, Freed* out, std::size_t& count) noexcept {
+    int stalest = -1;
     bool in_ordered = false;
-    std::size_t most = 0;
+    std::uint64_t oldest = ~std::uint64_t{0};
     for (int c = 0; c < detail::kSizeClassCount; ++c) {
-      const std::size_t class_bytes = detail::size_class_bytes(c);
-      if (bins[c].count * class_bytes > most) {
-        most = bins[c].count * class_bytes;
-        fullest = c;
+      if (c == freeing_class) continue;
+      if (bins[c].count && bins[c].last_free < oldest) {
+        oldest = bins[c].last_free;
+        stalest = c;
         in_ordered = false;
       }
-      if (ordered[c].count * class_bytes > most) {
-        most = ordered[c].count * class_bytes;
-        fullest = c;
+      if (ordered[c].count && ordered[c].last_free < oldest) {
+        oldest = ordered[c].last_free;
+        stalest = c;
         in_ordered = true;
       }
     }
-    count = in_ordered ? take_oldest_ordered(fullest, std::max<std::uint32_t>(ordered[fullest].count / 2, 1), epoch, out)
-                       : take_oldest(fullest, std::max<std::uint32_t>(bins[fullest].count / 2, 1), out);
-    return fullest;
+    constexpr std::uint32_t kMost = kMaximumBinCapacity / 2;
+    if (stalest < 0) {
+      stalest = freeing_class;
+      in_ordered = bins[stalest].count == 0;
+      const std::uint32_t held = in_ordered ? ordered[stalest].count : bins[stalest].count;
+      const std::uint32_t half = std::max<std::uint32_t>(held / 2, 1);
+      count = held == 0 ? 0 : in_ordered ? take_oldest_ordered(stalest, half, epoch, out) : take_oldest(stalest, half, out);
+      return stalest;
+    }
+    count = in_ordered ? take_oldest_ordered(stalest, std::min(ordered[stalest].count, kMost), epoch, out)
+                       : take_oldest(stalest, std::min(bins[stalest].count, kMost), out);
+    return stalest;
   }
 
   // The oldest block of a class, removed, if its epoch is safe; else 0.
@@ -1043,13 +1059,14 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       std::lock_guard cache_lock(cache->lock.owner());
       ThreadCache::Bin& bin = cache->bins[size_class];
       // Full ring: its older half goes to the shared quarantine; full
-      // budget: see spill_fullest().
+      // budget: see spill_stalest().
       if (bin.count == bin.capacity)
         spill_count = cache->take_oldest(size_class, bin.count / 2, spilled.data());
       else if (cache->bytes.load(std::memory_order_relaxed) + class_bytes > cache->budget)
-        spill_class = cache->spill_fullest(epoch, spilled.data(), spill_count);
+        spill_class = cache->spill_stalest(size_class, epoch, spilled.data(), spill_count);
       if (bin.count < bin.capacity) {
         bin.at(bin.count) = {address, epoch};
+        bin.last_free = ++cache->free_serial;
         ++bin.count;
         ++bin.frees_since_advance;
         ++cache->frees_since_advance;
@@ -1126,8 +1143,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       if (bin.count == bin.capacity)
         spill_count = cache->take_oldest_ordered(size_class, bin.count / 2, epochs.tag(), spilled.data());
       else if (cache->bytes.load(std::memory_order_relaxed) + class_bytes > cache->budget)
-        spill_class = cache->spill_fullest(epochs.tag(), spilled.data(), spill_count);
+        spill_class = cache->spill_stalest(size_class, epochs.tag(), spilled.data(), spill_count);
       if (bin.count < bin.capacity) {
+        bin.last_free = ++cache->free_serial;
         bin.slots[bin.count++] = address;
         cache->add_bytes(class_bytes);
         address = 0;

@@ -439,6 +439,23 @@ TEST_F(Pool, AThreadThatMovesOnToAnotherSizeMakesRoomInItsCache) {
   EXPECT_GT(statistics.cached_bytes % (1 << 20), 0u) << "the 256 B blocks are not cached";
 }
 
+// Over budget, a free spills the ring of the size the thread freed into
+// longest ago, not the ring in use (which, halved, would send the loop of
+// that size to the pool's lock again and again).
+TEST_F(Pool, OverItsBudgetAThreadSpillsTheSizeItLeftNotTheOneInUse) {
+  PoolOptions options;
+  options.thread_cache_size = 4 << 20;
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  hold_then_release(pool, 64, 64 << 10);
+  ASSERT_EQ(pool.statistics().cached_bytes, std::size_t{4} << 20) << "the budget is full of 64 KiB blocks";
+  hold_then_release(pool, 2, 1 << 20);
+  EXPECT_EQ(pool.statistics().cached_bytes, std::size_t{2} << 20)
+      << "the 64 KiB blocks of the size left behind stayed, or the 1 MiB ones did not";
+  hold_then_release(pool, 4, 1 << 20);
+  EXPECT_EQ(pool.statistics().cached_bytes, std::size_t{4} << 20) << "the size in use did not get the whole budget";
+}
+
 TEST_F(Pool, OutOfMemoryFlushesTheThreadCachesBeforeFailing) {
   PoolOptions options;
   options.maximum_size = 64 << 20;
