@@ -855,25 +855,40 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       advance_epochs();
     }
     const std::size_t class_bytes = detail::size_class_bytes(size_class);
+    // The ring may hold most of the pool before its batch is due: once
+    // sealed, its oldest block is cheaper than giving the ring back to the
+    // index (measured: 64 KiB pairs in an 8 MiB pool, 42 -> 16 ns a pair
+    // here). Only from a ring that holds a batch worth a seal: short rings
+    // (many threads) let the pool grow instead. Not under the pool's lock,
+    // and skipped while another thread seals (that seal may cover this ring
+    // too): 16 threads of 1 MiB pairs otherwise queued behind each other's
+    // stream queries.
+    const ThreadCache::Bin& bin = cache.bins[size_class];  // (its own thread: no other writes the count now)
+    auto seal_for_own_ring = [&]() -> std::uintptr_t {
+      if (bin.count < std::min(kRingBatchWorthSealing, bin.capacity / kRingFractionWorthSealing)) return 0;
+      epochs.try_seal();
+      epochs.try_poll();
+      std::lock_guard cache_lock(cache.lock.owner());
+      return cache.take_oldest_if_safe(size_class, epochs);
+    };
+    // A ring that the budget keeps short (the largest classes) seals before
+    // it takes from the index: with other threads' spills feeding the index,
+    // it otherwise grew to the budget, spilled, and took the other threads'
+    // blocks back, through the pool's lock at every pair (simulated driver,
+    // 2 threads of 1 MiB pairs: 147 -> 34 ns a pair). Smaller classes take
+    // from the index first: a pair served there calls no driver, which keeps
+    // the Python bridge's GIL (see BlockingHook).
+    const bool ring_first = bin.capacity < kMaximumBinCapacity;
+    if (ring_first) {
+      if (const std::uintptr_t address = seal_for_own_ring()) return address;
+    }
     {
       std::lock_guard lock(mutex);
       if (auto address = blocks.allocate(class_bytes)) [[likely]]
         return *address;
     }
-    // The index is out of blocks, and the ring may hold most of the pool
-    // before its batch is due: once sealed, its oldest block is cheaper than
-    // giving the ring back to the index (measured: 64 KiB pairs in an 8 MiB
-    // pool, 42 -> 16 ns a pair here). Only from a ring that holds a batch
-    // worth a seal: short rings (many threads) let the pool grow instead.
-    // Not under the pool's lock, and skipped while another thread seals
-    // (that seal may cover this ring too): 16 threads of 1 MiB pairs
-    // otherwise queued behind each other's stream queries.
-    const ThreadCache::Bin& bin = cache.bins[size_class];  // (its own thread: no other writes the count now)
-    if (bin.count >= std::min(kRingBatchWorthSealing, bin.capacity / kRingFractionWorthSealing)) {
-      epochs.try_seal();
-      epochs.try_poll();
-      std::lock_guard cache_lock(cache.lock.owner());
-      if (const std::uintptr_t address = cache.take_oldest_if_safe(size_class, epochs)) return address;
+    if (!ring_first) {
+      if (const std::uintptr_t address = seal_for_own_ring()) return address;
     }
     std::lock_guard lock(mutex);
     return allocate_from_index(class_bytes, &cache);
