@@ -30,6 +30,7 @@
 #include "sim_control.h"
 #include "sim_state.hpp"
 #include "util/byte_size.hpp"
+#include "util/round_up.hpp"
 
 namespace cuemm::sim {
 namespace {
@@ -43,9 +44,6 @@ constexpr std::uint32_t kIpcMagic = 0x4d495043;  // "CPIM"
 std::size_t page_size() {
   static const std::size_t size = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
   return size;
-}
-std::size_t round_up(std::size_t value, std::size_t alignment) {
-  return (value + alignment - 1) / alignment * alignment;
 }
 
 // A byte count from the environment; unset, unparsable or zero keeps the default.
@@ -104,7 +102,7 @@ CUresult allocate_device_memory(State& s, Context* context, std::size_t size, Al
                                 unsigned flags, CUdeviceptr* pointer) {
   Device& device = *context->device;
   if (!ensure_arena(device)) return CUDA_ERROR_OUT_OF_MEMORY;
-  const std::size_t rounded = round_up(size, kDeviceAlignment);
+  const std::size_t rounded = cuemm::util::round_up(size, kDeviceAlignment);
   if (rounded < size) return CUDA_ERROR_OUT_OF_MEMORY;
   auto offset = device.ranges->allocate(rounded);
   if (!offset) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -144,7 +142,7 @@ void release_allocation(State& s, std::map<std::uintptr_t, Allocation>::iterator
       // Give large blocks' pages back to the host: a freed 4 GiB block must
       // not keep 4 GiB of RAM.
       if (allocation.arena_size >= kPunchThreshold) {
-        const std::size_t start = round_up(allocation.arena_offset, page_size());
+        const std::size_t start = cuemm::util::round_up(allocation.arena_offset, page_size());
         const std::size_t end = (allocation.arena_offset + allocation.arena_size) / page_size() *
                                 page_size();
         if (end > start) {
@@ -365,7 +363,7 @@ SIM_EXPORT CUresult cuInit(unsigned flags) {
   for (int i = 0; i < count; ++i) {
     auto device = std::make_unique<Device>();
     device->ordinal = i;
-    device->capacity = round_up(capacity, 2u << 20);
+    device->capacity = cuemm::util::round_up(capacity, 2u << 20);
     s.devices.push_back(std::move(device));
   }
   s.initialized = true;
@@ -767,7 +765,7 @@ SIM_EXPORT CUresult cuMemAddressReserve(CUdeviceptr* pointer, std::size_t bytes,
   void* mapping = mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (mapping == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
   const auto start = reinterpret_cast<std::uintptr_t>(mapping);
-  const std::uintptr_t base = round_up(start, alignment);
+  const std::uintptr_t base = cuemm::util::round_up(start, alignment);
   if (base > start) munmap(mapping, base - start);
   if (start + span > base + bytes) munmap(reinterpret_cast<void*>(base + bytes), start + span - base - bytes);
   s.reservations.emplace(base, bytes);
@@ -1003,7 +1001,7 @@ CUresult host_alloc(Fn entry, void** pointer, std::size_t size, unsigned flags) 
   SIM_BEGIN_AS(entry);
   SIM_CONTEXT();
   if (!pointer || size == 0 || (flags & ~0x7u)) return CUDA_ERROR_INVALID_VALUE;
-  const std::size_t length = round_up(size, page_size());
+  const std::size_t length = cuemm::util::round_up(size, page_size());
   void* memory = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (memory == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
   Allocation allocation;
@@ -1272,7 +1270,7 @@ SIM_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pointer, CUipcMemHandle h
   if (fd < 0) return CUDA_ERROR_INVALID_HANDLE;  // the exporting process is gone
   const std::size_t page = page_size();
   const std::size_t start = payload.arena_offset / page * page;
-  const std::size_t length = round_up(payload.arena_offset + payload.size, page) - start;
+  const std::size_t length = cuemm::util::round_up(payload.arena_offset + payload.size, page) - start;
   void* mapping = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(start));
   close(fd);
   if (mapping == MAP_FAILED) return CUDA_ERROR_MAP_FAILED;

@@ -1,6 +1,7 @@
 #include "cuemm/managers/detail/expandable_arena.hpp"
 
 #include "cuemm/driver/driver.hpp"
+#include "util/round_up.hpp"
 
 namespace cuemm::detail {
 
@@ -20,13 +21,15 @@ void ExpandableArena::reserve(std::size_t bytes) {
   CUEMM_CU(cuMemGetAllocationGranularity, &granularity, &wanted, cuda::CU_MEM_ALLOC_GRANULARITY_MINIMUM);
   if (granularity == 0) throw Error("cuMemGetAllocationGranularity gave 0 for device " + std::to_string(device_));
   granularity_ = granularity;
-  const std::size_t rounded = (bytes + granularity - 1) / granularity * granularity;
+  const std::size_t rounded = util::round_up(bytes, granularity);
   CUEMM_CU_ALLOC(rounded, cuMemAddressReserve, &base_, rounded, 0, 0, 0);
   reserved_ = rounded;
 }
 
 bool ExpandableArena::grow(std::size_t bytes) {
-  if (bytes == 0 || bytes % granularity_) throw InvalidArgument("ExpandableArena::grow: " + std::to_string(bytes) + " bytes is not a multiple of the granularity");
+  if (bytes == 0 || bytes % granularity_)
+    throw InvalidArgument("ExpandableArena::grow: " + std::to_string(bytes) + " bytes is not a multiple of the " +
+                          std::to_string(granularity_) + "-byte granularity");
   if (mapped_ + bytes > reserved_) return false;
   mappings_.reserve(mappings_.size() + 1);
   const cuda::CUmemAllocationProp wanted = properties();
@@ -35,16 +38,19 @@ bool ExpandableArena::grow(std::size_t bytes) {
   if (created == cuda::CUDA_ERROR_OUT_OF_MEMORY) return false;
   if (created != cuda::CUDA_SUCCESS) driver::throw_allocation_error(created, "cuMemCreate", bytes);
   const cuda::CUdeviceptr at = base_ + mapped_;
+  const char* failed = "cuMemMap";
   cuda::CUresult result = CUEMM_CU_RESULT(cuMemMap, at, bytes, 0, handle, 0);
   if (result == cuda::CUDA_SUCCESS) {
-    const cuda::CUmemAccessDesc access{{cuda::CU_MEM_LOCATION_TYPE_DEVICE, device_}, cuda::CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    const cuda::CUmemAccessDesc access{{cuda::CU_MEM_LOCATION_TYPE_DEVICE, device_},
+                                       cuda::CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    failed = "cuMemSetAccess";
     result = CUEMM_CU_RESULT(cuMemSetAccess, at, bytes, &access, 1);
     if (result != cuda::CUDA_SUCCESS) CUEMM_CU_RESULT(cuMemUnmap, at, bytes);
   }
   if (result != cuda::CUDA_SUCCESS) {
     CUEMM_CU_RESULT(cuMemRelease, handle);
     if (result == cuda::CUDA_ERROR_OUT_OF_MEMORY) return false;
-    driver::throw_allocation_error(result, "cuMemMap", bytes);
+    driver::throw_allocation_error(result, failed, bytes);
   }
   mappings_.push_back({mapped_, bytes, handle});
   mapped_ += bytes;

@@ -24,6 +24,7 @@
 #include "util/environment.hpp"
 #include "util/keep_until_exit.hpp"
 #include "util/owned_counter.hpp"
+#include "util/round_up.hpp"
 #include "util/thread_slots.hpp"
 
 namespace cuemm {
@@ -57,10 +58,6 @@ constexpr std::size_t kHeldCapacity = 2 * kMaximumRotation;
 constexpr std::size_t kSealsWorthASegment = 256;
 // Recording an event costs about a microsecond; threads' seals closer than this share one.
 constexpr std::chrono::microseconds kSealInterval{5};
-
-std::size_t round_up(std::size_t value, std::size_t granularity) {
-  return (value + granularity - 1) / granularity * granularity;
-}
 
 // A freed block and the epoch it was freed in (Note [Stream-safe reuse]).
 struct Freed {
@@ -308,17 +305,15 @@ struct ThreadCache {
         in_ordered = true;
       }
     }
-    constexpr std::uint32_t kMost = kMaximumBinCapacity / 2;
-    if (stalest < 0) {
+    const bool own = stalest < 0;
+    if (own) {
       stalest = freeing_class;
       in_ordered = bins[stalest].count == 0;
-      const std::uint32_t held = in_ordered ? ordered[stalest].count : bins[stalest].count;
-      const std::uint32_t half = std::max<std::uint32_t>(held / 2, 1);
-      count = held == 0 ? 0 : in_ordered ? take_oldest_ordered(stalest, half, epoch, out) : take_oldest(stalest, half, out);
-      return stalest;
     }
-    count = in_ordered ? take_oldest_ordered(stalest, std::min(ordered[stalest].count, kMost), epoch, out)
-                       : take_oldest(stalest, std::min(bins[stalest].count, kMost), out);
+    const std::uint32_t held = in_ordered ? ordered[stalest].count : bins[stalest].count;
+    const std::uint32_t taken =
+        std::min(held, own ? std::max<std::uint32_t>(held / 2, 1) : kMaximumBinCapacity / 2);
+    count = in_ordered ? take_oldest_ordered(stalest, taken, epoch, out) : take_oldest(stalest, taken, out);
     return stalest;
   }
 
@@ -561,18 +556,21 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     }
   }
 
+  // The size of a free block that the index surely finds for a request of
+  // `size`: it searches lists whose blocks are all >= size, up to 1/16 above
+  // it (Note [Two-level segregated fit]), so growth must make one that large.
+  static std::size_t free_block_found_for(std::size_t size) noexcept { return size + size / 16 + kBlockGranularity; }
+
   // Takes a new segment of at least `size` bytes from the driver. Returns
   // false when the driver or the pool's maximum has no room.
   bool grow(std::size_t size) {
     if (options.expandable) return grow_arena(size);
-    // The index searches lists whose blocks are all >= size: up to 1/16 above
-    // it (Note [Two-level segregated fit]); a segment that small must still be found.
-    const std::size_t wanted = round_up(size + size / 16 + kBlockGranularity, kSegmentGranularity);
+    const std::size_t wanted = util::round_up(free_block_found_for(size), kSegmentGranularity);
     // Growing by a sixteenth of the shared segments (at least 8 MiB) keeps
     // them few while reserving little more than is needed. (Measured on RMM's
     // random workload: 1/8 and 32 MiB reserved up to 1.33x the live bytes,
     // this 1.15-1.22x.)
-    std::size_t segment = std::max(wanted, round_up(std::max(blocks.region_bytes() / 16, kMinimumGrowth),
+    std::size_t segment = std::max(wanted, util::round_up(std::max(blocks.region_bytes() / 16, kMinimumGrowth),
                                                     kSegmentGranularity));
     if (options.maximum_size) {
       const std::size_t room = options.maximum_size > reserved_bytes() ? options.maximum_size - reserved_bytes() : 0;
@@ -606,10 +604,8 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     const std::uintptr_t base = arena->base();
     const std::uintptr_t end = base + arena->mapped_bytes();
     const std::size_t free_at_end = arena->mapped_bytes() ? end - blocks.free_tail(base) : 0;
-    // The index takes a block from a list whose blocks are all >= size: up
-    // to 1/16 above it (Note [Two-level segregated fit]).
-    const std::size_t wanted = size + size / 16 + kBlockGranularity;
-    const std::size_t step = round_up(wanted > free_at_end ? wanted - free_at_end : 1, arena->granularity());
+    const std::size_t wanted = free_block_found_for(size);
+    const std::size_t step = util::round_up(wanted > free_at_end ? wanted - free_at_end : 1, arena->granularity());
     if (options.maximum_size && reserved_bytes() + step > options.maximum_size) return false;
     if (!arena->grow(step)) return false;
     try {
@@ -877,9 +873,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     // it otherwise grew to the budget, spilled, and took the other threads'
     // blocks back, through the pool's lock at every pair (simulated driver,
     // 2 threads of 1 MiB pairs: 147 -> 42 ns a pair; H100, 16 threads over 1
-    // at 1 MiB: 1.6-3.4x -> 16.7x). Smaller classes take
-    // from the index first: a pair served there calls no driver, which keeps
-    // the Python bridge's GIL (see BlockingHook).
+    // at 1 MiB: 1.6-3.4x -> 16.7x). Smaller classes take from the index
+    // first: a pair served there calls no driver, which keeps the Python
+    // bridge's GIL (see BlockingHook).
     const bool ring_first = bin.capacity < kMaximumBinCapacity;
     if (ring_first) {
       if (const std::uintptr_t address = seal_for_own_ring()) return address;

@@ -164,7 +164,8 @@ const TlsfBlockAllocator::Bounds& TlsfBlockAllocator::bounds_of(std::uintptr_t b
 }
 
 void TlsfBlockAllocator::extend_region(std::uintptr_t base, std::size_t size) {
-  if (size == 0 || size % granularity_) throw std::invalid_argument("TlsfBlockAllocator: a region grows by a non-empty multiple of the granularity");
+  if (size == 0 || size % granularity_)
+    throw std::invalid_argument("TlsfBlockAllocator: a region grows by a non-empty multiple of the granularity");
   Block* sentinel = bounds_of(base).sentinel;
   Block* last = sentinel->previous_in_memory;
   if (last->free) {

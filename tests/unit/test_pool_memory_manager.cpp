@@ -17,6 +17,12 @@ class Pool : public ::testing::Test {
     std::vector<std::shared_ptr<MemoryPointer>> blocks;
     for (int i = 0; i < count; ++i) blocks.push_back(pool.memalloc(size));
   }
+  // Options with each thread's cache limited to `bytes` (0: no caches).
+  static PoolOptions with_thread_cache(std::size_t bytes) {
+    PoolOptions options;
+    options.thread_cache_size = bytes;
+    return options;
+  }
 };
 }  // namespace
 
@@ -404,9 +410,7 @@ TEST_F(Pool, TrimEmptiesTheThreadCaches) {
 }
 
 TEST_F(Pool, ThreadCachesCanBeTurnedOff) {
-  PoolOptions options;
-  options.thread_cache_size = 0;
-  PoolMemoryManager pool(&context, options);
+  PoolMemoryManager pool(&context, with_thread_cache(0));
   pool.initialize();
   auto block = pool.memalloc(1000);
   EXPECT_EQ(pool.statistics().in_use_bytes, 1024u) << "without caches blocks are not rounded to a class";
@@ -415,21 +419,17 @@ TEST_F(Pool, ThreadCachesCanBeTurnedOff) {
 }
 
 TEST_F(Pool, AThreadCacheStaysWithinItsBudget) {
-  PoolOptions options;
-  options.thread_cache_size = 1 << 20;
-  PoolMemoryManager pool(&context, options);
+  PoolMemoryManager pool(&context, with_thread_cache(1 << 20));
   pool.initialize();
   hold_then_release(pool, 200, 64 << 10);
   EXPECT_LE(pool.statistics().cached_bytes, std::size_t{1} << 20);
 }
 
-// Over its budget a thread gives up part of what it holds most of, not the
-// block of the size it now frees: else every later free of that size went to
-// the shared quarantine, under the pool's lock.
+// Over its budget a thread gives up blocks of the size it left behind, not
+// the block of the size it now frees: else every later free of that size
+// went to the shared quarantine, under the pool's lock.
 TEST_F(Pool, AThreadThatMovesOnToAnotherSizeMakesRoomInItsCache) {
-  PoolOptions options;
-  options.thread_cache_size = 4 << 20;
-  PoolMemoryManager pool(&context, options);
+  PoolMemoryManager pool(&context, with_thread_cache(4 << 20));
   pool.initialize();
   hold_then_release(pool, 4, 1 << 20);
   ASSERT_EQ(pool.statistics().cached_bytes, std::size_t{4} << 20) << "the budget is full of 1 MiB blocks";
@@ -443,9 +443,7 @@ TEST_F(Pool, AThreadThatMovesOnToAnotherSizeMakesRoomInItsCache) {
 // longest ago, not the ring in use (which, halved, would send the loop of
 // that size to the pool's lock again and again).
 TEST_F(Pool, OverItsBudgetAThreadSpillsTheSizeItLeftNotTheOneInUse) {
-  PoolOptions options;
-  options.thread_cache_size = 4 << 20;
-  PoolMemoryManager pool(&context, options);
+  PoolMemoryManager pool(&context, with_thread_cache(4 << 20));
   pool.initialize();
   hold_then_release(pool, 64, 64 << 10);
   ASSERT_EQ(pool.statistics().cached_bytes, std::size_t{4} << 20) << "the budget is full of 64 KiB blocks";
@@ -572,9 +570,7 @@ TEST_F(Pool, AFinishedThreadsStreamOrderedFreesGoBackToThePool) {
 }
 
 TEST_F(Pool, StreamOrderedFreesStayWithinTheThreadsBudget) {
-  PoolOptions options;
-  options.thread_cache_size = 1 << 20;
-  PoolMemoryManager pool(&context, options);
+  PoolMemoryManager pool(&context, with_thread_cache(1 << 20));
   pool.initialize();
   ScopedContext scope(context);
   std::vector<cuda::CUdeviceptr> blocks;
