@@ -842,8 +842,8 @@ SIM_EXPORT CUresult cuMemMap(CUdeviceptr pointer, std::size_t bytes, std::size_t
 SIM_EXPORT CUresult cuMemSetAccess(CUdeviceptr pointer, std::size_t bytes, const CUmemAccessDesc* descriptors,
                                    std::size_t count) {
   SIM_BEGIN(cuMemSetAccess);
-  if (!descriptors || count == 0 || !s.find(pointer, bytes) ||
-      s.find(pointer)->kind != AllocationKind::VirtualMapping)
+  const Allocation* mapped = s.find(pointer, bytes);
+  if (!descriptors || count == 0 || !mapped || mapped->kind != AllocationKind::VirtualMapping)
     return CUDA_ERROR_INVALID_VALUE;
   for (std::size_t i = 0; i < count; ++i) {
     if (descriptors[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || !device_at(s, descriptors[i].location.id))
