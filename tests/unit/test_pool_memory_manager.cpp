@@ -45,6 +45,23 @@ TEST_F(Pool, SuballocatesFromFewSegments) {
   }
 }
 
+// Growth steps follow the requests: room for 8 of the largest (2 MiB pages
+// at least), up to 8 MiB, so that a small pool of small blocks does not
+// reserve a third more than it uses.
+TEST_F(Pool, APoolOfSmallBlocksGrowsBySmallSteps) {
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  std::vector<cuda::CUdeviceptr> blocks;
+  for (int i = 0; i < 40; ++i) blocks.push_back(pool.allocate(200 << 10));
+  const PoolStatistics small = pool.statistics();
+  EXPECT_LE(small.reserved_bytes, small.in_use_bytes + PoolMemoryManager::kSegmentGranularity)
+      << "in use: " << small.in_use_bytes;
+  while (pool.statistics().reserved_bytes == small.reserved_bytes) blocks.push_back(pool.allocate(1 << 20));
+  EXPECT_GE(pool.statistics().reserved_bytes, small.reserved_bytes + (std::size_t{8} << 20))
+      << "requests of 1 MiB should grow the pool by 8 MiB at a time";
+  for (std::size_t i = 0; i < blocks.size(); ++i) pool.deallocate(blocks[i], i < 40 ? 200 << 10 : 1 << 20);
+}
+
 TEST_F(Pool, AFreedBlockIsNotReusedWhileQueuedWorkMayStillWriteIt) {
   PoolMemoryManager pool(&context);
   pool.initialize();
@@ -66,7 +83,8 @@ TEST_F(Pool, AFreedLargeBlockIsNotReusedWhileQueuedWorkMayStillWriteIt) {
 
 // A short loop of large requests reuses its one segment (a seal each time
 // costs less than a new segment); a long one, once its seals have cost
-// about as much, rotates through a few (at most 8, within 32 MiB) and seals
+// about as much, rotates through a few (at most 16, within the thread's
+// cache budget) and seals
 // once a rotation. Requests from the index (1-4 MiB) likewise grow the pool
 // a little rather than seal at each.
 TEST_F(Pool, ALongLoopOfLargeRequestsRotatesThroughAFewBlocks) {
