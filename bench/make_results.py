@@ -156,6 +156,10 @@ def main():
         if all(torch.values()):
             lines += [f"PyTorch's caching allocator over the pool's pair ({label}), 1 thread: " +
                       ", ".join(f"{s:,} B {torch[s] / one[s]:.1f}x" for s in sizes if one[s]), ""]
+    if query := m.get("DriverLegacyStreamQuery/real_time"):
+        lines += [f"One query of the legacy stream (what a seal costs, so that freed blocks may be reused) took "
+                  f"{fmt(query)} ns on this host. A thread's pool pays one per 32 pairs of 1 MiB, per 16 of 4 MiB "
+                  f"and per 8 of 64 MiB; the pinned host pool one per 64 MiB pair until its rotation grows.", ""]
     if not all(torch.values()):
         lines += ["PyTorch's caching allocator was not measured in this run (bench_torch_allocator not built).", ""]
     kernels = [("default manager (deferred cuMemFree)", "StreamsWithKernels<cuemm::DefaultMemoryManager>"),
