@@ -59,6 +59,7 @@ constexpr std::size_t kHeldRotationBudget = std::size_t{512} << 20;  // a thread
 constexpr std::size_t kMaximumHeldRotation = 2 * kMaximumRotation;
 // A thread holds up to two rotations: loops that alternate between two large sizes keep both.
 constexpr std::size_t kHeldCapacity = 2 * kMaximumHeldRotation;
+static_assert(std::has_single_bit(kHeldCapacity), "the held blocks' ring indexes by mask");
 constexpr std::size_t kSealsWorthASegment = 256;
 // Recording an event costs about a microsecond; threads' seals closer than this share one.
 constexpr std::chrono::microseconds kSealInterval{5};
@@ -142,9 +143,21 @@ struct ThreadCache {
     OrderedLarge block;
     std::uint64_t epoch;
   };
+  // A ring: a loop reuses its oldest block at every request.
   std::array<HeldLarge, kHeldCapacity> held_large;
+  std::uint32_t held_large_head = 0;
   std::uint32_t held_large_count = 0;
   std::size_t held_large_bytes = 0;
+  // The held blocks that fit the latest size asked about (needed 0: none
+  // asked), kept up to date as blocks come and go: a loop asks about one
+  // size at every pair, and scanning for it was a third of a 4 MiB pair.
+  struct Fitting {
+    std::size_t needed = 0;
+    bool dedicated = false;
+    std::uint32_t count = 0;
+    std::size_t bytes = 0;
+  };
+  mutable Fitting fitting;
   // Its requests' seals for held blocks, which buy one more (only its own thread touches it).
   detail::RentOrBuy held_rental;
   // The large blocks this thread took, so that their free needs no lock to
@@ -246,39 +259,76 @@ struct ThreadCache {
     return removed;
   }
 
+  // The i-th oldest held block.
+  HeldLarge& held(std::uint32_t i) noexcept { return held_large[(held_large_head + i) & (kHeldCapacity - 1)]; }
+  const HeldLarge& held(std::uint32_t i) const noexcept {
+    return held_large[(held_large_head + i) & (kHeldCapacity - 1)];
+  }
   // The oldest held block that fits; -1 if none.
   int find_held_large(std::size_t needed, bool dedicated) const noexcept {
     for (std::uint32_t i = 0; i < held_large_count; ++i)
-      if (fits(held_large[i].block, needed, dedicated)) return static_cast<int>(i);
+      if (fits(held(i).block, needed, dedicated)) return static_cast<int>(i);
     return -1;
   }
   // How many held blocks fit, and their bytes.
+  const Fitting& fitting_for(std::size_t needed, bool dedicated) const noexcept {
+    if (fitting.needed != needed || fitting.dedicated != dedicated) {
+      fitting = {needed, dedicated, 0, 0};
+      for (std::uint32_t i = 0; i < held_large_count; ++i) count_if_fitting(held(i).block, true);
+    }
+    return fitting;
+  }
   std::uint32_t count_held_large(std::size_t needed, bool dedicated) const noexcept {
-    std::uint32_t count = 0;
-    for (std::uint32_t i = 0; i < held_large_count; ++i) count += fits(held_large[i].block, needed, dedicated);
-    return count;
+    return fitting_for(needed, dedicated).count;
   }
   std::size_t bytes_held_large(std::size_t needed, bool dedicated) const noexcept {
-    std::size_t bytes = 0;
-    for (std::uint32_t i = 0; i < held_large_count; ++i)
-      if (fits(held_large[i].block, needed, dedicated)) bytes += held_large[i].block.bytes;
-    return bytes;
+    return fitting_for(needed, dedicated).bytes;
+  }
+  void count_if_fitting(const OrderedLarge& block, bool added) const noexcept {
+    if (!fitting.needed || !fits(block, fitting.needed, fitting.dedicated)) return;
+    if (added) {
+      ++fitting.count;
+      fitting.bytes += block.bytes;
+    } else {
+      --fitting.count;
+      fitting.bytes -= block.bytes;
+    }
+  }
+
+  // Its bytes in rings and ordered bins other than those of `size`'s class.
+  std::size_t bytes_in_other_classes(std::size_t size) noexcept {
+    std::lock_guard cache_lock(lock.owner());
+    const int size_class = detail::size_class_of(size);
+    if (size_class < 0) return bytes.load(std::memory_order_relaxed);
+    return bytes.load(std::memory_order_relaxed) -
+           (bins[size_class].count + ordered[size_class].count) * detail::size_class_bytes(size_class);
   }
 
   // The caller checks that there is room.
   void push_held_large(const OrderedLarge& block, std::uint64_t epoch) noexcept {
-    held_large[held_large_count++] = {block, epoch};
+    held(held_large_count++) = {block, epoch};
     held_large_bytes += block.bytes;
+    count_if_fitting(block, true);
     util::add_own(large_bytes, block.bytes);
   }
 
   HeldLarge remove_held_large(std::uint32_t i) noexcept {
-    const HeldLarge removed = held_large[i];
-    std::copy(held_large.begin() + i + 1, held_large.begin() + held_large_count, held_large.begin() + i);
+    const HeldLarge removed = held(i);
+    if (i == 0) {
+      held_large_head = (held_large_head + 1) & (kHeldCapacity - 1);
+    } else {
+      for (std::uint32_t j = i; j + 1 < held_large_count; ++j) held(j) = held(j + 1);
+    }
     --held_large_count;
     held_large_bytes -= removed.block.bytes;
+    count_if_fitting(removed.block, false);
     util::subtract_own(large_bytes, removed.block.bytes);
     return removed;
+  }
+  void forget_held_large() noexcept {
+    held_large_head = held_large_count = 0;
+    held_large_bytes = 0;
+    fitting = {};
   }
 
   // Over its budget a thread spills the ring or stream-ordered bin of
@@ -525,7 +575,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // The same for the held blocks of a size that the thread holds only one of.
   void quarantine_held_strays(ThreadCache& cache) {
     for (std::uint32_t i = 0; i < cache.held_large_count;) {
-      const ThreadCache::OrderedLarge& block = cache.held_large[i].block;
+      const ThreadCache::OrderedLarge& block = cache.held(i).block;
       // (The blocks that a request for 8/9 of its bytes would take: within 1/8 below it, itself included.)
       if (cache.count_held_large(block.bytes - block.bytes / 9, block.dedicated) > 1)
         ++i;
@@ -534,7 +584,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     }
   }
   void quarantine_held_block(ThreadCache& cache, std::uint32_t i) {
-    const ThreadCache::HeldLarge& held = cache.held_large[i];
+    const ThreadCache::HeldLarge& held = cache.held(i);
     quarantine_block(held.block.address, held.block.bytes, held.epoch, held.block.dedicated);
     cache.remove_held_large(i);
   }
@@ -671,10 +721,12 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       return *address;
     // A long loop whose frees wait in the quarantine grows the pool once its
     // seals have cost about as much as a new segment (as allocate_dedicated()).
-    // Not while the caller's own cache holds that much: returning its blocks
-    // (below) costs no memory.
+    // Not while the caller's cache holds that much in other sizes: returning
+    // those (below) costs no memory. (Its ring of this size holds the loop's
+    // own blocks, which a seal would not free.)
     const std::size_t own_bytes = own ? own->bytes.load(std::memory_order_relaxed) : 0;
-    if (index_rental.buys(kSealsWorthASegment) && own_bytes < size && quarantined_bytes + size <= rotation_budget(size)) {
+    if (index_rental.buys(kSealsWorthASegment) && (!own || own->bytes_in_other_classes(size) < size) &&
+        quarantined_bytes + size <= rotation_budget(size)) {
       if (grow(size)) {
         index_rental.bought();
         if (auto address = blocks.allocate(size)) return *address;
@@ -947,7 +999,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
         std::lock_guard cache_lock(cache.lock.owner());
         const int found = cache.find_held_large(needed, own_segment);
         if (found < 0) break;
-        if (epochs.is_safe(cache.held_large[found].epoch)) {
+        if (epochs.is_safe(cache.held(found).epoch)) {
           const ThreadCache::OrderedLarge block = cache.remove_held_large(found).block;
           cache.lend(block, large_frees_elsewhere.load(std::memory_order_acquire));
           return block.address;
@@ -962,7 +1014,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
           buys_one_more = true;
           break;
         }
-        waits_for = cache.held_large[found].epoch;
+        waits_for = cache.held(found).epoch;
       }
       // An idle block of the size costs less than a seal (and then the loop
       // seals once a rotation): a new thread takes over a finished one's.
@@ -1249,8 +1301,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       for (auto& bin : cache->bins) bin.count = bin.head = bin.frees_since_advance = 0;
       for (auto& bin : cache->ordered) bin.count = 0;
       cache->ordered_large_count = 0;
-      cache->held_large_count = 0;
-      cache->held_large_bytes = 0;
+      cache->forget_held_large();
       cache->bytes = 0;
       cache->large_bytes = 0;
     }

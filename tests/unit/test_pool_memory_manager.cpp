@@ -81,6 +81,24 @@ TEST_F(Pool, AFreedLargeBlockIsNotReusedWhileQueuedWorkMayStillWriteIt) {
   EXPECT_TRUE(race.b_intact) << "the kernel's late write landed in the reused block";
 }
 
+// A loop of pairs of the largest class reuses its thread's ring, sealed a
+// half ring at a time (its budget holds 64 blocks of 1 MiB): one stream
+// query per 32 pairs once the pool has grown to hold the ring.
+TEST_F(Pool, ALoopOfTheLargestClassSealsOnceAHalfRing) {
+  CUEMM_REQUIRE_SIMULATION();
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  const std::size_t size = std::size_t{1} << 20;
+  auto pairs = [&](int count) {
+    for (int i = 0; i < count; ++i) pool.deallocate(pool.allocate(size), size);
+  };
+  pairs(20000);
+  simulation::reset_call_counts();
+  pairs(3200);
+  EXPECT_LE(simulation::call_count("cuStreamQuery"), 3200u / 32 + 1);
+  EXPECT_EQ(simulation::call_count("cuMemAlloc"), 0u);
+}
+
 // A short loop of large requests reuses its one segment (a seal each time
 // costs less than a new segment); a long one, once its seals have cost
 // about as much, rotates through a few (at most 16, within the thread's
