@@ -295,15 +295,6 @@ struct ThreadCache {
     }
   }
 
-  // Its bytes in rings and ordered bins other than those of `size`'s class.
-  std::size_t bytes_in_other_classes(std::size_t size) noexcept {
-    std::lock_guard cache_lock(lock.owner());
-    const int size_class = detail::size_class_of(size);
-    if (size_class < 0) return bytes.load(std::memory_order_relaxed);
-    return bytes.load(std::memory_order_relaxed) -
-           (bins[size_class].count + ordered[size_class].count) * detail::size_class_bytes(size_class);
-  }
-
   // The caller checks that there is room.
   void push_held_large(const OrderedLarge& block, std::uint64_t epoch) noexcept {
     held(held_large_count++) = {block, epoch};
@@ -721,12 +712,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       return *address;
     // A long loop whose frees wait in the quarantine grows the pool once its
     // seals have cost about as much as a new segment (as allocate_dedicated()).
-    // Not while the caller's cache holds that much in other sizes: returning
-    // those (below) costs no memory. (Its ring of this size holds the loop's
-    // own blocks, which a seal would not free.)
-    const std::size_t own_bytes = own ? own->bytes.load(std::memory_order_relaxed) : 0;
-    if (index_rental.buys(kSealsWorthASegment) && (!own || own->bytes_in_other_classes(size) < size) &&
-        quarantined_bytes + size <= rotation_budget(size)) {
+    if (index_rental.buys(kSealsWorthASegment) && quarantined_bytes + size <= rotation_budget(size)) {
       if (grow(size)) {
         index_rental.bought();
         if (auto address = blocks.allocate(size)) return *address;
@@ -753,6 +739,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     // to 1 MiB went from 1.59 to 1.15 reserved over live, and up to 4 MiB,
     // once requests above the classes did this too, from 1.31 to 1.23; done
     // for every thread, 16 threads of 64 KiB pairs went from 4 to 53 ns.)
+    const std::size_t own_bytes = own ? own->bytes.load(std::memory_order_relaxed) : 0;
     if (own_bytes >= size && 2 * own_bytes >= cached_bytes()) {
       return_safe_cached_blocks(*own);
       if (auto address = blocks.allocate(size)) return *address;
@@ -949,6 +936,15 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       std::lock_guard lock(mutex);
       if (auto address = blocks.allocate(class_bytes)) [[likely]]
         return *address;
+      // A ring that seals because the index ran dry pays a seal for every
+      // batch, as many as the pool holds: once those have cost about as much
+      // as a segment, the pool grows instead (allocate_from_index()), and
+      // the batches with it. (Pools start small: 64 KiB loops in a 4 MiB
+      // pool paid a stream query per 64 pairs.)
+      if (!ring_first) {
+        if (index_rental.buys(kSealsWorthASegment)) return allocate_from_index(class_bytes, &cache);
+        index_rental.rent();
+      }
     }
     if (!ring_first) {
       if (const std::uintptr_t address = seal_for_own_ring()) return address;

@@ -99,6 +99,24 @@ TEST_F(Pool, ALoopOfTheLargestClassSealsOnceAHalfRing) {
   EXPECT_EQ(simulation::call_count("cuMemAlloc"), 0u);
 }
 
+// A loop of a smaller class seals its ring whenever the index runs dry, a
+// batch as large as the pool: once those seals have cost about as much as a
+// segment, the pool grows and the batches with it.
+TEST_F(Pool, ALoopThatEmptiesASmallPoolGrowsIt) {
+  CUEMM_REQUIRE_SIMULATION();
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  const std::size_t size = std::size_t{64} << 10;
+  auto pairs = [&](int count) {
+    for (int i = 0; i < count; ++i) pool.deallocate(pool.allocate(size), size);
+  };
+  pairs(200000);
+  simulation::reset_call_counts();
+  pairs(6400);
+  EXPECT_LE(simulation::call_count("cuStreamQuery"), 6400u / 128 + 1)
+      << "the pool holds " << pool.statistics().reserved_bytes << " bytes";
+}
+
 // A short loop of large requests reuses its one segment (a seal each time
 // costs less than a new segment); a long one, once its seals have cost
 // about as much, rotates through a few (at most 16, within the thread's
