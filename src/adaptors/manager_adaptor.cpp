@@ -32,6 +32,7 @@ ManagerAdaptor::ManagerAdaptor(Context* context, std::unique_ptr<BaseMemoryManag
                                std::shared_ptr<AllocationObserver> observer)
     : BaseMemoryManager(context), upstream_(std::move(upstream)) {
   if (!upstream_) throw InvalidArgument("an adaptor needs a manager to wrap (upstream is null)");
+  raw_upstream_ = dynamic_cast<RawDeviceAllocator*>(upstream_.get());
   if (!observer) throw InvalidArgument("an adaptor needs an observer (it is null)");
   shared_ = std::make_shared<Shared>();
   shared_->observer = std::move(observer);
@@ -48,13 +49,14 @@ ManagerAdaptor::~ManagerAdaptor() {
 AllocationObserver& ManagerAdaptor::observer() const noexcept { return *shared_->observer; }
 
 namespace {
-// Lets go of an upstream pointer and reports its release (unless a reset()
-// gave its memory back meanwhile); with `detailed`, timed and with the call site.
-template <typename Shared>
-void release_and_report(const Shared& shared, std::shared_ptr<MemoryPointer>& upstream,
-                        AllocationRecord& record, std::uint64_t generation, bool detailed) noexcept {
+// Gives the memory back to the upstream (`let_go`) and reports its release
+// (unless a reset() gave it back meanwhile); with `detailed`, timed and with
+// the call site.
+template <typename Shared, typename LetGo>
+void release_and_report(const Shared& shared, LetGo&& let_go, AllocationRecord& record, std::uint64_t generation,
+                        bool detailed) noexcept {
   if (detailed) record.start = adaptor_clock();
-  upstream.reset();  // the upstream's own finalizer runs here
+  let_go();
   if (detailed) {
     record.end = adaptor_clock();
     record.call_site = ScopedCallSite::current();
@@ -82,10 +84,42 @@ class ObservedPointer final : public Base {
   ~ObservedPointer() override { this->finalize_unshared(); }
 
  private:
-  void release() noexcept { release_and_report(*shared_, upstream_, record_, generation_, detailed_); }
+  void release() noexcept {
+    // The upstream's own finalizer runs as its pointer goes.
+    release_and_report(*shared_, [this] { upstream_.reset(); }, record_, generation_, detailed_);
+  }
 
   Shared* shared_;  // outlives this (see ~ManagerAdaptor)
   std::shared_ptr<MemoryPointer> upstream_;
+  AllocationRecord record_;
+  std::uint64_t generation_;
+  bool detailed_;
+};
+
+// The same over device memory that the upstream gave as a bare address
+// (RawDeviceAllocator): one pointer object per allocation, not two.
+template <typename Shared>
+class ObservedRawPointer final : public MemoryPointer {
+ public:
+  ObservedRawPointer(Shared* shared, std::uint64_t generation, bool detailed, RawDeviceAllocator::Releaser releaser,
+                     AllocationRecord&& record, Context* context)
+      : MemoryPointer(context, record.address, record.size, nullptr, [this] { release(); }),
+        shared_(shared),
+        releaser_(releaser),
+        record_(std::move(record)),
+        generation_(generation),
+        detailed_(detailed) {}
+  ~ObservedRawPointer() override { this->finalize_unshared(); }
+
+ private:
+  void release() noexcept {
+    release_and_report(
+        *shared_, [this] { releaser_.release(releaser_.state, record_.address, record_.size); }, record_,
+        generation_, detailed_);
+  }
+
+  Shared* shared_;  // outlives this (see ~ManagerAdaptor)
+  RawDeviceAllocator::Releaser releaser_;
   AllocationRecord record_;
   std::uint64_t generation_;
   bool detailed_;
@@ -147,7 +181,34 @@ std::shared_ptr<MemoryPointer> ManagerAdaptor::observe(MemoryKind kind, std::siz
 
 std::shared_ptr<MemoryPointer> ManagerAdaptor::memalloc(std::size_t size) {
   require_allocation_size(size, "memalloc");
+  if (raw_upstream_) return observe_raw(size);
   return observe(MemoryKind::Device, size, [&] { return upstream_->memalloc(size); });
+}
+
+std::shared_ptr<MemoryPointer> ManagerAdaptor::observe_raw(std::size_t size) {
+  observer().before_allocation(MemoryKind::Device, size);
+  const bool detailed = observer().wants_times_and_call_sites();
+  const double start = detailed ? adaptor_clock() : 0.0;
+  RawDeviceAllocator::Allocation allocation;
+  try {
+    allocation = raw_upstream_->allocate_raw(size);
+  } catch (...) {
+    observer().allocation_failed(MemoryKind::Device, size);
+    throw;
+  }
+  const auto [address, releaser] = allocation;
+  AllocationRecord record{MemoryKind::Device, address, size, start, detailed ? adaptor_clock() : 0.0,
+                          detailed ? ScopedCallSite::current() : std::string()};
+  observer().allocated(record);
+  const std::uint64_t generation = shared_->generation.load(std::memory_order_relaxed);
+  try {
+    return detail::make_recycled<ObservedRawPointer<Shared>>(shared_.get(), generation, detailed, releaser,
+                                                             std::move(record), &context());
+  } catch (...) {
+    releaser.release(releaser.state, address, size);
+    observer().released({MemoryKind::Device, address, size, 0.0, 0.0, std::string()});
+    throw;
+  }
 }
 
 ManagerAdaptor::Unwrapped ManagerAdaptor::memalloc_unwrapped(std::size_t size) {
@@ -157,7 +218,8 @@ ManagerAdaptor::Unwrapped ManagerAdaptor::memalloc_unwrapped(std::size_t size) {
 
 void ManagerAdaptor::release_unwrapped(Unwrapped& allocation) noexcept {
   if (allocation.memory)
-    release_and_report(*shared_, allocation.memory, allocation.record, allocation.generation, allocation.detailed);
+    release_and_report(
+        *shared_, [&] { allocation.memory.reset(); }, allocation.record, allocation.generation, allocation.detailed);
 }
 
 std::shared_ptr<MemoryPointer> ManagerAdaptor::memhostalloc(std::size_t size, bool mapped, bool portable, bool wc) {

@@ -1405,6 +1405,20 @@ std::shared_ptr<MemoryPointer> PoolMemoryManager::memalloc(std::size_t size) {
   }
 }
 
+RawDeviceAllocator::Allocation PoolMemoryManager::allocate_raw(std::size_t size) {
+  require_allocation_size(size, "memalloc");
+  Core* core = core_.get();
+  const int size_class = core->size_class(size);
+  const std::uintptr_t address = with_flush_and_retry([&] { return core->allocate(size, size_class); });
+  // The core stays until exit (see ~PoolMemoryManager); once retired it ignores frees.
+  const Releaser releaser{[](void* state, std::uintptr_t freed, std::size_t bytes) noexcept {
+                            Core* owner = static_cast<Core*>(state);
+                            owner->deallocate(freed, owner->size_class(bytes));
+                          },
+                          core};
+  return {address, releaser};
+}
+
 cuda::CUdeviceptr PoolMemoryManager::allocate(std::size_t size, cuda::CUstream stream) {
   require_allocation_size(size, "PoolMemoryManager::allocate");
   const int size_class = core_->size_class(size);

@@ -67,6 +67,26 @@ TEST_F(Adaptors, StatisticsCountFailuresAndForgetMemoryAResetGaveBack) {
   EXPECT_EQ(after.of(MemoryKind::Device).current_count, 0u);
 }
 
+// Over the pool (a RawDeviceAllocator) the adaptor's pointer is the only one:
+// its release gives the block back, and after a reset a late release goes to
+// the retired pool, not into the blocks of the new one.
+TEST_F(Adaptors, OverThePoolAnAdaptorsPointerGivesTheBlockBackItself) {
+  StatisticsAdaptor stats(&context, pool());
+  stats.initialize();
+  auto& upstream = dynamic_cast<PoolMemoryManager&>(stats.upstream());
+  auto early = stats.memalloc(1000);
+  EXPECT_GE(upstream.statistics().in_use_bytes, 1000u);
+  early.reset();
+  EXPECT_EQ(upstream.statistics().in_use_bytes, 0u);
+  auto before = stats.memalloc(1000);
+  stats.reset();
+  auto after = stats.memalloc(1000);
+  before.reset();  // to the retired pool: ignored
+  auto next = stats.memalloc(1000);
+  EXPECT_NE(next->device_pointer(), after->device_pointer()) << "a late release freed a block of the new pool";
+  EXPECT_EQ(stats.statistics().of(MemoryKind::Device).current_count, 2u);
+}
+
 // Totals and the histogram are kept per thread: what threads counted stays
 // counted after they finish, also when a later thread reuses a finished one's
 // shard, and the adaptor may go before its threads do.

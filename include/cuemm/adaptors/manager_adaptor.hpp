@@ -10,7 +10,9 @@
 //
 // or, for every context, CUEMM_ADAPTORS=limit,log (see adaptors/compose.hpp).
 // The pointers an adaptor returns have the upstream's kind and addresses; the
-// upstream pointer is released when the adaptor's is. Releases of memory that
+// upstream pointer is released when the adaptor's is. (Over a manager that can
+// allocate without a pointer object, a RawDeviceAllocator such as the pool,
+// device memory gets the adaptor's pointer alone.) Releases of memory that
 // a reset() already gave back are not reported, nor releases after the adaptor
 // is gone (its observer is then kept until exit, as pointers may still reach it,
 // and may see an event that was under way as the adaptor went).
@@ -22,6 +24,7 @@
 #include <string>
 
 #include "cuemm/memory/memory_manager.hpp"
+#include "cuemm/memory/raw_device_allocator.hpp"
 
 namespace cuemm {
 
@@ -111,10 +114,12 @@ class ManagerAdaptor : public BaseMemoryManager {
   Unwrapped allocate_observed(MemoryKind kind, std::size_t size, Allocate&& allocate);
   template <typename Allocate>
   std::shared_ptr<MemoryPointer> observe(MemoryKind kind, std::size_t size, Allocate&& allocate);
+  std::shared_ptr<MemoryPointer> observe_raw(std::size_t size);
 
   struct Shared;  // what the pointers handed out need, as they may outlive the adaptor
 
   std::unique_ptr<BaseMemoryManager> upstream_;
+  RawDeviceAllocator* raw_upstream_ = nullptr;  // the upstream, where it can allocate without a pointer
   std::shared_ptr<Shared> shared_;  // holds the observer
 };
 

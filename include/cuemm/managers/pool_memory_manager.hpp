@@ -79,6 +79,7 @@
 
 #include "cuemm/managers/detail/tlsf_block_allocator.hpp"
 #include "cuemm/memory/host_only_memory_manager.hpp"
+#include "cuemm/memory/raw_device_allocator.hpp"
 
 namespace cuemm {
 
@@ -112,7 +113,7 @@ struct PoolStatistics {
   std::size_t free_blocks = 0;
 };
 
-class PoolMemoryManager : public HostOnlyMemoryManager {
+class PoolMemoryManager : public HostOnlyMemoryManager, public RawDeviceAllocator {
  public:
   // Blocks are multiples of this (and the returned pointers aligned to it).
   static constexpr std::size_t kBlockGranularity = 256;
@@ -123,6 +124,8 @@ class PoolMemoryManager : public HostOnlyMemoryManager {
   ~PoolMemoryManager() override;
 
   std::shared_ptr<MemoryPointer> memalloc(std::size_t size) override;
+  // RawDeviceAllocator: memalloc's memory without its pointer object (for adaptors).
+  Allocation allocate_raw(std::size_t size) override;
 
   // The raw interface, without a MemoryPointer (as RMM's and PyTorch's):
   // `size` bytes of device memory, 256-byte aligned, in this pool's context.
