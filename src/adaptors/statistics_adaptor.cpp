@@ -32,11 +32,13 @@ std::size_t non_negative(std::int64_t value) noexcept { return value > 0 ? stati
 // through the adaptor slower together than one alone. The bytes and blocks in
 // use are each thread's allocations less its releases (a thread that frees
 // another's blocks goes negative); a thread moves its share into `published`
-// only once it exceeds kUnpublishedBytes or kUnpublishedCount either way.
-// An allocation raises the peak to `published` plus its own thread's share:
-// exact for one thread, and with several, short by at most what the other
-// threads hold unpublished. Loops of allocate+free pairs of up to 4 MiB never
-// publish, so they do not share a line.
+// only once it exceeds kUnpublishedCount, or kUnpublishedBytes or twice the
+// block at hand if that is more, either way. An allocation raises the peak
+// to `published` plus its own thread's share: exact for one thread, and with
+// several, short by at most what the other threads hold unpublished. Loops of
+// allocate+free pairs never publish, so they do not share a line. (With the
+// bytes bound alone, 16 threads of 64 MiB pairs published at every
+// allocation and release: 163 ns a pair on the H100, against 23 unobserved.)
 struct StatisticsAdaptor::Counters : AllocationObserver, std::enable_shared_from_this<Counters> {
   static constexpr std::int64_t kUnpublishedBytes = 4 << 20, kUnpublishedCount = 64;
 
@@ -114,7 +116,8 @@ struct StatisticsAdaptor::Counters : AllocationObserver, std::enable_shared_from
     }
     if (!shard)
       add_published(k, bytes, count);
-    else if (std::abs(own_bytes) > kUnpublishedBytes || std::abs(own_count) > kUnpublishedCount)
+    else if (std::abs(own_bytes) > std::max(kUnpublishedBytes, 2 * std::abs(bytes)) ||
+             std::abs(own_count) > kUnpublishedCount)
       publish(*shard, k);
   }
 

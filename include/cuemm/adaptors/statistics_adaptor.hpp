@@ -4,8 +4,9 @@
 // histogram of device allocations (power-of-two buckets). Each thread counts
 // on its own cache line, with no lock and no shared write on the hot path, so
 // it can stay on in production and threads still scale. Peaks are exact when
-// one thread allocates; with several, a peak may be short by up to 4 MiB and
-// 64 blocks per other thread (Note [Counting without a shared cache line]).
+// one thread allocates; with several, a peak may be short by up to 4 MiB (or
+// two of its latest blocks, if larger) and 64 blocks per other thread (Note
+// [Counting without a shared cache line]).
 //
 //   auto* stats = cuemm::find_adaptor<cuemm::StatisticsAdaptor>(context.memory_manager());
 //   std::printf("%zu bytes in use\n", stats->statistics().of(cuemm::MemoryKind::Device).current_bytes);
