@@ -40,8 +40,10 @@ constexpr std::uint32_t kRingBatchWorthSealing = 64;
 // 64 blocks (the budget), and returning it to the index whenever the index
 // ran dry cost 1 MiB pairs 120 ns on the H100 (most of them). Sealing for
 // every 8 blocks (1/8) then paid a stream query per 8 pairs (1 MiB pairs
-// 113-169 ns on the H100); per 16, half as many. (Per 32, 1/2, kept the
-// largest rings at the whole budget, so they spilled in turn.)
+// 113-169 ns on the H100); per 16 (1/4), 79-100 ns; per 32 (1/2), 44-71 ns.
+// A loop's ring settles at the batch it seals, half the budget here. (Half
+// once spilled the ring in use, before spills took the class freed into
+// longest ago.)
 constexpr std::uint32_t kRingFractionWorthSealing = 2;
 // Large blocks (beyond the size classes) a thread keeps from stream-ordered frees.
 constexpr std::uint32_t kOrderedLargeCapacity = 4;
@@ -957,9 +959,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
 
   // Bytes of large blocks a thread may hold: its cache's budget (through up
   // to kMaximumHeldRotation blocks), room to rotate through kMinimumRotation
-  // blocks of `bytes` whatever their size,
-  // and through kMaximumRotation within kHeldRotationBudget. (64 MiB pairs
-  // on the H100: 150-280 ns through 4 blocks, 75-110 through 8.)
+  // blocks of `bytes` whatever their size, and through kMaximumRotation
+  // within kHeldRotationBudget. (64 MiB pairs on the H100: 150-280 ns
+  // through 4 blocks, 75-110 through 8.)
   std::size_t held_budget(std::size_t bytes) const noexcept {
     return std::max({options.thread_cache_size, kMinimumRotation * bytes,
                      std::min(kMaximumRotation * bytes, kHeldRotationBudget)});
