@@ -76,6 +76,10 @@ TEST_F(Adaptors, OverThePoolAnAdaptorsPointerGivesTheBlockBackItself) {
   auto& upstream = dynamic_cast<PoolMemoryManager&>(stats.upstream());
   auto early = stats.memalloc(1000);
   EXPECT_GE(upstream.statistics().in_use_bytes, 1000u);
+  auto second = stats.memalloc(1000);  // in the same segment, at an offset
+  EXPECT_EQ(stats.get_ipc_handle(second).offset(), second->device_pointer() - early->device_pointer())
+      << "an IPC handle through the adaptor names the block's offset in its segment";
+  second.reset();
   early.reset();
   EXPECT_EQ(upstream.statistics().in_use_bytes, 0u);
   auto before = stats.memalloc(1000);
