@@ -297,6 +297,16 @@ struct ThreadCache {
     }
   }
 
+  // Its bytes in rings and ordered bins other than those of `size`'s class
+  // (a loop's own ring holds the blocks it is waiting for).
+  std::size_t bytes_in_other_classes(std::size_t size) noexcept {
+    std::lock_guard cache_lock(lock.owner());
+    const std::size_t all = bytes.load(std::memory_order_relaxed);
+    const int size_class = detail::size_class_of(size);
+    if (size_class < 0) return all;
+    return all - (bins[size_class].count + ordered[size_class].count) * detail::size_class_bytes(size_class);
+  }
+
   // The caller checks that there is room.
   void push_held_large(const OrderedLarge& block, std::uint64_t epoch) noexcept {
     held(held_large_count++) = {block, epoch};
@@ -714,7 +724,11 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       return *address;
     // A long loop whose frees wait in the quarantine grows the pool once its
     // seals have cost about as much as a new segment (as allocate_dedicated()).
-    if (index_rental.buys(kSealsWorthASegment) && quarantined_bytes + size <= rotation_budget(size)) {
+    // Not while the caller's cache holds an eighth of the pool in other
+    // sizes: returning those (below) costs no memory. (A thread that had
+    // freed 13 MiB of a 36 MiB pool into its rings grew it.)
+    if (index_rental.buys(kSealsWorthASegment) && quarantined_bytes + size <= rotation_budget(size) &&
+        !(own && own->bytes_in_other_classes(size) > reserved_bytes() / 8)) {
       if (grow(size)) {
         index_rental.bought();
         if (auto address = blocks.allocate(size)) return *address;
