@@ -5,11 +5,14 @@
 //                                            LoggingAdaptor) against a manager
 //   cuemm random [--manager NAME] [--max-size BYTES] [--operations N] [--seed S]
 //                                            a random mix of allocations and frees
+//   (either with --trace-growth: a line whenever the pool reserves more, with
+//   where its bytes were: in use, waiting for the GPU, in thread caches, free)
 //   cuemm plot LOG.csv OUT.svg               live memory over time, as SVG
 //
 // replay and random report the time, peak live bytes, peak reserved bytes (what
 // the manager holds from the driver: the pool's segments, else the driver's
 // used memory since the start) and their ratio, the fragmentation overhead.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -81,7 +84,19 @@ struct ReplayReport {
   std::size_t operations = 0, peak_live = 0, peak_reserved = 0, failed = 0;
 };
 
-ReplayReport replay(const std::vector<Operation>& operations, const std::string& manager_name) {
+// Where a pool's bytes were when it reserved more, after `operation` operations.
+void trace_growth(std::size_t operation, std::size_t live_bytes, const PoolStatistics& pool) {
+  const std::size_t accounted = pool.in_use_bytes + pool.quarantined_bytes + pool.cached_bytes;
+  std::printf("grew at operation %zu to %s: live %s, in blocks %s, waiting for the GPU %s, in thread caches %s, "
+              "free %s in %zu block(s)\n",
+              operation, describe_bytes(pool.reserved_bytes).c_str(), describe_bytes(live_bytes).c_str(),
+              describe_bytes(pool.in_use_bytes).c_str(), describe_bytes(pool.quarantined_bytes).c_str(),
+              describe_bytes(pool.cached_bytes).c_str(),
+              describe_bytes(pool.reserved_bytes > accounted ? pool.reserved_bytes - accounted : 0).c_str(),
+              pool.free_blocks);
+}
+
+ReplayReport replay(const std::vector<Operation>& operations, const std::string& manager_name, bool tracing) {
   Context& context = current_context();
   auto manager = make_bundled_memory_manager(manager_name, &context);
   manager->initialize();
@@ -115,7 +130,9 @@ ReplayReport replay(const std::vector<Operation>& operations, const std::string&
     // Sampling the reserved bytes is not part of the timed work.
     const auto paused = std::chrono::steady_clock::now();
     report.peak_live = std::max(report.peak_live, live_bytes);
-    report.peak_reserved = std::max(report.peak_reserved, reserved_now());
+    const std::size_t reserved = reserved_now();
+    if (tracing && pool && reserved > report.peak_reserved) trace_growth(report.operations, live_bytes, pool->statistics());
+    report.peak_reserved = std::max(report.peak_reserved, reserved);
     measured += std::chrono::duration<double>(std::chrono::steady_clock::now() - paused).count();
   }
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count() - measured;
@@ -153,8 +170,9 @@ std::size_t bytes_option(std::vector<std::string>& args, const std::string& name
 int usage() {
   std::fprintf(stderr,
                "usage: cuemm info\n"
-               "       cuemm replay LOG.csv [--manager pool|async|default]\n"
+               "       cuemm replay LOG.csv [--manager pool|async|default] [--trace-growth]\n"
                "       cuemm random [--manager NAME] [--max-size 64M] [--live 1G] [--operations 100000] [--seed 1]\n"
+               "                    [--trace-growth]\n"
                "       cuemm plot LOG.csv OUT.svg\n");
   return 2;
 }
@@ -180,6 +198,9 @@ int run(std::vector<std::string> args) {
   }
   if (command == "replay" || command == "random") {
     const std::string manager = option(args, "--manager", "pool");
+    const auto trace = std::find(args.begin(), args.end(), "--trace-growth");
+    const bool tracing = trace != args.end();
+    if (tracing) args.erase(trace);
     std::vector<Operation> operations;
     if (command == "replay") {
       if (args.size() != 1) return usage();
@@ -192,7 +213,7 @@ int run(std::vector<std::string> args) {
       if (!args.empty()) return usage();
       operations = random_workload(max_size, count, live, seed);
     }
-    print(replay(operations, manager), manager);
+    print(replay(operations, manager, tracing), manager);
     return 0;
   }
   if (command == "plot") {

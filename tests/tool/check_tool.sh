@@ -10,6 +10,10 @@ trap 'rm -rf "$work"' EXIT
 "$tool" random --operations 3000 --max-size 2M --live 64M --manager pool >"$work/random.txt"
 grep -q "3000 operations" "$work/random.txt"
 grep -q "reserved/live" "$work/random.txt"
+# Each growth is traced with where the pool's bytes were; the first one reserves its first segment.
+"$tool" random --operations 3000 --max-size 2M --live 64M --manager pool --trace-growth >"$work/growth.txt"
+grep -q "^grew at operation 1 to .*in thread caches .*free .* in 1 block(s)$" "$work/growth.txt"
+[ "$(grep -c '^grew at' "$work/growth.txt")" -ge 2 ]
 
 # The log of a run of the tool itself: the context's manager logs everything.
 CUEMM_MEMORY_MANAGER=default CUEMM_LOG_FILE="$work/log.csv" "$tool" info >/dev/null
