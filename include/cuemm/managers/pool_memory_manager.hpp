@@ -53,8 +53,9 @@
 // one. Rather than seal, it takes an idle block of the size when the pool
 // has one (a finished thread's, say); and a loop whose seals have cost about
 // as much as a new block gets one more from the driver. So it rotates
-// through a few (at most 8, within the thread cache's budget, 4 blocks or
-// 512 MiB) and seals once a rotation. A thread holds up to two rotations, so
+// through a few (up to 16 within the thread cache's budget; beyond it, up to
+// 4 blocks whatever their size, or 8 within 512 MiB) and seals once a
+// rotation. A thread holds up to two rotations, so
 // loops that alternate between two sizes keep both. A request that nothing
 // held fits gives the lone held blocks of other sizes back to the
 // quarantine (held blocks that no request fits would sit idle), and one that
