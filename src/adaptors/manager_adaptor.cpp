@@ -1,6 +1,7 @@
 #include "cuemm/adaptors/manager_adaptor.hpp"
 
 #include <chrono>
+#include <type_traits>
 
 #include "cuemm/error.hpp"
 #include "cuemm/memory/detail/recycling_allocator.hpp"
@@ -64,20 +65,45 @@ void release_and_report(const Shared& shared, LetGo&& let_go, AllocationRecord& 
   if (shared.generation.load(std::memory_order_relaxed) == generation) shared.observer->released(record);
 }
 
+// What an adaptor's pointer holds of the upstream's allocation, and how it
+// gives it back: the upstream's own pointer (whose finalizer runs as it
+// goes), or a RawDeviceAllocator's block (one pointer object per allocation,
+// not two).
+struct UpstreamPointer {
+  std::shared_ptr<MemoryPointer> memory;
+  void let_go(const AllocationRecord&) noexcept { memory.reset(); }
+};
+struct UpstreamBlock {
+  RawDeviceAllocator::Releaser releaser;
+  void let_go(const AllocationRecord& record) noexcept { releaser.release(releaser.state, record.address, record.size); }
+};
+
+// What the upstream returned, as a record names it; null is the upstream's error.
+struct Made {
+  MemoryKind kind;
+  std::uintptr_t address;
+};
+Made made_by(const std::shared_ptr<MemoryPointer>& upstream) {
+  if (!upstream) throw PluginError("the wrapped memory manager returned no pointer");
+  const MemoryKind kind = upstream->kind();
+  return {kind, kind == MemoryKind::Pinned ? upstream->host_pointer() : upstream->handle()};
+}
+Made made_by(const RawDeviceAllocator::Allocation& block) { return {MemoryKind::Device, block.address}; }
+
 // What an adaptor hands out: a pointer of the upstream's kind, at the same
-// addresses, that holds the upstream pointer and reports its release. The
-// finalizer captures only `this`, so std::function stores it inline (made at
-// allocation rate: no allocation but the recycled pointer's own), and the
-// destructor runs it while the members it uses still exist.
-template <typename Base, typename Shared>
+// addresses, that holds the upstream's allocation and reports its release.
+// The finalizer captures only `this`, so std::function stores it inline
+// (made at allocation rate: no allocation but the recycled pointer's own),
+// and the destructor runs it while the members it uses still exist.
+template <typename Base, typename Shared, typename Held>
 class ObservedPointer final : public Base {
  public:
   template <typename... BaseArguments>
-  ObservedPointer(Shared* shared, std::uint64_t generation, bool detailed,
-                  std::shared_ptr<MemoryPointer>&& upstream, AllocationRecord&& record, BaseArguments&&... base)
+  ObservedPointer(Shared* shared, std::uint64_t generation, bool detailed, Held&& held, AllocationRecord&& record,
+                  BaseArguments&&... base)
       : Base(std::forward<BaseArguments>(base)..., nullptr, [this] { release(); }),
         shared_(shared),
-        upstream_(std::move(upstream)),
+        held_(std::move(held)),
         record_(std::move(record)),
         generation_(generation),
         detailed_(detailed) {}
@@ -85,63 +111,54 @@ class ObservedPointer final : public Base {
 
  private:
   void release() noexcept {
-    // The upstream's own finalizer runs as its pointer goes.
-    release_and_report(*shared_, [this] { upstream_.reset(); }, record_, generation_, detailed_);
+    release_and_report(*shared_, [this] { held_.let_go(record_); }, record_, generation_, detailed_);
   }
 
   Shared* shared_;  // outlives this (see ~ManagerAdaptor)
-  std::shared_ptr<MemoryPointer> upstream_;
+  Held held_;
   AllocationRecord record_;
   std::uint64_t generation_;
   bool detailed_;
 };
 
-// The same over device memory that the upstream gave as a bare address
-// (RawDeviceAllocator): one pointer object per allocation, not two.
-template <typename Shared>
-class ObservedRawPointer final : public MemoryPointer {
- public:
-  ObservedRawPointer(Shared* shared, std::uint64_t generation, bool detailed, RawDeviceAllocator::Releaser releaser,
-                     AllocationRecord&& record, Context* context)
-      : MemoryPointer(context, record.address, record.size, nullptr, [this] { release(); }),
-        shared_(shared),
-        releaser_(releaser),
-        record_(std::move(record)),
-        generation_(generation),
-        detailed_(detailed) {}
-  ~ObservedRawPointer() override { this->finalize_unshared(); }
-
- private:
-  void release() noexcept {
-    release_and_report(
-        *shared_, [this] { releaser_.release(releaser_.state, record_.address, record_.size); }, record_,
-        generation_, detailed_);
+// Makes the adaptor's pointer, through the recycling allocator as managers
+// do (at allocation rate). If making it fails, the upstream's allocation is
+// given back and its release reported.
+template <typename Base, typename Shared, typename Held, typename... BaseArguments>
+std::shared_ptr<MemoryPointer> make_observed(Shared* shared, AllocationObserver& observer, std::uint64_t generation,
+                                             bool detailed, Held&& held, AllocationRecord&& record,
+                                             BaseArguments&&... base) {
+  const MemoryKind kind = record.kind;
+  const std::uintptr_t address = record.address;
+  const std::size_t size = record.size;
+  try {
+    return detail::make_recycled<ObservedPointer<Base, Shared, std::remove_cvref_t<Held>>>(
+        shared, generation, detailed, std::move(held), std::move(record), std::forward<BaseArguments>(base)...);
+  } catch (...) {
+    const AllocationRecord released{kind, address, size, 0.0, 0.0, std::string()};
+    held.let_go(released);  // still here: making the pointer failed before its member took it
+    observer.released(released);
+    throw;
   }
-
-  Shared* shared_;  // outlives this (see ~ManagerAdaptor)
-  RawDeviceAllocator::Releaser releaser_;
-  AllocationRecord record_;
-  std::uint64_t generation_;
-  bool detailed_;
-};
+}
 }  // namespace
 
 template <typename Allocate>
-ManagerAdaptor::Unwrapped ManagerAdaptor::allocate_observed(MemoryKind kind, std::size_t size, Allocate&& allocate) {
+auto ManagerAdaptor::allocate_observed(MemoryKind kind, std::size_t size, Allocate&& allocate)
+    -> Observed<decltype(allocate())> {
   observer().before_allocation(kind, size);
   const bool detailed = observer().wants_times_and_call_sites();
   const double start = detailed ? adaptor_clock() : 0.0;
-  std::shared_ptr<MemoryPointer> upstream;
+  decltype(allocate()) upstream{};
+  Made made;
   try {
     upstream = allocate();
-    if (!upstream) throw PluginError("the wrapped memory manager returned no pointer");
+    made = made_by(upstream);
   } catch (...) {
     observer().allocation_failed(kind, size);
     throw;
   }
-  const MemoryKind made = upstream->kind();
-  const std::uintptr_t address = made == MemoryKind::Pinned ? upstream->host_pointer() : upstream->handle();
-  AllocationRecord record{made, address, size, start, detailed ? adaptor_clock() : 0.0,
+  AllocationRecord record{made.kind, made.address, size, start, detailed ? adaptor_clock() : 0.0,
                           detailed ? ScopedCallSite::current() : std::string()};
   observer().allocated(record);
   return {std::move(upstream), std::move(record), shared_->generation.load(std::memory_order_relaxed), detailed};
@@ -150,33 +167,27 @@ ManagerAdaptor::Unwrapped ManagerAdaptor::allocate_observed(MemoryKind kind, std
 template <typename Allocate>
 std::shared_ptr<MemoryPointer> ManagerAdaptor::observe(MemoryKind kind, std::size_t size, Allocate&& allocate) {
   auto [upstream, record, generation, detailed] = allocate_observed(kind, size, std::forward<Allocate>(allocate));
-  const MemoryKind made = record.kind;
-  const std::uintptr_t address = record.address;
   Context* context = upstream->context();
   const std::uintptr_t handle = upstream->handle();
   auto* host = reinterpret_cast<void*>(upstream->host_pointer());
-  // Made at allocation rate: through the recycling allocator, as managers do.
-  // If making it fails, the upstream pointer goes with this frame and its release is reported.
-  try {
-    switch (made) {
-      case MemoryKind::Device:
-        return detail::make_recycled<ObservedPointer<MemoryPointer, Shared>>(
-            shared_.get(), generation, detailed, std::move(upstream), std::move(record), context, handle, size);
-      case MemoryKind::Mapped:
-        return detail::make_recycled<ObservedPointer<MappedMemory, Shared>>(
-            shared_.get(), generation, detailed, std::move(upstream), std::move(record), context, host, handle, size);
-      case MemoryKind::Pinned:
-        return detail::make_recycled<ObservedPointer<PinnedMemory, Shared>>(
-            shared_.get(), generation, detailed, std::move(upstream), std::move(record), context, host, size);
-      case MemoryKind::Managed:
-        return detail::make_recycled<ObservedPointer<ManagedMemory, Shared>>(
-            shared_.get(), generation, detailed, std::move(upstream), std::move(record), context, handle, size);
-    }
-    throw StateError("unknown memory kind");
-  } catch (...) {
-    observer().released({made, address, size, 0.0, 0.0, std::string()});
-    throw;
+  UpstreamPointer held{std::move(upstream)};
+  switch (record.kind) {
+    case MemoryKind::Device:
+      return make_observed<MemoryPointer>(shared_.get(), observer(), generation, detailed, std::move(held),
+                                          std::move(record), context, handle, size);
+    case MemoryKind::Mapped:
+      return make_observed<MappedMemory>(shared_.get(), observer(), generation, detailed, std::move(held),
+                                         std::move(record), context, host, handle, size);
+    case MemoryKind::Pinned:
+      return make_observed<PinnedMemory>(shared_.get(), observer(), generation, detailed, std::move(held),
+                                         std::move(record), context, host, size);
+    case MemoryKind::Managed:
+      return make_observed<ManagedMemory>(shared_.get(), observer(), generation, detailed, std::move(held),
+                                          std::move(record), context, handle, size);
   }
+  held.let_go(record);
+  observer().released({record.kind, record.address, size, 0.0, 0.0, std::string()});
+  throw StateError("unknown memory kind");
 }
 
 std::shared_ptr<MemoryPointer> ManagerAdaptor::memalloc(std::size_t size) {
@@ -186,34 +197,17 @@ std::shared_ptr<MemoryPointer> ManagerAdaptor::memalloc(std::size_t size) {
 }
 
 std::shared_ptr<MemoryPointer> ManagerAdaptor::observe_raw(std::size_t size) {
-  observer().before_allocation(MemoryKind::Device, size);
-  const bool detailed = observer().wants_times_and_call_sites();
-  const double start = detailed ? adaptor_clock() : 0.0;
-  RawDeviceAllocator::Allocation allocation;
-  try {
-    allocation = raw_upstream_->allocate_raw(size);
-  } catch (...) {
-    observer().allocation_failed(MemoryKind::Device, size);
-    throw;
-  }
-  const auto [address, releaser] = allocation;
-  AllocationRecord record{MemoryKind::Device, address, size, start, detailed ? adaptor_clock() : 0.0,
-                          detailed ? ScopedCallSite::current() : std::string()};
-  observer().allocated(record);
-  const std::uint64_t generation = shared_->generation.load(std::memory_order_relaxed);
-  try {
-    return detail::make_recycled<ObservedRawPointer<Shared>>(shared_.get(), generation, detailed, releaser,
-                                                             std::move(record), &context());
-  } catch (...) {
-    releaser.release(releaser.state, address, size);
-    observer().released({MemoryKind::Device, address, size, 0.0, 0.0, std::string()});
-    throw;
-  }
+  auto [block, record, generation, detailed] =
+      allocate_observed(MemoryKind::Device, size, [&] { return raw_upstream_->allocate_raw(size); });
+  return make_observed<MemoryPointer>(shared_.get(), observer(), generation, detailed, UpstreamBlock{block.releaser},
+                                      std::move(record), &context(), block.address, size);
 }
 
 ManagerAdaptor::Unwrapped ManagerAdaptor::memalloc_unwrapped(std::size_t size) {
   require_allocation_size(size, "memalloc");
-  return allocate_observed(MemoryKind::Device, size, [&] { return upstream_->memalloc(size); });
+  auto [memory, record, generation, detailed] =
+      allocate_observed(MemoryKind::Device, size, [&] { return upstream_->memalloc(size); });
+  return {std::move(memory), std::move(record), generation, detailed};
 }
 
 void ManagerAdaptor::release_unwrapped(Unwrapped& allocation) noexcept {

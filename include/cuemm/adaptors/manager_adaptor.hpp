@@ -110,8 +110,18 @@ class ManagerAdaptor : public BaseMemoryManager {
   AllocationObserver& observer() const noexcept;
 
  private:
+  // What the upstream gave (its pointer, or a RawDeviceAllocator's block),
+  // observed: asked of the observer first, reported after.
+  template <typename Upstream>
+  struct Observed {
+    Upstream upstream;
+    AllocationRecord record;
+    std::uint64_t generation;
+    bool detailed;
+  };
   template <typename Allocate>
-  Unwrapped allocate_observed(MemoryKind kind, std::size_t size, Allocate&& allocate);
+  auto allocate_observed(MemoryKind kind, std::size_t size, Allocate&& allocate)
+      -> Observed<decltype(allocate())>;
   template <typename Allocate>
   std::shared_ptr<MemoryPointer> observe(MemoryKind kind, std::size_t size, Allocate&& allocate);
   std::shared_ptr<MemoryPointer> observe_raw(std::size_t size);
