@@ -17,6 +17,10 @@ class Pool : public ::testing::Test {
     std::vector<std::shared_ptr<MemoryPointer>> blocks;
     for (int i = 0; i < count; ++i) blocks.push_back(pool.memalloc(size));
   }
+  // `count` allocate+free pairs of `size` bytes through the raw interface.
+  static void pairs(PoolMemoryManager& pool, std::size_t size, int count) {
+    for (int i = 0; i < count; ++i) pool.deallocate(pool.allocate(size), size);
+  }
   // Options with each thread's cache limited to `bytes` (0: no caches).
   static PoolOptions with_thread_cache(std::size_t bytes) {
     PoolOptions options;
@@ -89,12 +93,9 @@ TEST_F(Pool, ALoopOfTheLargestClassSealsOnceAHalfRing) {
   PoolMemoryManager pool(&context);
   pool.initialize();
   const std::size_t size = std::size_t{1} << 20;
-  auto pairs = [&](int count) {
-    for (int i = 0; i < count; ++i) pool.deallocate(pool.allocate(size), size);
-  };
-  pairs(20000);
+  pairs(pool, size, 20000);
   simulation::reset_call_counts();
-  pairs(3200);
+  pairs(pool, size, 3200);
   EXPECT_LE(simulation::call_count("cuStreamQuery"), 3200u / 32 + 1);
   EXPECT_EQ(simulation::call_count("cuMemAlloc"), 0u);
 }
@@ -107,12 +108,9 @@ TEST_F(Pool, ALoopThatEmptiesASmallPoolGrowsIt) {
   PoolMemoryManager pool(&context);
   pool.initialize();
   const std::size_t size = std::size_t{64} << 10;
-  auto pairs = [&](int count) {
-    for (int i = 0; i < count; ++i) pool.deallocate(pool.allocate(size), size);
-  };
-  pairs(200000);
+  pairs(pool, size, 200000);
   simulation::reset_call_counts();
-  pairs(6400);
+  pairs(pool, size, 6400);
   EXPECT_LE(simulation::call_count("cuStreamQuery"), 6400u / 128 + 1)
       << "the pool holds " << pool.statistics().reserved_bytes << " bytes";
 }
@@ -192,7 +190,7 @@ TEST_F(Pool, LoopsThatAlternateBetweenLargeSizesKeepTheirBlocks) {
   auto rounds = [&](int count) {
     for (int round = 0; round < count; ++round)
       for (std::size_t size : {std::size_t{4} << 20, std::size_t{64} << 20})
-        for (int i = 0; i < 300; ++i) pool.deallocate(pool.allocate(size), size);
+        pairs(pool, size, 300);
   };
   rounds(80);  // (each rotation grows by a block per 256 seals, the 4 MiB one to 16 blocks)
   simulation::reset_call_counts();
