@@ -112,6 +112,33 @@ class _PinnedMemory(_HoldsAllocation, _driver.PinnedMemory):
         self._allocation = allocation
 
 
+# The C type that gives Numba's host pointers the buffer protocol (numba's
+# mviewbuf.MemAlloc, wherever this Numba keeps the module).
+_BufferExporter = next(base for base in _driver.PinnedMemory.__mro__ if base.__name__ == "MemAlloc")
+
+
+class _MappedMemory(_HoldsAllocation, _driver.MappedMemory, _BufferExporter):
+    """Mapped host memory as one object: Numba's MappedMemory and its owned view.
+
+    Numba's own manager returns MappedMemory(...).own(): a second object that
+    exports the buffer, and two weakref finalizers that free the memory when
+    both are gone. Here the memory goes when this object goes (it holds the
+    allocation), and the device address comes from the pool, which asked the
+    driver once per block; MappedMemory.__init__ asks it at every allocation.
+    Those three were half of Numba's cost per mapped_array (measured on the
+    GPU machine). refct stays 1, as for an owned pointer: a view of it
+    (MemoryPointer.view) then never frees it when the view dies.
+    """
+
+    def __init__(self, context, host_pointer, device_pointer, size, allocation, owner=None):
+        _driver.MemoryPointer.__init__(self, context, device_pointer, size)
+        self.owned = owner
+        self.host_pointer = self.handle = host_pointer
+        self._bufptr_ = _address_of(host_pointer)
+        self._buflen_ = size
+        self._allocation = allocation
+
+
 class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
     """cuemm's memory manager for Numba (EMM plugin interface version 1)."""
 
@@ -121,11 +148,9 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
         self._allocate_device = None  # the bridge's (Allocation, pointer) memalloc, when not logging call sites
         self._context_proxy = None
         self._initialized = False
-        # Mapped and managed memory is handed out through own(), as Numba
-        # does (numba-cuda's mapped_array builds its ndarray on the owned
-        # pointer's buffer; a MappedMemory itself is refused, measured on the
-        # GPU machine). own()'s reference is weak: these keep the pointers
-        # alive until released.
+        # Managed memory is handed out through own(), as Numba does (a view
+        # that exports the buffer). own()'s reference is weak: this keeps the
+        # pointers alive until released. (Mapped memory is one _MappedMemory.)
         self._owned = {}
 
     # --- the plugin interface ---
@@ -153,7 +178,7 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
         context = weakref.proxy(self.context)
         pointer = _host_pointer(allocation.host_address)
         if mapped:
-            return self._owned_pointer(_driver.MappedMemory, context, pointer, size, allocation)
+            return _MappedMemory(context, pointer, _device_pointer(allocation.address), size, allocation)
         return _PinnedMemory(context, pointer, size, allocation)
 
     def mempin(self, owner, pointer, size, mapped=False):
@@ -163,7 +188,7 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
         if isinstance(pointer, int) and not _USE_NV_BINDING:
             pointer = ctypes.c_void_p(pointer)
         if mapped:
-            return self._owned_pointer(_driver.MappedMemory, context, pointer, size, allocation, owner=owner)
+            return _MappedMemory(context, pointer, _device_pointer(allocation.address), size, allocation, owner=owner)
         return _PinnedMemory(context, pointer, size, allocation, owner=owner)
 
     def memallocmanaged(self, size, attach_global=True):
