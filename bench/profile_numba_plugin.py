@@ -48,6 +48,8 @@ def main():
     allocate = manager._allocate_device
     proxy = weakref.proxy(context)
     fixed, fixed_pointer = allocate(size)  # kept: the floor's buffer
+    through_init = manager._bridge.device_allocator(plugin._device_pointer, plugin._DeviceMemory, proxy,
+                                                    learn_memory_type=False).memalloc_memory
 
     steps = [
         ("floor: MemoryPointer(fixed buffer)", lambda: _driver.MemoryPointer(context, fixed_pointer, size)),
@@ -57,6 +59,7 @@ def main():
         ("MemoryPointer, then one attribute", lambda: setattr(_driver.MemoryPointer(proxy, fixed_pointer, size), "_a", fixed)),
         ("_DeviceMemory (fixed buffer)", lambda: setattr(plugin._DeviceMemory(proxy, fixed_pointer, size), "_allocation", fixed)),
         ("plugin memalloc (whole)", lambda: manager.memalloc(size)),
+        ("plugin memalloc, calling _DeviceMemory", lambda: through_init(size)),
         ("device_array (cuemm)", lambda: cuda.device_array(size, dtype=np.uint8)),
     ]
     for label, function in steps:

@@ -205,15 +205,29 @@ std::shared_ptr<MemoryPointer> ManagerAdaptor::observe_raw(std::size_t size) {
 
 ManagerAdaptor::Unwrapped ManagerAdaptor::memalloc_unwrapped(std::size_t size) {
   require_allocation_size(size, "memalloc");
+  if (raw_upstream_) {
+    auto [block, record, generation, detailed] =
+        allocate_observed(MemoryKind::Device, size, [&] { return raw_upstream_->allocate_raw(size); });
+    return {nullptr, std::move(record), generation, detailed, block.releaser};
+  }
   auto [memory, record, generation, detailed] =
       allocate_observed(MemoryKind::Device, size, [&] { return upstream_->memalloc(size); });
   return {std::move(memory), std::move(record), generation, detailed};
 }
 
 void ManagerAdaptor::release_unwrapped(Unwrapped& allocation) noexcept {
-  if (allocation.memory)
-    release_and_report(
-        *shared_, [&] { allocation.memory.reset(); }, allocation.record, allocation.generation, allocation.detailed);
+  if (!allocation.held()) return;
+  release_and_report(
+      *shared_,
+      [&] {
+        if (allocation.memory) {
+          allocation.memory.reset();
+        } else {
+          const RawDeviceAllocator::Releaser releaser = std::exchange(allocation.releaser, {});
+          releaser.release(releaser.state, allocation.record.address, allocation.record.size);
+        }
+      },
+      allocation.record, allocation.generation, allocation.detailed);
 }
 
 std::shared_ptr<MemoryPointer> ManagerAdaptor::memhostalloc(std::size_t size, bool mapped, bool portable, bool wc) {

@@ -88,6 +88,44 @@ def test_pinned_mapped_and_pinned_ranges(run_python):
     """, **PLUGIN)
 
 
+def test_a_mapped_pointer_is_numbas_mapped_memory_in_one_object(run_python):
+    run_python("""
+        import numpy as np
+        from numba import cuda
+        from numba.cuda.cudadrv import driver
+        import cuemm
+
+        def plain(value):  # pointers as numbers (ctypes or cuda.bindings)
+            if hasattr(value, "value"):
+                return value.value
+            return int(value) if type(value).__name__ == "CUdeviceptr" else value
+
+        m = cuda.mapped_array(1000, dtype=np.int32)
+        ours = m.gpu_data
+        # What Numba's own MappedMemory holds for this memory (it asks the
+        # driver for the device address; cuemm's pool knew it already).
+        numbas = driver.MappedMemory(ours.context, ours.host_pointer, ours.size)
+        for name, value in vars(numbas).items():
+            if name in ("_finalizer", "is_managed", "refct"):
+                continue  # ours frees by holding the allocation, not by a finalizer
+            assert name in vars(ours), name
+            assert plain(getattr(ours, name)) == plain(value), (name, getattr(ours, name), value)
+        assert memoryview(ours).nbytes == 4000  # exports the buffer itself
+        # A view on the device side takes and gives back a reference: its
+        # death must not free the memory under the array.
+        view = ours.view(400, 800)
+        assert plain(view.device_pointer) == plain(ours.device_pointer) + 400
+        del view
+        m[:] = np.arange(1000)
+        seen = np.zeros(1000, dtype=np.int32)
+        driver.device_to_host(seen, m.gpu_data, m.nbytes)
+        assert (seen == np.arange(1000)).all()
+        assert cuemm.statistics()["mapped"]["current_count"] == 1
+        del m, ours
+        assert cuemm.statistics()["mapped"]["current_count"] == 0, "a dropped mapped array was not given back"
+    """, **PLUGIN)
+
+
 CHILD = """
 import pickle, sys
 from numba import cuda
@@ -274,6 +312,66 @@ def test_bad_input_raises_python_errors(run_python):
             assert "pointer_type" in str(error)
         else:
             raise AssertionError("a pointer type that is not callable was accepted")
+    """, **PLUGIN)
+
+
+def test_device_pointers_made_from_a_learnt_instance_match_numbas_own(run_python):
+    # memalloc_memory copies one learnt instance's attributes rather than
+    # running the pointer class's __init__: the result must hold what __init__
+    # would have made, and a class whose __init__ computes from its arguments
+    # must be called as before.
+    run_python("""
+        import numpy as np
+        from numba import cuda
+        from numba.cuda.cudadrv import driver
+        from cuemm import numba_plugin as plugin
+
+        def plain(value):  # pointers as numbers (ctypes or cuda.bindings)
+            if hasattr(value, "value"):
+                return value.value
+            return int(value) if type(value).__name__ == "CUdeviceptr" else value
+
+        cuda.device_array(16)  # makes the bridge
+        context = cuda.current_context()
+        manager = context.memory_manager
+        bridge = manager._bridge
+        allocator = bridge.device_allocator(plugin._device_pointer, plugin._DeviceMemory, manager._context_proxy)
+        assert allocator.makes_without_init, "Numba's MemoryPointer should be made from a learnt instance"
+        made = [allocator.memalloc_memory(n) for n in (256, 1000, 1 << 20)]
+        for memory in made:
+            through_init = plugin._DeviceMemory(manager._context_proxy, memory.device_pointer, memory.size)
+            assert set(vars(memory)) == set(vars(through_init)) | {"_allocation"}, (vars(memory), vars(through_init))
+            for name, value in vars(through_init).items():
+                assert plain(getattr(memory, name)) == plain(value), (name, getattr(memory, name), value)
+            assert type(memory) is plugin._DeviceMemory
+            assert plain(memory.device_pointer) == memory._allocation.address
+        del memory, through_init
+        assert [m.size for m in made] == [256, 1000, 1 << 20]
+        assert len({plain(m.device_pointer) for m in made}) == 3
+        # A view and an array on the memory behave as on Numba's own pointer.
+        array = cuda.devicearray.DeviceNDArray((64,), (4,), np.dtype(np.int32), gpu_data=made[0])
+        array.copy_to_device(np.arange(64, dtype=np.int32))
+        assert (array[8:16].copy_to_host() == np.arange(8, 16)).all()
+        current = bridge.statistics()["device"]["current_count"]
+        made[0].free()
+        assert bridge.statistics()["device"]["current_count"] == current - 1
+        del array
+        made.pop(0)
+        made.pop()
+        assert bridge.statistics()["device"]["current_count"] == current - 2, "a dropped pointer kept its memory"
+
+        class Computed(plugin._DeviceMemory):
+            def __init__(self, context, pointer, size):
+                super().__init__(context, pointer, size)
+                self.end = plain(pointer) + size  # from the arguments: no copy can hold it
+
+        computed = bridge.device_allocator(plugin._device_pointer, Computed, manager._context_proxy)
+        assert not computed.makes_without_init
+        memory = computed.memalloc_memory(512)
+        assert memory.end == memory._allocation.address + 512
+        unlearnt = bridge.device_allocator(plugin._device_pointer, plugin._DeviceMemory, manager._context_proxy,
+                                           learn_memory_type=False)
+        assert not unlearnt.makes_without_init and unlearnt.memalloc_memory(64).size == 64
     """, **PLUGIN)
 
 

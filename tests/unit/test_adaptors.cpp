@@ -228,6 +228,39 @@ TEST_F(Adaptors, AnUnwrappedAllocationIsObservedAndLoggedLikeAWrappedOne) {
   EXPECT_THROW(logged.memalloc_unwrapped(0), InvalidArgument);
 }
 
+// Over the pool (a RawDeviceAllocator), memalloc_unwrapped is a bare block:
+// no pointer object at all, given back by its releaser.
+TEST_F(Adaptors, OverThePoolAnUnwrappedAllocationIsABareBlock) {
+  StatisticsAdaptor stats(&context, pool());
+  stats.initialize();
+  auto& upstream = dynamic_cast<PoolMemoryManager&>(stats.upstream());
+  ManagerAdaptor::Unwrapped block = stats.memalloc_unwrapped(3000);
+  EXPECT_EQ(block.memory, nullptr);
+  ASSERT_TRUE(block.held());
+  EXPECT_EQ(block.handle(), block.record.address);
+  EXPECT_EQ(block.record.size, 3000u);
+  EXPECT_EQ(block.handle() % 256, 0u);
+  EXPECT_GE(upstream.statistics().in_use_bytes, 3000u);
+  EXPECT_EQ(stats.statistics().of(MemoryKind::Device).current_bytes, 3000u);
+  stats.release_unwrapped(block);
+  EXPECT_FALSE(block.held());
+  stats.release_unwrapped(block);  // twice: nothing more
+  EXPECT_EQ(upstream.statistics().in_use_bytes, 0u);
+  EXPECT_EQ(stats.statistics().of(MemoryKind::Device).current_bytes, 0u);
+
+  // A release after a reset goes to the retired pool and is not counted.
+  ManagerAdaptor::Unwrapped stale = stats.memalloc_unwrapped(1000);
+  stats.reset();
+  ManagerAdaptor::Unwrapped fresh = stats.memalloc_unwrapped(1000);
+  stats.release_unwrapped(stale);
+  ManagerAdaptor::Unwrapped next = stats.memalloc_unwrapped(1000);
+  EXPECT_NE(next.handle(), fresh.handle()) << "a late release freed a block of the new pool";
+  EXPECT_EQ(stats.statistics().of(MemoryKind::Device).current_count, 2u);
+  stats.release_unwrapped(fresh);
+  stats.release_unwrapped(next);
+  EXPECT_EQ(upstream.statistics().in_use_bytes, 0u);
+}
+
 TEST_F(Adaptors, TheLogHasTheProposalsColumnsAndOneRowPerEvent) {
   std::ostringstream out;
   {

@@ -92,18 +92,23 @@ class ManagerAdaptor : public BaseMemoryManager {
   BaseMemoryManager& upstream() const noexcept { return *upstream_; }
 
   // For a caller that keeps an object of its own per allocation (the Python
-  // bridge): memalloc without the adaptor's own pointer around the upstream's,
-  // which costs a second pointer per allocation. The allocation is observed as
-  // usual; the caller must let go of `memory` only through release_unwrapped(),
-  // once, while this adaptor exists.
+  // bridge): memalloc without the adaptor's own pointer. Over a
+  // RawDeviceAllocator (the pool) that is a bare block, no pointer object at
+  // all; over other managers, the upstream's pointer. The allocation is
+  // observed as usual; the caller must let go of it only through
+  // release_unwrapped(), once, while this adaptor exists.
   struct Unwrapped {
-    std::shared_ptr<MemoryPointer> memory;  // the upstream's
-    AllocationRecord record;
-    std::uint64_t generation;
-    bool detailed;
+    std::shared_ptr<MemoryPointer> memory;  // the upstream's pointer; empty for a bare block
+    AllocationRecord record;                // record.address and record.size name a bare block
+    std::uint64_t generation = 0;
+    bool detailed = false;
+    RawDeviceAllocator::Releaser releaser{};  // gives a bare block back; its release is null otherwise
+
+    bool held() const noexcept { return memory || releaser.release; }
+    std::uintptr_t handle() const noexcept { return memory ? memory->handle() : record.address; }
   };
   Unwrapped memalloc_unwrapped(std::size_t size);
-  // Lets go of `allocation.memory` and reports the release (once: later calls do nothing).
+  // Lets go of the allocation and reports the release (once: later calls do nothing).
   void release_unwrapped(Unwrapped& allocation) noexcept;
 
  protected:
