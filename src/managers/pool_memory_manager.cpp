@@ -416,6 +416,10 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     bool dedicated;
   };
   std::deque<Quarantined> quarantine;  // freed, waiting for the GPU; oldest first
+  // Whether the quarantine may hold blocks, for a look without the lock: a
+  // loop of one class (whose frees stay in its thread's ring) then does not
+  // take the pool's lock at every seal to find the quarantine empty.
+  std::atomic<bool> quarantine_may_hold{false};
   std::size_t quarantined_bytes = 0;
   std::size_t quarantined_segment_bytes = 0;  // the part in segments of their own
   std::size_t quarantined_segments = 0;
@@ -438,6 +442,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
 
   void quarantine_block(std::uintptr_t address, std::size_t size, std::uint64_t epoch, bool in_segment_of_its_own = false) {
     quarantine.push_back({address, size, epoch, in_segment_of_its_own});
+    quarantine_may_hold.store(true, std::memory_order_relaxed);
     quarantined_bytes += size;
     if (in_segment_of_its_own) {
       quarantined_segment_bytes += size;
@@ -516,6 +521,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       }
       quarantine.pop_front();
     }
+    quarantine_may_hold.store(!quarantine.empty(), std::memory_order_relaxed);
     quarantined_bytes -= reclaimed;
     return reclaimed;
   }
@@ -533,6 +539,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   void advance_epochs() {
     seal_if_due();
     epochs.try_poll();
+    if (!quarantine_may_hold.load(std::memory_order_relaxed)) return;
     std::unique_lock lock(mutex, std::try_to_lock);
     if (lock.owns_lock()) reclaim_quarantine();
   }
@@ -1331,6 +1338,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       std::fprintf(stderr, "cuemm pool: returning memory failed: %s\n", error.what());
     }
     quarantine.clear();
+    quarantine_may_hold.store(false, std::memory_order_relaxed);
     quarantined_bytes = quarantined_segment_bytes = quarantined_segments = 0;
   }
 };

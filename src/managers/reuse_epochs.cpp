@@ -109,6 +109,9 @@ void ReuseEpochs::poll(bool wait) {
 }
 
 void ReuseEpochs::try_poll() {
+  // Every sealed epoch is safe already (the usual case after a seal found
+  // the GPU idle): nothing to poll, no lock to take.
+  if (safe_.load(std::memory_order_acquire) >= open_.load(std::memory_order_acquire)) return;
   std::unique_lock lock(mutex_, std::try_to_lock);
   if (lock.owns_lock()) poll_locked(false);
 }

@@ -6,8 +6,8 @@
 
 namespace cuemm {
 
-void require_allocation_size(std::size_t size, const char* call) {
-  if (size == 0) throw InvalidArgument(std::string(call) + ": size must be at least 1 byte (got 0)");
+void throw_zero_allocation_size(const char* call) {
+  throw InvalidArgument(std::string(call) + ": size must be at least 1 byte (got 0)");
 }
 
 std::shared_ptr<MemoryPointer> BaseMemoryManager::memallocmanaged(std::size_t size, bool) {

@@ -35,7 +35,10 @@ struct MemoryInfo {
 
 // InvalidArgument "<call>: size must be at least 1 byte (got 0)" for a zero
 // size: the driver refuses empty allocations, and so does every manager.
-void require_allocation_size(std::size_t size, const char* call);
+[[noreturn]] void throw_zero_allocation_size(const char* call);
+inline void require_allocation_size(std::size_t size, const char* call) {
+  if (size == 0) [[unlikely]] throw_zero_allocation_size(call);
+}
 
 class BaseMemoryManager {
  public:
