@@ -91,6 +91,10 @@ elif kind == "threads":
             d = cuda.to_device(np.full(8192, seed, dtype=np.uint8))
             if i % 50 == 0 and not (d.copy_to_host() == seed).all():
                 errors.append(seed)
+    # Warm up first, as the other measurements do: the first allocations make
+    # the manager (for cuemm: import its module, make the pool's first
+    # segment), which would otherwise fall on the one-thread figure alone.
+    work(0, 50, [])
     for threads in (1, 4, 8):
         errors = []
         count = 400
