@@ -48,7 +48,7 @@ def main():
     allocate = manager._allocate_device
     proxy = weakref.proxy(context)
     fixed, fixed_pointer = allocate(size)  # kept: the floor's buffer
-    through_init = manager._bridge.device_allocator(plugin._device_pointer, plugin._DeviceMemory, proxy,
+    through_init = manager._bridge.allocator(plugin._device_pointer, plugin._DeviceMemory, proxy,
                                                     learn_memory_type=False).memalloc_memory
 
     steps = [

@@ -146,7 +146,9 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
         super().__init__(*args, **kwargs)
         self._bridge = None
         self._allocate_device = None  # the bridge's (Allocation, pointer) memalloc, when not logging call sites
+        self._allocate_host = None  # the bridge's fast memhostalloc, when not logging call sites
         self._context_proxy = None
+        self._logging = False  # the bridge's log wants call sites (fixed when the bridge is made)
         self._initialized = False
         # Managed memory is handed out through own(), as Numba does (a view
         # that exports the buffer). own()'s reference is weak: this keeps the
@@ -173,9 +175,13 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
         return memory
 
     def memhostalloc(self, size, mapped=False, portable=False, wc=False):
-        bridge = self._get_bridge()
-        allocation = bridge.memhostalloc(size, mapped, portable, wc, _caller() if bridge.logging else "")
-        context = weakref.proxy(self.context)
+        allocate = self._allocate_host
+        if allocate is None:  # until the bridge exists, and when the log wants call sites
+            bridge = self._get_bridge()
+            allocate = self._allocate_host or (
+                lambda *arguments: bridge.memhostalloc(*arguments, _caller() if self._logging else ""))
+        allocation = allocate(size, mapped, portable, wc)
+        context = self._context_proxy
         pointer = _host_pointer(allocation.host_address)
         if mapped:
             return _MappedMemory(context, pointer, _device_pointer(allocation.address), size, allocation)
@@ -231,9 +237,11 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
                 device = _core.current_device()
             self._bridge = _bridge_for_device(device)
             self._context_proxy = weakref.proxy(self.context)
-            if not self._bridge.logging:
-                allocator = self._bridge.device_allocator(_device_pointer, _DeviceMemory, self._context_proxy)
+            self._logging = self._bridge.logging
+            if not self._logging:
+                allocator = self._bridge.allocator(_device_pointer, _DeviceMemory, self._context_proxy)
                 self._allocate_device = allocator.memalloc
+                self._allocate_host = allocator.memhostalloc
                 # Numba's calls to memalloc go straight to C++ from now on (this
                 # instance's attribute hides the method below): no Python frame.
                 self.memalloc = allocator.memalloc_memory

@@ -241,7 +241,7 @@ class Bridge {
     manager_->initialize();
   }
 
-  // The fast path's memalloc (DeviceAllocator): the new Allocation. Through
+  // The fast path's memalloc (Allocator): the new Allocation. Through
   // the outermost adaptor without its pointer, when there is one;
   // `bridge_object` is this bridge's Python object, which the Allocation keeps.
   PyObject* memalloc_held(long long size, PyObject* bridge_object) {
@@ -362,7 +362,7 @@ class Bridge {
   ManagerAdaptor* outermost_adaptor_ = nullptr;  // manager_, when it is an adaptor
 };
 
-// --- DeviceAllocator: Bridge.memalloc without pybind11's dispatcher ---
+// --- Allocator: Bridge.memalloc and memhostalloc without pybind11's dispatcher ---
 //
 // Numba's memalloc calls this once per allocation: a METH_O method on a plain
 // type holding the bridge, which parses one int and no keyword arguments, and
@@ -529,7 +529,7 @@ class InstancePrototype {
   PyObject* empty_ = nullptr;          // (), for object.__new__; set once learnt
 };
 
-struct PyDeviceAllocator {
+struct PyAllocator {
   PyObject_HEAD
   Bridge* bridge;
   PyObject* bridge_object;  // keeps the bridge alive
@@ -542,7 +542,7 @@ struct PyDeviceAllocator {
 
 
 // A new Allocation and its pointer object (new references), or false with the error set.
-bool allocate_with_pointer(PyDeviceAllocator* self, PyObject* size_object, PyObject** allocation, PyObject** pointer) {
+bool allocate_with_pointer(PyAllocator* self, PyObject* size_object, PyObject** allocation, PyObject** pointer) {
   const long long size = PyLong_AsLongLong(size_object);  // TypeError, OverflowError
   if (size == -1 && PyErr_Occurred()) return false;
   try {
@@ -560,9 +560,9 @@ bool allocate_with_pointer(PyDeviceAllocator* self, PyObject* size_object, PyObj
 }
 
 // memalloc(size) -> (Allocation, pointer object)
-PyObject* device_allocator_memalloc(PyObject* object, PyObject* size_object) {
+PyObject* allocator_memalloc(PyObject* object, PyObject* size_object) {
   PyObject *allocation, *pointer;
-  if (!allocate_with_pointer(reinterpret_cast<PyDeviceAllocator*>(object), size_object, &allocation, &pointer))
+  if (!allocate_with_pointer(reinterpret_cast<PyAllocator*>(object), size_object, &allocation, &pointer))
     return nullptr;
   PyObject* pair = PyTuple_New(2);
   if (!pair) {
@@ -577,10 +577,10 @@ PyObject* device_allocator_memalloc(PyObject* object, PyObject* size_object) {
 
 // memalloc_memory(size) -> memory_type(context, pointer, size), its _allocation
 // set: the whole of the Numba plugin's memalloc, with no Python frame.
-PyObject* device_allocator_memalloc_memory(PyObject* object, PyObject* size_object) {
-  auto* self = reinterpret_cast<PyDeviceAllocator*>(object);
+PyObject* allocator_memalloc_memory(PyObject* object, PyObject* size_object) {
+  auto* self = reinterpret_cast<PyAllocator*>(object);
   if (self->memory_type == Py_None) {
-    PyErr_SetString(PyExc_TypeError, "memalloc_memory: this DeviceAllocator was made without a memory_type");
+    PyErr_SetString(PyExc_TypeError, "memalloc_memory: this Allocator was made without a memory_type");
     return nullptr;
   }
   PyObject *allocation, *pointer;
@@ -598,8 +598,32 @@ PyObject* device_allocator_memalloc_memory(PyObject* object, PyObject* size_obje
   return memory;
 }
 
-void device_allocator_dealloc(PyObject* object) {
-  auto* self = reinterpret_cast<PyDeviceAllocator*>(object);
+// memhostalloc(size, mapped, portable, wc) -> Allocation of pinned (or
+// mapped) host memory: Bridge.memhostalloc without pybind11's dispatcher,
+// which cost as much as the pinned pool's whole allocation from Python.
+PyObject* allocator_memhostalloc(PyObject* object, PyObject* const* arguments, Py_ssize_t count) {
+  if (count != 4) {
+    PyErr_Format(PyExc_TypeError, "memhostalloc(size, mapped, portable, wc) takes 4 arguments (%zd given)", count);
+    return nullptr;
+  }
+  const long long size = PyLong_AsLongLong(arguments[0]);  // TypeError, OverflowError
+  if (size == -1 && PyErr_Occurred()) return nullptr;
+  int flags[3];
+  for (int i = 0; i < 3; ++i)
+    if ((flags[i] = PyObject_IsTrue(arguments[i + 1])) < 0) return nullptr;
+  try {
+    return reinterpret_cast<PyAllocator*>(object)
+        ->bridge->memhostalloc(size, flags[0] != 0, flags[1] != 0, flags[2] != 0, std::string())
+        .release()
+        .ptr();
+  } catch (...) {
+    set_python_error_from_any(std::current_exception());
+    return nullptr;
+  }
+}
+
+void allocator_dealloc(PyObject* object) {
+  auto* self = reinterpret_cast<PyAllocator*>(object);
   Py_XDECREF(self->bridge_object);
   Py_XDECREF(self->pointer_type);
   Py_XDECREF(self->memory_type);
@@ -613,34 +637,36 @@ void device_allocator_dealloc(PyObject* object) {
   Py_DECREF(type);
 }
 
-PyMethodDef device_allocator_methods[] = {
-    {"memalloc", device_allocator_memalloc, METH_O,
+PyMethodDef allocator_methods[] = {
+    {"memalloc", allocator_memalloc, METH_O,
      "memalloc(size) -> (Allocation of device memory, its address as the pointer type)"},
-    {"memalloc_memory", device_allocator_memalloc_memory, METH_O,
+    {"memalloc_memory", allocator_memalloc_memory, METH_O,
      "memalloc_memory(size) -> memory_type(context, pointer, size) with ._allocation set to the Allocation"},
+    {"memhostalloc", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(allocator_memhostalloc)),
+     METH_FASTCALL, "memhostalloc(size, mapped, portable, wc) -> Allocation of pinned host memory"},
     {nullptr, nullptr, 0, nullptr}};
-PyObject* device_allocator_makes_without_init(PyObject* object, void*) {
-  return PyBool_FromLong(reinterpret_cast<PyDeviceAllocator*>(object)->prototype.learnt());
+PyObject* allocator_makes_without_init(PyObject* object, void*) {
+  return PyBool_FromLong(reinterpret_cast<PyAllocator*>(object)->prototype.learnt());
 }
-PyGetSetDef device_allocator_properties[] = {
-    {"makes_without_init", device_allocator_makes_without_init, nullptr,
+PyGetSetDef allocator_properties[] = {
+    {"makes_without_init", allocator_makes_without_init, nullptr,
      "True where memalloc_memory copies a learnt instance's attributes rather than calling memory_type", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr}};
-PyType_Slot device_allocator_slots[] = {{Py_tp_dealloc, reinterpret_cast<void*>(device_allocator_dealloc)},
-                                        {Py_tp_methods, device_allocator_methods},
-                                        {Py_tp_getset, device_allocator_properties},
+PyType_Slot allocator_slots[] = {{Py_tp_dealloc, reinterpret_cast<void*>(allocator_dealloc)},
+                                        {Py_tp_methods, allocator_methods},
+                                        {Py_tp_getset, allocator_properties},
                                         {Py_tp_doc, const_cast<char*>("Bridge.memalloc for the Numba plugin's hot path")},
                                         {0, nullptr}};
-PyType_Spec device_allocator_spec{"cuemm._core.DeviceAllocator", sizeof(PyDeviceAllocator), 0, Py_TPFLAGS_DEFAULT,
-                                  device_allocator_slots};
-PyTypeObject* device_allocator_type = nullptr;  // made when the module loads; never freed
+PyType_Spec allocator_spec{"cuemm._core.Allocator", sizeof(PyAllocator), 0, Py_TPFLAGS_DEFAULT,
+                                  allocator_slots};
+PyTypeObject* allocator_type = nullptr;  // made when the module loads; never freed
 
-py::object device_allocator_of(py::object bridge_object, py::object pointer_type, py::object memory_type,
+py::object allocator_of(py::object bridge_object, py::object pointer_type, py::object memory_type,
                                py::object context, bool learn_memory_type) {
-  if (!PyCallable_Check(pointer_type.ptr())) throw py::type_error("device_allocator: pointer_type must be callable");
+  if (!PyCallable_Check(pointer_type.ptr())) throw py::type_error("allocator: pointer_type must be callable");
   if (!memory_type.is_none() && !PyCallable_Check(memory_type.ptr()))
-    throw py::type_error("device_allocator: memory_type must be callable or None");
-  auto* self = PyObject_New(PyDeviceAllocator, device_allocator_type);
+    throw py::type_error("allocator: memory_type must be callable or None");
+  auto* self = PyObject_New(PyAllocator, allocator_type);
   if (!self) throw py::error_already_set();
   self->bridge = bridge_object.cast<Bridge*>();
   self->bridge_object = bridge_object.release().ptr();
@@ -672,9 +698,9 @@ PYBIND11_MODULE(_core, module) {
   allocation_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&allocation_spec));
   if (!allocation_type) throw py::error_already_set();
   module.add_object("Allocation", reinterpret_cast<PyObject*>(allocation_type));
-  device_allocator_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&device_allocator_spec));
-  if (!device_allocator_type) throw py::error_already_set();
-  module.add_object("DeviceAllocator", reinterpret_cast<PyObject*>(device_allocator_type));
+  allocator_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&allocator_spec));
+  if (!allocator_type) throw py::error_already_set();
+  module.add_object("Allocator", reinterpret_cast<PyObject*>(allocator_type));
 
   py::class_<CleanupGuard, std::shared_ptr<CleanupGuard>>(module, "CleanupGuard")
       .def("__enter__", [](std::shared_ptr<CleanupGuard> self) { return self; })
@@ -688,9 +714,9 @@ PYBIND11_MODULE(_core, module) {
       .def("initialize", &Bridge::initialize)
       .def("memalloc", &Bridge::memalloc, py::arg("size"))
       .def("memalloc_at", &Bridge::memalloc_at, py::arg("size"), py::arg("site"))
-      .def("device_allocator", &device_allocator_of, py::arg("pointer_type") = py::module_::import("builtins").attr("int"),
+      .def("allocator", &allocator_of, py::arg("pointer_type") = py::module_::import("builtins").attr("int"),
            py::arg("memory_type") = py::none(), py::arg("context") = py::none(), py::arg("learn_memory_type") = true,
-           "A DeviceAllocator for this bridge, whose memalloc is the fast path (addresses as pointer_type; "
+           "A Allocator for this bridge, whose memalloc is the fast path (addresses as pointer_type; "
            "memalloc_memory also makes memory_type(context, pointer, size), by copying a learnt instance's "
            "attributes where learn_memory_type and the type allow)")
       .def("memhostalloc", &Bridge::memhostalloc, py::arg("size"), py::arg("mapped") = false,

@@ -169,6 +169,7 @@ def test_the_log_the_statistics_and_the_plot(run_python, tmp_path):
         cuemm.use_cuemm_for_numba("pool", log=True)
         a = cuda.device_array(1000)
         b = cuda.device_array(2000)
+        p = cuda.pinned_array(3000, dtype=np.uint8)
         del a
         cuemm.write_log({str(log)!r})
         cuemm.plot({str(svg)!r})
@@ -178,6 +179,8 @@ def test_the_log_the_statistics_and_the_plot(run_python, tmp_path):
     allocs = [line for line in lines if line.startswith("Alloc,")]
     assert len(allocs) == 2 and ",8000," in allocs[0] and ",16000," in allocs[1]
     assert "<string>" in allocs[0], "the Python caller should be the location"
+    pinned = [line for line in lines if ",3000," in line and not line.startswith("Free,")]
+    assert len(pinned) == 1 and "<string>" in pinned[0], lines
     assert any(line.startswith("Free,") for line in lines)
     assert svg.read_text().startswith("<svg") and "polyline" in svg.read_text()
 
@@ -251,7 +254,7 @@ def test_bad_input_raises_python_errors(run_python):
         # Allocation gives the memory back.
         class Pointer(int):
             pass
-        allocation, pointer = bridge.device_allocator(Pointer).memalloc(4096)
+        allocation, pointer = bridge.allocator(Pointer).memalloc(4096)
         assert type(pointer) is Pointer and pointer == allocation.address and allocation.size == 4096
         in_use = cuemm.statistics()["device"]["current_bytes"]
         del allocation
@@ -259,14 +262,14 @@ def test_bad_input_raises_python_errors(run_python):
         def refuse(address):
             raise KeyError(address)
         try:
-            bridge.device_allocator(refuse).memalloc(4096)
+            bridge.allocator(refuse).memalloc(4096)
         except KeyError:
             pass
         else:
             raise AssertionError("the pointer type's error was lost")
         assert cuemm.statistics()["device"]["current_bytes"] == in_use - 4096  # and nothing leaked
         # Pointer objects are reused per address; each still names its own allocation's address.
-        allocator = bridge.device_allocator(Pointer)
+        allocator = bridge.allocator(Pointer)
         live = [allocator.memalloc(size) for size in (256, 256, 65536, 4 << 20) * 8]
         assert all(pointer == allocation.address for allocation, pointer in live)
         assert len({pointer for _, pointer in live}) == len(live)
@@ -279,7 +282,7 @@ def test_bad_input_raises_python_errors(run_python):
             def __init__(self, context, pointer, size):
                 self.context, self.pointer, self.size = context, pointer, size
         context = object()
-        memory = bridge.device_allocator(Pointer, Memory, context).memalloc_memory(4096)
+        memory = bridge.allocator(Pointer, Memory, context).memalloc_memory(4096)
         assert type(memory) is Memory and memory.context is context and memory.size == 4096
         assert memory.pointer == memory._allocation.address and type(memory.pointer) is Pointer
         assert cuemm.statistics()["device"]["current_bytes"] == in_use
@@ -287,9 +290,9 @@ def test_bad_input_raises_python_errors(run_python):
         assert cuemm.statistics()["device"]["current_bytes"] == in_use - 4096
         def refusing_memory(context, pointer, size):
             raise KeyError(size)
-        for make, error in [(lambda: bridge.device_allocator(Pointer, refusing_memory).memalloc_memory(4096), KeyError),
-                            (lambda: bridge.device_allocator(Pointer).memalloc_memory(4096), TypeError),
-                            (lambda: bridge.device_allocator(Pointer, 5), TypeError)]:
+        for make, error in [(lambda: bridge.allocator(Pointer, refusing_memory).memalloc_memory(4096), KeyError),
+                            (lambda: bridge.allocator(Pointer).memalloc_memory(4096), TypeError),
+                            (lambda: bridge.allocator(Pointer, 5), TypeError)]:
             try:
                 make()
             except error:
@@ -301,13 +304,25 @@ def test_bad_input_raises_python_errors(run_python):
         assert type(manager.memalloc).__name__ == "builtin_function_or_method", manager.memalloc
         for bad, error in [(-1, ValueError), ("x", TypeError)]:
             try:
-                bridge.device_allocator(int).memalloc(bad)
+                bridge.allocator(int).memalloc(bad)
             except error:
                 pass
             else:
-                raise AssertionError(f"device_allocator().memalloc({bad!r}) did not raise {error.__name__}")
+                raise AssertionError(f"allocator().memalloc({bad!r}) did not raise {error.__name__}")
+        host = bridge.allocator(int).memhostalloc
+        for bad, error in [((-1, False, False, False), ValueError), (("x", False, False, False), TypeError),
+                           ((64,), TypeError), ((0, False, False, False), ValueError)]:
+            try:
+                host(*bad)
+            except error:
+                pass
+            else:
+                raise AssertionError(f"allocator().memhostalloc{bad!r} did not raise {error.__name__}")
+        pinned, mapped = host(4096, False, False, False), host(4096, True, False, False)
+        assert pinned.host_address and mapped.host_address and mapped.address and pinned.size == 4096
+        assert bridge.statistics()["mapped"]["current_count"] >= 1
         try:
-            bridge.device_allocator(5)
+            bridge.allocator(5)
         except TypeError as error:
             assert "pointer_type" in str(error)
         else:
@@ -335,7 +350,7 @@ def test_device_pointers_made_from_a_learnt_instance_match_numbas_own(run_python
         context = cuda.current_context()
         manager = context.memory_manager
         bridge = manager._bridge
-        allocator = bridge.device_allocator(plugin._device_pointer, plugin._DeviceMemory, manager._context_proxy)
+        allocator = bridge.allocator(plugin._device_pointer, plugin._DeviceMemory, manager._context_proxy)
         assert allocator.makes_without_init, "Numba's MemoryPointer should be made from a learnt instance"
         made = [allocator.memalloc_memory(n) for n in (256, 1000, 1 << 20)]
         for memory in made:
@@ -365,11 +380,11 @@ def test_device_pointers_made_from_a_learnt_instance_match_numbas_own(run_python
                 super().__init__(context, pointer, size)
                 self.end = plain(pointer) + size  # from the arguments: no copy can hold it
 
-        computed = bridge.device_allocator(plugin._device_pointer, Computed, manager._context_proxy)
+        computed = bridge.allocator(plugin._device_pointer, Computed, manager._context_proxy)
         assert not computed.makes_without_init
         memory = computed.memalloc_memory(512)
         assert memory.end == memory._allocation.address + 512
-        unlearnt = bridge.device_allocator(plugin._device_pointer, plugin._DeviceMemory, manager._context_proxy,
+        unlearnt = bridge.allocator(plugin._device_pointer, plugin._DeviceMemory, manager._context_proxy,
                                            learn_memory_type=False)
         assert not unlearnt.makes_without_init and unlearnt.memalloc_memory(64).size == 64
     """, **PLUGIN)
@@ -384,7 +399,7 @@ def test_fast_path_allocations_outlive_their_bridge_and_its_reset(run_python):
         import cuemm._core as core
         bridge = core.Bridge(0, "pool")
         bridge.initialize()
-        allocate = bridge.device_allocator(int).memalloc
+        allocate = bridge.allocator(int).memalloc
         kept = [allocate(size) for size in (256, 1 << 20, 8 << 20)]
         assert bridge.statistics()["device"]["current_bytes"] == 256 + (1 << 20) + (8 << 20)
         kept.pop()[0].release()
