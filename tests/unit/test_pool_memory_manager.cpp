@@ -200,6 +200,22 @@ TEST_F(Pool, LoopsThatAlternateBetweenLargeSizesKeepTheirBlocks) {
   EXPECT_LE(simulation::call_count("cuStreamQuery"), 5u * 600 / 4) << "a seal for most pairs";
 }
 
+// A thread that moved on to another large size gives its idle rotation back
+// to the pool once thousands of requests went by without it (loops that take
+// turns keep both, above); until then every request scanned past it.
+TEST_F(Pool, AThreadThatMovedOnGivesBackItsIdleRotation) {
+  CUEMM_REQUIRE_SIMULATION();
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  constexpr std::size_t kLarge = std::size_t{64} << 20, kSmaller = std::size_t{4} << 20;
+  pairs(pool, kLarge, 3000);
+  ASSERT_GE(pool.statistics().cached_bytes, 2 * kLarge) << "the 64 MiB loop did not rotate";
+  pairs(pool, kSmaller, 1000);
+  EXPECT_GE(pool.statistics().cached_bytes, 2 * kLarge) << "a short turn of another size gave the rotation back";
+  pairs(pool, kSmaller, 5000);
+  EXPECT_LE(pool.statistics().cached_bytes, 16 * kSmaller) << "the idle 64 MiB rotation is still held";
+}
+
 // A thread's loop of large requests takes idle blocks of the size before it
 // seals: a new thread rotates through a finished one's without sealing at
 // each request or asking the driver for more.
