@@ -430,6 +430,7 @@ class InstancePrototype {
     if (!PyType_Check(memory_type)) return false;
     auto* type = reinterpret_cast<PyTypeObject*>(memory_type);
     if (type->tp_new != PyBaseObject_Type.tp_new || type->tp_setattro != PyObject_GenericSetAttr) return false;
+    if (has_slots(type)) return false;  // what __init__ stores in slots is not in the instance's __dict__
     Sample first(memory_type, context, pointer_type, 0x100000, 4096);
     Sample second(memory_type, context, pointer_type, 0x200000, 8192);
     const bool fits = first.attributes && second.attributes && learn_from(first, second);
@@ -494,6 +495,17 @@ class InstancePrototype {
       Py_XDECREF(pointer);
     }
   };
+
+  // Whether a class in the type's MRO declares __slots__.
+  static bool has_slots(PyTypeObject* type) {
+    PyObject* mro = type->tp_mro;
+    if (!mro || !PyTuple_Check(mro)) return true;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); ++i) {
+      PyObject* base_dict = reinterpret_cast<PyTypeObject*>(PyTuple_GET_ITEM(mro, i))->tp_dict;
+      if (base_dict && PyDict_GetItemString(base_dict, "__slots__")) return true;
+    }
+    return false;
+  }
 
   bool learn_from(const Sample& first, const Sample& second) {
     if (PyDict_Size(first.attributes) != PyDict_Size(second.attributes)) return false;

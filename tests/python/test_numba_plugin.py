@@ -384,6 +384,16 @@ def test_device_pointers_made_from_a_learnt_instance_match_numbas_own(run_python
         assert not computed.makes_without_init
         memory = computed.memalloc_memory(512)
         assert memory.end == memory._allocation.address + 512
+        class Slotted(plugin._DeviceMemory):
+            __slots__ = ("kind",)  # stored outside the instance's __dict__: no copy of it can hold it
+
+            def __init__(self, context, pointer, size):
+                super().__init__(context, pointer, size)
+                self.kind = "device"
+
+        slotted = bridge.allocator(plugin._device_pointer, Slotted, manager._context_proxy)
+        assert not slotted.makes_without_init
+        assert slotted.memalloc_memory(256).kind == "device"
         unlearnt = bridge.allocator(plugin._device_pointer, plugin._DeviceMemory, manager._context_proxy,
                                            learn_memory_type=False)
         assert not unlearnt.makes_without_init and unlearnt.memalloc_memory(64).size == 64
