@@ -13,6 +13,7 @@
 // the manager holds from the driver: the pool's segments, else the driver's
 // used memory since the start) and their ratio, the fragmentation overhead.
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -167,6 +168,15 @@ std::size_t bytes_option(std::vector<std::string>& args, const std::string& name
   return *bytes;
 }
 
+std::size_t count_option(std::vector<std::string>& args, const std::string& name, const std::string& fallback) {
+  const std::string text = option(args, name, fallback);
+  std::size_t count = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), count);
+  if (text.empty() || error != std::errc() || end != text.data() + text.size())
+    throw InvalidArgument(name + " must be a whole number (got '" + text + "')");
+  return count;
+}
+
 int usage() {
   std::fprintf(stderr,
                "usage: cuemm info\n"
@@ -208,8 +218,9 @@ int run(std::vector<std::string> args) {
     } else {
       const std::size_t max_size = bytes_option(args, "--max-size", "64M");
       const std::size_t live = bytes_option(args, "--live", "1G");
-      const std::size_t count = std::stoull(option(args, "--operations", "100000"));
-      const unsigned seed = static_cast<unsigned>(std::stoul(option(args, "--seed", "1")));
+      if (max_size == 0) throw InvalidArgument("--max-size must be at least 1 byte (got 0)");
+      const std::size_t count = count_option(args, "--operations", "100000");
+      const unsigned seed = static_cast<unsigned>(count_option(args, "--seed", "1"));
       if (!args.empty()) return usage();
       operations = random_workload(max_size, count, live, seed);
     }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cstdio>
 #include <map>
 #include <sstream>
@@ -75,12 +76,19 @@ std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& so
                                    [&](const EventType& t) { return fields[type_column] == t.name; });
     if (type == kEventTypes.end()) continue;
     LoggedEvent event{type->allocate, type->kind, 0, 0, 0.0};
+    // A byte count is digits only (std::stoull would take "-5" as 2^64 - 5, and "12abc" as 12).
+    const std::string& bytes = fields[size];
+    const auto [bytes_end, bytes_error] = std::from_chars(bytes.data(), bytes.data() + bytes.size(), event.size);
+    if (bytes.empty() || bytes_error != std::errc() || bytes_end != bytes.data() + bytes.size())
+      throw InvalidArgument(where + ": the size '" + bytes + "' is not a byte count");
     try {
-      event.size = std::stoull(fields[size]);
       event.time = std::stod(fields[end]);
     } catch (const std::exception&) {
-      throw InvalidArgument(where + ": the size '" + fields[size] + "' or end '" + fields[end] + "' is not a number");
+      throw InvalidArgument(where + ": the end '" + fields[end] + "' is not a number");
     }
+    // A zero-byte allocation holds no memory (and managers refuse one): the
+    // row and the free of its address are left out.
+    if (event.size == 0 && event.allocate) continue;
     const auto key = std::make_pair(event.kind, fields[address]);
     if (event.allocate) {
       event.id = live[key] = next++;

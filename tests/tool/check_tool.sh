@@ -30,4 +30,13 @@ grep -q "<polyline" "$work/plot.svg"
 if "$tool" replay "$work/missing.csv" 2>"$work/error.txt"; then exit 1; fi
 grep -q "cannot read the log" "$work/error.txt"
 if "$tool" random --max-size lots 2>"$work/error.txt"; then exit 1; fi
+if "$tool" random --max-size 0 2>"$work/error.txt"; then exit 1; fi
+grep -q "at least 1 byte" "$work/error.txt"
+if "$tool" random --operations -3 2>"$work/error.txt"; then exit 1; fi
+grep -q "whole number (got '-3')" "$work/error.txt"
+# A negative size in a log is an error that names the row, not a huge request.
+head -1 "$work/made.csv" >"$work/negative.csv"
+echo "Alloc,0,0x10,0,-5,0,0,1,0,0,0," >>"$work/negative.csv"
+if "$tool" replay "$work/negative.csv" 2>"$work/error.txt"; then exit 1; fi
+grep -q "negative.csv:2: the size '-5' is not a byte count" "$work/error.txt"
 echo "cuemm tool: ok"

@@ -328,6 +328,14 @@ TEST_F(Adaptors, ALogReadsBackAndDrawsEachKind) {
   } catch (const InvalidArgument& error) {
     EXPECT_NE(std::string(error.what()).find("bad.csv:2"), std::string::npos) << error.what();
   }
+  std::istringstream negative(std::string(LoggingAdaptor::header()) + "\nAlloc,0,0x10,0,-5,0,0,1,0,0,0,\n");
+  EXPECT_THROW(read_memory_log(negative, "negative.csv"), InvalidArgument) << "a negative size was read as a huge one";
+  // Zero-byte allocations hold no memory: left out, with the free of their address.
+  std::istringstream zero(std::string(LoggingAdaptor::header()) +
+                          "\nAlloc,0,0x10,0,0,0,0,1,0,1,0,\nAlloc,0,0x20,0,64,0,0,2,0,2,0,\nFree,0,0x10,0,0,0,0,1,0,3,0,\n");
+  const std::vector<LoggedEvent> kept = read_memory_log(zero, "zero.csv");
+  ASSERT_EQ(kept.size(), 1u);
+  EXPECT_EQ(kept[0].size, 64u);
 }
 
 TEST_F(Adaptors, TheLogCanGoToAFile) {
