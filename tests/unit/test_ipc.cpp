@@ -91,6 +91,17 @@ TEST_F(Ipc, ClosingAnUnopenedHandleIsAnError) {
   }
 }
 
+// A pointer to memory the driver does not know is refused by address.
+TEST_F(Ipc, ExportingMemoryTheDriverDoesNotKnowNamesTheAddress) {
+  auto foreign = std::make_shared<MemoryPointer>(&context, 0x3000, 256);
+  try {
+    context.get_ipc_handle(foreign);
+    FAIL() << "an unknown address was exported";
+  } catch (const CudaError& error) {
+    EXPECT_NE(std::string(error.what()).find("0x3000 is not device memory"), std::string::npos) << error.what();
+  }
+}
+
 TEST_F(Ipc, AnotherProcessReadsAndWritesTheSharedMemory) {
   const std::size_t count = 4096;
   std::vector<std::uint32_t> values(count);
