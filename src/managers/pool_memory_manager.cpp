@@ -22,6 +22,7 @@
 #include "cuemm/threading/blocking_hook.hpp"
 #include "threading/owner_biased_lock.hpp"
 #include "util/environment.hpp"
+#include "util/hex_address.hpp"
 #include "util/keep_until_exit.hpp"
 #include "util/owned_counter.hpp"
 #include "util/round_up.hpp"
@@ -1489,9 +1490,7 @@ IpcHandle PoolMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer>
   if (memory && options_.expandable) {
     std::lock_guard lock(core_->mutex);
     if (core_->arena && core_->arena->contains(memory->handle())) {
-      char address[32];
-      std::snprintf(address, sizeof address, "0x%llx", static_cast<unsigned long long>(memory->handle()));
-      throw NotSupported(std::string("pool: the block at ") + address +
+      throw NotSupported("pool: the block at " + util::hex_address(memory->handle()) +
                          " lies in the pool's expandable arena (CUEMM_POOL_EXPANDABLE=1), memory that "
                          "cuIpcGetMemHandle cannot export; blocks of the dedicated size (" +
                          describe_bytes(options_.dedicated_size) + ") and more, or a pool without the option, can be");

@@ -1,10 +1,9 @@
 #include "cuemm/memory/default_memory_manager.hpp"
 
-#include <cstdio>
-
 #include "cuemm/driver/driver.hpp"
 #include "cuemm/runtime/context.hpp"
 #include "cuemm/runtime/device.hpp"
+#include "util/hex_address.hpp"
 
 namespace cuemm {
 
@@ -46,10 +45,9 @@ IpcHandle export_device_memory(Context& context, const std::shared_ptr<MemoryPoi
   std::size_t extent = 0;
   const cuda::CUresult found = CUEMM_CU_RESULT(cuMemGetAddressRange, &base, &extent, memory->device_pointer());
   if (found != cuda::CUDA_SUCCESS) {
-    char address[32];
-    std::snprintf(address, sizeof address, "0x%llx", static_cast<unsigned long long>(memory->device_pointer()));
     throw CudaError(found, "cuMemGetAddressRange",
-                    std::string("get_ipc_handle: ") + address + " is not device memory of this context");
+                    "get_ipc_handle: " + util::hex_address(memory->device_pointer()) +
+                        " is not device memory of this context");
   }
   cuda::CUipcMemHandle handle{};
   CUEMM_CU(cuIpcGetMemHandle, &handle, base);

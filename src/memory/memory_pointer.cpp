@@ -7,6 +7,7 @@
 #include "cuemm/error.hpp"
 #include "cuemm/runtime/context.hpp"
 #include "cuemm/runtime/stream.hpp"
+#include "util/hex_address.hpp"
 
 namespace cuemm {
 
@@ -20,13 +21,7 @@ const char* to_string(MemoryKind kind) noexcept {
   return "unknown";
 }
 
-namespace {
-std::string hex(std::uintptr_t address) {
-  char text[32];
-  std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(address));
-  return text;
-}
-}  // namespace
+using util::hex_address;
 
 MemoryPointer::MemoryPointer(Context* context, std::uintptr_t pointer, std::size_t size,
                              std::shared_ptr<const void> owner, Finalizer finalizer)
@@ -68,13 +63,13 @@ void MemoryPointer::call_finalizer() noexcept {
     finalizer();
   } catch (const std::exception& error) {
     std::fprintf(stderr, "cuemm: releasing %s memory at %s failed: %s\n", to_string(kind_),
-                 hex(pointer_).c_str(), error.what());
+                 hex_address(pointer_).c_str(), error.what());
   }
 }
 
 cuda::CUdeviceptr MemoryPointer::device_pointer() const {
   if (kind_ == MemoryKind::Pinned) {
-    throw StateError("pinned host memory at " + hex(host_pointer_) +
+    throw StateError("pinned host memory at " + hex_address(host_pointer_) +
                      " is not mapped into the device address space (allocate it with mapped=true)");
   }
   return pointer_;
@@ -91,7 +86,7 @@ void MemoryPointer::free() {
   // The exchange inside run_finalizer decides, so of racing frees exactly one
   // runs the finalizer and every other one reports dead memory.
   if (!run_finalizer()) throw StateError("Freeing dead memory: " + std::string(to_string(kind_)) + " memory at " +
-                                    hex(pointer_) + " (" + std::to_string(size_) + " bytes) was already freed");
+                                    hex_address(pointer_) + " (" + std::to_string(size_) + " bytes) was already freed");
 }
 
 void MemoryPointer::drop_owned_reference() noexcept {
