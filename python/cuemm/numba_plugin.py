@@ -199,8 +199,17 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
 
     def memallocmanaged(self, size, attach_global=True):
         allocation = self._get_bridge().memallocmanaged(size, attach_global)
-        return self._owned_pointer(_driver.ManagedMemory, weakref.proxy(self.context),
-                                   _device_pointer(allocation.address), size, allocation)
+        owned = self._owned
+        key = id(allocation)
+
+        def release():
+            owned.pop(key, None)
+            allocation.release()
+
+        memory = _driver.ManagedMemory(self._context_proxy, _device_pointer(allocation.address), size,
+                                       finalizer=release)
+        owned[key] = memory
+        return memory.own()
 
     def get_ipc_handle(self, memory):
         raw, offset, _ = self._get_bridge().ipc_handle(_address_of(memory.handle), memory.size)
@@ -246,15 +255,3 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
                 # instance's attribute hides the method below): no Python frame.
                 self.memalloc = allocator.memalloc_memory
         return self._bridge
-
-    def _owned_pointer(self, kind, context, pointer, size, allocation, owner=None):
-        owned = self._owned
-        key = id(allocation)
-
-        def release():
-            owned.pop(key, None)
-            allocation.release()
-
-        memory = kind(context, pointer, size, owner=owner, finalizer=release)
-        owned[key] = memory
-        return memory.own()

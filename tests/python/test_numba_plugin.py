@@ -6,6 +6,13 @@ import sys
 import pytest
 
 PLUGIN = {"NUMBA_CUDA_MEMORY_MANAGER": "cuemm"}
+# For scenarios that compare pointers: a ctypes or cuda.bindings pointer as a number.
+PLAIN_POINTERS = """
+        def plain(value):
+            if hasattr(value, "value"):
+                return value.value
+            return int(value) if type(value).__name__ == "CUdeviceptr" else value
+"""
 
 
 def test_import_needs_no_numba(run_python):
@@ -89,16 +96,11 @@ def test_pinned_mapped_and_pinned_ranges(run_python):
 
 
 def test_a_mapped_pointer_is_numbas_mapped_memory_in_one_object(run_python):
-    run_python("""
+    run_python(PLAIN_POINTERS + """
         import numpy as np
         from numba import cuda
         from numba.cuda.cudadrv import driver
         import cuemm
-
-        def plain(value):  # pointers as numbers (ctypes or cuda.bindings)
-            if hasattr(value, "value"):
-                return value.value
-            return int(value) if type(value).__name__ == "CUdeviceptr" else value
 
         m = cuda.mapped_array(1000, dtype=np.int32)
         ours = m.gpu_data
@@ -335,16 +337,11 @@ def test_device_pointers_made_from_a_learnt_instance_match_numbas_own(run_python
     # running the pointer class's __init__: the result must hold what __init__
     # would have made, and a class whose __init__ computes from its arguments
     # must be called as before.
-    run_python("""
+    run_python(PLAIN_POINTERS + """
         import numpy as np
         from numba import cuda
         from numba.cuda.cudadrv import driver
         from cuemm import numba_plugin as plugin
-
-        def plain(value):  # pointers as numbers (ctypes or cuda.bindings)
-            if hasattr(value, "value"):
-                return value.value
-            return int(value) if type(value).__name__ == "CUdeviceptr" else value
 
         cuda.device_array(16)  # makes the bridge
         context = cuda.current_context()
