@@ -553,7 +553,6 @@ struct PyAllocator {
   InstancePrototype prototype;  // of memory_type, where it could be learnt
 };
 
-
 // A new Allocation and its pointer object (new references), or false with the error set.
 bool allocate_with_pointer(PyAllocator* self, PyObject* size_object, PyObject** allocation, PyObject** pointer) {
   const long long size = PyLong_AsLongLong(size_object);  // TypeError, OverflowError
@@ -665,17 +664,17 @@ PyGetSetDef allocator_properties[] = {
     {"makes_without_init", allocator_makes_without_init, nullptr,
      "True where memalloc_memory copies a learnt instance's attributes rather than calling memory_type", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr}};
-PyType_Slot allocator_slots[] = {{Py_tp_dealloc, reinterpret_cast<void*>(allocator_dealloc)},
-                                        {Py_tp_methods, allocator_methods},
-                                        {Py_tp_getset, allocator_properties},
-                                        {Py_tp_doc, const_cast<char*>("Bridge.memalloc for the Numba plugin's hot path")},
-                                        {0, nullptr}};
-PyType_Spec allocator_spec{"cuemm._core.Allocator", sizeof(PyAllocator), 0, Py_TPFLAGS_DEFAULT,
-                                  allocator_slots};
+PyType_Slot allocator_slots[] = {
+    {Py_tp_dealloc, reinterpret_cast<void*>(allocator_dealloc)},
+    {Py_tp_methods, allocator_methods},
+    {Py_tp_getset, allocator_properties},
+    {Py_tp_doc, const_cast<char*>("Bridge.memalloc and memhostalloc for the Numba plugin's hot paths")},
+    {0, nullptr}};
+PyType_Spec allocator_spec{"cuemm._core.Allocator", sizeof(PyAllocator), 0, Py_TPFLAGS_DEFAULT, allocator_slots};
 PyTypeObject* allocator_type = nullptr;  // made when the module loads; never freed
 
-py::object allocator_of(py::object bridge_object, py::object pointer_type, py::object memory_type,
-                               py::object context, bool learn_memory_type) {
+py::object allocator_of(py::object bridge_object, py::object pointer_type, py::object memory_type, py::object context,
+                        bool learn_memory_type) {
   if (!PyCallable_Check(pointer_type.ptr())) throw py::type_error("allocator: pointer_type must be callable");
   if (!memory_type.is_none() && !PyCallable_Check(memory_type.ptr()))
     throw py::type_error("allocator: memory_type must be callable or None");
@@ -729,9 +728,9 @@ PYBIND11_MODULE(_core, module) {
       .def("memalloc_at", &Bridge::memalloc_at, py::arg("size"), py::arg("site"))
       .def("allocator", &allocator_of, py::arg("pointer_type") = py::module_::import("builtins").attr("int"),
            py::arg("memory_type") = py::none(), py::arg("context") = py::none(), py::arg("learn_memory_type") = true,
-           "A Allocator for this bridge, whose memalloc is the fast path (addresses as pointer_type; "
-           "memalloc_memory also makes memory_type(context, pointer, size), by copying a learnt instance's "
-           "attributes where learn_memory_type and the type allow)")
+           "An Allocator for this bridge, whose memalloc and memhostalloc are the fast paths (addresses as "
+           "pointer_type; memalloc_memory also makes memory_type(context, pointer, size), by copying a learnt "
+           "instance's attributes where learn_memory_type and the type allow)")
       .def("memhostalloc", &Bridge::memhostalloc, py::arg("size"), py::arg("mapped") = false,
            py::arg("portable") = false, py::arg("wc") = false, py::arg("site") = "")
       .def("mempin", &Bridge::mempin, py::arg("owner"), py::arg("pointer"), py::arg("size"), py::arg("mapped") = false)
