@@ -13,7 +13,6 @@
 // the manager holds from the driver: the pool's segments, else the driver's
 // used memory since the start) and their ratio, the fragmentation overhead.
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -170,11 +169,9 @@ std::size_t bytes_option(std::vector<std::string>& args, const std::string& name
 
 std::size_t count_option(std::vector<std::string>& args, const std::string& name, const std::string& fallback) {
   const std::string text = option(args, name, fallback);
-  std::size_t count = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), count);
-  if (text.empty() || error != std::errc() || end != text.data() + text.size())
-    throw InvalidArgument(name + " must be a whole number (got '" + text + "')");
-  return count;
+  const auto count = util::parse_whole_number(text);
+  if (!count) throw InvalidArgument(name + " must be a whole number (got '" + text + "')");
+  return *count;
 }
 
 int usage() {

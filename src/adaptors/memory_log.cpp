@@ -2,13 +2,13 @@
 
 #include <algorithm>
 #include <array>
-#include <charconv>
 #include <cstdio>
 #include <map>
 #include <sstream>
 #include <utility>
 
 #include "cuemm/error.hpp"
+#include "util/byte_size.hpp"
 
 namespace cuemm {
 namespace {
@@ -76,11 +76,9 @@ std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& so
                                    [&](const EventType& t) { return fields[type_column] == t.name; });
     if (type == kEventTypes.end()) continue;
     LoggedEvent event{type->allocate, type->kind, 0, 0, 0.0};
-    // A byte count is digits only (std::stoull would take "-5" as 2^64 - 5, and "12abc" as 12).
-    const std::string& bytes = fields[size];
-    const auto [bytes_end, bytes_error] = std::from_chars(bytes.data(), bytes.data() + bytes.size(), event.size);
-    if (bytes.empty() || bytes_error != std::errc() || bytes_end != bytes.data() + bytes.size())
-      throw InvalidArgument(where + ": the size '" + bytes + "' is not a byte count");
+    const auto bytes = util::parse_whole_number(fields[size]);
+    if (!bytes) throw InvalidArgument(where + ": the size '" + fields[size] + "' is not a byte count");
+    event.size = *bytes;
     try {
       event.time = std::stod(fields[end]);
     } catch (const std::exception&) {

@@ -1,7 +1,9 @@
 // byte_size.hpp: "512M", "2GiB", "1073741824" -> bytes. Shared by the library
-// (pool options) and the simulated driver (CUEMM_SIM_MEMORY).
+// (pool options) and the simulated driver (CUEMM_SIM_MEMORY). Also plain
+// whole numbers, as logs and the tool's options write them.
 #pragma once
 
+#include <charconv>
 #include <cstddef>
 #include <cstdlib>
 #include <optional>
@@ -28,6 +30,15 @@ inline std::optional<std::size_t> parse_byte_size(const std::string& text) {
   if ((*end | 0x20) == 'b') ++end;  // "MB", "MiB"
   if (*end != '\0') return std::nullopt;
   return static_cast<std::size_t>(number * scale);
+}
+
+// Digits only, the whole text; nullopt for anything else (std::stoull takes
+// "-5" as 2^64 - 5 and "12abc" as 12).
+inline std::optional<std::size_t> parse_whole_number(const std::string& text) {
+  std::size_t number = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), number);
+  if (text.empty() || error != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return number;
 }
 
 }  // namespace cuemm::util
