@@ -591,25 +591,28 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   void quarantine_held_blocks(ThreadCache& cache) {
     while (cache.held_large_count) quarantine_held_block(cache, 0);
   }
-  // The same for the held blocks of a size that the thread holds only one of.
-  void quarantine_held_strays(ThreadCache& cache) {
+  // The same for the held blocks that `keeps` does not keep.
+  template <typename Keeps>
+  void quarantine_held_unless(ThreadCache& cache, Keeps&& keeps) {
     for (std::uint32_t i = 0; i < cache.held_large_count;) {
-      const ThreadCache::OrderedLarge& block = cache.held(i).block;
-      // (The blocks that a request for 8/9 of its bytes would take: within 1/8 below it, itself included.)
-      if (cache.count_held_large(block.bytes - block.bytes / 9, block.dedicated) > 1)
+      if (keeps(cache.held(i).block))
         ++i;
       else
         quarantine_held_block(cache, i);
     }
   }
-  // The same for the held blocks that a request of `needed` bytes does not fit.
+  // The held blocks of a size that the thread holds only one of.
+  void quarantine_held_strays(ThreadCache& cache) {
+    quarantine_held_unless(cache, [&](const ThreadCache::OrderedLarge& block) {
+      // (The blocks that a request for 8/9 of its bytes would take: within 1/8 below it, itself included.)
+      return cache.count_held_large(block.bytes - block.bytes / 9, block.dedicated) > 1;
+    });
+  }
+  // The held blocks that a request of `needed` bytes does not fit.
   void quarantine_held_misfits(ThreadCache& cache, std::size_t needed, bool dedicated) {
-    for (std::uint32_t i = 0; i < cache.held_large_count;) {
-      if (ThreadCache::fits(cache.held(i).block, needed, dedicated))
-        ++i;
-      else
-        quarantine_held_block(cache, i);
-    }
+    quarantine_held_unless(cache, [&](const ThreadCache::OrderedLarge& block) {
+      return ThreadCache::fits(block, needed, dedicated);
+    });
   }
   void quarantine_held_block(ThreadCache& cache, std::uint32_t i) {
     const ThreadCache::HeldLarge& held = cache.held(i);
