@@ -7,8 +7,10 @@ Prints a table of medians (ns per allocate+release pair) and the ratios the
 issue asks for; --out writes the raw figures as JSON for bench/make_results.py.
 """
 import argparse
+import importlib
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -57,11 +59,12 @@ if kind.startswith("interleaved"):
         manager.initialize()
     names = list(managers)
     results = {name: {str(n): [] for n in sizes} for name in names}
-    # Device memory: 1000 pairs a round (300 from 4 MiB); host memory: 1000
-    # (40 from 1 MiB, where Numba's default takes 0.7-35 ms a pair).
+    # 1000 pairs a round; host memory 40 from 1 MiB, where Numba's default
+    # takes 0.7-35 ms a pair. (A round's cuemm/floor ratio varies by about
+    # 12% on the H100's host at every size, so the median needs many rounds.)
     host = kind != "interleaved"
     def iterations_for(n):
-        return (40 if host else 300) if n >= (1 << 20) else 1000
+        return 40 if host and n >= (1 << 20) else 1000
     # Each manager first runs a loop of each size once (not timed): the rounds
     # measure the steady state of a loop, and cuemm's pool adds blocks to a
     # loop's rotation only after thousands of pairs. (Host memory: one round's
@@ -135,6 +138,18 @@ def measure(manager, kind, sizes, repeats, environment):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def versions():
+    """The versions this run measured with, for bench/RESULTS.md (which may be
+    generated on another machine)."""
+    found = {"python": platform.python_version()}
+    for module in ("numba", "numba_cuda", "cupy", "torch"):
+        try:
+            found[module] = importlib.import_module(module).__version__
+        except Exception:
+            found[module] = "not installed"
+    return found
+
+
 def interleaved_summary(samples):
     """Per size: each manager's median, and the median over rounds of the
     ratios taken within a round (the drift between rounds cancels in those)."""
@@ -153,7 +168,7 @@ def main():
     parser.add_argument("--cuemm", required=True, help="folder holding the cuemm package")
     parser.add_argument("--out")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--interleaved-rounds", type=int, default=15)
+    parser.add_argument("--interleaved-rounds", type=int, default=31)
     parser.add_argument("--kinds", default="device,pinned,mapped,threads,interleaved",
                         help="which measurements to make (comma-separated; the default makes all)")
     parser.add_argument("--rounds", type=int, default=3,
@@ -226,6 +241,7 @@ def main():
             print(f"{n:>10} default {row['default']:>9.0f} cuemm {row['cuemm']:>9.0f} floor {row['floor']:>9.0f} "
                   f"default/cuemm {row['default/cuemm']:>6.1f}x cuemm/floor {row['cuemm/floor']:.3f}")
     if args.out:
+        figures["environment"] = versions()
         with open(args.out, "w") as out:
             json.dump(figures, out, indent=1)
 

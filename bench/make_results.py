@@ -28,6 +28,8 @@ def medians(runs):
 
 
 def version(module):
+    if module == "python":
+        return platform.python_version()
     try:
         return importlib.import_module(module).__version__
     except Exception:
@@ -104,6 +106,11 @@ def main():
     runs = [json.load(open(path)) for path in args.allocators]
     allocators = runs[0]
     numba = json.load(open(args.numba))
+
+    def measured(module):
+        # As bench_numba recorded them (older runs did not: then this machine's).
+        return numba.get("environment", {}).get(module) or version(module)
+
     m = medians(runs)
     commit = args.commit or checked_out_commit()
     lines = [
@@ -115,8 +122,8 @@ def main():
         f"- GPU, driver, memory: {open(args.gpu).read().strip()}",
         f"- CPU: {platform.processor() or platform.machine()}, {allocators['context'].get('num_cpus')} cores; "
         f"host: {allocators['context'].get('host_name')}",
-        f"- Python {platform.python_version()}; numba {version('numba')}; numba-cuda {version('numba_cuda')}; "
-        f"cupy {version('cupy')}; torch {version('torch')}",
+        f"- Python {measured('python')}; numba {measured('numba')}; numba-cuda {measured('numba_cuda')}; "
+        f"cupy {measured('cupy')}; torch {measured('torch')}",
         f"- Google Benchmark run date: {allocators['context'].get('date')}",
         "",
         "Reproduce: `bash scripts/gpu-check.sh` on the GPU machine (see README). Times are medians of 3 repetitions,",
@@ -196,9 +203,11 @@ def main():
         f = statistics.median(numba["device"]["floor"][s])
         lines.append(f"| {int(s):,} B | {fmt(d)} | {fmt(c)} | {fmt(f)} | {d / c:.1f}x | {c / f:.2f} |")
     if numba.get("interleaved"):
+        rounds = len(next(iter(numba["interleaved"]["cuemm"].values())))
         lines += ["", "The same, with the three managers interleaved in one process (swapped in as the context's "
-                  "manager in turn, round after round, after each ran 5,000 untimed pairs of each size; ratios are "
-                  "the medians of each round's ratio, so drifts between processes and rounds cancel):", ""]
+                  f"manager in turn, {rounds} rounds of 1,000 pairs of each size, after each ran 5,000 untimed pairs "
+                  "of each size; ratios are the medians of each round's ratio, so drifts between processes and "
+                  "rounds cancel):", ""]
         lines += interleaved_table(numba["interleaved"], "cuemm (pool)")
     for kind in ("pinned", "mapped"):
         floor = numba[kind].get("floor") or {}
