@@ -60,6 +60,13 @@
 // held fits gives the lone held blocks of other sizes back to the
 // quarantine (held blocks that no request fits would sit idle), and one that
 // would wait for the GPU gives back everything, for the pool to wait on.
+// What limits many threads of large loops: each thread needs, once a
+// rotation, a seal that began after its oldest block's free. With 16
+// threads of 4 MiB pairs on the H100, a rotation lasts about a microsecond,
+// no longer than a stream query then (0.6 us, against 0.3-0.5 alone), so
+// the threads queue for the seal in flight (one seal served about 145
+// pairs). Sealing ahead of need, tried, was slower: every thread then tried
+// the seal's lock at every pair (20.8 -> 33.3 ns a pair in aggregate).
 //
 // Out of memory: reclaim completed epochs, wait for pending ones, grow, and if
 // the driver is out of memory, flush the thread caches, return empty segments
