@@ -17,6 +17,10 @@ build=${BUILD_DIR:-/tmp/cuemm-gpu-build}
 logs=${OUT:-/tmp/cuemm-gpu-logs}
 mkdir -p "$logs"
 summary=()
+# Seconds each part took (the whole must stay inside the device's 10 minutes a command).
+phases=()
+phase_began=$SECONDS
+phase_done() { phases+=("$1 $((SECONDS - phase_began))"); phase_began=$SECONDS; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$logs/gpu.txt" 2>&1
 summary+=("gpu: $(head -1 "$logs/gpu.txt")")
@@ -45,6 +49,7 @@ ctest_status=$?
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests passed|^[0-9]+: \[  SKIPPED" "$logs/ctest.log" | tail -40
 summary+=("ctest (real driver): $(grep -E 'tests passed' "$logs/ctest.log" | tail -1)")
 summary+=("gtest cases: $(grep -hoE '^[0-9]+: \[  PASSED  \] [0-9]+' "$logs/ctest.log" | awk '{s+=$NF} END {print s+0}') passed, $(grep -cE '^[0-9]+: \[  SKIPPED \] [A-Za-z].* \([0-9]+ ms\)' "$logs/ctest.log") skipped, $(grep -cE '^[0-9]+: \[  FAILED  \] [A-Za-z].* \([0-9]+ ms\)' "$logs/ctest.log") failed")
+phase_done build+ctest
 
 CUEMM_DRIVER=cuda "$build/bin/zeros_to_device" >"$logs/example.log" 2>&1
 example_status=$?
@@ -60,6 +65,7 @@ if [ -d "$build/python/cuemm" ] && [ "${CUEMM_GPU_SKIP_PYTHON:-0}" != 1 ]; then
     cd /tmp && PYTHONPATH=/tmp/cuemm-pip "$python" -c "import cuemm, cuemm._core as c; print(c.driver_kind(), cuemm.bundled_managers())") \
     >>"$logs/pip.log" 2>&1
   summary+=("pip install . (scikit-build-core): exit $? ($(tail -1 "$logs/pip.log"))")
+  phase_done example+pytest+pip
   # Under cuemm every process of the suite logs its allocations (for the replay below).
   suite_logs=/tmp/cuemm-suite-logs
   rm -rf "$suite_logs" && mkdir -p "$suite_logs"
@@ -68,6 +74,7 @@ if [ -d "$build/python/cuemm" ] && [ "${CUEMM_GPU_SKIP_PYTHON:-0}" != 1 ]; then
   suite_status=$?
   grep -E "^(default|cuemm|difference|raw-handle|  worse|  skipped|  fails)" "$logs/numba-cuda-suite.log"
   summary+=("numba-cuda suite: exit $suite_status; $(grep '^difference' "$logs/numba-cuda-suite.log")")
+  phase_done numba-cuda-suites
   (cd /tmp && "$python" "$root/bench/bench_numba.py" --cuemm "$build/python" --out "$logs/bench_numba.json") \
     >"$logs/bench_numba.txt" 2>&1
   summary+=("numba benchmark: exit $? (bench_numba.txt)")
@@ -80,6 +87,7 @@ if [ -d "$build/python/cuemm" ] && [ "${CUEMM_GPU_SKIP_PYTHON:-0}" != 1 ]; then
   }
   summary+=("numba device_array interleaved, cuemm/floor (256 B, 64 KiB, 4 MiB, 64 MiB): $(interleaved device_array cuemm/floor)")
   summary+=("numba mapped_array interleaved, default/cuemm (4 KiB, 1 MiB, 64 MiB): $(interleaved mapped_array default/cuemm)")
+  phase_done numba-benchmark
 fi
 
 anchors=()
@@ -100,6 +108,7 @@ if [ -x "$build/bin/bench_allocators" ]; then
 else
   summary+=("benchmarks: not built (no Google Benchmark)")
 fi
+phase_done benchmarks
 
 # Fragmentation: peak reserved over peak live on RMM-style random workloads,
 # and on a recorded log: the largest of numba-cuda's suite processes.
@@ -113,14 +122,20 @@ fi
     echo "== $workload, pool (expandable)"
     CUEMM_POOL_EXPANDABLE=1 CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload --operations 20000 --manager pool
   done
-  # Other traces of the same workloads: seeds 1-8.
+  # Other traces of the same workloads: seeds 1-8, side by side (each its
+  # own process and pool; only the ratios are kept, not the times).
   for workload in "--max-size 4M --live 512M" "--max-size 1M --live 512M" "--max-size 256K --live 64M"; do
     for expandable in 0 1; do
+      for seed in 1 2 3 4 5 6 7 8; do
+        CUEMM_POOL_EXPANDABLE=$expandable CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload \
+          --operations 20000 --seed $seed --manager pool >"$logs/seed.$seed" 2>&1 &
+      done
+      wait
       ratios=""
       for seed in 1 2 3 4 5 6 7 8; do
-        ratios="$ratios $(CUEMM_POOL_EXPANDABLE=$expandable CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload \
-          --operations 20000 --seed $seed --manager pool | grep -o 'reserved/live [0-9.]*' | cut -d' ' -f2)"
+        ratios="$ratios $(grep -o 'reserved/live [0-9.]*' "$logs/seed.$seed" | cut -d' ' -f2)"
       done
+      rm -f "$logs"/seed.*
       echo "== seeds 1-8 $workload, pool$([ $expandable = 1 ] && echo ' (expandable)'):$ratios"
     done
   done
@@ -137,6 +152,7 @@ fi
 summary+=("fragmentation (pool, reserved/live): $(grep -A2 ', pool$' "$logs/bench_fragmentation.txt" | grep -o 'reserved/live [0-9.]*' | cut -d' ' -f2 | tr '\n' ' ')")
 summary+=("fragmentation (pool, expandable): $(grep -A2 ', pool (expandable)$' "$logs/bench_fragmentation.txt" | grep -o 'reserved/live [0-9.]*' | cut -d' ' -f2 | tr '\n' ' ')")
 summary+=("$(awk -F': ' '/^== seeds/ {n = split($2, v, " "); s = 0; m = 0; for (i = 1; i <= n; i++) { s += v[i]; if (v[i] > m) m = v[i] }
+phase_done fragmentation
   sub(/^== seeds 1-8 --max-size /, "", $1); sub(/ --live [0-9A-Z]*/, "", $1); printf "%s mean %.3f max %.3f; ", $1, s / n, m}' "$logs/bench_fragmentation.txt")")
 
 if [ -f "$logs/bench_allocators.json" ] && [ -f "$logs/bench_numba.json" ]; then
@@ -147,6 +163,8 @@ if [ -f "$logs/bench_allocators.json" ] && [ -f "$logs/bench_numba.json" ]; then
   summary+=("bench/RESULTS.md: written to $logs/RESULTS.md (exit $?)")
 fi
 
+phase_done results
+summary+=("seconds per part: ${phases[*]} (total $SECONDS)")
 echo
 echo "SUMMARY"
 printf '  %s\n' "${summary[@]}"
