@@ -152,8 +152,9 @@ phase_done benchmarks
 summary+=("fragmentation (pool, reserved/live): $(grep -A2 ', pool$' "$logs/bench_fragmentation.txt" | grep -o 'reserved/live [0-9.]*' | cut -d' ' -f2 | tr '\n' ' ')")
 summary+=("fragmentation (pool, expandable): $(grep -A2 ', pool (expandable)$' "$logs/bench_fragmentation.txt" | grep -o 'reserved/live [0-9.]*' | cut -d' ' -f2 | tr '\n' ' ')")
 summary+=("$(awk -F': ' '/^== seeds/ {n = split($2, v, " "); s = 0; m = 0; for (i = 1; i <= n; i++) { s += v[i]; if (v[i] > m) m = v[i] }
-phase_done fragmentation
   sub(/^== seeds 1-8 --max-size /, "", $1); sub(/ --live [0-9A-Z]*/, "", $1); printf "%s mean %.3f max %.3f; ", $1, s / n, m}' "$logs/bench_fragmentation.txt")")
+
+phase_done fragmentation
 
 if [ -f "$logs/bench_allocators.json" ] && [ -f "$logs/bench_numba.json" ]; then
   (cd "$root" && "$python" bench/make_results.py --allocators "$logs/bench_allocators.json" "${anchors[@]}" \
