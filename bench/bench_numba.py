@@ -75,10 +75,16 @@ if kind.startswith("interleaved"):
             for _ in range(iterations_for(n) if host else WARM_UP_PAIRS):
                 allocate(n)
         flush_pending(managers[name])
+    # Each size in turn, the three managers back to back: cuemm's and the
+    # floor's loops always adjacent (their ratio is the figure held to 5%, and
+    # the host's speed drifts over tens of milliseconds), each first as often
+    # as the other, and the default's before or after the pair.
+    orders = (("default", "cuemm", "floor"), ("floor", "cuemm", "default"),
+              ("default", "floor", "cuemm"), ("cuemm", "floor", "default"))
     for round_ in range(repeats):
-        for name in names[round_ % 3:] + names[:round_ % 3]:
-            context.memory_manager = managers[name]
-            for n in sizes:
+        for n in sizes:
+            for name in orders[round_ % len(orders)]:
+                context.memory_manager = managers[name]
                 iterations = iterations_for(n)
                 allocate(n)  # warm up
                 start = time.perf_counter_ns()

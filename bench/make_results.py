@@ -205,9 +205,9 @@ def main():
     if numba.get("interleaved"):
         rounds = len(next(iter(numba["interleaved"]["cuemm"].values())))
         lines += ["", "The same, with the three managers interleaved in one process (swapped in as the context's "
-                  f"manager in turn, {rounds} rounds of 1,000 pairs of each size, after each ran 5,000 untimed pairs "
-                  "of each size; ratios are the medians of each round's ratio, so drifts between processes and "
-                  "rounds cancel):", ""]
+                  f"manager for each size in turn, {rounds} rounds of 1,000 pairs, cuemm's and the floor's loops "
+                  "back to back, after each ran 5,000 untimed pairs of each size; ratios are the medians of each "
+                  "round's ratio, so drifts between processes and rounds cancel):", ""]
         lines += interleaved_table(numba["interleaved"], "cuemm (pool)")
     for kind in ("pinned", "mapped"):
         floor = numba[kind].get("floor") or {}
