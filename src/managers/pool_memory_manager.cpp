@@ -44,7 +44,9 @@ constexpr std::uint32_t kRingBatchWorthSealing = 64;
 // 113-169 ns on the H100); per 16 (1/4), 79-100 ns; per 32 (1/2), 44-71 ns.
 // A loop's ring settles at the batch it seals, half the budget here. (Half
 // once spilled the ring in use, before spills took the class freed into
-// longest ago.)
+// longest ago.) Three quarters, a query per 48 pairs, was no faster from one
+// thread on the H100 (40-69 ns against 48-59) and slower from 16 (14-15 ns a
+// pair in aggregate against 7.5-13): the threads' rings took more of the pool.
 constexpr std::uint32_t kRingFractionWorthSealing = 2;
 // Large blocks (beyond the size classes) a thread keeps from stream-ordered frees.
 constexpr std::uint32_t kOrderedLargeCapacity = 4;
