@@ -32,6 +32,15 @@ Manager& shared_manager() {
   return *manager;
 }
 
+// Stream queries (seals) per 1000 pairs of all threads, as the pool's
+// statistics count them: what its stream-less interface pays for reuse.
+// Counted by the first thread around its own loop.
+void count_seals(benchmark::State& state, std::size_t seals_before, std::size_t seals_after) {
+  if (state.thread_index() != 0 || state.iterations() == 0) return;
+  const double pairs = static_cast<double>(state.iterations()) * state.threads();
+  state.counters["seals_per_1000_pairs"] = 1000.0 * static_cast<double>(seals_after - seals_before) / pairs;
+}
+
 template <typename Manager>
 void AllocateFree(benchmark::State& state) {
   Manager& manager = shared_manager<Manager>();
@@ -57,11 +66,13 @@ void PoolRawAllocateFree(benchmark::State& state) {
   auto& pool = shared_manager<cuemm::PoolMemoryManager>();
   cuemm::ScopedContext scope(context());
   const auto size = static_cast<std::size_t>(state.range(0));
+  const std::size_t seals_before = pool.statistics().seals;
   for (auto _ : state) {
     const cuemm::cuda::CUdeviceptr pointer = pool.allocate(size);
     benchmark::DoNotOptimize(pointer);
     pool.deallocate(pointer, size);
   }
+  count_seals(state, seals_before, pool.statistics().seals);
   state.SetItemsProcessed(state.iterations());
 }
 
@@ -222,10 +233,12 @@ void PinnedHostPoolAllocateFree(benchmark::State& state) {
   static auto* pool = new cuemm::PinnedHostPool(context());
   cuemm::ScopedContext scope(context());
   const auto size = static_cast<std::size_t>(state.range(0));
+  const std::size_t seals_before = pool->statistics().seals;
   for (auto _ : state) {
     auto memory = pool->allocate(size, false, false, false);
     benchmark::DoNotOptimize(memory->host_pointer());
   }
+  count_seals(state, seals_before, pool->statistics().seals);
   state.SetItemsProcessed(state.iterations());
 }
 

@@ -18,12 +18,12 @@ import subprocess
 from bench_numba import interleaved_summary
 
 
-def medians(runs):
+def medians(runs, field="real_time"):
     out = {}
     for results in runs:
         for run in results["benchmarks"]:
-            if run.get("aggregate_name") == "median":
-                out[run["run_name"]] = run["real_time"]
+            if run.get("aggregate_name") == "median" and field in run:
+                out[run["run_name"]] = run[field]
     return out
 
 
@@ -165,8 +165,16 @@ def main():
                       ", ".join(f"{s:,} B {torch[s] / one[s]:.1f}x" for s in sizes if one[s]), ""]
     if query := m.get("DriverLegacyStreamQuery/real_time"):
         lines += [f"One query of the legacy stream (what a seal costs, so that freed blocks may be reused) took "
-                  f"{fmt(query)} ns on this host. A thread's pool pays one per 32 pairs of 1 MiB, per 16 of 4 MiB "
-                  f"and per 8 of 64 MiB; the pinned host pool one per 64 MiB pair until its rotation grows.", ""]
+                  f"{fmt(query)} ns on this host.", ""]
+    # Seals per 1000 pairs, as the pools' statistics counted them in these runs.
+    seals = medians(runs, "seals_per_1000_pairs")
+    raw_seals = {sz: seals.get(f"PoolRawAllocateFree/{sz}/real_time/threads:1") for sz in sizes}
+    pinned_seals = {sz: seals.get(f"PinnedHostPoolAllocateFree/{sz}/real_time") for sz in (4096, 1 << 20, 64 << 20)}
+    if any(v is not None for v in raw_seals.values()):
+        lines += ["Seals (a stream query each) per 1000 pairs, from the pools' statistics: the pool's raw pair, "
+                  "1 thread: " + ", ".join(f"{sz:,} B {v:.1f}" for sz, v in raw_seals.items() if v is not None) +
+                  "; the pinned host pool: " +
+                  ", ".join(f"{sz:,} B {v:.1f}" for sz, v in pinned_seals.items() if v is not None) + ".", ""]
     if not all(torch.values()):
         lines += ["PyTorch's caching allocator was not measured in this run (bench_torch_allocator not built).", ""]
     kernels = [("default manager (deferred cuMemFree)", "StreamsWithKernels<cuemm::DefaultMemoryManager>"),

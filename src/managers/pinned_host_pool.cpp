@@ -668,6 +668,7 @@ PinnedHostPoolStatistics PinnedHostPool::statistics() const {
   statistics.cached_bytes += state_->front_bytes();
   for (const auto& front : state_->fronts) statistics.hits += front->hits.load(std::memory_order_relaxed);
   statistics.cached_registrations = state_->cached_registrations.size();
+  statistics.seals = state_->epochs.seals();
   return statistics;
 }
 

@@ -1532,6 +1532,7 @@ PoolStatistics PoolMemoryManager::statistics() const {
   statistics.in_use_bytes = core_->in_use_bytes();
   statistics.segments = core_->blocks.region_count() + core_->dedicated.count();
   statistics.free_blocks = core_->blocks.free_blocks() + core_->dedicated.spare_count();
+  statistics.seals = core_->epochs.seals();
   return statistics;
 }
 

@@ -71,6 +71,7 @@ void ReuseEpochs::seal_through(std::uint64_t epoch) noexcept {
 
 void ReuseEpochs::seal_locked() noexcept {
   if (!freed_since_seal_.exchange(false)) return;
+  seals_.store(seals_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   const std::uint64_t closed = open_.fetch_add(1);
   Sealed entry{closed, nullptr};
   try {

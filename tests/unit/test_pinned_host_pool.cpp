@@ -54,9 +54,13 @@ TEST_F(HostPool, ALongLoopOfLargeBlocksRotatesThroughAFew) {
   EXPECT_LE(pool.statistics().allocated_bytes, 16u << 20);
   EXPECT_GT(pool.statistics().allocated_bytes, 1u << 20) << "the rotation did not grow";
   simulation::reset_call_counts();
+  const std::size_t seals_before = pool.statistics().seals;
   for (int i = 0; i < 1000; ++i) pool.allocate(1 << 20, false, false, false).reset();
   EXPECT_LE(simulation::call_count("cuStreamQuery"), 1000u / 4) << "a seal for every few requests, not each";
   EXPECT_EQ(simulation::call_count("cuMemHostAlloc"), 0u);
+  // The statistics count those seals: each queried the stream once.
+  EXPECT_EQ(pool.statistics().seals - seals_before, simulation::call_count("cuStreamQuery"));
+  EXPECT_GT(pool.statistics().seals, seals_before);
 }
 
 TEST_F(HostPool, KindsAreKeptApart) {

@@ -95,9 +95,13 @@ TEST_F(Pool, ALoopOfTheLargestClassSealsOnceAHalfRing) {
   const std::size_t size = std::size_t{1} << 20;
   pairs(pool, size, 20000);
   simulation::reset_call_counts();
+  const std::size_t seals_before = pool.statistics().seals;
   pairs(pool, size, 3200);
   EXPECT_LE(simulation::call_count("cuStreamQuery"), 3200u / 32 + 1);
   EXPECT_EQ(simulation::call_count("cuMemAlloc"), 0u);
+  // The statistics count those seals: each queried the stream once.
+  EXPECT_EQ(pool.statistics().seals - seals_before, simulation::call_count("cuStreamQuery"));
+  EXPECT_GT(pool.statistics().seals, seals_before);
 }
 
 // A loop of a smaller class seals its ring whenever the index runs dry, a

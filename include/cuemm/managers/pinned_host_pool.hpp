@@ -45,6 +45,7 @@ struct PinnedHostPoolStatistics {
   std::size_t cached_registrations = 0;
   std::size_t hits = 0;             // allocations and pins served from the caches
   std::size_t misses = 0;
+  std::size_t seals = 0;            // epochs sealed so far, a stream query each
 };
 
 class PinnedHostPool {

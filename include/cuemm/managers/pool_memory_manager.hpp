@@ -119,6 +119,9 @@ struct PoolStatistics {
   std::size_t cached_bytes = 0;       // freed into the per-thread caches (stream-ordered frees too)
   std::size_t segments = 0;
   std::size_t free_blocks = 0;
+  // Epochs sealed so far, a stream query each (Note [Stream-safe reuse]): what
+  // the stream-less interface pays for reuse; a loop pays one per rotation.
+  std::size_t seals = 0;
 };
 
 class PoolMemoryManager : public HostOnlyMemoryManager, public RawDeviceAllocator {

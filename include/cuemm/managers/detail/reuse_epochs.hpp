@@ -68,6 +68,8 @@ class ReuseEpochs {
   bool poll_until_safe(std::uint64_t epoch, std::chrono::nanoseconds budget);
   // Waits for and destroys every event (the owner is going away).
   void retire() noexcept;
+  // Seals that closed an epoch so far: one stream query each (statistics).
+  std::uint64_t seals() const noexcept { return seals_.load(std::memory_order_relaxed); }
 
  private:
   struct Sealed {
@@ -81,6 +83,7 @@ class ReuseEpochs {
   // Its own cache line: threads that wait for a seal read the epochs below
   // while the sealer holds this.
   alignas(64) mutable BlockingAwareMutex mutex_;  // sealed_ and spare_events_
+  std::atomic<std::uint64_t> seals_{0};           // written under mutex_
   alignas(64) std::atomic<std::uint64_t> open_{1};
   std::atomic<std::uint64_t> safe_{1};
   std::atomic<bool> freed_since_seal_{false};
