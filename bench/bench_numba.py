@@ -60,8 +60,8 @@ if kind.startswith("interleaved"):
     names = list(managers)
     results = {name: {str(n): [] for n in sizes} for name in names}
     # 1000 pairs a round; host memory 40 from 1 MiB, where Numba's default
-    # takes 0.7-35 ms a pair. (A round's cuemm/floor ratio varies by about
-    # 12% on the H100's host at every size, so the median needs many rounds.)
+    # takes 0.7-35 ms a pair. (The rounds' cuemm/floor ratios had standard
+    # deviations of 0.12-0.78 on the H100's hosts: the median needs many rounds.)
     host = kind != "interleaved"
     def iterations_for(n):
         return 40 if host and n >= (1 << 20) else 1000
