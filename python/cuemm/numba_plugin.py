@@ -126,8 +126,9 @@ class _MappedMemory(_HoldsAllocation, _driver.MappedMemory, _BufferExporter):
     allocation), and the device address comes from the pool, which asked the
     driver once per block; MappedMemory.__init__ asks it at every allocation.
     Those three were a third to a half of Numba's cost per mapped_array (on
-    the GPU machine, against a do-nothing plugin that wraps as Numba does). refct stays 1, as for an owned pointer: a view of it
-    (MemoryPointer.view) then never frees it when the view dies.
+    the GPU machine, against a do-nothing plugin that wraps as Numba does).
+    refct stays 1, as for an owned pointer: a view of it (MemoryPointer.view)
+    then never frees it when the view dies.
     """
 
     def __init__(self, context, host_pointer, device_pointer, size, allocation, owner=None):
@@ -190,7 +191,7 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
     def mempin(self, owner, pointer, size, mapped=False):
         address = _address_of(pointer)
         allocation = self._get_bridge().mempin(owner, address, size, mapped)
-        context = weakref.proxy(self.context)
+        context = self._context_proxy
         if isinstance(pointer, int) and not _USE_NV_BINDING:
             pointer = ctypes.c_void_p(pointer)
         if mapped:

@@ -110,10 +110,10 @@ void set_python_error_from_any(std::exception_ptr error) noexcept {
 // on the simulated driver: 1.0 us a pair through pybind11 objects, against
 // the pool's 50 ns).
 //
-// On the device fast path it holds the pointer of the bridge's outermost
-// adaptor's upstream and gives it back through that adaptor
-// (ManagerAdaptor::memalloc_unwrapped): one pointer object per allocation
-// rather than two.
+// On the device fast path it holds what the bridge's outermost adaptor's
+// upstream gave (over the pool a bare block, else that manager's pointer) and
+// gives it back through that adaptor (ManagerAdaptor::memalloc_unwrapped): no
+// pointer object of the adaptor's own per allocation.
 struct PyAllocation {
   PyObject_HEAD
   ManagerAdaptor::Unwrapped held;  // held.held() is false once released

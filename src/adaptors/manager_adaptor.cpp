@@ -220,12 +220,10 @@ void ManagerAdaptor::release_unwrapped(Unwrapped& allocation) noexcept {
   release_and_report(
       *shared_,
       [&] {
-        if (allocation.memory) {
+        if (allocation.memory)
           allocation.memory.reset();
-        } else {
-          const RawDeviceAllocator::Releaser releaser = std::exchange(allocation.releaser, {});
-          releaser.release(releaser.state, allocation.record.address, allocation.record.size);
-        }
+        else
+          UpstreamBlock{std::exchange(allocation.releaser, {})}.let_go(allocation.record);
       },
       allocation.record, allocation.generation, allocation.detailed);
 }
