@@ -162,10 +162,12 @@ def interleaved_summary(samples):
     summary = {}
     for size in samples["cuemm"]:
         rounds = zip(samples["default"][size], samples["cuemm"][size], samples["floor"][size])
-        ratios = [(d / c, c / f) for d, c, f in rounds]
+        ratios = [(d / c, c / f, d / f) for d, c, f in rounds]
         summary[int(size)] = {name: statistics.median(samples[name][size]) for name in ("default", "cuemm", "floor")}
         summary[int(size)]["default/cuemm"] = statistics.median(r[0] for r in ratios)
         summary[int(size)]["cuemm/floor"] = statistics.median(r[1] for r in ratios)
+        # What any plugin could reach: the default over Numba's own cost.
+        summary[int(size)]["default/floor"] = statistics.median(r[2] for r in ratios)
     return summary
 
 
@@ -245,9 +247,11 @@ def main():
               "and the median of the rounds' ratios")
         for n, row in interleaved_summary(figures[kind]).items():
             print(f"{n:>10} default {row['default']:>9.0f} cuemm {row['cuemm']:>9.0f} floor {row['floor']:>9.0f} "
-                  f"default/cuemm {row['default/cuemm']:>6.1f}x cuemm/floor {row['cuemm/floor']:.3f}")
+                  f"default/cuemm {row['default/cuemm']:>6.1f}x default/floor {row['default/floor']:>6.1f}x "
+                  f"cuemm/floor {row['cuemm/floor']:.3f}")
     if args.out:
         figures["environment"] = versions()
+        figures["repeats"] = args.repeats  # samples per process: how make_results tells processes apart
         with open(args.out, "w") as out:
             json.dump(figures, out, indent=1)
 

@@ -42,11 +42,23 @@ def fmt(ns):
 
 def interleaved_table(samples, cuemm_header):
     """The rows of one interleaved measurement (bench_numba's interleaved_summary), with its header."""
-    lines = [f"| size | default | {cuemm_header} | floor | default / cuemm | cuemm / floor |", "|---|---|---|---|---|---|"]
+    lines = [f"| size | default | {cuemm_header} | floor | default / cuemm | default / floor | cuemm / floor |",
+             "|---|---|---|---|---|---|---|"]
     for s, row in interleaved_summary(samples).items():
         lines.append(f"| {s:,} B | {fmt(row['default'])} | {fmt(row['cuemm'])} | {fmt(row['floor'])} | "
-                     f"{row['default/cuemm']:,.1f}x | {row['cuemm/floor']:.2f} |")
+                     f"{row['default/cuemm']:,.1f}x | {row['default/floor']:,.1f}x | {row['cuemm/floor']:.2f} |")
     return lines
+
+
+def process_spread(samples_by_manager, repeats):
+    """The largest gap between two processes' medians for one manager and size (samples come `repeats` a process)."""
+    gaps = []
+    for by_size in samples_by_manager.values():
+        for samples in by_size.values():
+            medians = [statistics.median(samples[i:i + repeats]) for i in range(0, len(samples), repeats)]
+            if len(medians) > 1:
+                gaps.append(max(medians) / min(medians) - 1)
+    return max(gaps, default=None)
 
 
 def checked_out_commit():
@@ -210,6 +222,11 @@ def main():
         c = statistics.median(samples)
         f = statistics.median(numba["device"]["floor"][s])
         lines.append(f"| {int(s):,} B | {fmt(d)} | {fmt(c)} | {fmt(f)} | {d / c:.1f}x | {c / f:.2f} |")
+    spread = process_spread({m: numba["device"][m] for m in ("cuemm", "floor")}, numba.get("repeats", 3))
+    if spread:
+        lines += ["", f"Separate processes differ by more than cuemm's cost: in this run, two processes with the same "
+                  f"manager and size had medians up to {spread:.0%} apart, so the ratios above drift from run to "
+                  "run. The interleaved table below is the one the bounds are read from."]
     if numba.get("interleaved"):
         rounds = len(next(iter(numba["interleaved"]["cuemm"].values())))
         lines += ["", "The same, with the three managers interleaved in one process (swapped in as the context's "
@@ -230,7 +247,8 @@ def main():
                          + " |")
         if numba.get(f"interleaved-{kind}"):
             lines += ["", "The same, interleaved in one process as above (each manager first ran one round's pairs "
-                      "untimed):", ""]
+                      "untimed). In one warm process the default's small pinned allocations cost less than in a "
+                      "fresh one, so default / floor, what any plugin could reach, is lower here:", ""]
             lines += interleaved_table(numba[f"interleaved-{kind}"], "cuemm")
     lines += ["", "Python threads, `cuda.to_device(8 KiB)` + release with content checks, pairs per second:", ""]
     for manager, row in numba["threads"].items():

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs bench_numba's interleaved measurements in RUNS separate processes (default 6)
+# on the GPU machine and prints each run's ratios, then the range over runs: how far
+# one run of scripts/gpu-check.sh can move them. Builds only the Python extension.
+#   bash scripts/gpu-numba-repeat.sh [RUNS] [KINDS]   (KINDS: bench_numba --kinds, default interleaved)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${BUILD_DIR:-/tmp/cuemm-gpu-build}
+runs=${1:-6}
+kinds=${2:-interleaved}
+logs=${OUT:-/tmp/cuemm-gpu-logs}
+mkdir -p "$logs"
+python=$(command -v python3)
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUEMM_BUILD_TESTS=OFF \
+  -Dpybind11_DIR="$("$python" -m pybind11 --cmakedir)" -DPython_EXECUTABLE="$python" >"$logs/build.log" 2>&1
+cmake --build "$build" --parallel "$(nproc)" --target cuemm_python >>"$logs/build.log" 2>&1
+for run in $(seq 1 "$runs"); do
+  # (One JSON, for the versions: the device brings back only so many files.)
+  out=(); [ "$run" = 1 ] && out=(--out "$logs/bench_numba_run1.json")
+  (cd /tmp && "$python" "$root/bench/bench_numba.py" --cuemm "$build/python" --kinds "$kinds" "${out[@]}") \
+    >"$logs/bench_numba_run$run.txt" 2>&1
+  echo "run $run: $(grep -hoE '^ +[0-9]+ .*cuemm/floor [0-9.]+' "$logs/bench_numba_run$run.txt" |
+    awk '{printf "%s %s  ", $1, $NF}')"
+done | tee "$logs/runs.txt"
+echo "SUMMARY (cuemm/floor by size over $runs runs: min max)"
+grep -oE '[0-9]+ [0-9]\.[0-9]+' "$logs/runs.txt" | awk '
+  { n[$1]++; if (!($1 in lo) || $2 < lo[$1]) lo[$1] = $2; if ($2 > hi[$1]) hi[$1] = $2 }
+  END { for (s in n) printf "  %s B: %s %s (%d runs)\n", s, lo[s], hi[s], n[s] }' | sort -n -k1
