@@ -65,8 +65,18 @@
 // threads of 4 MiB pairs on the H100, a rotation lasts about a microsecond,
 // no longer than a stream query then (0.6 us, against 0.3-0.5 alone), so
 // the threads queue for the seal in flight (one seal served about 145
-// pairs). Sealing ahead of need, tried, was slower: every thread then tried
-// the seal's lock at every pair (20.8 -> 33.3 ns a pair in aggregate).
+// pairs). Stream queries do not overlap: 0.36 us from one thread, and 16
+// threads querying at once got one through every 1.4 us between them. Tried
+// on the H100 and slower or no faster (16 threads, ns a pair in aggregate):
+// - sealing ahead of need, at every pair: 4 MiB 20.8 -> 33.3 (every thread
+//   tried the seal's lock at every pair);
+// - sealing ahead half a rotation early, only by a thread that did not make
+//   the latest seal and while none is in flight: 4 MiB 13-16 -> 28-47;
+// - waiters reading a "held" flag instead of retrying the lock (trylock was
+//   a fifth of the threads' time): 4 MiB 13.0 -> 12.6, within the noise;
+// - a thread of the epochs' own that seals back to back once threads queue:
+//   4 MiB 15.9 -> 15.8, 64 MiB 28.0 -> 28.0 (with 16 threads on 16 cores it
+//   takes a core from them).
 //
 // Out of memory: reclaim completed epochs, wait for pending ones, grow, and if
 // the driver is out of memory, flush the thread caches, return empty segments
