@@ -175,6 +175,10 @@ def main():
         if all(torch.values()):
             lines += [f"PyTorch's caching allocator over the pool's pair ({label}), 1 thread: " +
                       ", ".join(f"{s:,} B {torch[s] / one[s]:.1f}x" for s in sizes if one[s]), ""]
+    one, sixteen = m.get("ThreadPrivateLoop/real_time/threads:1"), m.get("ThreadPrivateLoop/real_time/threads:16")
+    if one and sixteen:
+        lines += [f"This host's own scaling, a loop over thread-private data with no allocator: 16 threads over one "
+                  f"{one / sixteen:.1f}x (the most any allocator's scaling can reach here).", ""]
     if query := m.get("DriverLegacyStreamQuery/real_time"):
         lines += [f"One query of the legacy stream (what a seal costs, so that freed blocks may be reused) took "
                   f"{fmt(query)} ns on this host.", ""]
