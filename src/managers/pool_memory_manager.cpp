@@ -59,9 +59,10 @@ constexpr std::size_t kMaximumRotation = 8;
 constexpr std::size_t kMinimumRotation = 4;  // whatever their size
 constexpr std::size_t kHeldRotationBudget = std::size_t{512} << 20;  // a thread's, for 8 large blocks
 // A thread's rotation of blocks it holds pays a stream query per rotation:
-// within its cache budget it may hold twice as many (4 MiB pairs on the
-// H100, 16 threads: 20-26 -> 11-12 ns a pair; 1 thread 46 -> 23 ns of queries).
-constexpr std::size_t kMaximumHeldRotation = 2 * kMaximumRotation;
+// within its cache budget it may hold four times as many (4 MiB pairs on the
+// H100, 16 threads: 8 blocks 20-26 ns a pair, 16 blocks 11-15, 32 blocks
+// 7.0-8.8; 1 thread 100 -> 75 ns from 16 to 32).
+constexpr std::size_t kMaximumHeldRotation = 4 * kMaximumRotation;
 // A thread holds up to two rotations: loops that alternate between two large sizes keep both.
 constexpr std::size_t kHeldCapacity = 2 * kMaximumHeldRotation;
 static_assert(std::has_single_bit(kHeldCapacity), "the held blocks' ring indexes by mask");
