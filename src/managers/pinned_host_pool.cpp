@@ -38,6 +38,10 @@ constexpr std::size_t kFreesPerSeal = 16;
 // (at least 4 blocks, at most kFreesPerSeal) before it is sealed, so a loop
 // of same-size requests pays one stream query a rotation, not one a request.
 constexpr std::size_t kRotationBytes = std::size_t{32} << 20;
+// A list of large blocks (kWaitForBlocksFrom) may rotate through up to this
+// many bytes, as its seals buy them (seals_worth_a_host_block): 64 MiB pairs
+// otherwise paid a seal every 4 (212-229 ns a pair on the H100).
+constexpr std::size_t kLargeRotationBytes = std::size_t{512} << 20;
 // A stream query costs about 0.35 us on the H100, cuMemHostAlloc about 0.1 ms
 // plus 0.5 ms a MiB: a list of large blocks grows by one only once its seals
 // have cost about as much as the new block (short loops wait instead).
@@ -227,7 +231,8 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
   }
 
   static std::size_t rotation_length(std::size_t bytes) noexcept {
-    return std::clamp(kRotationBytes / bytes, std::size_t{4}, kFreesPerSeal);
+    const std::size_t budget = bytes >= kWaitForBlocksFrom ? kLargeRotationBytes : kRotationBytes;
+    return std::clamp(budget / bytes, std::size_t{4}, kFreesPerSeal);
   }
 
   // Whether the oldest of `held` released blocks of `bytes` (tagged `epoch`)

@@ -63,6 +63,16 @@ TEST_F(HostPool, ALongLoopOfLargeBlocksRotatesThroughAFew) {
   EXPECT_GT(pool.statistics().seals, seals_before);
 }
 
+// Large blocks may rotate through more than small ones' 32 MiB, as their
+// seals buy them: 4 MiB blocks beyond 8, up to 16.
+TEST_F(HostPool, ALongLoopOfLargeBlocksMayRotateBeyondTheSmallBlocksBudget) {
+  CUEMM_REQUIRE_SIMULATION();  // (400k pairs)
+  PinnedHostPool pool(context);
+  for (int i = 0; i < 400000; ++i) pool.allocate(4 << 20, false, false, false).reset();
+  EXPECT_GT(pool.statistics().allocated_bytes, 32u << 20) << "the rotation stopped at 8 blocks";
+  EXPECT_LE(pool.statistics().allocated_bytes, 64u << 20);
+}
+
 TEST_F(HostPool, KindsAreKeptApart) {
   PinnedHostPool pool(context);
   pool.allocate(4 << 20, true, false, false).reset();
