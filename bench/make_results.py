@@ -179,9 +179,17 @@ def main():
     if one and sixteen:
         lines += [f"This host's own scaling, a loop over thread-private data with no allocator: 16 threads over one "
                   f"{one / sixteen:.1f}x (the most any allocator's scaling can reach here).", ""]
-    if query := m.get("DriverLegacyStreamQuery/real_time"):
+    # (Older runs named the one-thread query without a thread count.)
+    query = m.get("DriverLegacyStreamQuery/real_time/threads:1") or m.get("DriverLegacyStreamQuery/real_time")
+    if query:
         lines += [f"One query of the legacy stream (what a seal costs, so that freed blocks may be reused) took "
-                  f"{fmt(query)} ns on this host.", ""]
+                  f"{fmt(query)} ns on this host."]
+        if together := m.get("DriverLegacyStreamQuery/real_time/threads:16"):
+            lines[-1] += (f" From 16 threads at once, the driver answered one every {fmt(together)} ns between "
+                          f"them ({query / together:.1f}x one thread's rate)")
+            lines[-1] += (": queries do not run side by side, so threads that each need a seal queue for them."
+                          if query / together < 1.5 else ".")
+        lines.append("")
     # Seals per 1000 pairs, as the pools' statistics counted them in these runs.
     seals = medians(runs, "seals_per_1000_pairs")
     raw_seals = {sz: seals.get(f"PoolRawAllocateFree/{sz}/real_time/threads:1") for sz in sizes}

@@ -66,7 +66,8 @@
 // no longer than a stream query then (0.6 us, against 0.3-0.5 alone), so
 // the threads queue for the seal in flight (one seal served about 145
 // pairs). Stream queries do not overlap: 0.36 us from one thread, and 16
-// threads querying at once got one through every 1.4 us between them. Tried
+// threads querying at once got one through every 1.4 us between them
+// (bench_allocators' DriverLegacyStreamQuery measures both). Tried
 // on the H100 and slower or no faster (16 threads, ns a pair in aggregate):
 // - sealing ahead of need, at every pair: 4 MiB 20.8 -> 33.3 (every thread
 //   tried the seal's lock at every pair);
