@@ -25,6 +25,8 @@ import numpy as np
 from numba import cuda
 
 kind, sizes, repeats = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+# Interleaved: rounds after these many leave the default out (see below).
+rounds_with_default = int(sys.argv[4]) if len(sys.argv) > 4 else repeats
 WARM_UP_PAIRS = 5000
 context = cuda.current_context()
 allocate = {"device": lambda n: cuda.device_array(n, dtype=np.uint8),
@@ -81,9 +83,15 @@ if kind.startswith("interleaved"):
     # as the other, and the default's before or after the pair.
     orders = (("default", "cuemm", "floor"), ("floor", "cuemm", "default"),
               ("default", "floor", "cuemm"), ("cuemm", "floor", "default"))
+    # Rounds beyond rounds_with_default time cuemm and the floor alone: their
+    # ratio is held to 5%, and a round's varies by 0.1 or more, so its median
+    # needs many rounds; the default's loops take ten times as long and its
+    # ratio is held to 3x and 7x.
     for round_ in range(repeats):
         for n in sizes:
             for name in orders[round_ % len(orders)]:
+                if name == "default" and round_ >= rounds_with_default:
+                    continue
                 context.memory_manager = managers[name]
                 iterations = iterations_for(n)
                 allocate(n)  # warm up
@@ -132,12 +140,13 @@ print(json.dumps(results))
 '''
 
 
-def measure(manager, kind, sizes, repeats, environment):
+def measure(manager, kind, sizes, repeats, environment, rounds_with_default=None):
     env = dict(environment)
     env.pop("NUMBA_CUDA_MEMORY_MANAGER", None)
     if MANAGERS[manager]:
         env["NUMBA_CUDA_MEMORY_MANAGER"] = MANAGERS[manager]
-    result = subprocess.run([sys.executable, "-c", WORKER, kind, json.dumps(sizes), str(repeats)], env=env,
+    extra = [str(rounds_with_default)] if rounds_with_default is not None else []
+    result = subprocess.run([sys.executable, "-c", WORKER, kind, json.dumps(sizes), str(repeats)] + extra, env=env,
                             capture_output=True, text=True, timeout=900)
     if result.returncode != 0:
         raise SystemExit(f"{manager} {kind} failed:\n{result.stderr[-3000:]}")
@@ -161,13 +170,13 @@ def interleaved_summary(samples):
     ratios taken within a round (the drift between rounds cancels in those)."""
     summary = {}
     for size in samples["cuemm"]:
-        rounds = zip(samples["default"][size], samples["cuemm"][size], samples["floor"][size])
-        ratios = [(d / c, c / f, d / f) for d, c, f in rounds]
+        default, cuemm, floor = (samples[name][size] for name in ("default", "cuemm", "floor"))
+        # (The default may sit out the later rounds: zip stops at its last.)
         summary[int(size)] = {name: statistics.median(samples[name][size]) for name in ("default", "cuemm", "floor")}
-        summary[int(size)]["default/cuemm"] = statistics.median(r[0] for r in ratios)
-        summary[int(size)]["cuemm/floor"] = statistics.median(r[1] for r in ratios)
+        summary[int(size)]["default/cuemm"] = statistics.median(d / c for d, c in zip(default, cuemm))
+        summary[int(size)]["cuemm/floor"] = statistics.median(c / f for c, f in zip(cuemm, floor))
         # What any plugin could reach: the default over Numba's own cost.
-        summary[int(size)]["default/floor"] = statistics.median(r[2] for r in ratios)
+        summary[int(size)]["default/floor"] = statistics.median(d / f for d, f in zip(default, floor))
     return summary
 
 
@@ -176,7 +185,9 @@ def main():
     parser.add_argument("--cuemm", required=True, help="folder holding the cuemm package")
     parser.add_argument("--out")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--interleaved-rounds", type=int, default=31)
+    parser.add_argument("--interleaved-rounds", type=int, default=31, help="rounds of all three managers")
+    parser.add_argument("--interleaved-extra-rounds", type=int, default=60,
+                        help="more rounds of device_array, of cuemm and the floor only (their ratio is held to 5%%)")
     parser.add_argument("--kinds", default="device,pinned,mapped,threads,interleaved",
                         help="which measurements to make (comma-separated; the default makes all)")
     parser.add_argument("--rounds", type=int, default=3,
@@ -212,7 +223,9 @@ def main():
         for manager in ("default", "cuemm"):
             figures["threads"][manager] = measure(manager, "threads", [], 1, environment)
     if "interleaved" in kinds:
-        figures["interleaved"] = measure("cuemm", "interleaved", DEVICE_SIZES, args.interleaved_rounds, environment)
+        figures["interleaved"] = measure("cuemm", "interleaved", DEVICE_SIZES,
+                                         args.interleaved_rounds + args.interleaved_extra_rounds, environment,
+                                         rounds_with_default=args.interleaved_rounds)
         # Pinned and mapped too, when asked for: their separate processes drift more than cuemm's effect.
         for kind in [k for k in ("pinned", "mapped") if k in kinds]:
             figures[f"interleaved-{kind}"] = measure("cuemm", f"interleaved-{kind}", HOST_SIZES,

@@ -241,8 +241,11 @@ def main():
                   "run. The interleaved table below is the one the bounds are read from."]
     if numba.get("interleaved"):
         rounds = len(next(iter(numba["interleaved"]["cuemm"].values())))
+        with_default = len(next(iter(numba["interleaved"]["default"].values())))
+        counted = (f"{rounds} rounds of 1,000 pairs" if with_default == rounds else
+                   f"{rounds} rounds of 1,000 pairs, the default in the first {with_default} of them")
         lines += ["", "The same, with the three managers interleaved in one process (swapped in as the context's "
-                  f"manager for each size in turn, {rounds} rounds of 1,000 pairs, cuemm's and the floor's loops "
+                  f"manager for each size in turn, {counted}, cuemm's and the floor's loops "
                   "back to back, after each ran 5,000 untimed pairs of each size; ratios are the medians of each "
                   "round's ratio, so drifts between processes and rounds cancel):", ""]
         lines += interleaved_table(numba["interleaved"], "cuemm (pool)")

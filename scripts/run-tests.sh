@@ -33,7 +33,8 @@ echo "== the Python package and its Numba plugin (pytest, simulated driver)"
 
 echo "== Numba benchmark smoke (the three managers interleaved in one process; never on timing)"
 (cd /tmp && CUEMM_DRIVER=sim NUMBA_CUDA_DRIVER="$sim_driver" /usr/bin/python3 "$root/bench/bench_numba.py" \
-  --cuemm "$build/python" --kinds interleaved --interleaved-rounds 2 >/tmp/cuemm-numba-bench-smoke.txt 2>&1) ||
+  --cuemm "$build/python" --kinds interleaved --interleaved-rounds 2 --interleaved-extra-rounds 2 \
+  >/tmp/cuemm-numba-bench-smoke.txt 2>&1) ||
   { tail -20 /tmp/cuemm-numba-bench-smoke.txt; status=1; }
 
 echo "== classic Numba cudadrv tests on the simulated driver: default manager, then cuemm's plugin"
