@@ -8,14 +8,13 @@ bench_numba.py's JSON); nothing is typed in. scripts/gpu-check.sh runs it.
 """
 import argparse
 import datetime
-import importlib
 import json
 import platform
 import re
 import statistics
 import subprocess
 
-from bench_numba import interleaved_summary
+from bench_numba import interleaved_summary, versions
 
 
 def medians(runs, field="real_time"):
@@ -25,15 +24,6 @@ def medians(runs, field="real_time"):
             if run.get("aggregate_name") == "median" and field in run:
                 out[run["run_name"]] = run[field]
     return out
-
-
-def version(module):
-    if module == "python":
-        return platform.python_version()
-    try:
-        return importlib.import_module(module).__version__
-    except Exception:
-        return "not installed"
 
 
 def fmt(ns):
@@ -119,9 +109,8 @@ def main():
     allocators = runs[0]
     numba = json.load(open(args.numba))
 
-    def measured(module):
-        # As bench_numba recorded them (older runs did not: then this machine's).
-        return numba.get("environment", {}).get(module) or version(module)
+    # As bench_numba recorded them (older runs did not: then this machine's).
+    measured = numba.get("environment") or versions()
 
     m = medians(runs)
     commit = args.commit or checked_out_commit()
@@ -134,8 +123,8 @@ def main():
         f"- GPU, driver, memory: {open(args.gpu).read().strip()}",
         f"- CPU: {platform.processor() or platform.machine()}, {allocators['context'].get('num_cpus')} cores; "
         f"host: {allocators['context'].get('host_name')}",
-        f"- Python {measured('python')}; numba {measured('numba')}; numba-cuda {measured('numba_cuda')}; "
-        f"cupy {measured('cupy')}; torch {measured('torch')}",
+        f"- Python {measured['python']}; numba {measured['numba']}; numba-cuda {measured['numba_cuda']}; "
+        f"cupy {measured['cupy']}; torch {measured['torch']}",
         f"- Google Benchmark run date: {allocators['context'].get('date')}",
         "",
         "Reproduce: `bash scripts/gpu-check.sh` on the GPU machine (see README). Times are medians of 3 repetitions,",
