@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs bench_numba's interleaved measurements in RUNS separate processes (default 6)
 # on the GPU machine and prints each run's ratios, then the range over runs: how far
-# one run of scripts/gpu-check.sh can move them. Builds only the Python extension.
+# one run of scripts/gpu-check.sh can move them. Builds without tests, benchmarks or examples.
 #   bash scripts/gpu-numba-repeat.sh [RUNS] [KINDS]   (KINDS: bench_numba --kinds, default interleaved)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -11,9 +11,9 @@ kinds=${2:-interleaved}
 logs=${OUT:-/tmp/cuemm-gpu-logs}
 mkdir -p "$logs"
 python=$(command -v python3)
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUEMM_BUILD_TESTS=OFF \
-  -Dpybind11_DIR="$("$python" -m pybind11 --cmakedir)" -DPython_EXECUTABLE="$python" >"$logs/build.log" 2>&1
-cmake --build "$build" --parallel "$(nproc)" --target cuemm_python >>"$logs/build.log" 2>&1
+BUILD_DIR=$build "$root/scripts/build.sh" -DCUEMM_BUILD_TESTS=OFF -DCUEMM_BUILD_BENCHMARKS=OFF \
+  -DCUEMM_BUILD_EXAMPLES=OFF -Dpybind11_DIR="$("$python" -m pybind11 --cmakedir)" -DPython_EXECUTABLE="$python" \
+  >"$logs/build.log" 2>&1
 for run in $(seq 1 "$runs"); do
   # (One JSON, for the versions: the device brings back only so many files.)
   out=(); [ "$run" = 1 ] && out=(--out "$logs/bench_numba_run1.json")
