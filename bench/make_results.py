@@ -211,6 +211,13 @@ def main():
         d, p = m.get(f"DriverMemHostAllocFree/{s}/real_time"), m.get(f"PinnedHostPoolAllocateFree/{s}/real_time")
         if d and p:
             lines.append(f"| {s:,} B | {fmt(d)} | {fmt(p)} | {d / p:,.0f}x |")
+    warm = medians(runs, "warm_up_pairs")
+    warm = {s: warm.get(f"PinnedHostPoolAllocateFree/{s}/real_time") for s in (4096, 1048576, 67108864)}
+    if any(warm.values()):
+        lines += ["", "The pool's pairs are its steady state: before timing, each size ran untimed pairs until the "
+                  "pool had bought no block for 500,000 pairs (a list of large blocks lengthens its rotation only as "
+                  "its seals pay for a block, so a short timed loop would time purchases of 50 ms each): " +
+                  ", ".join(f"{s:,} B {v:,.0f} pairs" for s, v in warm.items() if v) + "."]
     if args.fragmentation:
         lines += fragmentation_lines(args.fragmentation)
     lines += ["", "## Numba (Python): allocate + release, ns per pair", "",
