@@ -81,11 +81,8 @@ if [ -d "$build/python/cuemm" ] && [ "${CUEMM_GPU_SKIP_PYTHON:-0}" != 1 ]; then
     >"$logs/bench_numba.txt" 2>&1
   summary+=("numba benchmark: exit $? (bench_numba.txt)")
   # The interleaved figures the issue's bounds are about, so the summary alone tells.
-  interleaved() {  # $1: the call; $2: the column whose value follows its name
-    awk -v call="$1" -v column="$2" '
-      index($0, "cuda." call "(n) + release, the three managers interleaved") == 1 { f = 1; next }
-      f && /^ +[0-9]/ { for (i = 1; i <= NF; i++) if ($i == column) printf "%s ", $(i + 1); next }
-      { f = 0 }' "$logs/bench_numba.txt"
+  interleaved() {  # $1: the call; $2: the column
+    "$python" "$root/bench/interleaved_ratios.py" "$logs/bench_numba.json" "$1" "$2" 2>&1
   }
   summary+=("numba device_array interleaved, cuemm/floor (256 B, 64 KiB, 4 MiB, 64 MiB): $(interleaved device_array cuemm/floor)")
   summary+=("numba mapped_array interleaved, default/cuemm (4 KiB, 1 MiB, 64 MiB): $(interleaved mapped_array default/cuemm)")

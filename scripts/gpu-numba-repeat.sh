@@ -14,13 +14,15 @@ python=$(command -v python3)
 BUILD_DIR=$build "$root/scripts/build.sh" -DCUEMM_BUILD_TESTS=OFF -DCUEMM_BUILD_BENCHMARKS=OFF \
   -DCUEMM_BUILD_EXAMPLES=OFF -Dpybind11_DIR="$("$python" -m pybind11 --cmakedir)" -DPython_EXECUTABLE="$python" \
   >"$logs/build.log" 2>&1
+# Each run's JSON stays out of $logs but the first's (the device brings back
+# only so many files; one is enough for the versions).
+figures=$(mktemp -d)
 for run in $(seq 1 "$runs"); do
-  # (One JSON, for the versions: the device brings back only so many files.)
-  out=(); [ "$run" = 1 ] && out=(--out "$logs/bench_numba_run1.json")
-  (cd /tmp && "$python" "$root/bench/bench_numba.py" --cuemm "$build/python" --kinds "$kinds" "${out[@]}") \
-    >"$logs/bench_numba_run$run.txt" 2>&1
-  echo "run $run: $(grep -hoE '^ +[0-9]+ .*cuemm/floor [0-9.]+' "$logs/bench_numba_run$run.txt" |
-    awk '{printf "%s %s  ", $1, $NF}')"
+  (cd /tmp && "$python" "$root/bench/bench_numba.py" --cuemm "$build/python" --kinds "$kinds" \
+    --out "$figures/run$run.json") >"$logs/bench_numba_run$run.txt" 2>&1
+  [ "$run" = 1 ] && cp "$figures/run1.json" "$logs/bench_numba_run1.json"
+  echo "run $run: $("$python" "$root/bench/interleaved_ratios.py" "$figures/run$run.json" device_array cuemm/floor \
+    --with-sizes)"
 done | tee "$logs/runs.txt"
 echo "SUMMARY (cuemm/floor by size over $runs runs: min max)"
 grep -oE '[0-9]+ [0-9]\.[0-9]+' "$logs/runs.txt" | awk '
