@@ -8,6 +8,8 @@
 //   (either with --trace-growth: a line whenever the pool reserves more, with
 //   where its bytes were: in use, waiting for the GPU, in thread caches, free)
 //   cuemm plot LOG.csv OUT.svg               live memory over time, as SVG
+//   cuemm bench [--managers ...] [--sizes ...] [--threads ...]
+//                                            ns per allocate+free pair (bench_command.cpp)
 //
 // replay and random report the time, peak live bytes, peak reserved bytes (what
 // the manager holds from the driver: the pool's segments, else the driver's
@@ -23,12 +25,16 @@
 #include <unordered_map>
 #include <vector>
 
+#include "bench_command.hpp"
 #include "cuemm/cuemm.hpp"
-#include "util/byte_size.hpp"
+#include "tool_options.hpp"
 
 namespace {
 
 using namespace cuemm;
+using tool::bytes_option;
+using tool::count_option;
+using tool::option;
 
 struct Operation {
   bool allocate;
@@ -149,38 +155,15 @@ void print(const ReplayReport& report, const std::string& manager) {
               report.peak_live ? static_cast<double>(report.peak_reserved) / report.peak_live : 0.0);
 }
 
-std::string option(std::vector<std::string>& args, const std::string& name, const std::string& fallback) {
-  for (std::size_t i = 0; i + 1 < args.size(); ++i) {
-    if (args[i] == name) {
-      std::string value = args[i + 1];
-      args.erase(args.begin() + static_cast<long>(i), args.begin() + static_cast<long>(i) + 2);
-      return value;
-    }
-  }
-  return fallback;
-}
-
-std::size_t bytes_option(std::vector<std::string>& args, const std::string& name, const std::string& fallback) {
-  const std::string text = option(args, name, fallback);
-  const auto bytes = util::parse_byte_size(text);
-  if (!bytes) throw InvalidArgument(name + " must be a byte count such as 64M (got '" + text + "')");
-  return *bytes;
-}
-
-std::size_t count_option(std::vector<std::string>& args, const std::string& name, const std::string& fallback) {
-  const std::string text = option(args, name, fallback);
-  const auto count = util::parse_whole_number(text);
-  if (!count) throw InvalidArgument(name + " must be a whole number (got '" + text + "')");
-  return *count;
-}
-
 int usage() {
   std::fprintf(stderr,
                "usage: cuemm info\n"
                "       cuemm replay LOG.csv [--manager pool|async|default] [--trace-growth]\n"
                "       cuemm random [--manager NAME] [--max-size 64M] [--live 1G] [--operations 100000] [--seed 1]\n"
                "                    [--trace-growth]\n"
-               "       cuemm plot LOG.csv OUT.svg\n");
+               "       cuemm plot LOG.csv OUT.svg\n"
+               "%s",
+               tool::kBenchUsage);
   return 2;
 }
 
@@ -205,9 +188,7 @@ int run(std::vector<std::string> args) {
   }
   if (command == "replay" || command == "random") {
     const std::string manager = option(args, "--manager", "pool");
-    const auto trace = std::find(args.begin(), args.end(), "--trace-growth");
-    const bool tracing = trace != args.end();
-    if (tracing) args.erase(trace);
+    const bool tracing = tool::flag(args, "--trace-growth");
     std::vector<Operation> operations;
     if (command == "replay") {
       if (args.size() != 1) return usage();
@@ -224,6 +205,7 @@ int run(std::vector<std::string> args) {
     print(replay(operations, manager, tracing), manager);
     return 0;
   }
+  if (command == "bench") return tool::bench_command(std::move(args));
   if (command == "plot") {
     if (args.size() != 2) return usage();
     const std::string svg = memory_plot_svg(read_log_events(args[0]));

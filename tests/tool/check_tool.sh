@@ -39,4 +39,22 @@ head -1 "$work/made.csv" >"$work/negative.csv"
 echo "Alloc,0,0x10,0,-5,0,0,1,0,0,0," >>"$work/negative.csv"
 if "$tool" replay "$work/negative.csv" 2>"$work/error.txt"; then exit 1; fi
 grep -q "negative.csv:2: the size '-5' is not a byte count" "$work/error.txt"
+# bench: a row per manager and a column per size, for each thread count, and
+# the scaling of the most threads over one; every cell a time.
+"$tool" bench --managers cuMemAlloc,pool --sizes 256,1M --threads 1,2 --seconds 0.01 --repeats 1 >"$work/bench.txt"
+[ "$(grep -c '^[0-9]* thread(s)$' "$work/bench.txt")" = 2 ]
+grep -Eq '^manager +256 B +1 MiB$' "$work/bench.txt"
+[ "$(grep -Ec '^pool +[0-9.]+ +[0-9.]+$' "$work/bench.txt")" = 2 ]
+[ "$(grep -Ec '^cuMemAlloc +[0-9.]+ +[0-9.]+$' "$work/bench.txt")" = 2 ]
+grep -Eq '^pool +[0-9.]+x +[0-9.]+x$' "$work/bench.txt"
+CUEMM_ADAPTORS=statistics "$tool" bench --managers pool --sizes 4K --threads 1 --seconds 0.01 --repeats 1 |
+  grep -q "adaptors: statistics"
+if "$tool" bench --managers pool,nope 2>"$work/error.txt"; then exit 1; fi
+grep -q "no manager is called 'nope' (there are: cuMemAlloc, " "$work/error.txt"
+if "$tool" bench --sizes 256,0 2>"$work/error.txt"; then exit 1; fi
+grep -q "at least 1 byte each (got '0')" "$work/error.txt"
+if "$tool" bench --threads 0 2>"$work/error.txt"; then exit 1; fi
+grep -q "between 1 and 1024" "$work/error.txt"
+if "$tool" bench --seconds -1 2>"$work/error.txt"; then exit 1; fi
+grep -q "above 0" "$work/error.txt"
 echo "cuemm tool: ok"

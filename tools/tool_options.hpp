@@ -1,0 +1,71 @@
+// tool_options.hpp: the cuemm tool's command-line options ("--name value"),
+// taken out of the argument list as they are read, so that what is left over
+// is the command's operands (or a mistake, which the caller reports).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cuemm/error.hpp"
+#include "util/byte_size.hpp"
+
+namespace cuemm::tool {
+
+inline std::string option(std::vector<std::string>& args, const std::string& name, const std::string& fallback) {
+  for (std::size_t i = 0; i + 1 < args.size(); ++i) {
+    if (args[i] == name) {
+      std::string value = args[i + 1];
+      args.erase(args.begin() + static_cast<long>(i), args.begin() + static_cast<long>(i) + 2);
+      return value;
+    }
+  }
+  return fallback;
+}
+
+// Whether the bare flag `name` was given (it is taken out).
+inline bool flag(std::vector<std::string>& args, const std::string& name) {
+  for (auto it = args.begin(); it != args.end(); ++it) {
+    if (*it == name) {
+      args.erase(it);
+      return true;
+    }
+  }
+  return false;
+}
+
+inline std::size_t parse_bytes(const std::string& name, const std::string& text) {
+  const auto bytes = util::parse_byte_size(text);
+  if (!bytes) throw InvalidArgument(name + " must be a byte count such as 64M (got '" + text + "')");
+  return *bytes;
+}
+
+inline std::size_t parse_count(const std::string& name, const std::string& text) {
+  const auto count = util::parse_whole_number(text);
+  if (!count) throw InvalidArgument(name + " must be a whole number (got '" + text + "')");
+  return *count;
+}
+
+inline std::size_t bytes_option(std::vector<std::string>& args, const std::string& name, const std::string& fallback) {
+  return parse_bytes(name, option(args, name, fallback));
+}
+
+inline std::size_t count_option(std::vector<std::string>& args, const std::string& name, const std::string& fallback) {
+  return parse_count(name, option(args, name, fallback));
+}
+
+// "a,b,c" -> {"a", "b", "c"}; an empty item is an error that names the option.
+inline std::vector<std::string> list_option(std::vector<std::string>& args, const std::string& name,
+                                            const std::string& fallback) {
+  const std::string text = option(args, name, fallback);
+  std::vector<std::string> items;
+  std::size_t begin = 0;
+  for (;;) {
+    const std::size_t end = text.find(',', begin);
+    items.push_back(text.substr(begin, end == std::string::npos ? std::string::npos : end - begin));
+    if (items.back().empty()) throw InvalidArgument(name + " must be a comma-separated list (got '" + text + "')");
+    if (end == std::string::npos) return items;
+    begin = end + 1;
+  }
+}
+
+}  // namespace cuemm::tool
