@@ -56,6 +56,17 @@ void AllocateFree(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 
+// RMM's random-allocations workload through a manager's memalloc (ns per
+// allocation or free).
+template <typename Manager>
+void RandomAllocations(benchmark::State& state) {
+  Manager& manager = shared_manager<Manager>();
+  cuemm::ScopedContext scope(context());
+  run_random_workload<std::shared_ptr<cuemm::MemoryPointer>>(
+      state, [&](std::size_t size) { return manager.memalloc(size); },
+      [](std::shared_ptr<cuemm::MemoryPointer>& memory) { memory.reset(); });
+}
+
 // The pool under the statistics adaptor, as the Numba bridge runs it: what
 // leaving statistics on costs.
 struct PoolWithStatistics : cuemm::StatisticsAdaptor {
@@ -145,6 +156,21 @@ void DriverPoolAllocateFree(benchmark::State& state) {
   }
   CUEMM_CU(cuStreamSynchronize, cuemm::cuda::CU_STREAM_PER_THREAD);
   state.SetItemsProcessed(state.iterations());
+}
+
+// The same workload through the driver's pool, on the thread's per-thread default stream.
+void DriverPoolRandomAllocations(benchmark::State& state) {
+  const cuemm::cuda::CUmemoryPool pool = driver_pool();
+  cuemm::ScopedContext scope(context());
+  run_random_workload<cuemm::cuda::CUdeviceptr>(
+      state,
+      [&](std::size_t size) {
+        cuemm::cuda::CUdeviceptr pointer = 0;
+        CUEMM_CU(cuMemAllocFromPoolAsync, &pointer, size, pool, cuemm::cuda::CU_STREAM_PER_THREAD);
+        return pointer;
+      },
+      [](cuemm::cuda::CUdeviceptr pointer) { CUEMM_CU(cuMemFreeAsync, pointer, cuemm::cuda::CU_STREAM_PER_THREAD); });
+  CUEMM_CU(cuStreamSynchronize, cuemm::cuda::CU_STREAM_PER_THREAD);
 }
 
 // Allocation between kernels: on each of 4 streams in turn (one per
@@ -316,6 +342,10 @@ BENCHMARK(ThreadPrivateLoop)->Threads(1)->Threads(16)->UseRealTime();
 BENCHMARK(PoolRawAllocateFree)->Apply(set_sizes);
 BENCHMARK(PoolStreamOrderedAllocateFree)->Apply(set_sizes);
 BENCHMARK(PoolWithFreeBlocks)->Arg(0)->Arg(65536);
+BENCHMARK(DriverPoolRandomAllocations)->Apply(set_random_workloads);
+BENCHMARK_TEMPLATE(RandomAllocations, cuemm::DefaultMemoryManager)->Apply(set_random_workloads);
+BENCHMARK_TEMPLATE(RandomAllocations, cuemm::AsyncMemoryManager)->Apply(set_random_workloads);
+BENCHMARK_TEMPLATE(RandomAllocations, cuemm::PoolMemoryManager)->Apply(set_random_workloads);
 BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::DefaultMemoryManager)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
 BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::PoolMemoryManager)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
 BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::AsyncMemoryManager)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();

@@ -20,9 +20,17 @@ void TorchRawAllocFree(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 
+// RMM's random-allocations workload (benchmark_sizes.hpp).
+void TorchRandomAllocations(benchmark::State& state) {
+  run_random_workload<void*>(
+      state, [](std::size_t size) { return c10::cuda::CUDACachingAllocator::raw_alloc(size); },
+      [](void* pointer) { c10::cuda::CUDACachingAllocator::raw_delete(pointer); });
+}
+
 }  // namespace
 
 BENCHMARK(TorchRawAllocFree)->Apply(set_sizes);
+BENCHMARK(TorchRandomAllocations)->Apply(set_random_workloads);
 
 int main(int argc, char** argv) {
   c10::cuda::CUDACachingAllocator::init(c10::cuda::device_count());

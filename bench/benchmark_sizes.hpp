@@ -1,12 +1,58 @@
-// The sizes and thread counts every allocate+free benchmark runs, so that
-// cuemm's managers and the anchors (bench_torch_allocator) line up. Thread
+// The sizes, thread counts and workloads every allocator's benchmarks run, so
+// that cuemm's managers and the anchors (bench_torch_allocator) line up. Thread
 // counts are the ones RESULTS.md reports; 2 and 8 would add a third to the
 // GPU check's time (which must fit one 10-minute call) and appear nowhere.
 #pragma once
 
 #include <benchmark/benchmark.h>
 
+#include <map>
+#include <vector>
+
+#include "random_workload.hpp"
+
 inline void set_sizes(benchmark::internal::Benchmark* benchmark) {
   for (long size : {256L, 64L << 10, 1L << 20, 4L << 20, 64L << 20}) benchmark->Arg(size);
   benchmark->Threads(1)->Threads(4)->Threads(16)->UseRealTime();
+}
+
+// RMM's random-allocations workload, as `cuemm random` and scripts/gpu-check.sh
+// run it for fragmentation: sizes up to 4 MiB within 512 MiB live, and up to
+// 64 MiB within 1 GiB; 10,000 operations an iteration, one thread.
+inline constexpr std::size_t kRandomOperations = 10'000;
+
+inline void set_random_workloads(benchmark::internal::Benchmark* benchmark) {
+  benchmark->Args({4L << 20, 512L << 20})->Args({64L << 20, 1L << 30})->UseRealTime();
+}
+
+// Runs the workload of state.range(0) (largest size) and range(1) (live cap)
+// once an iteration: `allocate(size)` gives a Handle, `release(handle)` frees
+// it; what is still live at the end is released untimed.
+template <typename Handle, typename Allocate, typename Release>
+void run_random_workload(benchmark::State& state, Allocate&& allocate, Release&& release) {
+  static std::map<std::pair<long, long>, std::vector<cuemm::workload::RandomOperation>> workloads;
+  auto& operations = workloads[{state.range(0), state.range(1)}];
+  if (operations.empty())
+    operations = cuemm::workload::random_operations(static_cast<std::size_t>(state.range(0)), kRandomOperations,
+                                                    static_cast<std::size_t>(state.range(1)), 1);
+  std::vector<Handle> handles(operations.size());
+  std::vector<bool> live(operations.size());
+  for (auto _ : state) {
+    for (const auto& operation : operations) {
+      if (operation.allocate) {
+        handles[operation.id] = allocate(operation.size);
+        live[operation.id] = true;
+      } else {
+        release(handles[operation.id]);
+        live[operation.id] = false;
+      }
+    }
+    state.PauseTiming();
+    for (std::size_t id = 0; id < handles.size(); ++id) {
+      if (live[id]) release(handles[id]);
+      live[id] = false;
+    }
+    state.ResumeTiming();
+  }
+  state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(operations.size()));
 }

@@ -205,6 +205,25 @@ def main():
     empty, holes = m.get("PoolWithFreeBlocks/0"), m.get("PoolWithFreeBlocks/65536")
     if empty and holes:
         lines += [f"Pool with 64k free blocks: {fmt(holes)} ns against {fmt(empty)} ns with none ({holes / empty:.2f}x).", ""]
+    workloads = [("4194304/536870912", "sizes up to 4 MiB, 512 MiB live"),
+                 ("67108864/1073741824", "sizes up to 64 MiB, 1 GiB live")]
+    random_rows = [("driver's stream-ordered pool (threshold max, per-thread stream)", "DriverPoolRandomAllocations"),
+                   ("PyTorch CUDACachingAllocator raw_alloc/raw_delete", "TorchRandomAllocations"),
+                   ("default manager (Numba's behaviour)", "RandomAllocations<cuemm::DefaultMemoryManager>"),
+                   ("async manager (driver's stream-ordered pool)", "RandomAllocations<cuemm::AsyncMemoryManager>"),
+                   ("pool manager, memalloc (MemoryPointer)", "RandomAllocations<cuemm::PoolMemoryManager>")]
+    if any(f"{name}/{w}/real_time" in m for _, name in random_rows for w, _ in workloads):
+        lines += ["## RMM's random-allocations workload (C++)", "",
+                  "ns per allocation or free, one thread: 10,000 operations an iteration, of random sizes (the workload of "
+                  "`cuemm random` and of the fragmentation table below, seed 1), each an allocation or a free of a "
+                  "random live block.", "",
+                  "| allocator | " + " | ".join(label for _, label in workloads) + " |", "|---|---|---|"]
+        rates = medians(runs, "items_per_second")  # operations a second
+        for label, name in random_rows:
+            per_second = [rates.get(f"{name}/{w}/real_time") for w, _ in workloads]
+            cells = [fmt(1e9 / rate) if rate else "-" for rate in per_second]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("")
     lines += ["## Pinned host memory (C++)", "", "| size | cuMemHostAlloc + cuMemFreeHost | pinned host pool | ratio |",
               "|---|---|---|---|"]
     for s in (4096, 1048576, 67108864):

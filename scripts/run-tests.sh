@@ -19,7 +19,7 @@ echo "== C++ tests (ctest)"
 
 echo "== benchmark smoke (fails only if a benchmark crashes, never on timing)"
 if [ -x "$build/bin/bench_allocators" ]; then
-  "$build/bin/bench_allocators" --benchmark_min_time=0.01 --benchmark_filter='Pool|DefaultMemoryManager>/256/' \
+  "$build/bin/bench_allocators" --benchmark_min_time=0.01 --benchmark_filter='Pool|DefaultMemoryManager>/256/|Random' \
     >/tmp/cuemm-bench-smoke.txt 2>&1 || { tail -20 /tmp/cuemm-bench-smoke.txt; status=1; }
 fi
 

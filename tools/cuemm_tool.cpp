@@ -19,7 +19,6 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <random>
 #include <sstream>
 #include <string>
 #include <unordered_map>
@@ -27,6 +26,7 @@
 
 #include "bench_command.hpp"
 #include "cuemm/cuemm.hpp"
+#include "random_workload.hpp"
 #include "tool_options.hpp"
 
 namespace {
@@ -58,30 +58,11 @@ std::vector<Operation> read_log(const std::string& path) {
   return operations;
 }
 
-// RMM's random-allocations workload: allocate while under the live cap,
-// otherwise (or at random) free a random live block.
+// RMM's random-allocations workload (bench/random_workload.hpp), as device allocations.
 std::vector<Operation> random_workload(std::size_t max_size, std::size_t count, std::size_t live_cap, unsigned seed) {
-  std::mt19937_64 random(seed);
-  std::uniform_int_distribution<std::size_t> sizes(1, max_size);
   std::vector<Operation> operations;
-  std::vector<std::pair<std::uint64_t, std::size_t>> live;
-  std::size_t live_bytes = 0;
-  std::uint64_t next = 0;
-  while (operations.size() < count) {
-    const std::size_t size = sizes(random);
-    const bool allocate = live.empty() || (live_bytes + size <= live_cap && random() % 2 == 0);
-    if (allocate) {
-      operations.push_back({true, next, size, 0, true});
-      live.emplace_back(next++, size);
-      live_bytes += size;
-    } else {
-      const std::size_t victim = random() % live.size();
-      operations.push_back({false, live[victim].first, live[victim].second, 0, true});
-      live_bytes -= live[victim].second;
-      live[victim] = live.back();
-      live.pop_back();
-    }
-  }
+  for (const auto& operation : workload::random_operations(max_size, count, live_cap, seed))
+    operations.push_back({operation.allocate, operation.id, operation.size, 0, true});
   return operations;
 }
 
