@@ -2,12 +2,12 @@
 // and thread counts, on whichever driver is loaded; the pairs table of
 // bench/RESULTS.md for the managers at hand, without Google Benchmark.
 //
-// Each measurement runs every thread's loop for a warm-up (untimed: a pool
-// grows its rotations in the first thousands of pairs), then for a fixed
-// wall time, and divides that time by the pairs all threads finished; the
-// median of several measurements is reported. Timing by the clock rather than
-// by a count of pairs lets one table hold a 20 ns pool pair and a 200 us
-// cuMemAlloc without either taking minutes.
+// Each cell starts its threads, lets them run pairs untimed for a warm-up
+// (a pool buys the blocks of a loop's rotation over its first thousands of
+// pairs), then reads the pairs they finished over a few windows of fixed wall
+// time and reports the median window. Timing by the clock rather than by a
+// count of pairs lets one table hold a 20 ns pool pair and a 200 us cuMemAlloc
+// without either taking minutes.
 #include "bench_command.hpp"
 
 #include <algorithm>
@@ -28,60 +28,82 @@ namespace cuemm::tool {
 
 const char* const kBenchUsage =
     "       cuemm bench [--managers cuMemAlloc,default,pool,async] [--sizes 256,64K,1M,4M,64M]\n"
-    "                   [--threads 1,4,16] [--seconds 0.05] [--repeats 3]\n";
+    "                   [--threads 1,4,16] [--seconds 0.05] [--repeats 3] [--warm-up 0.2]\n";
 
 namespace {
 
 // One allocate+free pair of `size` bytes on the calling thread.
 using Pair = std::function<void(std::size_t)>;
 
-enum class Phase { kWarmUp, kTimed, kStop };
+// Pairs one worker finished, on a cache line of its own (a shared counter
+// would make the threads wait on each other and time that).
+struct alignas(64) PairCount {
+  std::atomic<std::size_t> value{0};
+};
 
-// Wall ns per pair of all `threads` threads together, or nullopt when an
-// allocation ran out of memory. Other errors propagate.
-std::optional<double> ns_per_pair(const Pair& pair, Context& context, std::size_t size, std::size_t threads,
-                                  double seconds) {
-  std::atomic<Phase> phase{Phase::kWarmUp};
-  std::atomic<std::size_t> timed_pairs{0};
-  std::atomic<bool> out_of_memory{false};
+// Wall ns per pair of all `threads` threads together, in `repeats` windows of
+// `seconds` each after `warm_up` seconds, from the same threads; nullopt when
+// an allocation ran out of memory. Other errors propagate. The warm-up lasts
+// until every thread has finished a pair, and a window until the threads
+// have finished one pair each more than before it (a driver's first calls can
+// take milliseconds).
+std::optional<std::vector<double>> ns_per_pair(const Pair& pair, Context& context, std::size_t size,
+                                               std::size_t threads, double warm_up, double seconds,
+                                               std::size_t repeats) {
+  std::atomic<bool> stop{false}, out_of_memory{false}, failed{false};
   std::exception_ptr error;
-  std::atomic<bool> failed{false};
+  std::vector<PairCount> done(threads);
   std::vector<std::thread> workers;
   for (std::size_t t = 0; t < threads; ++t) {
-    workers.emplace_back([&] {
+    workers.emplace_back([&, t] {
       ScopedContext scope(context);
-      std::size_t mine = 0;
       try {
-        for (Phase now; (now = phase.load(std::memory_order_relaxed)) != Phase::kStop;) {
+        for (std::size_t n = 1; !stop.load(std::memory_order_relaxed); ++n) {
           pair(size);
-          if (now == Phase::kTimed) ++mine;
+          done[t].value.store(n, std::memory_order_relaxed);
         }
       } catch (const OutOfMemory&) {
         out_of_memory = true;
-        phase = Phase::kStop;
+        stop = true;
       } catch (...) {
         if (!failed.exchange(true)) error = std::current_exception();
-        phase = Phase::kStop;
+        stop = true;
       }
-      timed_pairs += mine;
     });
   }
   using Clock = std::chrono::steady_clock;
-  const auto sleep_unless_stopped = [&](double for_seconds) {
-    const auto until = Clock::now() + std::chrono::duration<double>(for_seconds);
-    while (Clock::now() < until && phase.load() != Phase::kStop) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto total = [&] {
+    std::size_t sum = 0;
+    for (const auto& count : done) sum += count.value.load(std::memory_order_relaxed);
+    return sum;
   };
-  sleep_unless_stopped(seconds / 4);
-  Phase expected = Phase::kWarmUp;
-  phase.compare_exchange_strong(expected, Phase::kTimed);
-  const auto began = Clock::now();
-  sleep_unless_stopped(seconds);
-  phase = Phase::kStop;
-  const double elapsed = std::chrono::duration<double, std::nano>(Clock::now() - began).count();
+  const auto all_started = [&] {
+    return std::all_of(done.begin(), done.end(), [](const PairCount& c) { return c.value.load() > 0; });
+  };
+  // Sleeps for `at_least` seconds and until `enough()` (or a worker stopped), at most a minute.
+  const auto wait = [&](double at_least, auto&& enough) {
+    const auto began = Clock::now();
+    const auto until = began + std::chrono::duration<double>(at_least);
+    while (!stop.load() && (Clock::now() < until || !enough()) && Clock::now() - began < std::chrono::minutes(1))
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+  };
+  std::vector<double> windows;
+  wait(warm_up, all_started);
+  for (std::size_t r = 0; r < repeats && !stop.load(); ++r) {
+    const std::size_t before = total();
+    const auto began = Clock::now();
+    wait(seconds, [&] { return total() >= before + threads; });
+    const std::size_t pairs = total() - before;
+    const double elapsed = std::chrono::duration<double, std::nano>(Clock::now() - began).count();
+    if (pairs == 0) break;
+    windows.push_back(elapsed / static_cast<double>(pairs));
+  }
+  stop = true;
   for (auto& worker : workers) worker.join();
   if (error) std::rethrow_exception(error);
-  if (out_of_memory || timed_pairs == 0) return std::nullopt;
-  return elapsed / static_cast<double>(timed_pairs.load());
+  if (out_of_memory) return std::nullopt;
+  if (windows.size() < repeats) throw StateError("bench: no pair finished within a minute");
+  return windows;
 }
 
 std::string size_label(std::size_t bytes) {
@@ -148,11 +170,16 @@ int bench_command(std::vector<std::string> args) {
     if (thread_counts.back() == 0 || thread_counts.back() > 1024)
       throw InvalidArgument("--threads must be between 1 and 1024 each (got '" + text + "')");
   }
-  const std::string seconds_text = option(args, "--seconds", "0.05");
-  char* end = nullptr;
-  const double seconds = std::strtod(seconds_text.c_str(), &end);
-  if (end == seconds_text.c_str() || *end || !(seconds > 0) || seconds > 60)
-    throw InvalidArgument("--seconds must be a time above 0 and at most 60 (got '" + seconds_text + "')");
+  const auto seconds_option = [&](const std::string& name, const std::string& fallback) {
+    const std::string text = option(args, name, fallback);
+    char* end = nullptr;
+    const double value = std::strtod(text.c_str(), &end);
+    if (end == text.c_str() || *end || !(value > 0) || value > 60)
+      throw InvalidArgument(name + " must be a time above 0 and at most 60 seconds (got '" + text + "')");
+    return value;
+  };
+  const double seconds = seconds_option("--seconds", "0.05");
+  const double warm_up = seconds_option("--warm-up", "0.2");
   const std::size_t repeats = count_option(args, "--repeats", "3");
   if (repeats == 0) throw InvalidArgument("--repeats must be at least 1 (got 0)");
   if (!args.empty()) throw InvalidArgument("bench: unexpected argument '" + args[0] + "'");
@@ -162,10 +189,10 @@ int bench_command(std::vector<std::string> args) {
   std::vector<Subject> subjects;
   for (const auto& name : managers) subjects.push_back(make_subject(name, context));
 
-  std::printf("ns per allocate+free pair (memalloc, then its pointer released), median of %zu runs of %g s after "
-              "%g s of warm-up;\nwith several threads, wall time over the pairs of all threads. Driver: %s; "
-              "adaptors: %s.\n",
-              repeats, seconds, seconds / 4, simulation::active() ? "simulated" : "cuda",
+  std::printf("ns per allocate+free pair (memalloc, then its pointer released), median of %zu windows of %g s "
+              "after %g s of warm-up,\nfrom the same threads; with several threads, wall time over the pairs of all "
+              "threads. Driver: %s; adaptors: %s.\n",
+              repeats, seconds, warm_up, simulation::active() ? "simulated" : "cuda",
               adaptors_from_environment().empty() ? "none" : adaptors_from_environment().c_str());
   std::size_t width = 10;
   for (const auto& subject : subjects) width = std::max(width, subject.name.size() + 2);
@@ -179,16 +206,10 @@ int bench_command(std::vector<std::string> args) {
     for (std::size_t s = 0; s < subjects.size(); ++s) {
       std::printf("%-*s", static_cast<int>(width), subjects[s].name.c_str());
       for (std::size_t size : sizes) {
-        std::vector<double> runs;
-        for (std::size_t r = 0; r < repeats; ++r) {
-          const auto ns = ns_per_pair(subjects[s].pair, context, size, thread_counts[t], seconds);
-          if (!ns) break;
-          runs.push_back(*ns);
-        }
         std::optional<double> median;
-        if (runs.size() == repeats) {
-          std::sort(runs.begin(), runs.end());
-          median = runs[runs.size() / 2];
+        if (auto runs = ns_per_pair(subjects[s].pair, context, size, thread_counts[t], warm_up, seconds, repeats)) {
+          std::sort(runs->begin(), runs->end());
+          median = (*runs)[runs->size() / 2];
         }
         results[s][t].push_back(median);
         std::printf("%12s", cell(median).c_str());
