@@ -6,7 +6,8 @@ tool=$1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-"$tool" info | grep -q "^device 0: "
+"$tool" info >"$work/info.txt"
+grep -q "^device 0: " "$work/info.txt"
 "$tool" random --operations 3000 --max-size 2M --live 64M --manager pool >"$work/random.txt"
 grep -q "3000 operations" "$work/random.txt"
 grep -q "reserved/live" "$work/random.txt"
@@ -47,8 +48,10 @@ grep -Eq '^manager +256 B +1 MiB$' "$work/bench.txt"
 [ "$(grep -Ec '^pool +[0-9.]+ +[0-9.]+$' "$work/bench.txt")" = 2 ]
 [ "$(grep -Ec '^cuMemAlloc +[0-9.]+ +[0-9.]+$' "$work/bench.txt")" = 2 ]
 grep -Eq '^pool +[0-9.]+x +[0-9.]+x$' "$work/bench.txt"
-CUEMM_ADAPTORS=statistics "$tool" bench --managers pool --sizes 4K --threads 1 --seconds 0.01 --repeats 1 |
-  grep -q "adaptors: statistics"
+# (To a file: grep -q stops reading at its match, and the tool's next line would meet a closed pipe.)
+CUEMM_ADAPTORS=statistics "$tool" bench --managers pool --sizes 4K --threads 1 --seconds 0.01 --repeats 1 \
+  >"$work/statistics.txt"
+grep -q "adaptors: statistics" "$work/statistics.txt"
 if "$tool" bench --managers pool,nope 2>"$work/error.txt"; then exit 1; fi
 grep -q "no manager is called 'nope' (there are: cuMemAlloc, " "$work/error.txt"
 if "$tool" bench --sizes 256,0 2>"$work/error.txt"; then exit 1; fi
