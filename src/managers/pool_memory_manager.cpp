@@ -193,12 +193,14 @@ struct ThreadCache {
     next_lent = (next_lent + 1) % kLentCapacity;
   }
   // The lent block at `address`, forgotten; nullopt if unknown or stale.
+  // Newest first: a loop frees the block it took last.
   std::optional<OrderedLarge> take_lent(std::uintptr_t address, std::uint64_t generation) noexcept {
-    for (Lent& entry : lent) {
+    for (std::uint32_t back = 1; back <= kLentCapacity; ++back) {
+      Lent& entry = lent[(next_lent + kLentCapacity - back) % kLentCapacity];
       if (entry.block.address != address) continue;
-      const Lent found = entry;
-      entry.block.address = 0;
-      if (found.generation == generation) return found.block;
+      entry.block.address = 0;  // forgotten (the block is returned by value below)
+      if (entry.generation != generation) return std::nullopt;
+      return OrderedLarge{address, entry.block.bytes, entry.block.dedicated};
     }
     return std::nullopt;
   }
