@@ -136,8 +136,9 @@ void print(const ReplayReport& report, const std::string& manager) {
               report.peak_live ? static_cast<double>(report.peak_reserved) / report.peak_live : 0.0);
 }
 
-int usage() {
-  std::fprintf(stderr,
+// To stderr with status 2 after a mistake; to stdout with status 0 when asked for (--help).
+int usage(bool asked = false) {
+  std::fprintf(asked ? stdout : stderr,
                "usage: cuemm info\n"
                "       cuemm replay LOG.csv [--manager pool|async|default] [--trace-growth]\n"
                "       cuemm random [--manager NAME] [--max-size 64M] [--live 1G] [--operations 100000] [--seed 1]\n"
@@ -145,11 +146,13 @@ int usage() {
                "       cuemm plot LOG.csv OUT.svg\n"
                "%s",
                tool::kBenchUsage);
-  return 2;
+  return asked ? 0 : 2;
 }
 
 int run(std::vector<std::string> args) {
   if (args.empty()) return usage();
+  if (std::find(args.begin(), args.end(), "--help") != args.end() || args[0] == "-h" || args[0] == "help")
+    return usage(true);
   const std::string command = args[0];
   args.erase(args.begin());
   if (command == "info") {

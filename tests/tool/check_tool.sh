@@ -60,4 +60,8 @@ if "$tool" bench --threads 0 2>"$work/error.txt"; then exit 1; fi
 grep -q "between 1 and 1024" "$work/error.txt"
 if "$tool" bench --seconds -1 2>"$work/error.txt"; then exit 1; fi
 grep -q "above 0" "$work/error.txt"
+# --help anywhere: the usage on stdout, status 0; no command: on stderr, status 2.
+"$tool" bench --help >"$work/help.txt"
+grep -q "cuemm bench \[--managers" "$work/help.txt"
+if "$tool" 2>/dev/null; then exit 1; fi
 echo "cuemm tool: ok"
