@@ -10,7 +10,7 @@
 // (1.07-1.10x on that workload). The pool's dedicated_size option sets the
 // threshold (4 MiB unless changed: on the workload up to 4 MiB, means over
 // seeds 1-8 on the simulated driver read 1.32 with 1 MiB, 1.38 with 2 MiB,
-// whose pages round 1-4 MiB blocks up by a third on average, 1.23 with 4 MiB
+// whose 2 MiB pages round such blocks up by about 40% on average, 1.23 with 4 MiB
 // and 1.24 with 8 MiB). A freed segment becomes a spare for
 // a later request of the same size or up to 1/8 smaller; the pool gives the
 // largest spares back to the driver before it takes a new segment, so spares
