@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "util/byte_size.hpp"
+
 namespace cuemm {
 namespace {
 
@@ -31,18 +33,12 @@ std::string error_name(cuda::CUresult code) {
 }
 
 std::string describe_bytes(std::size_t bytes) {
-  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double value = static_cast<double>(bytes);
-  int unit = 0;
-  while (value >= 1024.0 && unit < 5) {
-    value /= 1024.0;
-    ++unit;
-  }
+  const util::ScaledBytes scaled = util::scale_byte_size(bytes);
   char text[64];
-  if (unit == 0) {
+  if (bytes < 1024) {
     std::snprintf(text, sizeof text, "%zu bytes", bytes);
   } else {
-    std::snprintf(text, sizeof text, "%.2f %s (%zu bytes)", value, kUnits[unit], bytes);
+    std::snprintf(text, sizeof text, "%.2f %s (%zu bytes)", scaled.value, scaled.unit, bytes);
   }
   return text;
 }

@@ -23,6 +23,7 @@
 #include "cuemm/cuemm.hpp"
 #include "cuemm/driver/driver.hpp"
 #include "tool_options.hpp"
+#include "util/byte_size.hpp"
 
 namespace cuemm::tool {
 
@@ -106,17 +107,13 @@ std::optional<std::vector<double>> ns_per_pair(const Pair& pair, Context& contex
   return windows;
 }
 
+// "64 KiB", "1.5 MiB": a column's heading.
 std::string size_label(std::size_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int unit = 0;
-  double value = static_cast<double>(bytes);
-  while (value >= 1024 && unit < 4) {
-    value /= 1024;
-    ++unit;
-  }
+  const util::ScaledBytes scaled = util::scale_byte_size(bytes);
   char text[32];
-  std::snprintf(text, sizeof text, value == static_cast<double>(static_cast<std::size_t>(value)) ? "%.0f %s" : "%.1f %s",
-                value, units[unit]);
+  std::snprintf(text, sizeof text, scaled.value == static_cast<double>(static_cast<std::size_t>(scaled.value))
+                                       ? "%.0f %s" : "%.1f %s",
+                scaled.value, scaled.unit);
   return text;
 }
 
@@ -135,7 +132,7 @@ struct Subject {
   Pair pair;
 };
 
-Subject make_subject(const std::string& name, Context& context) {
+Subject make_subject(const std::string& name, Context& context, const std::string& adaptors) {
   if (name == "cuMemAlloc") {
     return {name, nullptr, [](std::size_t size) {
               cuda::CUdeviceptr pointer = 0;
@@ -150,7 +147,7 @@ Subject make_subject(const std::string& name, Context& context) {
     throw InvalidArgument("--managers: no manager is called '" + name + "' (there are: " + known + ")");
   }
   std::shared_ptr<BaseMemoryManager> manager =
-      wrap_with_adaptors(&context, make_bundled_memory_manager(name, &context), adaptors_from_environment());
+      wrap_with_adaptors(&context, make_bundled_memory_manager(name, &context), adaptors);
   manager->initialize();
   BaseMemoryManager* raw = manager.get();
   return {name, manager, [raw](std::size_t size) { raw->memalloc(size); }};
@@ -170,30 +167,23 @@ int bench_command(std::vector<std::string> args) {
     if (thread_counts.back() == 0 || thread_counts.back() > 1024)
       throw InvalidArgument("--threads must be between 1 and 1024 each (got '" + text + "')");
   }
-  const auto seconds_option = [&](const std::string& name, const std::string& fallback) {
-    const std::string text = option(args, name, fallback);
-    char* end = nullptr;
-    const double value = std::strtod(text.c_str(), &end);
-    if (end == text.c_str() || *end || !(value > 0) || value > 60)
-      throw InvalidArgument(name + " must be a time above 0 and at most 60 seconds (got '" + text + "')");
-    return value;
-  };
-  const double seconds = seconds_option("--seconds", "0.05");
-  const double warm_up = seconds_option("--warm-up", "0.2");
+  const double seconds = seconds_option(args, "--seconds", "0.05");
+  const double warm_up = seconds_option(args, "--warm-up", "0.2");
   const std::size_t repeats = count_option(args, "--repeats", "3");
   if (repeats == 0) throw InvalidArgument("--repeats must be at least 1 (got 0)");
   if (!args.empty()) throw InvalidArgument("bench: unexpected argument '" + args[0] + "'");
 
   Context& context = current_context();
   ScopedContext scope(context);
+  const std::string adaptors = adaptors_from_environment();
   std::vector<Subject> subjects;
-  for (const auto& name : managers) subjects.push_back(make_subject(name, context));
+  for (const auto& name : managers) subjects.push_back(make_subject(name, context, adaptors));
 
   std::printf("ns per allocate+free pair (memalloc, then its pointer released), median of %zu windows of %g s "
               "after %g s of warm-up,\nfrom the same threads; with several threads, wall time over the pairs of all "
               "threads. Driver: %s; adaptors: %s.\n",
               repeats, seconds, warm_up, simulation::active() ? "simulated" : "cuda",
-              adaptors_from_environment().empty() ? "none" : adaptors_from_environment().c_str());
+              adaptors.empty() ? "none" : adaptors.c_str());
   std::size_t width = 10;
   for (const auto& subject : subjects) width = std::max(width, subject.name.size() + 2);
   // results[subject][threads][size]

@@ -3,6 +3,7 @@
 // is the command's operands (or a mistake, which the caller reports).
 #pragma once
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,16 @@ inline std::size_t bytes_option(std::vector<std::string>& args, const std::strin
 
 inline std::size_t count_option(std::vector<std::string>& args, const std::string& name, const std::string& fallback) {
   return parse_count(name, option(args, name, fallback));
+}
+
+// A time in seconds, above 0 and at most a minute.
+inline double seconds_option(std::vector<std::string>& args, const std::string& name, const std::string& fallback) {
+  const std::string text = option(args, name, fallback);
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || *end || !(value > 0) || value > 60)
+    throw InvalidArgument(name + " must be a time above 0 and at most 60 seconds (got '" + text + "')");
+  return value;
 }
 
 // "a,b,c" -> {"a", "b", "c"}; an empty item is an error that names the option.

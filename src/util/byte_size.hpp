@@ -41,4 +41,21 @@ inline std::optional<std::size_t> parse_whole_number(const std::string& text) {
   return number;
 }
 
+// The other way: bytes as a value of the largest binary unit it reaches
+// (1536 -> 1.5 KiB), for messages and tables to print as they need.
+struct ScaledBytes {
+  double value;
+  const char* unit;  // "B", "KiB", ... "PiB"
+};
+inline ScaledBytes scale_byte_size(std::size_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024.0 && unit < 5) {
+    value /= 1024.0;
+    ++unit;
+  }
+  return {value, kUnits[unit]};
+}
+
 }  // namespace cuemm::util
