@@ -5,11 +5,9 @@ a line of the values by size, for scripts that summarise a run.
 """
 import argparse
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_numba import interleaved_summary  # noqa: E402
+from bench_numba import interleaved_summary  # (a script's own folder is on sys.path)
 
 KINDS = {"device_array": "interleaved", "pinned_array": "interleaved-pinned", "mapped_array": "interleaved-mapped"}
 

@@ -217,7 +217,8 @@ def main():
                   "ns per allocation or free, one thread: 10,000 operations an iteration, of random sizes (the workload of "
                   "`cuemm random` and of the fragmentation table below, seed 1), each an allocation or a free of a "
                   "random live block.", "",
-                  "| allocator | " + " | ".join(label for _, label in workloads) + " |", "|---|---|---|"]
+                  "| allocator | " + " | ".join(label for _, label in workloads) + " |",
+                  "|---|" + "---|" * len(workloads)]
         rates = medians(runs, "items_per_second")  # operations a second
         for label, name in random_rows:
             per_second = [rates.get(f"{name}/{w}/real_time") for w, _ in workloads]
