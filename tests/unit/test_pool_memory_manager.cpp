@@ -4,6 +4,7 @@
 #include <random>
 #include <thread>
 
+#include "cuemm/managers/detail/size_classes.hpp"
 #include "support/test_support.hpp"
 
 using namespace cuemm;
@@ -29,6 +30,24 @@ class Pool : public ::testing::Test {
   }
 };
 }  // namespace
+
+// Every cached size gets the smallest class that holds it, at most 12.5% over
+// it beyond 4 KiB (256-byte steps below), whatever arithmetic computes it.
+TEST(SizeClasses, EverySizeGetsTheSmallestClassThatHoldsIt) {
+  EXPECT_EQ(detail::size_class_of(0), -1);
+  EXPECT_EQ(detail::size_class_of(detail::kLargestCachedSize + 1), -1);
+  for (std::size_t size = 1; size <= detail::kLargestCachedSize; ++size) {
+    const int size_class = detail::size_class_of(size);
+    ASSERT_GE(size_class, 0) << size;
+    ASSERT_LT(size_class, detail::kSizeClassCount) << size;
+    const std::size_t bytes = detail::size_class_bytes(size_class);
+    ASSERT_GE(bytes, size) << size;
+    if (size_class > 0) {
+      ASSERT_LT(detail::size_class_bytes(size_class - 1), size) << size;
+    }
+    ASSERT_LE(bytes, size <= detail::kLinearClassLimit ? size + 255 : size + size / 8) << size;
+  }
+}
 
 TEST_F(Pool, IsABundledManager) {
   const auto names = bundled_memory_managers();
