@@ -450,11 +450,13 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   std::size_t largest_request_grown_for = 0;  // by grow()
   std::vector<std::unique_ptr<ThreadCache>> caches;
   int defer_depth = 0;
-  std::atomic<std::int64_t> last_seal{0};  // steady_clock ticks
   cuda::CUevent ordering_event = nullptr;  // order_after()'s
+  // Read by every thread's pairs, written seldom: a line of their own, away
+  // from the fields written under `mutex` and from last_seal.
   // Large frees that did not go through their thread's lent blocks (ThreadCache::Lent).
-  std::atomic<std::uint64_t> large_frees_elsewhere{0};
+  alignas(64) std::atomic<std::uint64_t> large_frees_elsewhere{0};
   std::atomic<bool> retired{false};
+  alignas(64) std::atomic<std::int64_t> last_seal{0};  // steady_clock ticks; written at each seal
 
   Core(Context* context_, PoolOptions options_) : context(context_), options(options_) {}
 

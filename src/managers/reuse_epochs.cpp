@@ -43,7 +43,7 @@ void ReuseEpochs::seal_through(std::uint64_t epoch) noexcept {
   // H100's host, and 16 threads of large pairs queued behind each other.
   // (A holder that waits for the GPU is slept on after a while.)
   std::unique_lock lock(mutex_, std::defer_lock);
-  for (int tries = 0; !lock.try_lock(); ++tries) {
+  for (int tries = 0; sealing_.load(std::memory_order_relaxed) || !lock.try_lock(); ++tries) {
     if (tries == 0) before_blocking();
     // Watch `safe_` (a read, so the sealer's lock and its writes stay in
     // its own cache), trying the lock now and then.
@@ -71,6 +71,11 @@ void ReuseEpochs::seal_through(std::uint64_t epoch) noexcept {
 
 void ReuseEpochs::seal_locked() noexcept {
   if (!freed_since_seal_.exchange(false)) return;
+  sealing_.store(true, std::memory_order_relaxed);
+  struct Done {
+    std::atomic<bool>& sealing;
+    ~Done() { sealing.store(false, std::memory_order_release); }
+  } done{sealing_};
   seals_.store(seals_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   const std::uint64_t closed = open_.fetch_add(1);
   Sealed entry{closed, nullptr};
