@@ -14,6 +14,8 @@
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <type_traits>
+#include <vector>
 
 #include "benchmark_sizes.hpp"
 #include "cuemm/cuemm.hpp"
@@ -56,8 +58,29 @@ void AllocateFree(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 
+// The most bytes a new pool reserves along `operations`, sampled after each
+// one (as `cuemm random` does), untimed; once a workload.
+std::size_t pool_peak_reserved(const std::vector<cuemm::workload::RandomOperation>& operations) {
+  static std::map<const void*, std::size_t> peaks;
+  if (const auto known = peaks.find(&operations); known != peaks.end()) return known->second;
+  std::size_t peak = 0;
+  {
+    cuemm::PoolMemoryManager pool(&context());
+    pool.initialize();
+    std::vector<std::shared_ptr<cuemm::MemoryPointer>> live(operations.size());
+    for (const auto& operation : operations) {
+      if (operation.allocate)
+        live[operation.id] = pool.memalloc(operation.size);
+      else
+        live[operation.id].reset();
+      peak = std::max(peak, pool.statistics().reserved_bytes);
+    }
+  }
+  return peaks[&operations] = peak;
+}
+
 // RMM's random-allocations workload through a manager's memalloc (ns per
-// allocation or free).
+// allocation or free); for the pool, with its peak reserved over peak live.
 template <typename Manager>
 void RandomAllocations(benchmark::State& state) {
   Manager& manager = shared_manager<Manager>();
@@ -65,6 +88,8 @@ void RandomAllocations(benchmark::State& state) {
   run_random_workload<std::shared_ptr<cuemm::MemoryPointer>>(
       state, [&](std::size_t size) { return manager.memalloc(size); },
       [](std::shared_ptr<cuemm::MemoryPointer>& memory) { memory.reset(); });
+  if constexpr (std::is_same_v<Manager, cuemm::PoolMemoryManager>)
+    report_peak_reserved(state, pool_peak_reserved(random_workload_of(state)));
 }
 
 // The pool under the statistics adaptor, as the Numba bridge runs it: what
@@ -158,10 +183,16 @@ void DriverPoolAllocateFree(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 
-// The same workload through the driver's pool, on the thread's per-thread default stream.
+// The same workload through the driver's pool, on the thread's per-thread
+// default stream, from an empty pool, with the pool's high-water mark of
+// reserved bytes.
 void DriverPoolRandomAllocations(benchmark::State& state) {
   const cuemm::cuda::CUmemoryPool pool = driver_pool();
   cuemm::ScopedContext scope(context());
+  CUEMM_CU(cuStreamSynchronize, cuemm::cuda::CU_STREAM_PER_THREAD);
+  CUEMM_CU(cuMemPoolTrimTo, pool, 0);
+  std::uint64_t reserved_high = 0;  // (setting it resets the mark)
+  CUEMM_CU(cuMemPoolSetAttribute, pool, cuemm::cuda::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &reserved_high);
   run_random_workload<cuemm::cuda::CUdeviceptr>(
       state,
       [&](std::size_t size) {
@@ -171,6 +202,8 @@ void DriverPoolRandomAllocations(benchmark::State& state) {
       },
       [](cuemm::cuda::CUdeviceptr pointer) { CUEMM_CU(cuMemFreeAsync, pointer, cuemm::cuda::CU_STREAM_PER_THREAD); });
   CUEMM_CU(cuStreamSynchronize, cuemm::cuda::CU_STREAM_PER_THREAD);
+  CUEMM_CU(cuMemPoolGetAttribute, pool, cuemm::cuda::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &reserved_high);
+  report_peak_reserved(state, reserved_high);
 }
 
 // Allocation between kernels: on each of 4 streams in turn (one per

@@ -20,11 +20,17 @@ void TorchRawAllocFree(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 
-// RMM's random-allocations workload (benchmark_sizes.hpp).
+// RMM's random-allocations workload (benchmark_sizes.hpp), from an empty
+// cache, with the allocator's own high-water mark of reserved bytes.
 void TorchRandomAllocations(benchmark::State& state) {
+  namespace allocator = c10::cuda::CUDACachingAllocator;
+  allocator::emptyCache();
+  allocator::resetPeakStats(0);
   run_random_workload<void*>(
-      state, [](std::size_t size) { return c10::cuda::CUDACachingAllocator::raw_alloc(size); },
-      [](void* pointer) { c10::cuda::CUDACachingAllocator::raw_delete(pointer); });
+      state, [](std::size_t size) { return allocator::raw_alloc(size); },
+      [](void* pointer) { allocator::raw_delete(pointer); });
+  // reserved_bytes[0]: all pools together (StatType::AGGREGATE).
+  report_peak_reserved(state, static_cast<std::size_t>(allocator::getDeviceStats(0).reserved_bytes[0].peak));
 }
 
 }  // namespace

@@ -28,13 +28,27 @@ inline void set_random_workloads(benchmark::internal::Benchmark* benchmark) {
 // Runs the workload of state.range(0) (largest size) and range(1) (live cap)
 // once an iteration: `allocate(size)` gives a Handle, `release(handle)` frees
 // it; what is still live at the end is released untimed.
-template <typename Handle, typename Allocate, typename Release>
-void run_random_workload(benchmark::State& state, Allocate&& allocate, Release&& release) {
+// The operations of that workload (seed 1).
+inline const std::vector<cuemm::workload::RandomOperation>& random_workload_of(const benchmark::State& state) {
   static std::map<std::pair<long, long>, std::vector<cuemm::workload::RandomOperation>> workloads;
   auto& operations = workloads[{state.range(0), state.range(1)}];
   if (operations.empty())
     operations = cuemm::workload::random_operations(static_cast<std::size_t>(state.range(0)), kRandomOperations,
                                                     static_cast<std::size_t>(state.range(1)), 1);
+  return operations;
+}
+
+// The price of an allocator's speed on the workload: the most bytes it held
+// from the driver over the most bytes live ("peak_reserved_over_live").
+inline void report_peak_reserved(benchmark::State& state, std::size_t peak_reserved) {
+  const std::size_t peak_live = cuemm::workload::peak_live_bytes(random_workload_of(state));
+  state.counters["peak_reserved_over_live"] =
+      peak_live ? static_cast<double>(peak_reserved) / static_cast<double>(peak_live) : 0.0;
+}
+
+template <typename Handle, typename Allocate, typename Release>
+void run_random_workload(benchmark::State& state, Allocate&& allocate, Release&& release) {
+  const auto& operations = random_workload_of(state);
   std::vector<Handle> handles(operations.size());
   std::vector<bool> live(operations.size());
   for (auto _ : state) {

@@ -225,6 +225,21 @@ def main():
             cells = [fmt(1e9 / rate) if rate else "-" for rate in per_second]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("")
+        # What the speed costs in memory, where the allocator can say.
+        ratios = medians(runs, "peak_reserved_over_live")
+        reporting = [(label, name) for label, name in random_rows
+                     if any(f"{name}/{w}/real_time" in ratios for w, _ in workloads)]
+        if reporting:
+            lines += ["Peak reserved over peak live bytes on the same workload: the driver's pool and PyTorch's "
+                      "allocator by their own high-water marks (each from empty), the pool sampled after every "
+                      "operation on a new pool (as `cuemm random`).", "",
+                      "| allocator | " + " | ".join(label for _, label in workloads) + " |",
+                      "|---|" + "---|" * len(workloads)]
+            for label, name in reporting:
+                cells = [f"{ratios[f'{name}/{w}/real_time']:.2f}" if f"{name}/{w}/real_time" in ratios else "-"
+                         for w, _ in workloads]
+                lines.append(f"| {label} | " + " | ".join(cells) + " |")
+            lines.append("")
     lines += ["## Pinned host memory (C++)", "", "| size | cuMemHostAlloc + cuMemFreeHost | pinned host pool | ratio |",
               "|---|---|---|---|"]
     for s in (4096, 1048576, 67108864):

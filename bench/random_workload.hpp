@@ -45,4 +45,14 @@ inline std::vector<RandomOperation> random_operations(std::size_t max_size, std:
   return operations;
 }
 
+// The most bytes live at once along `operations`.
+inline std::size_t peak_live_bytes(const std::vector<RandomOperation>& operations) {
+  std::size_t live = 0, peak = 0;
+  for (const RandomOperation& operation : operations) {
+    live = operation.allocate ? live + operation.size : live - operation.size;
+    peak = live > peak ? live : peak;
+  }
+  return peak;
+}
+
 }  // namespace cuemm::workload
