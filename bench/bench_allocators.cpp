@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <type_traits>
 #include <vector>
@@ -58,27 +59,6 @@ void AllocateFree(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 
-// The most bytes a new pool reserves along `operations`, sampled after each
-// one (as `cuemm random` does), untimed; once a workload.
-std::size_t pool_peak_reserved(const std::vector<cuemm::workload::RandomOperation>& operations) {
-  static std::map<const void*, std::size_t> peaks;
-  if (const auto known = peaks.find(&operations); known != peaks.end()) return known->second;
-  std::size_t peak = 0;
-  {
-    cuemm::PoolMemoryManager pool(&context());
-    pool.initialize();
-    std::vector<std::shared_ptr<cuemm::MemoryPointer>> live(operations.size());
-    for (const auto& operation : operations) {
-      if (operation.allocate)
-        live[operation.id] = pool.memalloc(operation.size);
-      else
-        live[operation.id].reset();
-      peak = std::max(peak, pool.statistics().reserved_bytes);
-    }
-  }
-  return peaks[&operations] = peak;
-}
-
 // RMM's random-allocations workload through a manager's memalloc (ns per
 // allocation or free); for the pool, with its peak reserved over peak live.
 template <typename Manager>
@@ -88,8 +68,30 @@ void RandomAllocations(benchmark::State& state) {
   run_random_workload<std::shared_ptr<cuemm::MemoryPointer>>(
       state, [&](std::size_t size) { return manager.memalloc(size); },
       [](std::shared_ptr<cuemm::MemoryPointer>& memory) { memory.reset(); });
-  if constexpr (std::is_same_v<Manager, cuemm::PoolMemoryManager>)
-    report_peak_reserved(state, pool_peak_reserved(random_workload_of(state)));
+  if constexpr (std::is_same_v<Manager, cuemm::PoolMemoryManager>) {
+    // A new pool, sampled after every operation (as `cuemm random`): the pool keeps no high-water mark.
+    std::optional<cuemm::PoolMemoryManager> fresh;
+    std::size_t peak = 0;
+    report_random_workload_memory<std::shared_ptr<cuemm::MemoryPointer>>(
+        state,
+        [&](std::size_t size) {
+          auto memory = fresh->memalloc(size);
+          peak = std::max(peak, fresh->statistics().reserved_bytes);
+          return memory;
+        },
+        [&](std::shared_ptr<cuemm::MemoryPointer>& memory) {
+          memory.reset();
+          peak = std::max(peak, fresh->statistics().reserved_bytes);
+        },
+        [&] {
+          fresh.emplace(&context());
+          fresh->initialize();
+        },
+        [&] {
+          fresh.reset();
+          return peak;
+        });
+  }
 }
 
 // The pool under the statistics adaptor, as the Numba bridge runs it: what
@@ -189,21 +191,29 @@ void DriverPoolAllocateFree(benchmark::State& state) {
 void DriverPoolRandomAllocations(benchmark::State& state) {
   const cuemm::cuda::CUmemoryPool pool = driver_pool();
   cuemm::ScopedContext scope(context());
+  auto allocate = [&](std::size_t size) {
+    cuemm::cuda::CUdeviceptr pointer = 0;
+    CUEMM_CU(cuMemAllocFromPoolAsync, &pointer, size, pool, cuemm::cuda::CU_STREAM_PER_THREAD);
+    return pointer;
+  };
+  auto release = [](cuemm::cuda::CUdeviceptr pointer) {
+    CUEMM_CU(cuMemFreeAsync, pointer, cuemm::cuda::CU_STREAM_PER_THREAD);
+  };
+  run_random_workload<cuemm::cuda::CUdeviceptr>(state, allocate, release);
   CUEMM_CU(cuStreamSynchronize, cuemm::cuda::CU_STREAM_PER_THREAD);
-  CUEMM_CU(cuMemPoolTrimTo, pool, 0);
-  std::uint64_t reserved_high = 0;  // (setting it resets the mark)
-  CUEMM_CU(cuMemPoolSetAttribute, pool, cuemm::cuda::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &reserved_high);
-  run_random_workload<cuemm::cuda::CUdeviceptr>(
-      state,
-      [&](std::size_t size) {
-        cuemm::cuda::CUdeviceptr pointer = 0;
-        CUEMM_CU(cuMemAllocFromPoolAsync, &pointer, size, pool, cuemm::cuda::CU_STREAM_PER_THREAD);
-        return pointer;
+  report_random_workload_memory<cuemm::cuda::CUdeviceptr>(
+      state, allocate, release,
+      [&] {
+        CUEMM_CU(cuMemPoolTrimTo, pool, 0);
+        std::uint64_t zero = 0;  // (setting the mark resets it)
+        CUEMM_CU(cuMemPoolSetAttribute, pool, cuemm::cuda::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &zero);
       },
-      [](cuemm::cuda::CUdeviceptr pointer) { CUEMM_CU(cuMemFreeAsync, pointer, cuemm::cuda::CU_STREAM_PER_THREAD); });
-  CUEMM_CU(cuStreamSynchronize, cuemm::cuda::CU_STREAM_PER_THREAD);
-  CUEMM_CU(cuMemPoolGetAttribute, pool, cuemm::cuda::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &reserved_high);
-  report_peak_reserved(state, reserved_high);
+      [&] {
+        CUEMM_CU(cuStreamSynchronize, cuemm::cuda::CU_STREAM_PER_THREAD);
+        std::uint64_t high = 0;
+        CUEMM_CU(cuMemPoolGetAttribute, pool, cuemm::cuda::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &high);
+        return static_cast<std::size_t>(high);
+      });
 }
 
 // Allocation between kernels: on each of 4 streams in turn (one per

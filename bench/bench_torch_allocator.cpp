@@ -20,17 +20,21 @@ void TorchRawAllocFree(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 
-// RMM's random-allocations workload (benchmark_sizes.hpp), from an empty
-// cache, with the allocator's own high-water mark of reserved bytes.
+// RMM's random-allocations workload (benchmark_sizes.hpp), then the
+// allocator's own high-water mark of reserved bytes over one pass from empty.
 void TorchRandomAllocations(benchmark::State& state) {
   namespace allocator = c10::cuda::CUDACachingAllocator;
-  allocator::emptyCache();
-  allocator::resetPeakStats(0);
-  run_random_workload<void*>(
-      state, [](std::size_t size) { return allocator::raw_alloc(size); },
-      [](void* pointer) { allocator::raw_delete(pointer); });
-  // reserved_bytes[0]: all pools together (StatType::AGGREGATE).
-  report_peak_reserved(state, static_cast<std::size_t>(allocator::getDeviceStats(0).reserved_bytes[0].peak));
+  auto allocate = [](std::size_t size) { return allocator::raw_alloc(size); };
+  auto release = [](void* pointer) { allocator::raw_delete(pointer); };
+  run_random_workload<void*>(state, allocate, release);
+  report_random_workload_memory<void*>(
+      state, allocate, release,
+      [] {
+        allocator::emptyCache();
+        allocator::resetPeakStats(0);
+      },
+      // reserved_bytes[0]: all pools together (StatType::AGGREGATE).
+      [] { return static_cast<std::size_t>(allocator::getDeviceStats(0).reserved_bytes[0].peak); });
 }
 
 }  // namespace

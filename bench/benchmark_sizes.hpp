@@ -70,3 +70,32 @@ void run_random_workload(benchmark::State& state, Allocate&& allocate, Release&&
   }
   state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(operations.size()));
 }
+
+// After the timed runs, once a workload and allocator, untimed: `empty()`
+// gives the allocator's cached memory back and resets its high-water mark,
+// one pass of the workload runs, and `peak()` reads the mark, reported as
+// peak_reserved_over_live. (Emptying before the timed runs would time the
+// first pass's driver allocations too.)
+template <typename Handle, typename Allocate, typename Release, typename Empty, typename Peak>
+void report_random_workload_memory(benchmark::State& state, Allocate&& allocate, Release&& release, Empty&& empty,
+                                   Peak&& peak) {
+  static std::map<const void*, std::size_t> measured;  // workload -> peak reserved (one per instantiation)
+  const auto& operations = random_workload_of(state);
+  auto known = measured.find(&operations);
+  if (known == measured.end()) {
+    empty();
+    std::vector<Handle> handles(operations.size());
+    std::vector<bool> live(operations.size());
+    for (const auto& operation : operations) {
+      if (operation.allocate)
+        handles[operation.id] = allocate(operation.size);
+      else
+        release(handles[operation.id]);
+      live[operation.id] = operation.allocate;
+    }
+    for (std::size_t id = 0; id < handles.size(); ++id)
+      if (live[id]) release(handles[id]);
+    known = measured.emplace(&operations, peak()).first;
+  }
+  report_peak_reserved(state, known->second);
+}
