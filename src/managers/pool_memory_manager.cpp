@@ -242,6 +242,24 @@ struct ThreadCache {
   void add_bytes(std::size_t n) noexcept { util::add_own(bytes, n); }
   void remove_bytes(std::size_t n) noexcept { util::subtract_own(bytes, n); }
 
+  // A free into its class's ring, or stream-ordered bin; the caller checked
+  // that there is room.
+  void push_to_ring(int size_class, std::uintptr_t address, std::uint64_t epoch) noexcept {
+    Bin& bin = bins[size_class];
+    bin.at(bin.count) = {address, epoch};
+    bin.last_free = ++free_serial;
+    ++bin.count;
+    ++bin.frees_since_advance;
+    ++frees_since_advance;
+    add_bytes(detail::size_class_bytes(size_class));
+  }
+  void push_ordered(int size_class, std::uintptr_t address) noexcept {
+    OrderedBin& bin = ordered[size_class];
+    bin.last_free = ++free_serial;
+    bin.slots[bin.count++] = address;
+    add_bytes(detail::size_class_bytes(size_class));
+  }
+
   // Removes the oldest `count` stream-ordered blocks of a class into `out`,
   // tagged with `epoch`.
   std::size_t take_oldest_ordered(int size_class, std::uint32_t count, std::uint64_t epoch, Freed* out) noexcept {
@@ -1218,12 +1236,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     ThreadCache::Bin& bin = cache.bins[size_class];
     if (bin.count == bin.capacity || cache.bytes.load(std::memory_order_relaxed) + class_bytes > cache.budget)
       return false;
-    bin.at(bin.count) = {address, epoch};
-    bin.last_free = ++cache.free_serial;
-    ++bin.count;
-    ++bin.frees_since_advance;
-    ++cache.frees_since_advance;
-    cache.add_bytes(class_bytes);
+    cache.push_to_ring(size_class, address, epoch);
     return true;
   }
 
@@ -1243,12 +1256,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       else if (cache->bytes.load(std::memory_order_relaxed) + class_bytes > cache->budget)
         spill_class = cache->spill_stalest(size_class, epoch, spilled.data(), spill_count);
       if (bin.count < bin.capacity) {
-        bin.at(bin.count) = {address, epoch};
-        bin.last_free = ++cache->free_serial;
-        ++bin.count;
-        ++bin.frees_since_advance;
-        ++cache->frees_since_advance;
-        cache->add_bytes(class_bytes);
+        cache->push_to_ring(size_class, address, epoch);
         address = 0;
       }
     }
@@ -1321,9 +1329,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     ThreadCache::OrderedBin& bin = cache.ordered[size_class];
     if (bin.count == bin.capacity || cache.bytes.load(std::memory_order_relaxed) + class_bytes > cache.budget)
       return false;
-    bin.last_free = ++cache.free_serial;
-    bin.slots[bin.count++] = address;
-    cache.add_bytes(class_bytes);
+    cache.push_ordered(size_class, address);
     return true;
   }
 
@@ -1342,9 +1348,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       else if (cache.bytes.load(std::memory_order_relaxed) + class_bytes > cache.budget)
         spill_class = cache.spill_stalest(size_class, epochs.tag(), spilled.data(), spill_count);
       if (bin.count < bin.capacity) {
-        bin.last_free = ++cache.free_serial;
-        bin.slots[bin.count++] = address;
-        cache.add_bytes(class_bytes);
+        cache.push_ordered(size_class, address);
         address = 0;
       }
     }
