@@ -12,6 +12,9 @@ namespace cuemm::detail {
 namespace {
 // Waiting for another thread's seal (a stream query: 0.3-1 us): pauses of
 // ~50 ns first, then yields too, then sleep on the lock.
+// Pauses between two looks at the lock: on the H100, 16 threads of 64 MiB
+// pairs read 16.5-18.9 ns a pair with 16, the same with 32, 19.0 with 64,
+// 29.5 with 4 and 36.2 with 1 (looking more often slowed the sealer).
 constexpr int kPausesBetweenTries = 16;
 constexpr int kTriesBeforeYielding = 64;
 constexpr int kTriesBeforeSleeping = 1000;
