@@ -25,9 +25,6 @@ inline void set_random_workloads(benchmark::internal::Benchmark* benchmark) {
   benchmark->Args({4L << 20, 512L << 20})->Args({64L << 20, 1L << 30})->UseRealTime();
 }
 
-// Runs the workload of state.range(0) (largest size) and range(1) (live cap)
-// once an iteration: `allocate(size)` gives a Handle, `release(handle)` frees
-// it; what is still live at the end is released untimed.
 // The operations of that workload (seed 1).
 inline const std::vector<cuemm::workload::RandomOperation>& random_workload_of(const benchmark::State& state) {
   static std::map<std::pair<long, long>, std::vector<cuemm::workload::RandomOperation>> workloads;
@@ -46,26 +43,40 @@ inline void report_peak_reserved(benchmark::State& state, std::size_t peak_reser
       peak_live ? static_cast<double>(peak_reserved) / static_cast<double>(peak_live) : 0.0;
 }
 
+// One pass of `operations`: `allocate(size)` gives a Handle, `release(handle)`
+// frees it; `live` then says which handles are still out.
+template <typename Handle, typename Allocate, typename Release>
+void run_operations(const std::vector<cuemm::workload::RandomOperation>& operations, std::vector<Handle>& handles,
+                    std::vector<bool>& live, Allocate& allocate, Release& release) {
+  for (const auto& operation : operations) {
+    if (operation.allocate)
+      handles[operation.id] = allocate(operation.size);
+    else
+      release(handles[operation.id]);
+    live[operation.id] = operation.allocate;
+  }
+}
+
+// Releases what a pass left out.
+template <typename Handle, typename Release>
+void release_live(std::vector<Handle>& handles, std::vector<bool>& live, Release& release) {
+  for (std::size_t id = 0; id < handles.size(); ++id) {
+    if (live[id]) release(handles[id]);
+    live[id] = false;
+  }
+}
+
+// Runs the workload of state.range(0) (largest size) and range(1) (live cap)
+// once an iteration; what is still live at the end is released untimed.
 template <typename Handle, typename Allocate, typename Release>
 void run_random_workload(benchmark::State& state, Allocate&& allocate, Release&& release) {
   const auto& operations = random_workload_of(state);
   std::vector<Handle> handles(operations.size());
   std::vector<bool> live(operations.size());
   for (auto _ : state) {
-    for (const auto& operation : operations) {
-      if (operation.allocate) {
-        handles[operation.id] = allocate(operation.size);
-        live[operation.id] = true;
-      } else {
-        release(handles[operation.id]);
-        live[operation.id] = false;
-      }
-    }
+    run_operations(operations, handles, live, allocate, release);
     state.PauseTiming();
-    for (std::size_t id = 0; id < handles.size(); ++id) {
-      if (live[id]) release(handles[id]);
-      live[id] = false;
-    }
+    release_live(handles, live, release);
     state.ResumeTiming();
   }
   state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(operations.size()));
@@ -86,15 +97,8 @@ void report_random_workload_memory(benchmark::State& state, Allocate&& allocate,
     empty();
     std::vector<Handle> handles(operations.size());
     std::vector<bool> live(operations.size());
-    for (const auto& operation : operations) {
-      if (operation.allocate)
-        handles[operation.id] = allocate(operation.size);
-      else
-        release(handles[operation.id]);
-      live[operation.id] = operation.allocate;
-    }
-    for (std::size_t id = 0; id < handles.size(); ++id)
-      if (live[id]) release(handles[id]);
+    run_operations(operations, handles, live, allocate, release);
+    release_live(handles, live, release);
     known = measured.emplace(&operations, peak()).first;
   }
   report_peak_reserved(state, known->second);
