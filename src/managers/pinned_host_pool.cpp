@@ -23,6 +23,7 @@
 #include "cuemm/threading/blocking_hook.hpp"
 #include "threading/owner_biased_lock.hpp"
 #include "util/owned_counter.hpp"
+#include "util/round_up.hpp"
 #include "util/thread_slots.hpp"
 
 namespace cuemm {
@@ -55,7 +56,7 @@ std::size_t host_block_size(std::size_t size) {
   if (size <= kSmallestHostBlock) return kSmallestHostBlock;
   const std::size_t power = std::size_t{1} << (std::bit_width(size - 1) - 1);
   const std::size_t step = power / 4;
-  return (size + step - 1) & ~(step - 1);  // a power of two: a mask, not a division
+  return util::round_up(size, step);
 }
 
 // The device address of mapped host memory that was just allocated or
