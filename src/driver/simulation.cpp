@@ -40,6 +40,8 @@ std::uint64_t live_allocations(AllocationKind kind) {
   return control<unsigned long long (*)(int)>("cuemmSimLiveAllocations")(static_cast<int>(kind));
 }
 
+std::uint64_t live_streams() { return control<unsigned long long (*)()>("cuemmSimLiveStreams")(); }
+
 std::uint64_t device_bytes_in_use(int device) {
   return control<unsigned long long (*)(int)>("cuemmSimDeviceBytesInUse")(device);
 }

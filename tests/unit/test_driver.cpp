@@ -1,4 +1,6 @@
 // The driver layer: errors carry the code, its name and the call.
+#include <thread>
+
 #include "support/test_support.hpp"
 
 using namespace cuemm;
@@ -53,4 +55,33 @@ TEST(Driver, TheSimulationCountsCalls) {
   for (int i = 0; i < 3; ++i) CUEMM_CU(cuMemGetInfo, &free, &total);
   EXPECT_EQ(simulation::call_count("cuMemGetInfo"), 3u);
   EXPECT_EQ(simulation::call_count("cuMemAlloc"), 0u);
+}
+
+// A thread's per-thread default stream ends with the thread, once its work has
+// run: kept, every operation on the legacy stream would wait on the streams of
+// threads long gone.
+TEST(Driver, ASimulatedPerThreadStreamEndsWithItsThread) {
+  CUEMM_REQUIRE_SIMULATION();
+  Context& context = current_context();
+  ScopedContext scope(context);
+  const std::uint64_t streams_before = simulation::live_streams();
+  constexpr std::uint64_t kCount = 1024;
+  cuda::CUdeviceptr words = 0;
+  CUEMM_CU(cuMemAlloc, &words, kCount * 4);
+  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
+  std::uint64_t streams_while_running = 0;
+  std::thread worker([&] {
+    ScopedContext worker_scope(context);
+    // Still running when the thread ends: the end waits for it.
+    module.function("cuemm_spin_fill_u32")
+        .launch({1}, {256}, Stream::per_thread_default(), words, 7u, kCount, std::uint64_t{50'000'000});
+    streams_while_running = simulation::live_streams();
+  });
+  worker.join();
+  EXPECT_EQ(streams_while_running, streams_before + 1);
+  EXPECT_EQ(simulation::live_streams(), streams_before);
+  std::vector<std::uint32_t> read(kCount);
+  CUEMM_CU(cuMemcpyDtoH, read.data(), words, kCount * 4);
+  EXPECT_EQ(read, std::vector<std::uint32_t>(kCount, 7u));
+  CUEMM_CU(cuMemFree, words);
 }

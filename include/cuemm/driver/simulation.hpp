@@ -34,5 +34,8 @@ enum class AllocationKind { Any = -1, Device = 0, Managed = 1, PinnedHost = 2, R
                             VirtualMapping = 5 };
 std::uint64_t live_allocations(AllocationKind kind = AllocationKind::Any);
 std::uint64_t device_bytes_in_use(int device);
+// Streams of every live context: those created and not destroyed, and the
+// per-thread default streams of threads still running.
+std::uint64_t live_streams();
 
 }  // namespace cuemm::simulation
