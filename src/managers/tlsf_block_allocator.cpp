@@ -62,7 +62,8 @@ void TlsfBlockAllocator::remove_free(Block* block) noexcept {
   --free_count_;
 }
 
-// The head of the first non-empty list whose every block is >= size.
+// The head of the first non-empty list whose every block is >= size; if
+// there is none, a block of size's own list that fits.
 TlsfBlockAllocator::Block* TlsfBlockAllocator::find_free(std::size_t size) noexcept {
   const int first = 63 - std::countl_zero(static_cast<std::uint64_t>(size));
   const std::size_t step = std::size_t{1} << (first - kSecondLevelBits);
@@ -72,13 +73,21 @@ TlsfBlockAllocator::Block* TlsfBlockAllocator::find_free(std::size_t size) noexc
   std::uint32_t seconds = second_level_bitmaps_[index.first] & (~0u << index.second);
   int list_first = index.first;
   if (!seconds) {
-    if (index.first + 1 >= kFirstLevels) return nullptr;
-    const std::uint64_t firsts = first_level_bitmap_ & (~std::uint64_t{0} << (index.first + 1));
-    if (!firsts) return nullptr;
+    const std::uint64_t firsts =
+        index.first + 1 >= kFirstLevels ? 0 : first_level_bitmap_ & (~std::uint64_t{0} << (index.first + 1));
+    if (!firsts) return find_in_own_list(size);
     list_first = std::countr_zero(firsts);
     seconds = second_level_bitmaps_[list_first];
   }
   return free_lists_[list_first][std::countr_zero(seconds)];
+}
+
+TlsfBlockAllocator::Block* TlsfBlockAllocator::find_in_own_list(std::size_t size) noexcept {
+  const Index index = index_of(size);
+  Block* block = free_lists_[index.first][index.second];
+  for (int looked = 0; block && looked < kOwnListLooks; block = block->next_free, ++looked)
+    if (block->size >= size) return block;
+  return nullptr;
 }
 
 void TlsfBlockAllocator::add_region(std::uintptr_t base, std::size_t size) {

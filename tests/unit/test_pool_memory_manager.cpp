@@ -420,6 +420,23 @@ TEST_F(Pool, TheMaximumSizeIsAnOutOfMemoryNamingIt) {
   EXPECT_NO_THROW(pool.memalloc(40 << 20)) << "the freed block did not come back";
 }
 
+// At its maximum, a pool serves a request from a free block that fits it
+// even when the index's good fit would look only at larger blocks (Note
+// [Two-level segregated fit]).
+TEST_F(Pool, AtItsMaximumAPoolUsesAFreeBlockThatJustFits) {
+  constexpr std::size_t kKiB = 1024, kMiB = kKiB * kKiB;
+  PoolOptions options;
+  options.maximum_size = 4 * kMiB;  // one segment
+  options.thread_cache_size = 0;    // every free goes back to the index
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  auto a = pool.memalloc(2 * kMiB + 576 * kKiB);
+  auto b = pool.memalloc(1 * kMiB);  // keeps a's block from merging with the free rest
+  a.reset();
+  EXPECT_NO_THROW(a = pool.memalloc(2 * kMiB + 544 * kKiB)) << "the freed block fits, yet the pool was out of memory";
+  EXPECT_EQ(pool.statistics().reserved_bytes, 4 * kMiB);
+}
+
 TEST_F(Pool, AnInitialSizeIsReservedAtInitialize) {
   PoolOptions options;
   options.initial_size = 96 << 20;

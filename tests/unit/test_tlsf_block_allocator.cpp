@@ -103,6 +103,23 @@ TEST(TlsfBlockAllocator, ManyFreeBlocksStillGiveAGoodFit) {
   EXPECT_EQ(allocator.block_size(*address), 4096u) << "the hole was not reused";
 }
 
+// The lists above a request hold only blocks that surely fit; when they are
+// empty, a block of the request's own list that fits must still be found
+// (the pool would otherwise grow, or fail at its maximum size).
+TEST(TlsfBlockAllocator, ABlockOfTheRequestsOwnListThatFitsIsFound) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  TlsfBlockAllocator allocator(256);
+  allocator.add_region(kBase, 3 * kMiB + 64 * 1024);
+  allocator.add_region(kBase + 8 * kMiB, 3 * kMiB + 8 * 1024);  // the same list, too small, looked at first
+  auto address = allocator.allocate(3 * kMiB + 32 * 1024);
+  ASSERT_TRUE(address) << "a free block that fits was passed over";
+  EXPECT_EQ(*address, kBase);
+  EXPECT_FALSE(allocator.allocate(3 * kMiB + 16 * 1024)) << "no free block is that large";
+  address = allocator.allocate(3 * kMiB + 8 * 1024);
+  ASSERT_TRUE(address);
+  EXPECT_EQ(*address, kBase + 8 * kMiB);
+}
+
 TEST(TlsfBlockAllocator, TakeAllRegionsForgetsEverything) {
   TlsfBlockAllocator allocator(512);
   allocator.add_region(kBase, 1 << 20);

@@ -8,7 +8,10 @@
 // first non-empty list at or above it with two bit scans, and splits the block;
 // freeing merges with free address neighbours. Both are O(1) whatever the
 // number of free blocks, and the good fit (at most 1/16 over the request before
-// the split returns the rest) keeps fragmentation low.
+// the split returns the rest) keeps fragmentation low. When no list above has
+// a block, up to kOwnListLooks blocks of the request's own list are looked at:
+// one of them may fit, and passing it over would grow the pool (or fail it at
+// its maximum size) with the block free.
 // Device memory cannot hold allocator metadata, so each block is described by
 // a host-side node; an address-to-node map finds the node on free.
 //
@@ -109,6 +112,8 @@ class TlsfBlockAllocator {
   };
   Index index_of(std::size_t size) const noexcept;
   Block* find_free(std::size_t size) noexcept;
+  Block* find_in_own_list(std::size_t size) noexcept;
+  static constexpr int kOwnListLooks = 32;  // a bound, so that allocation stays O(1)
   void insert_free(Block* block) noexcept;
   void remove_free(Block* block) noexcept;
   Block* new_block();
