@@ -677,16 +677,13 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     }
   }
 
-  // The size of a free block that the index surely finds for a request of
-  // `size`: it searches lists whose blocks are all >= size, up to 1/16 above
-  // it (Note [Two-level segregated fit]), so growth must make one that large.
-  static std::size_t free_block_found_for(std::size_t size) noexcept { return size + size / 16 + kBlockGranularity; }
-
   // Takes a new segment of at least `size` bytes from the driver. Returns
-  // false when the driver or the pool's maximum has no room.
+  // false when the driver or the pool's maximum has no room. (The index finds
+  // the new free block for a request of `size` even when it lies in the
+  // request's own list: Note [Two-level segregated fit].)
   bool grow(std::size_t size) {
     if (options.expandable) return grow_arena(size);
-    const std::size_t wanted = util::round_up(free_block_found_for(size), kSegmentGranularity);
+    const std::size_t wanted = util::round_up(size, kSegmentGranularity);
     // Growing by a sixteenth of the shared segments keeps them few while
     // reserving little more than is needed. (Measured on RMM's random
     // workload: 1/8 and 32 MiB reserved up to 1.33x the live bytes, this
@@ -731,7 +728,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     const std::uintptr_t base = arena->base();
     const std::uintptr_t end = base + arena->mapped_bytes();
     const std::size_t free_at_end = arena->mapped_bytes() ? end - blocks.free_tail(base) : 0;
-    const std::size_t wanted = free_block_found_for(size);
+    const std::size_t wanted = util::round_up(size, kBlockGranularity);
     const std::size_t step = util::round_up(wanted > free_at_end ? wanted - free_at_end : 1, arena->granularity());
     if (options.maximum_size && reserved_bytes() + step > options.maximum_size) return false;
     if (!arena->grow(step)) return false;

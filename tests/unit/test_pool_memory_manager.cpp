@@ -437,6 +437,22 @@ TEST_F(Pool, AtItsMaximumAPoolUsesAFreeBlockThatJustFits) {
   EXPECT_EQ(pool.statistics().reserved_bytes, 4 * kMiB);
 }
 
+// Growth asks for slack when there is room for it, but needs none: one
+// block may take all of a pool's maximum, in either kind of pool.
+TEST_F(Pool, OneBlockMayTakeAllOfThePoolsMaximum) {
+  for (const bool expandable : {false, true}) {
+    PoolOptions options;
+    options.maximum_size = std::size_t{4} << 20;
+    options.expandable = expandable;
+    PoolMemoryManager pool(&context, options);
+    pool.initialize();
+    for (const std::size_t size : {std::size_t{3900} << 10, std::size_t{4} << 20}) {
+      EXPECT_NO_THROW(pool.memalloc(size)) << size << " bytes, expandable " << expandable;
+      EXPECT_EQ(pool.statistics().reserved_bytes, std::size_t{4} << 20);
+    }
+  }
+}
+
 TEST_F(Pool, AnInitialSizeIsReservedAtInitialize) {
   PoolOptions options;
   options.initial_size = 96 << 20;
