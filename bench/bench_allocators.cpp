@@ -15,6 +15,7 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -138,6 +139,25 @@ void PoolStreamOrderedAllocateFree(benchmark::State& state) {
 // once: whether the driver answers queries side by side (the time is per
 // query of all threads together).
 void DriverLegacyStreamQuery(benchmark::State& state) {
+  cuemm::ScopedContext scope(context());
+  for (auto _ : state) benchmark::DoNotOptimize(CUEMM_CU_RESULT(cuStreamQuery, cuemm::cuda::CU_STREAM_LEGACY));
+  state.SetItemsProcessed(state.iterations());
+}
+
+// The same query once this many threads have used their per-thread default
+// stream and ended, 1 then 1000 (registered last, as it may leave the driver
+// slower for whatever runs after it). If the driver kept such streams, every
+// seal would pay for threads long gone, as the simulated driver's queries
+// once did. (1, not 0: a process that has never started a thread runs
+// libstdc++'s single-threaded paths, 2.3x faster queries on the simulated driver.)
+void DriverLegacyStreamQueryAfterThreadsEnded(benchmark::State& state) {
+  static std::int64_t ended = 0;  // in this process so far
+  for (; ended < state.range(0); ++ended) {
+    std::thread([] {
+      cuemm::ScopedContext scope(context());
+      CUEMM_CU_RESULT(cuStreamQuery, cuemm::cuda::CU_STREAM_PER_THREAD);
+    }).join();
+  }
   cuemm::ScopedContext scope(context());
   for (auto _ : state) benchmark::DoNotOptimize(CUEMM_CU_RESULT(cuStreamQuery, cuemm::cuda::CU_STREAM_LEGACY));
   state.SetItemsProcessed(state.iterations());
@@ -393,5 +413,7 @@ BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::DefaultMemoryManager)->Arg(64 << 1
 BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::PoolMemoryManager)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
 BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::AsyncMemoryManager)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
 BENCHMARK(DriverPoolStreamsWithKernels)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
+
+BENCHMARK(DriverLegacyStreamQueryAfterThreadsEnded)->Arg(1)->Arg(1000)->UseRealTime();
 
 BENCHMARK_MAIN();

@@ -178,6 +178,12 @@ def main():
                           f"them ({query / together:.1f}x one thread's rate)")
             lines[-1] += (": queries do not run side by side, so threads that each need a seal queue for them."
                           if query / together < 1.5 else ".")
+        one_ended = m.get("DriverLegacyStreamQueryAfterThreadsEnded/1/real_time")
+        if one_ended and (after := m.get("DriverLegacyStreamQueryAfterThreadsEnded/1000/real_time")):
+            lines[-1] += (f" Once 1000 threads had each used their per-thread stream and ended, one query took "
+                          f"{fmt(after)} ns, against {fmt(one_ended)} after one ({after / one_ended:.2f}x)"
+                          + (": the driver keeps something of threads that have ended, and every seal pays for it."
+                             if after / one_ended > 1.5 else "."))
         lines.append("")
     # Seals per 1000 pairs, as the pools' statistics counted them in these runs.
     seals = medians(runs, "seals_per_1000_pairs")
