@@ -20,6 +20,7 @@
 #include "cuemm/runtime/context.hpp"
 #include "cuemm/runtime/device.hpp"
 #include "cuemm/threading/blocking_hook.hpp"
+#include "pool_thread_cache.hpp"
 #include "threading/owner_biased_lock.hpp"
 #include "util/environment.hpp"
 #include "util/hex_address.hpp"
@@ -31,9 +32,14 @@
 namespace cuemm {
 namespace {
 
+using detail::Freed;
+using detail::kHeldCapacity;
+using detail::kMaximumBinCapacity;
+using detail::kMinimumBinCapacity;
+using detail::kOrderedLargeCapacity;
+using detail::ThreadCache;
+
 constexpr std::size_t kMinimumGrowth = std::size_t{8} << 20;
-constexpr std::uint32_t kMaximumBinCapacity = 512;
-constexpr std::uint32_t kMinimumBinCapacity = 4;
 // A thread's ring with this many blocks of a class may be sealed for its own
 // next request when the index is empty; a seal costs one stream query.
 constexpr std::uint32_t kRingBatchWorthSealing = 64;
@@ -48,10 +54,6 @@ constexpr std::uint32_t kRingBatchWorthSealing = 64;
 // thread on the H100 (40-69 ns against 48-59) and slower from 16 (14-15 ns a
 // pair in aggregate against 7.5-13): the threads' rings took more of the pool.
 constexpr std::uint32_t kRingFractionWorthSealing = 2;
-// Large blocks (beyond the size classes) a thread keeps from stream-ordered frees.
-constexpr std::uint32_t kOrderedLargeCapacity = 4;
-// Large blocks a thread has out whose size it remembers.
-constexpr std::uint32_t kLentCapacity = 8;
 // Segments of their own that rotate to save stream queries (see allocate_dedicated()):
 // idle bytes, idle count, and the stream queries that buy one more.
 constexpr std::size_t kRotationBudget = std::size_t{32} << 20;
@@ -67,8 +69,7 @@ constexpr std::size_t kHeldRotationBudget = std::size_t{512} << 20;  // a thread
 // 7.0-8.8; 1 thread 100 -> 75 ns from 16 to 32).
 constexpr std::size_t kMaximumHeldRotation = 4 * kMaximumRotation;
 // A thread holds up to two rotations: loops that alternate between two large sizes keep both.
-constexpr std::size_t kHeldCapacity = 2 * kMaximumHeldRotation;
-static_assert(std::has_single_bit(kHeldCapacity), "the held blocks' ring indexes by mask");
+static_assert(kHeldCapacity == 2 * kMaximumHeldRotation, "a thread cache holds two rotations");
 // Requests in a row whose block was found behind held blocks of other sizes,
 // after which those go back to the pool: a thread that moved on to another
 // size left them idle, and every request scanned past them (H100, 4 MiB
@@ -81,12 +82,6 @@ constexpr std::size_t kSealsWorthASegment = 256;
 // enough that a fast loop's half ring (256 pairs of 256 B, about 5 us there
 // at 20 ns a pair) does not miss its seal: with 5 us it did, as pairs got faster.
 constexpr std::chrono::microseconds kSealInterval{2};
-
-// A freed block and the epoch it was freed in (Note [Stream-safe reuse]).
-struct Freed {
-  std::uintptr_t address;
-  std::uint64_t epoch;
-};
 
 }  // namespace
 
@@ -113,327 +108,6 @@ PoolOptions PoolOptions::from_environment() {
   return options;
 }
 
-// One thread's cached blocks, a FIFO ring per size class: the oldest free is
-// reused first, as it is the likeliest to be safe.
-struct ThreadCache {
-  struct Bin {
-    Freed* ring = nullptr;
-    std::uint32_t head = 0;  // the oldest entry
-    std::uint32_t count = 0;
-    std::uint32_t capacity = 0;
-    std::uint32_t frees_since_advance = 0;
-    std::uint64_t last_free = 0;  // the cache's free_serial at its latest free
-
-    Freed& at(std::uint32_t i) noexcept { return ring[(head + i) & (capacity - 1)]; }  // capacity: a power of two
-  };
-
-  // Blocks freed in stream order on a default stream (Note [Stream-ordered
-  // reuse]); reused at once by this thread, newest first.
-  struct OrderedBin {
-    std::uintptr_t* slots = nullptr;
-    std::uint32_t count = 0;
-    std::uint32_t capacity = 0;
-    std::uint64_t last_free = 0;
-  };
-  struct OrderedLarge {
-    std::uintptr_t address;
-    std::size_t bytes;
-    bool dedicated;  // a segment of its own
-  };
-
-  // Taken by the owning thread on every operation (plain stores), by other
-  // threads only to flush the cache (see OwnerBiasedLock).
-  OwnerBiasedLock lock;
-  std::atomic<std::size_t> bytes{0};  // written by the owner under `lock`; rings and ordered bins
-  std::atomic<std::size_t> large_bytes{0};  // in `ordered_large`, under `lock`
-  std::uint32_t frees_since_advance = 0;  // of all classes
-  std::uint64_t free_serial = 0;          // counts its frees into rings and ordered bins
-  std::size_t budget;
-  std::array<Bin, detail::kSizeClassCount> bins;
-  std::unique_ptr<Freed[]> storage;
-  std::array<OrderedBin, detail::kSizeClassCount> ordered;
-  std::unique_ptr<std::uintptr_t[]> ordered_storage;
-  std::array<OrderedLarge, kOrderedLargeCapacity> ordered_large;  // oldest first
-  std::uint32_t ordered_large_count = 0;
-  // Large blocks this thread freed without a stream, oldest first, each with
-  // its epoch (Note [Large blocks in the thread caches]); in `large_bytes` too.
-  struct HeldLarge {
-    OrderedLarge block;
-    std::uint64_t epoch;
-  };
-  // A ring: a loop reuses its oldest block at every request.
-  std::array<HeldLarge, kHeldCapacity> held_large;
-  std::uint32_t held_large_head = 0;
-  std::uint32_t held_large_count = 0;
-  std::size_t held_large_bytes = 0;
-  // The held blocks that fit the latest size asked about (needed 0: none
-  // asked), kept up to date as blocks come and go: a loop asks about one
-  // size at every pair, and scanning for it was a third of a 4 MiB pair.
-  struct Fitting {
-    std::size_t needed = 0;
-    bool dedicated = false;
-    std::uint32_t count = 0;
-    std::size_t bytes = 0;
-  };
-  mutable Fitting fitting;
-  // Its requests' seals for held blocks, which buy one more (only its own thread touches it).
-  detail::RentOrBuy held_rental;
-  // Requests in a row that took a held block from behind blocks of other sizes (its own thread's).
-  std::uint32_t held_skips = 0;
-  // The large blocks this thread took, so that their free needs no lock to
-  // learn their size. An entry is
-  // trusted only if no large block was freed another way since it was made
-  // (`generation`): a block freed elsewhere may have been merged or split.
-  struct Lent {
-    OrderedLarge block;
-    std::uint64_t generation;
-  };
-  std::array<Lent, kLentCapacity> lent{};
-  std::uint32_t next_lent = 0;  // the slot to overwrite next
-
-  void lend(const OrderedLarge& block, std::uint64_t generation) noexcept {
-    lent[next_lent] = {block, generation};
-    next_lent = (next_lent + 1) % kLentCapacity;
-  }
-  // The lent block at `address`, forgotten; nullopt if unknown or stale.
-  // Newest first: a loop frees the block it took last.
-  std::optional<OrderedLarge> take_lent(std::uintptr_t address, std::uint64_t generation) noexcept {
-    for (std::uint32_t back = 1; back <= kLentCapacity; ++back) {
-      Lent& entry = lent[(next_lent + kLentCapacity - back) % kLentCapacity];
-      if (entry.block.address != address) continue;
-      entry.block.address = 0;  // forgotten (the block is returned by value below)
-      if (entry.generation != generation) return std::nullopt;
-      return OrderedLarge{address, entry.block.bytes, entry.block.dedicated};
-    }
-    return std::nullopt;
-  }
-
-  explicit ThreadCache(std::size_t budget_) : budget(budget_) {
-    std::size_t total = 0;
-    for (int c = 0; c < detail::kSizeClassCount; ++c) {
-      // The whole budget may go to one class (the byte count still caps the
-      // sum): a class's ring holds two sealing batches.
-      const std::size_t fit = budget / detail::size_class_bytes(c);
-      bins[c].capacity = std::bit_floor(static_cast<std::uint32_t>(
-          std::clamp<std::size_t>(fit, kMinimumBinCapacity, kMaximumBinCapacity)));
-      total += bins[c].capacity;
-    }
-    storage = std::make_unique<Freed[]>(total);
-    Freed* next = storage.get();
-    for (auto& bin : bins) {
-      bin.ring = next;
-      next += bin.capacity;
-    }
-    // A stream-ordered free is reused by the thread's next request: a
-    // quarter of a ring is enough depth.
-    std::size_t ordered_total = 0;
-    for (int c = 0; c < detail::kSizeClassCount; ++c) {
-      ordered[c].capacity = std::max(bins[c].capacity / 4, kMinimumBinCapacity);
-      ordered_total += ordered[c].capacity;
-    }
-    ordered_storage = std::make_unique<std::uintptr_t[]>(ordered_total);
-    std::uintptr_t* slot = ordered_storage.get();
-    for (auto& bin : ordered) {
-      bin.slots = slot;
-      slot += bin.capacity;
-    }
-  }
-
-  void add_bytes(std::size_t n) noexcept { util::add_own(bytes, n); }
-  void remove_bytes(std::size_t n) noexcept { util::subtract_own(bytes, n); }
-
-  // A free into its class's ring, or stream-ordered bin; the caller checked
-  // that there is room.
-  void push_to_ring(int size_class, std::uintptr_t address, std::uint64_t epoch) noexcept {
-    Bin& bin = bins[size_class];
-    bin.at(bin.count) = {address, epoch};
-    bin.last_free = ++free_serial;
-    ++bin.count;
-    ++bin.frees_since_advance;
-    ++frees_since_advance;
-    add_bytes(detail::size_class_bytes(size_class));
-  }
-  void push_ordered(int size_class, std::uintptr_t address) noexcept {
-    OrderedBin& bin = ordered[size_class];
-    bin.last_free = ++free_serial;
-    bin.slots[bin.count++] = address;
-    add_bytes(detail::size_class_bytes(size_class));
-  }
-
-  // Removes the oldest `count` stream-ordered blocks of a class into `out`,
-  // tagged with `epoch`.
-  std::size_t take_oldest_ordered(int size_class, std::uint32_t count, std::uint64_t epoch, Freed* out) noexcept {
-    OrderedBin& bin = ordered[size_class];
-    count = std::min(count, bin.count);
-    for (std::uint32_t i = 0; i < count; ++i) out[i] = {bin.slots[i], epoch};
-    std::copy(bin.slots + count, bin.slots + bin.count, bin.slots);
-    bin.count -= count;
-    remove_bytes(count * detail::size_class_bytes(size_class));
-    return count;
-  }
-
-  // Whether `block` serves a request of `needed` bytes of the kind, wasting at most 1/8.
-  static bool fits(const OrderedLarge& block, std::size_t needed, bool dedicated) noexcept {
-    return block.dedicated == dedicated && block.bytes >= needed && block.bytes <= needed + needed / 8;
-  }
-
-  // The newest stream-ordered large block of the same kind that holds
-  // `needed` bytes and wastes at most 1/8 of them, removed; or nullopt.
-  std::optional<OrderedLarge> take_ordered_large(std::size_t needed, bool dedicated) noexcept {
-    for (std::uint32_t i = ordered_large_count; i-- > 0;)
-      if (fits(ordered_large[i], needed, dedicated)) return remove_ordered_large(i);
-    return std::nullopt;
-  }
-
-  // The caller checks that there is room.
-  void push_ordered_large(const OrderedLarge& block) noexcept {
-    ordered_large[ordered_large_count++] = block;
-    util::add_own(large_bytes, block.bytes);
-  }
-
-  OrderedLarge remove_ordered_large(std::uint32_t i) noexcept {
-    const OrderedLarge removed = ordered_large[i];
-    std::copy(ordered_large.begin() + i + 1, ordered_large.begin() + ordered_large_count, ordered_large.begin() + i);
-    --ordered_large_count;
-    util::subtract_own(large_bytes, removed.bytes);
-    return removed;
-  }
-
-  // The i-th oldest held block.
-  HeldLarge& held(std::uint32_t i) noexcept { return held_large[(held_large_head + i) & (kHeldCapacity - 1)]; }
-  const HeldLarge& held(std::uint32_t i) const noexcept {
-    return held_large[(held_large_head + i) & (kHeldCapacity - 1)];
-  }
-  // The oldest held block that fits; -1 if none.
-  int find_held_large(std::size_t needed, bool dedicated) const noexcept {
-    for (std::uint32_t i = 0; i < held_large_count; ++i)
-      if (fits(held(i).block, needed, dedicated)) return static_cast<int>(i);
-    return -1;
-  }
-  // How many held blocks fit, and their bytes.
-  const Fitting& fitting_for(std::size_t needed, bool dedicated) const noexcept {
-    if (fitting.needed != needed || fitting.dedicated != dedicated) {
-      fitting = {needed, dedicated, 0, 0};
-      for (std::uint32_t i = 0; i < held_large_count; ++i) count_if_fitting(held(i).block, true);
-    }
-    return fitting;
-  }
-  std::uint32_t count_held_large(std::size_t needed, bool dedicated) const noexcept {
-    return fitting_for(needed, dedicated).count;
-  }
-  std::size_t bytes_held_large(std::size_t needed, bool dedicated) const noexcept {
-    return fitting_for(needed, dedicated).bytes;
-  }
-  void count_if_fitting(const OrderedLarge& block, bool added) const noexcept {
-    if (!fitting.needed || !fits(block, fitting.needed, fitting.dedicated)) return;
-    if (added) {
-      ++fitting.count;
-      fitting.bytes += block.bytes;
-    } else {
-      --fitting.count;
-      fitting.bytes -= block.bytes;
-    }
-  }
-
-  // Its bytes in rings and ordered bins other than those of `size`'s class
-  // (a loop's own ring holds the blocks it is waiting for).
-  std::size_t bytes_in_other_classes(std::size_t size) noexcept {
-    std::lock_guard cache_lock(lock.owner());
-    const std::size_t all = bytes.load(std::memory_order_relaxed);
-    const int size_class = detail::size_class_of(size);
-    if (size_class < 0) return all;
-    return all - (bins[size_class].count + ordered[size_class].count) * detail::size_class_bytes(size_class);
-  }
-
-  // The caller checks that there is room.
-  void push_held_large(const OrderedLarge& block, std::uint64_t epoch) noexcept {
-    held(held_large_count++) = {block, epoch};
-    held_large_bytes += block.bytes;
-    count_if_fitting(block, true);
-    util::add_own(large_bytes, block.bytes);
-  }
-
-  HeldLarge remove_held_large(std::uint32_t i) noexcept {
-    const HeldLarge removed = held(i);
-    if (i == 0) {
-      held_large_head = (held_large_head + 1) & (kHeldCapacity - 1);
-    } else {
-      for (std::uint32_t j = i; j + 1 < held_large_count; ++j) held(j) = held(j + 1);
-    }
-    --held_large_count;
-    held_large_bytes -= removed.block.bytes;
-    count_if_fitting(removed.block, false);
-    util::subtract_own(large_bytes, removed.block.bytes);
-    return removed;
-  }
-  void forget_held_large() noexcept {
-    held_large_head = held_large_count = 0;
-    held_large_bytes = 0;
-    fitting = {};
-  }
-
-  // Over its budget a thread spills the ring or stream-ordered bin of
-  // another class that it freed into longest ago (up to half a ring's
-  // capacity of blocks at once): a thread that has moved on from one size
-  // would otherwise spill every free of the next (measured: 256 B pairs
-  // after 1 MiB ones, 101 -> 13 ns here), and spilling the fullest instead
-  // halved the ring in use whenever it was the fullest (1 MiB pairs after
-  // 64 KiB ones at 1-16 threads: 69-74 -> 53-55 ns here). Only when no
-  // other class holds blocks does the freeing class spill its older half.
-  // A scan of the classes, not of blocks, and only when spilling. Returns
-  // the blocks' class; ring blocks keep their epochs, stream-ordered ones
-  // get `epoch`.
-  int spill_stalest(int freeing_class, std::uint64_t epoch, Freed* out, std::size_t& count) noexcept {
-    int stalest = -1;
-    bool in_ordered = false;
-    std::uint64_t oldest = ~std::uint64_t{0};
-    for (int c = 0; c < detail::kSizeClassCount; ++c) {
-      if (c == freeing_class) continue;
-      if (bins[c].count && bins[c].last_free < oldest) {
-        oldest = bins[c].last_free;
-        stalest = c;
-        in_ordered = false;
-      }
-      if (ordered[c].count && ordered[c].last_free < oldest) {
-        oldest = ordered[c].last_free;
-        stalest = c;
-        in_ordered = true;
-      }
-    }
-    const bool own = stalest < 0;
-    if (own) {
-      stalest = freeing_class;
-      in_ordered = bins[stalest].count == 0;
-    }
-    const std::uint32_t held = in_ordered ? ordered[stalest].count : bins[stalest].count;
-    const std::uint32_t taken =
-        std::min(held, own ? std::max<std::uint32_t>(held / 2, 1) : kMaximumBinCapacity / 2);
-    count = in_ordered ? take_oldest_ordered(stalest, taken, epoch, out) : take_oldest(stalest, taken, out);
-    return stalest;
-  }
-
-  // The oldest block of a class, removed, if its epoch is safe; else 0.
-  std::uintptr_t take_oldest_if_safe(int size_class, const detail::ReuseEpochs& epochs) noexcept {
-    Bin& bin = bins[size_class];
-    if (!bin.count || !epochs.is_safe(bin.at(0).epoch)) return 0;
-    const std::uintptr_t address = bin.at(0).address;
-    bin.head = (bin.head + 1) & (bin.capacity - 1);
-    --bin.count;
-    remove_bytes(detail::size_class_bytes(size_class));
-    return address;
-  }
-
-  // Removes the oldest `count` entries of a class into `out`.
-  std::size_t take_oldest(int size_class, std::uint32_t count, Freed* out) noexcept {
-    Bin& bin = bins[size_class];
-    count = std::min(count, bin.count);
-    for (std::uint32_t i = 0; i < count; ++i) out[i] = bin.at(i);
-    bin.head = (bin.head + count) & (bin.capacity - 1);
-    bin.count -= count;
-    remove_bytes(count * detail::size_class_bytes(size_class));
-    return count;
-  }
-};
 
 // Everything the pointers' finalizers reach. A finalizer holds a raw pointer
 // to its Core (so it fits std::function's inline storage: no allocation), and
