@@ -43,16 +43,9 @@ constexpr std::size_t kMinimumGrowth = std::size_t{8} << 20;
 // A thread's ring with this many blocks of a class may be sealed for its own
 // next request when the index is empty; a seal costs one stream query.
 constexpr std::uint32_t kRingBatchWorthSealing = 64;
-// Or this fraction of its capacity: a ring of the largest classes holds only
-// 64 blocks (the budget), and returning it to the index whenever the index
-// ran dry cost 1 MiB pairs 120 ns on the H100 (most of them). Sealing for
-// every 8 blocks (1/8) then paid a stream query per 8 pairs (1 MiB pairs
-// 113-169 ns on the H100); per 16 (1/4), 79-100 ns; per 32 (1/2), 44-71 ns.
-// A loop's ring settles at the batch it seals, half the budget here. (Half
-// once spilled the ring in use, before spills took the class freed into
-// longest ago.) Three quarters, a query per 48 pairs, was no faster from one
-// thread on the H100 (40-69 ns against 48-59) and slower from 16 (14-15 ns a
-// pair in aggregate against 7.5-13): the threads' rings took more of the pool.
+// Or this fraction of its capacity: a loop's ring settles at the batch it
+// seals, and half paid the fewest stream queries without the threads' rings
+// taking much of the pool (docs/pool-measurements.md).
 constexpr std::uint32_t kRingFractionWorthSealing = 2;
 // Segments of their own that rotate to save stream queries (see allocate_dedicated()):
 // idle bytes, idle count, and the stream queries that buy one more.
@@ -60,13 +53,10 @@ constexpr std::size_t kRotationBudget = std::size_t{32} << 20;
 constexpr std::size_t kMaximumRotation = 8;
 constexpr std::size_t kMinimumRotation = 4;  // whatever their size
 constexpr std::size_t kHeldRotationBudget = std::size_t{512} << 20;  // a thread's, for 8 large blocks
-// (Tried: 1 GiB, 16 blocks of 64 MiB. H100, 64 MiB pairs: 16 threads 29-34 ->
-// 14-23 ns a pair in aggregate, 1 thread 76-162 -> 56-115; 16 over 1 still
-// 4.1-5.5x, not 10x, for twice the memory held: not taken.)
 // A thread's rotation of blocks it holds pays a stream query per rotation:
-// within its cache budget it may hold four times as many (4 MiB pairs on the
-// H100, 16 threads: 8 blocks 20-26 ns a pair, 16 blocks 11-15, 32 blocks
-// 7.0-8.8; 1 thread 100 -> 75 ns from 16 to 32).
+// within its cache budget it may hold four times as many (4 MiB pairs at 16
+// threads: 8 blocks 20-26 ns a pair, 32 blocks 7.0-8.8; 1 GiB beyond the
+// budget was not worth twice the memory: docs/pool-measurements.md).
 constexpr std::size_t kMaximumHeldRotation = 4 * kMaximumRotation;
 // A thread holds up to two rotations: loops that alternate between two large sizes keep both.
 static_assert(kHeldCapacity == 2 * kMaximumHeldRotation, "a thread cache holds two rotations");

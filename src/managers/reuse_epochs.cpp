@@ -12,9 +12,8 @@ namespace cuemm::detail {
 namespace {
 // Waiting for another thread's seal (a stream query: 0.3-1 us): pauses of
 // ~50 ns first, then yields too, then sleep on the lock.
-// Pauses between two looks at the lock: on the H100, 16 threads of 64 MiB
-// pairs read 16.5-18.9 ns a pair with 16, the same with 32, 19.0 with 64,
-// 29.5 with 4 and 36.2 with 1 (looking more often slowed the sealer).
+// Pauses between two looks at the lock: looking more often slowed the
+// sealer (docs/pool-measurements.md).
 constexpr int kPausesBetweenTries = 16;
 constexpr int kTriesBeforeYielding = 64;
 constexpr int kTriesBeforeSleeping = 1000;
@@ -45,10 +44,7 @@ void ReuseEpochs::seal_through(std::uint64_t epoch) noexcept {
   // than sleep on the lock: a sleeper's wake-up took microseconds on the
   // H100's host, and 16 threads of large pairs queued behind each other.
   // (A holder that waits for the GPU is slept on after a while.)
-  // Tried on the H100, both slower for 16 threads of 64 MiB pairs (18-19 ->
-  // 21-24 ns a pair): trying the lock the moment it is let go (the waiters
-  // then raced for it), and a sealer that sealed again, up to 4 times, for
-  // threads that came to wait during its seal.
+  // (Other ways of waiting, tried and slower: docs/pool-measurements.md.)
   std::unique_lock lock(mutex_, std::defer_lock);
   for (int tries = 0; sealing_.load(std::memory_order_relaxed) || !lock.try_lock(); ++tries) {
     if (tries == 0) before_blocking();

@@ -61,28 +61,9 @@
 // quarantine (held blocks that no request fits would sit idle), and one that
 // would wait for the GPU gives back everything, for the pool to wait on.
 // What limits many threads of large loops: each thread needs, once a
-// rotation, a seal that began after its oldest block's free. With 16
-// threads of 4 MiB pairs on the H100, a rotation lasts about a microsecond,
-// no longer than a stream query then (0.6 us, against 0.3-0.5 alone), so
-// the threads queue for the seal in flight (one seal served about 145
-// pairs). Stream queries do not overlap: 0.36 us from one thread, and 16
-// threads querying at once got one through every 1.4 us between them
-// (bench_allocators' DriverLegacyStreamQuery measures both). Waiters
-// read a flag raised while a seal's query runs rather than try its lock
-// (ReuseEpochs): 64 MiB 27-31 -> 20-22 (4 MiB unchanged, 13.0 -> 12.6 when a
-// flag for the whole lock was tried before). Tried on the H100 and slower or
-// no faster (16 threads, ns a pair in aggregate):
-// - sealing ahead of need, at every pair: 4 MiB 20.8 -> 33.3 (every thread
-//   tried the seal's lock at every pair);
-// - sealing ahead half a rotation early, only by a thread that did not make
-//   the latest seal and while none is in flight: 4 MiB 13-16 -> 28-47;
-// - a thread of the epochs' own that seals back to back once threads queue:
-//   4 MiB 15.9 -> 15.8, 64 MiB 28.0 -> 28.0 (with 16 threads on 16 cores it
-//   takes a core from them);
-// - a sealer that seals again, up to 4 times, for threads that came to wait
-//   during its seal, or waiters that try the lock the moment it is let go:
-//   64 MiB 17.7-19.0 -> 21.4-23.5; waiters that look at the lock more often
-//   (every 1 or 4 pauses, not 16): 64 MiB 18.9 -> 29.5-36.2.
+// rotation, a seal that began after its oldest block's free, and stream
+// queries do not overlap, so threads queue for the seal in flight
+// (docs/pool-measurements.md has the figures, and the ways of waiting tried).
 //
 // Out of memory: reclaim completed epochs, wait for pending ones, grow, and if
 // the driver is out of memory, flush the thread caches, return empty segments
