@@ -1131,6 +1131,11 @@ void PoolMemoryManager::Core::forget_cache(ThreadCache* cache) noexcept {
 PoolMemoryManager::PoolMemoryManager(Context* context, PoolOptions options)
     : HostOnlyMemoryManager(context), options_(options), core_(std::make_shared<Core>(context, options)) {
   if (options_.pinned_host_pool) use_pinned_host_pool();
+  if (options_.maximum_size && options_.maximum_size < kSegmentGranularity) {
+    throw InvalidArgument("pool: the maximum size (" + describe_bytes(options_.maximum_size) +
+                          ") is less than one segment (" + describe_bytes(kSegmentGranularity) +
+                          "): no allocation could succeed");
+  }
   if (options_.maximum_size && options_.initial_size > options_.maximum_size) {
     throw InvalidArgument("pool: the initial size (" + describe_bytes(options_.initial_size) +
                           ") exceeds the maximum size (" + describe_bytes(options_.maximum_size) + ")");

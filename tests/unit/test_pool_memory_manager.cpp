@@ -453,6 +453,19 @@ TEST_F(Pool, OneBlockMayTakeAllOfThePoolsMaximum) {
   }
 }
 
+TEST_F(Pool, AMaximumBelowOneSegmentIsRefusedAtOnce) {
+  PoolOptions options;
+  options.maximum_size = 1 << 20;
+  try {
+    PoolMemoryManager pool(&context, options);
+    FAIL() << "a pool that can never allocate was made";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("the maximum size (1.00 MiB (1048576 bytes)) is less than one segment"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
 TEST_F(Pool, AnInitialSizeIsReservedAtInitialize) {
   PoolOptions options;
   options.initial_size = 96 << 20;
@@ -460,8 +473,8 @@ TEST_F(Pool, AnInitialSizeIsReservedAtInitialize) {
   pool.initialize();
   EXPECT_GE(pool.statistics().reserved_bytes, 96u << 20);
   PoolOptions bad;
-  bad.initial_size = 2 << 20;
-  bad.maximum_size = 1 << 20;
+  bad.initial_size = 4 << 20;
+  bad.maximum_size = 2 << 20;
   EXPECT_THROW(PoolMemoryManager(&context, bad), InvalidArgument);
 }
 

@@ -90,7 +90,7 @@ namespace cuemm {
 
 struct PoolOptions {
   std::size_t initial_size = 0;  // reserved at initialize(); 0 reserves nothing up front
-  std::size_t maximum_size = 0;  // 0: no limit but the device's
+  std::size_t maximum_size = 0;  // 0: no limit but the device's; else at least kSegmentGranularity
   // Bytes each thread may keep cached for reuse without a lock (large
   // blocks: also room for 4 of the size, or for 8 within 512 MiB; Note
   // [Large blocks in the thread caches]); 0 turns the per-thread caches off.
