@@ -325,6 +325,10 @@ State& state() {
 }
 
 PerThreadStreams::~PerThreadStreams() {
+  // Their queued work runs first: until it has, the legacy stream (and so a
+  // query of it from another thread) still waits for it.
+  for (auto& entry : of_context)
+    if (entry.second) entry.second->synchronize();
   std::vector<std::shared_ptr<SimStream>> ending;
   {
     State& s = state();
@@ -335,8 +339,7 @@ PerThreadStreams::~PerThreadStreams() {
       ending.push_back(std::move(stream));
     }
   }
-  // Unlocked: a stream's end runs what it has queued, which may take the lock.
-  ending.clear();
+  ending.clear();  // unlocked: a stream's end joins its worker
 }
 
 }  // namespace cuemm::sim

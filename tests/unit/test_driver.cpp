@@ -1,4 +1,5 @@
 // The driver layer: errors carry the code, its name and the call.
+#include <atomic>
 #include <thread>
 
 #include "support/test_support.hpp"
@@ -59,7 +60,7 @@ TEST(Driver, TheSimulationCountsCalls) {
 
 // A thread's per-thread default stream ends with the thread, once its work has
 // run: kept, every operation on the legacy stream would wait on the streams of
-// threads long gone.
+// threads long gone; ended sooner, the legacy stream would not wait for its work.
 TEST(Driver, ASimulatedPerThreadStreamEndsWithItsThread) {
   CUEMM_REQUIRE_SIMULATION();
   Context& context = current_context();
@@ -68,20 +69,24 @@ TEST(Driver, ASimulatedPerThreadStreamEndsWithItsThread) {
   constexpr std::uint64_t kCount = 1024;
   cuda::CUdeviceptr words = 0;
   CUEMM_CU(cuMemAlloc, &words, kCount * 4);
+  CUEMM_CU(cuMemsetD32, words, 0u, kCount);
   Module module = context.load_module(cuemm::testing::test_kernels_ptx());
-  std::uint64_t streams_while_running = 0;
+  std::atomic<std::uint64_t> streams_while_running{0};
   std::thread worker([&] {
     ScopedContext worker_scope(context);
-    // Still running when the thread ends: the end waits for it.
+    // Still running when the thread ends.
     module.function("cuemm_spin_fill_u32")
         .launch({1}, {256}, Stream::per_thread_default(), words, 7u, kCount, std::uint64_t{50'000'000});
     streams_while_running = simulation::live_streams();
   });
-  worker.join();
+  while (streams_while_running == 0) std::this_thread::yield();
   EXPECT_EQ(streams_while_running, streams_before + 1);
-  EXPECT_EQ(simulation::live_streams(), streams_before);
+  while (simulation::live_streams() != streams_before) std::this_thread::yield();
+  // Gone from the context: its kernel must have finished, or this copy (on
+  // the legacy stream) would not have waited for it.
   std::vector<std::uint32_t> read(kCount);
   CUEMM_CU(cuMemcpyDtoH, read.data(), words, kCount * 4);
   EXPECT_EQ(read, std::vector<std::uint32_t>(kCount, 7u));
+  worker.join();
   CUEMM_CU(cuMemFree, words);
 }
