@@ -37,7 +37,11 @@
   X(cuMemPoolSetAttribute) X(cuMemPoolGetAttribute) X(cuMemPoolTrimTo) X(cuMemAllocFromPoolAsync)   \
   X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) \
   X(cuMemSetAccess) X(cuMemGetAllocationGranularity)   \
-  X(cuMemFreeAsync)
+  X(cuMemFreeAsync)                                                            \
+  X(cuMemPoolExportToShareableHandle)                                          \
+  X(cuMemPoolImportFromShareableHandle)                                        \
+  X(cuMemPoolExportPointer)                                                    \
+  X(cuMemPoolImportPointer)
 
 namespace cuemm::sim {
 

@@ -41,6 +41,7 @@ struct Allocation {
   std::uint64_t id = 0;          // IpcMapping: exporter's allocation id
   int exporter_pid = 0;          // IpcMapping
   int ipc_opens = 0;             // IpcMapping: opens not yet closed
+  bool pool_import = false;      // IpcMapping: from cuMemPoolImportPointer (freed by cuMemFree)
   struct MemoryPool* pool = nullptr;  // Device memory from cuMemAllocFromPoolAsync
   std::uint64_t physical = 0;         // VirtualMapping: the cuMemCreate handle mapped here
 };
@@ -63,6 +64,7 @@ struct MemoryPool {
   std::uint64_t release_threshold = 0;
   std::uint64_t used = 0, used_high = 0;
   bool destroyed = false;  // forgotten once its last block is freed
+  int imported_fd = -1;    // imported (cuMemPoolImportFromShareableHandle): the exporter's device memory
 };
 
 struct Device {

@@ -728,7 +728,7 @@ SIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr pointer) {
   // no context needs to be current.
   auto it = s.allocations.find(pointer);
   if (it == s.allocations.end() || (it->second.kind != AllocationKind::Device &&
-                                    it->second.kind != AllocationKind::Managed))
+                                    it->second.kind != AllocationKind::Managed && !it->second.pool_import))
     return CUDA_ERROR_INVALID_VALUE;
   Context* context = it->second.context;
   // cuMemFree waits for the device, as on a GPU: pending work may still use it.
@@ -908,7 +908,9 @@ MemoryPool* find_pool(State& s, CUmemoryPool handle) {
 }
 
 void forget_pool_if_done(State& s, MemoryPool* pool) {
-  if (pool->destroyed && pool->used == 0) s.pools.erase(pool);
+  if (!pool->destroyed || pool->used != 0) return;
+  if (pool->imported_fd >= 0) close(pool->imported_fd);
+  s.pools.erase(pool);
 }
 }  // namespace
 
@@ -980,6 +982,7 @@ SIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* pointer, std::size_t si
   CUresult error = CUDA_SUCCESS;
   if (!resolve_stream(s, stream_handle, &error)) return error;
   if (pool->device != context->device->ordinal) return CUDA_ERROR_INVALID_DEVICE;
+  if (pool->imported_fd >= 0) return CUDA_ERROR_INVALID_VALUE;  // imported pools hand out nothing
   // Allocated at once: at least as ordered as the stream asks. A real pool
   // reuses what streams freed earlier, in stream order; here that memory
   // comes back when the queued frees have run, so wait for them.
@@ -1017,6 +1020,97 @@ SIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr pointer, CUstream stream_handle) 
     }
     release_allocation(state_now, found);
   });
+  return CUDA_SUCCESS;
+}
+
+// --- Stream-ordered pools shared between processes ----------------------------------
+// The shareable handle is a descriptor of the exporting process's device
+// memory (its memfd); a block's export data says where in it the block lies.
+
+namespace {
+constexpr std::uint32_t kPoolExportMagic = 0x58504d50;  // "PMPX"
+struct PoolExportPayload {
+  std::uint32_t magic;
+  std::int32_t pid;
+  std::int32_t device;
+  std::uint64_t arena_offset;
+  std::uint64_t size;
+  std::uint64_t id;
+};
+static_assert(sizeof(PoolExportPayload) <= sizeof(CUmemPoolPtrExportData));
+}  // namespace
+
+SIM_EXPORT CUresult cuMemPoolExportToShareableHandle(void* handle, CUmemoryPool handle_of_pool, int type,
+                                                     unsigned long long flags) {
+  SIM_BEGIN(cuMemPoolExportToShareableHandle);
+  MemoryPool* pool = find_pool(s, handle_of_pool);
+  if (!handle || !pool || flags || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ||
+      !(pool->handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) || pool->imported_fd >= 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  const int fd = fcntl(s.devices[pool->device]->memfd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  *static_cast<int*>(handle) = fd;
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemPoolImportFromShareableHandle(CUmemoryPool* out, void* handle, int type,
+                                                       unsigned long long flags) {
+  SIM_BEGIN(cuMemPoolImportFromShareableHandle);
+  SIM_CONTEXT();
+  if (!out || flags || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
+  const int fd = fcntl(static_cast<int>(reinterpret_cast<std::intptr_t>(handle)), F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return CUDA_ERROR_INVALID_VALUE;
+  auto pool = std::make_unique<MemoryPool>();
+  pool->device = context->device->ordinal;
+  pool->handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  pool->imported_fd = fd;
+  *out = reinterpret_cast<CUmemoryPool>(pool.get());
+  s.pools.emplace(pool.get(), std::move(pool));
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemPoolExportPointer(CUmemPoolPtrExportData* data, CUdeviceptr pointer) {
+  SIM_BEGIN(cuMemPoolExportPointer);
+  auto it = s.allocations.find(pointer);  // a block's start, as the driver wants
+  if (!data || it == s.allocations.end() || !it->second.pool ||
+      !(it->second.pool->handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+    return CUDA_ERROR_INVALID_VALUE;
+  const Allocation& allocation = it->second;
+  const PoolExportPayload payload{kPoolExportMagic, static_cast<std::int32_t>(getpid()), allocation.device,
+                                  allocation.arena_offset, allocation.size, allocation.id};
+  std::memset(data->reserved, 0, sizeof data->reserved);
+  std::memcpy(data->reserved, &payload, sizeof payload);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemPoolImportPointer(CUdeviceptr* pointer, CUmemoryPool handle_of_pool,
+                                           CUmemPoolPtrExportData* data) {
+  SIM_BEGIN(cuMemPoolImportPointer);
+  SIM_CONTEXT();
+  MemoryPool* pool = find_pool(s, handle_of_pool);
+  if (!pointer || !data || !pool || pool->imported_fd < 0) return CUDA_ERROR_INVALID_VALUE;
+  PoolExportPayload payload;
+  std::memcpy(&payload, data->reserved, sizeof payload);
+  if (payload.magic != kPoolExportMagic) return CUDA_ERROR_INVALID_VALUE;
+  if (payload.pid == getpid()) return CUDA_ERROR_INVALID_VALUE;  // a pool is imported by other processes
+  const std::size_t page = page_size();
+  const std::size_t start = payload.arena_offset / page * page;
+  const std::size_t length = cuemm::util::round_up(payload.arena_offset + payload.size, page) - start;
+  void* mapping = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, pool->imported_fd, static_cast<off_t>(start));
+  if (mapping == MAP_FAILED) return CUDA_ERROR_INVALID_VALUE;
+  Allocation allocation;
+  allocation.base = reinterpret_cast<std::uintptr_t>(mapping) + (payload.arena_offset - start);
+  allocation.size = payload.size;
+  allocation.kind = AllocationKind::IpcMapping;
+  allocation.pool_import = true;
+  allocation.context = context;
+  allocation.device = context->device->ordinal;
+  allocation.mapping = mapping;
+  allocation.mapping_size = length;
+  allocation.id = payload.id;
+  allocation.exporter_pid = payload.pid;
+  s.allocations.emplace(allocation.base, allocation);
+  *pointer = allocation.base;
   return CUDA_SUCCESS;
 }
 
@@ -1319,7 +1413,7 @@ SIM_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pointer, CUipcMemHandle h
 SIM_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr pointer) {
   SIM_BEGIN(cuIpcCloseMemHandle);
   auto it = s.allocations.find(pointer);
-  if (it == s.allocations.end() || it->second.kind != AllocationKind::IpcMapping)
+  if (it == s.allocations.end() || it->second.kind != AllocationKind::IpcMapping || it->second.pool_import)
     return CUDA_ERROR_INVALID_VALUE;
   if (--it->second.ipc_opens == 0) release_allocation(s, it);
   return CUDA_SUCCESS;

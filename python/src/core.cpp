@@ -283,6 +283,12 @@ class Bridge {
       py::gil_scoped_release unlocked;
       return manager_->get_ipc_handle(view);
     }();
+    if (handle.pool_export()) {
+      throw NotSupported(
+          "get_ipc_handle: a block of an exportable stream-ordered pool (CUEMM_ASYNC_EXPORTABLE=1) has no driver "
+          "IPC handle, the only kind Numba's IpcHandle opens; use CUEMM_MEMORY_MANAGER=pool to share memory "
+          "through Numba");
+    }
     const auto& raw = handle.handle();
     return py::make_tuple(py::bytes(raw.reserved, sizeof raw.reserved), handle.offset(), handle.size());
   }

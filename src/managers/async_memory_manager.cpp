@@ -1,5 +1,7 @@
 #include "cuemm/managers/async_memory_manager.hpp"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -9,7 +11,9 @@
 #include "cuemm/memory/detail/recycling_allocator.hpp"
 #include "cuemm/runtime/context.hpp"
 #include "cuemm/runtime/device.hpp"
+#include "memory/descriptor_passing.hpp"
 #include "util/environment.hpp"
+#include "util/hex_address.hpp"
 
 namespace cuemm {
 
@@ -17,6 +21,12 @@ AsyncOptions AsyncOptions::from_environment() {
   AsyncOptions options;
   if (const auto threshold = util::byte_size_from_environment("CUEMM_ASYNC_RELEASE_THRESHOLD"))
     options.release_threshold = *threshold;
+  if (const char* text = std::getenv("CUEMM_ASYNC_EXPORTABLE"); text && *text) {
+    const std::string value(text);
+    if (value != "0" && value != "1")
+      throw InvalidArgument("CUEMM_ASYNC_EXPORTABLE must be 0 or 1 (got '" + value + "')");
+    options.exportable = value == "1";
+  }
   return options;
 }
 
@@ -47,7 +57,8 @@ cuda::CUmemoryPool AsyncMemoryManager::pool() {
                     "this driver has no stream-ordered allocator (CUDA 11.2 or later is needed)");
   cuda::CUmemPoolProps properties{};
   properties.alloc_type = cuda::CU_MEM_ALLOCATION_TYPE_PINNED;
-  properties.handle_types = cuda::CU_MEM_HANDLE_TYPE_NONE;
+  properties.handle_types =
+      options_.exportable ? cuda::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : cuda::CU_MEM_HANDLE_TYPE_NONE;
   properties.location = {cuda::CU_MEM_LOCATION_TYPE_DEVICE, ctx.device().id()};
   ScopedContext scope(ctx);
   cuda::CUmemoryPool pool = nullptr;
@@ -95,11 +106,54 @@ std::shared_ptr<MemoryPointer> AsyncMemoryManager::memalloc(std::size_t size) {
   }
 }
 
-IpcHandle AsyncMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer>&) {
-  throw NotSupported(
-      "get_ipc_handle: memory from the stream-ordered pool (CUEMM_MEMORY_MANAGER=async) cannot be exported with an "
-      "IPC handle (the driver refuses cuIpcGetMemHandle on it); use CUEMM_MEMORY_MANAGER=pool for memory that is "
-      "shared between processes");
+IpcHandle AsyncMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer>& memory) {
+  if (!options_.exportable) {
+    throw NotSupported(
+        "get_ipc_handle: the stream-ordered pool (CUEMM_MEMORY_MANAGER=async) was not created exportable, and the "
+        "driver cannot export its memory with cuIpcGetMemHandle; create it exportable (CUEMM_ASYNC_EXPORTABLE=1, "
+        "or AsyncOptions::exportable) or use CUEMM_MEMORY_MANAGER=pool");
+  }
+  if (!memory) throw InvalidArgument("get_ipc_handle: the memory pointer is null");
+  if (memory->kind() != MemoryKind::Device)
+    throw InvalidArgument(std::string("get_ipc_handle: only device memory can be exported (got ") +
+                          to_string(memory->kind()) + " memory)");
+  Context& ctx = context();
+  const cuda::CUmemoryPool pool = this->pool();
+  ScopedContext scope(ctx);
+  cuda::CUdeviceptr base = 0;
+  std::size_t extent = 0;
+  if (const cuda::CUresult found = CUEMM_CU_RESULT(cuMemGetAddressRange, &base, &extent, memory->device_pointer());
+      found != cuda::CUDA_SUCCESS) {
+    throw CudaError(found, "cuMemGetAddressRange",
+                    "get_ipc_handle: " + util::hex_address(memory->device_pointer()) +
+                        " is not device memory of this context");
+  }
+  PoolExport exported;
+  if (const cuda::CUresult result = CUEMM_CU_RESULT(cuMemPoolExportPointer, &exported.data, base);
+      result != cuda::CUDA_SUCCESS) {
+    throw CudaError(result, "cuMemPoolExportPointer",
+                    "get_ipc_handle: " + util::hex_address(memory->device_pointer()) +
+                        " is not memory of this manager's stream-ordered pool");
+  }
+  {
+    // The pool's descriptor is offered to other processes once (for as long as this process lives).
+    std::lock_guard lock(mutex_);
+    if (pool_token_ == 0) {
+      int descriptor = -1;
+      CUEMM_CU(cuMemPoolExportToShareableHandle, &descriptor, pool, cuda::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+      struct Closer {
+        int fd;
+        ~Closer() { ::close(fd); }
+      } closer{descriptor};  // offer_descriptor() keeps a copy of its own
+      pool_token_ = detail::offer_descriptor(descriptor);
+    }
+    exported.token = pool_token_;
+  }
+  exported.pid = static_cast<std::int32_t>(getpid());
+  // The importer must not touch the block before its stream-ordered allocation has run.
+  CUEMM_CU(cuStreamSynchronize, cuda::CU_STREAM_LEGACY);
+  return IpcHandle(memory, exported, memory->size(), ctx.device().identity(),
+                   static_cast<std::size_t>(memory->device_pointer() - base));
 }
 
 AsyncStatistics AsyncMemoryManager::statistics() const {

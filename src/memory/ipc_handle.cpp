@@ -13,6 +13,7 @@
 #include "cuemm/runtime/context.hpp"
 #include "cuemm/runtime/device.hpp"
 #include "cuemm/threading/blocking_hook.hpp"
+#include "memory/descriptor_passing.hpp"
 
 namespace cuemm {
 namespace {
@@ -36,8 +37,10 @@ HandleBytes bytes_of(const cuda::CUipcMemHandle& handle) {
 }
 
 constexpr char kMagic[8] = {'C', 'U', 'E', 'M', 'M', 'I', 'P', 'C'};
-constexpr std::uint32_t kFormatVersion = 1;
-constexpr std::size_t kSerializedSize = 8 + 4 + cuda::kIpcHandleSize + 8 + 8 + 1 + 3 * 4;
+// Version 2 added the stream-ordered pool's export (a kind byte, its data, pid and token).
+constexpr std::uint32_t kFormatVersion = 2;
+constexpr std::size_t kSerializedSize =
+    8 + 4 + cuda::kIpcHandleSize + 8 + 8 + 1 + 3 * 4 + 1 + sizeof(cuda::CUmemPoolPtrExportData) + 4 + 8;
 
 template <typename T>
 void put(std::vector<std::uint8_t>& out, const T& value) {
@@ -69,6 +72,11 @@ IpcHandle::IpcHandle(std::shared_ptr<MemoryPointer> base, const cuda::CUipcMemHa
   }
 }
 
+IpcHandle::IpcHandle(std::shared_ptr<MemoryPointer> base, const PoolExport& exported, std::size_t size,
+                     std::optional<DeviceIdentity> source_info, std::size_t offset)
+    : base_(std::move(base)), handle_{}, size_(size), source_info_(source_info), offset_(offset),
+      pool_export_(exported) {}
+
 IpcHandle::IpcHandle(IpcHandle&&) noexcept = default;
 IpcHandle& IpcHandle::operator=(IpcHandle&&) noexcept = default;
 IpcHandle::~IpcHandle() = default;
@@ -86,6 +94,11 @@ std::vector<std::uint8_t> IpcHandle::to_bytes() const {
   put(out, static_cast<std::int32_t>(source.pci_domain_id));
   put(out, static_cast<std::int32_t>(source.pci_bus_id));
   put(out, static_cast<std::int32_t>(source.pci_device_id));
+  const PoolExport pool = pool_export_.value_or(PoolExport{});
+  put(out, static_cast<std::uint8_t>(pool_export_ ? 1 : 0));
+  out.insert(out.end(), pool.data.reserved, pool.data.reserved + sizeof pool.data.reserved);
+  put(out, pool.pid);
+  put(out, pool.token);
   return out;
 }
 
@@ -109,7 +122,14 @@ IpcHandle IpcHandle::from_bytes(const std::vector<std::uint8_t>& bytes) {
   source.pci_domain_id = take<std::int32_t>(cursor);
   source.pci_bus_id = take<std::int32_t>(cursor);
   source.pci_device_id = take<std::int32_t>(cursor);
-  return IpcHandle(nullptr, handle, size, has_source ? std::optional(source) : std::nullopt, offset);
+  const auto source_info = has_source ? std::optional(source) : std::nullopt;
+  if (take<std::uint8_t>(cursor) == 0) return IpcHandle(nullptr, handle, size, source_info, offset);
+  PoolExport pool;
+  std::memcpy(pool.data.reserved, cursor, sizeof pool.data.reserved);
+  cursor += sizeof pool.data.reserved;
+  pool.pid = take<std::int32_t>(cursor);
+  pool.token = take<std::uint64_t>(cursor);
+  return IpcHandle(nullptr, pool, size, source_info, offset);
 }
 
 std::string IpcHandle::to_hex() const {
@@ -138,7 +158,11 @@ IpcHandle IpcHandle::from_hex(const std::string& text) {
 
 std::shared_ptr<MemoryPointer> IpcHandle::open(Context& context) {
   if (opened_) throw StateError("IpcHandle is already opened (close it before opening it again)");
-  {
+  if (pool_export_ && pool_export_->pid == getpid()) {
+    throw StateError("this IPC handle was exported by this process (pid " + std::to_string(getpid()) +
+                     "); only another process can open it");
+  }
+  if (!pool_export_) {
     auto& table = exported();
     std::lock_guard lock(table.mutex);
     if (table.handles.count(bytes_of(handle_))) {
@@ -150,8 +174,35 @@ std::shared_ptr<MemoryPointer> IpcHandle::open(Context& context) {
   return open_staged(context);
 }
 
+std::shared_ptr<MemoryPointer> IpcHandle::map_into(Context& context) {
+  if (!pool_export_) return context.open_ipc_handle(handle_, offset_ + size_);
+  // The pool's descriptor from the exporter; the driver keeps what it needs of it.
+  const int descriptor = detail::take_descriptor(pool_export_->pid, pool_export_->token);
+  ScopedContext scope(context);
+  cuda::CUmemoryPool pool = nullptr;
+  const cuda::CUresult imported =
+      CUEMM_CU_RESULT(cuMemPoolImportFromShareableHandle, &pool,
+                      reinterpret_cast<void*>(static_cast<std::intptr_t>(descriptor)),
+                      cuda::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  ::close(descriptor);
+  driver::check(imported, "cuMemPoolImportFromShareableHandle");
+  cuda::CUdeviceptr pointer = 0;
+  PoolExport exported = *pool_export_;
+  if (const cuda::CUresult result = CUEMM_CU_RESULT(cuMemPoolImportPointer, &pointer, pool, &exported.data);
+      result != cuda::CUDA_SUCCESS) {
+    CUEMM_CU_RESULT(cuMemPoolDestroy, pool);
+    driver::check(result, "cuMemPoolImportPointer");
+  }
+  // Freed in this process before the pool that holds it goes.
+  return std::make_shared<MemoryPointer>(&context, pointer, offset_ + size_, nullptr, [&context, pointer, pool] {
+    ScopedContext close_scope(context);
+    CUEMM_CU(cuMemFree, pointer);
+    CUEMM_CU(cuMemPoolDestroy, pool);
+  });
+}
+
 std::shared_ptr<MemoryPointer> IpcHandle::open_direct(Context& context) {
-  opened_ = context.open_ipc_handle(handle_, offset_ + size_);
+  opened_ = map_into(context);
   staged_ = false;
   return opened_->view(offset_, offset_ + size_);
 }
@@ -161,7 +212,7 @@ std::shared_ptr<MemoryPointer> IpcHandle::open_direct(Context& context) {
 // The copy is not owned by the handle (the manager owns it).
 std::shared_ptr<MemoryPointer> IpcHandle::open_staged(Context& context) {
   Context& source = Device::from_identity(*source_info_).primary_context();
-  auto mapping = source.open_ipc_handle(handle_, offset_ + size_);
+  auto mapping = map_into(source);
   auto copy = context.memalloc(size_);
   {
     ScopedContext scope(context);
@@ -176,7 +227,7 @@ std::shared_ptr<MemoryPointer> IpcHandle::open_staged(Context& context) {
 void IpcHandle::close() {
   if (!opened_) throw StateError("IpcHandle not opened (nothing to close)");
   auto opened = std::move(opened_);
-  if (!staged_) opened->free();  // cuIpcCloseMemHandle
+  if (!staged_) opened->free();  // cuIpcCloseMemHandle, or cuMemFree of a pool's block
   staged_ = false;
 }
 

@@ -444,3 +444,20 @@ def test_defer_cleanup_reset_and_the_async_manager(run_python):
         b = cuda.to_device([1, 2, 3])
         assert list(b.copy_to_host()) == [1, 2, 3]
     """)
+
+
+def test_an_exportable_async_pool_says_numba_cannot_open_its_handles(run_python):
+    # Its blocks export through the pool's descriptor, which Numba's IpcHandle cannot open.
+    run_python("""
+        from numba import cuda
+        import cuemm
+        cuemm.use_cuemm_for_numba("async")
+        a = cuda.device_array(100)
+        try:
+            a.get_ipc_handle()
+        except NotImplementedError as error:
+            assert "exportable stream-ordered pool" in str(error), str(error)
+            assert "CUEMM_MEMORY_MANAGER=pool" in str(error), str(error)
+        else:
+            raise AssertionError("handed Numba a handle it cannot open")
+    """, CUEMM_ASYNC_EXPORTABLE="1")

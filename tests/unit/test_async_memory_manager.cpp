@@ -1,5 +1,7 @@
 // The stream-ordered pool manager: its own driver pool, ordered reuse, the
 // release threshold, and a clear refusal of IPC.
+#include <cstring>
+
 #include "support/test_support.hpp"
 
 using namespace cuemm;
@@ -40,16 +42,48 @@ TEST_F(Async, AFreedBlockIsNotReusedWhileQueuedWorkMayStillWriteIt) {
       << "the kernel's late write landed in the reused block";
 }
 
-TEST_F(Async, IpcIsRefusedWithAClearError) {
-  AsyncMemoryManager manager(&context);
+TEST_F(Async, IpcFromAPoolNotCreatedExportableIsRefusedWithAClearError) {
+  AsyncOptions options;
+  options.exportable = false;
+  AsyncMemoryManager manager(&context, options);
   manager.initialize();
   auto memory = manager.memalloc(4096);
   try {
     manager.get_ipc_handle(memory);
     FAIL();
   } catch (const NotSupported& error) {
-    EXPECT_NE(std::string(error.what()).find("CUEMM_MEMORY_MANAGER=pool"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("not created exportable"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("CUEMM_ASYNC_EXPORTABLE=1"), std::string::npos) << error.what();
   }
+}
+
+// (Opening in another process: test_ipc.)
+TEST_F(Async, AnExportablePoolsHandleCarriesItsExportAndSurvivesSerialisation) {
+  AsyncOptions options;
+  options.exportable = true;
+  AsyncMemoryManager manager(&context, options);
+  manager.initialize();
+  auto memory = manager.memalloc(8192);
+  IpcHandle handle = manager.get_ipc_handle(memory->view(4096));
+  ASSERT_TRUE(handle.pool_export());
+  EXPECT_EQ(handle.offset(), 4096u);
+  EXPECT_EQ(handle.size(), 4096u);
+  IpcHandle copy = IpcHandle::from_hex(handle.to_hex());
+  ASSERT_TRUE(copy.pool_export());
+  EXPECT_EQ(copy.pool_export()->pid, handle.pool_export()->pid);
+  EXPECT_EQ(copy.pool_export()->token, handle.pool_export()->token);
+  EXPECT_EQ(std::memcmp(copy.pool_export()->data.reserved, handle.pool_export()->data.reserved, 64), 0);
+  EXPECT_THROW(copy.open(context), StateError) << "this process exported it";
+  EXPECT_THROW(manager.get_ipc_handle(context.memalloc(256)), CudaError) << "not the manager's pool's memory";
+}
+
+TEST_F(Async, TheExportableOptionComesFromTheEnvironment) {
+  setenv("CUEMM_ASYNC_EXPORTABLE", "1", 1);
+  EXPECT_TRUE(AsyncOptions::from_environment().exportable);
+  setenv("CUEMM_ASYNC_EXPORTABLE", "yes", 1);
+  EXPECT_THROW(AsyncOptions::from_environment(), InvalidArgument);
+  unsetenv("CUEMM_ASYNC_EXPORTABLE");
+  EXPECT_FALSE(AsyncOptions::from_environment().exportable);
 }
 
 TEST_F(Async, MemoryInfoCountsThePoolsUnusedBytes) {

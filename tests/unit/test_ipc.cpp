@@ -116,6 +116,75 @@ TEST_F(Ipc, AnotherProcessReadsAndWritesTheSharedMemory) {
   for (std::size_t i = 0; i < count; ++i) ASSERT_EQ(after[i], 1100u + i) << "the child's write is not visible";
 }
 
+// A stream-ordered pool created exportable: the child takes the pool's
+// descriptor from this process and imports the block.
+TEST_F(Ipc, AnotherProcessReadsAndWritesAnExportableStreamOrderedPoolsBlock) {
+  AsyncOptions options;
+  options.exportable = true;
+  options.pinned_host_pool = false;
+  AsyncMemoryManager manager(&context, options);
+  manager.initialize();
+  const std::size_t count = 4096;
+  std::vector<std::uint32_t> values(count);
+  std::iota(values.begin(), values.end(), 300u);
+  auto memory = manager.memalloc(count * sizeof(std::uint32_t) + 4096);
+  auto shared = memory->view(4096);
+  DeviceArray<std::uint32_t> array(shared, count);
+  array.copy_to_device(values);
+  IpcHandle handle = manager.get_ipc_handle(shared);
+  ASSERT_TRUE(handle.pool_export());
+  ASSERT_EQ(run_child(handle, context.device().id(), count, 300, "direct"), 0);
+  const auto after = array.copy_to_host();
+  for (std::size_t i = 0; i < count; ++i) ASSERT_EQ(after[i], 1300u + i) << "the child's write is not visible";
+  // A second handle of the same pool reuses the offered descriptor.
+  auto other = manager.memalloc(1024 * sizeof(std::uint32_t));
+  DeviceArray<std::uint32_t> other_array(other, 1024);
+  std::vector<std::uint32_t> others(1024);
+  std::iota(others.begin(), others.end(), 5u);
+  other_array.copy_to_device(others);
+  IpcHandle second = manager.get_ipc_handle(other);
+  EXPECT_EQ(second.pool_export()->token, handle.pool_export()->token);
+  EXPECT_EQ(run_child(second, context.device().id(), 1024, 5, "direct"), 0);
+}
+
+TEST_F(Ipc, AStreamOrderedPoolsHandleWhoseExporterHasExitedSaysSo) {
+  // A process that has come and gone.
+  pid_t gone = 0;
+  char* args[] = {const_cast<char*>("/bin/true"), nullptr};
+  ASSERT_EQ(posix_spawn(&gone, "/bin/true", nullptr, nullptr, args, environ), 0);
+  waitpid(gone, nullptr, 0);
+  PoolExport exported;
+  std::memset(exported.data.reserved, 0, sizeof exported.data.reserved);
+  exported.pid = gone;
+  exported.token = 1;
+  IpcHandle handle = IpcHandle::from_bytes(IpcHandle(nullptr, exported, 4096).to_bytes());
+  try {
+    handle.open(context);
+    FAIL() << "opened a handle whose exporter is gone";
+  } catch (const StateError& error) {
+    EXPECT_NE(std::string(error.what()).find("cannot reach process " + std::to_string(gone)), std::string::npos)
+        << error.what();
+  }
+  EXPECT_FALSE(handle.is_open());
+}
+
+TEST_F(Ipc, AnExportableStreamOrderedPoolsBlockOpensStagedOnADeviceThatCannotMapIt) {
+  if (Device::count() < 2) GTEST_SKIP() << "needs two devices (the simulated driver gives two with CUEMM_SIM_DEVICES=2)";
+  if (Device::get(1).can_access_peer(Device::get(0)))
+    GTEST_SKIP() << "device 1 can map device 0's memory, so no staging happens";
+  AsyncOptions options;
+  options.exportable = true;
+  AsyncMemoryManager manager(&context, options);
+  manager.initialize();
+  const std::size_t count = 1000;
+  std::vector<std::uint32_t> values(count);
+  std::iota(values.begin(), values.end(), 11u);
+  auto memory = manager.memalloc(count * sizeof(std::uint32_t));
+  DeviceArray<std::uint32_t> array(memory, count);
+  array.copy_to_device(values);
+  EXPECT_EQ(run_child(manager.get_ipc_handle(memory), 1, count, 11, "staged"), 0);
+}
+
 TEST_F(Ipc, ADeviceThatCannotMapTheSourceOpensAStagedCopy) {
   if (Device::count() < 2) GTEST_SKIP() << "needs two devices (the simulated driver gives two with CUEMM_SIM_DEVICES=2)";
   if (Device::get(1).can_access_peer(Device::get(0)))

@@ -67,6 +67,10 @@ struct CUmemPoolProps {
   unsigned char reserved[54];
 };
 static_assert(sizeof(CUmemPoolProps) == 88);
+// What cuMemPoolExportPointer writes: names one block of an exported pool (not a handle: plain bytes).
+struct CUmemPoolPtrExportData {
+  unsigned char reserved[64];
+};
 static_assert(sizeof(CUmemAllocationProp) == 32 && sizeof(CUmemAccessDesc) == 12);
 inline constexpr int CU_MEM_ALLOCATION_TYPE_PINNED = 0x1;
 inline constexpr int CU_MEM_LOCATION_TYPE_DEVICE = 0x1;
@@ -268,6 +272,13 @@ inline bool is_default_stream(CUstream stream) noexcept {
   X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync",                                            \
     (CUdeviceptr * pointer, std::size_t bytes, CUmemoryPool pool, CUstream stream))                \
   X(cuMemFreeAsync, "cuMemFreeAsync", (CUdeviceptr pointer, CUstream stream))                      \
+  X(cuMemPoolExportToShareableHandle, "cuMemPoolExportToShareableHandle",                          \
+    (void* handle, CUmemoryPool pool, int handle_type, unsigned long long flags))                  \
+  X(cuMemPoolImportFromShareableHandle, "cuMemPoolImportFromShareableHandle",                      \
+    (CUmemoryPool * pool, void* handle, int handle_type, unsigned long long flags))                \
+  X(cuMemPoolExportPointer, "cuMemPoolExportPointer", (CUmemPoolPtrExportData * data, CUdeviceptr pointer)) \
+  X(cuMemPoolImportPointer, "cuMemPoolImportPointer",                                              \
+    (CUdeviceptr * pointer, CUmemoryPool pool, CUmemPoolPtrExportData * data))                     \
   X(cuLaunchKernel, "cuLaunchKernel",                                                              \
     (CUfunction function, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,     \
      unsigned block_y, unsigned block_z, unsigned shared_bytes, CUstream stream, void** params,    \

@@ -9,9 +9,11 @@
 // the release threshold (CUEMM_ASYNC_RELEASE_THRESHOLD, default: all of it).
 // Host memory comes from a PinnedHostPool.
 //
-// IPC: the driver cannot export stream-ordered memory with cuIpcGetMemHandle;
-// get_ipc_handle() says so (NotSupported) and names the pool manager, whose
-// blocks can be exported.
+// IPC: the driver cannot export stream-ordered memory with cuIpcGetMemHandle.
+// A pool created exportable (CUEMM_ASYNC_EXPORTABLE=1) exports its blocks
+// with cuMemPoolExportPointer, and offers its descriptor to other processes
+// of the same user (IpcHandle::open takes it); otherwise get_ipc_handle()
+// says how to get one (NotSupported).
 //
 // reset() waits for the device, then gives the pool's free memory back; blocks
 // still held stay valid until released. Thread-safe.
@@ -29,6 +31,9 @@ namespace cuemm {
 struct AsyncOptions {
   // Freed bytes the pool may keep at a synchronisation point; the rest goes back to the driver.
   std::uint64_t release_threshold = UINT64_MAX;
+  // Created shareable through a POSIX file descriptor, so that get_ipc_handle()
+  // works (CUEMM_ASYNC_EXPORTABLE=1).
+  bool exportable = false;
   bool pinned_host_pool = true;
   static AsyncOptions from_environment();
 };
@@ -58,6 +63,8 @@ class AsyncMemoryManager : public HostOnlyMemoryManager {
   AsyncOptions options_;
   BlockingAwareMutex mutex_;
   std::atomic<cuda::CUmemoryPool> pool_{nullptr};
+  // Names the pool's descriptor to other processes once exported (under mutex_; 0: not yet).
+  std::uint64_t pool_token_ = 0;
 };
 
 }  // namespace cuemm

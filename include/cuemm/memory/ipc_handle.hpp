@@ -14,6 +14,11 @@
 // open() maps the memory directly when the importer's device is the source
 // device, and otherwise stages it: the source device maps it and a copy is
 // made in a fresh allocation from the importing context's memory manager.
+//
+// Memory of a stream-ordered pool created exportable has no such driver
+// handle: its handle carries the block's export data (cuMemPoolExportPointer)
+// and the exporting process's pid, from which open() takes the pool's
+// descriptor (through a Unix socket: processes of the same user only).
 #pragma once
 
 #include <array>
@@ -40,12 +45,22 @@ struct DeviceIdentity {
   std::string to_string() const;
 };
 
+// A block of an exportable stream-ordered pool, as the exporting process names it.
+struct PoolExport {
+  cuda::CUmemPoolPtrExportData data;  // from cuMemPoolExportPointer
+  std::int32_t pid = 0;               // the exporting process
+  std::uint64_t token = 0;            // names the pool's descriptor there (see src/memory/descriptor_passing.hpp)
+};
+
 class IpcHandle {
  public:
   // base: the exported memory (kept alive while the handle lives); null in an
   // importing process. offset: where the memory starts inside the allocation
   // the driver handle names.
   IpcHandle(std::shared_ptr<MemoryPointer> base, const cuda::CUipcMemHandle& handle, std::size_t size,
+            std::optional<DeviceIdentity> source_info = std::nullopt, std::size_t offset = 0);
+  // A block of an exportable stream-ordered pool: the driver handle is all zeros.
+  IpcHandle(std::shared_ptr<MemoryPointer> base, const PoolExport& exported, std::size_t size,
             std::optional<DeviceIdentity> source_info = std::nullopt, std::size_t offset = 0);
   IpcHandle(IpcHandle&&) noexcept;
   IpcHandle& operator=(IpcHandle&&) noexcept;
@@ -58,6 +73,7 @@ class IpcHandle {
   std::size_t size() const noexcept { return size_; }
   std::size_t offset() const noexcept { return offset_; }
   const std::optional<DeviceIdentity>& source_info() const noexcept { return source_info_; }
+  const std::optional<PoolExport>& pool_export() const noexcept { return pool_export_; }
 
   // Serialised form (the handle, size, offset and source; never the base).
   std::vector<std::uint8_t> to_bytes() const;
@@ -77,12 +93,15 @@ class IpcHandle {
  private:
   std::shared_ptr<MemoryPointer> open_direct(Context& context);
   std::shared_ptr<MemoryPointer> open_staged(Context& context);
+  // The exported allocation, mapped into `context` (its start, offset_ + size_ bytes).
+  std::shared_ptr<MemoryPointer> map_into(Context& context);
 
   std::shared_ptr<MemoryPointer> base_;
   cuda::CUipcMemHandle handle_;
   std::size_t size_;
   std::optional<DeviceIdentity> source_info_;
   std::size_t offset_;
+  std::optional<PoolExport> pool_export_;
   std::shared_ptr<MemoryPointer> opened_;  // the mapping (direct) or the copy (staged)
   bool staged_ = false;
 };
