@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -28,6 +29,13 @@ sockaddr_un address_of(int pid, socklen_t& length) {
 }
 
 std::string system_error(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
+
+// Neither side waits for ever on the other: a stalled peer costs one timeout.
+void limit_waits(int socket_fd, int seconds) {
+  const timeval limit{seconds, 0};
+  setsockopt(socket_fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  setsockopt(socket_fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
+}
 
 class DescriptorServer {
  public:
@@ -70,6 +78,7 @@ class DescriptorServer {
         if (errno == EINTR || errno == ECONNABORTED) continue;
         return;
       }
+      limit_waits(client, 1);
       answer(client);
       close(client);
     }
@@ -125,6 +134,7 @@ int take_descriptor(int pid, std::uint64_t token) {
     int fd;
     ~Closer() { close(fd); }
   } closer{connection};
+  limit_waits(connection, 10);
   socklen_t length = 0;
   const sockaddr_un address = address_of(pid, length);
   if (connect(connection, reinterpret_cast<const sockaddr*>(&address), length) != 0) {
