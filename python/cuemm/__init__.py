@@ -36,7 +36,7 @@ _OPTION_VARIABLES = {
         "expandable": "CUEMM_POOL_EXPANDABLE",
         "pinned_host_pool": "CUEMM_PINNED_HOST_POOL",
     },
-    "async": {"release_threshold": "CUEMM_ASYNC_RELEASE_THRESHOLD"},
+    "async": {"release_threshold": "CUEMM_ASYNC_RELEASE_THRESHOLD", "exportable": "CUEMM_ASYNC_EXPORTABLE"},
     "default": {},
 }
 _COMMON_VARIABLES = {"adaptors": "CUEMM_ADAPTORS", "limit": "CUEMM_LIMIT", "log_file": "CUEMM_LOG_FILE"}

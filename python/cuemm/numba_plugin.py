@@ -57,6 +57,45 @@ else:
         return _drvapi.cu_ipc_mem_handle.from_buffer_copy(raw)
 
 
+class CuemmIpcHandle(_driver.IpcHandle):
+    """Numba's IpcHandle for memory the driver has no IPC handle for (a block of
+    an exportable stream-ordered pool, CUEMM_ASYNC_EXPORTABLE=1): cuemm opens it,
+    taking the pool's descriptor from the exporting process. Pickles as cuemm's
+    serialised handle; the importing process needs cuemm, not its plugin."""
+
+    def __init__(self, base, exported, size, source_info=None, offset=0):
+        super().__init__(base, _ipc_mem_handle(bytes(64)), size, source_info, offset)
+        self._exported = bytes(exported)
+        self._import = None
+
+    def open(self, context):
+        if self._import is not None:
+            raise ValueError("IpcHandle is already opened")
+        opened = _core.IpcImport(self._exported)  # direct or staged, as the devices allow
+        address = opened.open(context.device.id)
+        self._import = opened
+        return _driver.MemoryPointer(context, _device_pointer(address), self.size)
+
+    def open_direct(self, context):
+        return self.open(context)
+
+    def open_staged(self, context):
+        return self.open(context)
+
+    def close(self):
+        if self._import is None:
+            raise ValueError("IpcHandle not opened")
+        self._import.close()
+        self._import = None
+
+    def __reduce__(self):
+        return (_rebuild_cuemm_ipc_handle, (self._exported, self.size, self.source_info, self.offset))
+
+
+def _rebuild_cuemm_ipc_handle(exported, size, source_info, offset):
+    return CuemmIpcHandle(None, exported, size, source_info, offset)
+
+
 _bridges = {}  # device id -> _core.Bridge, shared by the contexts Numba makes for it
 _bridges_lock = threading.Lock()
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -213,8 +252,10 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
         return memory.own()
 
     def get_ipc_handle(self, memory):
-        raw, offset, _ = self._get_bridge().ipc_handle(_address_of(memory.handle), memory.size)
+        raw, offset, _, exported = self._get_bridge().ipc_handle(_address_of(memory.handle), memory.size)
         source_info = self.context.device.get_device_identity()
+        if exported is not None:
+            return CuemmIpcHandle(memory, exported, memory.size, source_info, offset=offset)
         return _driver.IpcHandle(memory, _ipc_mem_handle(raw), memory.size, source_info, offset=offset)
 
     def get_memory_info(self):

@@ -10,6 +10,7 @@
 #include <pybind11/stl.h>
 
 #include <array>
+#include <optional>
 #include <fstream>
 #include <sstream>
 
@@ -276,21 +277,22 @@ class Bridge {
     return wrap(call({}, [&] { return manager_->memallocmanaged(checked_size(size, "memallocmanaged"), attach_global); }));
   }
 
-  // (handle bytes, offset of [address, address + size) in the exported allocation, size)
+  // (handle bytes, offset of [address, address + size) in the exported allocation, size, and
+  // cuemm's serialised handle where the driver has no handle for the memory, else None)
   py::tuple ipc_handle(std::uintptr_t address, long long size) {
     auto view = std::make_shared<MemoryPointer>(context_, address, checked_size(size, "get_ipc_handle"));
     IpcHandle handle = [&] {
       py::gil_scoped_release unlocked;
       return manager_->get_ipc_handle(view);
     }();
-    if (handle.pool_export()) {
-      throw NotSupported(
-          "get_ipc_handle: a block of an exportable stream-ordered pool (CUEMM_ASYNC_EXPORTABLE=1) has no driver "
-          "IPC handle, the only kind Numba's IpcHandle opens; use CUEMM_MEMORY_MANAGER=pool to share memory "
-          "through Numba");
-    }
     const auto& raw = handle.handle();
-    return py::make_tuple(py::bytes(raw.reserved, sizeof raw.reserved), handle.offset(), handle.size());
+    // A stream-ordered pool's block has no driver handle: cuemm's own serialised handle opens it.
+    py::object exported = py::none();
+    if (handle.pool_export()) {
+      const std::vector<std::uint8_t> bytes = handle.to_bytes();
+      exported = py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    }
+    return py::make_tuple(py::bytes(raw.reserved, sizeof raw.reserved), handle.offset(), handle.size(), exported);
   }
 
   py::tuple memory_info() {
@@ -701,6 +703,32 @@ py::object allocator_of(py::object bridge_object, py::object pointer_type, py::o
 
 }  // namespace
 
+// Opens, in this process, an IPC handle that only cuemm can open (a block of
+// an exportable stream-ordered pool), for cuemm.numba_plugin's IpcHandle.
+class IpcImport {
+ public:
+  explicit IpcImport(const py::bytes& serialised) {
+    const std::string text = serialised;
+    handle_.emplace(IpcHandle::from_bytes(std::vector<std::uint8_t>(text.begin(), text.end())));
+  }
+  // The shared memory's address in device `device`'s primary context.
+  std::uintptr_t open(int device) {
+    py::gil_scoped_release unlocked;  // takes a descriptor from the exporter, and maps
+    opened_ = handle_->open(Device::get(device).primary_context());
+    return opened_->device_pointer();
+  }
+  void close() {
+    py::gil_scoped_release unlocked;
+    handle_->close();
+    opened_.reset();
+  }
+  bool staged() const { return handle_->is_staged(); }
+
+ private:
+  std::optional<IpcHandle> handle_;
+  std::shared_ptr<MemoryPointer> opened_;
+};
+
 PYBIND11_MODULE(_core, module) {
   module.doc() = "cuemm's C++ memory managers (see cuemm.numba_plugin)";
 
@@ -748,6 +776,12 @@ PYBIND11_MODULE(_core, module) {
       .def("statistics", &Bridge::statistics)
       .def_property_readonly("logging", &Bridge::logging)
       .def("log_text", &Bridge::log_text);
+
+  py::class_<IpcImport>(module, "IpcImport")
+      .def(py::init<const py::bytes&>(), py::arg("serialised"))
+      .def("open", &IpcImport::open, py::arg("device"))
+      .def("close", &IpcImport::close)
+      .def_property_readonly("staged", &IpcImport::staged);
 
   module.def("bundled_managers", &bundled_memory_managers);
   module.def("memory_plot_svg", [](const std::string& log_text) {

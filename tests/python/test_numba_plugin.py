@@ -446,18 +446,26 @@ def test_defer_cleanup_reset_and_the_async_manager(run_python):
     """)
 
 
-def test_an_exportable_async_pool_says_numba_cannot_open_its_handles(run_python):
-    # Its blocks export through the pool's descriptor, which Numba's IpcHandle cannot open.
-    run_python("""
+def test_an_exportable_async_pools_blocks_open_in_another_process(run_python, tmp_path):
+    # No driver handle: cuemm's own IpcHandle, opened by cuemm in the child.
+    payload, child = tmp_path / "handle.pickle", tmp_path / "child.py"
+    child.write_text(CHILD)
+    out = run_python(f"""
+        import pickle, subprocess, sys
+        import numpy as np
         from numba import cuda
         import cuemm
-        cuemm.use_cuemm_for_numba("async")
-        a = cuda.device_array(100)
-        try:
-            a.get_ipc_handle()
-        except NotImplementedError as error:
-            assert "exportable stream-ordered pool" in str(error), str(error)
-            assert "CUEMM_MEMORY_MANAGER=pool" in str(error), str(error)
-        else:
-            raise AssertionError("handed Numba a handle it cannot open")
-    """, CUEMM_ASYNC_EXPORTABLE="1")
+        from cuemm.numba_plugin import CuemmIpcHandle
+        cuemm.use_cuemm_for_numba("async", exportable=True)
+        first = cuda.to_device(np.zeros(1000, dtype=np.int32))
+        second = cuda.to_device(np.arange(1000, dtype=np.int32))
+        handle = second.get_ipc_handle()
+        assert isinstance(handle._ipc_handle, CuemmIpcHandle), type(handle._ipc_handle)
+        with open({str(payload)!r}, "wb") as out:
+            pickle.dump(handle, out)
+        result = subprocess.run([sys.executable, {str(child)!r}, {str(payload)!r}], capture_output=True, text=True,
+                                timeout=120)
+        print(result.stdout, result.stderr)
+        assert result.returncode == 0
+    """)
+    assert "child ok" in out
