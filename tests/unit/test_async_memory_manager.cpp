@@ -77,6 +77,23 @@ TEST_F(Async, AnExportablePoolsHandleCarriesItsExportAndSurvivesSerialisation) {
   EXPECT_THROW(manager.get_ipc_handle(context.memalloc(256)), CudaError) << "not the manager's pool's memory";
 }
 
+TEST_F(Async, AFailedExportLeavesTheManagerAbleToExportLater) {
+  CUEMM_REQUIRE_SIMULATION();
+  AsyncOptions options;
+  options.exportable = true;
+  AsyncMemoryManager manager(&context, options);
+  manager.initialize();
+  auto memory = manager.memalloc(4096);
+  for (const char* call : {"cuMemPoolExportPointer", "cuMemPoolExportToShareableHandle"}) {
+    simulation::inject_fault(call, 1, cuda::CUDA_ERROR_OUT_OF_MEMORY);
+    EXPECT_THROW(manager.get_ipc_handle(memory), CudaError) << call;
+    simulation::clear_faults();
+  }
+  IpcHandle handle = manager.get_ipc_handle(memory);
+  ASSERT_TRUE(handle.pool_export());
+  EXPECT_NE(handle.pool_export()->token, 0u);
+}
+
 TEST_F(Async, TheExportableOptionComesFromTheEnvironment) {
   setenv("CUEMM_ASYNC_EXPORTABLE", "1", 1);
   EXPECT_TRUE(AsyncOptions::from_environment().exportable);
