@@ -12,57 +12,65 @@ namespace {
 constexpr std::uintptr_t kBase = 0x7f0000000000;
 }
 
+// Four seeds of random allocations and frees, each checked against a model of
+// the live blocks. Live bytes hover below 75% of the space, where requests of
+// up to 4 MiB in 64 MiB regions fail only by fragmentation: rarely, with a
+// good fit (0-23 in 100,000 over seeds 1-20), so the bound is 1 in 2,000.
 TEST(TlsfBlockAllocator, RandomWorkloadKeepsBlocksDistinctAlignedAndAccounted) {
-  TlsfBlockAllocator allocator(256);
-  const std::size_t region = std::size_t{64} << 20;
-  allocator.add_region(kBase, region);
-  allocator.add_region(kBase + (std::size_t{1} << 30), region);
-  std::map<std::uintptr_t, std::size_t> live;  // address -> block size
-  std::mt19937_64 random(42);
   std::size_t failures = 0, attempts = 0;
-  for (int step = 0; step < 200000; ++step) {
-    // Live bytes hover below 75% of the space, so a failure means fragmentation.
-    const bool allocate = live.empty() || (allocator.allocated_bytes() < region * 3 / 2 && random() % 2 == 0);
-    if (allocate) {
-      const std::size_t size = 1 + random() % (random() % 8 == 0 ? (4u << 20) : 65536u);
-      ++attempts;
-      auto address = allocator.allocate(size);
-      if (!address) {
-        ++failures;
-        continue;
+  for (unsigned seed = 1; seed <= 4; ++seed) {
+    TlsfBlockAllocator allocator(256);
+    const std::size_t region = std::size_t{64} << 20;
+    allocator.add_region(kBase, region);
+    allocator.add_region(kBase + (std::size_t{1} << 30), region);
+    std::map<std::uintptr_t, std::size_t> live;  // address -> block size
+    std::mt19937_64 random(seed);
+    for (int step = 0; step < 200000; ++step) {
+      const bool allocate = live.empty() || (allocator.allocated_bytes() < region * 3 / 2 && random() % 2 == 0);
+      if (allocate) {
+        // Two draws in a fixed order (inside one expression, the compiler picks the order).
+        const bool large = random() % 8 == 0;
+        const std::size_t size = 1 + random() % (large ? (4u << 20) : 65536u);
+        ++attempts;
+        auto address = allocator.allocate(size);
+        if (!address) {
+          ++failures;
+          continue;
+        }
+        const std::size_t block = allocator.block_size(*address);
+        ASSERT_GE(block, size);
+        ASSERT_LT(block, size + size / 8 + 512) << "fit too loose";
+        ASSERT_EQ(*address % 256, 0u);
+        auto next = live.lower_bound(*address);
+        ASSERT_TRUE(next == live.end() || *address + block <= next->first) << "overlaps the next block";
+        if (next != live.begin()) {
+          auto previous = std::prev(next);
+          ASSERT_LE(previous->first + previous->second, *address) << "overlaps the previous block";
+        }
+        live.emplace(*address, block);
+      } else {
+        auto victim = live.begin();
+        std::advance(victim, static_cast<long>(random() % live.size()));
+        ASSERT_EQ(allocator.deallocate(victim->first), victim->second);
+        live.erase(victim);
       }
-      const std::size_t block = allocator.block_size(*address);
-      ASSERT_GE(block, size);
-      ASSERT_LT(block, size + size / 8 + 512) << "fit too loose";
-      ASSERT_EQ(*address % 256, 0u);
-      auto next = live.lower_bound(*address);
-      ASSERT_TRUE(next == live.end() || *address + block <= next->first) << "overlaps the next block";
-      if (next != live.begin()) {
-        auto previous = std::prev(next);
-        ASSERT_LE(previous->first + previous->second, *address) << "overlaps the previous block";
+      if (step % 5000 == 0) {
+        std::size_t live_bytes = 0;
+        for (const auto& [address, size] : live) live_bytes += size;
+        ASSERT_EQ(allocator.allocated_bytes(), live_bytes);
+        ASSERT_EQ(allocator.allocated_blocks(), live.size());
       }
-      live.emplace(*address, block);
-    } else {
-      auto victim = live.begin();
-      std::advance(victim, static_cast<long>(random() % live.size()));
-      ASSERT_EQ(allocator.deallocate(victim->first), victim->second);
-      live.erase(victim);
     }
-    std::size_t live_bytes = 0;
-    if (step % 5000 == 0) {
-      for (const auto& [address, size] : live) live_bytes += size;
-      ASSERT_EQ(allocator.allocated_bytes(), live_bytes);
-      ASSERT_EQ(allocator.allocated_blocks(), live.size());
-    }
+    for (const auto& [address, size] : live) ASSERT_EQ(allocator.deallocate(address), size);
+    EXPECT_EQ(allocator.free_blocks(), 2u) << "freed neighbours did not coalesce";
+    EXPECT_EQ(allocator.free_bytes(), 2 * region);
+    auto regions = allocator.take_free_regions();
+    ASSERT_EQ(regions.size(), 2u);
+    EXPECT_EQ(regions[0].size + regions[1].size, 2 * region);
+    EXPECT_EQ(allocator.region_bytes(), 0u);
   }
-  EXPECT_EQ(failures, 0u) << "of " << attempts << " allocations at under 75% occupancy";
-  for (const auto& [address, size] : live) ASSERT_EQ(allocator.deallocate(address), size);
-  EXPECT_EQ(allocator.free_blocks(), 2u) << "freed neighbours did not coalesce";
-  EXPECT_EQ(allocator.free_bytes(), 2 * region);
-  auto regions = allocator.take_free_regions();
-  ASSERT_EQ(regions.size(), 2u);
-  EXPECT_EQ(regions[0].size + regions[1].size, 2 * region);
-  EXPECT_EQ(allocator.region_bytes(), 0u);
+  EXPECT_LE(failures * 2000, attempts) << failures << " of " << attempts
+                                       << " allocations failed at under 75% occupancy";
 }
 
 TEST(TlsfBlockAllocator, UnknownAddressesChangeNothing) {
