@@ -113,21 +113,10 @@ IpcHandle AsyncMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer
         "driver cannot export its memory with cuIpcGetMemHandle; create it exportable (CUEMM_ASYNC_EXPORTABLE=1, "
         "or AsyncOptions::exportable) or use CUEMM_MEMORY_MANAGER=pool");
   }
-  if (!memory) throw InvalidArgument("get_ipc_handle: the memory pointer is null");
-  if (memory->kind() != MemoryKind::Device)
-    throw InvalidArgument(std::string("get_ipc_handle: only device memory can be exported (got ") +
-                          to_string(memory->kind()) + " memory)");
   Context& ctx = context();
+  const cuda::CUdeviceptr base = allocation_base_to_export(ctx, memory);
   const cuda::CUmemoryPool pool = this->pool();
   ScopedContext scope(ctx);
-  cuda::CUdeviceptr base = 0;
-  std::size_t extent = 0;
-  if (const cuda::CUresult found = CUEMM_CU_RESULT(cuMemGetAddressRange, &base, &extent, memory->device_pointer());
-      found != cuda::CUDA_SUCCESS) {
-    throw CudaError(found, "cuMemGetAddressRange",
-                    "get_ipc_handle: " + util::hex_address(memory->device_pointer()) +
-                        " is not device memory of this context");
-  }
   PoolExport exported;
   if (const cuda::CUresult result = CUEMM_CU_RESULT(cuMemPoolExportPointer, &exported.data, base);
       result != cuda::CUDA_SUCCESS) {

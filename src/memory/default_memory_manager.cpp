@@ -35,7 +35,7 @@ MemoryInfo driver_memory_info(Context& context) {
   return info;
 }
 
-IpcHandle export_device_memory(Context& context, const std::shared_ptr<MemoryPointer>& memory) {
+cuda::CUdeviceptr allocation_base_to_export(Context& context, const std::shared_ptr<MemoryPointer>& memory) {
   if (!memory) throw InvalidArgument("get_ipc_handle: the memory pointer is null");
   if (memory->kind() != MemoryKind::Device)
     throw InvalidArgument(std::string("get_ipc_handle: only device memory can be exported (got ") +
@@ -49,6 +49,12 @@ IpcHandle export_device_memory(Context& context, const std::shared_ptr<MemoryPoi
                     "get_ipc_handle: " + util::hex_address(memory->device_pointer()) +
                         " is not device memory of this context");
   }
+  return base;
+}
+
+IpcHandle export_device_memory(Context& context, const std::shared_ptr<MemoryPointer>& memory) {
+  const cuda::CUdeviceptr base = allocation_base_to_export(context, memory);
+  ScopedContext scope(context);
   cuda::CUipcMemHandle handle{};
   CUEMM_CU(cuIpcGetMemHandle, &handle, base);
   return IpcHandle(memory, handle, memory->size(), context.device().identity(),
