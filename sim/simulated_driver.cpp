@@ -1038,6 +1038,30 @@ struct PoolExportPayload {
   std::uint64_t id;
 };
 static_assert(sizeof(PoolExportPayload) <= sizeof(CUmemPoolPtrExportData));
+
+// Maps `size` bytes at `arena_offset` of another process's device memory,
+// open here as `fd`, into this process as an IpcMapping of `context`; the
+// caller says which kind of import it is. Null when the mapping fails.
+Allocation* map_exported_memory(State& s, Context* context, int fd, std::uint64_t arena_offset, std::uint64_t size,
+                                int device, std::uint64_t id, int exporter_pid) {
+  const std::size_t page = page_size();
+  const std::size_t start = arena_offset / page * page;
+  const std::size_t length = cuemm::util::round_up(arena_offset + size, page) - start;
+  void* mapping = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(start));
+  if (mapping == MAP_FAILED) return nullptr;
+  Allocation allocation;
+  allocation.base = reinterpret_cast<std::uintptr_t>(mapping) + (arena_offset - start);
+  allocation.size = size;
+  allocation.kind = AllocationKind::IpcMapping;
+  allocation.context = context;
+  allocation.device = device;
+  allocation.mapping = mapping;
+  allocation.mapping_size = length;
+  allocation.id = id;
+  allocation.exporter_pid = exporter_pid;
+  return &s.allocations.emplace(allocation.base, allocation).first->second;
+}
+
 }  // namespace
 
 SIM_EXPORT CUresult cuMemPoolExportToShareableHandle(void* handle, CUmemoryPool handle_of_pool, int type,
@@ -1093,24 +1117,11 @@ SIM_EXPORT CUresult cuMemPoolImportPointer(CUdeviceptr* pointer, CUmemoryPool ha
   std::memcpy(&payload, data->reserved, sizeof payload);
   if (payload.magic != kPoolExportMagic) return CUDA_ERROR_INVALID_VALUE;
   if (payload.pid == getpid()) return CUDA_ERROR_INVALID_VALUE;  // a pool is imported by other processes
-  const std::size_t page = page_size();
-  const std::size_t start = payload.arena_offset / page * page;
-  const std::size_t length = cuemm::util::round_up(payload.arena_offset + payload.size, page) - start;
-  void* mapping = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, pool->imported_fd, static_cast<off_t>(start));
-  if (mapping == MAP_FAILED) return CUDA_ERROR_INVALID_VALUE;
-  Allocation allocation;
-  allocation.base = reinterpret_cast<std::uintptr_t>(mapping) + (payload.arena_offset - start);
-  allocation.size = payload.size;
-  allocation.kind = AllocationKind::IpcMapping;
-  allocation.pool_import = true;
-  allocation.context = context;
-  allocation.device = context->device->ordinal;
-  allocation.mapping = mapping;
-  allocation.mapping_size = length;
-  allocation.id = payload.id;
-  allocation.exporter_pid = payload.pid;
-  s.allocations.emplace(allocation.base, allocation);
-  *pointer = allocation.base;
+  Allocation* imported = map_exported_memory(s, context, pool->imported_fd, payload.arena_offset, payload.size,
+                                             context->device->ordinal, payload.id, payload.pid);
+  if (!imported) return CUDA_ERROR_INVALID_VALUE;
+  imported->pool_import = true;
+  *pointer = imported->base;
   return CUDA_SUCCESS;
 }
 
@@ -1388,25 +1399,12 @@ SIM_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pointer, CUipcMemHandle h
   const std::string path = "/proc/" + std::to_string(payload.pid) + "/fd/" + std::to_string(payload.memfd);
   const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) return CUDA_ERROR_INVALID_HANDLE;  // the exporting process is gone
-  const std::size_t page = page_size();
-  const std::size_t start = payload.arena_offset / page * page;
-  const std::size_t length = cuemm::util::round_up(payload.arena_offset + payload.size, page) - start;
-  void* mapping = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(start));
+  Allocation* opened =
+      map_exported_memory(s, context, fd, payload.arena_offset, payload.size, payload.device, payload.id, payload.pid);
   close(fd);
-  if (mapping == MAP_FAILED) return CUDA_ERROR_MAP_FAILED;
-  Allocation allocation;
-  allocation.base = reinterpret_cast<std::uintptr_t>(mapping) + (payload.arena_offset - start);
-  allocation.size = payload.size;
-  allocation.kind = AllocationKind::IpcMapping;
-  allocation.context = context;
-  allocation.device = payload.device;
-  allocation.mapping = mapping;
-  allocation.mapping_size = length;
-  allocation.id = payload.id;
-  allocation.exporter_pid = payload.pid;
-  allocation.ipc_opens = 1;
-  s.allocations.emplace(allocation.base, allocation);
-  *pointer = allocation.base;
+  if (!opened) return CUDA_ERROR_MAP_FAILED;
+  opened->ipc_opens = 1;
+  *pointer = opened->base;
   return CUDA_SUCCESS;
 }
 
