@@ -1,7 +1,5 @@
 #include "cuemm/managers/async_memory_manager.hpp"
 
-#include <unistd.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -14,6 +12,7 @@
 #include "memory/descriptor_passing.hpp"
 #include "util/environment.hpp"
 #include "util/hex_address.hpp"
+#include "util/scoped_descriptor.hpp"
 
 namespace cuemm {
 
@@ -130,10 +129,7 @@ IpcHandle AsyncMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer
     if (pool_token_ == 0) {
       int descriptor = -1;
       CUEMM_CU(cuMemPoolExportToShareableHandle, &descriptor, pool, cuda::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-      struct Closer {
-        int fd;
-        ~Closer() { ::close(fd); }
-      } closer{descriptor};  // offer_descriptor() keeps a copy of its own
+      const util::ScopedDescriptor closed_after(descriptor);  // offer_descriptor() keeps a copy of its own
       pool_token_ = detail::offer_descriptor(descriptor);
     }
     exported.token = pool_token_;

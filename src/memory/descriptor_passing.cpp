@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "cuemm/error.hpp"
+#include "util/scoped_descriptor.hpp"
 
 namespace cuemm::detail {
 namespace {
@@ -78,9 +79,9 @@ class DescriptorServer {
         if (errno == EINTR || errno == ECONNABORTED) continue;
         return;
       }
+      const util::ScopedDescriptor closed_after(client);
       limit_waits(client, 1);
       answer(client);
-      close(client);
     }
   }
 
@@ -130,10 +131,7 @@ int take_descriptor(int pid, std::uint64_t token) {
   const std::string from = "process " + std::to_string(pid);
   const int connection = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (connection < 0) throw StateError(system_error(("taking a descriptor from " + from + " (socket)").c_str()));
-  struct Closer {
-    int fd;
-    ~Closer() { close(fd); }
-  } closer{connection};
+  const util::ScopedDescriptor closed_at_return(connection);
   limit_waits(connection, 10);
   socklen_t length = 0;
   const sockaddr_un address = address_of(pid, length);

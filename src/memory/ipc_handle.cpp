@@ -14,6 +14,7 @@
 #include "cuemm/runtime/device.hpp"
 #include "cuemm/threading/blocking_hook.hpp"
 #include "memory/descriptor_passing.hpp"
+#include "util/scoped_descriptor.hpp"
 
 namespace cuemm {
 namespace {
@@ -177,15 +178,12 @@ std::shared_ptr<MemoryPointer> IpcHandle::open(Context& context) {
 std::shared_ptr<MemoryPointer> IpcHandle::map_into(Context& context) {
   if (!pool_export_) return context.open_ipc_handle(handle_, offset_ + size_);
   // The pool's descriptor from the exporter; the driver keeps what it needs of it.
-  const int descriptor = detail::take_descriptor(pool_export_->pid, pool_export_->token);
+  const util::ScopedDescriptor descriptor(detail::take_descriptor(pool_export_->pid, pool_export_->token));
   ScopedContext scope(context);
   cuda::CUmemoryPool pool = nullptr;
-  const cuda::CUresult imported =
-      CUEMM_CU_RESULT(cuMemPoolImportFromShareableHandle, &pool,
-                      reinterpret_cast<void*>(static_cast<std::intptr_t>(descriptor)),
-                      cuda::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-  ::close(descriptor);
-  driver::check(imported, "cuMemPoolImportFromShareableHandle");
+  CUEMM_CU(cuMemPoolImportFromShareableHandle, &pool,
+           reinterpret_cast<void*>(static_cast<std::intptr_t>(descriptor.get())),
+           cuda::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
   cuda::CUdeviceptr pointer = 0;
   PoolExport exported = *pool_export_;
   if (const cuda::CUresult result = CUEMM_CU_RESULT(cuMemPoolImportPointer, &pointer, pool, &exported.data);
