@@ -32,6 +32,23 @@ int run_child(const IpcHandle& handle, int device, std::size_t count, std::uint3
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+// `memory` as `count` words holding first, first + 1, ... (what the child checks).
+DeviceArray<std::uint32_t> counting_array(std::shared_ptr<MemoryPointer> memory, std::size_t count,
+                                          std::uint32_t first) {
+  std::vector<std::uint32_t> values(count);
+  std::iota(values.begin(), values.end(), first);
+  DeviceArray<std::uint32_t> array(std::move(memory), count);
+  array.copy_to_device(values);
+  return array;
+}
+
+// Why the staged path cannot run here; empty when it can.
+std::string why_no_staging() {
+  if (Device::count() < 2) return "needs two devices (the simulated driver gives two with CUEMM_SIM_DEVICES=2)";
+  if (Device::get(1).can_access_peer(Device::get(0))) return "device 1 can map device 0's memory, so no staging happens";
+  return "";
+}
+
 class Ipc : public ::testing::Test {
  protected:
   Context& context = current_context();
@@ -104,12 +121,9 @@ TEST_F(Ipc, ExportingMemoryTheDriverDoesNotKnowNamesTheAddress) {
 
 TEST_F(Ipc, AnotherProcessReadsAndWritesTheSharedMemory) {
   const std::size_t count = 4096;
-  std::vector<std::uint32_t> values(count);
-  std::iota(values.begin(), values.end(), 100u);
   auto memory = context.memalloc(count * sizeof(std::uint32_t) + 8192);
   auto shared = memory->view(8192);  // a non-zero offset, as a pool's blocks have
-  DeviceArray<std::uint32_t> array(shared, count);
-  array.copy_to_device(values);
+  DeviceArray<std::uint32_t> array = counting_array(shared, count, 100);
   IpcHandle handle = context.get_ipc_handle(shared);
   ASSERT_EQ(run_child(handle, context.device().id(), count, 100, "direct"), 0);
   const auto after = array.copy_to_host();
@@ -125,12 +139,9 @@ TEST_F(Ipc, AnotherProcessReadsAndWritesAnExportableStreamOrderedPoolsBlock) {
   AsyncMemoryManager manager(&context, options);
   manager.initialize();
   const std::size_t count = 4096;
-  std::vector<std::uint32_t> values(count);
-  std::iota(values.begin(), values.end(), 300u);
   auto memory = manager.memalloc(count * sizeof(std::uint32_t) + 4096);
   auto shared = memory->view(4096);
-  DeviceArray<std::uint32_t> array(shared, count);
-  array.copy_to_device(values);
+  DeviceArray<std::uint32_t> array = counting_array(shared, count, 300);
   IpcHandle handle = manager.get_ipc_handle(shared);
   ASSERT_TRUE(handle.pool_export());
   ASSERT_EQ(run_child(handle, context.device().id(), count, 300, "direct"), 0);
@@ -138,10 +149,7 @@ TEST_F(Ipc, AnotherProcessReadsAndWritesAnExportableStreamOrderedPoolsBlock) {
   for (std::size_t i = 0; i < count; ++i) ASSERT_EQ(after[i], 1300u + i) << "the child's write is not visible";
   // A second handle of the same pool reuses the offered descriptor.
   auto other = manager.memalloc(1024 * sizeof(std::uint32_t));
-  DeviceArray<std::uint32_t> other_array(other, 1024);
-  std::vector<std::uint32_t> others(1024);
-  std::iota(others.begin(), others.end(), 5u);
-  other_array.copy_to_device(others);
+  counting_array(other, 1024, 5);
   IpcHandle second = manager.get_ipc_handle(other);
   EXPECT_EQ(second.pool_export()->token, handle.pool_export()->token);
   EXPECT_EQ(run_child(second, context.device().id(), 1024, 5, "direct"), 0);
@@ -169,33 +177,23 @@ TEST_F(Ipc, AStreamOrderedPoolsHandleWhoseExporterHasExitedSaysSo) {
 }
 
 TEST_F(Ipc, AnExportableStreamOrderedPoolsBlockOpensStagedOnADeviceThatCannotMapIt) {
-  if (Device::count() < 2) GTEST_SKIP() << "needs two devices (the simulated driver gives two with CUEMM_SIM_DEVICES=2)";
-  if (Device::get(1).can_access_peer(Device::get(0)))
-    GTEST_SKIP() << "device 1 can map device 0's memory, so no staging happens";
+  if (const std::string why = why_no_staging(); !why.empty()) GTEST_SKIP() << why;
   AsyncOptions options;
   options.exportable = true;
   AsyncMemoryManager manager(&context, options);
   manager.initialize();
   const std::size_t count = 1000;
-  std::vector<std::uint32_t> values(count);
-  std::iota(values.begin(), values.end(), 11u);
   auto memory = manager.memalloc(count * sizeof(std::uint32_t));
-  DeviceArray<std::uint32_t> array(memory, count);
-  array.copy_to_device(values);
+  counting_array(memory, count, 11);
   EXPECT_EQ(run_child(manager.get_ipc_handle(memory), 1, count, 11, "staged"), 0);
 }
 
 TEST_F(Ipc, ADeviceThatCannotMapTheSourceOpensAStagedCopy) {
-  if (Device::count() < 2) GTEST_SKIP() << "needs two devices (the simulated driver gives two with CUEMM_SIM_DEVICES=2)";
-  if (Device::get(1).can_access_peer(Device::get(0)))
-    GTEST_SKIP() << "device 1 can map device 0's memory, so no staging happens";
+  if (const std::string why = why_no_staging(); !why.empty()) GTEST_SKIP() << why;
   const std::size_t count = 1000;
-  std::vector<std::uint32_t> values(count);
-  std::iota(values.begin(), values.end(), 7u);
   auto memory = context.memalloc(count * sizeof(std::uint32_t) + 512);
   auto shared = memory->view(512);
-  DeviceArray<std::uint32_t> array(shared, count);
-  array.copy_to_device(values);
+  counting_array(shared, count, 7);
   IpcHandle handle = context.get_ipc_handle(shared);
   EXPECT_EQ(run_child(handle, 1, count, 7, "staged"), 0);
 }
