@@ -1,6 +1,7 @@
 """The cuemm package and its Numba plugin, on whichever driver Numba uses
 (the simulated one here through NUMBA_CUDA_DRIVER, libcuda on a GPU)."""
 import subprocess
+import textwrap
 import sys
 
 import pytest
@@ -140,24 +141,33 @@ print("child ok")
 """
 
 
-def test_ipc_handles_carry_the_offset_of_suballocated_blocks(run_python, tmp_path):
+def share_with_a_child(run_python, tmp_path, setup="", check="", **environment):
+    """Runs a parent that sends the second of two arrays to a child process (CHILD, which checks its
+    values) through a pickled IPC handle; `setup` runs first, `check` once the handle is made. Returns
+    the parent's output."""
     payload, child = tmp_path / "handle.pickle", tmp_path / "child.py"
     child.write_text(CHILD)
-    out = run_python(f"""
+    pad = " " * 8  # the indentation of the code below, which run_python dedents
+    return run_python(f"""
         import pickle, subprocess, sys
         import numpy as np
         from numba import cuda
+{textwrap.indent(textwrap.dedent(setup), pad)}
         first = cuda.to_device(np.zeros(1000, dtype=np.int32))
         second = cuda.to_device(np.arange(1000, dtype=np.int32))
         handle = second.get_ipc_handle()
-        print("offset", handle._ipc_handle.offset)
+{textwrap.indent(textwrap.dedent(check), pad)}
         with open({str(payload)!r}, "wb") as out:
             pickle.dump(handle, out)
         result = subprocess.run([sys.executable, {str(child)!r}, {str(payload)!r}], capture_output=True, text=True,
                                 timeout=120)
         print(result.stdout, result.stderr)
         assert result.returncode == 0
-    """, **PLUGIN)
+    """, **environment)
+
+
+def test_ipc_handles_carry_the_offset_of_suballocated_blocks(run_python, tmp_path):
+    out = share_with_a_child(run_python, tmp_path, check='print("offset", handle._ipc_handle.offset)', **PLUGIN)
     assert "child ok" in out
     assert "offset 0" not in out, "the second block should sit inside a segment, not at its start"
 
@@ -448,24 +458,9 @@ def test_defer_cleanup_reset_and_the_async_manager(run_python):
 
 def test_an_exportable_async_pools_blocks_open_in_another_process(run_python, tmp_path):
     # No driver handle: cuemm's own IpcHandle, opened by cuemm in the child.
-    payload, child = tmp_path / "handle.pickle", tmp_path / "child.py"
-    child.write_text(CHILD)
-    out = run_python(f"""
-        import pickle, subprocess, sys
-        import numpy as np
-        from numba import cuda
+    out = share_with_a_child(run_python, tmp_path, setup="""
         import cuemm
         from cuemm.numba_plugin import CuemmIpcHandle
         cuemm.use_cuemm_for_numba("async", exportable=True)
-        first = cuda.to_device(np.zeros(1000, dtype=np.int32))
-        second = cuda.to_device(np.arange(1000, dtype=np.int32))
-        handle = second.get_ipc_handle()
-        assert isinstance(handle._ipc_handle, CuemmIpcHandle), type(handle._ipc_handle)
-        with open({str(payload)!r}, "wb") as out:
-            pickle.dump(handle, out)
-        result = subprocess.run([sys.executable, {str(child)!r}, {str(payload)!r}], capture_output=True, text=True,
-                                timeout=120)
-        print(result.stdout, result.stderr)
-        assert result.returncode == 0
-    """)
+    """, check="assert isinstance(handle._ipc_handle, CuemmIpcHandle), type(handle._ipc_handle)")
     assert "child ok" in out
