@@ -65,6 +65,7 @@ struct MemoryPool {
   std::uint64_t used = 0, used_high = 0;
   bool destroyed = false;  // forgotten once its last block is freed
   int imported_fd = -1;    // imported (cuMemPoolImportFromShareableHandle): the exporter's device memory
+  bool exported = false;   // cuMemPoolExportToShareableHandle has run: its blocks may be exported
 };
 
 struct Device {

@@ -743,8 +743,11 @@ SIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, std::size_t* size
   SIM_BEGIN(cuMemGetAddressRange);
   Allocation* allocation = s.find(pointer);
   if (!allocation) return CUDA_ERROR_NOT_FOUND;
-  if (base) *base = allocation->base;
-  if (size) *size = allocation->size;
+  // Memory of a stream-ordered pool: success with 0 and 0, as the H100's
+  // driver (580) answers.
+  const bool pooled = allocation->pool != nullptr;
+  if (base) *base = pooled ? 0 : allocation->base;
+  if (size) *size = pooled ? 0 : allocation->size;
   return CUDA_SUCCESS;
 }
 
@@ -1074,6 +1077,7 @@ SIM_EXPORT CUresult cuMemPoolExportToShareableHandle(void* handle, CUmemoryPool 
   const int fd = fcntl(s.devices[pool->device]->memfd, F_DUPFD_CLOEXEC, 0);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
   *static_cast<int*>(handle) = fd;
+  pool->exported = true;
   return CUDA_SUCCESS;
 }
 
@@ -1096,8 +1100,8 @@ SIM_EXPORT CUresult cuMemPoolImportFromShareableHandle(CUmemoryPool* out, void* 
 SIM_EXPORT CUresult cuMemPoolExportPointer(CUmemPoolPtrExportData* data, CUdeviceptr pointer) {
   SIM_BEGIN(cuMemPoolExportPointer);
   auto it = s.allocations.find(pointer);  // a block's start, as the driver wants
-  if (!data || it == s.allocations.end() || !it->second.pool ||
-      !(it->second.pool->handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+  // (The H100's driver exports no block of a pool before the pool itself.)
+  if (!data || it == s.allocations.end() || !it->second.pool || !it->second.pool->exported)
     return CUDA_ERROR_INVALID_VALUE;
   const Allocation& allocation = it->second;
   const PoolExportPayload payload{kPoolExportMagic, static_cast<std::int32_t>(getpid()), allocation.device,

@@ -1,6 +1,7 @@
 #include "cuemm/managers/async_memory_manager.hpp"
 
 #include <cstdio>
+#include <map>
 #include <cstdlib>
 #include <string>
 
@@ -29,9 +30,16 @@ AsyncOptions AsyncOptions::from_environment() {
   return options;
 }
 
+// Shared with the blocks' finalizers, which may outlive the manager.
+struct AsyncMemoryManager::ExportableBlocks {
+  BlockingAwareMutex mutex;
+  std::map<cuda::CUdeviceptr, std::size_t> sizes;  // by start
+};
+
 AsyncMemoryManager::AsyncMemoryManager(Context* context, AsyncOptions options)
     : HostOnlyMemoryManager(context), options_(options) {
   if (options_.pinned_host_pool) use_pinned_host_pool();
+  if (options_.exportable) exportable_blocks_ = std::make_shared<ExportableBlocks>();
 }
 
 AsyncMemoryManager::~AsyncMemoryManager() {
@@ -98,8 +106,24 @@ std::shared_ptr<MemoryPointer> AsyncMemoryManager::memalloc(std::size_t size) {
     CUEMM_CU(cuMemFreeAsync, pointer, cuda::CU_STREAM_LEGACY);
   };
   try {
-    return detail::make_recycled<MemoryPointer>(ctx, pointer, size, nullptr, release);
+    if (!exportable_blocks_) return detail::make_recycled<MemoryPointer>(ctx, pointer, size, nullptr, release);
+    {
+      std::lock_guard lock(exportable_blocks_->mutex);
+      exportable_blocks_->sizes[pointer] = size;
+    }
+    return detail::make_recycled<MemoryPointer>(ctx, pointer, size, nullptr,
+                                                [blocks = exportable_blocks_, pointer, release] {
+                                                  {
+                                                    std::lock_guard lock(blocks->mutex);
+                                                    blocks->sizes.erase(pointer);
+                                                  }
+                                                  release();
+                                                });
   } catch (...) {
+    if (exportable_blocks_) {
+      std::lock_guard lock(exportable_blocks_->mutex);
+      exportable_blocks_->sizes.erase(pointer);
+    }
     release();
     throw;
   }
@@ -112,19 +136,27 @@ IpcHandle AsyncMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer
         "driver cannot export its memory with cuIpcGetMemHandle; create it exportable (CUEMM_ASYNC_EXPORTABLE=1, "
         "or AsyncOptions::exportable) or use CUEMM_MEMORY_MANAGER=pool");
   }
+  require_device_memory_to_export(memory);
+  const cuda::CUdeviceptr address = memory->device_pointer();
+  cuda::CUdeviceptr base = 0;
+  {
+    std::lock_guard lock(exportable_blocks_->mutex);
+    const auto& sizes = exportable_blocks_->sizes;
+    auto after = sizes.upper_bound(address);
+    if (after != sizes.begin() && address + memory->size() <= std::prev(after)->first + std::prev(after)->second)
+      base = std::prev(after)->first;
+  }
+  if (!base) {
+    throw InvalidArgument("get_ipc_handle: " + util::hex_address(address) + " (" + describe_bytes(memory->size()) +
+                          ") is not within a block of this manager's stream-ordered pool");
+  }
   Context& ctx = context();
-  const cuda::CUdeviceptr base = allocation_base_to_export(ctx, memory);
   const cuda::CUmemoryPool pool = this->pool();
   ScopedContext scope(ctx);
   PoolExport exported;
-  if (const cuda::CUresult result = CUEMM_CU_RESULT(cuMemPoolExportPointer, &exported.data, base);
-      result != cuda::CUDA_SUCCESS) {
-    throw CudaError(result, "cuMemPoolExportPointer",
-                    "get_ipc_handle: " + util::hex_address(memory->device_pointer()) +
-                        " is not memory of this manager's stream-ordered pool");
-  }
   {
-    // The pool's descriptor is offered to other processes once (for as long as this process lives).
+    // The pool's descriptor is offered to other processes once (for as long as
+    // this process lives); the driver exports no block of a pool before it.
     std::lock_guard lock(mutex_);
     if (pool_token_ == 0) {
       int descriptor = -1;
@@ -137,8 +169,8 @@ IpcHandle AsyncMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer
   exported.pid = static_cast<std::int32_t>(getpid());
   // The importer must not touch the block before its stream-ordered allocation has run.
   CUEMM_CU(cuStreamSynchronize, cuda::CU_STREAM_LEGACY);
-  return IpcHandle(memory, exported, memory->size(), ctx.device().identity(),
-                   static_cast<std::size_t>(memory->device_pointer() - base));
+  CUEMM_CU(cuMemPoolExportPointer, &exported.data, base);
+  return IpcHandle(memory, exported, memory->size(), ctx.device().identity(), static_cast<std::size_t>(address - base));
 }
 
 AsyncStatistics AsyncMemoryManager::statistics() const {

@@ -35,11 +35,15 @@ MemoryInfo driver_memory_info(Context& context) {
   return info;
 }
 
-cuda::CUdeviceptr allocation_base_to_export(Context& context, const std::shared_ptr<MemoryPointer>& memory) {
+void require_device_memory_to_export(const std::shared_ptr<MemoryPointer>& memory) {
   if (!memory) throw InvalidArgument("get_ipc_handle: the memory pointer is null");
   if (memory->kind() != MemoryKind::Device)
     throw InvalidArgument(std::string("get_ipc_handle: only device memory can be exported (got ") +
                           to_string(memory->kind()) + " memory)");
+}
+
+cuda::CUdeviceptr allocation_base_to_export(Context& context, const std::shared_ptr<MemoryPointer>& memory) {
+  require_device_memory_to_export(memory);
   ScopedContext scope(context);
   cuda::CUdeviceptr base = 0;
   std::size_t extent = 0;

@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 
 #include "cuemm/memory/host_only_memory_manager.hpp"
@@ -65,6 +66,10 @@ class AsyncMemoryManager : public HostOnlyMemoryManager {
   std::atomic<cuda::CUmemoryPool> pool_{nullptr};
   // Names the pool's descriptor to other processes once exported (under mutex_; 0: not yet).
   std::uint64_t pool_token_ = 0;
+  // With options_.exportable, the live blocks by start: get_ipc_handle needs a
+  // block's start, which cuMemGetAddressRange does not give for pool memory.
+  struct ExportableBlocks;
+  std::shared_ptr<ExportableBlocks> exportable_blocks_;
 };
 
 }  // namespace cuemm

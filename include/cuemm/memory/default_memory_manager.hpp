@@ -25,9 +25,12 @@ class DefaultMemoryManager : public HostOnlyMemoryManager {
 // The IPC handle of device memory from any manager: the driver handle of the
 // allocation that contains it, with the memory's offset inside it.
 IpcHandle export_device_memory(Context& context, const std::shared_ptr<MemoryPointer>& memory);
-// The start of the driver allocation that holds `memory`, for get_ipc_handle:
-// InvalidArgument for a null or non-device pointer, CudaError naming the
-// address when the driver does not know it. Makes `context` current.
+// For get_ipc_handle: InvalidArgument for a null or non-device pointer.
+void require_device_memory_to_export(const std::shared_ptr<MemoryPointer>& memory);
+// The start of the driver allocation that holds `memory` (checked as above),
+// CudaError naming the address when the driver does not know it. Makes
+// `context` current. (Not for stream-ordered pool memory, which the driver
+// answers with 0.)
 cuda::CUdeviceptr allocation_base_to_export(Context& context, const std::shared_ptr<MemoryPointer>& memory);
 
 // The driver's free and total device memory, as seen from `context`.
