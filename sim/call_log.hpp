@@ -41,7 +41,9 @@
   X(cuMemPoolExportToShareableHandle)                                          \
   X(cuMemPoolImportFromShareableHandle)                                        \
   X(cuMemPoolExportPointer)                                                    \
-  X(cuMemPoolImportPointer)
+  X(cuMemPoolImportPointer)                                                     \
+  X(cuMemExportToShareableHandle)                                              \
+  X(cuMemImportFromShareableHandle)
 
 namespace cuemm::sim {
 

@@ -48,12 +48,17 @@ struct Allocation {
 
 // Device memory from cuMemCreate: a range of the device's arena, mapped into
 // reserved addresses by cuMemMap. Gone once released and no longer mapped.
+// Memory created shareable lives in a memfd of its own instead (the arena's
+// range still counts it against the device's capacity), so that its
+// descriptor can go to another process; there it is imported (no range).
 struct PhysicalMemory {
   int device = 0;
   std::size_t arena_offset = 0;
   std::size_t size = 0;
   int mappings = 0;
   bool released = false;
+  int fd = -1;            // shareable or imported: the memory's own memfd
+  bool imported = false;  // cuMemImportFromShareableHandle: another process's memory
 };
 
 // A stream-ordered pool. The simulation keeps no memory in it: its blocks

@@ -15,6 +15,7 @@
 // open (on a GPU the driver would).
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -130,13 +131,18 @@ CUresult allocate_device_memory(State& s, Context* context, std::size_t size, Al
   return CUDA_SUCCESS;
 }
 
-// Gives the arena range of a cuMemCreate handle back.
+// Gives the memory of a cuMemCreate handle back (an imported one's stays the exporter's).
 void release_physical(State& s, std::map<std::uint64_t, PhysicalMemory>::iterator it) {
-  Device& device = *s.devices[it->second.device];
-  fallocate(device.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(it->second.arena_offset),
-            static_cast<off_t>(it->second.size));
-  device.ranges->release(it->second.arena_offset, it->second.size);
-  device.used -= it->second.size;
+  if (it->second.fd >= 0) close(it->second.fd);
+  if (!it->second.imported) {
+    Device& device = *s.devices[it->second.device];
+    if (it->second.fd < 0) {
+      fallocate(device.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                static_cast<off_t>(it->second.arena_offset), static_cast<off_t>(it->second.size));
+    }
+    device.ranges->release(it->second.arena_offset, it->second.size);
+    device.used -= it->second.size;
+  }
   s.physical.erase(it);
 }
 
@@ -497,6 +503,8 @@ int attribute_value(const Device& device, int attribute) {
     case 91: return 1;                   // CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM
     case 95: return 1;                   // COOPERATIVE_LAUNCH
     case 97: return 232448;              // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+    case 102: return 1;                  // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+    case 103: return 1;                  // HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
     case 106: return 32;                 // MAX_BLOCKS_PER_MULTIPROCESSOR
     case 115: return 1;                  // MEMORY_POOLS_SUPPORTED
     default: return 0;
@@ -816,15 +824,59 @@ SIM_EXPORT CUresult cuMemAddressFree(CUdeviceptr pointer, std::size_t bytes) {
 SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, std::size_t bytes,
                                 const CUmemAllocationProp* properties, unsigned long long flags) {
   SIM_BEGIN(cuMemCreate);
-  if (!handle || bytes == 0 || bytes % kVirtualGranularity || flags != 0 || !is_device_property(s, properties))
-    return CUDA_ERROR_INVALID_VALUE;
+  if (!handle || bytes == 0 || bytes % kVirtualGranularity || flags != 0 || !is_device_property(s, properties) ||
+      (properties->requested_handle_types & ~CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+    return CUDA_ERROR_INVALID_VALUE;  // (Linux has no other handle type)
   Device& device = *s.devices[properties->location.id];
   if (!ensure_arena(device)) return CUDA_ERROR_OUT_OF_MEMORY;
   auto offset = device.ranges->allocate_aligned(bytes, kVirtualGranularity);  // mmap wants page offsets
   if (!offset) return CUDA_ERROR_OUT_OF_MEMORY;
+  PhysicalMemory physical{device.ordinal, *offset, bytes};
+  if (properties->requested_handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+    physical.fd = memfd_create("cuemm-sim-shareable", MFD_CLOEXEC);
+    if (physical.fd < 0 || ftruncate(physical.fd, static_cast<off_t>(bytes)) != 0) {
+      if (physical.fd >= 0) close(physical.fd);
+      device.ranges->release(*offset, bytes);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  }
   device.used += bytes;
   const std::uint64_t id = s.next_physical_handle++;
-  s.physical.emplace(id, PhysicalMemory{device.ordinal, *offset, bytes, 0, false});
+  s.physical.emplace(id, physical);
+  *handle = id;
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHandle handle, int type,
+                                                 unsigned long long flags) {
+  SIM_BEGIN(cuMemExportToShareableHandle);
+  auto physical = s.physical.find(handle);
+  if (!shareable || flags || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || physical == s.physical.end() ||
+      physical->second.released)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (physical->second.fd < 0 || physical->second.imported) return CUDA_ERROR_INVALID_VALUE;  // not created shareable
+  const int fd = fcntl(physical->second.fd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  *static_cast<int*>(shareable) = fd;
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, void* shareable, int type) {
+  SIM_BEGIN(cuMemImportFromShareableHandle);
+  SIM_CONTEXT();  // (the simulated descriptor does not say its device: the importer's is taken)
+  if (!handle || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
+  const int fd = fcntl(static_cast<int>(reinterpret_cast<std::intptr_t>(shareable)), F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return CUDA_ERROR_INVALID_VALUE;
+  struct stat status {};
+  if (fstat(fd, &status) != 0 || status.st_size <= 0 || status.st_size % kVirtualGranularity) {
+    close(fd);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  PhysicalMemory physical{context->device->ordinal, 0, static_cast<std::size_t>(status.st_size)};
+  physical.fd = fd;
+  physical.imported = true;
+  const std::uint64_t id = s.next_physical_handle++;
+  s.physical.emplace(id, physical);
   *handle = id;
   return CUDA_SUCCESS;
 }
@@ -850,8 +902,10 @@ SIM_EXPORT CUresult cuMemMap(CUdeviceptr pointer, std::size_t bytes, std::size_t
   if ((next != s.allocations.end() && next->first < pointer + bytes) || s.find(pointer))
     return CUDA_ERROR_INVALID_VALUE;  // already mapped
   Device& device = *s.devices[physical->second.device];
-  void* mapped = mmap(reinterpret_cast<void*>(pointer), bytes, PROT_NONE, MAP_SHARED | MAP_FIXED, device.memfd,
-                      static_cast<off_t>(physical->second.arena_offset));
+  const bool own_memory = physical->second.fd >= 0;
+  void* mapped = mmap(reinterpret_cast<void*>(pointer), bytes, PROT_NONE, MAP_SHARED | MAP_FIXED,
+                      own_memory ? physical->second.fd : device.memfd,
+                      own_memory ? 0 : static_cast<off_t>(physical->second.arena_offset));
   if (mapped == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
   Allocation allocation;
   allocation.base = pointer;

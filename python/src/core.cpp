@@ -286,9 +286,10 @@ class Bridge {
       return manager_->get_ipc_handle(view);
     }();
     const auto& raw = handle.handle();
-    // A stream-ordered pool's block has no driver handle: cuemm's own serialised handle opens it.
+    // Without a driver handle (an exportable stream-ordered pool, the expandable
+    // arena), cuemm opens its own serialised handle.
     py::object exported = py::none();
-    if (handle.pool_export()) {
+    if (!handle.has_driver_handle()) {
       const std::vector<std::uint8_t> bytes = handle.to_bytes();
       exported = py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
     }

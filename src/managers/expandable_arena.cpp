@@ -1,7 +1,15 @@
 #include "cuemm/managers/detail/expandable_arena.hpp"
 
+#include <unistd.h>
+
+#include <algorithm>
+
 #include "cuemm/driver/driver.hpp"
+#include "cuemm/error.hpp"
+#include "memory/descriptor_passing.hpp"
+#include "util/hex_address.hpp"
 #include "util/round_up.hpp"
+#include "util/scoped_descriptor.hpp"
 
 namespace cuemm::detail {
 
@@ -11,11 +19,17 @@ cuda::CUmemAllocationProp ExpandableArena::properties() const noexcept {
   cuda::CUmemAllocationProp properties{};
   properties.type = cuda::CU_MEM_ALLOCATION_TYPE_PINNED;
   properties.location = {cuda::CU_MEM_LOCATION_TYPE_DEVICE, device_};
+  if (shareable_) properties.requested_handle_types = cuda::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   return properties;
 }
 
 void ExpandableArena::reserve(std::size_t bytes) {
   if (base_) return;
+  int shareable = 0;
+  shareable_ = CUEMM_CU_RESULT(cuDeviceGetAttribute, &shareable,
+                               cuda::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                               device_) == cuda::CUDA_SUCCESS &&
+               shareable != 0;
   const cuda::CUmemAllocationProp wanted = properties();
   std::size_t granularity = 0;
   CUEMM_CU(cuMemGetAllocationGranularity, &granularity, &wanted, cuda::CU_MEM_ALLOC_GRANULARITY_MINIMUM);
@@ -64,8 +78,39 @@ std::size_t ExpandableArena::mapping_end_at_or_after(std::size_t offset) const {
   return end;
 }
 
+MappedExport ExpandableArena::share(std::uintptr_t address, std::size_t bytes, std::size_t& offset_in_first) {
+  if (!base_ || address < base_ || bytes > mapped_ || address - base_ > mapped_ - bytes) {
+    throw InvalidArgument("get_ipc_handle: " + util::hex_address(address) + " (" + describe_bytes(bytes) +
+                          ") is not mapped memory of the pool's arena");
+  }
+  if (!shareable_) {
+    throw NotSupported("get_ipc_handle: device " + std::to_string(device_) +
+                       " cannot share the pool's expandable arena (no POSIX file descriptor handles for "
+                       "cuMemCreate); blocks of a segment of their own, or a pool without the option, can be");
+  }
+  const std::size_t start = address - base_;
+  // The mapping that holds `start`: the last one that starts at or before it.
+  auto first = std::prev(std::upper_bound(mappings_.begin(), mappings_.end(), start,
+                                          [](std::size_t at, const Mapping& mapping) { return at < mapping.offset; }));
+  MappedExport exported;
+  exported.pid = static_cast<std::int32_t>(getpid());
+  offset_in_first = start - first->offset;
+  for (auto it = first; it != mappings_.end() && it->offset < start + std::max<std::size_t>(bytes, 1); ++it) {
+    if (it->offered == 0) {
+      int descriptor = -1;
+      CUEMM_CU(cuMemExportToShareableHandle, &descriptor, it->handle, cuda::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+               0);
+      const util::ScopedDescriptor closed_after(descriptor);  // offer_descriptor() keeps a copy of its own
+      it->offered = offer_descriptor(descriptor);
+    }
+    exported.pieces.push_back({it->offered, it->size});
+  }
+  return exported;
+}
+
 void ExpandableArena::unmap_last() noexcept {
   const Mapping last = mappings_.back();
+  if (last.offered) withdraw_descriptor(last.offered);  // importers keep what they mapped
   CUEMM_CU_RESULT(cuMemUnmap, base_ + last.offset, last.size);
   CUEMM_CU_RESULT(cuMemRelease, last.handle);
   mappings_.pop_back();

@@ -1230,13 +1230,16 @@ void PoolMemoryManager::deallocate(cuda::CUdeviceptr pointer, std::size_t size, 
 }
 
 IpcHandle PoolMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer>& memory) {
-  if (memory && options_.expandable) {
+  require_device_memory_to_export(memory);
+  if (options_.expandable) {
+    // The arena's memory has no cuIpcGetMemHandle: the handle names the
+    // mappings under the block (Note [Expandable arena]).
     std::lock_guard lock(core_->mutex);
-    if (core_->arena && core_->arena->contains(memory->handle())) {
-      throw NotSupported("pool: the block at " + util::hex_address(memory->handle()) +
-                         " lies in the pool's expandable arena (CUEMM_POOL_EXPANDABLE=1), memory that "
-                         "cuIpcGetMemHandle cannot export; blocks of the dedicated size (" +
-                         describe_bytes(options_.dedicated_size) + ") and more, or a pool without the option, can be");
+    if (core_->arena && core_->arena->contains(memory->device_pointer())) {
+      ScopedContext scope(context());
+      std::size_t offset = 0;
+      MappedExport exported = core_->arena->share(memory->device_pointer(), memory->size(), offset);
+      return IpcHandle(memory, std::move(exported), memory->size(), context().device().identity(), offset);
     }
   }
   // The driver's handle names the whole segment; the block's offset in it

@@ -55,6 +55,14 @@ class DescriptorServer {
     return token;
   }
 
+  void withdraw(std::uint64_t token) noexcept {
+    std::lock_guard lock(mutex_);
+    if (auto it = offered_.find(token); it != offered_.end()) {
+      close(it->second);
+      offered_.erase(it);
+    }
+  }
+
  private:
   // Listens once per process: a forked child has the parent's table but not its thread or socket.
   void start_if_needed() {
@@ -96,9 +104,11 @@ class DescriptorServer {
     }
     int fd = -1;
     {
+      // A copy: the offer may be withdrawn (and its descriptor closed) while this answer goes out.
       std::lock_guard lock(mutex_);
-      if (auto it = offered_.find(token); it != offered_.end()) fd = it->second;
+      if (auto it = offered_.find(token); it != offered_.end()) fd = fcntl(it->second, F_DUPFD_CLOEXEC, 0);
     }
+    const util::ScopedDescriptor sent_copy(fd);
     char status = fd >= 0 ? 1 : 0;
     iovec data{&status, 1};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
@@ -126,6 +136,8 @@ class DescriptorServer {
 }  // namespace
 
 std::uint64_t offer_descriptor(int fd) { return DescriptorServer::instance().offer(fd); }
+
+void withdraw_descriptor(std::uint64_t token) noexcept { DescriptorServer::instance().withdraw(token); }
 
 int take_descriptor(int pid, std::uint64_t token) {
   const std::string from = "process " + std::to_string(pid);
@@ -158,7 +170,7 @@ int take_descriptor(int pid, std::uint64_t token) {
   const cmsghdr* header = CMSG_FIRSTHDR(&message);
   if (status != 1 || !header || header->cmsg_type != SCM_RIGHTS) {
     throw StateError(from + " offers no descriptor with token " + std::to_string(token) +
-                     " (the handle is not from that process's current run)");
+                     " (its memory was unmapped since, or the handle is not from that process's current run)");
   }
   int fd = -1;
   std::memcpy(&fd, CMSG_DATA(header), sizeof fd);

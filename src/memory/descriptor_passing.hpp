@@ -1,8 +1,9 @@
 // descriptor_passing.hpp: handing file descriptors to other processes of the
 // same user, for IPC handles whose driver handle is a descriptor (a
-// stream-ordered pool's). Bytes can be sent any way; a descriptor must go
-// through a Unix socket, so the exporting process answers requests for the
-// descriptors it offers on an abstract socket named after its pid.
+// stream-ordered pool's, or memory made by cuMemCreate). Bytes can be sent
+// any way; a descriptor must go through a Unix socket, so the exporting
+// process answers requests for the descriptors it offers on an abstract
+// socket named after its pid.
 //
 //   // exporter                                  // importer (another process)
 //   auto token = offer_descriptor(fd);            int fd = take_descriptor(pid, token);
@@ -17,9 +18,13 @@
 
 namespace cuemm::detail {
 
-// Offers a duplicate of `fd` for as long as the process lives; returns the
+// Offers a duplicate of `fd` until withdrawn or the process ends; returns the
 // token that names it. Throws StateError with the system's reason on failure.
 std::uint64_t offer_descriptor(int fd);
+
+// Stops offering the descriptor of `token` (once what it names is gone);
+// unknown tokens are ignored.
+void withdraw_descriptor(std::uint64_t token) noexcept;
 
 // A new descriptor for the one that process `pid` offers as `token` (the
 // caller closes it). Throws StateError naming the process and the reason.

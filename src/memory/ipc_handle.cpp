@@ -38,10 +38,16 @@ HandleBytes bytes_of(const cuda::CUipcMemHandle& handle) {
 }
 
 constexpr char kMagic[8] = {'C', 'U', 'E', 'M', 'M', 'I', 'P', 'C'};
-// Version 2 added the stream-ordered pool's export (a kind byte, its data, pid and token).
-constexpr std::uint32_t kFormatVersion = 2;
-constexpr std::size_t kSerializedSize =
-    8 + 4 + cuda::kIpcHandleSize + 8 + 8 + 1 + 3 * 4 + 1 + sizeof(cuda::CUmemPoolPtrExportData) + 4 + 8;
+// Version 2 added the stream-ordered pool's export (a kind byte, its data, pid
+// and token); version 3 the mapped pieces, and a length that depends on the kind.
+constexpr std::uint32_t kFormatVersion = 3;
+enum class Kind : std::uint8_t { DriverHandle = 0, PoolBlock = 1, MappedPieces = 2 };
+// Magic, version, driver handle, size, offset, source (a flag and three ids), kind.
+constexpr std::size_t kCommonSize = 8 + 4 + cuda::kIpcHandleSize + 8 + 8 + 1 + 3 * 4 + 1;
+constexpr std::size_t kPoolBlockSize = sizeof(cuda::CUmemPoolPtrExportData) + 4 + 8;  // data, pid, token
+constexpr std::size_t kPieceSize = 8 + 8;                                             // token, size
+// More pieces than any device has memory for is a malformed handle, not an allocation to try.
+constexpr std::uint32_t kMostPieces = 1u << 20;
 
 template <typename T>
 void put(std::vector<std::uint8_t>& out, const T& value) {
@@ -54,6 +60,54 @@ T take(const std::uint8_t*& cursor) {
   std::memcpy(&value, cursor, sizeof(T));
   cursor += sizeof(T);
   return value;
+}
+
+// The exporter's pieces, imported and mapped side by side into addresses of
+// this process, readable and writable by `context`'s device. The mapping keeps
+// the memory: each imported handle is released once mapped.
+std::shared_ptr<MemoryPointer> map_pieces(Context& context, const MappedExport& exported) {
+  ScopedContext scope(context);
+  std::size_t total = 0;
+  for (const MappedExport::Piece& piece : exported.pieces) total += piece.size;
+  cuda::CUdeviceptr base = 0;
+  CUEMM_CU_ALLOC(total, cuMemAddressReserve, &base, total, 0, 0, 0);
+  // Unmaps the pieces mapped so far (their sizes, from `base`) and frees the addresses.
+  auto undo = [base, total](const std::vector<std::size_t>& sizes) noexcept {
+    std::size_t at = 0;
+    for (std::size_t size : sizes) {
+      CUEMM_CU_RESULT(cuMemUnmap, base + at, size);
+      at += size;
+    }
+    CUEMM_CU_RESULT(cuMemAddressFree, base, total);
+  };
+  std::vector<std::size_t> mapped;
+  try {
+    const cuda::CUmemAccessDesc access{{cuda::CU_MEM_LOCATION_TYPE_DEVICE, context.device().id()},
+                                       cuda::CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    std::size_t at = 0;
+    for (const MappedExport::Piece& piece : exported.pieces) {
+      cuda::CUmemGenericAllocationHandle handle = 0;
+      {
+        const util::ScopedDescriptor descriptor(detail::take_descriptor(exported.pid, piece.token));
+        CUEMM_CU(cuMemImportFromShareableHandle, &handle,
+                 reinterpret_cast<void*>(static_cast<std::intptr_t>(descriptor.get())),
+                 cuda::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+      }
+      const cuda::CUresult result = CUEMM_CU_RESULT(cuMemMap, base + at, piece.size, 0, handle, 0);
+      CUEMM_CU_RESULT(cuMemRelease, handle);  // the mapping, if made, keeps the memory
+      driver::check(result, "cuMemMap");
+      mapped.push_back(piece.size);
+      CUEMM_CU(cuMemSetAccess, base + at, piece.size, &access, 1);
+      at += piece.size;
+    }
+  } catch (...) {
+    undo(mapped);
+    throw;
+  }
+  return std::make_shared<MemoryPointer>(&context, base, total, nullptr, [&context, undo, mapped] {
+    ScopedContext close_scope(context);
+    undo(mapped);
+  });
 }
 
 }  // namespace
@@ -78,13 +132,18 @@ IpcHandle::IpcHandle(std::shared_ptr<MemoryPointer> base, const PoolExport& expo
     : base_(std::move(base)), handle_{}, size_(size), source_info_(source_info), offset_(offset),
       pool_export_(exported) {}
 
+IpcHandle::IpcHandle(std::shared_ptr<MemoryPointer> base, MappedExport exported, std::size_t size,
+                     std::optional<DeviceIdentity> source_info, std::size_t offset)
+    : base_(std::move(base)), handle_{}, size_(size), source_info_(source_info), offset_(offset),
+      mapped_export_(std::move(exported)) {}
+
 IpcHandle::IpcHandle(IpcHandle&&) noexcept = default;
 IpcHandle& IpcHandle::operator=(IpcHandle&&) noexcept = default;
 IpcHandle::~IpcHandle() = default;
 
 std::vector<std::uint8_t> IpcHandle::to_bytes() const {
   std::vector<std::uint8_t> out;
-  out.reserve(kSerializedSize);
+  out.reserve(kCommonSize + kPoolBlockSize);
   out.insert(out.end(), kMagic, kMagic + sizeof kMagic);
   put(out, kFormatVersion);
   out.insert(out.end(), handle_.reserved, handle_.reserved + cuda::kIpcHandleSize);
@@ -95,18 +154,29 @@ std::vector<std::uint8_t> IpcHandle::to_bytes() const {
   put(out, static_cast<std::int32_t>(source.pci_domain_id));
   put(out, static_cast<std::int32_t>(source.pci_bus_id));
   put(out, static_cast<std::int32_t>(source.pci_device_id));
-  const PoolExport pool = pool_export_.value_or(PoolExport{});
-  put(out, static_cast<std::uint8_t>(pool_export_ ? 1 : 0));
-  out.insert(out.end(), pool.data.reserved, pool.data.reserved + sizeof pool.data.reserved);
-  put(out, pool.pid);
-  put(out, pool.token);
+  if (pool_export_) {
+    put(out, Kind::PoolBlock);
+    out.insert(out.end(), pool_export_->data.reserved, pool_export_->data.reserved + sizeof pool_export_->data.reserved);
+    put(out, pool_export_->pid);
+    put(out, pool_export_->token);
+  } else if (mapped_export_) {
+    put(out, Kind::MappedPieces);
+    put(out, mapped_export_->pid);
+    put(out, static_cast<std::uint32_t>(mapped_export_->pieces.size()));
+    for (const MappedExport::Piece& piece : mapped_export_->pieces) {
+      put(out, piece.token);
+      put(out, piece.size);
+    }
+  } else {
+    put(out, Kind::DriverHandle);
+  }
   return out;
 }
 
 IpcHandle IpcHandle::from_bytes(const std::vector<std::uint8_t>& bytes) {
-  if (bytes.size() != kSerializedSize || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) {
-    throw InvalidArgument("not a serialised cuemm IPC handle (" + std::to_string(bytes.size()) + " bytes; expected " +
-                          std::to_string(kSerializedSize) + " starting with CUEMMIPC)");
+  if (bytes.size() < kCommonSize || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) {
+    throw InvalidArgument("not a serialised cuemm IPC handle (" + std::to_string(bytes.size()) +
+                          " bytes; expected at least " + std::to_string(kCommonSize) + " starting with CUEMMIPC)");
   }
   const std::uint8_t* cursor = bytes.data() + sizeof kMagic;
   const auto version = take<std::uint32_t>(cursor);
@@ -124,13 +194,45 @@ IpcHandle IpcHandle::from_bytes(const std::vector<std::uint8_t>& bytes) {
   source.pci_bus_id = take<std::int32_t>(cursor);
   source.pci_device_id = take<std::int32_t>(cursor);
   const auto source_info = has_source ? std::optional(source) : std::nullopt;
-  if (take<std::uint8_t>(cursor) == 0) return IpcHandle(nullptr, handle, size, source_info, offset);
-  PoolExport pool;
-  std::memcpy(pool.data.reserved, cursor, sizeof pool.data.reserved);
-  cursor += sizeof pool.data.reserved;
-  pool.pid = take<std::int32_t>(cursor);
-  pool.token = take<std::uint64_t>(cursor);
-  return IpcHandle(nullptr, pool, size, source_info, offset);
+  const auto kind = take<Kind>(cursor);
+  const std::size_t left = bytes.size() - kCommonSize;
+  auto require_left = [&](std::size_t expected, const char* what) {
+    if (left != expected) {
+      throw InvalidArgument("serialised cuemm IPC handle of " + std::string(what) + " has " +
+                            std::to_string(bytes.size()) + " bytes; expected " + std::to_string(kCommonSize + expected));
+    }
+  };
+  switch (kind) {
+    case Kind::DriverHandle:
+      require_left(0, "a driver handle");
+      return IpcHandle(nullptr, handle, size, source_info, offset);
+    case Kind::PoolBlock: {
+      require_left(kPoolBlockSize, "a stream-ordered pool's block");
+      PoolExport pool;
+      std::memcpy(pool.data.reserved, cursor, sizeof pool.data.reserved);
+      cursor += sizeof pool.data.reserved;
+      pool.pid = take<std::int32_t>(cursor);
+      pool.token = take<std::uint64_t>(cursor);
+      return IpcHandle(nullptr, pool, size, source_info, offset);
+    }
+    case Kind::MappedPieces: {
+      if (left < 8) require_left(8, "mapped pieces");
+      MappedExport mapped;
+      mapped.pid = take<std::int32_t>(cursor);
+      const auto count = take<std::uint32_t>(cursor);
+      if (count == 0 || count > kMostPieces)
+        throw InvalidArgument("serialised cuemm IPC handle names " + std::to_string(count) + " mapped pieces");
+      require_left(8 + std::size_t{count} * kPieceSize, "mapped pieces");
+      mapped.pieces.resize(count);
+      for (MappedExport::Piece& piece : mapped.pieces) {
+        piece.token = take<std::uint64_t>(cursor);
+        piece.size = take<std::uint64_t>(cursor);
+      }
+      return IpcHandle(nullptr, std::move(mapped), size, source_info, offset);
+    }
+  }
+  throw InvalidArgument("serialised cuemm IPC handle of unknown kind " +
+                        std::to_string(static_cast<unsigned>(kind)));
 }
 
 std::string IpcHandle::to_hex() const {
@@ -159,11 +261,12 @@ IpcHandle IpcHandle::from_hex(const std::string& text) {
 
 std::shared_ptr<MemoryPointer> IpcHandle::open(Context& context) {
   if (opened_) throw StateError("IpcHandle is already opened (close it before opening it again)");
-  if (pool_export_ && pool_export_->pid == getpid()) {
+  const std::int32_t exporter = pool_export_ ? pool_export_->pid : mapped_export_ ? mapped_export_->pid : 0;
+  if (exporter == getpid()) {
     throw StateError("this IPC handle was exported by this process (pid " + std::to_string(getpid()) +
                      "); only another process can open it");
   }
-  if (!pool_export_) {
+  if (has_driver_handle()) {
     auto& table = exported();
     std::lock_guard lock(table.mutex);
     if (table.handles.count(bytes_of(handle_))) {
@@ -176,6 +279,7 @@ std::shared_ptr<MemoryPointer> IpcHandle::open(Context& context) {
 }
 
 std::shared_ptr<MemoryPointer> IpcHandle::map_into(Context& context) {
+  if (mapped_export_) return map_pieces(context, *mapped_export_);
   if (!pool_export_) return context.open_ipc_handle(handle_, offset_ + size_);
   // The pool's descriptor from the exporter; the driver keeps what it needs of it.
   const util::ScopedDescriptor descriptor(detail::take_descriptor(pool_export_->pid, pool_export_->token));

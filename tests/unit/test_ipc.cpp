@@ -81,6 +81,19 @@ TEST_F(Ipc, MalformedBytesAreRefusedByLength) {
   }
   EXPECT_THROW(IpcHandle::from_hex("zz"), InvalidArgument);
   EXPECT_THROW(IpcHandle::from_hex("abc"), InvalidArgument);
+  // A handle of mapped pieces is as long as its pieces say.
+  const MappedExport mapped{123, {{1, 2u << 20}, {2, 2u << 20}}};
+  std::vector<std::uint8_t> bytes = IpcHandle(nullptr, mapped, 4096).to_bytes();
+  EXPECT_EQ(IpcHandle::from_bytes(bytes).mapped_export()->pieces.size(), 2u);
+  bytes.pop_back();
+  try {
+    IpcHandle::from_bytes(bytes);
+    FAIL() << "a truncated handle was accepted";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("mapped pieces has " + std::to_string(bytes.size()) + " bytes"),
+              std::string::npos)
+        << error.what();
+  }
 }
 
 TEST_F(Ipc, TheExportingProcessCannotOpenItsOwnHandle) {
@@ -196,4 +209,57 @@ TEST_F(Ipc, ADeviceThatCannotMapTheSourceOpensAStagedCopy) {
   counting_array(shared, count, 7);
   IpcHandle handle = context.get_ipc_handle(shared);
   EXPECT_EQ(run_child(handle, 1, count, 7, "staged"), 0);
+}
+
+namespace {
+// An expandable pool whose second block spans two of its arena's mappings
+// (Note [Expandable arena]): 0.5 MiB of the first, 1.5 MiB of the next.
+struct ArenaStraddle {
+  std::unique_ptr<PoolMemoryManager> pool;
+  std::shared_ptr<MemoryPointer> first, second;
+  explicit ArenaStraddle(Context& context) {
+    PoolOptions options;
+    options.expandable = true;
+    options.thread_cache_size = 0;  // every block from the index
+    options.pinned_host_pool = false;
+    pool = std::make_unique<PoolMemoryManager>(&context, options);
+    pool->initialize();
+    first = pool->memalloc(1536 << 10);
+    second = pool->memalloc(2 << 20);
+  }
+};
+}  // namespace
+
+TEST_F(Ipc, AnotherProcessReadsAndWritesAnExpandablePoolsBlockAcrossTwoMappings) {
+  ArenaStraddle arena(context);
+  const std::size_t count = (2 << 20) / sizeof(std::uint32_t);
+  DeviceArray<std::uint32_t> array = counting_array(arena.second, count, 40);
+  IpcHandle handle = arena.pool->get_ipc_handle(arena.second);
+  ASSERT_TRUE(handle.mapped_export());
+  ASSERT_EQ(handle.mapped_export()->pieces.size(), 2u);
+  ASSERT_EQ(run_child(handle, context.device().id(), count, 40, "direct"), 0);
+  const auto after = array.copy_to_host();
+  for (std::size_t i = 0; i < count; ++i) ASSERT_EQ(after[i], 1040u + i) << "the child's write is not visible at " << i;
+}
+
+TEST_F(Ipc, AnExpandablePoolsBlockOpensStagedOnADeviceThatCannotMapIt) {
+  if (const std::string why = why_no_staging(); !why.empty()) GTEST_SKIP() << why;
+  ArenaStraddle arena(context);
+  const std::size_t count = (2 << 20) / sizeof(std::uint32_t);
+  counting_array(arena.second, count, 9);
+  EXPECT_EQ(run_child(arena.pool->get_ipc_handle(arena.second), 1, count, 9, "staged"), 0);
+}
+
+// Unmapping withdraws a mapping's descriptor: a handle kept past the block
+// and the trim that unmapped it no longer opens (and the child says why).
+TEST_F(Ipc, AnExpandablePoolsHandleNoLongerOpensOnceItsMemoryIsUnmapped) {
+  ArenaStraddle arena(context);
+  std::vector<std::uint8_t> bytes = arena.pool->get_ipc_handle(arena.second).to_bytes();
+  arena.second.reset();
+  ASSERT_GE(arena.pool->trim(), std::size_t{2} << 20) << "the second mapping was not unmapped";
+  EXPECT_NE(run_child(IpcHandle::from_bytes(bytes), context.device().id(), 16, 0, "direct"), 0);
+  // The first mapping is still there, and still shared.
+  const std::size_t count = 1000;
+  counting_array(arena.first, count, 3);
+  EXPECT_EQ(run_child(arena.pool->get_ipc_handle(arena.first), context.device().id(), count, 3, "direct"), 0);
 }

@@ -877,20 +877,66 @@ TEST_F(Pool, AnExpandablePoolGrowsItsOneRangeByWhatIsMissing) {
   EXPECT_EQ(pool.statistics().reserved_bytes, 2u << 20);
 }
 
-TEST_F(Pool, AnExpandablePoolRefusesIpcOfItsArenaByName) {
+// Note [Expandable arena]: the handle of an arena block names the mappings
+// under it (here two: the block spans the first mapping's end), each offered
+// once as a descriptor. A segment of its own keeps the driver's handle.
+TEST_F(Pool, AnExpandablePoolsHandleNamesTheMappingsUnderTheBlock) {
+  PoolOptions options;
+  options.expandable = true;
+  options.thread_cache_size = 0;  // every block from the index
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  auto first = pool.memalloc(1536 << 10);
+  auto second = pool.memalloc(2 << 20);  // 0.5 MiB of the first mapping, 1.5 MiB of the next
+  ASSERT_EQ(second->device_pointer(), first->device_pointer() + (1536 << 10));
+  IpcHandle handle = pool.get_ipc_handle(second);
+  EXPECT_FALSE(handle.has_driver_handle());
+  ASSERT_TRUE(handle.mapped_export());
+  const MappedExport& exported = *handle.mapped_export();
+  EXPECT_EQ(exported.pid, getpid());
+  ASSERT_EQ(exported.pieces.size(), 2u);
+  EXPECT_EQ(exported.pieces[0].size, 2u << 20);
+  EXPECT_EQ(exported.pieces[1].size, 2u << 20);
+  EXPECT_NE(exported.pieces[0].token, exported.pieces[1].token);
+  EXPECT_EQ(handle.offset(), 1536u << 10);
+  EXPECT_EQ(handle.size(), 2u << 20);
+
+  IpcHandle rebuilt = IpcHandle::from_bytes(handle.to_bytes());
+  ASSERT_TRUE(rebuilt.mapped_export());
+  EXPECT_EQ(rebuilt.mapped_export()->pid, exported.pid);
+  ASSERT_EQ(rebuilt.mapped_export()->pieces.size(), 2u);
+  EXPECT_EQ(rebuilt.mapped_export()->pieces[1].token, exported.pieces[1].token);
+  EXPECT_EQ(rebuilt.offset(), handle.offset());
+  EXPECT_THROW(rebuilt.open(context), StateError);  // this process exported it
+
+  // A view inside the first mapping: one piece, offered once already.
+  IpcHandle inner = pool.get_ipc_handle(first->view(4096, 8192));
+  ASSERT_TRUE(inner.mapped_export());
+  ASSERT_EQ(inner.mapped_export()->pieces.size(), 1u);
+  EXPECT_EQ(inner.mapped_export()->pieces[0].token, exported.pieces[0].token);
+  EXPECT_EQ(inner.offset(), 4096u);
+
+  auto large = pool.memalloc(options.dedicated_size);  // a segment of its own: the driver's handle
+  IpcHandle driver_handle = pool.get_ipc_handle(large);
+  EXPECT_TRUE(driver_handle.has_driver_handle());
+  EXPECT_EQ(driver_handle.offset(), 0u);
+}
+
+TEST_F(Pool, AnExpandablePoolRefusesToShareWhatItHasNotMapped) {
   PoolOptions options;
   options.expandable = true;
   PoolMemoryManager pool(&context, options);
   pool.initialize();
-  auto small = pool.memalloc(4096);
+  auto block = pool.memalloc(4096);
+  // The block's start, but 1 GiB long: beyond what the arena has mapped.
+  auto beyond = std::make_shared<MemoryPointer>(&context, block->device_pointer(), std::size_t{1} << 30);
   try {
-    pool.get_ipc_handle(small);
-    ADD_FAILURE() << "an arena block was exported";
-  } catch (const NotSupported& error) {
-    EXPECT_NE(std::string(error.what()).find("CUEMM_POOL_EXPANDABLE"), std::string::npos) << error.what();
+    pool.get_ipc_handle(beyond);
+    ADD_FAILURE() << "memory beyond the arena's mappings was exported";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("is not mapped memory of the pool's arena"), std::string::npos)
+        << error.what();
   }
-  auto large = pool.memalloc(8 << 20);  // a segment of its own: exportable
-  IpcHandle handle = pool.get_ipc_handle(large);
-  EXPECT_EQ(handle.offset(), 0u);
-  EXPECT_EQ(handle.size(), 8u << 20);
+  IpcHandle still = pool.get_ipc_handle(block);  // and the pool still shares
+  EXPECT_TRUE(still.mapped_export());
 }

@@ -129,6 +129,7 @@ enum DeviceAttribute : int {
   CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
   CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY = 83,
   CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS = 89,
+  CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED = 103,
   CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115,
   CU_DEVICE_ATTRIBUTE_MAX = 160,  // one past the largest value the simulated driver answers
 };
@@ -279,6 +280,10 @@ inline bool is_default_stream(CUstream stream) noexcept {
   X(cuMemPoolExportPointer, "cuMemPoolExportPointer", (CUmemPoolPtrExportData * data, CUdeviceptr pointer)) \
   X(cuMemPoolImportPointer, "cuMemPoolImportPointer",                                              \
     (CUdeviceptr * pointer, CUmemoryPool pool, CUmemPoolPtrExportData * data))                     \
+  X(cuMemExportToShareableHandle, "cuMemExportToShareableHandle",                                  \
+    (void* shareable, CUmemGenericAllocationHandle handle, int handle_type, unsigned long long flags)) \
+  X(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle",                              \
+    (CUmemGenericAllocationHandle * handle, void* shareable, int handle_type))                     \
   X(cuLaunchKernel, "cuLaunchKernel",                                                              \
     (CUfunction function, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,     \
      unsigned block_y, unsigned block_z, unsigned shared_bytes, CUstream stream, void** params,    \

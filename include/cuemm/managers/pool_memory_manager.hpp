@@ -106,8 +106,9 @@ struct PoolOptions {
   // raw handles without the offset (see docs/ipc-offsets.md).
   std::size_t dedicated_size = std::size_t{4} << 20;
   // One range of addresses whose memory grows at its end (Note [Expandable
-  // arena]): less memory reserved for the same blocks, but blocks below
-  // dedicated_size cannot be exported by IPC. CUEMM_POOL_EXPANDABLE=1.
+  // arena]): less memory reserved for the same blocks. Their IPC handles are
+  // cuemm's own (no cuIpcGetMemHandle), which only cuemm opens.
+  // CUEMM_POOL_EXPANDABLE=1.
   bool expandable = false;
   // Pinned and mapped host memory from a PinnedHostPool (CUEMM_PINNED_HOST_POOL=0 turns it off).
   bool pinned_host_pool = true;

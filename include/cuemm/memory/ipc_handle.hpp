@@ -15,10 +15,13 @@
 // device, and otherwise stages it: the source device maps it and a copy is
 // made in a fresh allocation from the importing context's memory manager.
 //
-// Memory of a stream-ordered pool created exportable has no such driver
-// handle: its handle carries the block's export data (cuMemPoolExportPointer)
-// and the exporting process's pid, from which open() takes the pool's
-// descriptor (through a Unix socket: processes of the same user only).
+// Two kinds of memory have no such driver handle. A block of a stream-ordered
+// pool created exportable: its handle carries the block's export data
+// (cuMemPoolExportPointer) and the exporting process's pid, from which open()
+// takes the pool's descriptor. Memory made by cuMemCreate and mapped side by
+// side (the pool's expandable arena): its handle names the pieces that hold
+// it, and open() takes each piece's descriptor and maps them side by side.
+// Descriptors go through a Unix socket: processes of the same user only.
 #pragma once
 
 #include <array>
@@ -52,6 +55,17 @@ struct PoolExport {
   std::uint64_t token = 0;            // names the pool's descriptor there (see src/memory/descriptor_passing.hpp)
 };
 
+// The pieces of cuMemCreate memory that hold a block, side by side, as the
+// exporting process names them; the handle's offset is from the first's start.
+struct MappedExport {
+  struct Piece {
+    std::uint64_t token = 0;  // names the piece's descriptor there
+    std::uint64_t size = 0;   // bytes (a multiple of the driver's granularity)
+  };
+  std::int32_t pid = 0;  // the exporting process
+  std::vector<Piece> pieces;
+};
+
 class IpcHandle {
  public:
   // base: the exported memory (kept alive while the handle lives); null in an
@@ -61,6 +75,9 @@ class IpcHandle {
             std::optional<DeviceIdentity> source_info = std::nullopt, std::size_t offset = 0);
   // A block of an exportable stream-ordered pool: the driver handle is all zeros.
   IpcHandle(std::shared_ptr<MemoryPointer> base, const PoolExport& exported, std::size_t size,
+            std::optional<DeviceIdentity> source_info = std::nullopt, std::size_t offset = 0);
+  // Memory mapped from shareable pieces: the driver handle is all zeros.
+  IpcHandle(std::shared_ptr<MemoryPointer> base, MappedExport exported, std::size_t size,
             std::optional<DeviceIdentity> source_info = std::nullopt, std::size_t offset = 0);
   IpcHandle(IpcHandle&&) noexcept;
   IpcHandle& operator=(IpcHandle&&) noexcept;
@@ -74,6 +91,10 @@ class IpcHandle {
   std::size_t offset() const noexcept { return offset_; }
   const std::optional<DeviceIdentity>& source_info() const noexcept { return source_info_; }
   const std::optional<PoolExport>& pool_export() const noexcept { return pool_export_; }
+  const std::optional<MappedExport>& mapped_export() const noexcept { return mapped_export_; }
+  // Whether handle() is the driver's (cuIpcGetMemHandle), which anything that
+  // speaks CUDA IPC can open; otherwise only cuemm's open() can.
+  bool has_driver_handle() const noexcept { return !pool_export_ && !mapped_export_; }
 
   // Serialised form (the handle, size, offset and source; never the base).
   std::vector<std::uint8_t> to_bytes() const;
@@ -102,6 +123,7 @@ class IpcHandle {
   std::optional<DeviceIdentity> source_info_;
   std::size_t offset_;
   std::optional<PoolExport> pool_export_;
+  std::optional<MappedExport> mapped_export_;
   std::shared_ptr<MemoryPointer> opened_;  // the mapping (direct) or the copy (staged)
   bool staged_ = false;
 };

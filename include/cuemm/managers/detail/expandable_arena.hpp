@@ -9,9 +9,13 @@
 // management the pool instead reserves addresses for the whole device once and
 // maps physical memory (cuMemCreate + cuMemMap) at the end as it grows, so
 // growth merges with the free space before it and the pool grows only by what
-// is missing; trimming unmaps whole mappings from the end. The price: memory
-// made by cuMemCreate cannot be exported by cuIpcGetMemHandle, so this is the
-// pool's `expandable` option (as PyTorch's expandable_segments), not its default.
+// is missing; trimming unmaps whole mappings from the end.
+//
+// Memory made by cuMemCreate has no cuIpcGetMemHandle. Where the device can,
+// the arena creates it shareable as a POSIX file descriptor instead: an IPC
+// handle names the mappings under a block, whose descriptors this process
+// offers to others (src/memory/descriptor_passing.hpp), and the importer maps
+// them side by side as here.
 //
 // Not thread-safe: the owner locks. The owner makes the context current.
 #pragma once
@@ -21,6 +25,7 @@
 #include <vector>
 
 #include "cuemm/driver/cuda_api.hpp"
+#include "cuemm/memory/ipc_handle.hpp"
 
 namespace cuemm::detail {
 
@@ -51,6 +56,15 @@ class ExpandableArena {
   // Unmaps everything and frees the addresses.
   void release() noexcept;
 
+  // The mappings that hold [address, address + bytes), each offered to other
+  // processes as a descriptor (from its first share until it is unmapped),
+  // and where `address` lies in the first of them. InvalidArgument naming the
+  // range when it is not mapped here; NotSupported when the device cannot
+  // share this memory.
+  MappedExport share(std::uintptr_t address, std::size_t bytes, std::size_t& offset_in_first);
+  // Whether the memory is created shareable (known once reserved).
+  bool shareable() const noexcept { return shareable_; }
+
   cuda::CUdeviceptr base() const noexcept { return base_; }
   std::size_t mapped_bytes() const noexcept { return mapped_; }
   std::size_t reserved_bytes() const noexcept { return reserved_; }
@@ -64,6 +78,7 @@ class ExpandableArena {
     std::size_t offset;
     std::size_t size;
     cuda::CUmemGenericAllocationHandle handle;
+    std::uint64_t offered = 0;  // the token of its descriptor, once shared
   };
   cuda::CUmemAllocationProp properties() const noexcept;
   void unmap_last() noexcept;
@@ -73,6 +88,7 @@ class ExpandableArena {
   std::size_t reserved_ = 0;
   std::size_t mapped_ = 0;
   std::size_t granularity_ = std::size_t{2} << 20;
+  bool shareable_ = false;
   std::vector<Mapping> mappings_;  // by offset, side by side from 0
 };
 
