@@ -74,6 +74,10 @@ if [ -d "$build/python/cuemm" ] && [ "${CUEMM_GPU_SKIP_PYTHON:-0}" != 1 ]; then
   suite_status=$?
   grep -E "^(default|cuemm|difference|raw-handle|  worse|  skipped|  fails)" "$logs/numba-cuda-suite.log"
   summary+=("numba-cuda suite: exit $suite_status; $(grep '^difference' "$logs/numba-cuda-suite.log")")
+  # Its IPC tests again with the expandable pool, whose arena blocks have cuemm's own handles.
+  (cd /tmp && CUEMM_POOL_EXPANDABLE=1 "$python" "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python" \
+    numba.cuda.tests.cudapy.test_ipc) >"$logs/numba-cuda-ipc-expandable.log" 2>&1
+  summary+=("numba-cuda test_ipc, expandable pool: exit $?; $(grep '^difference' "$logs/numba-cuda-ipc-expandable.log")")
   phase_done numba-cuda-suites
   # Two rounds of separate processes (about 40 s less than three: the run of
   # 66ec2ed took 575 of the device's 600 s); the interleaved figures are the ones held to bounds.
