@@ -79,7 +79,8 @@ std::size_t ExpandableArena::mapping_end_at_or_after(std::size_t offset) const {
 }
 
 MappedExport ExpandableArena::share(std::uintptr_t address, std::size_t bytes, std::size_t& offset_in_first) {
-  if (!base_ || address < base_ || bytes > mapped_ || address - base_ > mapped_ - bytes) {
+  // (Its start must lie in a mapping even for 0 bytes: that mapping is the first piece.)
+  if (!base_ || address < base_ || address - base_ >= mapped_ || bytes > mapped_ - (address - base_)) {
     throw InvalidArgument("get_ipc_handle: " + util::hex_address(address) + " (" + describe_bytes(bytes) +
                           ") is not mapped memory of the pool's arena");
   }

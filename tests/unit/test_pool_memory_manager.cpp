@@ -937,6 +937,10 @@ TEST_F(Pool, AnExpandablePoolRefusesToShareWhatItHasNotMapped) {
     EXPECT_NE(std::string(error.what()).find("is not mapped memory of the pool's arena"), std::string::npos)
         << error.what();
   }
+  // No bytes, just past the mapped end (the arena's first block is at its start).
+  auto past_the_end = std::make_shared<MemoryPointer>(
+      &context, block->device_pointer() + pool.statistics().reserved_bytes, std::size_t{0});
+  EXPECT_THROW(pool.get_ipc_handle(past_the_end), InvalidArgument);
   IpcHandle still = pool.get_ipc_handle(block);  // and the pool still shares
   EXPECT_TRUE(still.mapped_export());
 }
