@@ -1,8 +1,8 @@
 #include "cuemm/managers/async_memory_manager.hpp"
 
 #include <cstdio>
-#include <map>
 #include <cstdlib>
+#include <map>
 #include <string>
 
 #include "cuemm/driver/driver.hpp"
@@ -13,7 +13,6 @@
 #include "memory/descriptor_passing.hpp"
 #include "util/environment.hpp"
 #include "util/hex_address.hpp"
-#include "util/scoped_descriptor.hpp"
 
 namespace cuemm {
 
@@ -161,7 +160,6 @@ IpcHandle AsyncMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer
     if (pool_token_ == 0) {
       int descriptor = -1;
       CUEMM_CU(cuMemPoolExportToShareableHandle, &descriptor, pool, cuda::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-      const util::ScopedDescriptor closed_after(descriptor);  // offer_descriptor() keeps a copy of its own
       pool_token_ = detail::offer_descriptor(descriptor);
     }
     exported.token = pool_token_;

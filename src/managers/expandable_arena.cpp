@@ -9,7 +9,6 @@
 #include "memory/descriptor_passing.hpp"
 #include "util/hex_address.hpp"
 #include "util/round_up.hpp"
-#include "util/scoped_descriptor.hpp"
 
 namespace cuemm::detail {
 
@@ -101,7 +100,6 @@ MappedExport ExpandableArena::share(std::uintptr_t address, std::size_t bytes, s
       int descriptor = -1;
       CUEMM_CU(cuMemExportToShareableHandle, &descriptor, it->handle, cuda::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
                0);
-      const util::ScopedDescriptor closed_after(descriptor);  // offer_descriptor() keeps a copy of its own
       it->offered = offer_descriptor(descriptor);
     }
     exported.pieces.push_back({it->offered, it->size});

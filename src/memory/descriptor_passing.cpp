@@ -46,12 +46,12 @@ class DescriptorServer {
   }
 
   std::uint64_t offer(int fd) {
+    util::ScopedDescriptor owned(fd);  // closed here if the offer fails
     std::lock_guard lock(mutex_);
     start_if_needed();
-    const int copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-    if (copy < 0) throw StateError(system_error("offering a descriptor to other processes (fcntl)"));
     const std::uint64_t token = next_token_++;
-    offered_[token] = copy;
+    offered_[token] = owned.get();
+    owned.release();
     return token;
   }
 

@@ -18,7 +18,8 @@
 
 namespace cuemm::detail {
 
-// Offers a duplicate of `fd` until withdrawn or the process ends; returns the
+// Offers `fd` until withdrawn or the process ends, and owns it from now on
+// (it is closed when withdrawn, or at once if the offer fails); returns the
 // token that names it. Throws StateError with the system's reason on failure.
 std::uint64_t offer_descriptor(int fd);
 

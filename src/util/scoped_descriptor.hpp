@@ -14,6 +14,12 @@ class ScopedDescriptor {
   ScopedDescriptor(const ScopedDescriptor&) = delete;
   ScopedDescriptor& operator=(const ScopedDescriptor&) = delete;
   int get() const noexcept { return fd_; }
+  // Hands the descriptor on: it is no longer closed here.
+  int release() noexcept {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
 
  private:
   int fd_;

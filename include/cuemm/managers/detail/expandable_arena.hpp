@@ -62,8 +62,6 @@ class ExpandableArena {
   // range when it is not mapped here; NotSupported when the device cannot
   // share this memory.
   MappedExport share(std::uintptr_t address, std::size_t bytes, std::size_t& offset_in_first);
-  // Whether the memory is created shareable (known once reserved).
-  bool shareable() const noexcept { return shareable_; }
 
   cuda::CUdeviceptr base() const noexcept { return base_; }
   std::size_t mapped_bytes() const noexcept { return mapped_; }
@@ -88,7 +86,7 @@ class ExpandableArena {
   std::size_t reserved_ = 0;
   std::size_t mapped_ = 0;
   std::size_t granularity_ = std::size_t{2} << 20;
-  bool shareable_ = false;
+  bool shareable_ = false;  // memory created as POSIX descriptors (set by reserve())
   std::vector<Mapping> mappings_;  // by offset, side by side from 0
 };
 
