@@ -3,12 +3,16 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <atomic>
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "cuemm/cuemm.hpp"
@@ -23,6 +27,33 @@ namespace cuemm::testing {
       GTEST_SKIP() << "needs the simulated driver's call counters and fault injection (running on "     \
                    << ::cuemm::driver::Driver::get().library_path() << ")";                              \
   } while (0)
+
+// The error that `call` throws as `Expected`, or nothing if it returns (an
+// exception of another type propagates, and the test fails with it).
+template <typename Expected, typename Call>
+std::optional<Expected> caught(Call&& call) {
+  try {
+    std::forward<Call>(call)();
+  } catch (const Expected& error) {
+    return error;
+  }
+  return std::nullopt;
+}
+
+// Whether `call` throws `Expected` whose message names each of `fragments`:
+//   EXPECT_TRUE(throws<InvalidArgument>([&] { pool.memalloc(huge); }, "1.00 PiB"));
+// A failure says that nothing was thrown, or which fragment the message lacks.
+template <typename Expected, typename Call, typename... Fragments>
+::testing::AssertionResult throws(Call&& call, const Fragments&... fragments) {
+  const std::optional<Expected> error = caught<Expected>(std::forward<Call>(call));
+  if (!error) return ::testing::AssertionFailure() << "nothing was thrown";
+  const std::string message = error->what();
+  for (const std::string_view fragment : std::array<std::string_view, sizeof...(Fragments)>{fragments...}) {
+    if (message.find(fragment) == std::string::npos)
+      return ::testing::AssertionFailure() << "the message \"" << message << "\" does not name \"" << fragment << '"';
+  }
+  return ::testing::AssertionSuccess() << message;
+}
 
 inline std::string test_kernels_ptx() {
   std::ifstream file(CUEMM_TEST_KERNELS_PTX);

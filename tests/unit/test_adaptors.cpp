@@ -11,6 +11,7 @@
 #include "support/test_support.hpp"
 
 using namespace cuemm;
+using cuemm::testing::throws;
 
 namespace {
 class Adaptors : public ::testing::Test {
@@ -315,19 +316,9 @@ TEST_F(Adaptors, ALogReadsBackAndDrawsEachKind) {
   EXPECT_EQ(svg.find("managed memory in use"), std::string::npos) << "a kind the log never used is drawn";
 
   std::istringstream not_a_log("time,bytes\n1,2\n");
-  try {
-    read_memory_log(not_a_log, "numbers.csv");
-    FAIL() << "a file without the log's columns was read";
-  } catch (const InvalidArgument& error) {
-    EXPECT_NE(std::string(error.what()).find("numbers.csv"), std::string::npos) << error.what();
-  }
+  EXPECT_TRUE(throws<InvalidArgument>([&] { read_memory_log(not_a_log, "numbers.csv"); }, "numbers.csv"));
   std::istringstream bad_size(std::string(LoggingAdaptor::header()) + "\nAlloc,0,0x10,0,lots,0,0,1,0,0,0,\n");
-  try {
-    read_memory_log(bad_size, "bad.csv");
-    FAIL() << "a size that is no number was read";
-  } catch (const InvalidArgument& error) {
-    EXPECT_NE(std::string(error.what()).find("bad.csv:2"), std::string::npos) << error.what();
-  }
+  EXPECT_TRUE(throws<InvalidArgument>([&] { read_memory_log(bad_size, "bad.csv"); }, "bad.csv:2"));
   std::istringstream negative(std::string(LoggingAdaptor::header()) + "\nAlloc,0,0x10,0,-5,0,0,1,0,0,0,\n");
   EXPECT_THROW(read_memory_log(negative, "negative.csv"), InvalidArgument) << "a negative size was read as a huge one";
   // Zero-byte allocations hold no memory: left out, with the free of their address.
@@ -381,16 +372,8 @@ TEST_F(Adaptors, TheLimitRefusesWithTheRequestTheUseAndTheCap) {
   LimitingAdaptor limited(&context, pool(), 10 << 20);
   limited.initialize();
   auto held = limited.memalloc(6 << 20);
-  try {
-    limited.memalloc(5 << 20);
-    FAIL() << "the cap was passed";
-  } catch (const OutOfMemory& error) {
-    const std::string message = error.what();
-    EXPECT_NE(message.find("5.00 MiB"), std::string::npos) << message;
-    EXPECT_NE(message.find("and 6.00 MiB"), std::string::npos) << message;
-    EXPECT_NE(message.find("are in use"), std::string::npos) << message;
-    EXPECT_NE(message.find("limit is 10.00 MiB"), std::string::npos) << message;
-  }
+  EXPECT_TRUE(throws<OutOfMemory>([&] { limited.memalloc(5 << 20); }, "5.00 MiB", "and 6.00 MiB", "are in use",
+                                  "limit is 10.00 MiB"));
   EXPECT_EQ(limited.in_use(), std::size_t{6} << 20) << "a refused request still counts";
   auto host = limited.memhostalloc(8 << 20, false, false, false);  // host memory is not capped
   held.reset();
@@ -436,12 +419,8 @@ TEST_F(Adaptors, AdaptorsComposeByName) {
   auto memory = manager->memalloc(1 << 20);
   EXPECT_EQ(find_adaptor<StatisticsAdaptor>(*manager)->statistics().of(MemoryKind::Device).current_bytes, 1u << 20);
   memory.reset();
-  try {
-    wrap_with_adaptors(&context, pool(), "statistics,sparkles");
-    FAIL();
-  } catch (const InvalidArgument& error) {
-    EXPECT_NE(std::string(error.what()).find("'sparkles'"), std::string::npos);
-  }
+  EXPECT_TRUE(
+      throws<InvalidArgument>([&] { wrap_with_adaptors(&context, pool(), "statistics,sparkles"); }, "'sparkles'"));
   unsetenv("CUEMM_LIMIT");
   EXPECT_THROW(wrap_with_adaptors(&context, pool(), "limit"), InvalidArgument);
 }

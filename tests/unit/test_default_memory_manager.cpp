@@ -7,6 +7,8 @@
 #include "support/test_support.hpp"
 
 using namespace cuemm;
+using cuemm::testing::caught;
+using cuemm::testing::throws;
 
 namespace {
 
@@ -92,38 +94,27 @@ TEST_F(DefaultManager, OutOfMemoryFlushesPendingFreesAndRetriesOnce) {
 TEST_F(DefaultManager, OutOfMemoryWithNothingToFlushNamesTheRequest) {
   const std::size_t live = manager->live_allocations();
   const std::size_t huge = std::size_t{1} << 50;  // 1 PiB: more than any device
-  try {
-    context.memalloc(huge);
-    FAIL() << "a 1 PiB allocation succeeded";
-  } catch (const OutOfMemory& error) {
-    const std::string message = error.what();
-    EXPECT_EQ(message.rfind("[CUDA_ERROR_OUT_OF_MEMORY] Call to cuMemAlloc results in CUDA_ERROR_OUT_OF_MEMORY", 0), 0u)
-        << message;
-    EXPECT_NE(message.find("1125899906842624 bytes"), std::string::npos) << message;
-    EXPECT_EQ(error.code(), cuda::CUDA_ERROR_OUT_OF_MEMORY);
-    EXPECT_EQ(error.requested(), huge);
-  }
+  const auto error = caught<OutOfMemory>([&] { context.memalloc(huge); });
+  ASSERT_TRUE(error) << "a 1 PiB allocation succeeded";
+  const std::string message = error->what();
+  EXPECT_EQ(message.rfind("[CUDA_ERROR_OUT_OF_MEMORY] Call to cuMemAlloc results in CUDA_ERROR_OUT_OF_MEMORY", 0), 0u)
+      << message;
+  EXPECT_NE(message.find("1125899906842624 bytes"), std::string::npos) << message;
+  EXPECT_EQ(error->code(), cuda::CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(error->requested(), huge);
   EXPECT_EQ(manager->live_allocations(), live);
   auto after = context.memalloc(4096);  // still usable
   EXPECT_TRUE(after->is_alive());
 }
 
 TEST_F(DefaultManager, ZeroSizesAndNullPointersAreRefusedByName) {
-  auto expect_invalid = [](auto&& call, const std::string& fragment) {
-    try {
-      call();
-      ADD_FAILURE() << "no error for " << fragment;
-    } catch (const InvalidArgument& error) {
-      EXPECT_NE(std::string(error.what()).find(fragment), std::string::npos) << error.what();
-    }
-  };
   char buffer[64];
-  expect_invalid([&] { context.memalloc(0); }, "memalloc: size must be at least 1 byte (got 0)");
-  expect_invalid([&] { context.memhostalloc(0); }, "memhostalloc: size");
-  expect_invalid([&] { context.memallocmanaged(0); }, "memallocmanaged: size");
-  expect_invalid([&] { context.mempin(nullptr, nullptr, 64); }, "mempin: the pointer is null");
-  expect_invalid([&] { context.mempin(nullptr, buffer, 0); }, "mempin: size");
-  expect_invalid([&] { manager->memalloc(0); }, "memalloc: size");
+  EXPECT_TRUE(throws<InvalidArgument>([&] { context.memalloc(0); }, "memalloc: size must be at least 1 byte (got 0)"));
+  EXPECT_TRUE(throws<InvalidArgument>([&] { context.memhostalloc(0); }, "memhostalloc: size"));
+  EXPECT_TRUE(throws<InvalidArgument>([&] { context.memallocmanaged(0); }, "memallocmanaged: size"));
+  EXPECT_TRUE(throws<InvalidArgument>([&] { context.mempin(nullptr, nullptr, 64); }, "mempin: the pointer is null"));
+  EXPECT_TRUE(throws<InvalidArgument>([&] { context.mempin(nullptr, buffer, 0); }, "mempin: size"));
+  EXPECT_TRUE(throws<InvalidArgument>([&] { manager->memalloc(0); }, "memalloc: size"));
 }
 
 TEST_F(DefaultManager, MappedHostMemoryIsVisibleThroughItsDevicePointer) {
@@ -148,12 +139,9 @@ TEST_F(DefaultManager, MempinPinsAnyRegionOnceAndUnpinsOnRelease) {
   auto pinned = context.mempin(buffer, unaligned, 4096);
   EXPECT_EQ(pinned->kind(), MemoryKind::Pinned);
   EXPECT_EQ(pinned->host_pointer(), reinterpret_cast<std::uintptr_t>(unaligned));
-  try {
-    context.mempin(buffer, unaligned, 4096);
-    FAIL() << "pinning the same region twice succeeded";
-  } catch (const CudaError& error) {
-    EXPECT_EQ(error.code_name(), "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED") << error.what();
-  }
+  const auto twice = caught<CudaError>([&] { context.mempin(buffer, unaligned, 4096); });
+  ASSERT_TRUE(twice) << "pinning the same region twice succeeded";
+  EXPECT_EQ(twice->code_name(), "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED") << twice->what();
   pinned.reset();
   manager->deallocations().flush();
   auto mapped = context.mempin(buffer, unaligned, 4096, /*mapped=*/true);
@@ -220,12 +208,11 @@ TEST_F(DefaultManager, AFailureAtEveryDriverCallLeavesNothingBehind) {
   for (const auto& test : cases) {
     SCOPED_TRACE(test.function);
     simulation::inject_fault(test.function, 1, cuda::CUDA_ERROR_UNKNOWN);
-    try {
-      test.operation();
-      ADD_FAILURE() << "no error when " << test.function << " failed";
-    } catch (const CudaError& error) {
-      EXPECT_EQ(error.code(), cuda::CUDA_ERROR_UNKNOWN);
-      EXPECT_NE(std::string(error.what()).find(test.function), std::string::npos) << error.what();
+    const auto error = caught<CudaError>(test.operation);
+    EXPECT_TRUE(error) << "no error when " << test.function << " failed";
+    if (error) {
+      EXPECT_EQ(error->code(), cuda::CUDA_ERROR_UNKNOWN);
+      EXPECT_NE(std::string(error->what()).find(test.function), std::string::npos) << error->what();
     }
     simulation::clear_faults();
     manager->deallocations().flush_all();

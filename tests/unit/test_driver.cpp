@@ -5,6 +5,7 @@
 #include "support/test_support.hpp"
 
 using namespace cuemm;
+using cuemm::testing::caught;
 
 TEST(Driver, LoadsOnceAndSaysWhichDriver) {
   const auto& driver = driver::Driver::get();
@@ -32,13 +33,9 @@ TEST(Driver, AFailingCallThrowsItsResult) {
   current_context();
   simulation::inject_fault("cuMemAlloc", 1, cuda::CUDA_ERROR_OUT_OF_MEMORY);
   cuda::CUdeviceptr pointer = 0;
-  try {
-    CUEMM_CU(cuMemAlloc, &pointer, 64);
-    FAIL();
-  } catch (const OutOfMemory& error) {
-    EXPECT_STREQ(error.what(),
-                 "[CUDA_ERROR_OUT_OF_MEMORY] Call to cuMemAlloc results in CUDA_ERROR_OUT_OF_MEMORY");
-  }
+  const auto error = caught<OutOfMemory>([&] { CUEMM_CU(cuMemAlloc, &pointer, 64); });
+  ASSERT_TRUE(error);
+  EXPECT_STREQ(error->what(), "[CUDA_ERROR_OUT_OF_MEMORY] Call to cuMemAlloc results in CUDA_ERROR_OUT_OF_MEMORY");
   simulation::inject_fault("cuMemGetInfo", 2, cuda::CUDA_ERROR_INVALID_CONTEXT, 2);
   std::size_t free = 0, total = 0;
   EXPECT_NO_THROW(CUEMM_CU(cuMemGetInfo, &free, &total));

@@ -5,8 +5,9 @@
 
 using namespace cuemm;
 using cuemm::testing::ManagerLog;
-using cuemm::testing::RecordingManager;
 using cuemm::testing::recording_log;
+using cuemm::testing::RecordingManager;
+using cuemm::testing::throws;
 
 namespace {
 
@@ -146,21 +147,9 @@ TEST_F(EmmPlugin, ResetBeforeInitializeIsSafe) {
 }
 
 TEST_F(EmmPlugin, SetMemoryManagerOnceAContextExistsIsRefused) {
-  try {
-    set_memory_manager<RecordingManager>();
-    FAIL() << "set_memory_manager after a context was accepted";
-  } catch (const StateError& error) {
-    EXPECT_NE(std::string(error.what()).find("before the first context"), std::string::npos) << error.what();
-  }
+  EXPECT_TRUE(throws<StateError>([&] { set_memory_manager<RecordingManager>(); }, "before the first context"));
 }
 
 TEST_F(EmmPlugin, APluginDeclaringInterfaceVersionTwoIsRefusedNamingBothVersions) {
-  try {
-    set_memory_manager<VersionTwoManager>();
-    FAIL() << "a version 2 plugin was accepted";
-  } catch (const PluginError& error) {
-    const std::string message = error.what();
-    EXPECT_NE(message.find("version 2"), std::string::npos) << message;
-    EXPECT_NE(message.find("version 1"), std::string::npos) << message;
-  }
+  EXPECT_TRUE(throws<PluginError>([&] { set_memory_manager<VersionTwoManager>(); }, "version 2", "version 1"));
 }

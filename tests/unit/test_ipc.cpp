@@ -12,6 +12,7 @@
 extern char** environ;
 
 using namespace cuemm;
+using cuemm::testing::throws;
 
 namespace {
 
@@ -73,12 +74,7 @@ TEST_F(Ipc, HandlesSurviveSerialisation) {
 }
 
 TEST_F(Ipc, MalformedBytesAreRefusedByLength) {
-  try {
-    IpcHandle::from_bytes(std::vector<std::uint8_t>(10, 0));
-    FAIL();
-  } catch (const InvalidArgument& error) {
-    EXPECT_NE(std::string(error.what()).find("10 bytes"), std::string::npos) << error.what();
-  }
+  EXPECT_TRUE(throws<InvalidArgument>([&] { IpcHandle::from_bytes(std::vector<std::uint8_t>(10, 0)); }, "10 bytes"));
   EXPECT_THROW(IpcHandle::from_hex("zz"), InvalidArgument);
   EXPECT_THROW(IpcHandle::from_hex("abc"), InvalidArgument);
   // A handle of mapped pieces is as long as its pieces say.
@@ -86,14 +82,8 @@ TEST_F(Ipc, MalformedBytesAreRefusedByLength) {
   std::vector<std::uint8_t> bytes = IpcHandle(nullptr, mapped, 4096).to_bytes();
   EXPECT_EQ(IpcHandle::from_bytes(bytes).mapped_export()->pieces.size(), 2u);
   bytes.pop_back();
-  try {
-    IpcHandle::from_bytes(bytes);
-    FAIL() << "a truncated handle was accepted";
-  } catch (const InvalidArgument& error) {
-    EXPECT_NE(std::string(error.what()).find("mapped pieces has " + std::to_string(bytes.size()) + " bytes"),
-              std::string::npos)
-        << error.what();
-  }
+  EXPECT_TRUE(throws<InvalidArgument>([&] { IpcHandle::from_bytes(bytes); },
+                                      "mapped pieces has " + std::to_string(bytes.size()) + " bytes"));
 }
 
 TEST_F(Ipc, TheExportingProcessCannotOpenItsOwnHandle) {
@@ -101,35 +91,20 @@ TEST_F(Ipc, TheExportingProcessCannotOpenItsOwnHandle) {
   IpcHandle handle = context.get_ipc_handle(memory);
   EXPECT_THROW(handle.open(context), StateError);
   IpcHandle rebuilt = IpcHandle::from_bytes(handle.to_bytes());
-  try {
-    rebuilt.open(context);
-    FAIL();
-  } catch (const StateError& error) {
-    EXPECT_NE(std::string(error.what()).find("exported by this process"), std::string::npos) << error.what();
-  }
+  EXPECT_TRUE(throws<StateError>([&] { rebuilt.open(context); }, "exported by this process"));
   EXPECT_FALSE(rebuilt.is_open());
 }
 
 TEST_F(Ipc, ClosingAnUnopenedHandleIsAnError) {
   auto memory = context.memalloc(4096);
   IpcHandle handle = context.get_ipc_handle(memory);
-  try {
-    handle.close();
-    FAIL();
-  } catch (const StateError& error) {
-    EXPECT_NE(std::string(error.what()).find("not opened"), std::string::npos) << error.what();
-  }
+  EXPECT_TRUE(throws<StateError>([&] { handle.close(); }, "not opened"));
 }
 
 // A pointer to memory the driver does not know is refused by address.
 TEST_F(Ipc, ExportingMemoryTheDriverDoesNotKnowNamesTheAddress) {
   auto foreign = std::make_shared<MemoryPointer>(&context, 0x3000, 256);
-  try {
-    context.get_ipc_handle(foreign);
-    FAIL() << "an unknown address was exported";
-  } catch (const CudaError& error) {
-    EXPECT_NE(std::string(error.what()).find("0x3000 is not device memory"), std::string::npos) << error.what();
-  }
+  EXPECT_TRUE(throws<CudaError>([&] { context.get_ipc_handle(foreign); }, "0x3000 is not device memory"));
 }
 
 TEST_F(Ipc, AnotherProcessReadsAndWritesTheSharedMemory) {
@@ -179,13 +154,7 @@ TEST_F(Ipc, AStreamOrderedPoolsHandleWhoseExporterHasExitedSaysSo) {
   exported.pid = gone;
   exported.token = 1;
   IpcHandle handle = IpcHandle::from_bytes(IpcHandle(nullptr, exported, 4096).to_bytes());
-  try {
-    handle.open(context);
-    FAIL() << "opened a handle whose exporter is gone";
-  } catch (const StateError& error) {
-    EXPECT_NE(std::string(error.what()).find("cannot reach process " + std::to_string(gone)), std::string::npos)
-        << error.what();
-  }
+  EXPECT_TRUE(throws<StateError>([&] { handle.open(context); }, "cannot reach process " + std::to_string(gone)));
   EXPECT_FALSE(handle.is_open());
 }
 

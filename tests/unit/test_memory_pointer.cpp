@@ -8,8 +8,10 @@
 
 #include "cuemm/error.hpp"
 #include "cuemm/memory/memory_pointer.hpp"
+#include "support/test_support.hpp"
 
 using namespace cuemm;
+using cuemm::testing::throws;
 
 namespace {
 struct Counter {
@@ -38,12 +40,7 @@ TEST(MemoryPointer, FreeRunsTheFinalizerNowAndFreeingDeadMemoryIsAnError) {
   memory->free();
   EXPECT_EQ(counter.calls, 1);
   EXPECT_FALSE(memory->is_alive());
-  try {
-    memory->free();
-    FAIL() << "second free() did not throw";
-  } catch (const StateError& error) {
-    EXPECT_NE(std::string(error.what()).find("Freeing dead memory"), std::string::npos) << error.what();
-  }
+  EXPECT_TRUE(throws<StateError>([&] { memory->free(); }, "Freeing dead memory"));
   memory.reset();
   EXPECT_EQ(counter.calls, 1) << "the destructor ran the finalizer a second time";
 }
@@ -113,13 +110,7 @@ TEST(MemoryPointer, ViewsKeepTheirBaseAliveAndNeverFree) {
 
 TEST(MemoryPointer, ViewOutsideTheMemoryIsInvalidArgumentNamingTheRange) {
   auto base = std::make_shared<MemoryPointer>(nullptr, kAddress, 100);
-  try {
-    base->view(50, 101);
-    FAIL();
-  } catch (const InvalidArgument& error) {
-    EXPECT_NE(std::string(error.what()).find("[50, 101)"), std::string::npos) << error.what();
-    EXPECT_NE(std::string(error.what()).find("100 bytes"), std::string::npos) << error.what();
-  }
+  EXPECT_TRUE(throws<InvalidArgument>([&] { base->view(50, 101); }, "[50, 101)", "100 bytes"));
   EXPECT_THROW(base->view(60, 40), InvalidArgument);
   EXPECT_NO_THROW(base->view(100));  // empty view at the end is fine
 }

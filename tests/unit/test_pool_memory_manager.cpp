@@ -8,6 +8,8 @@
 #include "support/test_support.hpp"
 
 using namespace cuemm;
+using cuemm::testing::caught;
+using cuemm::testing::throws;
 
 namespace {
 class Pool : public ::testing::Test {
@@ -409,13 +411,10 @@ TEST_F(Pool, TheMaximumSizeIsAnOutOfMemoryNamingIt) {
   PoolMemoryManager pool(&context, options);
   pool.initialize();
   auto held = pool.memalloc(40 << 20);
-  try {
-    pool.memalloc(40 << 20);
-    FAIL() << "allocated past the maximum";
-  } catch (const OutOfMemory& error) {
-    EXPECT_NE(std::string(error.what()).find("maximum 64.00 MiB"), std::string::npos) << error.what();
-    EXPECT_EQ(error.requested(), std::size_t{40} << 20);
-  }
+  const auto error = caught<OutOfMemory>([&] { pool.memalloc(40 << 20); });
+  ASSERT_TRUE(error) << "allocated past the maximum";
+  EXPECT_NE(std::string(error->what()).find("maximum 64.00 MiB"), std::string::npos) << error->what();
+  EXPECT_EQ(error->requested(), std::size_t{40} << 20);
   held.reset();
   EXPECT_NO_THROW(pool.memalloc(40 << 20)) << "the freed block did not come back";
 }
@@ -456,14 +455,8 @@ TEST_F(Pool, OneBlockMayTakeAllOfThePoolsMaximum) {
 TEST_F(Pool, AMaximumBelowOneSegmentIsRefusedAtOnce) {
   PoolOptions options;
   options.maximum_size = 1 << 20;
-  try {
-    PoolMemoryManager pool(&context, options);
-    FAIL() << "a pool that can never allocate was made";
-  } catch (const InvalidArgument& error) {
-    EXPECT_NE(std::string(error.what()).find("the maximum size (1.00 MiB (1048576 bytes)) is less than one segment"),
-              std::string::npos)
-        << error.what();
-  }
+  EXPECT_TRUE(throws<InvalidArgument>([&] { PoolMemoryManager pool(&context, options); },
+                                      "the maximum size (1.00 MiB (1048576 bytes)) is less than one segment"));
 }
 
 TEST_F(Pool, AnInitialSizeIsReservedAtInitialize) {
@@ -485,12 +478,7 @@ TEST_F(Pool, SizesFromTheEnvironmentAreParsed) {
   EXPECT_EQ(options.initial_size, std::size_t{512} << 20);
   EXPECT_EQ(options.maximum_size, std::size_t{2} << 30);
   setenv("CUEMM_POOL_MAXIMUM_SIZE", "lots", 1);
-  try {
-    PoolOptions::from_environment();
-    FAIL();
-  } catch (const InvalidArgument& error) {
-    EXPECT_NE(std::string(error.what()).find("CUEMM_POOL_MAXIMUM_SIZE"), std::string::npos) << error.what();
-  }
+  EXPECT_TRUE(throws<InvalidArgument>([&] { PoolOptions::from_environment(); }, "CUEMM_POOL_MAXIMUM_SIZE"));
   unsetenv("CUEMM_POOL_INITIAL_SIZE");
   unsetenv("CUEMM_POOL_MAXIMUM_SIZE");
   EXPECT_FALSE(PoolOptions::from_environment().expandable);
@@ -930,13 +918,8 @@ TEST_F(Pool, AnExpandablePoolRefusesToShareWhatItHasNotMapped) {
   auto block = pool.memalloc(4096);
   // The block's start, but 1 GiB long: beyond what the arena has mapped.
   auto beyond = std::make_shared<MemoryPointer>(&context, block->device_pointer(), std::size_t{1} << 30);
-  try {
-    pool.get_ipc_handle(beyond);
-    ADD_FAILURE() << "memory beyond the arena's mappings was exported";
-  } catch (const InvalidArgument& error) {
-    EXPECT_NE(std::string(error.what()).find("is not mapped memory of the pool's arena"), std::string::npos)
-        << error.what();
-  }
+  EXPECT_TRUE(
+      throws<InvalidArgument>([&] { pool.get_ipc_handle(beyond); }, "is not mapped memory of the pool's arena"));
   // No bytes, just past the mapped end (the arena's first block is at its start).
   auto past_the_end = std::make_shared<MemoryPointer>(
       &context, block->device_pointer() + pool.statistics().reserved_bytes, std::size_t{0});

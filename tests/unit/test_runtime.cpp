@@ -5,6 +5,8 @@
 #include "support/test_support.hpp"
 
 using namespace cuemm;
+using cuemm::testing::caught;
+using cuemm::testing::throws;
 
 namespace {
 class Runtime : public ::testing::Test {
@@ -28,14 +30,8 @@ TEST_F(Runtime, DevicesHaveNamesUuidsAndIdentities) {
 }
 
 TEST_F(Runtime, AnOrdinalBeyondTheDevicesNamesTheCount) {
-  try {
-    Device::get(Device::count());
-    FAIL();
-  } catch (const InvalidArgument& error) {
-    EXPECT_NE(std::string(error.what()).find("sees " + std::to_string(Device::count()) + " device"),
-              std::string::npos)
-        << error.what();
-  }
+  EXPECT_TRUE(throws<InvalidArgument>([&] { Device::get(Device::count()); },
+                                      "sees " + std::to_string(Device::count()) + " device"));
   EXPECT_THROW(Device::get(-1), InvalidArgument);
   EXPECT_THROW(Device::from_identity(DeviceIdentity{999, 999, 999}), InvalidArgument);
 }
@@ -138,13 +134,10 @@ TEST_F(Runtime, StreamCallbacksRunAfterEarlierWork) {
 
 TEST_F(Runtime, AMissingKernelIsNamed) {
   Module module = context.load_module(cuemm::testing::test_kernels_ptx());
-  try {
-    module.function("no_such_kernel");
-    FAIL();
-  } catch (const CudaError& error) {
-    EXPECT_EQ(error.code_name(), "CUDA_ERROR_NOT_FOUND");
-    EXPECT_NE(std::string(error.what()).find("no_such_kernel"), std::string::npos) << error.what();
-  }
+  const auto error = caught<CudaError>([&] { module.function("no_such_kernel"); });
+  ASSERT_TRUE(error);
+  EXPECT_EQ(error->code_name(), "CUDA_ERROR_NOT_FOUND");
+  EXPECT_NE(std::string(error->what()).find("no_such_kernel"), std::string::npos) << error->what();
   EXPECT_THROW(context.load_module(""), InvalidArgument);
 }
 
