@@ -6,6 +6,7 @@
 
 #include "cuemm/driver/driver.hpp"
 #include "cuemm/error.hpp"
+#include "driver/mapping.hpp"
 #include "memory/descriptor_passing.hpp"
 #include "util/hex_address.hpp"
 #include "util/round_up.hpp"
@@ -50,20 +51,10 @@ bool ExpandableArena::grow(std::size_t bytes) {
   const cuda::CUresult created = CUEMM_CU_RESULT(cuMemCreate, &handle, bytes, &wanted, 0);
   if (created == cuda::CUDA_ERROR_OUT_OF_MEMORY) return false;
   if (created != cuda::CUDA_SUCCESS) driver::throw_allocation_error(created, "cuMemCreate", bytes);
-  const cuda::CUdeviceptr at = base_ + mapped_;
-  const char* failed = "cuMemMap";
-  cuda::CUresult result = CUEMM_CU_RESULT(cuMemMap, at, bytes, 0, handle, 0);
-  if (result == cuda::CUDA_SUCCESS) {
-    const cuda::CUmemAccessDesc access{{cuda::CU_MEM_LOCATION_TYPE_DEVICE, device_},
-                                       cuda::CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-    failed = "cuMemSetAccess";
-    result = CUEMM_CU_RESULT(cuMemSetAccess, at, bytes, &access, 1);
-    if (result != cuda::CUDA_SUCCESS) CUEMM_CU_RESULT(cuMemUnmap, at, bytes);
-  }
-  if (result != cuda::CUDA_SUCCESS) {
+  if (const driver::MappingResult mapped = driver::map_read_write(base_ + mapped_, bytes, handle, device_); !mapped) {
     CUEMM_CU_RESULT(cuMemRelease, handle);
-    if (result == cuda::CUDA_ERROR_OUT_OF_MEMORY) return false;
-    driver::throw_allocation_error(result, failed, bytes);
+    if (mapped.result == cuda::CUDA_ERROR_OUT_OF_MEMORY) return false;
+    driver::throw_allocation_error(mapped.result, mapped.call, bytes);
   }
   mappings_.push_back({mapped_, bytes, handle});
   mapped_ += bytes;

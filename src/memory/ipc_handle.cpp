@@ -13,6 +13,7 @@
 #include "cuemm/runtime/context.hpp"
 #include "cuemm/runtime/device.hpp"
 #include "cuemm/threading/blocking_hook.hpp"
+#include "driver/mapping.hpp"
 #include "memory/descriptor_passing.hpp"
 #include "util/scoped_descriptor.hpp"
 
@@ -82,8 +83,6 @@ std::shared_ptr<MemoryPointer> map_pieces(Context& context, const MappedExport& 
   };
   std::vector<std::size_t> mapped;
   try {
-    const cuda::CUmemAccessDesc access{{cuda::CU_MEM_LOCATION_TYPE_DEVICE, context.device().id()},
-                                       cuda::CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
     std::size_t at = 0;
     for (const MappedExport::Piece& piece : exported.pieces) {
       cuda::CUmemGenericAllocationHandle handle = 0;
@@ -93,11 +92,10 @@ std::shared_ptr<MemoryPointer> map_pieces(Context& context, const MappedExport& 
                  reinterpret_cast<void*>(static_cast<std::intptr_t>(descriptor.get())),
                  cuda::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
       }
-      const cuda::CUresult result = CUEMM_CU_RESULT(cuMemMap, base + at, piece.size, 0, handle, 0);
+      const driver::MappingResult result = driver::map_read_write(base + at, piece.size, handle, context.device().id());
       CUEMM_CU_RESULT(cuMemRelease, handle);  // the mapping, if made, keeps the memory
-      driver::check(result, "cuMemMap");
+      driver::check(result.result, result.call);
       mapped.push_back(piece.size);
-      CUEMM_CU(cuMemSetAccess, base + at, piece.size, &access, 1);
       at += piece.size;
     }
   } catch (...) {

@@ -1,0 +1,35 @@
+// Mapping physical memory into a reserved address range, for the two places
+// that do it: the expandable arena (memory it created) and IPC (memory
+// imported from another process).
+#pragma once
+
+#include <cstddef>
+
+#include "cuemm/driver/driver.hpp"
+
+namespace cuemm::driver {
+
+struct MappingResult {
+  cuda::CUresult result = cuda::CUDA_SUCCESS;
+  const char* call = nullptr;  // the call that failed
+  explicit operator bool() const noexcept { return result == cuda::CUDA_SUCCESS; }
+};
+
+// Maps `bytes` of `handle` at `address` and lets `device` read and write
+// them. On failure nothing is left mapped; `handle` stays the caller's either way.
+inline MappingResult map_read_write(cuda::CUdeviceptr address, std::size_t bytes,
+                                    cuda::CUmemGenericAllocationHandle handle, int device) noexcept {
+  if (const cuda::CUresult mapped = CUEMM_CU_RESULT(cuMemMap, address, bytes, 0, handle, 0);
+      mapped != cuda::CUDA_SUCCESS)
+    return {mapped, "cuMemMap"};
+  const cuda::CUmemAccessDesc access{{cuda::CU_MEM_LOCATION_TYPE_DEVICE, device},
+                                     cuda::CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  if (const cuda::CUresult allowed = CUEMM_CU_RESULT(cuMemSetAccess, address, bytes, &access, 1);
+      allowed != cuda::CUDA_SUCCESS) {
+    CUEMM_CU_RESULT(cuMemUnmap, address, bytes);
+    return {allowed, "cuMemSetAccess"};
+  }
+  return {};
+}
+
+}  // namespace cuemm::driver
