@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <set>
 
@@ -186,6 +187,10 @@ IpcHandle IpcHandle::from_bytes(const std::vector<std::uint8_t>& bytes) {
   cursor += cuda::kIpcHandleSize;
   const auto size = take<std::uint64_t>(cursor);
   const auto offset = take<std::uint64_t>(cursor);
+  if (offset > std::numeric_limits<std::uint64_t>::max() - size) {
+    throw InvalidArgument("serialised cuemm IPC handle: its block's offset " + std::to_string(offset) + " plus its " +
+                          std::to_string(size) + " bytes overflow");
+  }
   const bool has_source = take<std::uint8_t>(cursor) != 0;
   DeviceIdentity source;
   source.pci_domain_id = take<std::int32_t>(cursor);
@@ -222,9 +227,21 @@ IpcHandle IpcHandle::from_bytes(const std::vector<std::uint8_t>& bytes) {
         throw InvalidArgument("serialised cuemm IPC handle names " + std::to_string(count) + " mapped pieces");
       require_left(8 + std::size_t{count} * kPieceSize, "mapped pieces");
       mapped.pieces.resize(count);
+      std::uint64_t total = 0;
       for (MappedExport::Piece& piece : mapped.pieces) {
         piece.token = take<std::uint64_t>(cursor);
         piece.size = take<std::uint64_t>(cursor);
+        if (piece.size == 0 || piece.size > std::numeric_limits<std::uint64_t>::max() - total) {
+          throw InvalidArgument("serialised cuemm IPC handle: mapped piece " +
+                                std::to_string(&piece - mapped.pieces.data()) + " of " + std::to_string(piece.size) +
+                                " bytes is empty or overflows the pieces' total");
+        }
+        total += piece.size;
+      }
+      if (offset + size > total) {
+        throw InvalidArgument("serialised cuemm IPC handle: its block (offset " + std::to_string(offset) + ", " +
+                              std::to_string(size) + " bytes) ends past its mapped pieces (" + std::to_string(total) +
+                              " bytes)");
       }
       return IpcHandle(nullptr, std::move(mapped), size, source_info, offset);
     }
@@ -278,7 +295,21 @@ std::shared_ptr<MemoryPointer> IpcHandle::open(Context& context) {
 
 std::shared_ptr<MemoryPointer> IpcHandle::map_into(Context& context) {
   if (mapped_export_) return map_pieces(context, *mapped_export_);
-  if (!pool_export_) return context.open_ipc_handle(handle_, offset_ + size_);
+  if (!pool_export_) {
+    // A damaged or forged handle may claim more than the exporter's allocation.
+    std::shared_ptr<MemoryPointer> opened = context.open_ipc_handle(handle_, offset_ + size_);
+    cuda::CUdeviceptr base = 0;
+    std::size_t allocation = 0;  // (0 where the driver does not say)
+    {
+      ScopedContext scope(context);
+      CUEMM_CU_RESULT(cuMemGetAddressRange, &base, &allocation, opened->device_pointer());
+    }
+    if (allocation != 0 && offset_ + size_ > allocation) {
+      throw InvalidArgument("IpcHandle: its block (offset " + std::to_string(offset_) + ", " + describe_bytes(size_) +
+                            ") ends past the exporter's allocation (" + describe_bytes(allocation) + ")");
+    }
+    return opened;
+  }
   // The pool's descriptor from the exporter; the driver keeps what it needs of it.
   const util::ScopedDescriptor descriptor(detail::take_descriptor(pool_export_->pid, pool_export_->token));
   ScopedContext scope(context);
@@ -302,9 +333,11 @@ std::shared_ptr<MemoryPointer> IpcHandle::map_into(Context& context) {
 }
 
 std::shared_ptr<MemoryPointer> IpcHandle::open_direct(Context& context) {
-  opened_ = map_into(context);
+  std::shared_ptr<MemoryPointer> opened = map_into(context);
+  std::shared_ptr<MemoryPointer> block = opened->view(offset_, offset_ + size_);  // (closes it if this throws)
+  opened_ = std::move(opened);
   staged_ = false;
-  return opened_->view(offset_, offset_ + size_);
+  return block;
 }
 
 // The importing device cannot map the source device's memory: map it on the

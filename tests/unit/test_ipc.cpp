@@ -3,8 +3,11 @@
 // simulated driver so the staged path is exercised without two GPUs.
 #include <spawn.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
+#include <limits>
 #include <numeric>
 
 #include "support/test_support.hpp"
@@ -16,8 +19,13 @@ using cuemm::testing::throws;
 
 namespace {
 
-// Runs the importing process and returns its exit status.
-int run_child(const IpcHandle& handle, int device, std::size_t count, std::uint32_t first, const char* mode) {
+struct ChildRun {
+  int status = -1;    // its exit status; -1 if it did not exit
+  std::string error;  // what it wrote to stderr
+};
+
+// Runs the importing process (tests/helpers/ipc_child.cpp) to its end.
+ChildRun run_child(const IpcHandle& handle, int device, std::size_t count, std::uint32_t first, const char* mode) {
   const std::string hex = handle.to_hex();
   const std::string device_text = std::to_string(device);
   const std::string count_text = std::to_string(count);
@@ -26,11 +34,33 @@ int run_child(const IpcHandle& handle, int device, std::size_t count, std::uint3
   std::vector<char*> args = {const_cast<char*>(path), const_cast<char*>(hex.c_str()),
                              const_cast<char*>(device_text.c_str()), const_cast<char*>(count_text.c_str()),
                              const_cast<char*>(first_text.c_str()), const_cast<char*>(mode), nullptr};
+  ChildRun run;
+  std::FILE* error_file = std::tmpfile();
+  if (!error_file) return run;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fileno(error_file), STDERR_FILENO);
   pid_t pid = 0;
-  if (posix_spawn(&pid, path, nullptr, nullptr, args.data(), environ) != 0) return -1;
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  const bool spawned = posix_spawn(&pid, path, &actions, nullptr, args.data(), environ) == 0;
+  posix_spawn_file_actions_destroy(&actions);
+  if (spawned) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    run.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    std::rewind(error_file);
+    for (int c; (c = std::fgetc(error_file)) != EOF;) run.error += static_cast<char>(c);
+  }
+  std::fclose(error_file);
+  return run;
+}
+
+// Whether the importing process found every value and exited with 0; a
+// failure quotes what it said.
+::testing::AssertionResult child_succeeds(const IpcHandle& handle, int device, std::size_t count, std::uint32_t first,
+                                          const char* mode) {
+  const ChildRun run = run_child(handle, device, count, first, mode);
+  if (run.status == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "ipc_child exited with " << run.status << ": " << run.error;
 }
 
 // `memory` as `count` words holding first, first + 1, ... (what the child checks).
@@ -86,6 +116,40 @@ TEST_F(Ipc, MalformedBytesAreRefusedByLength) {
                                       "mapped pieces has " + std::to_string(bytes.size()) + " bytes"));
 }
 
+// Bytes that parse but describe no block that could exist are refused by what is wrong.
+TEST_F(Ipc, ImpossibleBlocksAreRefusedWhenRead) {
+  const cuda::CUipcMemHandle driver_handle{};
+  const std::uint64_t most = std::numeric_limits<std::uint64_t>::max();
+  EXPECT_TRUE(throws<InvalidArgument>(
+      [&] { IpcHandle::from_bytes(IpcHandle(nullptr, driver_handle, most, std::nullopt, 2).to_bytes()); },
+      "offset 2 plus its 18446744073709551615 bytes overflow"));
+  const MappedExport empty_piece{123, {{1, 2u << 20}, {2, 0}}};
+  EXPECT_TRUE(throws<InvalidArgument>([&] { IpcHandle::from_bytes(IpcHandle(nullptr, empty_piece, 4096).to_bytes()); },
+                                      "mapped piece 1 of 0 bytes"));
+  const MappedExport overflowing{123, {{1, 2u << 20}, {2, most}}};
+  EXPECT_TRUE(throws<InvalidArgument>([&] { IpcHandle::from_bytes(IpcHandle(nullptr, overflowing, 4096).to_bytes()); },
+                                      "overflows the pieces' total"));
+  const MappedExport one_piece{123, {{1, 2u << 20}}};
+  EXPECT_TRUE(throws<InvalidArgument>(
+      [&] { IpcHandle::from_bytes(IpcHandle(nullptr, one_piece, 2u << 20, std::nullopt, 4096).to_bytes()); },
+      "(offset 4096, 2097152 bytes) ends past its mapped pieces (2097152 bytes)"));
+  EXPECT_NO_THROW(
+      IpcHandle::from_bytes(IpcHandle(nullptr, one_piece, (2u << 20) - 4096, std::nullopt, 4096).to_bytes()));
+}
+
+// A handle that claims more than the exporter allocated (damaged, or forged
+// from another's bytes) does not open: the importer would read past the memory.
+TEST_F(Ipc, AHandleClaimingMoreThanTheExportersAllocationDoesNotOpen) {
+  auto memory = context.memalloc(4096);
+  const IpcHandle real = context.get_ipc_handle(memory);
+  ASSERT_TRUE(real.has_driver_handle());
+  const IpcHandle claiming(nullptr, real.handle(), std::size_t{64} << 20, real.source_info(), real.offset());
+  const ChildRun run = run_child(claiming, context.device().id(), 16, 0, "direct");
+  EXPECT_NE(run.status, 0);
+  EXPECT_NE(run.error.find("(67108864 bytes)) ends past the exporter's allocation"), std::string::npos) << run.error;
+  EXPECT_TRUE(child_succeeds(real, context.device().id(), 0, 0, "direct")) << "the real handle still opens";
+}
+
 TEST_F(Ipc, TheExportingProcessCannotOpenItsOwnHandle) {
   auto memory = context.memalloc(4096);
   IpcHandle handle = context.get_ipc_handle(memory);
@@ -113,7 +177,7 @@ TEST_F(Ipc, AnotherProcessReadsAndWritesTheSharedMemory) {
   auto shared = memory->view(8192);  // a non-zero offset, as a pool's blocks have
   DeviceArray<std::uint32_t> array = counting_array(shared, count, 100);
   IpcHandle handle = context.get_ipc_handle(shared);
-  ASSERT_EQ(run_child(handle, context.device().id(), count, 100, "direct"), 0);
+  ASSERT_TRUE(child_succeeds(handle, context.device().id(), count, 100, "direct"));
   const auto after = array.copy_to_host();
   for (std::size_t i = 0; i < count; ++i) ASSERT_EQ(after[i], 1100u + i) << "the child's write is not visible";
 }
@@ -132,7 +196,7 @@ TEST_F(Ipc, AnotherProcessReadsAndWritesAnExportableStreamOrderedPoolsBlock) {
   DeviceArray<std::uint32_t> array = counting_array(shared, count, 300);
   IpcHandle handle = manager.get_ipc_handle(shared);
   ASSERT_TRUE(handle.pool_export());
-  ASSERT_EQ(run_child(handle, context.device().id(), count, 300, "direct"), 0);
+  ASSERT_TRUE(child_succeeds(handle, context.device().id(), count, 300, "direct"));
   const auto after = array.copy_to_host();
   for (std::size_t i = 0; i < count; ++i) ASSERT_EQ(after[i], 1300u + i) << "the child's write is not visible";
   // A second handle of the same pool reuses the offered descriptor.
@@ -140,7 +204,7 @@ TEST_F(Ipc, AnotherProcessReadsAndWritesAnExportableStreamOrderedPoolsBlock) {
   counting_array(other, 1024, 5);
   IpcHandle second = manager.get_ipc_handle(other);
   EXPECT_EQ(second.pool_export()->token, handle.pool_export()->token);
-  EXPECT_EQ(run_child(second, context.device().id(), 1024, 5, "direct"), 0);
+  EXPECT_TRUE(child_succeeds(second, context.device().id(), 1024, 5, "direct"));
 }
 
 TEST_F(Ipc, AStreamOrderedPoolsHandleWhoseExporterHasExitedSaysSo) {
@@ -167,7 +231,7 @@ TEST_F(Ipc, AnExportableStreamOrderedPoolsBlockOpensStagedOnADeviceThatCannotMap
   const std::size_t count = 1000;
   auto memory = manager.memalloc(count * sizeof(std::uint32_t));
   counting_array(memory, count, 11);
-  EXPECT_EQ(run_child(manager.get_ipc_handle(memory), 1, count, 11, "staged"), 0);
+  EXPECT_TRUE(child_succeeds(manager.get_ipc_handle(memory), 1, count, 11, "staged"));
 }
 
 TEST_F(Ipc, ADeviceThatCannotMapTheSourceOpensAStagedCopy) {
@@ -177,7 +241,7 @@ TEST_F(Ipc, ADeviceThatCannotMapTheSourceOpensAStagedCopy) {
   auto shared = memory->view(512);
   counting_array(shared, count, 7);
   IpcHandle handle = context.get_ipc_handle(shared);
-  EXPECT_EQ(run_child(handle, 1, count, 7, "staged"), 0);
+  EXPECT_TRUE(child_succeeds(handle, 1, count, 7, "staged"));
 }
 
 namespace {
@@ -206,7 +270,7 @@ TEST_F(Ipc, AnotherProcessReadsAndWritesAnExpandablePoolsBlockAcrossTwoMappings)
   IpcHandle handle = arena.pool->get_ipc_handle(arena.second);
   ASSERT_TRUE(handle.mapped_export());
   ASSERT_EQ(handle.mapped_export()->pieces.size(), 2u);
-  ASSERT_EQ(run_child(handle, context.device().id(), count, 40, "direct"), 0);
+  ASSERT_TRUE(child_succeeds(handle, context.device().id(), count, 40, "direct"));
   const auto after = array.copy_to_host();
   for (std::size_t i = 0; i < count; ++i) ASSERT_EQ(after[i], 1040u + i) << "the child's write is not visible at " << i;
 }
@@ -216,7 +280,7 @@ TEST_F(Ipc, AnExpandablePoolsBlockOpensStagedOnADeviceThatCannotMapIt) {
   ArenaStraddle arena(context);
   const std::size_t count = (2 << 20) / sizeof(std::uint32_t);
   counting_array(arena.second, count, 9);
-  EXPECT_EQ(run_child(arena.pool->get_ipc_handle(arena.second), 1, count, 9, "staged"), 0);
+  EXPECT_TRUE(child_succeeds(arena.pool->get_ipc_handle(arena.second), 1, count, 9, "staged"));
 }
 
 // Unmapping withdraws a mapping's descriptor: a handle kept past the block
@@ -226,9 +290,11 @@ TEST_F(Ipc, AnExpandablePoolsHandleNoLongerOpensOnceItsMemoryIsUnmapped) {
   std::vector<std::uint8_t> bytes = arena.pool->get_ipc_handle(arena.second).to_bytes();
   arena.second.reset();
   ASSERT_GE(arena.pool->trim(), std::size_t{2} << 20) << "the second mapping was not unmapped";
-  EXPECT_NE(run_child(IpcHandle::from_bytes(bytes), context.device().id(), 16, 0, "direct"), 0);
+  const ChildRun stale = run_child(IpcHandle::from_bytes(bytes), context.device().id(), 16, 0, "direct");
+  EXPECT_NE(stale.status, 0);
+  EXPECT_NE(stale.error.find("its memory was unmapped since"), std::string::npos) << stale.error;
   // The first mapping is still there, and still shared.
   const std::size_t count = 1000;
   counting_array(arena.first, count, 3);
-  EXPECT_EQ(run_child(arena.pool->get_ipc_handle(arena.first), context.device().id(), count, 3, "direct"), 0);
+  EXPECT_TRUE(child_succeeds(arena.pool->get_ipc_handle(arena.first), context.device().id(), count, 3, "direct"));
 }
