@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# numba-cuda's whole cudapy test package (and its documentation examples),
+# with and without the cuemm plugin, beyond the selection that gpu-check.sh
+# runs: tests/numba/compare_numba_cuda_suite.py on the GPU machine. The whole
+# takes longer than one command there may run (10 minutes), so it runs in
+# parts, each taking every Nth module:
+#   bash scripts/gpu-numba-wide.sh K N     (part K of N, from 1; all of it took
+#   about 14 minutes on the H100, so 4 parts leave room)
+#   LIST=1 bash scripts/gpu-numba-wide.sh K N   (only names the part's modules)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${BUILD_DIR:-/tmp/cuemm-gpu-build}
+usage="usage: gpu-numba-wide.sh K N (part K of N)"
+part=${1:?$usage}
+parts=${2:?$usage}
+logs=${OUT:-/tmp/cuemm-gpu-logs}
+mkdir -p "$logs"
+python=$(command -v python3)
+modules=$("$python" - "$root/tests/numba" "$part" "$parts" <<'PYTHON'
+import os
+import sys
+
+import numba.cuda.tests.cudapy as cudapy
+
+sys.path.insert(0, sys.argv[1])
+from compare_numba_cuda_suite import DEFAULT_MODULES
+
+part, parts = int(sys.argv[2]), int(sys.argv[3])
+if not 1 <= part <= parts:
+    sys.exit(f"part {part} of {parts} does not exist")
+names = sorted(f"numba.cuda.tests.cudapy.{name[:-3]}" for name in os.listdir(os.path.dirname(cudapy.__file__))
+               if name.startswith("test_") and name.endswith(".py"))
+names = [name for name in names if name not in DEFAULT_MODULES] + ["numba.cuda.tests.doc_examples"]
+print(" ".join(names[part - 1::parts]))
+PYTHON
+)
+if [ "${LIST:-0}" = 1 ]; then
+  echo "$modules" | tr ' ' '\n'
+  exit 0
+fi
+BUILD_DIR=$build "$root/scripts/build.sh" -DCUEMM_BUILD_TESTS=OFF -DCUEMM_BUILD_BENCHMARKS=OFF \
+  -DCUEMM_BUILD_EXAMPLES=OFF -Dpybind11_DIR="$("$python" -m pybind11 --cmakedir)" -DPython_EXECUTABLE="$python" \
+  >"$logs/build.log" 2>&1
+# (Word splitting of $modules is wanted: one argument each.)
+# shellcheck disable=SC2086
+(cd /tmp && "$python" "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python" $modules) \
+  >"$logs/numba-wide-$part-of-$parts.log" 2>&1 && status=0 || status=$?
+grep -E "^(default|cuemm|difference|raw-handle|  )" "$logs/numba-wide-$part-of-$parts.log" || true
+echo "SUMMARY: part $part of $parts ($(echo "$modules" | wc -w) modules): exit $status; $(grep '^difference' "$logs/numba-wide-$part-of-$parts.log")"
+exit "$status"
