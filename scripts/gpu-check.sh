@@ -130,9 +130,10 @@ summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^
     echo "== $workload, pool (expandable)"
     CUEMM_POOL_EXPANDABLE=1 CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload --operations 20000 --manager pool
   done
-  # Other traces of the same workloads: seeds 1-8, side by side (each its
-  # own process and pool; only the ratios are kept, not the times).
-  for workload in "--max-size 4M --live 512M" "--max-size 1M --live 512M" "--max-size 256K --live 64M"; do
+  # Other traces of the same workloads, and of smaller live sets: seeds 1-8,
+  # side by side (each its own process and pool; only the ratios are kept).
+  for workload in "--max-size 4M --live 512M" "--max-size 1M --live 512M" "--max-size 256K --live 64M" \
+      "--max-size 64M --live 256M" "--max-size 4M --live 128M"; do
     for expandable in 0 1; do
       for seed in 1 2 3 4 5 6 7 8; do
         CUEMM_POOL_EXPANDABLE=$expandable CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload \
@@ -160,7 +161,7 @@ summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^
 summary+=("fragmentation (pool, reserved/live): $(grep -A2 ', pool$' "$logs/bench_fragmentation.txt" | grep -o 'reserved/live [0-9.]*' | cut -d' ' -f2 | tr '\n' ' ')")
 summary+=("fragmentation (pool, expandable): $(grep -A2 ', pool (expandable)$' "$logs/bench_fragmentation.txt" | grep -o 'reserved/live [0-9.]*' | cut -d' ' -f2 | tr '\n' ' ')")
 summary+=("$(awk -F': ' '/^== seeds/ {n = split($2, v, " "); s = 0; m = 0; for (i = 1; i <= n; i++) { s += v[i]; if (v[i] > m) m = v[i] }
-  sub(/^== seeds 1-8 --max-size /, "", $1); sub(/ --live [0-9A-Z]*/, "", $1); printf "%s mean %.3f max %.3f; ", $1, s / n, m}' "$logs/bench_fragmentation.txt")")
+  sub(/^== seeds 1-8 --max-size /, "", $1); sub(/ --live /, "/", $1); printf "%s mean %.3f max %.3f; ", $1, s / n, m}' "$logs/bench_fragmentation.txt")")
 
 phase_done fragmentation
 
