@@ -20,6 +20,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -69,6 +70,7 @@ std::vector<Operation> random_workload(std::size_t max_size, std::size_t count, 
 struct ReplayReport {
   double seconds = 0;
   std::size_t operations = 0, peak_live = 0, peak_reserved = 0, failed = 0;
+  std::optional<std::size_t> seals;  // a pool's stream queries to reuse freed blocks
 };
 
 // Where a pool's bytes were when it reserved more, after `operation` operations.
@@ -124,13 +126,16 @@ ReplayReport replay(const std::vector<Operation>& operations, const std::string&
   }
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count() - measured;
   live.clear();
+  if (pool) report.seals = pool->statistics().seals;
   return report;
 }
 
 void print(const ReplayReport& report, const std::string& manager) {
-  std::printf("manager %s: %zu operations in %.3f s (%.0f ns each); %zu allocation(s) failed\n", manager.c_str(),
+  std::printf("manager %s: %zu operations in %.3f s (%.0f ns each); %zu allocation(s) failed", manager.c_str(),
               report.operations, report.seconds, 1e9 * report.seconds / std::max<std::size_t>(report.operations, 1),
               report.failed);
+  if (report.seals) std::printf("; %zu seal(s)", *report.seals);
+  std::printf("\n");
   std::printf("peak live %s, peak reserved %s: reserved/live %.3f\n", describe_bytes(report.peak_live).c_str(),
               describe_bytes(report.peak_reserved).c_str(),
               report.peak_live ? static_cast<double>(report.peak_reserved) / report.peak_live : 0.0);
