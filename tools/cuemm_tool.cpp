@@ -2,7 +2,8 @@
 //
 //   cuemm info                               driver, devices, managers
 //   cuemm replay LOG.csv [--manager NAME]    replays an allocation log (the CSV of
-//                                            LoggingAdaptor) against a manager
+//                                            LoggingAdaptor, or of RMM's
+//                                            logging_resource_adaptor) against a manager
 //   cuemm random [--manager NAME] [--max-size BYTES] [--operations N] [--seed S]
 //                                            a random mix of allocations and frees
 //   (either with --trace-growth: a line whenever the pool reserves more, with

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <utility>
 
@@ -36,17 +38,46 @@ std::vector<std::string> split_csv(const std::string& line) {
   return fields;
 }
 
+// A time in seconds: a number, or a time of day as H:M:S with a fraction
+// (RMM's logs have written either).
+std::optional<double> parse_seconds(const std::string& text) {
+  double total = 0;
+  const char* at = text.c_str();
+  for (int part = 0; part < 3; ++part) {
+    char* after = nullptr;
+    const double value = std::strtod(at, &after);
+    if (after == at) return std::nullopt;
+    total = total * 60 + value;
+    if (*after == '\0') return total;
+    if (*after != ':' || part == 2) return std::nullopt;
+    at = after + 1;
+  }
+  return std::nullopt;
+}
+
 struct EventType {
   const char* name;
   bool allocate;
   LoggedKind kind;
 };
+// The seed's columns, as LoggingAdaptor writes them.
 constexpr std::array<EventType, 6> kEventTypes{{{"Alloc", true, LoggedKind::Device},
                                                {"Free", false, LoggedKind::Device},
                                                {"HostAlloc", true, LoggedKind::Host},
                                                {"HostFree", false, LoggedKind::Host},
                                                {"ManagedAlloc", true, LoggedKind::Managed},
                                                {"ManagedFree", false, LoggedKind::Managed}}};
+// RMM's logging_resource_adaptor (Thread,Time,Action,Pointer,Size,Stream):
+// device memory only; its failed allocations hold nothing.
+constexpr std::array<EventType, 2> kRmmActions{{{"allocate", true, LoggedKind::Device},
+                                               {"deallocate", false, LoggedKind::Device}}};
+
+// Where a log format keeps what a replay needs.
+struct LogColumns {
+  std::size_t type, address, size, time;
+  const EventType* types_begin;
+  const EventType* types_end;
+};
 
 constexpr std::array<const char*, 3> kKindNames{"device", "host", "managed"};
 constexpr std::array<const char*, 3> kKindColours{"#1f77b4", "#ff7f0e", "#2ca02c"};
@@ -57,13 +88,23 @@ std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& so
   std::string line;
   if (!std::getline(in, line)) throw InvalidArgument("'" + source + "' is empty, not a cuemm CSV log");
   const auto header = split_csv(line);
-  auto column = [&](const char* name) {
-    for (std::size_t i = 0; i < header.size(); ++i)
-      if (header[i] == name) return i;
-    throw InvalidArgument("'" + source + "' has no '" + name + "' column (is it a cuemm CSV log?)");
+  auto find = [&](const char* name) {
+    return static_cast<std::size_t>(std::find(header.begin(), header.end(), name) - header.begin());
   };
-  const std::size_t type_column = column("Event Type"), address = column("Address"), size = column("Size (bytes)"),
-                    end = column("End");
+  const bool rmm = find("Event Type") == header.size() && find("Action") != header.size();
+  auto column = [&](const char* name) {
+    const std::size_t i = find(name);
+    if (i == header.size()) {
+      throw InvalidArgument("'" + source + "' has no '" + name + "' column (is it a cuemm CSV log, or RMM's?)");
+    }
+    return i;
+  };
+  const LogColumns columns =
+      rmm ? LogColumns{column("Action"), column("Pointer"), column("Size"), column("Time"), kRmmActions.begin(),
+                       kRmmActions.end()}
+          : LogColumns{column("Event Type"), column("Address"), column("Size (bytes)"), column("End"),
+                       kEventTypes.begin(), kEventTypes.end()};
+  const std::size_t type_column = columns.type, address = columns.address, size = columns.size, end = columns.time;
   std::vector<LoggedEvent> events;
   std::map<std::pair<LoggedKind, std::string>, std::uint64_t> live;
   std::uint64_t next = 0;
@@ -72,18 +113,16 @@ std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& so
     const auto fields = split_csv(line);
     const std::string where = source + ":" + std::to_string(row);
     if (fields.size() < header.size()) throw InvalidArgument(where + ": too few columns");
-    const auto type = std::find_if(kEventTypes.begin(), kEventTypes.end(),
+    const auto type = std::find_if(columns.types_begin, columns.types_end,
                                    [&](const EventType& t) { return fields[type_column] == t.name; });
-    if (type == kEventTypes.end()) continue;
+    if (type == columns.types_end) continue;
     LoggedEvent event{type->allocate, type->kind, 0, 0, 0.0};
     const auto bytes = util::parse_whole_number(fields[size]);
     if (!bytes) throw InvalidArgument(where + ": the size '" + fields[size] + "' is not a byte count");
     event.size = *bytes;
-    try {
-      event.time = std::stod(fields[end]);
-    } catch (const std::exception&) {
-      throw InvalidArgument(where + ": the end '" + fields[end] + "' is not a number");
-    }
+    const std::optional<double> seconds = parse_seconds(fields[end]);
+    if (!seconds) throw InvalidArgument(where + ": the time '" + fields[end] + "' is neither seconds nor H:M:S");
+    event.time = *seconds;
     // A zero-byte allocation holds no memory (and managers refuse one): the
     // row and the free of its address are left out.
     if (event.size == 0 && event.allocate) continue;

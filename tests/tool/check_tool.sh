@@ -26,6 +26,12 @@ printf 'Free,0,0x%x,0,%d,0,0,2,0.5,0.51,0.0001,\n' 4096 1000 >>"$work/made.csv"
 "$tool" replay "$work/made.csv" --manager pool >"$work/replay.txt"
 grep -q "4 operations" "$work/replay.txt"
 grep -q "peak live 5.86 KiB" "$work/replay.txt"
+# RMM's logging_resource_adaptor's log replays too.
+printf 'Thread,Time,Action,Pointer,Size,Stream\n1,10.5,allocate,0x7f0000000000,3000,0x0\n1,11,deallocate,0x7f0000000000,3000,0x0\n' \
+  >"$work/rmm.csv"
+"$tool" replay "$work/rmm.csv" --manager pool >"$work/rmm.txt"
+grep -q "2 operations" "$work/rmm.txt"
+grep -q "peak live 2.93 KiB" "$work/rmm.txt"
 "$tool" plot "$work/made.csv" "$work/plot.svg" >/dev/null
 grep -q "<polyline" "$work/plot.svg"
 if "$tool" replay "$work/missing.csv" 2>"$work/error.txt"; then exit 1; fi

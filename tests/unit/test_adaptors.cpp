@@ -329,6 +329,30 @@ TEST_F(Adaptors, ALogReadsBackAndDrawsEachKind) {
   EXPECT_EQ(kept[0].size, 64u);
 }
 
+// RMM's logging_resource_adaptor writes Thread,Time,Action,Pointer,Size,Stream:
+// its logs replay too, with times in seconds or as a time of day.
+TEST(MemoryLog, RmmsLogsAreReadAsDeviceEvents) {
+  std::istringstream rmm(
+      "Thread,Time,Action,Pointer,Size,Stream\n"
+      "7,1634567890.5,allocate,0x7f8a40000000,1024,0x1\n"
+      "7,1634567890.75,allocate failure,0x0,99999999999,0x1\n"
+      "7,1634567891,allocate,0x7f8a40000400,2048,0x1\n"
+      "7,1634567892,deallocate,0x7f8a40000000,1024,0x1\n");
+  const std::vector<LoggedEvent> events = read_memory_log(rmm, "rmm.csv");
+  ASSERT_EQ(events.size(), 3u) << "a failed allocation holds nothing";
+  EXPECT_TRUE(events[0].allocate && events[0].kind == LoggedKind::Device && events[0].size == 1024);
+  EXPECT_DOUBLE_EQ(events[0].time, 1634567890.5);
+  EXPECT_EQ(events[1].size, 2048u);
+  EXPECT_FALSE(events[2].allocate);
+  EXPECT_EQ(events[2].id, events[0].id) << "the free is paired with its allocation by pointer";
+  std::istringstream time_of_day("Thread,Time,Action,Pointer,Size,Stream\n1,14:51:34.25,allocate,0x10,4096,0x0\n");
+  EXPECT_DOUBLE_EQ(read_memory_log(time_of_day, "rmm.csv").at(0).time, 14 * 3600 + 51 * 60 + 34.25);
+  std::istringstream no_time("Thread,Time,Action,Pointer,Size,Stream\n1,noon,allocate,0x10,4096,0x0\n");
+  EXPECT_TRUE(throws<InvalidArgument>([&] { read_memory_log(no_time, "rmm.csv"); }, "rmm.csv:2: the time 'noon'"));
+  std::istringstream no_pointer("Thread,Time,Action,Size,Stream\n");
+  EXPECT_TRUE(throws<InvalidArgument>([&] { read_memory_log(no_pointer, "rmm.csv"); }, "no 'Pointer' column"));
+}
+
 TEST_F(Adaptors, TheLogCanGoToAFile) {
   const std::string path = ::testing::TempDir() + "/cuemm_adaptor_log.csv";
   {

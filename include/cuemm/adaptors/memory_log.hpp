@@ -1,6 +1,7 @@
 // cuemm/adaptors/memory_log.hpp: reading back the CSV log that LoggingAdaptor
-// writes, and drawing it. The `cuemm` tool replays and plots logs with these,
-// and Python's cuemm.plot() draws the running process's log.
+// writes (or one of RMM's logging_resource_adaptor), and drawing it. The
+// `cuemm` tool replays and plots logs with these, and Python's cuemm.plot()
+// draws the running process's log.
 //
 //   std::ifstream file("alloc.csv");
 //   auto events = cuemm::read_memory_log(file, "alloc.csv");
@@ -22,12 +23,13 @@ struct LoggedEvent {
   LoggedKind kind;
   std::uint64_t id;  // pairs a free with its allocation (matched by kind and address)
   std::size_t size;
-  double time;       // the row's End column, in seconds
+  double time;       // the row's End column (RMM's: Time), in seconds
 };
 
-// The Alloc/Free rows of a log, in order; other rows and frees of addresses
-// the log never allocated are skipped. Throws InvalidArgument naming
-// `source` (and the row) when the text is not a cuemm log.
+// The Alloc/Free rows of a log (RMM's: allocate/deallocate), in order;
+// other rows and frees of addresses the log never allocated are skipped.
+// Throws InvalidArgument naming `source` (and the row) when the text is
+// neither log.
 std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& source);
 
 // An SVG picture of the bytes in use over time, one line per kind present.
