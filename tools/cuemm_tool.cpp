@@ -132,9 +132,12 @@ ReplayReport replay(const std::vector<Operation>& operations, const std::string&
 }
 
 void print(const ReplayReport& report, const std::string& manager) {
-  std::printf("manager %s: %zu operations in %.3f s (%.0f ns each); %zu allocation(s) failed", manager.c_str(),
-              report.operations, report.seconds, 1e9 * report.seconds / std::max<std::size_t>(report.operations, 1),
-              report.failed);
+  if (report.operations == 0) {
+    std::printf("manager %s: 0 operations (the log holds no allocation or free it can replay)", manager.c_str());
+  } else {
+    std::printf("manager %s: %zu operations in %.3f s (%.0f ns each); %zu allocation(s) failed", manager.c_str(),
+                report.operations, report.seconds, 1e9 * report.seconds / report.operations, report.failed);
+  }
   if (report.seals) std::printf("; %zu seal(s)", *report.seals);
   std::printf("\n");
   std::printf("peak live %s, peak reserved %s: reserved/live %.3f\n", describe_bytes(report.peak_live).c_str(),
