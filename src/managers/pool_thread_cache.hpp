@@ -116,7 +116,8 @@ struct ThreadCache {
   RentOrBuy held_rental;
   // Requests in a row that took a held block from behind blocks of other sizes (its own thread's).
   std::uint32_t held_skips = 0;
-  // Its requests that found a held block since the latest that found none (its own thread's).
+  // Its requests that found a held block since the latest that found none,
+  // up to kHitsOfALoop (its own thread's).
   std::uint32_t held_hits_since_miss = 0;
   // The large blocks this thread took, so that their free needs no lock to
   // learn their size. An entry is
