@@ -757,7 +757,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
           const ThreadCache::OrderedLarge block = cache.remove_held_large(found).block;
           cache.lend(block, large_frees_elsewhere.load(std::memory_order_acquire));
           cache.held_skips = found > 0 ? cache.held_skips + 1 : 0;
-          if (cache.held_hits_since_miss < kHitsOfALoop) ++cache.held_hits_since_miss;  // (no need to count on)
+          if (cache.held_hits_since_miss < kHitsOfALoop) ++cache.held_hits_since_miss;  // (a loop would wrap it)
           if (cache.held_skips < kSkipsBeforeGivingBack) [[likely]]
             return block.address;
           cache.held_skips = 0;
