@@ -55,6 +55,17 @@ std::optional<double> parse_seconds(const std::string& text) {
   return std::nullopt;
 }
 
+// Bytes short enough for an axis label: 3.0 KiB, 512.0 MiB, 1.5 GiB.
+std::string axis_bytes(std::size_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024 && unit < 5) value /= 1024, ++unit;
+  char text[32];
+  std::snprintf(text, sizeof text, unit == 0 ? "%.0f %s" : "%.1f %s", value, units[unit]);
+  return text;
+}
+
 struct EventType {
   const char* name;
   bool allocate;
@@ -144,6 +155,9 @@ std::string memory_plot_svg(const std::vector<LoggedEvent>& events) {
   std::array<std::vector<std::pair<double, std::size_t>>, 3> series;
   std::array<std::size_t, 3> live{};
   std::map<std::uint64_t, std::size_t> sizes;  // what each live allocation had
+  // Time runs from the first event: RMM's logs give seconds since 1970.
+  double origin = events.empty() ? 0.0 : events.front().time;
+  for (const LoggedEvent& event : events) origin = std::min(origin, event.time);
   for (const LoggedEvent& event : events) {
     const auto k = static_cast<std::size_t>(event.kind);
     if (event.allocate) {
@@ -154,7 +168,7 @@ std::string memory_plot_svg(const std::vector<LoggedEvent>& events) {
       sizes.erase(it);
     }
     if (series[k].empty()) series[k].emplace_back(0.0, 0);
-    series[k].emplace_back(event.time, live[k]);
+    series[k].emplace_back(event.time - origin, live[k]);
   }
   double end = 1e-9;
   std::size_t peak = 1;
@@ -171,8 +185,7 @@ std::string memory_plot_svg(const std::vector<LoggedEvent>& events) {
       << kHeight - kBottom << "\" stroke=\"black\"/>\n"
       << "<line x1=\"" << kLeft << "\" y1=\"10\" x2=\"" << kLeft << "\" y2=\"" << kHeight - kBottom
       << "\" stroke=\"black\"/>\n";
-  std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(peak) / (1 << 20));
-  out << "<text x=\"" << kLeft - 5 << "\" y=\"14\" text-anchor=\"end\">" << text << "</text>\n";
+  out << "<text x=\"" << kLeft - 5 << "\" y=\"14\" text-anchor=\"end\">" << axis_bytes(peak) << "</text>\n";
   std::snprintf(text, sizeof text, "%.3f s", end);
   out << "<text x=\"" << kWidth - 10 << "\" y=\"" << kHeight - 8 << "\" text-anchor=\"end\">" << text << "</text>\n";
   int legend_row = 0;

@@ -345,6 +345,9 @@ TEST(MemoryLog, RmmsLogsAreReadAsDeviceEvents) {
   EXPECT_EQ(events[1].size, 2048u);
   EXPECT_FALSE(events[2].allocate);
   EXPECT_EQ(events[2].id, events[0].id) << "the free is paired with its allocation by pointer";
+  const std::string svg = memory_plot_svg(events);
+  EXPECT_NE(svg.find(">1.500 s<"), std::string::npos) << "time does not run from the first event: " << svg;
+  EXPECT_NE(svg.find(">3.0 KiB<"), std::string::npos) << "the peak is not labelled: " << svg;
   std::istringstream time_of_day("Thread,Time,Action,Pointer,Size,Stream\n1,14:51:34.25,allocate,0x10,4096,0x0\n");
   EXPECT_DOUBLE_EQ(read_memory_log(time_of_day, "rmm.csv").at(0).time, 14 * 3600 + 51 * 60 + 34.25);
   std::istringstream no_time("Thread,Time,Action,Pointer,Size,Stream\n1,noon,allocate,0x10,4096,0x0\n");
