@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -48,6 +49,7 @@ std::optional<double> parse_seconds(const std::string& text) {
     const double value = std::strtod(at, &after);
     if (after == at) return std::nullopt;
     total = total * 60 + value;
+    if (!std::isfinite(total)) return std::nullopt;
     if (*after == '\0') return total;
     if (*after != ':' || part == 2) return std::nullopt;
     at = after + 1;
@@ -115,7 +117,8 @@ std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& so
                        kRmmActions.end()}
           : LogColumns{column("Event Type"), column("Address"), column("Size (bytes)"), column("End"),
                        kEventTypes.begin(), kEventTypes.end()};
-  const std::size_t type_column = columns.type, address = columns.address, size = columns.size, end = columns.time;
+  const std::size_t type_column = columns.type, address = columns.address, size = columns.size,
+                    time_column = columns.time;
   std::vector<LoggedEvent> events;
   std::map<std::pair<LoggedKind, std::string>, std::uint64_t> live;
   std::uint64_t next = 0;
@@ -131,8 +134,10 @@ std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& so
     const auto bytes = util::parse_whole_number(fields[size]);
     if (!bytes) throw InvalidArgument(where + ": the size '" + fields[size] + "' is not a byte count");
     event.size = *bytes;
-    const std::optional<double> seconds = parse_seconds(fields[end]);
-    if (!seconds) throw InvalidArgument(where + ": the time '" + fields[end] + "' is neither seconds nor H:M:S");
+    const std::optional<double> seconds = parse_seconds(fields[time_column]);
+    if (!seconds) {
+      throw InvalidArgument(where + ": the time '" + fields[time_column] + "' is neither seconds nor H:M:S");
+    }
     event.time = *seconds;
     // A zero-byte allocation holds no memory (and managers refuse one): the
     // row and the free of its address are left out.

@@ -352,6 +352,8 @@ TEST(MemoryLog, RmmsLogsAreReadAsDeviceEvents) {
   EXPECT_DOUBLE_EQ(read_memory_log(time_of_day, "rmm.csv").at(0).time, 14 * 3600 + 51 * 60 + 34.25);
   std::istringstream no_time("Thread,Time,Action,Pointer,Size,Stream\n1,noon,allocate,0x10,4096,0x0\n");
   EXPECT_TRUE(throws<InvalidArgument>([&] { read_memory_log(no_time, "rmm.csv"); }, "rmm.csv:2: the time 'noon'"));
+  std::istringstream not_finite("Thread,Time,Action,Pointer,Size,Stream\n1,nan,allocate,0x10,4096,0x0\n");
+  EXPECT_THROW(read_memory_log(not_finite, "rmm.csv"), InvalidArgument);
   std::istringstream no_pointer("Thread,Time,Action,Size,Stream\n");
   EXPECT_TRUE(throws<InvalidArgument>([&] { read_memory_log(no_pointer, "rmm.csv"); }, "no 'Pointer' column"));
 }
