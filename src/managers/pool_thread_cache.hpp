@@ -116,6 +116,9 @@ struct ThreadCache {
   RentOrBuy held_rental;
   // Requests in a row that took a held block from behind blocks of other sizes (its own thread's).
   std::uint32_t held_skips = 0;
+  // The size class of its latest request from the rings (-1: none yet): the
+  // pool takes back its other classes' blocks when it would grow.
+  int latest_class = -1;
   // Its requests that found a held block since the latest that found none,
   // up to kHitsOfALoop (its own thread's).
   std::uint32_t held_hits_since_miss = 0;
