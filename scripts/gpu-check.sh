@@ -122,7 +122,8 @@ summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^
 # and on a recorded log: the largest of numba-cuda's suite processes.
 {
   for workload in "--max-size 64M --live 4G" "--max-size 64M --live 1G" "--max-size 4M --live 512M" \
-      "--max-size 1M --live 512M" "--max-size 256K --live 64M"; do
+      "--max-size 1M --live 512M" "--max-size 256K --live 64M" "--max-size 1M --live 512M --threads 4" \
+      "--max-size 256K --live 64M --threads 8"; do
     for manager in pool async default; do
       echo "== $workload, $manager"
       CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload --operations 20000 --manager $manager

@@ -5,7 +5,8 @@
 //                                            LoggingAdaptor, or of RMM's
 //                                            logging_resource_adaptor) against a manager
 //   cuemm random [--manager NAME] [--max-size BYTES] [--operations N] [--seed S]
-//                                            a random mix of allocations and frees
+//                [--threads T]               a random mix of allocations and frees
+//                                            (from T threads side by side, each its own)
 //   (either with --trace-growth: a line whenever the pool reserves more, with
 //   where its bytes were: in use, waiting for the GPU, in thread caches, free)
 //   cuemm plot LOG.csv OUT.svg               live memory over time, as SVG
@@ -16,13 +17,15 @@
 // the manager holds from the driver: the pool's segments, else the driver's
 // used memory since the start) and their ratio, the fragmentation overhead.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 #include <optional>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -86,7 +89,16 @@ void trace_growth(std::size_t operation, std::size_t live_bytes, const PoolStati
               pool.free_blocks);
 }
 
-ReplayReport replay(const std::vector<Operation>& operations, const std::string& manager_name, bool tracing) {
+// Raises `peak` to `value` if it is higher (from any thread).
+void raise_to(std::atomic<std::size_t>& peak, std::size_t value) {
+  for (std::size_t seen = peak.load(std::memory_order_relaxed);
+       value > seen && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed);) {
+  }
+}
+
+// Replays each list of operations on a thread of its own, side by side (one
+// list: on this thread); live bytes are those of all lists together.
+ReplayReport replay(const std::vector<std::vector<Operation>>& lists, const std::string& manager_name, bool tracing) {
   Context& context = current_context();
   auto manager = make_bundled_memory_manager(manager_name, &context);
   manager->initialize();
@@ -97,36 +109,58 @@ ReplayReport replay(const std::vector<Operation>& operations, const std::string&
     const MemoryInfo now = driver_memory_info(context);
     return start.free > now.free ? start.free - now.free : std::size_t{0};
   };
-  std::unordered_map<std::uint64_t, std::shared_ptr<MemoryPointer>> live;
-  ReplayReport report;
-  std::size_t live_bytes = 0;
-  const auto began = std::chrono::steady_clock::now();
-  double measured = 0;
-  for (const Operation& operation : operations) {
-    if (operation.allocate) {
-      try {
-        auto memory = operation.device ? manager->memalloc(operation.size)
-                                       : manager->memhostalloc(operation.size, false, false, false);
-        live.emplace(operation.id, std::move(memory));
-        if (operation.device) live_bytes += operation.size;
-      } catch (const OutOfMemory&) {
-        ++report.failed;
+  std::atomic<std::size_t> live_bytes{0}, peak_live{0}, peak_reserved{0}, failed{0}, done{0};
+  std::vector<double> sampling(lists.size());  // each list's seconds spent sampling, not timed
+  auto run_list = [&](std::size_t index) {
+    ScopedContext scope(context);
+    std::unordered_map<std::uint64_t, std::shared_ptr<MemoryPointer>> live;
+    for (const Operation& operation : lists[index]) {
+      std::size_t now = live_bytes.load(std::memory_order_relaxed);
+      if (operation.allocate) {
+        try {
+          auto memory = operation.device ? manager->memalloc(operation.size)
+                                         : manager->memhostalloc(operation.size, false, false, false);
+          live.emplace(operation.id, std::move(memory));
+          if (operation.device) now = live_bytes.fetch_add(operation.size) + operation.size;
+        } catch (const OutOfMemory&) {
+          failed.fetch_add(1);
+        }
+      } else if (auto it = live.find(operation.id); it != live.end()) {
+        if (it->second->kind() == MemoryKind::Device) now = live_bytes.fetch_sub(it->second->size()) - it->second->size();
+        live.erase(it);
       }
-    } else if (auto it = live.find(operation.id); it != live.end()) {
-      if (it->second->kind() == MemoryKind::Device) live_bytes -= it->second->size();
-      live.erase(it);
+      const std::size_t operations = done.fetch_add(1) + 1;
+      // Sampling the reserved bytes is not part of the timed work.
+      const auto paused = std::chrono::steady_clock::now();
+      raise_to(peak_live, now);
+      const std::size_t reserved = reserved_now();
+      if (tracing && pool && reserved > peak_reserved.load()) trace_growth(operations, now, pool->statistics());
+      raise_to(peak_reserved, reserved);
+      sampling[index] += std::chrono::duration<double>(std::chrono::steady_clock::now() - paused).count();
     }
-    ++report.operations;
-    // Sampling the reserved bytes is not part of the timed work.
-    const auto paused = std::chrono::steady_clock::now();
-    report.peak_live = std::max(report.peak_live, live_bytes);
-    const std::size_t reserved = reserved_now();
-    if (tracing && pool && reserved > report.peak_reserved) trace_growth(report.operations, live_bytes, pool->statistics());
-    report.peak_reserved = std::max(report.peak_reserved, reserved);
-    measured += std::chrono::duration<double>(std::chrono::steady_clock::now() - paused).count();
+    // What the list leaves live goes now, while other lists may still run.
+    for (const auto& [id, memory] : live) {
+      if (memory->kind() == MemoryKind::Device) live_bytes.fetch_sub(memory->size());
+    }
+    live.clear();
+  };
+  const auto began = std::chrono::steady_clock::now();
+  if (lists.size() == 1) {
+    run_list(0);
+  } else {
+    std::vector<std::thread> threads;
+    for (std::size_t index = 0; index < lists.size(); ++index) threads.emplace_back(run_list, index);
+    for (auto& thread : threads) thread.join();
   }
-  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count() - measured;
-  live.clear();
+  ReplayReport report;
+  // (With several threads, their mean time spent sampling.)
+  double sampled = 0;
+  for (double seconds : sampling) sampled += seconds / static_cast<double>(lists.size());
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count() - sampled;
+  report.operations = done.load();
+  report.peak_live = peak_live.load();
+  report.peak_reserved = peak_reserved.load();
+  report.failed = failed.load();
   if (pool) report.seals = pool->statistics().seals;
   return report;
 }
@@ -151,7 +185,7 @@ int usage(bool asked = false) {
                "usage: cuemm info\n"
                "       cuemm replay LOG.csv [--manager pool|async|default] [--trace-growth]\n"
                "       cuemm random [--manager NAME] [--max-size 64M] [--live 1G] [--operations 100000] [--seed 1]\n"
-               "                    [--trace-growth]\n"
+               "                    [--threads 1] [--trace-growth]\n"
                "       cuemm plot LOG.csv OUT.svg\n"
                "%s",
                tool::kBenchUsage);
@@ -192,10 +226,18 @@ int run(std::vector<std::string> args) {
       if (max_size == 0) throw InvalidArgument("--max-size must be at least 1 byte (got 0)");
       const std::size_t count = count_option(args, "--operations", "100000");
       const unsigned seed = static_cast<unsigned>(count_option(args, "--seed", "1"));
+      const std::size_t threads = count_option(args, "--threads", "1");
+      if (threads == 0 || threads > 1024) throw InvalidArgument("--threads must be between 1 and 1024");
+      if (threads > 1 && tracing) throw InvalidArgument("--trace-growth traces one thread's workload only");
       if (!args.empty()) return usage();
-      operations = random_workload(max_size, count, live, seed);
+      // Each thread its own workload (seeds seed, seed + 1, ...) under an equal share of the live cap.
+      std::vector<std::vector<Operation>> lists;
+      for (std::size_t t = 0; t < threads; ++t)
+        lists.push_back(random_workload(max_size, count, live / threads, seed + static_cast<unsigned>(t)));
+      print(replay(lists, manager, tracing), manager);
+      return 0;
     }
-    print(replay(operations, manager, tracing), manager);
+    print(replay({operations}, manager, tracing), manager);
     return 0;
   }
   if (command == "bench") return tool::bench_command(std::move(args));
