@@ -272,15 +272,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // work is on a default stream, which the next seal's event covers.
   void quarantine_cached_blocks(ThreadCache& cache) {
     const std::uint64_t epoch = epochs.tag();
-    std::array<Freed, kMaximumBinCapacity> taken;
-    for (int c = 0; c < detail::kSizeClassCount; ++c) {
-      auto quarantine_taken = [&](std::size_t n) {
-        for (std::size_t i = 0; i < n; ++i) quarantine_block(taken[i].address, detail::size_class_bytes(c), taken[i].epoch);
-      };
-      while (const std::size_t n = cache.take_oldest(c, kMaximumBinCapacity, taken.data())) quarantine_taken(n);
-      while (const std::size_t n = cache.take_oldest_ordered(c, kMaximumBinCapacity, epoch, taken.data()))
-        quarantine_taken(n);
-    }
+    quarantine_ring_blocks(cache, -1, epoch);
     while (cache.ordered_large_count) {
       const ThreadCache::OrderedLarge large = cache.remove_ordered_large(cache.ordered_large_count - 1);
       quarantine_block(large.address, large.bytes, epoch, large.dedicated);
@@ -288,14 +280,16 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     quarantine_held_blocks(cache);
   }
 
+  // The same for the blocks of its rings and ordered bins only, but for its
+  // latest request's class (which a loop is using).
+  void quarantine_idle_ring_blocks(ThreadCache& cache) { quarantine_ring_blocks(cache, cache.latest_class, epochs.tag()); }
+
   // Moves the blocks of a thread's rings and ordered bins into the
-  // quarantine, but for its latest request's class; the caller holds `mutex`
-  // and the cache's lock.
-  void quarantine_idle_cached_blocks(ThreadCache& cache) {
-    const std::uint64_t epoch = epochs.tag();
+  // quarantine, but for class `kept` (-1: none); stream-ordered ones get `epoch`.
+  void quarantine_ring_blocks(ThreadCache& cache, int kept, std::uint64_t epoch) {
     std::array<Freed, kMaximumBinCapacity> taken;
     for (int c = 0; c < detail::kSizeClassCount; ++c) {
-      if (c == cache.latest_class) continue;
+      if (c == kept) continue;
       auto quarantine_taken = [&](std::size_t n) {
         for (std::size_t i = 0; i < n; ++i) quarantine_block(taken[i].address, detail::size_class_bytes(c), taken[i].epoch);
       };
@@ -517,7 +511,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       for (auto& cache : caches) {
         if (cache.get() == own) continue;
         std::lock_guard cache_lock(cache->lock.visitor());
-        quarantine_idle_cached_blocks(*cache);
+        quarantine_idle_ring_blocks(*cache);
       }
       seal();
       reclaim(false);
