@@ -282,7 +282,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
 
   // The same for the blocks of its rings and ordered bins only, but for its
   // latest request's class (which a loop is using).
-  void quarantine_idle_ring_blocks(ThreadCache& cache) { quarantine_ring_blocks(cache, cache.latest_class, epochs.tag()); }
+  void quarantine_idle_ring_blocks(ThreadCache& cache) {
+    quarantine_ring_blocks(cache, cache.latest_class, epochs.tag());
+  }
 
   // Moves the blocks of a thread's rings and ordered bins into the
   // quarantine, but for class `kept` (-1: none); stream-ordered ones get `epoch`.
