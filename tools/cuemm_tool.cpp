@@ -110,7 +110,7 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, const std:
     return start.free > now.free ? start.free - now.free : std::size_t{0};
   };
   std::atomic<std::size_t> live_bytes{0}, peak_live{0}, peak_reserved{0}, failed{0}, done{0};
-  std::vector<double> sampling(lists.size());  // each list's seconds spent sampling, not timed
+  std::vector<double> sampling(lists.size());  // each list's untimed seconds: sampling, and its final frees
   auto run_list = [&](std::size_t index) {
     ScopedContext scope(context);
     std::unordered_map<std::uint64_t, std::shared_ptr<MemoryPointer>> live;
@@ -138,11 +138,14 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, const std:
       raise_to(peak_reserved, reserved);
       sampling[index] += std::chrono::duration<double>(std::chrono::steady_clock::now() - paused).count();
     }
-    // What the list leaves live goes now, while other lists may still run.
+    // What the list leaves live goes now, while other lists may still run
+    // (untimed, as the sampling: it is no operation of the workload).
+    const auto paused = std::chrono::steady_clock::now();
     for (const auto& [id, memory] : live) {
       if (memory->kind() == MemoryKind::Device) live_bytes.fetch_sub(memory->size());
     }
     live.clear();
+    sampling[index] += std::chrono::duration<double>(std::chrono::steady_clock::now() - paused).count();
   };
   const auto began = std::chrono::steady_clock::now();
   if (lists.size() == 1) {
@@ -153,7 +156,7 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, const std:
     for (auto& thread : threads) thread.join();
   }
   ReplayReport report;
-  // (With several threads, their mean time spent sampling.)
+  // (With several threads, their mean untimed seconds.)
   double sampled = 0;
   for (double seconds : sampling) sampled += seconds / static_cast<double>(lists.size());
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count() - sampled;
