@@ -117,8 +117,6 @@ std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& so
                        kRmmActions.end()}
           : LogColumns{column("Event Type"), column("Address"), column("Size (bytes)"), column("End"),
                        kEventTypes.begin(), kEventTypes.end()};
-  const std::size_t type_column = columns.type, address = columns.address, size = columns.size,
-                    time_column = columns.time;
   std::vector<LoggedEvent> events;
   std::map<std::pair<LoggedKind, std::string>, std::uint64_t> live;
   std::uint64_t next = 0;
@@ -128,21 +126,21 @@ std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& so
     const std::string where = source + ":" + std::to_string(row);
     if (fields.size() < header.size()) throw InvalidArgument(where + ": too few columns");
     const auto type = std::find_if(columns.types_begin, columns.types_end,
-                                   [&](const EventType& t) { return fields[type_column] == t.name; });
+                                   [&](const EventType& t) { return fields[columns.type] == t.name; });
     if (type == columns.types_end) continue;
     LoggedEvent event{type->allocate, type->kind, 0, 0, 0.0};
-    const auto bytes = util::parse_whole_number(fields[size]);
-    if (!bytes) throw InvalidArgument(where + ": the size '" + fields[size] + "' is not a byte count");
+    const auto bytes = util::parse_whole_number(fields[columns.size]);
+    if (!bytes) throw InvalidArgument(where + ": the size '" + fields[columns.size] + "' is not a byte count");
     event.size = *bytes;
-    const std::optional<double> seconds = parse_seconds(fields[time_column]);
+    const std::optional<double> seconds = parse_seconds(fields[columns.time]);
     if (!seconds) {
-      throw InvalidArgument(where + ": the time '" + fields[time_column] + "' is neither seconds nor H:M:S");
+      throw InvalidArgument(where + ": the time '" + fields[columns.time] + "' is neither seconds nor H:M:S");
     }
     event.time = *seconds;
     // A zero-byte allocation holds no memory (and managers refuse one): the
     // row and the free of its address are left out.
     if (event.size == 0 && event.allocate) continue;
-    const auto key = std::make_pair(event.kind, fields[address]);
+    const auto key = std::make_pair(event.kind, fields[columns.address]);
     if (event.allocate) {
       event.id = live[key] = next++;
     } else if (auto it = live.find(key); it != live.end()) {
