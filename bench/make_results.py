@@ -69,8 +69,11 @@ def fragmentation_lines(path):
               "|---|---|---|---|---|---|"]
     workload = manager = None
     seeds = []
+    not_run = []  # what gpu-check left out to finish inside the device's limit
     for line in open(path):
-        if line.startswith("== seeds "):
+        if line.startswith("== ") and ": not run" in line:
+            not_run.append(line[3:].strip())
+        elif line.startswith("== seeds "):
             head, ratios = line[len("== seeds "):].split(":", 1)
             seeds_workload, seeds_manager = head.split(" ", 1)[1].rsplit(", ", 1)
             values = [float(v) for v in ratios.split()]
@@ -92,6 +95,8 @@ def fragmentation_lines(path):
             lines.append(f"| `{seeds_workload}` | {seeds_manager} | {seed_range} | "
                          f"{statistics.mean(values):.3f} | {max(values):.3f} | "
                          f"{' '.join(f'{v:.3f}' for v in values)} |")
+    if not_run:
+        lines += ["", "Not run in this check: " + "; ".join(not_run) + "."]
     return lines
 
 

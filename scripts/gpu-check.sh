@@ -20,7 +20,15 @@ summary=()
 # Seconds each part took (the whole must stay inside the device's 10 minutes a command).
 phases=()
 phase_began=$SECONDS
-phase_done() { phases+=("$1 $((SECONDS - phase_began))"); phase_began=$SECONDS; }
+# Each finished part also leaves the summary so far in $logs/progress.txt, so a run cut off
+# by the device's limit still tells how far it got and what each part cost.
+phase_done() {
+  phases+=("$1 $((SECONDS - phase_began))"); phase_began=$SECONDS
+  printf '%s\n' "${summary[@]}" "seconds per part so far: ${phases[*]}" >"$logs/progress.txt"
+}
+# The optional fragmentation runs at the end stop early rather than let the device cut off the summary.
+deadline=${CUEMM_GPU_DEADLINE_S:-560}
+time_left() { echo $((deadline - SECONDS)); }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$logs/gpu.txt" 2>&1
 summary+=("gpu: $(head -1 "$logs/gpu.txt")")
@@ -135,22 +143,31 @@ summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^
   # side by side (each its own process and pool; only the ratios are kept).
   for workload in "--max-size 4M --live 512M" "--max-size 1M --live 512M" "--max-size 256K --live 64M" \
       "--max-size 64M --live 256M" "--max-size 4M --live 128M"; do
+    if [ "$(time_left)" -lt 40 ]; then
+      echo "== seeds 1-8 $workload: not run, $(time_left) s left before the deadline of $deadline s"
+      continue
+    fi
+    # Both pools' eight seeds at once: 16 processes for the 16 cores.
     for expandable in 0 1; do
       for seed in 1 2 3 4 5 6 7 8; do
         CUEMM_POOL_EXPANDABLE=$expandable CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload \
-          --operations 20000 --seed $seed --manager pool >"$logs/seed.$seed" 2>&1 &
+          --operations 20000 --seed $seed --manager pool >"$logs/seed.$expandable.$seed" 2>&1 &
       done
-      wait
+    done
+    wait
+    for expandable in 0 1; do
       ratios=""
       for seed in 1 2 3 4 5 6 7 8; do
-        ratios="$ratios $(grep -o 'reserved/live [0-9.]*' "$logs/seed.$seed" | cut -d' ' -f2)"
+        ratios="$ratios $(grep -o 'reserved/live [0-9.]*' "$logs/seed.$expandable.$seed" | cut -d' ' -f2)"
       done
-      rm -f "$logs"/seed.*
       echo "== seeds 1-8 $workload, pool$([ $expandable = 1 ] && echo ' (expandable)'):$ratios"
     done
+    rm -f "$logs"/seed.*
   done
   suite_log=$(ls -S /tmp/cuemm-suite-logs/*.csv 2>/dev/null | head -1)
-  if [ -n "$suite_log" ]; then
+  if [ -n "$suite_log" ] && [ "$(time_left)" -lt 20 ]; then
+    echo "== replay of numba-cuda's suite log: not run, $(time_left) s left before the deadline of $deadline s"
+  elif [ -n "$suite_log" ]; then
     for manager in pool async default; do
       echo "== replay of numba-cuda's suite log ($(($(wc -l <"$suite_log") - 1)) rows), $manager"
       CUEMM_DRIVER=cuda "$build/bin/cuemm" replay "$suite_log" --manager $manager
@@ -161,7 +178,7 @@ summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^
 } >"$logs/bench_fragmentation.txt" 2>&1
 summary+=("fragmentation (pool, reserved/live): $(grep -A2 ', pool$' "$logs/bench_fragmentation.txt" | grep -o 'reserved/live [0-9.]*' | cut -d' ' -f2 | tr '\n' ' ')")
 summary+=("fragmentation (pool, expandable): $(grep -A2 ', pool (expandable)$' "$logs/bench_fragmentation.txt" | grep -o 'reserved/live [0-9.]*' | cut -d' ' -f2 | tr '\n' ' ')")
-summary+=("$(awk -F': ' '/^== seeds/ {n = split($2, v, " "); s = 0; m = 0; for (i = 1; i <= n; i++) { s += v[i]; if (v[i] > m) m = v[i] }
+summary+=("$(awk -F': ' '/^== seeds.*: [0-9. ]+$/ {n = split($2, v, " "); s = 0; m = 0; for (i = 1; i <= n; i++) { s += v[i]; if (v[i] > m) m = v[i] }
   sub(/^== seeds 1-8 --max-size /, "", $1); sub(/ --live /, "/", $1); printf "%s mean %.3f max %.3f; ", $1, s / n, m}' "$logs/bench_fragmentation.txt")")
 
 phase_done fragmentation
