@@ -156,20 +156,29 @@ summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^
       echo "== seeds 1-8 $workload: not run, $(time_left) s left before the deadline of $deadline s"
       continue
     fi
-    # Both pools' eight seeds at once: 16 processes for the 16 cores.
-    for expandable in 0 1; do
-      for seed in 1 2 3 4 5 6 7 8; do
-        CUEMM_POOL_EXPANDABLE=$expandable CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload \
-          --operations 20000 --seed $seed --manager pool >"$logs/seed.$expandable.$seed" 2>&1 &
+    # Both pools' eight seeds at once (16 processes for the 16 cores); then, for the
+    # 512 MiB workloads, the expandable pool without thread caches (the setting for
+    # a program short of memory: README).
+    batches=("0 1")
+    case "$workload" in *"--live 512M") batches+=("2") ;; esac
+    for batch in "${batches[@]}"; do
+      for variant in $batch; do
+        settings=(CUEMM_POOL_EXPANDABLE=$((variant > 0)))
+        [ "$variant" = 2 ] && settings+=(CUEMM_POOL_THREAD_CACHE_SIZE=0)
+        for seed in 1 2 3 4 5 6 7 8; do
+          env "${settings[@]}" CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload --operations 20000 --seed $seed --manager pool \
+            >"$logs/seed.$variant.$seed" 2>&1 &
+        done
       done
+      wait
     done
-    wait
-    for expandable in 0 1; do
+    for variant in ${batches[*]}; do
       ratios=""
       for seed in 1 2 3 4 5 6 7 8; do
-        ratios="$ratios $(grep -o 'reserved/live [0-9.]*' "$logs/seed.$expandable.$seed" | cut -d' ' -f2)"
+        ratios="$ratios $(grep -o 'reserved/live [0-9.]*' "$logs/seed.$variant.$seed" | cut -d' ' -f2)"
       done
-      echo "== seeds 1-8 $workload, pool$([ $expandable = 1 ] && echo ' (expandable)'):$ratios"
+      labels=("pool" "pool (expandable)" "pool (expandable; no thread caches)")
+      echo "== seeds 1-8 $workload, ${labels[$variant]}:$ratios"
     done
     rm -f "$logs"/seed.*
   done
