@@ -74,7 +74,7 @@ TEST_F(Pool, SuballocatesFromFewSegments) {
   }
 }
 
-// Growth steps follow the requests: room for 8 of the largest (2 MiB pages
+// Growth steps follow the requests: room for 4 of the largest (2 MiB pages
 // at least), up to 8 MiB, so that a small pool of small blocks does not
 // reserve a third more than it uses.
 TEST_F(Pool, APoolOfSmallBlocksGrowsBySmallSteps) {
@@ -86,8 +86,8 @@ TEST_F(Pool, APoolOfSmallBlocksGrowsBySmallSteps) {
   EXPECT_LE(small.reserved_bytes, small.in_use_bytes + PoolMemoryManager::kSegmentGranularity)
       << "in use: " << small.in_use_bytes;
   while (pool.statistics().reserved_bytes == small.reserved_bytes) blocks.push_back(pool.allocate(1 << 20));
-  EXPECT_GE(pool.statistics().reserved_bytes, small.reserved_bytes + (std::size_t{8} << 20))
-      << "requests of 1 MiB should grow the pool by 8 MiB at a time";
+  EXPECT_EQ(pool.statistics().reserved_bytes, small.reserved_bytes + (std::size_t{4} << 20))
+      << "requests of 1 MiB should grow the pool by 4 MiB at a time";
   for (std::size_t i = 0; i < blocks.size(); ++i) pool.deallocate(blocks[i], i < 40 ? 200 << 10 : 1 << 20);
 }
 
@@ -118,7 +118,7 @@ TEST_F(Pool, ALoopOfTheLargestClassSealsOnceAHalfRing) {
   PoolMemoryManager pool(&context);
   pool.initialize();
   const std::size_t size = std::size_t{1} << 20;
-  pairs(pool, size, 20000);
+  pairs(pool, size, 40000);  // the pool grows to hold the ring: 4 MiB for each 256 seals
   simulation::reset_call_counts();
   const std::size_t seals_before = pool.statistics().seals;
   pairs(pool, size, 3200);
