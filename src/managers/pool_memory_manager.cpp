@@ -506,12 +506,14 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     }
     // Other threads' caches may hold much of the pool in classes they are
     // not asking for now (a thread's rings keep what it freed, up to its
-    // budget): past a quarter of the pool, those go back before it grows.
+    // budget): past a 32nd of the pool, those go back before it grows.
     // A thread's latest class stays, so loops keep their rings. (RMM's random
-    // workload up to 1 MiB from 8 threads: 3.2-3.7 reserved over live, now
-    // 1.2-1.5; emptying whole caches here made pair loops of 4 and 16 threads
-    // 1.5-2x slower; simulated driver.)
-    if (cached_bytes() > reserved_bytes() / 4) {
+    // workload from 4 and 8 threads, up to 1 MiB and 256 KiB: 2.7-8.6
+    // reserved over live with none of this, 1.38-1.56 past a quarter, 1.12-1.31
+    // past a 32nd; pair loops ran this as often either way, about 100 times
+    // in a benchmark run. Emptying whole caches here made pair loops of 4
+    // and 16 threads 1.5-2x slower. Simulated driver.)
+    if (cached_bytes() > reserved_bytes() / 32) {
       for (auto& cache : caches) {
         if (cache.get() == own) continue;
         std::lock_guard cache_lock(cache->lock.visitor());
