@@ -256,8 +256,10 @@ TEST_F(Pool, AThreadOfRandomLargeSizesHoldsLittleBesideItsLiveBlocks) {
 
 // Threads whose random requests spread over many size classes do not each
 // keep a ring's worth of every class beside the live blocks: the pool takes
-// the classes they are not using back before it grows. (4 threads of RMM's
-// random workload up to 1 MiB reserved 2.7-3.6 times their peak live bytes.)
+// the classes they are not using back before it grows, once the caches hold
+// a 32nd of it. (4 threads of RMM's random workload up to 1 MiB reserved
+// 2.7-3.6 times their peak live bytes without this, 1.34-1.47 when it waited
+// for a quarter of the pool, and 1.13-1.19 now.)
 TEST_F(Pool, ThreadsOfRandomSizesDoNotHoardTheirRings) {
   PoolMemoryManager pool(&context);
   pool.initialize();
@@ -293,7 +295,7 @@ TEST_F(Pool, ThreadsOfRandomSizesDoNotHoardTheirRings) {
     });
   }
   for (auto& thread : threads) thread.join();
-  EXPECT_LE(static_cast<double>(peak_reserved.load()), 2.0 * static_cast<double>(peak_live.load()))
+  EXPECT_LE(static_cast<double>(peak_reserved.load()), 1.3 * static_cast<double>(peak_live.load()))
       << describe_bytes(peak_reserved.load()) << " reserved for " << describe_bytes(peak_live.load()) << " live";
 }
 
