@@ -196,7 +196,7 @@ summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^
 } >"$logs/bench_fragmentation.txt" 2>&1
 summary+=("fragmentation (pool, reserved/live): $(grep -A2 ', pool$' "$logs/bench_fragmentation.txt" | grep -o 'reserved/live [0-9.]*' | cut -d' ' -f2 | tr '\n' ' ')")
 summary+=("fragmentation (pool, expandable): $(grep -A2 ', pool (expandable)$' "$logs/bench_fragmentation.txt" | grep -o 'reserved/live [0-9.]*' | cut -d' ' -f2 | tr '\n' ' ')")
-summary+=("$(awk -F': ' '/^== seeds.*: [0-9. ]+$/ {n = split($2, v, " "); s = 0; m = 0; for (i = 1; i <= n; i++) { s += v[i]; if (v[i] > m) m = v[i] }
+summary+=("$(awk -F': ' '/^== seeds.*: [0-9. ]+$/ {n = split($2, v, " "); if (n == 0) next; s = 0; m = 0; for (i = 1; i <= n; i++) { s += v[i]; if (v[i] > m) m = v[i] }
   sub(/^== seeds 1-8 --max-size /, "", $1); sub(/ --live /, "/", $1); printf "%s mean %.3f max %.3f; ", $1, s / n, m}' "$logs/bench_fragmentation.txt")")
 
 phase_done fragmentation
