@@ -1,0 +1,33 @@
+"""bench/make_results.py reads what scripts/gpu-check.sh writes: a misread costs a GPU run."""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+
+import make_results  # noqa: E402
+
+CHECK_OUTPUT = """\
+== --max-size 4M --live 512M, pool
+manager pool: 20000 operations in 0.019 s (973 ns each); 0 allocation(s) failed; 363 seal(s)
+peak live 36.21 MiB (37972554 bytes), peak reserved 42.00 MiB (44040192 bytes): reserved/live 1.160
+== seeds 1-8 --max-size 4M --live 512M, pool: 1.300 1.100 1.200
+== seeds 1-8 --max-size 4M --live 512M, pool (expandable; no thread caches): 1.050 1.150
+== seeds 1-8 --max-size 1M --live 512M, pool:{empty}
+== seeds 1-8 --max-size 4M --live 128M: not run, 12 s left before the deadline of 560 s
+== replay of numba-cuda's suite log: not run, 3 s left before the deadline of 560 s
+""".format(empty="        ")
+
+
+def test_fragmentation_lines_read_runs_seeds_and_what_was_not_run(tmp_path):
+    path = tmp_path / "bench_fragmentation.txt"
+    path.write_text(CHECK_OUTPUT)
+    text = "\n".join(make_results.fragmentation_lines(str(path)))
+    assert "| `--max-size 4M --live 512M` | pool | 973 | 36.21 MiB | 42.00 MiB | 1.160 |" in text
+    assert "| `--max-size 4M --live 512M` | pool | 1-8 | 1.200 | 1.300 | 1.300 1.100 1.200 |" in text
+    # A manager's name may hold a semicolon, not a comma: the workload ends at the last ", ".
+    assert "| `--max-size 4M --live 512M` | pool (expandable; no thread caches) | 1-8 | 1.100 | 1.150 |" in text
+    # Seeds whose runs all failed give no row, rather than a mean of nothing.
+    assert "`--max-size 1M --live 512M` | pool | 1-8" not in text
+    not_run = [line for line in text.splitlines() if line.startswith("Not run in this check: ")]
+    assert len(not_run) == 1
+    assert "seeds 1-8 --max-size 4M --live 128M" in not_run[0] and "replay of numba-cuda's suite log" in not_run[0]
