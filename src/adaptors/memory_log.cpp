@@ -59,12 +59,9 @@ std::optional<double> parse_seconds(const std::string& text) {
 
 // Bytes short enough for an axis label: 3.0 KiB, 512.0 MiB, 1.5 GiB.
 std::string axis_bytes(std::size_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double value = static_cast<double>(bytes);
-  int unit = 0;
-  while (value >= 1024 && unit < 5) value /= 1024, ++unit;
+  const util::ScaledBytes scaled = util::scale_byte_size(bytes);
   char text[32];
-  std::snprintf(text, sizeof text, unit == 0 ? "%.0f %s" : "%.1f %s", value, units[unit]);
+  std::snprintf(text, sizeof text, bytes < 1024 ? "%.0f %s" : "%.1f %s", scaled.value, scaled.unit);
   return text;
 }
 
