@@ -150,6 +150,7 @@ summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^
   done
   # Other traces of the same workloads, and of smaller live sets: seeds 1-8,
   # side by side (each its own process and pool; only the ratios are kept).
+  labels=("pool" "pool (expandable)" "pool (expandable; no thread caches)")  # by variant, below
   for workload in "--max-size 4M --live 512M" "--max-size 1M --live 512M" "--max-size 256K --live 64M" \
       "--max-size 64M --live 256M" "--max-size 4M --live 128M"; do
     if [ "$(time_left)" -lt 40 ]; then
@@ -177,7 +178,6 @@ summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^
       for seed in 1 2 3 4 5 6 7 8; do
         ratios="$ratios $(grep -o 'reserved/live [0-9.]*' "$logs/seed.$variant.$seed" | cut -d' ' -f2)"
       done
-      labels=("pool" "pool (expandable)" "pool (expandable; no thread caches)")
       echo "== seeds 1-8 $workload, ${labels[$variant]}:$ratios"
     done
     rm -f "$logs"/seed.*
