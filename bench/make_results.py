@@ -65,8 +65,9 @@ def fragmentation_lines(path):
     """The fragmentation section of RESULTS.md from the output of gpu-check's `cuemm random` runs."""
     lines = []
     lines += ["", "## Fragmentation: `cuemm random` (RMM-style random allocations and frees)", "",
-              "| workload | manager | ns per operation | peak live | peak reserved | reserved / live |",
-              "|---|---|---|---|---|---|"]
+              "| workload | manager | ns per operation | driver allocations / frees | peak live | peak reserved "
+              "| reserved / live |",
+              "|---|---|---|---|---|---|---|"]
     workload = manager = None
     seeds = []
     not_run = []  # what gpu-check left out to finish inside the device's limit
@@ -83,11 +84,15 @@ def fragmentation_lines(path):
             workload, manager = line[3:].strip().rsplit(", ", 1)
         elif line.startswith("manager ") and " ns each" in line:
             per_operation = re.search(r"\(([0-9]+) ns each\)", line).group(1)
+            # The pool's count of the driver calls that took and gave back memory (older runs: none).
+            calls = re.search(r"([0-9]+) driver allocation\(s\), ([0-9]+) driver free\(s\)", line)
+            driver_calls = f"{int(calls.group(1)):,} / {int(calls.group(2)):,}" if calls else "-"
         elif line.startswith("peak live"):
             live = re.search(r"peak live ([0-9.]+ \w+)", line).group(1)
             reserved = re.search(r"peak reserved ([0-9.]+ \w+)", line).group(1)
             ratio = re.search(r"reserved/live ([0-9.]+)", line).group(1)
-            lines.append(f"| `{workload}` | {manager} | {per_operation} | {live} | {reserved} | {ratio} |")
+            lines.append(f"| `{workload}` | {manager} | {per_operation} | {driver_calls} | {live} | {reserved} "
+                         f"| {ratio} |")
     if seeds:
         lines += ["", "Other traces of the same workloads (`--seed`): reserved / live per seed.", "",
                   "| workload | manager | seeds | mean | max | per seed |", "|---|---|---|---|---|---|"]

@@ -133,6 +133,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   detail::RentOrBuy segment_rental;
   detail::RentOrBuy index_rental;
   std::size_t largest_request_grown_for = 0;  // by grow()
+  std::size_t driver_allocations = 0, driver_frees = 0;  // PoolStatistics'
   std::vector<std::unique_ptr<ThreadCache>> caches;
   int defer_depth = 0;
   cuda::CUevent ordering_event = nullptr;  // order_after()'s
@@ -197,12 +198,14 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
 
   void free_segment(std::uintptr_t base) noexcept {
     dedicated.forget(base);
+    ++driver_frees;
     ScopedContext scope(*context);
     CUEMM_CU_RESULT(cuMemFree, base);
   }
 
   void free_segments(const std::vector<detail::DedicatedSegments::Segment>& segments) noexcept {
     if (segments.empty()) return;
+    driver_frees += segments.size();
     ScopedContext scope(*context);
     for (const auto& segment : segments) CUEMM_CU_RESULT(cuMemFree, segment.base);
   }
@@ -388,6 +391,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       cuda::CUdeviceptr base = 0;
       const cuda::CUresult result = CUEMM_CU_RESULT(cuMemAlloc, &base, segment);
       if (result == cuda::CUDA_SUCCESS) {
+        ++driver_allocations;
         blocks.add_region(base, segment);
         return true;
       }
@@ -414,6 +418,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     const std::size_t step = util::round_up(wanted > free_at_end ? wanted - free_at_end : 1, arena->granularity());
     if (options.maximum_size && reserved_bytes() + step > options.maximum_size) return false;
     if (!arena->grow(step)) return false;
+    ++driver_allocations;
     try {
       if (end == base) {
         blocks.add_region(base, step);
@@ -421,7 +426,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
         blocks.extend_region(base, step);
       }
     } catch (...) {
-      arena->shrink_to(end - base);
+      shrink_arena_to(end - base);
       throw;
     }
     return true;
@@ -437,6 +442,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     if (arena) return released + shrink_arena();
     for (const auto& region : blocks.take_free_regions()) {
       CUEMM_CU_RESULT(cuMemFree, region.base);
+      ++driver_frees;
       released += region.size;
     }
     return released;
@@ -453,7 +459,14 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     } else {
       blocks.shrink_region(base, base + cut);
     }
-    return arena->shrink_to(cut);
+    return shrink_arena_to(cut);
+  }
+
+  std::size_t shrink_arena_to(std::size_t offset) {
+    const std::size_t mappings = arena->mapping_count();
+    const std::size_t released = arena->shrink_to(offset);
+    driver_frees += mappings - arena->mapping_count();
+    return released;
   }
 
   // A block of `size` bytes from the index, trying in order of cost: the
@@ -546,10 +559,12 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     const cuda::CUresult result = CUEMM_CU_RESULT(cuMemAlloc, &base, segment);
     if (result == cuda::CUDA_ERROR_OUT_OF_MEMORY) return std::nullopt;
     if (result != cuda::CUDA_SUCCESS) driver::throw_allocation_error(result, "cuMemAlloc", segment);
+    ++driver_allocations;
     try {
       dedicated.add(base, segment);
     } catch (...) {
       CUEMM_CU_RESULT(cuMemFree, base);
+      ++driver_frees;
       throw;
     }
     return base;
@@ -1331,6 +1346,8 @@ PoolStatistics PoolMemoryManager::statistics() const {
   statistics.segments = core_->blocks.region_count() + core_->dedicated.count();
   statistics.free_blocks = core_->blocks.free_blocks() + core_->dedicated.spare_count();
   statistics.seals = core_->epochs.seals();
+  statistics.driver_allocations = core_->driver_allocations;
+  statistics.driver_frees = core_->driver_frees;
   return statistics;
 }
 

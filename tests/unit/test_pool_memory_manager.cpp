@@ -432,6 +432,46 @@ TEST_F(Pool, SparesAreGivenBackBeforeTheDriverIsAskedForMore) {
   EXPECT_EQ(pool.statistics().reserved_bytes, 0u);
 }
 
+// PoolStatistics counts the driver calls that took memory and gave it back
+// (what explains a slow workload: large sizes that vary find no spare), on
+// either driver, for shared segments, segments of their own and the
+// expandable arena alike.
+TEST_F(Pool, ItsStatisticsCountTheDriverCallsThatTookAndGaveBackMemory) {
+  for (const bool expandable : {false, true}) {
+    SCOPED_TRACE(expandable ? "expandable" : "shared segments");
+    PoolOptions options;
+    options.expandable = expandable;
+    PoolMemoryManager pool(&context, options);
+    pool.initialize();
+    if (simulation::active()) simulation::reset_call_counts();
+    std::mt19937 random(7);
+    std::uniform_int_distribution<std::size_t> size(1, 24 << 20);
+    std::vector<std::shared_ptr<MemoryPointer>> live;
+    for (int i = 0; i < 400; ++i) {
+      if (live.size() < 8 || random() % 2) {
+        live.push_back(pool.memalloc(size(random)));
+      } else {
+        live.erase(live.begin() + static_cast<std::ptrdiff_t>(random() % live.size()));
+      }
+    }
+    const PoolStatistics busy = pool.statistics();
+    EXPECT_GT(busy.driver_allocations, 2u) << "large blocks of varying sizes found spares every time";
+    if (!expandable) {
+      EXPECT_EQ(busy.driver_allocations - busy.driver_frees, busy.segments) << "one cuMemAlloc a segment";
+    }
+    live.clear();
+    pool.trim();
+    const PoolStatistics trimmed = pool.statistics();
+    EXPECT_EQ(trimmed.reserved_bytes, 0u);
+    EXPECT_EQ(trimmed.driver_allocations, busy.driver_allocations) << "trim took memory";
+    EXPECT_EQ(trimmed.driver_frees, trimmed.driver_allocations) << "trim gave back all the pool had taken";
+    if (simulation::active()) {
+      EXPECT_EQ(trimmed.driver_allocations, simulation::call_count("cuMemAlloc") + simulation::call_count("cuMemCreate"));
+      EXPECT_EQ(trimmed.driver_frees, simulation::call_count("cuMemFree") + simulation::call_count("cuMemRelease"));
+    }
+  }
+}
+
 // For programs that open a raw IPC handle and ignore its offset (numba-cuda's
 // TestIpcMemory.test_ipc_handle does): every block in a segment of its own.
 TEST_F(Pool, WithDedicatedSizeZeroEveryIpcHandleHasOffsetZero) {

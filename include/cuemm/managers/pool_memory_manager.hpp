@@ -125,6 +125,13 @@ struct PoolStatistics {
   // Epochs sealed so far, a stream query each (Note [Stream-safe reuse]): what
   // the stream-less interface pays for reuse; a loop pays one per rotation.
   std::size_t seals = 0;
+  // Driver calls so far that took memory (a segment's cuMemAlloc, or an
+  // expandable arena's cuMemCreate and map) and that gave it back: what a
+  // workload pays the driver (0.1 ms or so a call) once the pool stops
+  // finding blocks of its own, as with large sizes that vary (Note
+  // [Dedicated segments]).
+  std::size_t driver_allocations = 0;
+  std::size_t driver_frees = 0;
 };
 
 class PoolMemoryManager : public HostOnlyMemoryManager, public RawDeviceAllocator {

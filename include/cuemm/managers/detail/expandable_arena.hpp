@@ -65,6 +65,7 @@ class ExpandableArena {
 
   cuda::CUdeviceptr base() const noexcept { return base_; }
   std::size_t mapped_bytes() const noexcept { return mapped_; }
+  std::size_t mapping_count() const noexcept { return mappings_.size(); }
   std::size_t reserved_bytes() const noexcept { return reserved_; }
   std::size_t granularity() const noexcept { return granularity_; }
   bool contains(std::uintptr_t address) const noexcept {
