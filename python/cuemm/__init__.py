@@ -82,7 +82,9 @@ def _bridges():
 
 
 def statistics(device=None):
-    """Counts of what cuemm handed out to Numba on `device` (default: the current one)."""
+    """Counts of what cuemm handed out to Numba on `device` (default: the current one);
+    with the pool manager, also its own figures under "pool" (reserved bytes, seals, and
+    the driver calls that took and gave back memory)."""
     bridge = _bridge_for(device)
     return bridge.statistics()
 

@@ -336,6 +336,23 @@ class Bridge {
     out["device_size_histogram"] = histogram;
     out["manager"] = name_;
     out["summary"] = stats.summary();
+    if (auto* pool = find_adaptor<PoolMemoryManager>(*manager_)) {
+      const PoolStatistics p = [&] {
+        py::gil_scoped_release unlocked;  // takes the pool's lock
+        return pool->statistics();
+      }();
+      py::dict figures;
+      figures["reserved_bytes"] = p.reserved_bytes;
+      figures["in_use_bytes"] = p.in_use_bytes;
+      figures["quarantined_bytes"] = p.quarantined_bytes;
+      figures["cached_bytes"] = p.cached_bytes;
+      figures["segments"] = p.segments;
+      figures["free_blocks"] = p.free_blocks;
+      figures["seals"] = p.seals;
+      figures["driver_allocations"] = p.driver_allocations;
+      figures["driver_frees"] = p.driver_frees;
+      out["pool"] = figures;
+    }
     return out;
   }
 

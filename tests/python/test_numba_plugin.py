@@ -56,6 +56,11 @@ def test_device_arrays_round_trip_and_are_counted(run_python):
         stats = cuemm.statistics()
         assert stats["device"]["current_count"] == 4, stats
         assert stats["device"]["current_bytes"] == sum(a.nbytes for a in arrays), stats
+        # The pool's own figures: what it took from the driver, and how.
+        pool = stats["pool"]
+        assert pool["in_use_bytes"] >= sum(a.nbytes for a in arrays), pool
+        assert pool["reserved_bytes"] >= pool["in_use_bytes"], pool
+        assert pool["driver_allocations"] - pool["driver_frees"] == pool["segments"] >= 1, pool
         del device, d
         import gc; gc.collect()
         cuda.current_context().deallocations.clear()
