@@ -486,6 +486,12 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     // live bytes, not 1.29, for 4-10% fewer seals; simulated driver, seeds 1-8.)
     if (index_rental.buys(kSealsWorthASegment) && quarantined_bytes + size <= rotation_budget(size) &&
         !(own && own->bytes_in_other_classes(size) > reserved_bytes() / 32)) {
+      // Other threads' idle rings first, as below: threads of random sizes
+      // otherwise grew here while their caches held over half the pool
+      // (the caller's own rings stay: a loop buys instead of sealing).
+      if (cached_bytes(own) > reserved_bytes() / 32) {
+        if (auto address = take_back_idle_rings(size, own)) return *address;
+      }
       if (grow(size)) {
         index_rental.bought();
         if (auto address = blocks.allocate(size)) return *address;
@@ -527,14 +533,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     // in a benchmark run. Emptying whole caches here made pair loops of 4
     // and 16 threads 1.5-2x slower. Simulated driver.)
     if (cached_bytes() > reserved_bytes() / 32) {
-      for (auto& cache : caches) {
-        if (cache.get() == own) continue;
-        std::lock_guard cache_lock(cache->lock.visitor());
-        quarantine_idle_ring_blocks(*cache);
-      }
-      seal();
-      reclaim(false);
-      if (auto address = blocks.allocate(size)) return *address;
+      if (auto address = take_back_idle_rings(size, own)) return *address;
     }
     auto grown = [&]() -> std::optional<std::uintptr_t> {
       return grow(size) ? blocks.allocate(size) : std::nullopt;
@@ -548,6 +547,20 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       if (auto address = grown()) return *address;
     }
     throw out_of_memory(size);
+  }
+
+  // What threads other than `own` hold in classes other than their latest
+  // goes back (through the quarantine); then a block of `size` from the
+  // index, if that made one.
+  std::optional<std::uintptr_t> take_back_idle_rings(std::size_t size, const ThreadCache* own) {
+    for (auto& cache : caches) {
+      if (cache.get() == own) continue;
+      std::lock_guard cache_lock(cache->lock.visitor());
+      quarantine_idle_ring_blocks(*cache);
+    }
+    seal();
+    reclaim(false);
+    return blocks.allocate(size);
   }
 
   // Returns a new segment of its own, or nullopt when the driver or the
@@ -1140,10 +1153,13 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
 
   bool caches_enabled() const noexcept { return options.thread_cache_size > 0; }
 
-  std::size_t cached_bytes() const noexcept {
+  // What the threads' caches hold, but for `except`'s.
+  std::size_t cached_bytes(const ThreadCache* except = nullptr) const noexcept {
     std::size_t total = 0;
-    for (const auto& cache : caches)
+    for (const auto& cache : caches) {
+      if (cache.get() == except) continue;
       total += cache->bytes.load(std::memory_order_relaxed) + cache->large_bytes.load(std::memory_order_relaxed);
+    }
     return total;
   }
 
