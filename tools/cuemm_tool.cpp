@@ -8,7 +8,8 @@
 //                [--threads T]               a random mix of allocations and frees
 //                                            (from T threads side by side, each its own)
 //   (either with --trace-growth: a line whenever the pool reserves more, with
-//   where its bytes were: in use, waiting for the GPU, in thread caches, free)
+//   where its bytes were: in use, waiting for the GPU, in thread caches, free;
+//   with threads, from whichever thread saw it, all threads' bytes)
 //   cuemm plot LOG.csv OUT.svg               live memory over time, as SVG
 //   cuemm bench [--managers ...] [--sizes ...] [--threads ...]
 //                                            ns per allocate+free pair (bench_command.cpp)
@@ -240,7 +241,6 @@ int run(std::vector<std::string> args) {
       const unsigned seed = static_cast<unsigned>(count_option(args, "--seed", "1"));
       const std::size_t threads = count_option(args, "--threads", "1");
       if (threads == 0 || threads > 1024) throw InvalidArgument("--threads must be between 1 and 1024");
-      if (threads > 1 && tracing) throw InvalidArgument("--trace-growth traces one thread's workload only");
       if (!args.empty()) return usage();
       // Each thread its own workload (seeds seed, seed + 1, ...) under an equal share of the live cap.
       std::vector<std::vector<Operation>> lists;
