@@ -182,6 +182,21 @@ summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^
     done
     rm -f "$logs"/seed.*
   done
+  # Threads side by side: seeds 1-3, one process at a time (each uses the cores).
+  for workload in "--max-size 1M --live 512M --threads 4" "--max-size 256K --live 64M --threads 8"; do
+    for variant in 0 1; do
+      if [ "$(time_left)" -lt 30 ]; then
+        echo "== seeds 1-3 $workload, ${labels[$variant]}: not run, $(time_left) s left before the deadline of $deadline s"
+        continue
+      fi
+      ratios=""
+      for seed in 1 2 3; do
+        ratios="$ratios $(CUEMM_POOL_EXPANDABLE=$variant CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload --operations 20000 \
+          --seed $seed --manager pool 2>&1 | grep -o 'reserved/live [0-9.]*' | cut -d' ' -f2)"
+      done
+      echo "== seeds 1-3 $workload, ${labels[$variant]}:$ratios"
+    done
+  done
   suite_log=$(ls -S /tmp/cuemm-suite-logs/*.csv 2>/dev/null | head -1)
   if [ -n "$suite_log" ] && [ "$(time_left)" -lt 20 ]; then
     echo "== replay of numba-cuda's suite log: not run, $(time_left) s left before the deadline of $deadline s"
@@ -197,7 +212,7 @@ summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^
 summary+=("fragmentation (pool, reserved/live): $(grep -A2 ', pool$' "$logs/bench_fragmentation.txt" | grep -o 'reserved/live [0-9.]*' | cut -d' ' -f2 | tr '\n' ' ')")
 summary+=("fragmentation (pool, expandable): $(grep -A2 ', pool (expandable)$' "$logs/bench_fragmentation.txt" | grep -o 'reserved/live [0-9.]*' | cut -d' ' -f2 | tr '\n' ' ')")
 summary+=("$(awk -F': ' '/^== seeds.*: [0-9. ]+$/ {n = split($2, v, " "); if (n == 0) next; s = 0; m = 0; for (i = 1; i <= n; i++) { s += v[i]; if (v[i] > m) m = v[i] }
-  sub(/^== seeds 1-8 --max-size /, "", $1); sub(/ --live /, "/", $1); printf "%s mean %.3f max %.3f; ", $1, s / n, m}' "$logs/bench_fragmentation.txt")")
+  sub(/^== seeds [0-9]+-[0-9]+ --max-size /, "", $1); sub(/ --live /, "/", $1); sub(/ --threads /, " x", $1); printf "%s mean %.3f max %.3f; ", $1, s / n, m}' "$logs/bench_fragmentation.txt")")
 
 phase_done fragmentation
 
