@@ -75,8 +75,7 @@ std::vector<Operation> random_workload(std::size_t max_size, std::size_t count, 
 struct ReplayReport {
   double seconds = 0;
   std::size_t operations = 0, peak_live = 0, peak_reserved = 0, failed = 0;
-  std::optional<std::size_t> seals;  // a pool's stream queries to reuse freed blocks
-  std::size_t driver_allocations = 0, driver_frees = 0;  // a pool's (PoolStatistics)
+  std::optional<PoolStatistics> pool;  // at the end, for a pool: its seals and driver calls
 };
 
 // Where a pool's bytes were when it reserved more, after `operation` operations.
@@ -166,12 +165,7 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, const std:
   report.peak_live = peak_live.load();
   report.peak_reserved = peak_reserved.load();
   report.failed = failed.load();
-  if (pool) {
-    const PoolStatistics statistics = pool->statistics();
-    report.seals = statistics.seals;
-    report.driver_allocations = statistics.driver_allocations;
-    report.driver_frees = statistics.driver_frees;
-  }
+  if (pool) report.pool = pool->statistics();
   return report;
 }
 
@@ -182,9 +176,9 @@ void print(const ReplayReport& report, const std::string& manager) {
     std::printf("manager %s: %zu operations in %.3f s (%.0f ns each); %zu allocation(s) failed", manager.c_str(),
                 report.operations, report.seconds, 1e9 * report.seconds / report.operations, report.failed);
   }
-  if (report.seals) {
-    std::printf("; %zu seal(s), %zu driver allocation(s), %zu driver free(s)", *report.seals,
-                report.driver_allocations, report.driver_frees);
+  if (report.pool) {
+    std::printf("; %zu seal(s), %zu driver allocation(s), %zu driver free(s)", report.pool->seals,
+                report.pool->driver_allocations, report.pool->driver_frees);
   }
   std::printf("\n");
   std::printf("peak live %s, peak reserved %s: reserved/live %.3f\n", describe_bytes(report.peak_live).c_str(),
