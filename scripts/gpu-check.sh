@@ -29,6 +29,10 @@ phase_done() {
 # The optional fragmentation runs at the end stop early rather than let the device cut off the summary.
 deadline=${CUEMM_GPU_DEADLINE_S:-560}
 time_left() { echo $((deadline - SECONDS)); }
+# The line that says a step was left out for the deadline (RESULTS.md lists them).
+not_run() { echo "== $1: not run, $(time_left) s left before the deadline of $deadline s"; }
+# The reserved/live figures of `cuemm random` or `cuemm replay` output on stdin.
+reserved_over_live() { grep -o 'reserved/live [0-9.]*' | cut -d' ' -f2; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$logs/gpu.txt" 2>&1
 summary+=("gpu: $(head -1 "$logs/gpu.txt")")
@@ -154,7 +158,7 @@ summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^
   for workload in "--max-size 4M --live 512M" "--max-size 1M --live 512M" "--max-size 256K --live 64M" \
       "--max-size 64M --live 256M" "--max-size 4M --live 128M"; do
     if [ "$(time_left)" -lt 40 ]; then
-      echo "== seeds 1-8 $workload: not run, $(time_left) s left before the deadline of $deadline s"
+      not_run "seeds 1-8 $workload"
       continue
     fi
     # Both pools' eight seeds at once (16 processes for the 16 cores); then, for the
@@ -176,7 +180,7 @@ summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^
     for variant in ${batches[*]}; do
       ratios=""
       for seed in 1 2 3 4 5 6 7 8; do
-        ratios="$ratios $(grep -o 'reserved/live [0-9.]*' "$logs/seed.$variant.$seed" | cut -d' ' -f2)"
+        ratios="$ratios $(reserved_over_live <"$logs/seed.$variant.$seed")"
       done
       echo "== seeds 1-8 $workload, ${labels[$variant]}:$ratios"
     done
@@ -186,20 +190,20 @@ summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^
   for workload in "--max-size 1M --live 512M --threads 4" "--max-size 256K --live 64M --threads 8"; do
     for variant in 0 1; do
       if [ "$(time_left)" -lt 30 ]; then
-        echo "== seeds 1-3 $workload, ${labels[$variant]}: not run, $(time_left) s left before the deadline of $deadline s"
+        not_run "seeds 1-3 $workload, ${labels[$variant]}"
         continue
       fi
       ratios=""
       for seed in 1 2 3; do
         ratios="$ratios $(CUEMM_POOL_EXPANDABLE=$variant CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload --operations 20000 \
-          --seed $seed --manager pool 2>&1 | grep -o 'reserved/live [0-9.]*' | cut -d' ' -f2)"
+          --seed $seed --manager pool 2>&1 | reserved_over_live)"
       done
       echo "== seeds 1-3 $workload, ${labels[$variant]}:$ratios"
     done
   done
   suite_log=$(ls -S /tmp/cuemm-suite-logs/*.csv 2>/dev/null | head -1)
   if [ -n "$suite_log" ] && [ "$(time_left)" -lt 20 ]; then
-    echo "== replay of numba-cuda's suite log: not run, $(time_left) s left before the deadline of $deadline s"
+    not_run "replay of numba-cuda's suite log"
   elif [ -n "$suite_log" ]; then
     for manager in pool async default; do
       echo "== replay of numba-cuda's suite log ($(($(wc -l <"$suite_log") - 1)) rows), $manager"
@@ -209,8 +213,8 @@ summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^
     CUEMM_POOL_EXPANDABLE=1 CUEMM_DRIVER=cuda "$build/bin/cuemm" replay "$suite_log" --manager pool
   fi
 } >"$logs/bench_fragmentation.txt" 2>&1
-summary+=("fragmentation (pool, reserved/live): $(grep -A2 ', pool$' "$logs/bench_fragmentation.txt" | grep -o 'reserved/live [0-9.]*' | cut -d' ' -f2 | tr '\n' ' ')")
-summary+=("fragmentation (pool, expandable): $(grep -A2 ', pool (expandable)$' "$logs/bench_fragmentation.txt" | grep -o 'reserved/live [0-9.]*' | cut -d' ' -f2 | tr '\n' ' ')")
+summary+=("fragmentation (pool, reserved/live): $(grep -A2 ', pool$' "$logs/bench_fragmentation.txt" | reserved_over_live | tr '\n' ' ')")
+summary+=("fragmentation (pool, expandable): $(grep -A2 ', pool (expandable)$' "$logs/bench_fragmentation.txt" | reserved_over_live | tr '\n' ' ')")
 summary+=("$(awk -F': ' '/^== seeds.*: [0-9. ]+$/ {n = split($2, v, " "); if (n == 0) next; s = 0; m = 0; for (i = 1; i <= n; i++) { s += v[i]; if (v[i] > m) m = v[i] }
   sub(/^== seeds [0-9]+-[0-9]+ --max-size /, "", $1); sub(/ --live /, "/", $1); sub(/ --threads /, " x", $1); printf "%s mean %.3f max %.3f; ", $1, s / n, m}' "$logs/bench_fragmentation.txt")")
 
