@@ -29,6 +29,14 @@ phase_done() {
 # The optional fragmentation runs at the end stop early rather than let the device cut off the summary.
 deadline=${CUEMM_GPU_DEADLINE_S:-560}
 time_left() { echo $((deadline - SECONDS)); }
+# Prints the summary and exits with the tests' status.
+finish() {
+  summary+=("seconds per part: ${phases[*]} (total $SECONDS)")
+  echo
+  echo "SUMMARY"
+  printf '  %s\n' "${summary[@]}"
+  exit $((ctest_status || example_status))
+}
 # The line that says a step was left out for the deadline (RESULTS.md lists them).
 not_run() { echo "== $1: not run, $(time_left) s left before the deadline of $deadline s"; }
 # The reserved/live figures of `cuemm random` or `cuemm replay` output on stdin.
@@ -99,6 +107,17 @@ if [ $python_checks = 1 ]; then
   (cd /tmp && CUEMM_POOL_EXPANDABLE=1 "$python" "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python" \
     numba.cuda.tests.cudapy.test_ipc) >"$logs/numba-cuda-ipc-expandable.log" 2>&1
   summary+=("numba-cuda test_ipc, expandable pool: exit $?; $(grep '^difference' "$logs/numba-cuda-ipc-expandable.log")")
+  # With several GPUs, numba-cuda's tests of them (skipped on one) under each device manager
+  # (peers use the blocks: Note [Peer access]).
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  if [ "$gpus" -ge 2 ]; then
+    for setting in CUEMM_MEMORY_MANAGER=pool CUEMM_POOL_EXPANDABLE=1 CUEMM_MEMORY_MANAGER=async; do
+      (cd /tmp && env "$setting" "$python" "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python" \
+        numba.cuda.tests.cudapy.test_multigpu numba.cuda.tests.cudadrv.test_context_stack \
+        numba.cuda.tests.cudapy.test_ipc) >"$logs/numba-cuda-multi-gpu-${setting#*=}.log" 2>&1
+      summary+=("numba-cuda multi-GPU tests ($gpus GPUs, $setting): exit $?; $(grep -E '^cuemm:' "$logs/numba-cuda-multi-gpu-${setting#*=}.log" | tail -1); $(grep '^difference' "$logs/numba-cuda-multi-gpu-${setting#*=}.log")")
+    done
+  fi
   phase_done numba-cuda-suites
   # Two rounds of separate processes (about 40 s less than three: the run of
   # 66ec2ed took 575 of the device's 600 s); the interleaved figures are the ones held to bounds.
@@ -113,6 +132,9 @@ if [ $python_checks = 1 ]; then
   summary+=("numba mapped_array interleaved, default/cuemm (4 KiB, 1 MiB, 64 MiB): $(interleaved mapped_array default/cuemm)")
   phase_done numba-benchmark
 fi
+
+# CUEMM_GPU_TESTS_ONLY=1: the checks above, without the benchmarks (a machine whose timings are not reported).
+[ "${CUEMM_GPU_TESTS_ONLY:-0}" = 1 ] && finish
 
 anchors=()
 if [ -x "$build/bin/bench_allocators" ]; then
@@ -229,8 +251,4 @@ if [ -f "$logs/bench_allocators.json" ] && [ -f "$logs/bench_numba.json" ]; then
 fi
 
 phase_done results
-summary+=("seconds per part: ${phases[*]} (total $SECONDS)")
-echo
-echo "SUMMARY"
-printf '  %s\n' "${summary[@]}"
-exit $((ctest_status || example_status))
+finish

@@ -44,6 +44,7 @@ struct Allocation {
   bool pool_import = false;      // IpcMapping: from cuMemPoolImportPointer (freed by cuMemFree)
   struct MemoryPool* pool = nullptr;  // Device memory from cuMemAllocFromPoolAsync
   std::uint64_t physical = 0;         // VirtualMapping: the cuMemCreate handle mapped here
+  std::set<int> granted;              // VirtualMapping: the devices cuMemSetAccess let use it
 };
 
 // Device memory from cuMemCreate: a range of the device's arena, mapped into
@@ -71,6 +72,7 @@ struct MemoryPool {
   bool destroyed = false;  // forgotten once its last block is freed
   int imported_fd = -1;    // imported (cuMemPoolImportFromShareableHandle): the exporter's device memory
   bool exported = false;   // cuMemPoolExportToShareableHandle has run: its blocks may be exported
+  std::set<int> peers_granted;  // cuMemPoolSetAccess: other devices that may use its blocks
 };
 
 struct Device {
@@ -81,7 +83,7 @@ struct Device {
   std::unique_ptr<RangeAllocator> ranges;
   std::size_t used = 0;
   Context* primary = nullptr;
-  std::set<int> peers_enabled;
+  std::set<int> peers_enabled;  // devices whose cuMemAlloc memory this one's kernels may use
 };
 
 struct Module {

@@ -929,8 +929,19 @@ SIM_EXPORT CUresult cuMemSetAccess(CUdeviceptr pointer, std::size_t bytes, const
   if (!descriptors || count == 0 || !mapped || mapped->kind != AllocationKind::VirtualMapping)
     return CUDA_ERROR_INVALID_VALUE;
   for (std::size_t i = 0; i < count; ++i) {
-    if (descriptors[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || !device_at(s, descriptors[i].location.id))
+    const int device = descriptors[i].location.id;
+    if (descriptors[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || !device_at(s, device))
       return CUDA_ERROR_INVALID_DEVICE;
+    if (device != mapped->device && !s.peer_access) return CUDA_ERROR_INVALID_DEVICE;  // no peer-to-peer path
+  }
+  // The devices whose kernels may use each mapping in the range (checked at launch).
+  for (auto it = s.allocations.find(mapped->base); it != s.allocations.end() && it->first < pointer + bytes; ++it) {
+    for (std::size_t i = 0; i < count; ++i) {
+      if (descriptors[i].flags == 0)
+        it->second.granted.erase(descriptors[i].location.id);
+      else
+        it->second.granted.insert(descriptors[i].location.id);
+    }
   }
   const int protection = descriptors[0].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
                          : descriptors[0].flags == 0x1                               ? PROT_READ
@@ -1023,6 +1034,29 @@ SIM_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool handle, int attribute, vo
     case CU_MEMPOOL_ATTR_USED_MEM_HIGH: number = pool->used_high; return CUDA_SUCCESS;
     default: return CUDA_ERROR_INVALID_VALUE;
   }
+}
+
+SIM_EXPORT CUresult cuMemPoolSetAccess(CUmemoryPool handle, const CUmemAccessDesc* descriptors, std::size_t count) {
+  SIM_BEGIN(cuMemPoolSetAccess);
+  MemoryPool* pool = find_pool(s, handle);
+  if (!pool || !descriptors || count == 0) return CUDA_ERROR_INVALID_VALUE;
+  for (std::size_t i = 0; i < count; ++i) {
+    const int device = descriptors[i].location.id;
+    if (descriptors[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || !device_at(s, device))
+      return CUDA_ERROR_INVALID_DEVICE;
+    if (device == pool->device && descriptors[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+      return CUDA_ERROR_INVALID_VALUE;  // the pool's own device keeps its access
+    if (device != pool->device && !s.peer_access) return CUDA_ERROR_INVALID_DEVICE;
+  }
+  for (std::size_t i = 0; i < count; ++i) {
+    const int device = descriptors[i].location.id;
+    if (device == pool->device) continue;
+    if (descriptors[i].flags == 0)
+      pool->peers_granted.erase(device);
+    else
+      pool->peers_granted.insert(device);
+  }
+  return CUDA_SUCCESS;
 }
 
 SIM_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool handle, std::size_t) {
@@ -1703,6 +1737,23 @@ SIM_EXPORT CUresult cuModuleGetGlobal_v2(CUdeviceptr*, std::size_t*, CUmodule ha
   return CUDA_ERROR_NOT_FOUND;  // module globals are not simulated
 }
 
+namespace {
+// Whether kernels of `device` may use `memory`: its own device's memory; a peer's
+// cuMemAlloc memory once peer access is enabled; a driver pool's and mapped
+// memory only where granted (cuMemPoolSetAccess, cuMemSetAccess), as on a GPU.
+// Host and managed memory, and memory opened from another process, every device may use.
+bool reachable_from(const State& s, const Allocation& memory, int device) {
+  switch (memory.kind) {
+    case AllocationKind::Device:
+      if (memory.device == device) return true;
+      if (memory.pool) return memory.pool->peers_granted.count(device) != 0;
+      return s.devices[device]->peers_enabled.count(memory.device) != 0;
+    case AllocationKind::VirtualMapping: return memory.granted.count(device) != 0;
+    default: return true;
+  }
+}
+}  // namespace
+
 SIM_EXPORT CUresult cuLaunchKernel(CUfunction handle, unsigned, unsigned, unsigned, unsigned, unsigned,
                                    unsigned, unsigned, CUstream stream, void** params, void** extra) {
   SIM_BEGIN(cuLaunchKernel);
@@ -1715,13 +1766,29 @@ SIM_EXPORT CUresult cuLaunchKernel(CUfunction handle, unsigned, unsigned, unsign
     return CUDA_ERROR_NOT_SUPPORTED;
   }
   if (!params && !kernel->parameter_sizes.empty()) return CUDA_ERROR_INVALID_VALUE;
+  CUresult error = CUDA_SUCCESS;
+  const auto queue = resolve_stream(s, stream, &error);
+  if (!queue) return error;
   // Parameters are copied now: the caller may reuse its storage at once.
   std::vector<std::vector<char>> copies;
   for (std::size_t i = 0; i < kernel->parameter_sizes.size(); ++i) {
     const char* bytes = static_cast<const char*>(params[i]);
     copies.emplace_back(bytes, bytes + kernel->parameter_sizes[i]);
+    std::uintptr_t address = 0;
+    if (copies.back().size() != sizeof address) continue;
+    std::memcpy(&address, bytes, sizeof address);
+    const int device = queue->context()->device->ordinal;
+    if (const Allocation* memory = s.find(address); memory && !reachable_from(s, *memory, device)) {
+      // A GPU faults in the kernel, and the error comes at the next synchronisation.
+      std::fprintf(stderr,
+                   "cuemm simulated driver: kernel '%s' on device %d was given %#llx, memory of device %d "
+                   "that device %d may not use\n",
+                   function->name.c_str(), device, static_cast<unsigned long long>(address), memory->device, device);
+      return CUDA_ERROR_ILLEGAL_ADDRESS;
+    }
   }
-  return run_on_stream(s, stream, [kernel, copies = std::move(copies)] { kernel->run(copies); });
+  submit(queue, [kernel, copies = std::move(copies)] { kernel->run(copies); });
+  return CUDA_SUCCESS;
 }
 
 SIM_EXPORT CUresult cuFuncGetAttribute(int* value, int attribute, CUfunction handle) {

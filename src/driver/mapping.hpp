@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "cuemm/driver/driver.hpp"
+#include "driver/peer_access.hpp"
 
 namespace cuemm::driver {
 
@@ -15,16 +17,15 @@ struct MappingResult {
   explicit operator bool() const noexcept { return result == cuda::CUDA_SUCCESS; }
 };
 
-// Maps `bytes` of `handle` at `address` and lets `device` read and write
-// them. On failure nothing is left mapped; `handle` stays the caller's either way.
+// Maps `bytes` of `handle` at `address` with `access` (read_write_access_with_peers()).
+// On failure nothing is left mapped; `handle` stays the caller's either way.
 inline MappingResult map_read_write(cuda::CUdeviceptr address, std::size_t bytes,
-                                    cuda::CUmemGenericAllocationHandle handle, int device) noexcept {
+                                    cuda::CUmemGenericAllocationHandle handle,
+                                    const std::vector<cuda::CUmemAccessDesc>& access) noexcept {
   if (const cuda::CUresult mapped = CUEMM_CU_RESULT(cuMemMap, address, bytes, 0, handle, 0);
       mapped != cuda::CUDA_SUCCESS)
     return {mapped, "cuMemMap"};
-  const cuda::CUmemAccessDesc access{{cuda::CU_MEM_LOCATION_TYPE_DEVICE, device},
-                                     cuda::CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-  if (const cuda::CUresult allowed = CUEMM_CU_RESULT(cuMemSetAccess, address, bytes, &access, 1);
+  if (const cuda::CUresult allowed = CUEMM_CU_RESULT(cuMemSetAccess, address, bytes, access.data(), access.size());
       allowed != cuda::CUDA_SUCCESS) {
     CUEMM_CU_RESULT(cuMemUnmap, address, bytes);
     return {allowed, "cuMemSetAccess"};

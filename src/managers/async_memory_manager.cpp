@@ -10,6 +10,7 @@
 #include "cuemm/memory/detail/recycling_allocator.hpp"
 #include "cuemm/runtime/context.hpp"
 #include "cuemm/runtime/device.hpp"
+#include "driver/peer_access.hpp"
 #include "memory/descriptor_passing.hpp"
 #include "util/environment.hpp"
 #include "util/hex_address.hpp"
@@ -74,6 +75,16 @@ cuda::CUmemoryPool AsyncMemoryManager::pool() {
                                                     &threshold)) {
     CUEMM_CU_RESULT(cuMemPoolDestroy, pool);
     driver::check(result, "cuMemPoolSetAttribute");
+  }
+  // Peers reach a driver pool only where it was granted to them (Note [Peer access]).
+  try {
+    if (const std::vector<int> peers = driver::peers_with_access_to(ctx.device().id()); !peers.empty()) {
+      const std::vector<cuda::CUmemAccessDesc> access = driver::read_write_access(peers);
+      CUEMM_CU(cuMemPoolSetAccess, pool, access.data(), access.size());
+    }
+  } catch (...) {
+    CUEMM_CU_RESULT(cuMemPoolDestroy, pool);
+    throw;
   }
   pool_.store(pool, std::memory_order_release);
   return pool;

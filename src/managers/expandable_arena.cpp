@@ -25,6 +25,7 @@ cuda::CUmemAllocationProp ExpandableArena::properties() const noexcept {
 
 void ExpandableArena::reserve(std::size_t bytes) {
   if (base_) return;
+  access_ = driver::read_write_access_with_peers(device_);
   int shareable = 0;
   shareable_ = CUEMM_CU_RESULT(cuDeviceGetAttribute, &shareable,
                                cuda::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
@@ -51,7 +52,7 @@ bool ExpandableArena::grow(std::size_t bytes) {
   const cuda::CUresult created = CUEMM_CU_RESULT(cuMemCreate, &handle, bytes, &wanted, 0);
   if (created == cuda::CUDA_ERROR_OUT_OF_MEMORY) return false;
   if (created != cuda::CUDA_SUCCESS) driver::throw_allocation_error(created, "cuMemCreate", bytes);
-  if (const driver::MappingResult mapped = driver::map_read_write(base_ + mapped_, bytes, handle, device_); !mapped) {
+  if (const driver::MappingResult mapped = driver::map_read_write(base_ + mapped_, bytes, handle, access_); !mapped) {
     CUEMM_CU_RESULT(cuMemRelease, handle);
     if (mapped.result == cuda::CUDA_ERROR_OUT_OF_MEMORY) return false;
     driver::throw_allocation_error(mapped.result, mapped.call, bytes);

@@ -65,10 +65,12 @@ T take(const std::uint8_t*& cursor) {
 }
 
 // The exporter's pieces, imported and mapped side by side into addresses of
-// this process, readable and writable by `context`'s device. The mapping keeps
-// the memory: each imported handle is released once mapped.
-std::shared_ptr<MemoryPointer> map_pieces(Context& context, const MappedExport& exported) {
+// this process, readable and writable by their device `source` and its peers,
+// as in the exporter's arena (Note [Peer access]); `context` is source's or a
+// peer's. The mapping keeps the memory: each imported handle is released once mapped.
+std::shared_ptr<MemoryPointer> map_pieces(Context& context, const MappedExport& exported, int source) {
   ScopedContext scope(context);
+  const std::vector<cuda::CUmemAccessDesc> access = driver::read_write_access_with_peers(source);
   std::size_t total = 0;
   for (const MappedExport::Piece& piece : exported.pieces) total += piece.size;
   cuda::CUdeviceptr base = 0;
@@ -93,7 +95,7 @@ std::shared_ptr<MemoryPointer> map_pieces(Context& context, const MappedExport& 
                  reinterpret_cast<void*>(static_cast<std::intptr_t>(descriptor.get())),
                  cuda::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
       }
-      const driver::MappingResult result = driver::map_read_write(base + at, piece.size, handle, context.device().id());
+      const driver::MappingResult result = driver::map_read_write(base + at, piece.size, handle, access);
       CUEMM_CU_RESULT(cuMemRelease, handle);  // the mapping, if made, keeps the memory
       driver::check(result.result, result.call);
       mapped.push_back(piece.size);
@@ -289,12 +291,17 @@ std::shared_ptr<MemoryPointer> IpcHandle::open(Context& context) {
                        "); only another process can open it");
     }
   }
-  if (!source_info_ || *source_info_ == context.device().identity()) return open_direct(context);
+  // As Numba's IpcHandle: a device maps its own memory and a peer's it can
+  // access (Note [Peer access]); any other device gets a copy staged through the source.
+  if (!source_info_ || *source_info_ == context.device().identity() ||
+      context.device().can_access_peer(Device::from_identity(*source_info_)))
+    return open_direct(context);
   return open_staged(context);
 }
 
 std::shared_ptr<MemoryPointer> IpcHandle::map_into(Context& context) {
-  if (mapped_export_) return map_pieces(context, *mapped_export_);
+  const int source = source_info_ ? Device::from_identity(*source_info_).id() : context.device().id();
+  if (mapped_export_) return map_pieces(context, *mapped_export_, source);
   if (!pool_export_) {
     // A damaged or forged handle may claim more than the exporter's allocation.
     std::shared_ptr<MemoryPointer> opened = context.open_ipc_handle(handle_, offset_ + size_);
@@ -319,8 +326,15 @@ std::shared_ptr<MemoryPointer> IpcHandle::map_into(Context& context) {
            cuda::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
   cuda::CUdeviceptr pointer = 0;
   PoolExport exported = *pool_export_;
-  if (const cuda::CUresult result = CUEMM_CU_RESULT(cuMemPoolImportPointer, &pointer, pool, &exported.data);
-      result != cuda::CUDA_SUCCESS) {
+  cuda::CUresult result = cuda::CUDA_SUCCESS;
+  if (context.device().id() != source) {  // a peer reaches a pool's blocks only where granted
+    const std::vector<cuda::CUmemAccessDesc> access = driver::read_write_access({context.device().id()});
+    if ((result = CUEMM_CU_RESULT(cuMemPoolSetAccess, pool, access.data(), access.size()))) {
+      CUEMM_CU_RESULT(cuMemPoolDestroy, pool);
+      driver::check(result, "cuMemPoolSetAccess");
+    }
+  }
+  if ((result = CUEMM_CU_RESULT(cuMemPoolImportPointer, &pointer, pool, &exported.data))) {
     CUEMM_CU_RESULT(cuMemPoolDestroy, pool);
     driver::check(result, "cuMemPoolImportPointer");
   }

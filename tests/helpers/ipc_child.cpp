@@ -4,10 +4,13 @@
 //   Opens the serialised handle HEX in device DEVICE's primary context, checks
 //   that it holds COUNT uint32 values FIRST, FIRST+1, ..., checks that a second
 //   open and a close of an unopened handle are refused, and, in mode "direct",
-//   writes value+1000 back so the exporter can see the memory is shared.
+//   adds 1000 to each with a kernel of DEVICE (a peer's, where DEVICE is not
+//   the memory's) so the exporter can see the memory is shared.
 //   Exit status 0 means every check held; otherwise stderr says which failed.
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -46,8 +49,15 @@ int main(int argc, char** argv) {
     } catch (const StateError&) {
     }
     if (mode == "direct") {
-      for (auto& value : values) value += 1000;
-      array.copy_to_device(values);
+      std::ifstream file(CUEMM_TEST_KERNELS_PTX);
+      std::stringstream ptx;
+      ptx << file.rdbuf();
+      ScopedContext scope(context);
+      Module module = context.load_module(ptx.str());
+      Stream stream = context.create_stream();
+      const std::uint64_t words = count;
+      module.function("cuemm_add_u32").launch({64}, {256}, stream, array.device_pointer(), 1000u, words);
+      stream.synchronize();
     }
     handle.close();
     try {

@@ -80,6 +80,25 @@ std::string why_no_staging() {
   return "";
 }
 
+// Why a peer's direct open cannot be tried here; empty when it can.
+std::string why_no_peer_open() {
+  if (Device::count() < 2) return "needs two devices (the simulated driver gives two with CUEMM_SIM_DEVICES=2)";
+  if (!Device::get(1).can_access_peer(Device::get(0)))
+    return "device 1 cannot access device 0's memory (the simulated driver's devices are peers with "
+           "CUEMM_SIM_PEER_ACCESS=1)";
+  return "";
+}
+
+// Whether `array`'s words read first + 1000, first + 1001, ...: the child's kernel ran on them.
+::testing::AssertionResult holds_the_childs_sums(const DeviceArray<std::uint32_t>& array, std::uint32_t first) {
+  const std::vector<std::uint32_t> after = array.copy_to_host();
+  for (std::size_t i = 0; i < after.size(); ++i) {
+    if (after[i] != first + 1000 + i)
+      return ::testing::AssertionFailure() << "word " << i << " reads " << after[i] << ": the child's write is not visible";
+  }
+  return ::testing::AssertionSuccess();
+}
+
 class Ipc : public ::testing::Test {
  protected:
   Context& context = current_context();
@@ -222,6 +241,31 @@ TEST_F(Ipc, AStreamOrderedPoolsHandleWhoseExporterHasExitedSaysSo) {
   EXPECT_FALSE(handle.is_open());
 }
 
+// A device that can access the source device maps the memory itself, as
+// Numba's IpcHandle does, rather than get a copy: its kernels write the
+// exporter's memory (Note [Peer access]). One test for each kind of handle.
+TEST_F(Ipc, APeerDeviceOpensADriverHandleDirectly) {
+  if (const std::string why = why_no_peer_open(); !why.empty()) GTEST_SKIP() << why;
+  const std::size_t count = 1000;
+  auto memory = context.memalloc(count * sizeof(std::uint32_t) + 512);
+  DeviceArray<std::uint32_t> array = counting_array(memory->view(512), count, 20);
+  ASSERT_TRUE(child_succeeds(context.get_ipc_handle(memory->view(512)), 1, count, 20, "direct"));
+  EXPECT_TRUE(holds_the_childs_sums(array, 20));
+}
+
+TEST_F(Ipc, APeerDeviceOpensAnExportableStreamOrderedPoolsBlockDirectly) {
+  if (const std::string why = why_no_peer_open(); !why.empty()) GTEST_SKIP() << why;
+  AsyncOptions options;
+  options.exportable = true;
+  AsyncMemoryManager manager(&context, options);
+  manager.initialize();
+  const std::size_t count = 1000;
+  auto memory = manager.memalloc(count * sizeof(std::uint32_t));
+  DeviceArray<std::uint32_t> array = counting_array(memory, count, 30);
+  ASSERT_TRUE(child_succeeds(manager.get_ipc_handle(memory), 1, count, 30, "direct"));
+  EXPECT_TRUE(holds_the_childs_sums(array, 30));
+}
+
 TEST_F(Ipc, AnExportableStreamOrderedPoolsBlockOpensStagedOnADeviceThatCannotMapIt) {
   if (const std::string why = why_no_staging(); !why.empty()) GTEST_SKIP() << why;
   AsyncOptions options;
@@ -281,6 +325,15 @@ TEST_F(Ipc, AnExpandablePoolsBlockOpensStagedOnADeviceThatCannotMapIt) {
   const std::size_t count = (2 << 20) / sizeof(std::uint32_t);
   counting_array(arena.second, count, 9);
   EXPECT_TRUE(child_succeeds(arena.pool->get_ipc_handle(arena.second), 1, count, 9, "staged"));
+}
+
+TEST_F(Ipc, APeerDeviceOpensAnExpandablePoolsBlockDirectly) {
+  if (const std::string why = why_no_peer_open(); !why.empty()) GTEST_SKIP() << why;
+  ArenaStraddle arena(context);
+  const std::size_t count = (2 << 20) / sizeof(std::uint32_t);
+  DeviceArray<std::uint32_t> array = counting_array(arena.second, count, 40);
+  ASSERT_TRUE(child_succeeds(arena.pool->get_ipc_handle(arena.second), 1, count, 40, "direct"));
+  EXPECT_TRUE(holds_the_childs_sums(array, 40));
 }
 
 // Unmapping withdraws a mapping's descriptor: a handle kept past the block

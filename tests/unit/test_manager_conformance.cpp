@@ -51,6 +51,23 @@ struct LimitingOverStatisticsOverPool {
 
 bool i_mapped(std::uint64_t nth) { return nth % 2 == 1; }
 
+// Why a peer's kernels cannot be tried here; empty when they can.
+std::string why_no_peer() {
+  if (Device::count() < 2)
+    return "needs two devices (the simulated driver gives two that are peers with CUEMM_SIM_DEVICES=2 "
+           "CUEMM_SIM_PEER_ACCESS=1)";
+  if (!Device::get(1).can_access_peer(Device::get(0))) return "device 1 cannot access device 0's memory";
+  return "";
+}
+
+// Lets `user`'s kernels use memory of `owner`'s device, as a program does (the
+// driver keeps it for the process).
+void enable_peer_access(const Context& user, const Context& owner) {
+  ScopedContext scope(user);
+  const cuda::CUresult result = CUEMM_CU_RESULT(cuCtxEnablePeerAccess, owner.handle(), 0);
+  if (result != cuda::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) driver::check(result, "cuCtxEnablePeerAccess");
+}
+
 template <typename Maker>
 class Conformance : public ::testing::Test {
  protected:
@@ -135,6 +152,27 @@ TYPED_TEST(Conformance, ResetReleasesEverythingAndTheManagerWorksAfter) {
   auto memory = this->manager->memalloc(4096);
   auto values = this->fill(memory, 9);
   EXPECT_TRUE(this->holds(memory, values));
+}
+
+// Once a peer has enabled access, its kernels use the blocks as they would
+// cuMemAlloc's (Note [Peer access] in src/driver/peer_access.hpp): small,
+// class-sized and large enough for a segment of its own.
+TYPED_TEST(Conformance, APeerThatEnabledAccessCanUseTheBlocks) {
+  if (const std::string why = why_no_peer(); !why.empty()) GTEST_SKIP() << why;
+  Context& peer = Device::get(1).primary_context();
+  enable_peer_access(peer, this->context);
+  ScopedContext scope(peer);
+  Module module = peer.load_module(cuemm::testing::test_kernels_ptx());
+  Stream stream = peer.create_stream();
+  for (std::size_t size : {std::size_t{4096}, std::size_t{1} << 20, std::size_t{8} << 20}) {
+    auto memory = this->manager->memalloc(size);
+    std::vector<std::uint32_t> values = this->fill(memory, 5);
+    const std::uint64_t count = values.size();
+    module.function("cuemm_add_u32").launch({64}, {256}, stream, memory->device_pointer(), 7u, count);
+    stream.synchronize();
+    for (std::uint32_t& value : values) value += 7;
+    EXPECT_TRUE(this->holds(memory, values)) << size << " bytes, added to by device 1's kernel";
+  }
 }
 
 TYPED_TEST(Conformance, ThreadStormsKeepEveryBlocksContents) {

@@ -270,6 +270,8 @@ inline bool is_default_stream(CUstream stream) noexcept {
   X(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", (CUmemoryPool pool, int attribute, void* value)) \
   X(cuMemPoolGetAttribute, "cuMemPoolGetAttribute", (CUmemoryPool pool, int attribute, void* value)) \
   X(cuMemPoolTrimTo, "cuMemPoolTrimTo", (CUmemoryPool pool, std::size_t keep_bytes))               \
+  X(cuMemPoolSetAccess, "cuMemPoolSetAccess",                                                     \
+    (CUmemoryPool pool, const CUmemAccessDesc* descriptors, std::size_t count))                    \
   X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync",                                            \
     (CUdeviceptr * pointer, std::size_t bytes, CUmemoryPool pool, CUstream stream))                \
   X(cuMemFreeAsync, "cuMemFreeAsync", (CUdeviceptr pointer, CUstream stream))                      \

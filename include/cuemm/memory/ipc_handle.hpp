@@ -12,8 +12,9 @@
 //                                               ...; handle.close();
 //
 // open() maps the memory directly when the importer's device is the source
-// device, and otherwise stages it: the source device maps it and a copy is
-// made in a fresh allocation from the importing context's memory manager.
+// device or can access its memory (a peer, as Numba's IpcHandle decides), and
+// otherwise stages it: the source device maps it and a copy is made in a fresh
+// allocation from the importing context's memory manager.
 //
 // Two kinds of memory have no such driver handle. A block of a stream-ordered
 // pool created exportable: its handle carries the block's export data

@@ -17,6 +17,10 @@
 // offers to others (src/memory/descriptor_passing.hpp), and the importer maps
 // them side by side as here.
 //
+// Its memory is granted to every device that can access the arena's own, as
+// cuMemAlloc's would be once peer access is enabled (Note [Peer access] in
+// src/driver/mapping.hpp).
+//
 // Not thread-safe: the owner locks. The owner makes the context current.
 #pragma once
 
@@ -88,6 +92,8 @@ class ExpandableArena {
   std::size_t mapped_ = 0;
   std::size_t granularity_ = std::size_t{2} << 20;
   bool shareable_ = false;  // memory created as POSIX descriptors (set by reserve())
+  // The device and its peers, which every mapping is granted to (set by reserve(); src/driver/mapping.hpp).
+  std::vector<cuda::CUmemAccessDesc> access_;
   std::vector<Mapping> mappings_;  // by offset, side by side from 0
 };
 
