@@ -201,10 +201,12 @@ int main(int argc, char** argv) {
     int count = 0, one_to_zero = 0;
     if (cuInit(0) != CUDA_SUCCESS || cuDeviceGetCount(&count) != CUDA_SUCCESS || count < 2) {
       std::printf("needs two devices (found %d)\n", count);
+      std::fflush(stdout);
       _exit(3);
     }
     cuDeviceCanAccessPeer(&one_to_zero, 1, 0);
     std::printf("%d devices; device 1 can access device 0: %d\n", count, one_to_zero);
+    std::fflush(stdout);
     _exit(one_to_zero ? 0 : 3);
   }
   int status = 0;
