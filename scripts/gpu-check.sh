@@ -7,8 +7,10 @@
 #   2. the whole C++ suite on the real driver (CUEMM_DRIVER=cuda)
 #   3. the seed's example on the real driver
 #   4. the Python package: pytest, pip install of the package, numba-cuda's own suite with and
-#      without the cuemm plugin (tests/numba/compare_numba_cuda_suite.py), Numba allocation speed
+#      without the cuemm plugin (tests/numba/compare_numba_cuda_suite.py; on a machine of several
+#      GPUs also its multi-GPU tests under each device manager), Numba allocation speed
 #   5. the allocation benchmarks (Google Benchmark from .carry/benchmark: Debian's libbenchmark.so and headers)
+# CUEMM_GPU_TESTS_ONLY=1 stops after the tests, before any benchmark (for machines whose timings are not reported).
 # Prints a short summary last. Logs go to $OUT when it is set. CUEMM_COMMIT names the
 # commit measured where the machine's copy has no up-to-date git history.
 set -uo pipefail
@@ -119,6 +121,8 @@ if [ $python_checks = 1 ]; then
     done
   fi
   phase_done numba-cuda-suites
+  # CUEMM_GPU_TESTS_ONLY=1: the checks above, without the benchmarks (a machine whose timings are not reported).
+  [ "${CUEMM_GPU_TESTS_ONLY:-0}" = 1 ] && finish
   # Two rounds of separate processes (about 40 s less than three: the run of
   # 66ec2ed took 575 of the device's 600 s); the interleaved figures are the ones held to bounds.
   (cd /tmp && "$python" "$root/bench/bench_numba.py" --cuemm "$build/python" --rounds 2 --out "$logs/bench_numba.json") \
@@ -133,7 +137,6 @@ if [ $python_checks = 1 ]; then
   phase_done numba-benchmark
 fi
 
-# CUEMM_GPU_TESTS_ONLY=1: the checks above, without the benchmarks (a machine whose timings are not reported).
 [ "${CUEMM_GPU_TESTS_ONLY:-0}" = 1 ] && finish
 
 anchors=()
