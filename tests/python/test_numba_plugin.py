@@ -215,6 +215,39 @@ def test_the_expandable_pool_serves_numba(run_python):
     """)
 
 
+@pytest.mark.parametrize("setting", [{}, {"CUEMM_POOL_EXPANDABLE": "1"}, {"CUEMM_MEMORY_MANAGER": "async"}],
+                         ids=["pool", "expandable", "async"])
+def test_each_gpu_allocates_from_its_own_manager_and_arrays_copy_between_them(run_python, setting):
+    # Two simulated devices here (peers, as two GPUs of one host usually are);
+    # on a GPU machine, whatever it has.
+    out = run_python("""
+        import numpy as np
+        from numba import cuda
+        import cuemm
+        if len(cuda.gpus) < 2:
+            print("only one device")
+            raise SystemExit(0)
+        host = np.arange(100_000, dtype=np.int32)
+        arrays = []
+        for i in range(2):
+            with cuda.gpus[i]:
+                assert type(cuda.current_context().memory_manager).__name__ == "CuemmNumbaManager"
+                arrays.append(cuda.to_device(host + i))
+                assert cuemm.statistics(i)["device"]["current_count"] == 1, cuemm.statistics(i)
+        for i in range(2):
+            with cuda.gpus[i]:
+                assert (arrays[i].copy_to_host() == host + i).all()
+        with cuda.gpus[0]:   # from GPU 0's context into GPU 1's array (numba-cuda's peer copy)
+            arrays[1].copy_to_device(arrays[0])
+        with cuda.gpus[1]:
+            assert (arrays[1].copy_to_host() == host).all()
+        print("two devices ok")
+    """, CUEMM_SIM_DEVICES=2, CUEMM_SIM_PEER_ACCESS=1, **PLUGIN, **setting)
+    if "only one device" in out:
+        pytest.skip("needs two devices (this GPU machine has one)")
+    assert "two devices ok" in out
+
+
 def test_the_expandable_pools_arena_blocks_open_in_another_process(run_python, tmp_path):
     # Arena memory has no driver handle: cuemm's own IpcHandle names its mappings.
     out = share_with_a_child(run_python, tmp_path, setup="""
