@@ -12,7 +12,11 @@
 // granted to every device that can access their own one (cuDeviceCanAccessPeer),
 // whether or not a context enables it: no call of the program's to
 // cuCtxEnablePeerAccess reaches the manager. (PyTorch grants its expandable
-// segments to a peer when its own enablePeerAccess runs.)
+// segments to a peer when its own enablePeerAccess runs.) What a block's free
+// waits for is work on its own device: a program whose peer still uses the
+// block synchronises with the peer before it frees it, as it would before
+// cuMemFree (which waits for its own device only) or under PyTorch's
+// allocator.
 #pragma once
 
 #include <vector>
