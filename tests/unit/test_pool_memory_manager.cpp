@@ -385,6 +385,57 @@ TEST_F(Pool, LargeBlocksKeepTheirContentsAcrossThreads) {
   EXPECT_EQ(pool.statistics().reserved_bytes, 0u) << "a block was lost on the way";
 }
 
+// Each thread has a cache in each pool it uses (src/util/thread_slots.hpp):
+// threads that take blocks from two pools, one per device where there are two,
+// and free each other's, give every block back to the pool it came from.
+TEST_F(Pool, ThreadsSharingTwoPoolsGiveEachBlockBackToItsOwnPool) {
+  Context& other = Device::count() >= 2 ? Device::get(1).primary_context() : context;
+  PoolMemoryManager first(&context);
+  PoolMemoryManager second(&other);
+  first.initialize();
+  second.initialize();
+  PoolMemoryManager* pools[] = {&first, &second};
+  std::mutex mutex;
+  std::vector<std::shared_ptr<MemoryPointer>> handed_over;
+  std::atomic<int> corrupted{0};
+  std::vector<std::thread> threads;
+  for (std::uint32_t t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 random(t + 100);
+      std::vector<std::shared_ptr<MemoryPointer>> mine;
+      for (std::uint32_t step = 0; step < 300; ++step) {
+        PoolMemoryManager& pool = *pools[random() % 2];
+        ScopedContext scope(pool.context());
+        // Mostly sizes that the thread caches keep; now and then one with a segment of its own.
+        const std::size_t size = random() % 16 == 0 ? (std::size_t{5} << 20) : 256 * (1 + random() % 1024);
+        auto memory = pool.memalloc(size);
+        const std::uint32_t value = t * 100000 + step;
+        CUEMM_CU(cuMemsetD32, memory->device_pointer(), value, size / 4);
+        mine.push_back(std::move(memory));
+        if (mine.size() > 8) {  // check and free the oldest, or hand it to another thread
+          std::shared_ptr<MemoryPointer> oldest = std::move(mine.front());
+          mine.erase(mine.begin());
+          std::uint32_t words[2] = {};
+          CUEMM_CU(cuMemcpyDtoH, &words[0], oldest->device_pointer(), 4);
+          CUEMM_CU(cuMemcpyDtoH, &words[1], oldest->device_pointer() + oldest->size() - 4, 4);
+          if (words[0] != words[1] || words[0] / 100000 != t) corrupted.fetch_add(1);
+          std::lock_guard lock(mutex);
+          if (random() % 2) handed_over.push_back(std::move(oldest));
+          if (random() % 8 == 0) handed_over.clear();  // this thread frees others' blocks
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  handed_over.clear();
+  EXPECT_EQ(corrupted, 0) << "a block was handed out twice";
+  for (PoolMemoryManager* pool : pools) {
+    EXPECT_EQ(pool->statistics().in_use_bytes, 0u);
+    pool->trim();
+    EXPECT_EQ(pool->statistics().reserved_bytes, 0u) << "a block went back to the other pool, or was lost";
+  }
+}
+
 TEST_F(Pool, IpcHandlesOfBlocksCarryTheirOffsetInTheSegment) {
   PoolMemoryManager pool(&context);
   pool.initialize();
