@@ -3,7 +3,9 @@
 //   cuemm info                               driver, devices, managers
 //   cuemm replay LOG.csv [--manager NAME]    replays an allocation log (the CSV of
 //                                            LoggingAdaptor, or of RMM's
-//                                            logging_resource_adaptor) against a manager
+//                                            logging_resource_adaptor) against a manager;
+//                                            a log of several devices, each device's rows
+//                                            against a manager of its own on that device
 //   cuemm random [--manager NAME] [--max-size BYTES] [--operations N] [--seed S]
 //                [--threads T]               a random mix of allocations and frees
 //                                            (from T threads side by side, each its own)
@@ -23,6 +25,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -48,6 +51,7 @@ struct Operation {
   std::size_t size;
   double time;       // seconds, from the log (0 for generated workloads)
   bool device;       // device memory (else host, replayed as pinned memory)
+  int ordinal = 0;   // the device it was made on
 };
 
 std::vector<LoggedEvent> read_log_events(const std::string& path) {
@@ -60,7 +64,7 @@ std::vector<LoggedEvent> read_log_events(const std::string& path) {
 std::vector<Operation> read_log(const std::string& path) {
   std::vector<Operation> operations;
   for (const LoggedEvent& event : read_log_events(path))
-    operations.push_back({event.allocate, event.id, event.size, event.time, event.kind != LoggedKind::Host});
+    operations.push_back({event.allocate, event.id, event.size, event.time, event.kind != LoggedKind::Host, event.device});
   return operations;
 }
 
@@ -99,8 +103,8 @@ void raise_to(std::atomic<std::size_t>& peak, std::size_t value) {
 
 // Replays each list of operations on a thread of its own, side by side (one
 // list: on this thread); live bytes are those of all lists together.
-ReplayReport replay(const std::vector<std::vector<Operation>>& lists, const std::string& manager_name, bool tracing) {
-  Context& context = current_context();
+ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& context, const std::string& manager_name,
+                    bool tracing) {
   auto manager = make_bundled_memory_manager(manager_name, &context);
   manager->initialize();
   auto* pool = dynamic_cast<PoolMemoryManager*>(manager.get());
@@ -169,7 +173,9 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, const std:
   return report;
 }
 
-void print(const ReplayReport& report, const std::string& manager) {
+// `prefix` begins each line (which device, for a log of several).
+void print(const ReplayReport& report, const std::string& manager, const std::string& prefix = "") {
+  std::printf("%s", prefix.c_str());
   if (report.operations == 0) {
     std::printf("manager %s: 0 operations (the log holds no allocation or free it can replay)", manager.c_str());
   } else {
@@ -180,10 +186,33 @@ void print(const ReplayReport& report, const std::string& manager) {
     std::printf("; %zu seal(s), %zu driver allocation(s), %zu driver free(s)", report.pool->seals,
                 report.pool->driver_allocations, report.pool->driver_frees);
   }
-  std::printf("\n");
-  std::printf("peak live %s, peak reserved %s: reserved/live %.3f\n", describe_bytes(report.peak_live).c_str(),
+  std::printf("\n%speak live %s, peak reserved %s: reserved/live %.3f\n", prefix.c_str(),
+              describe_bytes(report.peak_live).c_str(),
               describe_bytes(report.peak_reserved).c_str(),
               report.peak_live ? static_cast<double>(report.peak_reserved) / report.peak_live : 0.0);
+}
+
+// Replays a log's rows; a log of several devices, each device's rows against
+// a manager of its own on that device, one device after another. (A log of one
+// device replays on the current one, whichever device it was.)
+void replay_by_device(const std::vector<Operation>& operations, const std::string& manager, bool tracing) {
+  std::map<int, std::vector<Operation>> by_device;
+  for (const Operation& operation : operations) by_device[operation.ordinal].push_back(operation);
+  if (by_device.size() <= 1) {
+    print(replay({operations}, current_context(), manager, tracing), manager);
+    return;
+  }
+  const int count = Device::count();
+  for (const auto& [ordinal, rows] : by_device) {
+    if (ordinal >= count) {
+      throw InvalidArgument("the log has rows of device " + std::to_string(ordinal) + ", but the driver has " +
+                            std::to_string(count) + " device(s) (the simulated driver has more with CUEMM_SIM_DEVICES)");
+    }
+  }
+  for (const auto& [ordinal, rows] : by_device) {
+    print(replay({rows}, Device::get(ordinal).primary_context(), manager, tracing), manager,
+          "device " + std::to_string(ordinal) + ": ");
+  }
 }
 
 // To stderr with status 2 after a mistake; to stdout with status 0 when asked for (--help).
@@ -240,10 +269,10 @@ int run(std::vector<std::string> args) {
       std::vector<std::vector<Operation>> lists;
       for (std::size_t t = 0; t < threads; ++t)
         lists.push_back(random_workload(max_size, count, live / threads, seed + static_cast<unsigned>(t)));
-      print(replay(lists, manager, tracing), manager);
+      print(replay(lists, current_context(), manager, tracing), manager);
       return 0;
     }
-    print(replay({operations}, manager, tracing), manager);
+    replay_by_device(operations, manager, tracing);
     return 0;
   }
   if (command == "bench") return tool::bench_command(std::move(args));

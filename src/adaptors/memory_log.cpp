@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <tuple>
 #include <utility>
 
 #include "cuemm/error.hpp"
@@ -114,8 +115,9 @@ std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& so
                        kRmmActions.end()}
           : LogColumns{column("Event Type"), column("Address"), column("Size (bytes)"), column("End"),
                        kEventTypes.begin(), kEventTypes.end()};
+  const std::size_t device_column = rmm ? header.size() : find("Device ID");  // (optional)
   std::vector<LoggedEvent> events;
-  std::map<std::pair<LoggedKind, std::string>, std::uint64_t> live;
+  std::map<std::tuple<int, LoggedKind, std::string>, std::uint64_t> live;
   std::uint64_t next = 0;
   for (int row = 2; std::getline(in, line); ++row) {
     if (line.empty() || line == "\r") continue;
@@ -134,10 +136,16 @@ std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& so
       throw InvalidArgument(where + ": the time '" + fields[columns.time] + "' is neither seconds nor H:M:S");
     }
     event.time = *seconds;
+    if (device_column < header.size()) {
+      const auto device = util::parse_whole_number(fields[device_column]);
+      if (!device || *device > 1 << 20)
+        throw InvalidArgument(where + ": the device ID '" + fields[device_column] + "' is not a device ordinal");
+      event.device = static_cast<int>(*device);
+    }
     // A zero-byte allocation holds no memory (and managers refuse one): the
     // row and the free of its address are left out.
     if (event.size == 0 && event.allocate) continue;
-    const auto key = std::make_pair(event.kind, fields[columns.address]);
+    const auto key = std::make_tuple(event.device, event.kind, fields[columns.address]);
     if (event.allocate) {
       event.id = live[key] = next++;
     } else if (auto it = live.find(key); it != live.end()) {

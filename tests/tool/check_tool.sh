@@ -41,6 +41,21 @@ printf 'Thread,Time,Action,Pointer,Size,Stream\n1,10.5,allocate,0x7f0000000000,3
 "$tool" replay "$work/rmm.csv" --manager pool >"$work/rmm.txt"
 grep -q "2 operations" "$work/rmm.txt"
 grep -q "peak live 2.93 KiB" "$work/rmm.txt"
+# A log of two devices replays each device's rows on that device, where the driver has two.
+head -1 "$work/made.csv" >"$work/two.csv"
+printf 'Alloc,0,0x1000,0,3000,0,0,1,0.1,0.11,0,\nAlloc,1,0x1000,0,5000,0,0,1,0.2,0.21,0,\nAlloc,1,0x9000,0,7000,0,0,2,0.3,0.31,0,\nFree,1,0x1000,0,5000,0,0,1,0.4,0.41,0,\n' \
+  >>"$work/two.csv"
+devices=$(CUEMM_SIM_DEVICES=2 "$tool" info 2>/dev/null | grep -c '^device [0-9]*: ')
+if [ "$devices" -ge 2 ]; then  # (two GPUs, or the simulated driver's two)
+  CUEMM_SIM_DEVICES=2 "$tool" replay "$work/two.csv" --manager pool >"$work/two.txt"
+  grep -q "^device 0: manager pool: 1 operations" "$work/two.txt"
+  grep -q "^device 1: manager pool: 3 operations" "$work/two.txt"
+  grep -q "^device 1: peak live 11.72 KiB" "$work/two.txt"
+fi
+if [ "$("$tool" info 2>/dev/null | grep -c '^device [0-9]*: ')" = 1 ]; then
+  if "$tool" replay "$work/two.csv" 2>"$work/error.txt"; then exit 1; fi
+  grep -q "the log has rows of device 1, but the driver has 1 device(s)" "$work/error.txt"
+fi
 "$tool" plot "$work/made.csv" "$work/plot.svg" >/dev/null
 grep -q "<polyline" "$work/plot.svg"
 if "$tool" replay "$work/missing.csv" 2>"$work/error.txt"; then exit 1; fi

@@ -329,6 +329,23 @@ TEST_F(Adaptors, ALogReadsBackAndDrawsEachKind) {
   EXPECT_EQ(kept[0].size, 64u);
 }
 
+// A log of several devices: each row keeps its device, and a free pairs with
+// the allocation of its own device (addresses may repeat across devices).
+TEST(MemoryLog, RowsKeepTheirDeviceAndPairOnIt) {
+  std::istringstream two(std::string(LoggingAdaptor::header()) +
+                         "\nAlloc,0,0x10,0,64,0,0,1,0,1,0,\nAlloc,1,0x10,0,128,0,0,1,0,2,0,"
+                         "\nFree,1,0x10,0,128,0,0,0,0,3,0,\nFree,0,0x10,0,64,0,0,0,0,4,0,\n");
+  const std::vector<LoggedEvent> events = read_memory_log(two, "two.csv");
+  ASSERT_EQ(events.size(), 4u);
+  EXPECT_EQ(events[0].device, 0);
+  EXPECT_EQ(events[1].device, 1);
+  EXPECT_NE(events[0].id, events[1].id);
+  EXPECT_EQ(events[2].id, events[1].id) << "device 1's free paired with device 0's block";
+  EXPECT_EQ(events[3].id, events[0].id);
+  std::istringstream bad(std::string(LoggingAdaptor::header()) + "\nAlloc,gpu,0x10,0,64,0,0,1,0,1,0,\n");
+  EXPECT_TRUE(throws<InvalidArgument>([&] { read_memory_log(bad, "bad.csv"); }, "bad.csv:2", "device ID 'gpu'"));
+}
+
 // RMM's logging_resource_adaptor writes Thread,Time,Action,Pointer,Size,Stream:
 // its logs replay too, with times in seconds or as a time of day.
 TEST(MemoryLog, RmmsLogsAreReadAsDeviceEvents) {

@@ -24,10 +24,12 @@ struct LoggedEvent {
   std::uint64_t id;  // pairs a free with its allocation (matched by kind and address)
   std::size_t size;
   double time;       // the row's End column (RMM's: Time), in seconds
+  int device = 0;    // the Device ID column (RMM's logs have none: 0)
 };
 
 // The Alloc/Free rows of a log (RMM's: allocate/deallocate), in order;
-// other rows and frees of addresses the log never allocated are skipped.
+// other rows and frees of addresses the log never allocated (on that
+// device) are skipped.
 // Throws InvalidArgument naming `source` (and the row) when the text is
 // neither log.
 std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& source);
