@@ -1769,6 +1769,7 @@ SIM_EXPORT CUresult cuLaunchKernel(CUfunction handle, unsigned, unsigned, unsign
   CUresult error = CUDA_SUCCESS;
   const auto queue = resolve_stream(s, stream, &error);
   if (!queue) return error;
+  const int device = queue->context()->device->ordinal;
   // Parameters are copied now: the caller may reuse its storage at once.
   std::vector<std::vector<char>> copies;
   for (std::size_t i = 0; i < kernel->parameter_sizes.size(); ++i) {
@@ -1777,7 +1778,6 @@ SIM_EXPORT CUresult cuLaunchKernel(CUfunction handle, unsigned, unsigned, unsign
     std::uintptr_t address = 0;
     if (copies.back().size() != sizeof address) continue;
     std::memcpy(&address, bytes, sizeof address);
-    const int device = queue->context()->device->ordinal;
     if (const Allocation* memory = s.find(address); memory && !reachable_from(s, *memory, device)) {
       // A GPU faults in the kernel, and the error comes at the next synchronisation.
       std::fprintf(stderr,
