@@ -241,8 +241,14 @@ int run(std::vector<std::string> args) {
     for (int i = 0; i < Device::count(); ++i) {
       Device& device = Device::get(i);
       const MemoryInfo memory = driver_memory_info(device.primary_context());
-      std::printf("device %d: %s, %s total, %s free\n", i, device.name().c_str(), describe_bytes(memory.total).c_str(),
+      std::printf("device %d: %s, %s total, %s free", i, device.name().c_str(), describe_bytes(memory.total).c_str(),
                   describe_bytes(memory.free).c_str());
+      // The devices whose memory its kernels can use once peer access is enabled (Note [Peer access]).
+      std::string peers;
+      for (int j = 0; j < Device::count(); ++j) {
+        if (j != i && device.can_access_peer(Device::get(j))) peers += (peers.empty() ? "" : ", ") + std::to_string(j);
+      }
+      std::printf("%s\n", peers.empty() ? "" : ("; can access the memory of device(s) " + peers).c_str());
     }
     std::printf("manager for new contexts: %s; bundled: ", memory_manager_name().c_str());
     for (const auto& name : bundled_memory_managers()) std::printf("%s ", name.c_str());

@@ -46,6 +46,11 @@ head -1 "$work/made.csv" >"$work/two.csv"
 printf 'Alloc,0,0x1000,0,3000,0,0,1,0.1,0.11,0,\nAlloc,1,0x1000,0,5000,0,0,1,0.2,0.21,0,\nAlloc,1,0x9000,0,7000,0,0,2,0.3,0.31,0,\nFree,1,0x1000,0,5000,0,0,1,0.4,0.41,0,\n' \
   >>"$work/two.csv"
 devices=$(CUEMM_SIM_DEVICES=2 "$tool" info 2>/dev/null | grep -c '^device [0-9]*: ')
+# Peers say so (two simulated devices that are).
+if [ "$devices" -ge 2 ] && CUEMM_SIM_DEVICES=2 CUEMM_SIM_PEER_ACCESS=1 "$tool" info 2>/dev/null | grep -q 'simulated'; then
+  CUEMM_SIM_DEVICES=2 CUEMM_SIM_PEER_ACCESS=1 "$tool" info >"$work/peers.txt"
+  grep -q "^device 1: .*; can access the memory of device(s) 0$" "$work/peers.txt"
+fi
 if [ "$devices" -ge 2 ]; then  # (two GPUs, or the simulated driver's two)
   CUEMM_SIM_DEVICES=2 "$tool" replay "$work/two.csv" --manager pool >"$work/two.txt"
   grep -q "^device 0: manager pool: 1 operations" "$work/two.txt"
