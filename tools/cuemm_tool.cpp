@@ -37,6 +37,7 @@
 #include "cuemm/cuemm.hpp"
 #include "random_workload.hpp"
 #include "tool_options.hpp"
+#include "util/atomic_max.hpp"
 
 namespace {
 
@@ -94,13 +95,6 @@ void trace_growth(std::size_t operation, std::size_t live_bytes, const PoolStati
               pool.free_blocks);
 }
 
-// Raises `peak` to `value` if it is higher (from any thread).
-void raise_to(std::atomic<std::size_t>& peak, std::size_t value) {
-  for (std::size_t seen = peak.load(std::memory_order_relaxed);
-       value > seen && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed);) {
-  }
-}
-
 // Replays each list of operations on a thread of its own, side by side (one
 // list: on this thread); live bytes are those of all lists together.
 ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& context, const std::string& manager_name,
@@ -137,10 +131,10 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
       const std::size_t operations = done.fetch_add(1) + 1;
       // Sampling the reserved bytes is not part of the timed work.
       const auto paused = std::chrono::steady_clock::now();
-      raise_to(peak_live, now);
+      util::raise_to(peak_live, now);
       const std::size_t reserved = reserved_now();
       if (tracing && pool && reserved > peak_reserved.load()) trace_growth(operations, now, pool->statistics());
-      raise_to(peak_reserved, reserved);
+      util::raise_to(peak_reserved, reserved);
       sampling[index] += std::chrono::duration<double>(std::chrono::steady_clock::now() - paused).count();
     }
     // What the list leaves live goes now, while other lists may still run

@@ -9,18 +9,13 @@
 #include "cuemm/error.hpp"
 #include "cuemm/managers/pool_memory_manager.hpp"
 #include "cuemm/threading/blocking_hook.hpp"
+#include "util/atomic_max.hpp"
 #include "util/owned_counter.hpp"
 #include "util/thread_slots.hpp"
 
 namespace cuemm {
 
 namespace {
-void raise_peak(std::atomic<std::int64_t>& peak, std::int64_t value) noexcept {
-  std::int64_t seen = peak.load(std::memory_order_relaxed);
-  while (value > seen && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
-  }
-}
-
 std::size_t non_negative(std::int64_t value) noexcept { return value > 0 ? static_cast<std::size_t>(value) : 0; }
 
 }  // namespace
@@ -111,8 +106,8 @@ struct StatisticsAdaptor::Counters : AllocationObserver, std::enable_shared_from
       own_count = util::add_own(shard->unpublished[k].count, count);
     }
     if (count > 0) {
-      raise_peak(peak[k].bytes, published[k].bytes.load(std::memory_order_relaxed) + own_bytes);
-      raise_peak(peak[k].count, published[k].count.load(std::memory_order_relaxed) + own_count);
+      util::raise_to(peak[k].bytes, published[k].bytes.load(std::memory_order_relaxed) + own_bytes);
+      util::raise_to(peak[k].count, published[k].count.load(std::memory_order_relaxed) + own_count);
     }
     if (!shard)
       add_published(k, bytes, count);
@@ -192,8 +187,8 @@ struct StatisticsAdaptor::Counters : AllocationObserver, std::enable_shared_from
       counts.current_bytes = non_negative(sums[k].first);
       counts.current_count = non_negative(sums[k].second);
       // What a read finds in use counts towards the peak too.
-      raise_peak(peak[k].bytes, sums[k].first);
-      raise_peak(peak[k].count, sums[k].second);
+      util::raise_to(peak[k].bytes, sums[k].first);
+      util::raise_to(peak[k].count, sums[k].second);
       counts.peak_bytes = non_negative(peak[k].bytes.load(std::memory_order_relaxed));
       counts.peak_count = non_negative(peak[k].count.load(std::memory_order_relaxed));
     }
