@@ -436,6 +436,24 @@ TEST_F(Pool, ThreadsSharingTwoPoolsGiveEachBlockBackToItsOwnPool) {
   }
 }
 
+// Spares and shared segments left empty go back before the pool's footprint
+// passes its peak: the peak of a program whose sizes change (a training
+// step's activations, then its gradients) is not the sum of its phases.
+TEST_F(Pool, SparesAndEmptySegmentsGoBackBeforeTheFootprintPassesItsPeak) {
+  PoolMemoryManager pool(&context, with_thread_cache(0));  // (a thread's cache keeps what it frees)
+  pool.initialize();
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  auto phase = [&](std::size_t size, int count) {
+    std::vector<std::shared_ptr<MemoryPointer>> blocks;
+    for (int i = 0; i < count; ++i) blocks.push_back(pool.memalloc(size));
+  };
+  phase(8 * kMiB, 6);      // 48 MiB in segments of their own, then spares
+  phase(2 * kMiB, 24);     // 48 MiB in shared segments, then free
+  phase(16 * kMiB, 3);     // 48 MiB again, in other sizes
+  EXPECT_LE(pool.statistics().reserved_bytes, 64 * kMiB)
+      << "the pool kept the first phases' memory idle beside the last one's";
+}
+
 TEST_F(Pool, IpcHandlesOfBlocksCarryTheirOffsetInTheSegment) {
   PoolMemoryManager pool(&context);
   pool.initialize();
