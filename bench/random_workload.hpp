@@ -2,10 +2,12 @@
 // operations: allocate while under the live cap, otherwise (or at random)
 // free a random live block; sizes uniform up to a maximum. For `cuemm random`
 // and the benchmarks (no cuemm dependency, so PyTorch's anchor uses it too).
+// Also a training-like workload whose sizes change between phases.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <random>
 #include <utility>
 #include <vector>
@@ -42,6 +44,48 @@ inline std::vector<RandomOperation> random_operations(std::size_t max_size, std:
       live.pop_back();
     }
   }
+  return operations;
+}
+
+// A training-like workload, whose sizes change between phases: `layers`
+// parameters of 2 KiB to 16 MiB allocated first; then `steps` steps, each a
+// forward pass that allocates an activation of 32 KiB to 8 MiB per layer
+// (batch 16, 32 or 64 per seed) with a scratch block of half its size
+// allocated and freed beside it, a backward pass that frees the activations
+// in reverse, each with a gradient of its size allocated and freed beside
+// it, and the parameters' gradients allocated and freed; the parameters last.
+inline std::vector<RandomOperation> training_operations(std::size_t layers, std::size_t steps, unsigned seed) {
+  std::mt19937_64 random(seed);
+  auto pick = [&](std::initializer_list<std::size_t> choices) { return choices.begin()[random() % choices.size()]; };
+  std::vector<RandomOperation> operations;
+  std::uint64_t next = 0;
+  auto allocate = [&](std::size_t size) {
+    operations.push_back({true, next, size});
+    return std::make_pair(next++, size);
+  };
+  auto free = [&](std::pair<std::uint64_t, std::size_t> block) { operations.push_back({false, block.first, block.second}); };
+  std::vector<std::pair<std::uint64_t, std::size_t>> parameters;
+  for (std::size_t l = 0; l < layers; ++l)
+    parameters.push_back(allocate(pick({std::size_t{512} * 4, std::size_t{256} * 256 * 4, std::size_t{1024} * 1024 * 4,
+                                        std::size_t{4096} * 1024 * 4})));
+  const std::size_t batch = pick({16, 32, 64});
+  for (std::size_t step = 0; step < steps; ++step) {
+    std::vector<std::pair<std::uint64_t, std::size_t>> activations;
+    for (std::size_t l = 0; l < layers; ++l) {
+      const std::size_t size = batch * pick({512, 1024, 2048, 4096, 8192}) * 4 * pick({1, 2, 4});
+      activations.push_back(allocate(size));
+      free(allocate(size / 2));
+    }
+    for (auto it = activations.rbegin(); it != activations.rend(); ++it) {
+      const auto gradient = allocate(it->second);
+      free(*it);
+      free(gradient);
+    }
+    std::vector<std::pair<std::uint64_t, std::size_t>> gradients;
+    for (const auto& parameter : parameters) gradients.push_back(allocate(parameter.second));
+    for (const auto& gradient : gradients) free(gradient);
+  }
+  for (const auto& parameter : parameters) free(parameter);
   return operations;
 }
 

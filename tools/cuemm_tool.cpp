@@ -9,6 +9,9 @@
 //   cuemm random [--manager NAME] [--max-size BYTES] [--operations N] [--seed S]
 //                [--threads T]               a random mix of allocations and frees
 //                                            (from T threads side by side, each its own)
+//   cuemm random --pattern training [--layers L] [--steps N] ...
+//                                            a training-like workload: sizes that change
+//                                            between phases (bench/random_workload.hpp)
 //   (either with --trace-growth: a line whenever the pool reserves more, with
 //   where its bytes were: in use, waiting for the GPU, in thread caches, free;
 //   with threads, from whichever thread saw it, all threads' bytes)
@@ -73,6 +76,14 @@ std::vector<Operation> read_log(const std::string& path) {
 std::vector<Operation> random_workload(std::size_t max_size, std::size_t count, std::size_t live_cap, unsigned seed) {
   std::vector<Operation> operations;
   for (const auto& operation : workload::random_operations(max_size, count, live_cap, seed))
+    operations.push_back({operation.allocate, operation.id, operation.size, 0, true});
+  return operations;
+}
+
+// The training-like workload (bench/random_workload.hpp), as device allocations.
+std::vector<Operation> training_workload(std::size_t layers, std::size_t steps, unsigned seed) {
+  std::vector<Operation> operations;
+  for (const auto& operation : workload::training_operations(layers, steps, seed))
     operations.push_back({operation.allocate, operation.id, operation.size, 0, true});
   return operations;
 }
@@ -215,6 +226,7 @@ int usage(bool asked = false) {
                "usage: cuemm info\n"
                "       cuemm replay LOG.csv [--manager pool|async|default] [--trace-growth]\n"
                "       cuemm random [--manager NAME] [--max-size 64M] [--live 1G] [--operations 100000] [--seed 1]\n"
+               "       cuemm random --pattern training [--manager NAME] [--layers 60] [--steps 30] [--seed 1]\n"
                "                    [--threads 1] [--trace-growth]\n"
                "       cuemm plot LOG.csv OUT.svg\n"
                "%s",
@@ -257,18 +269,31 @@ int run(std::vector<std::string> args) {
       if (args.size() != 1) return usage();
       operations = read_log(args[0]);
     } else {
-      const std::size_t max_size = bytes_option(args, "--max-size", "64M");
-      const std::size_t live = bytes_option(args, "--live", "1G");
-      if (max_size == 0) throw InvalidArgument("--max-size must be at least 1 byte (got 0)");
-      const std::size_t count = count_option(args, "--operations", "100000");
+      const std::string pattern = option(args, "--pattern", "rmm");
       const unsigned seed = static_cast<unsigned>(count_option(args, "--seed", "1"));
       const std::size_t threads = count_option(args, "--threads", "1");
       if (threads == 0 || threads > 1024) throw InvalidArgument("--threads must be between 1 and 1024");
-      if (!args.empty()) return usage();
-      // Each thread its own workload (seeds seed, seed + 1, ...) under an equal share of the live cap.
+      // Each thread its own workload (seeds seed, seed + 1, ...).
       std::vector<std::vector<Operation>> lists;
-      for (std::size_t t = 0; t < threads; ++t)
-        lists.push_back(random_workload(max_size, count, live / threads, seed + static_cast<unsigned>(t)));
+      if (pattern == "training") {
+        const std::size_t layers = count_option(args, "--layers", "60");
+        const std::size_t steps = count_option(args, "--steps", "30");
+        if (layers == 0 || steps == 0) throw InvalidArgument("--layers and --steps must be at least 1");
+        if (!args.empty()) return usage();
+        for (std::size_t t = 0; t < threads; ++t)
+          lists.push_back(training_workload(layers, steps, seed + static_cast<unsigned>(t)));
+      } else if (pattern == "rmm") {
+        const std::size_t max_size = bytes_option(args, "--max-size", "64M");
+        const std::size_t live = bytes_option(args, "--live", "1G");
+        if (max_size == 0) throw InvalidArgument("--max-size must be at least 1 byte (got 0)");
+        const std::size_t count = count_option(args, "--operations", "100000");
+        if (!args.empty()) return usage();
+        // (Under an equal share of the live cap.)
+        for (std::size_t t = 0; t < threads; ++t)
+          lists.push_back(random_workload(max_size, count, live / threads, seed + static_cast<unsigned>(t)));
+      } else {
+        throw InvalidArgument("--pattern must be rmm or training (got '" + pattern + "')");
+      }
       print(replay(lists, current_context(), manager, tracing), manager);
       return 0;
     }

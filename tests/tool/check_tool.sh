@@ -20,6 +20,12 @@ grep -q "^manager pool: 3000 operations" "$work/threads.txt"
 "$tool" random --operations 1000 --max-size 1M --live 64M --manager pool --threads 3 --trace-growth >"$work/threads-growth.txt"
 grep -q "^grew at operation [0-9]* to .*in thread caches .*free .* in [0-9]* block(s)$" "$work/threads-growth.txt"
 grep -q "^manager pool: 3000 operations" "$work/threads-growth.txt"
+# The training-like pattern: 2 operations a layer for its parameters, 8 a layer a step.
+"$tool" random --pattern training --layers 8 --steps 3 --manager pool >"$work/training.txt"
+grep -q "^manager pool: 208 operations" "$work/training.txt"
+grep -q "reserved/live" "$work/training.txt"
+if "$tool" random --pattern sometimes 2>"$work/error.txt"; then exit 1; fi
+grep -q "pattern must be rmm or training (got 'sometimes')" "$work/error.txt"
 # Each growth is traced with where the pool's bytes were; the first one reserves its first segment.
 "$tool" random --operations 3000 --max-size 2M --live 64M --manager pool --trace-growth >"$work/growth.txt"
 grep -q "^grew at operation 1 to .*in thread caches .*free .* in 1 block(s)$" "$work/growth.txt"
