@@ -64,7 +64,8 @@ def checked_out_commit():
 def fragmentation_lines(path):
     """The fragmentation section of RESULTS.md from the output of gpu-check's `cuemm random` runs."""
     lines = []
-    lines += ["", "## Fragmentation: `cuemm random` (RMM-style random allocations and frees)", "",
+    lines += ["", "## Fragmentation: `cuemm random` (RMM-style random allocations and frees; "
+              "`--pattern training`: sizes that change between phases)", "",
               "| workload | manager | ns per operation | driver allocations / frees | peak live | peak reserved "
               "| reserved / live |",
               "|---|---|---|---|---|---|---|"]

@@ -169,13 +169,16 @@ summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^
 {
   for workload in "--max-size 64M --live 4G" "--max-size 64M --live 1G" "--max-size 4M --live 512M" \
       "--max-size 1M --live 512M" "--max-size 256K --live 64M" "--max-size 1M --live 512M --threads 4" \
-      "--max-size 256K --live 64M --threads 8"; do
+      "--max-size 256K --live 64M --threads 8" "--pattern training"; do
+    # (RMM's workload: 20,000 operations; the training-like one has its own length.)
+    length=(--operations 20000)
+    case "$workload" in --pattern*) length=() ;; esac
     for manager in pool async default; do
       echo "== $workload, $manager"
-      CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload --operations 20000 --manager $manager
+      CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload "${length[@]}" --manager $manager
     done
     echo "== $workload, pool (expandable)"
-    CUEMM_POOL_EXPANDABLE=1 CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload --operations 20000 --manager pool
+    CUEMM_POOL_EXPANDABLE=1 CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload "${length[@]}" --manager pool
   done
   # Other traces of the same workloads, and of smaller live sets: seeds 1-8,
   # side by side (each its own process and pool; only the ratios are kept).
