@@ -199,15 +199,23 @@ std::uintptr_t TlsfBlockAllocator::free_tail(std::uintptr_t base) const {
 }
 
 void TlsfBlockAllocator::shrink_region(std::uintptr_t base, std::uintptr_t end) {
-  Block* sentinel = bounds_of(base).sentinel;
+  const Bounds& bounds = bounds_of(base);
+  Block* sentinel = bounds.sentinel;
   Block* last = sentinel->previous_in_memory;
   if (end == sentinel->address) return;
-  if (!last->free || end <= last->address || end > sentinel->address || (end - last->address) % granularity_)
+  if (!last->free || end < last->address || end > sentinel->address || (end - last->address) % granularity_ ||
+      (last == bounds.first && end == last->address))
     throw std::invalid_argument("TlsfBlockAllocator: a region shrinks only within the free space at its end");
   const std::size_t removed = sentinel->address - end;
   remove_free(last);
-  last->size -= removed;
-  insert_free(last);
+  if (end == last->address) {  // the whole free end goes: the block before it is the last now
+    last->previous_in_memory->next_in_memory = sentinel;
+    sentinel->previous_in_memory = last->previous_in_memory;
+    recycle(last);
+  } else {
+    last->size -= removed;
+    insert_free(last);
+  }
   sentinel->address = end;
   region_bytes_ -= removed;
   free_bytes_ -= removed;

@@ -1048,6 +1048,24 @@ TEST_F(Pool, AnExpandablePoolGrowsItsOneRangeByWhatIsMissing) {
   EXPECT_EQ(pool.statistics().reserved_bytes, 2u << 20);
 }
 
+// A free end that begins exactly where a mapping begins goes whole, with the
+// mappings under it (the random workload up to 64 MiB with 256 MiB live,
+// seed 5, met this at a new peak and failed the allocation).
+TEST_F(Pool, AnExpandablePoolGivesBackAFreeEndThatBeginsAtAMapping) {
+  PoolOptions options;
+  options.expandable = true;
+  options.thread_cache_size = 0;
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  auto first = pool.memalloc(2 << 20);   // the first mapping, whole
+  auto second = pool.memalloc(2 << 20);  // the second
+  second.reset();
+  EXPECT_EQ(pool.trim(), 2u << 20);
+  EXPECT_EQ(pool.statistics().reserved_bytes, 2u << 20);
+  auto again = pool.memalloc(2 << 20);  // the arena grows again from there
+  EXPECT_EQ(again->device_pointer(), first->device_pointer() + (2 << 20));
+}
+
 // Note [Expandable arena]: the handle of an arena block names the mappings
 // under it (here two: the block spans the first mapping's end), each offered
 // once as a descriptor. A segment of its own keeps the driver's handle.

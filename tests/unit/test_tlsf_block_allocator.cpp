@@ -175,3 +175,23 @@ TEST(TlsfBlockAllocator, ARegionShrinksOnlyWithinItsFreeEnd) {
   ASSERT_TRUE(rest);
   EXPECT_EQ(*rest, kBase + (1 << 20));
 }
+
+// The whole free end may go, where a block in use before it keeps the region non-empty.
+TEST(TlsfBlockAllocator, ARegionShrinksToTheStartOfItsFreeEnd) {
+  TlsfBlockAllocator allocator(256);
+  allocator.add_region(kBase, 4 << 20);
+  auto front = allocator.allocate(1 << 20);
+  ASSERT_TRUE(front);
+  allocator.shrink_region(kBase, kBase + (1 << 20));
+  EXPECT_EQ(allocator.region_bytes(), 1u << 20);
+  EXPECT_EQ(allocator.free_bytes(), 0u);
+  EXPECT_EQ(allocator.free_tail(kBase), kBase + (1 << 20)) << "the region's last block is the one in use";
+  EXPECT_FALSE(allocator.allocate(256));
+  allocator.extend_region(kBase, 1 << 20);
+  auto next = allocator.allocate(1 << 20);
+  ASSERT_TRUE(next);
+  EXPECT_EQ(*next, kBase + (1 << 20));
+  allocator.deallocate(*front);
+  allocator.deallocate(*next);
+  EXPECT_THROW(allocator.shrink_region(kBase, kBase), std::invalid_argument) << "an empty region";
+}

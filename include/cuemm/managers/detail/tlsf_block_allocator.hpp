@@ -63,7 +63,8 @@ class TlsfBlockAllocator {
   // last block is in use.
   std::uintptr_t free_tail(std::uintptr_t base) const;
   // Gives back the region's end from `end` on, which must lie within the free
-  // space at its end and leave the region non-empty (multiples of the granularity).
+  // space at its end, its start included, and leave the region non-empty
+  // (multiples of the granularity).
   void shrink_region(std::uintptr_t base, std::uintptr_t end);
 
   // Removes and returns every region that is entirely free.
