@@ -421,7 +421,6 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     if (options.maximum_size && reserved_bytes() + step > options.maximum_size) return false;
     if (!arena->grow(step)) return false;
     ++driver_allocations;
-    peak_reserved = std::max(peak_reserved, reserved_bytes());
     try {
       if (end == base) {
         blocks.add_region(base, step);
@@ -432,6 +431,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       shrink_arena_to(end - base);
       throw;
     }
+    peak_reserved = std::max(peak_reserved, reserved_bytes());  // (the region counts the step only now)
     return true;
   }
 
