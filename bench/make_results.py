@@ -78,9 +78,10 @@ def fragmentation_lines(path):
         elif line.startswith("== seeds "):
             head, ratios = line[len("== seeds "):].split(":", 1)
             seeds_workload, seeds_manager = head.split(" ", 1)[1].rsplit(", ", 1)
-            values = [float(v) for v in ratios.split()]
-            if values:
-                seeds.append((head.split(" ", 1)[0], seeds_workload, seeds_manager, values))
+            tokens = ratios.split()
+            values = [float(v) for v in tokens if v != "failed"]
+            if tokens:
+                seeds.append((head.split(" ", 1)[0], seeds_workload, seeds_manager, values, len(tokens) - len(values)))
         elif line.startswith("== "):
             workload, manager = line[3:].strip().rsplit(", ", 1)
         elif line.startswith("manager ") and " ns each" in line:
@@ -97,10 +98,11 @@ def fragmentation_lines(path):
     if seeds:
         lines += ["", "Other traces of the same workloads (`--seed`): reserved / live per seed.", "",
                   "| workload | manager | seeds | mean | max | per seed |", "|---|---|---|---|---|---|"]
-        for seed_range, seeds_workload, seeds_manager, values in seeds:
-            lines.append(f"| `{seeds_workload}` | {seeds_manager} | {seed_range} | "
-                         f"{statistics.mean(values):.3f} | {max(values):.3f} | "
-                         f"{' '.join(f'{v:.3f}' for v in values)} |")
+        for seed_range, seeds_workload, seeds_manager, values, failed in seeds:
+            # A seed whose run failed says so: a mean over the others alone would hide it.
+            mean, most = (f"{statistics.mean(values):.3f}", f"{max(values):.3f}") if values else ("-", "-")
+            per_seed = " ".join(f"{v:.3f}" for v in values) + (f" ({failed} failed)" if failed else "")
+            lines.append(f"| `{seeds_workload}` | {seeds_manager} | {seed_range} | {mean} | {most} | {per_seed.strip()} |")
     if not_run:
         lines += ["", "Not run in this check: " + "; ".join(not_run) + "."]
     return lines

@@ -43,6 +43,8 @@ finish() {
 not_run() { echo "== $1: not run, $(time_left) s left before the deadline of $deadline s"; }
 # The reserved/live figures of `cuemm random` or `cuemm replay` output on stdin.
 reserved_over_live() { grep -o 'reserved/live [0-9.]*' | cut -d' ' -f2; }
+# The same for one run, or "failed" where it printed none (a seed that fails must not just vanish from a mean).
+reserved_over_live_or_failed() { local ratio; ratio=$(reserved_over_live); echo "${ratio:-failed}"; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$logs/gpu.txt" 2>&1
 summary+=("gpu: $(head -1 "$logs/gpu.txt")")
@@ -214,7 +216,7 @@ summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^
     for variant in ${batches[*]}; do
       ratios=""
       for seed in 1 2 3 4 5 6 7 8; do
-        ratios="$ratios $(reserved_over_live <"$logs/seed.$variant.$seed")"
+        ratios="$ratios $(reserved_over_live_or_failed <"$logs/seed.$variant.$seed")"
       done
       echo "== seeds 1-8 $workload, ${labels[$variant]}:$ratios"
     done
@@ -230,7 +232,7 @@ summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^
       ratios=""
       for seed in 1 2 3; do
         ratios="$ratios $(CUEMM_POOL_EXPANDABLE=$variant CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload --operations 20000 \
-          --seed $seed --manager pool 2>&1 | reserved_over_live)"
+          --seed $seed --manager pool 2>&1 | reserved_over_live_or_failed)"
       done
       echo "== seeds 1-3 $workload, ${labels[$variant]}:$ratios"
     done
@@ -249,8 +251,11 @@ summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^
 } >"$logs/bench_fragmentation.txt" 2>&1
 summary+=("fragmentation (pool, reserved/live): $(grep -A2 ', pool$' "$logs/bench_fragmentation.txt" | reserved_over_live | tr '\n' ' ')")
 summary+=("fragmentation (pool, expandable): $(grep -A2 ', pool (expandable)$' "$logs/bench_fragmentation.txt" | reserved_over_live | tr '\n' ' ')")
-summary+=("$(awk -F': ' '/^== seeds.*: [0-9. ]+$/ {n = split($2, v, " "); if (n == 0) next; s = 0; m = 0; for (i = 1; i <= n; i++) { s += v[i]; if (v[i] > m) m = v[i] }
-  sub(/^== seeds [0-9]+-[0-9]+ --max-size /, "", $1); sub(/ --live /, "/", $1); sub(/ --threads /, " x", $1); printf "%s mean %.3f max %.3f; ", $1, s / n, m}' "$logs/bench_fragmentation.txt")")
+summary+=("$(awk -F': ' '/^== seeds.*: [0-9. a-z]+$/ {n = split($2, v, " "); k = 0; f = 0; s = 0; m = 0
+  for (i = 1; i <= n; i++) { if (v[i] == "failed") { f++; continue } k++; s += v[i]; if (v[i] > m) m = v[i] }
+  sub(/^== seeds [0-9]+-[0-9]+ --max-size /, "", $1); sub(/ --live /, "/", $1); sub(/ --threads /, " x", $1)
+  if (k > 0) printf "%s mean %.3f max %.3f", $1, s / k, m; else printf "%s", $1
+  if (f > 0) printf " (%d FAILED)", f; if (k > 0 || f > 0) printf "; "}' "$logs/bench_fragmentation.txt")")
 
 phase_done fragmentation
 

@@ -17,6 +17,7 @@ peak live 36.21 MiB (37972554 bytes), peak reserved 48.00 MiB (50331648 bytes): 
 == seeds 1-8 --max-size 4M --live 512M, pool (expandable; no thread caches): 1.050 1.150
 == seeds 1-8 --max-size 1M --live 512M, pool:{empty}
 == seeds 1-3 --max-size 256K --live 64M --threads 8, pool (expandable): 1.250 1.200 1.150
+== seeds 1-8 --max-size 64M --live 256M, pool (expandable): 1.200 failed 1.100
 == seeds 1-8 --max-size 4M --live 128M: not run, 12 s left before the deadline of 560 s
 == replay of numba-cuda's suite log: not run, 3 s left before the deadline of 560 s
 """.format(empty="        ")
@@ -36,6 +37,8 @@ def test_fragmentation_lines_read_runs_seeds_and_what_was_not_run(tmp_path):
     assert "| `--max-size 256K --live 64M --threads 8` | pool (expandable) | 1-3 | 1.200 | 1.250 |" in text
     # Seeds whose runs all failed give no row, rather than a mean of nothing.
     assert "`--max-size 1M --live 512M` | pool | 1-8" not in text
+    # A seed whose run failed is named, not dropped from the mean in silence.
+    assert "| `--max-size 64M --live 256M` | pool (expandable) | 1-8 | 1.150 | 1.200 | 1.200 1.100 (1 failed) |" in text
     not_run = [line for line in text.splitlines() if line.startswith("Not run in this check: ")]
     assert len(not_run) == 1
     assert "seeds 1-8 --max-size 4M --live 128M" in not_run[0] and "replay of numba-cuda's suite log" in not_run[0]
