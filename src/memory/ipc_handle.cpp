@@ -300,8 +300,10 @@ std::shared_ptr<MemoryPointer> IpcHandle::open(Context& context) {
 }
 
 std::shared_ptr<MemoryPointer> IpcHandle::map_into(Context& context) {
-  const int source = source_info_ ? Device::from_identity(*source_info_).id() : context.device().id();
-  if (mapped_export_) return map_pieces(context, *mapped_export_, source);
+  // The memory's own device: `context`'s, or one whose memory it can access.
+  // (A driver handle needs none: the driver opens it for a peer.)
+  auto source = [&] { return source_info_ ? Device::from_identity(*source_info_).id() : context.device().id(); };
+  if (mapped_export_) return map_pieces(context, *mapped_export_, source());
   if (!pool_export_) {
     // A damaged or forged handle may claim more than the exporter's allocation.
     std::shared_ptr<MemoryPointer> opened = context.open_ipc_handle(handle_, offset_ + size_);
@@ -317,6 +319,7 @@ std::shared_ptr<MemoryPointer> IpcHandle::map_into(Context& context) {
     }
     return opened;
   }
+  const int source_device = source();  // (before the import: nothing to undo if it throws)
   // The pool's descriptor from the exporter; the driver keeps what it needs of it.
   const util::ScopedDescriptor descriptor(detail::take_descriptor(pool_export_->pid, pool_export_->token));
   ScopedContext scope(context);
@@ -327,7 +330,7 @@ std::shared_ptr<MemoryPointer> IpcHandle::map_into(Context& context) {
   cuda::CUdeviceptr pointer = 0;
   PoolExport exported = *pool_export_;
   cuda::CUresult result = cuda::CUDA_SUCCESS;
-  if (context.device().id() != source) {  // a peer reaches a pool's blocks only where granted
+  if (context.device().id() != source_device) {  // a peer reaches a pool's blocks only where granted
     const std::vector<cuda::CUmemAccessDesc> access = driver::read_write_access({context.device().id()});
     if ((result = CUEMM_CU_RESULT(cuMemPoolSetAccess, pool, access.data(), access.size()))) {
       CUEMM_CU_RESULT(cuMemPoolDestroy, pool);
