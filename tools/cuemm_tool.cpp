@@ -72,19 +72,11 @@ std::vector<Operation> read_log(const std::string& path) {
   return operations;
 }
 
-// RMM's random-allocations workload (bench/random_workload.hpp), as device allocations.
-std::vector<Operation> random_workload(std::size_t max_size, std::size_t count, std::size_t live_cap, unsigned seed) {
+// A generated workload (bench/random_workload.hpp: RMM's random one, or the
+// training-like one), as device allocations.
+std::vector<Operation> device_operations(const std::vector<workload::RandomOperation>& generated) {
   std::vector<Operation> operations;
-  for (const auto& operation : workload::random_operations(max_size, count, live_cap, seed))
-    operations.push_back({operation.allocate, operation.id, operation.size, 0, true});
-  return operations;
-}
-
-// The training-like workload (bench/random_workload.hpp), as device allocations.
-std::vector<Operation> training_workload(std::size_t layers, std::size_t steps, unsigned seed) {
-  std::vector<Operation> operations;
-  for (const auto& operation : workload::training_operations(layers, steps, seed))
-    operations.push_back({operation.allocate, operation.id, operation.size, 0, true});
+  for (const auto& operation : generated) operations.push_back({operation.allocate, operation.id, operation.size, 0, true});
   return operations;
 }
 
@@ -226,6 +218,7 @@ int usage(bool asked = false) {
                "usage: cuemm info\n"
                "       cuemm replay LOG.csv [--manager pool|async|default] [--trace-growth]\n"
                "       cuemm random [--manager NAME] [--max-size 64M] [--live 1G] [--operations 100000] [--seed 1]\n"
+               "                    [--threads 1] [--trace-growth]\n"
                "       cuemm random --pattern training [--manager NAME] [--layers 60] [--steps 30] [--seed 1]\n"
                "                    [--threads 1] [--trace-growth]\n"
                "       cuemm plot LOG.csv OUT.svg\n"
@@ -281,7 +274,7 @@ int run(std::vector<std::string> args) {
         if (layers == 0 || steps == 0) throw InvalidArgument("--layers and --steps must be at least 1");
         if (!args.empty()) return usage();
         for (std::size_t t = 0; t < threads; ++t)
-          lists.push_back(training_workload(layers, steps, seed + static_cast<unsigned>(t)));
+          lists.push_back(device_operations(workload::training_operations(layers, steps, seed + static_cast<unsigned>(t))));
       } else if (pattern == "rmm") {
         const std::size_t max_size = bytes_option(args, "--max-size", "64M");
         const std::size_t live = bytes_option(args, "--live", "1G");
@@ -290,7 +283,8 @@ int run(std::vector<std::string> args) {
         if (!args.empty()) return usage();
         // (Under an equal share of the live cap.)
         for (std::size_t t = 0; t < threads; ++t)
-          lists.push_back(random_workload(max_size, count, live / threads, seed + static_cast<unsigned>(t)));
+          lists.push_back(
+              device_operations(workload::random_operations(max_size, count, live / threads, seed + static_cast<unsigned>(t))));
       } else {
         throw InvalidArgument("--pattern must be rmm or training (got '" + pattern + "')");
       }
