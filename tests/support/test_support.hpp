@@ -55,6 +55,18 @@ template <typename Expected, typename Call, typename... Fragments>
   return ::testing::AssertionSuccess() << message;
 }
 
+// Why device 1 cannot use device 0's memory here; empty when it can (the
+// tests of peers: Note [Peer access]).
+inline std::string why_devices_are_not_peers() {
+  if (Device::count() < 2)
+    return "needs two devices (the simulated driver gives two that are peers with CUEMM_SIM_DEVICES=2 "
+           "CUEMM_SIM_PEER_ACCESS=1)";
+  if (!Device::get(1).can_access_peer(Device::get(0)))
+    return "device 1 cannot access device 0's memory (the simulated driver's devices are peers with "
+           "CUEMM_SIM_PEER_ACCESS=1)";
+  return "";
+}
+
 inline std::string test_kernels_ptx() {
   std::ifstream file(CUEMM_TEST_KERNELS_PTX);
   std::stringstream text;

@@ -16,6 +16,7 @@ extern char** environ;
 
 using namespace cuemm;
 using cuemm::testing::throws;
+using cuemm::testing::why_devices_are_not_peers;
 
 namespace {
 
@@ -77,15 +78,6 @@ DeviceArray<std::uint32_t> counting_array(std::shared_ptr<MemoryPointer> memory,
 std::string why_no_staging() {
   if (Device::count() < 2) return "needs two devices (the simulated driver gives two with CUEMM_SIM_DEVICES=2)";
   if (Device::get(1).can_access_peer(Device::get(0))) return "device 1 can map device 0's memory, so no staging happens";
-  return "";
-}
-
-// Why a peer's direct open cannot be tried here; empty when it can.
-std::string why_no_peer_open() {
-  if (Device::count() < 2) return "needs two devices (the simulated driver gives two with CUEMM_SIM_DEVICES=2)";
-  if (!Device::get(1).can_access_peer(Device::get(0)))
-    return "device 1 cannot access device 0's memory (the simulated driver's devices are peers with "
-           "CUEMM_SIM_PEER_ACCESS=1)";
   return "";
 }
 
@@ -250,7 +242,7 @@ TEST_F(Ipc, AStreamOrderedPoolsHandleWhoseExporterHasExitedSaysSo) {
 // Numba's IpcHandle does, rather than get a copy: its kernels write the
 // exporter's memory (Note [Peer access]). One test for each kind of handle.
 TEST_F(Ipc, APeerDeviceOpensADriverHandleDirectly) {
-  if (const std::string why = why_no_peer_open(); !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = why_devices_are_not_peers(); !why.empty()) GTEST_SKIP() << why;
   const std::size_t count = 1000;
   auto memory = context.memalloc(count * sizeof(std::uint32_t) + 512);
   DeviceArray<std::uint32_t> array = counting_array(memory->view(512), count, 20);
@@ -259,7 +251,7 @@ TEST_F(Ipc, APeerDeviceOpensADriverHandleDirectly) {
 }
 
 TEST_F(Ipc, APeerDeviceOpensAnExportableStreamOrderedPoolsBlockDirectly) {
-  if (const std::string why = why_no_peer_open(); !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = why_devices_are_not_peers(); !why.empty()) GTEST_SKIP() << why;
   auto manager = exportable_async_manager(context);
   const std::size_t count = 1000;
   auto memory = manager->memalloc(count * sizeof(std::uint32_t));
@@ -326,7 +318,7 @@ TEST_F(Ipc, AnExpandablePoolsBlockOpensStagedOnADeviceThatCannotMapIt) {
 }
 
 TEST_F(Ipc, APeerDeviceOpensAnExpandablePoolsBlockDirectly) {
-  if (const std::string why = why_no_peer_open(); !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = why_devices_are_not_peers(); !why.empty()) GTEST_SKIP() << why;
   ArenaStraddle arena(context);
   const std::size_t count = (2 << 20) / sizeof(std::uint32_t);
   DeviceArray<std::uint32_t> array = counting_array(arena.second, count, 40);

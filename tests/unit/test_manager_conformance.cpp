@@ -51,15 +51,6 @@ struct LimitingOverStatisticsOverPool {
 
 bool i_mapped(std::uint64_t nth) { return nth % 2 == 1; }
 
-// Why a peer's kernels cannot be tried here; empty when they can.
-std::string why_no_peer() {
-  if (Device::count() < 2)
-    return "needs two devices (the simulated driver gives two that are peers with CUEMM_SIM_DEVICES=2 "
-           "CUEMM_SIM_PEER_ACCESS=1)";
-  if (!Device::get(1).can_access_peer(Device::get(0))) return "device 1 cannot access device 0's memory";
-  return "";
-}
-
 // Lets `user`'s kernels use memory of `owner`'s device, as a program does (the
 // driver keeps it for the process).
 void enable_peer_access(const Context& user, const Context& owner) {
@@ -158,7 +149,7 @@ TYPED_TEST(Conformance, ResetReleasesEverythingAndTheManagerWorksAfter) {
 // cuMemAlloc's (Note [Peer access] in src/driver/peer_access.hpp): small,
 // class-sized and large enough for a segment of its own.
 TYPED_TEST(Conformance, APeerThatEnabledAccessCanUseTheBlocks) {
-  if (const std::string why = why_no_peer(); !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = cuemm::testing::why_devices_are_not_peers(); !why.empty()) GTEST_SKIP() << why;
   Context& peer = Device::get(1).primary_context();
   enable_peer_access(peer, this->context);
   ScopedContext scope(peer);
