@@ -117,10 +117,11 @@ if [ $python_checks = 1 ]; then
   if [ "$gpus" -ge 2 ]; then
     # (The async manager exports only from a pool created exportable: docs/ipc-offsets.md.)
     for setting in CUEMM_MEMORY_MANAGER=pool CUEMM_POOL_EXPANDABLE=1 CUEMM_MEMORY_MANAGER=async; do
+      multi_log="$logs/numba-cuda-multi-gpu-${setting#*=}.log"
       (cd /tmp && env "$setting" CUEMM_ASYNC_EXPORTABLE=1 "$python" "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python" \
         numba.cuda.tests.cudapy.test_multigpu numba.cuda.tests.cudadrv.test_context_stack \
-        numba.cuda.tests.cudapy.test_ipc) >"$logs/numba-cuda-multi-gpu-${setting#*=}.log" 2>&1
-      summary+=("numba-cuda multi-GPU tests ($gpus GPUs, $setting): exit $?; $(grep -E '^cuemm:' "$logs/numba-cuda-multi-gpu-${setting#*=}.log" | tail -1); $(grep '^difference' "$logs/numba-cuda-multi-gpu-${setting#*=}.log")")
+        numba.cuda.tests.cudapy.test_ipc) >"$multi_log" 2>&1
+      summary+=("numba-cuda multi-GPU tests ($gpus GPUs, $setting): exit $?; $(grep -E '^cuemm:' "$multi_log" | tail -1); $(grep '^difference' "$multi_log")")
     done
   fi
   phase_done numba-cuda-suites
