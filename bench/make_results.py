@@ -84,8 +84,10 @@ def fragmentation_lines(path):
                 seeds.append((head.split(" ", 1)[0], seeds_workload, seeds_manager, values, len(tokens) - len(values)))
         elif line.startswith("== "):
             workload, manager = line[3:].strip().rsplit(", ", 1)
-        elif line.startswith("manager ") and " ns each" in line:
-            per_operation = re.search(r"\(([0-9]+) ns each\)", line).group(1)
+        elif line.startswith("manager "):
+            # (The best-fit reference takes no time and calls no driver: "-".)
+            timed = re.search(r"\(([0-9]+) ns each\)", line)
+            per_operation = timed.group(1) if timed else "-"
             # The pool's count of the driver calls that took and gave back memory (older runs: none).
             calls = re.search(r"([0-9]+) driver allocation\(s\), ([0-9]+) driver free\(s\)", line)
             driver_calls = f"{int(calls.group(1)):,} / {int(calls.group(2)):,}" if calls else "-"

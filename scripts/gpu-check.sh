@@ -188,10 +188,13 @@ summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^
     done
     echo "== $workload, pool (expandable)"
     CUEMM_POOL_EXPANDABLE=1 CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload "${length[@]}" --manager pool
+    # What an ideal best fit would reserve on the same operations (no device memory).
+    echo "== $workload, best fit (reference)"
+    CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload "${length[@]}" --manager best-fit
   done
   # Other traces of the same workloads, and of smaller live sets: seeds 1-8,
   # side by side (each its own process and pool; only the ratios are kept).
-  labels=("pool" "pool (expandable)" "pool (expandable; no thread caches)")  # by variant, below
+  labels=("pool" "pool (expandable)" "pool (expandable; no thread caches)" "best fit (reference)")  # by variant, below
   for workload in "--max-size 4M --live 512M" "--max-size 1M --live 512M" "--max-size 256K --live 64M" \
       "--max-size 64M --live 256M" "--max-size 4M --live 128M"; do
     if [ "$(time_left)" -lt 40 ]; then
@@ -200,15 +203,18 @@ summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^
     fi
     # Both pools' eight seeds at once (16 processes for the 16 cores); then, for the
     # 512 MiB workloads, the expandable pool without thread caches (the setting for
-    # a program short of memory: README).
+    # a program short of memory: README); the best-fit reference's take a moment.
     batches=("0 1")
     case "$workload" in *"--live 512M") batches+=("2") ;; esac
+    batches+=("3")
     for batch in "${batches[@]}"; do
       for variant in $batch; do
         settings=(CUEMM_POOL_EXPANDABLE=$((variant > 0)))
         [ "$variant" = 2 ] && settings+=(CUEMM_POOL_THREAD_CACHE_SIZE=0)
+        manager=pool
+        [ "$variant" = 3 ] && manager=best-fit
         for seed in 1 2 3 4 5 6 7 8; do
-          env "${settings[@]}" CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload --operations 20000 --seed $seed --manager pool \
+          env "${settings[@]}" CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload --operations 20000 --seed $seed --manager $manager \
             >"$logs/seed.$variant.$seed" 2>&1 &
         done
       done
@@ -225,15 +231,16 @@ summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^
   done
   # Threads side by side: seeds 1-3, one process at a time (each uses the cores).
   for workload in "--max-size 1M --live 512M --threads 4" "--max-size 256K --live 64M --threads 8"; do
-    for variant in 0 1; do
+    for variant in 0 1 3; do
       if [ "$(time_left)" -lt 30 ]; then
         not_run "seeds 1-3 $workload, ${labels[$variant]}"
         continue
       fi
       ratios=""
       for seed in 1 2 3; do
-        ratios="$ratios $(CUEMM_POOL_EXPANDABLE=$variant CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload --operations 20000 \
-          --seed $seed --manager pool 2>&1 | reserved_over_live_or_failed)"
+        ratios="$ratios $(CUEMM_POOL_EXPANDABLE=$((variant == 1)) CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload \
+          --operations 20000 --seed $seed --manager $([ "$variant" = 3 ] && echo best-fit || echo pool) 2>&1 |
+          reserved_over_live_or_failed)"
       done
       echo "== seeds 1-3 $workload, ${labels[$variant]}:$ratios"
     done
@@ -248,10 +255,13 @@ summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^
     done
     echo "== replay of numba-cuda's suite log ($(($(wc -l <"$suite_log") - 1)) rows), pool (expandable)"
     CUEMM_POOL_EXPANDABLE=1 CUEMM_DRIVER=cuda "$build/bin/cuemm" replay "$suite_log" --manager pool
+    echo "== replay of numba-cuda's suite log ($(($(wc -l <"$suite_log") - 1)) rows), best fit (reference)"
+    CUEMM_DRIVER=cuda "$build/bin/cuemm" replay "$suite_log" --manager best-fit
   fi
 } >"$logs/bench_fragmentation.txt" 2>&1
 summary+=("fragmentation (pool, reserved/live): $(grep -A2 ', pool$' "$logs/bench_fragmentation.txt" | reserved_over_live | tr '\n' ' ')")
 summary+=("fragmentation (pool, expandable): $(grep -A2 ', pool (expandable)$' "$logs/bench_fragmentation.txt" | reserved_over_live | tr '\n' ' ')")
+summary+=("fragmentation (best fit, reference): $(grep -A2 ', best fit (reference)$' "$logs/bench_fragmentation.txt" | reserved_over_live | tr '\n' ' ')")
 summary+=("$(awk -F': ' '/^== seeds.*: [0-9. a-z]+$/ {n = split($2, v, " "); k = 0; f = 0; s = 0; m = 0
   for (i = 1; i <= n; i++) { if (v[i] == "failed") { f++; continue } k++; s += v[i]; if (v[i] > m) m = v[i] }
   sub(/^== seeds [0-9]+-[0-9]+ --max-size /, "", $1); sub(/ --live /, "/", $1); sub(/ --threads /, " x", $1)

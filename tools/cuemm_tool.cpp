@@ -22,6 +22,8 @@
 // replay and random report the time, peak live bytes, peak reserved bytes (what
 // the manager holds from the driver: the pool's segments, else the driver's
 // used memory since the start) and their ratio, the fragmentation overhead.
+// `--manager best-fit` reports, for reference, what an ideal best fit would
+// reserve (best_fit_reference.hpp).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -37,6 +39,7 @@
 #include <vector>
 
 #include "bench_command.hpp"
+#include "best_fit_reference.hpp"
 #include "cuemm/cuemm.hpp"
 #include "random_workload.hpp"
 #include "tool_options.hpp"
@@ -84,7 +87,46 @@ struct ReplayReport {
   double seconds = 0;
   std::size_t operations = 0, peak_live = 0, peak_reserved = 0, failed = 0;
   std::optional<PoolStatistics> pool;  // at the end, for a pool: its seals and driver calls
+  bool reference = false;              // the ideal best fit's footprint, not a manager's (no time)
 };
+
+// `--manager best-fit`: not a manager, the footprint of an ideal best fit
+// (best_fit_reference.hpp) on the same device operations. Lists that ran on
+// threads side by side take turns, an operation each.
+constexpr const char* kBestFit = "best-fit";
+
+ReplayReport best_fit_reference(const std::vector<std::vector<Operation>>& lists) {
+  tool::BestFitReference reference;
+  ReplayReport report;
+  report.reference = true;
+  std::size_t live = 0;
+  std::unordered_map<std::uint64_t, std::size_t> sizes;  // the live blocks' sizes
+  for (std::size_t step = 0;; ++step) {
+    bool any = false;
+    for (std::size_t index = 0; index < lists.size(); ++index) {
+      if (step >= lists[index].size()) continue;
+      any = true;
+      const Operation& operation = lists[index][step];
+      ++report.operations;
+      if (!operation.device) continue;
+      // One id space for all lists: each list's ids apart from the others'.
+      const std::uint64_t id = operation.id * lists.size() + index;
+      if (operation.allocate) {
+        reference.allocate(id, operation.size);
+        sizes[id] = operation.size;
+        live += operation.size;
+      } else if (auto it = sizes.find(id); it != sizes.end()) {
+        reference.free(id);
+        live -= it->second;
+        sizes.erase(it);
+      }
+      report.peak_live = std::max(report.peak_live, live);
+    }
+    if (!any) break;
+  }
+  report.peak_reserved = reference.peak_reserved();
+  return report;
+}
 
 // Where a pool's bytes were when it reserved more, after `operation` operations.
 void trace_growth(std::size_t operation, std::size_t live_bytes, const PoolStatistics& pool) {
@@ -102,6 +144,7 @@ void trace_growth(std::size_t operation, std::size_t live_bytes, const PoolStati
 // list: on this thread); live bytes are those of all lists together.
 ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& context, const std::string& manager_name,
                     bool tracing) {
+  if (manager_name == kBestFit) return best_fit_reference(lists);
   auto manager = make_bundled_memory_manager(manager_name, &context);
   manager->initialize();
   auto* pool = dynamic_cast<PoolMemoryManager*>(manager.get());
@@ -175,6 +218,9 @@ void print(const ReplayReport& report, const std::string& manager, const std::st
   std::printf("%s", prefix.c_str());
   if (report.operations == 0) {
     std::printf("manager %s: 0 operations (the log holds no allocation or free it can replay)", manager.c_str());
+  } else if (report.reference) {
+    std::printf("manager %s: %zu operations, a reference: an ideal best fit in one range that grows at its end "
+                "(no device memory; see best_fit_reference.hpp)", manager.c_str(), report.operations);
   } else {
     std::printf("manager %s: %zu operations in %.3f s (%.0f ns each); %zu allocation(s) failed", manager.c_str(),
                 report.operations, report.seconds, 1e9 * report.seconds / report.operations, report.failed);
@@ -216,7 +262,7 @@ void replay_by_device(const std::vector<Operation>& operations, const std::strin
 int usage(bool asked = false) {
   std::fprintf(asked ? stdout : stderr,
                "usage: cuemm info\n"
-               "       cuemm replay LOG.csv [--manager pool|async|default] [--trace-growth]\n"
+               "       cuemm replay LOG.csv [--manager pool|async|default|best-fit] [--trace-growth]\n"
                "       cuemm random [--manager NAME] [--max-size 64M] [--live 1G] [--operations 100000] [--seed 1]\n"
                "                    [--threads 1] [--trace-growth]\n"
                "       cuemm random --pattern training [--manager NAME] [--layers 60] [--steps 30] [--seed 1]\n"

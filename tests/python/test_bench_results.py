@@ -13,6 +13,9 @@ peak live 36.21 MiB (37972554 bytes), peak reserved 42.00 MiB (44040192 bytes): 
 == --max-size 4M --live 512M, async
 manager async: 20000 operations in 0.052 s (2588 ns each); 0 allocation(s) failed
 peak live 36.21 MiB (37972554 bytes), peak reserved 48.00 MiB (50331648 bytes): reserved/live 1.326
+== --max-size 4M --live 512M, best fit (reference)
+manager best-fit: 20000 operations, a reference: an ideal best fit in one range that grows at its end (no device memory; see best_fit_reference.hpp)
+peak live 36.21 MiB (37972554 bytes), peak reserved 40.00 MiB (41943040 bytes): reserved/live 1.105
 == seeds 1-8 --max-size 4M --live 512M, pool: 1.300 1.100 1.200
 == seeds 1-8 --max-size 4M --live 512M, pool (expandable; no thread caches): 1.050 1.150
 == seeds 1-8 --max-size 1M --live 512M, pool:{empty}
@@ -30,6 +33,8 @@ def test_fragmentation_lines_read_runs_seeds_and_what_was_not_run(tmp_path):
     assert "| `--max-size 4M --live 512M` | pool | 973 | 42,592 / 12 | 36.21 MiB | 42.00 MiB | 1.160 |" in text
     # Managers other than the pool count no driver calls.
     assert "| `--max-size 4M --live 512M` | async | 2588 | - | 36.21 MiB | 48.00 MiB | 1.326 |" in text
+    # The best-fit reference takes no time of its own: no figure, rather than the row above's.
+    assert "| `--max-size 4M --live 512M` | best fit (reference) | - | - | 36.21 MiB | 40.00 MiB | 1.105 |" in text
     assert "| `--max-size 4M --live 512M` | pool | 1-8 | 1.200 | 1.300 | 1.300 1.100 1.200 |" in text
     # A manager's name may hold a semicolon, not a comma: the workload ends at the last ", ".
     assert "| `--max-size 4M --live 512M` | pool (expandable; no thread caches) | 1-8 | 1.100 | 1.150 |" in text

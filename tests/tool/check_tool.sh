@@ -47,6 +47,28 @@ printf 'Thread,Time,Action,Pointer,Size,Stream\n1,10.5,allocate,0x7f0000000000,3
 "$tool" replay "$work/rmm.csv" --manager pool >"$work/rmm.txt"
 grep -q "2 operations" "$work/rmm.txt"
 grep -q "peak live 2.93 KiB" "$work/rmm.txt"
+# The best-fit reference on a log whose best fit is known (MiB): A 4 and B 4
+# at 0 and 4; A freed; C 2 in A's hole (0-2); D 3 fits no hole, so the range
+# grows from 8 to 11, 12 in whole pages; C freed merges into 0-4, where E 4
+# fits (without the merge the range would grow to 16). Peak live 11 (B, D,
+# E) in a range of 12: 1.091.
+head -1 "$work/made.csv" >"$work/fit.csv"
+printf 'Alloc,0,0xa0000,0,4194304,0,0,1,0.1,0.1,0,
+Alloc,0,0xb0000,0,4194304,0,0,2,0.2,0.2,0,
+Free,0,0xa0000,0,4194304,0,0,1,0.3,0.3,0,
+Alloc,0,0xc0000,0,2097152,0,0,2,0.4,0.4,0,
+Alloc,0,0xd0000,0,3145728,0,0,3,0.5,0.5,0,
+Free,0,0xc0000,0,2097152,0,0,2,0.6,0.6,0,
+Alloc,0,0xe0000,0,4194304,0,0,3,0.7,0.7,0,
+' \
+  >>"$work/fit.csv"
+"$tool" replay "$work/fit.csv" --manager best-fit >"$work/fit.txt"
+grep -q "^manager best-fit: 7 operations, a reference: an ideal best fit" "$work/fit.txt"
+grep -q "^peak live 11.00 MiB (11534336 bytes), peak reserved 12.00 MiB (12582912 bytes): reserved/live 1.091$" "$work/fit.txt"
+# Generated workloads too, on threads side by side (taking turns).
+"$tool" random --operations 2000 --max-size 1M --live 32M --threads 2 --manager best-fit >"$work/fit-random.txt"
+grep -q "^manager best-fit: 4000 operations" "$work/fit-random.txt"
+grep -q "reserved/live 1\.[0-9]*$" "$work/fit-random.txt"
 # A log of two devices replays each device's rows on that device, where the driver has two.
 head -1 "$work/made.csv" >"$work/two.csv"
 printf 'Alloc,0,0x1000,0,3000,0,0,1,0.1,0.11,0,\nAlloc,1,0x1000,0,5000,0,0,1,0.2,0.21,0,\nAlloc,1,0x9000,0,7000,0,0,2,0.3,0.31,0,\nFree,1,0x1000,0,5000,0,0,1,0.4,0.41,0,\n' \
