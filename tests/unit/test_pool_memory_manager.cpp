@@ -28,6 +28,8 @@ class Pool : public ::testing::Test {
   static void pairs(PoolMemoryManager& pool, std::size_t size, int count) {
     for (int i = 0; i < count; ++i) pool.deallocate(pool.allocate(size), size);
   }
+  // The body of ALargeRequestUsesFreeSpaceOfTheSharedSegmentsRatherThanPassThePeak.
+  void uses_free_space_of_the_shared_segments(bool expandable);
   // Options with each thread's cache limited to `bytes` (0: no caches).
   static PoolOptions with_thread_cache(std::size_t bytes) {
     PoolOptions options;
@@ -454,6 +456,48 @@ TEST_F(Pool, SparesAndEmptySegmentsGoBackBeforeTheFootprintPassesItsPeak) {
       << "the pool kept the first phases' memory idle beside the last one's";
 }
 
+TEST_F(Pool, ALargeRequestUsesFreeSpaceOfTheSharedSegmentsRatherThanPassThePeak) {
+  for (const bool expandable : {false, true}) {
+    SCOPED_TRACE(expandable ? "expandable" : "segments");
+    uses_free_space_of_the_shared_segments(expandable);
+  }
+}
+
+void Pool::uses_free_space_of_the_shared_segments(bool expandable) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  PoolOptions options;
+  options.initial_size = 64 * kMiB;  // one shared segment (or the arena's first 64 MiB)
+  options.expandable = expandable;
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  // The segment full of 2 MiB blocks; then all but its first and last are
+  // freed (into this thread's cache, the rest into the index): 60 MiB free
+  // in a segment that cannot go back.
+  std::vector<std::shared_ptr<MemoryPointer>> small;
+  while (pool.statistics().reserved_bytes == 64 * kMiB && small.size() < 32) small.push_back(pool.memalloc(2 * kMiB));
+  ASSERT_EQ(small.size(), 32u) << "the initial segment did not hold 32 blocks of 2 MiB";
+  ASSERT_EQ(pool.statistics().reserved_bytes, 64 * kMiB);
+  for (std::size_t i = 1; i + 1 < small.size(); ++i) small[i].reset();
+
+  // A request for a segment of its own would take the pool to 72 MiB.
+  auto large = pool.memalloc(8 * kMiB);
+  EXPECT_EQ(pool.statistics().reserved_bytes, 64 * kMiB) << "the pool grew beside 60 MiB of free space";
+  EXPECT_GT(pool.get_ipc_handle(large).offset(), 0u) << "not a block of the shared segment";
+  const std::vector<std::uint8_t> values(8 * kMiB, 5);
+  DeviceArray<std::uint8_t> array(large, values.size());
+  array.copy_to_device(values);
+  EXPECT_EQ(array.copy_to_host(), values);
+
+  // Freed, it goes back to the index rather than stay with the thread,
+  // where requests for segments of their own do not look.
+  const std::size_t cached = pool.statistics().cached_bytes;
+  array = DeviceArray<std::uint8_t>();
+  large.reset();
+  EXPECT_LT(pool.statistics().cached_bytes, cached + 8 * kMiB) << "the thread kept the block";
+  auto again = pool.memalloc(8 * kMiB);
+  EXPECT_EQ(pool.statistics().reserved_bytes, 64 * kMiB);
+}
+
 TEST_F(Pool, IpcHandlesOfBlocksCarryTheirOffsetInTheSegment) {
   PoolMemoryManager pool(&context);
   pool.initialize();
@@ -710,8 +754,11 @@ TEST_F(Pool, AFinishedThreadsCachedBlocksGoBackToThePool) {
 TEST_F(Pool, TrimEmptiesTheThreadCaches) {
   PoolMemoryManager pool(&context);
   pool.initialize();
-  for (int i = 0; i < 100; ++i) pool.memalloc(1000);
+  // (The large block first: a request for a segment of its own that would
+  // take the pool past its peak merges the thread's safe small blocks into
+  // the index.)
   pool.memalloc(8 << 20);
+  for (int i = 0; i < 100; ++i) pool.memalloc(1000);
   EXPECT_GT(pool.statistics().cached_bytes, std::size_t{8} << 20);
   EXPECT_GT(pool.trim(), 0u);
   EXPECT_EQ(pool.statistics().cached_bytes, 0u);
