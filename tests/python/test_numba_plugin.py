@@ -239,6 +239,10 @@ def test_each_gpu_allocates_from_its_own_manager_and_arrays_copy_between_them(ru
                 assert (arrays[i].copy_to_host() == host + i).all()
         with cuda.gpus[0]:   # from GPU 0's context into GPU 1's array (numba-cuda's peer copy)
             arrays[1].copy_to_device(arrays[0])
+            # A copy between devices does not wait for the host: the driver
+            # returned before it was done for the expandable pool's and the
+            # driver pool's memory on two H200s (README, "Several GPUs").
+            cuda.synchronize()
         with cuda.gpus[1]:
             assert (arrays[1].copy_to_host() == host).all()
         print("two devices ok")
