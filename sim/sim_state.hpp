@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "cuemm/driver/cuda_api.hpp"
-#include "range_allocator.hpp"
 #include "stream_engine.hpp"
+#include "util/range_allocator.hpp"
 
 namespace cuemm::sim {
 
@@ -80,7 +80,7 @@ struct Device {
   std::size_t capacity = 0;
   int memfd = -1;
   char* arena = nullptr;
-  std::unique_ptr<RangeAllocator> ranges;
+  std::unique_ptr<util::RangeAllocator> ranges;
   std::size_t used = 0;
   Context* primary = nullptr;
   std::set<int> peers_enabled;  // devices whose cuMemAlloc memory this one's kernels may use

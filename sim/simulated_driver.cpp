@@ -103,7 +103,7 @@ bool ensure_arena(Device& device) {
   }
   device.memfd = fd;
   device.arena = static_cast<char*>(arena);
-  device.ranges = std::make_unique<RangeAllocator>(device.capacity);
+  device.ranges = std::make_unique<util::RangeAllocator>(device.capacity);
   return true;
 }
 

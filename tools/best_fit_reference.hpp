@@ -14,11 +14,11 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <iterator>
-#include <map>
-#include <set>
+#include <optional>
 #include <unordered_map>
-#include <utility>
+
+#include "util/range_allocator.hpp"
+#include "util/round_up.hpp"
 
 namespace cuemm::tool {
 
@@ -28,71 +28,41 @@ class BestFitReference {
   static constexpr std::size_t kPage = std::size_t{2} << 20;
 
   void allocate(std::uint64_t id, std::size_t size) {
-    const std::size_t bytes = round_up(size == 0 ? 1 : size, kBlockGranularity);
-    std::size_t address;
-    if (auto fit = free_by_size_.lower_bound({bytes, 0}); fit != free_by_size_.end()) {
-      const auto [free_bytes, free_address] = *fit;
-      take_free(free_address, free_bytes);
-      if (free_bytes > bytes) add_free(free_address + bytes, free_bytes - bytes);
-      address = free_address;
-    } else {
-      // The range grows, from the free block at its end if there is one.
-      address = end_;
-      if (!free_by_address_.empty()) {
-        const auto [last_address, last_bytes] = *std::prev(free_by_address_.end());
-        if (last_address + last_bytes == end_) {
-          take_free(last_address, last_bytes);
-          address = last_address;
-        }
-      }
-      end_ = address + bytes;
-      peak_end_ = std::max(peak_end_, end_);
+    const std::size_t bytes = util::round_up(size == 0 ? 1 : size, kBlockGranularity);
+    std::optional<std::size_t> address = range_.allocate(bytes);
+    if (!address) {
+      // The range grows at its end, by what its free end lacks: the block
+      // then takes that free end exactly.
+      range_.release(end_, bytes - range_.free_before(end_));
+      address = range_.allocate(bytes);
+      end_ = *address + bytes;
     }
-    blocks_[id] = {address, bytes};
+    blocks_[id] = {*address, bytes, size};
+    live_ += size;
   }
 
   // Frees the block of `id`; an id not allocated is ignored (a log may begin mid-run).
   void free(std::uint64_t id) {
     auto block = blocks_.find(id);
     if (block == blocks_.end()) return;
-    auto [address, bytes] = block->second;
+    range_.release(block->second.address, block->second.bytes);
+    live_ -= block->second.size;
     blocks_.erase(block);
-    // Merge with the free neighbours on either side.
-    if (auto next = free_by_address_.find(address + bytes); next != free_by_address_.end()) {
-      const std::size_t next_bytes = next->second;
-      take_free(address + bytes, next_bytes);
-      bytes += next_bytes;
-    }
-    if (auto next = free_by_address_.lower_bound(address); next != free_by_address_.begin()) {
-      const auto [previous_address, previous_bytes] = *std::prev(next);
-      if (previous_address + previous_bytes == address) {
-        take_free(previous_address, previous_bytes);
-        address = previous_address;
-        bytes += previous_bytes;
-      }
-    }
-    add_free(address, bytes);
   }
 
-  // The most the range ever spanned, in whole pages.
-  std::size_t peak_reserved() const noexcept { return round_up(peak_end_, kPage); }
+  // The bytes asked for by the blocks not yet freed.
+  std::size_t live_bytes() const noexcept { return live_; }
+  // The most the range ever spanned (it never shrinks), in whole pages.
+  std::size_t peak_reserved() const noexcept { return util::round_up(end_, kPage); }
 
  private:
-  static std::size_t round_up(std::size_t value, std::size_t step) noexcept { return (value + step - 1) / step * step; }
-  void add_free(std::size_t address, std::size_t bytes) {
-    free_by_address_.emplace(address, bytes);
-    free_by_size_.emplace(bytes, address);
-  }
-  void take_free(std::size_t address, std::size_t bytes) {
-    free_by_address_.erase(address);
-    free_by_size_.erase({bytes, address});
-  }
-
-  std::map<std::size_t, std::size_t> free_by_address_;           // address -> bytes
-  std::set<std::pair<std::size_t, std::size_t>> free_by_size_;   // (bytes, address): the best fit first
-  std::unordered_map<std::uint64_t, std::pair<std::size_t, std::size_t>> blocks_;  // id -> (address, bytes)
+  util::RangeAllocator range_{0};  // [0, end_), grown as requests need
+  struct Block {
+    std::size_t address, bytes, size;  // size: as asked for; bytes: rounded
+  };
+  std::unordered_map<std::uint64_t, Block> blocks_;
   std::size_t end_ = 0;
-  std::size_t peak_end_ = 0;
+  std::size_t live_ = 0;
 };
 
 }  // namespace cuemm::tool

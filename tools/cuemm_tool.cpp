@@ -99,8 +99,6 @@ ReplayReport best_fit_reference(const std::vector<std::vector<Operation>>& lists
   tool::BestFitReference reference;
   ReplayReport report;
   report.reference = true;
-  std::size_t live = 0;
-  std::unordered_map<std::uint64_t, std::size_t> sizes;  // the live blocks' sizes
   for (std::size_t step = 0;; ++step) {
     bool any = false;
     for (std::size_t index = 0; index < lists.size(); ++index) {
@@ -113,14 +111,10 @@ ReplayReport best_fit_reference(const std::vector<std::vector<Operation>>& lists
       const std::uint64_t id = operation.id * lists.size() + index;
       if (operation.allocate) {
         reference.allocate(id, operation.size);
-        sizes[id] = operation.size;
-        live += operation.size;
-      } else if (auto it = sizes.find(id); it != sizes.end()) {
+      } else {
         reference.free(id);
-        live -= it->second;
-        sizes.erase(it);
       }
-      report.peak_live = std::max(report.peak_live, live);
+      report.peak_live = std::max(report.peak_live, reference.live_bytes());
     }
     if (!any) break;
   }

@@ -1,20 +1,25 @@
-// range_allocator.hpp: best-fit placement of blocks inside one device arena.
+// range_allocator.hpp: best-fit placement of blocks inside one range: the
+// simulated driver's device arena, and the `cuemm` tool's best-fit reference.
 //
-// Offsets only; the arena's memory is elsewhere. O(log n) allocate and free,
-// neighbours coalesce. Not thread-safe: the simulated driver holds its lock.
+// Offsets only; the range's memory is elsewhere. O(log n) allocate and free,
+// neighbours coalesce. Not thread-safe: the owner locks.
 #pragma once
 
 #include <cstddef>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <set>
 #include <utility>
 
-namespace cuemm::sim {
+namespace cuemm::util {
 
 class RangeAllocator {
  public:
-  explicit RangeAllocator(std::size_t capacity) { insert_free(0, capacity); }
+  // A range of `capacity` bytes, all free (0: none yet; release() adds ranges).
+  explicit RangeAllocator(std::size_t capacity) {
+    if (capacity) insert_free(0, capacity);
+  }
 
   // Returns the offset of a block of exactly `size` bytes (already rounded by
   // the caller), or nullopt when no free range is large enough.
@@ -42,6 +47,15 @@ class RangeAllocator {
     return std::nullopt;
   }
 
+  // The length of the free range that ends at `offset`; 0 if none does.
+  std::size_t free_before(std::size_t offset) const {
+    auto next = by_offset_.lower_bound(offset);
+    if (next == by_offset_.begin()) return 0;
+    const auto& [start, length] = *std::prev(next);
+    return start + length == offset ? length : 0;
+  }
+
+  // Frees [offset, offset + size): a block handed out, or new room (as past the range's end).
   void release(std::size_t offset, std::size_t size) {
     // Invariant: free ranges never touch; merge with both neighbours.
     auto next = by_offset_.lower_bound(offset);
@@ -75,4 +89,4 @@ class RangeAllocator {
   std::set<std::pair<std::size_t, std::size_t>> by_size_;  // (length, offset)
 };
 
-}  // namespace cuemm::sim
+}  // namespace cuemm::util
