@@ -657,7 +657,6 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // 1.115 -> 1.10). The ideal best fit reads 1.00 on these training logs:
   // tools/best_fit_reference.hpp.)
   std::optional<std::uintptr_t> allocate_from_index_within_peak(std::size_t size) {
-    if (blocks.region_count() == 0) return std::nullopt;
     if (auto address = blocks.allocate(size)) return address;
     ThreadCache* own = cache_for_a_free();
     if (!own || own->bytes.load(std::memory_order_relaxed) == 0) return std::nullopt;
@@ -946,21 +945,22 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // many. Returns false, changing nothing, for a block it does not know.
   bool hold_large(std::uintptr_t address, std::uint64_t epoch, ThreadCache& cache) noexcept {
     std::optional<ThreadCache::OrderedLarge> lent;
+    // A block of the index that a request for a segment of its own took
+    // (allocate_from_index_within_peak()) goes back to the index: no
+    // request looks for it in the thread's rotations.
+    bool strays_from_its_kind = false;
     {
       std::lock_guard cache_lock(cache.lock.owner());
       lent = cache.take_lent(address, large_frees_elsewhere.load(std::memory_order_acquire));
       if (!lent) return false;
-      // A block of the index that a request for a segment of its own took
-      // (allocate_from_index_within_peak()) goes back to the index: no
-      // request looks for it in the thread's rotations.
-      const bool strays_from_its_kind = !lent->dedicated && wants_own_segment(lent->bytes);
+      strays_from_its_kind = !lent->dedicated && wants_own_segment(lent->bytes);
       if (!strays_from_its_kind && has_room_to_hold(cache, lent->bytes, lent->dedicated)) [[likely]] {
         cache.push_held_large(*lent, epoch);
         return true;
       }
     }
     std::lock_guard lock(mutex);
-    if (!lent->dedicated && wants_own_segment(lent->bytes)) {
+    if (strays_from_its_kind) {
       quarantine_or_reuse({address, lent->bytes, epoch, false});
       return true;
     }
