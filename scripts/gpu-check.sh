@@ -195,6 +195,14 @@ summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^
   # Other traces of the same workloads, and of smaller live sets: seeds 1-8,
   # side by side (each its own process and pool; only the ratios are kept).
   labels=("pool" "pool (expandable)" "pool (expandable; no thread caches)" "best fit (reference)")  # by variant, below
+  # `cuemm random` with the arguments after the variant, as labels[variant] says.
+  random_variant() {
+    local variant=$1 settings=(CUEMM_POOL_EXPANDABLE=$(($1 == 1 || $1 == 2))) manager=pool
+    shift
+    [ "$variant" = 2 ] && settings+=(CUEMM_POOL_THREAD_CACHE_SIZE=0)
+    [ "$variant" = 3 ] && manager=best-fit
+    env "${settings[@]}" CUEMM_DRIVER=cuda "$build/bin/cuemm" random "$@" --manager $manager
+  }
   for workload in "--max-size 4M --live 512M" "--max-size 1M --live 512M" "--max-size 256K --live 64M" \
       "--max-size 64M --live 256M" "--max-size 4M --live 128M"; do
     if [ "$(time_left)" -lt 40 ]; then
@@ -209,13 +217,8 @@ summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^
     batches+=("3")
     for batch in "${batches[@]}"; do
       for variant in $batch; do
-        settings=(CUEMM_POOL_EXPANDABLE=$((variant > 0)))
-        [ "$variant" = 2 ] && settings+=(CUEMM_POOL_THREAD_CACHE_SIZE=0)
-        manager=pool
-        [ "$variant" = 3 ] && manager=best-fit
         for seed in 1 2 3 4 5 6 7 8; do
-          env "${settings[@]}" CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload --operations 20000 --seed $seed --manager $manager \
-            >"$logs/seed.$variant.$seed" 2>&1 &
+          random_variant $variant $workload --operations 20000 --seed $seed >"$logs/seed.$variant.$seed" 2>&1 &
         done
       done
       wait
@@ -238,9 +241,7 @@ summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^
       fi
       ratios=""
       for seed in 1 2 3; do
-        ratios="$ratios $(CUEMM_POOL_EXPANDABLE=$((variant == 1)) CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload \
-          --operations 20000 --seed $seed --manager $([ "$variant" = 3 ] && echo best-fit || echo pool) 2>&1 |
-          reserved_over_live_or_failed)"
+        ratios="$ratios $(random_variant $variant $workload --operations 20000 --seed $seed 2>&1 | reserved_over_live_or_failed)"
       done
       echo "== seeds 1-3 $workload, ${labels[$variant]}:$ratios"
     done
