@@ -592,7 +592,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // microseconds; a new segment costs memory and a driver call of 100 us),
   // or a new segment after giving back the largest spares beyond 1/32 of
   // the pool; on out of memory, everything the other paths give back too.
-  std::uintptr_t allocate_dedicated(std::size_t size) {
+  // `in_a_loop`: the thread asked for this size several times in a row,
+  // freeing one each time (see ThreadCache::count_segment_request()).
+  std::uintptr_t allocate_dedicated(std::size_t size, bool in_a_loop = false) {
     const std::size_t segment = detail::DedicatedSegments::segment_size(size);
     if (segment == 0) throw OutOfMemory("PoolMemoryManager::allocate", size, "no device has that much memory");
     if (auto base = dedicated.take_spare(segment)) return *base;
@@ -629,7 +631,14 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     // took that log to 1.14, but broke the rotations of loops that alternate
     // between large sizes.)
     if (reserved_bytes() + segment > peak_reserved) {
-      if (auto address = allocate_from_index_within_peak(size)) return *address;
+      // Not for a loop: a block of the index goes back there at its free,
+      // so the loop would never hold a rotation, and would seal for each
+      // request and take the pool's lock for each pair (16 threads of 4 MiB
+      // pairs on the H100, in a pool left at its peak by smaller ones:
+      // 78-137 ns a pair, against 8.5-12 with segments of their own).
+      if (!in_a_loop) {
+        if (auto address = allocate_from_index_within_peak(size)) return *address;
+      }
       release_free_segments();
     }
     const std::size_t keep = reserved_bytes() / 32;
@@ -845,6 +854,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     bool buys_one_more = false;
     bool waits_for_the_gpu = false;
     bool missed = false;  // no held block fits
+    if (own_segment) cache.count_segment_request(needed, kHitsOfALoop);
     for (int attempt = 0; needed != 0 && attempt < 2; ++attempt) {
       std::uint64_t waits_for = 0;
       bool may_hold_more = false;
@@ -914,7 +924,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
         cache.held_hits_since_miss = 0;
       }
     }
-    const std::uintptr_t address = allocate_beyond_classes(size, own_segment ? nullptr : &cache);
+    const std::uintptr_t address =
+        own_segment ? allocate_dedicated(size, cache.segment_loop_length >= kHitsOfALoop)
+                    : allocate_from_index(size, &cache);
     lend_from_pool(cache, address);
     return address;
   }
@@ -953,6 +965,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       std::lock_guard cache_lock(cache.lock.owner());
       lent = cache.take_lent(address, large_frees_elsewhere.load(std::memory_order_acquire));
       if (!lent) return false;
+      cache.count_large_free(detail::DedicatedSegments::segment_size(lent->bytes));
       strays_from_its_kind = !lent->dedicated && wants_own_segment(lent->bytes);
       if (!strays_from_its_kind && has_room_to_hold(cache, lent->bytes, lent->dedicated)) [[likely]] {
         cache.push_held_large(*lent, epoch);

@@ -122,6 +122,27 @@ struct ThreadCache {
   // Its requests that found a held block since the latest that found none,
   // up to kHitsOfALoop (its own thread's).
   std::uint32_t held_hits_since_miss = 0;
+  // A loop of requests for segments of their own, each after a free of the
+  // size (its own thread's): the segment size of its latest such request,
+  // how many in a row (up to kHitsOfALoop), and whether a block of that size
+  // was freed since. Such a loop gets segments to rotate through even at the
+  // pool's peak (allocate_dedicated()); many blocks of a size taken in a row
+  // and kept (a model's gradients) are no loop.
+  std::size_t latest_segment = 0;
+  std::uint32_t segment_loop_length = 0;
+  bool freed_latest_segment = false;
+  void count_segment_request(std::size_t segment, std::uint32_t enough) noexcept {
+    if (segment != latest_segment || !freed_latest_segment) {
+      latest_segment = segment;
+      segment_loop_length = 1;
+    } else if (segment_loop_length < enough) {
+      ++segment_loop_length;
+    }
+    freed_latest_segment = false;
+  }
+  void count_large_free(std::size_t segment) noexcept {
+    if (segment == latest_segment) freed_latest_segment = true;
+  }
   // The large blocks this thread took, so that their free needs no lock to
   // learn their size. An entry is
   // trusted only if no large block was freed another way since it was made

@@ -496,6 +496,15 @@ void Pool::uses_free_space_of_the_shared_segments(bool expandable) {
   EXPECT_LT(pool.statistics().cached_bytes, cached + 8 * kMiB) << "the thread kept the block";
   auto again = pool.memalloc(8 * kMiB);
   EXPECT_EQ(pool.statistics().reserved_bytes, 64 * kMiB);
+  again.reset();
+
+  // A loop of such requests is another matter: were its blocks from the
+  // index, each would go back there at its free, and the loop would seal at
+  // every request rather than rotate through blocks it holds.
+  pairs(pool, 8 * kMiB, 3000);
+  const std::size_t seals = pool.statistics().seals;
+  pairs(pool, 8 * kMiB, 2000);
+  EXPECT_LE(pool.statistics().seals - seals, 2000u / 4) << "a seal for most requests of the loop";
 }
 
 TEST_F(Pool, IpcHandlesOfBlocksCarryTheirOffsetInTheSegment) {
