@@ -9,6 +9,7 @@ bench_numba.py's JSON); nothing is typed in. scripts/gpu-check.sh runs it.
 import argparse
 import datetime
 import json
+import os
 import platform
 import re
 import statistics
@@ -110,6 +111,35 @@ def fragmentation_lines(path):
     return lines
 
 
+def pair_cells(text):
+    """The pair tables of a RESULTS.md: {(threads, allocator, size): ns}, cells with a figure only."""
+    cells, threads, header, in_pairs = {}, None, None, False
+    for line in text.splitlines():
+        if line.startswith("## "):
+            in_pairs = line.startswith("## C++: allocate+free pairs")
+        elif in_pairs and line.startswith("### "):
+            threads, header = int(line.split()[1]), None
+        elif in_pairs and threads and line.startswith("| allocator |"):
+            header = [cell.strip() for cell in line.strip("|").split("|")][1:]
+        elif in_pairs and header and line.startswith("| ") and not line.startswith("|---"):
+            row = [cell.strip() for cell in line.strip("|").split("|")]
+            for size, cell in zip(header, row[1:]):
+                try:
+                    cells[(threads, row[0], size)] = float(cell.replace(",", ""))
+                except ValueError:
+                    pass  # "-": not measured
+    return cells
+
+
+def slower_cells(previous, current, factor):
+    """Pair cells that took over `factor` times the previous run's time, slowest first."""
+    before, now = pair_cells(previous), pair_cells(current)
+    slower = [(now[key] / before[key], key) for key in now if key in before and now[key] > factor * before[key]]
+    return [f"{threads} thread(s), {allocator}, {size}: {fmt(before[(threads, allocator, size)])} -> "
+            f"{fmt(now[(threads, allocator, size)])} ns ({ratio:.1f}x)"
+            for ratio, (threads, allocator, size) in sorted(slower, reverse=True)]
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--allocators", required=True, nargs="+",
@@ -119,6 +149,7 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--commit", help="the commit measured (default: git's HEAD here)")
     parser.add_argument("--fragmentation", help="the output of the `cuemm random` runs (optional)")
+    parser.add_argument("--previous", help="the RESULTS.md of an earlier run: pair cells over 2x slower are printed")
     args = parser.parse_args()
     runs = [json.load(open(path)) for path in args.allocators]
     allocators = runs[0]
@@ -324,6 +355,11 @@ def main():
     lines.append("")
     with open(args.out, "w") as out:
         out.write("\n".join(lines))
+    if args.previous and os.path.exists(args.previous):
+        # Timings are noisy (README), so only large changes are named; a
+        # regression once went unseen through two runs of this table.
+        slower = slower_cells(open(args.previous).read(), "\n".join(lines), 2.0)
+        print("pairs over 2x slower than the previous results: " + ("; ".join(slower) if slower else "none"))
 
 
 if __name__ == "__main__":

@@ -274,9 +274,10 @@ phase_done fragmentation
 if [ -f "$logs/bench_allocators.json" ] && [ -f "$logs/bench_numba.json" ]; then
   (cd "$root" && "$python" bench/make_results.py --allocators "$logs/bench_allocators.json" "${anchors[@]}" \
     --numba "$logs/bench_numba.json" --gpu "$logs/gpu.txt" --out "$logs/RESULTS.md" \
-    --fragmentation "$logs/bench_fragmentation.txt" \
+    --fragmentation "$logs/bench_fragmentation.txt" --previous bench/RESULTS.md \
     ${CUEMM_COMMIT:+--commit "$CUEMM_COMMIT"}) >"$logs/results.log" 2>&1
   summary+=("bench/RESULTS.md: written to $logs/RESULTS.md (exit $?)")
+  summary+=("$(grep -m1 '^pairs over 2x slower' "$logs/results.log")")
 fi
 
 phase_done results

@@ -47,3 +47,40 @@ def test_fragmentation_lines_read_runs_seeds_and_what_was_not_run(tmp_path):
     not_run = [line for line in text.splitlines() if line.startswith("Not run in this check: ")]
     assert len(not_run) == 1
     assert "seeds 1-8 --max-size 4M --live 128M" in not_run[0] and "replay of numba-cuda's suite log" in not_run[0]
+
+
+def pairs_table(raw_pair_1, memalloc_16):
+    return f"""\
+## C++: allocate+free pairs
+
+### 1 thread(s)
+
+| allocator | 256 B | 4,194,304 B |
+|---|---|---|
+| cuMemAlloc + cuMemFree | 93,712 | - |
+| pool, raw allocate/deallocate | 26.3 | {raw_pair_1} |
+
+### 16 thread(s)
+
+| allocator | 256 B | 4,194,304 B |
+|---|---|---|
+| pool manager, memalloc (MemoryPointer) | 5.9 | {memalloc_16} |
+
+## Allocation between kernels on 4 streams (C++)
+
+| allocator | 65,536 B | 4,194,304 B |
+|---|---|---|
+| pool manager | 3,238 | 4,670 |
+"""
+
+
+def test_slower_cells_name_pairs_that_took_over_twice_as_long():
+    previous = pairs_table("59.0", "10.6")
+    cells = make_results.pair_cells(previous)
+    assert cells[(1, "cuMemAlloc + cuMemFree", "256 B")] == 93712
+    assert (1, "cuMemAlloc + cuMemFree", "4,194,304 B") not in cells  # "-": not measured
+    assert (1, "pool manager", "65,536 B") not in cells  # another section's table
+    # Noise within 2x is no regression; a cell that is over 2x slower is named.
+    assert make_results.slower_cells(previous, pairs_table("110", "20.0"), 2.0) == []
+    assert make_results.slower_cells(previous, pairs_table("59.0", "78.0"), 2.0) == [
+        "16 thread(s), pool manager, memalloc (MemoryPointer), 4,194,304 B: 10.6 -> 78.0 ns (7.4x)"]
