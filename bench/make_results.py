@@ -140,6 +140,25 @@ def slower_cells(previous, current, factor):
             for ratio, (threads, allocator, size) in sorted(slower, reverse=True)]
 
 
+def fragmentation_means(text):
+    """The seed tables of a RESULTS.md: {(workload, manager): mean reserved over live}."""
+    means = {}
+    for line in text.splitlines():
+        row = [cell.strip() for cell in line.strip("|").split("|")]
+        # | workload | manager | seeds | mean | max | per seed |
+        if len(row) == 6 and row[0].startswith("`") and re.fullmatch(r"\d+-\d+", row[2]):
+            means[(row[0], row[1])] = float(row[3])
+    return means
+
+
+def higher_means(previous, current, by):
+    """Seed means that rose by more than `by` since the previous run."""
+    before, now = fragmentation_means(previous), fragmentation_means(current)
+    return [f"{workload} {manager}: {before[(workload, manager)]:.3f} -> {now[(workload, manager)]:.3f}"
+            for workload, manager in now
+            if (workload, manager) in before and now[(workload, manager)] > before[(workload, manager)] + by]
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--allocators", required=True, nargs="+",
@@ -149,7 +168,8 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--commit", help="the commit measured (default: git's HEAD here)")
     parser.add_argument("--fragmentation", help="the output of the `cuemm random` runs (optional)")
-    parser.add_argument("--previous", help="the RESULTS.md of an earlier run: pair cells over 2x slower are printed")
+    parser.add_argument("--previous", help="the RESULTS.md of an earlier run: pair cells over 2x slower, and "
+                        "fragmentation means over 0.04 higher, are printed")
     args = parser.parse_args()
     runs = [json.load(open(path)) for path in args.allocators]
     allocators = runs[0]
@@ -360,6 +380,9 @@ def main():
         # regression once went unseen through two runs of this table.
         slower = slower_cells(open(args.previous).read(), "\n".join(lines), 2.0)
         print("pairs over 2x slower than the previous results: " + ("; ".join(slower) if slower else "none"))
+        # Seeds move by a few hundredths from run to run (seals are paced in time).
+        higher = higher_means(open(args.previous).read(), "\n".join(lines), 0.04)
+        print("fragmentation means over 0.04 above the previous results: " + ("; ".join(higher) if higher else "none"))
 
 
 if __name__ == "__main__":

@@ -278,6 +278,7 @@ if [ -f "$logs/bench_allocators.json" ] && [ -f "$logs/bench_numba.json" ]; then
     ${CUEMM_COMMIT:+--commit "$CUEMM_COMMIT"}) >"$logs/results.log" 2>&1
   summary+=("bench/RESULTS.md: written to $logs/RESULTS.md (exit $?)")
   summary+=("$(grep -m1 '^pairs over 2x slower' "$logs/results.log")")
+  summary+=("$(grep -m1 '^fragmentation means over' "$logs/results.log")")
 fi
 
 phase_done results

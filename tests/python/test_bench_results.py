@@ -84,3 +84,23 @@ def test_slower_cells_name_pairs_that_took_over_twice_as_long():
     assert make_results.slower_cells(previous, pairs_table("110", "20.0"), 2.0) == []
     assert make_results.slower_cells(previous, pairs_table("59.0", "78.0"), 2.0) == [
         "16 thread(s), pool manager, memalloc (MemoryPointer), 4,194,304 B: 10.6 -> 78.0 ns (7.4x)"]
+
+
+def seeds_table(mean):
+    return f"""\
+| workload | manager | seeds | mean | max | per seed |
+|---|---|---|---|---|---|
+| `--max-size 4M --live 512M` | pool | 1-8 | {mean} | 1.268 | 1.207 1.268 |
+| `--max-size 4M --live 512M` | best fit (reference) | 1-8 | 1.087 | 1.137 | 1.117 1.137 |
+| `--max-size 4M --live 512M` | pool | 45051 | 7,899 / 7,892 | 4.00 GiB | 4.19 GiB | 1.048 |
+"""
+
+
+def test_higher_means_name_seed_means_that_rose():
+    means = make_results.fragmentation_means(seeds_table("1.188"))
+    # The seed tables only: a fragmentation row of one run has seven cells.
+    assert means == {("`--max-size 4M --live 512M`", "pool"): 1.188,
+                     ("`--max-size 4M --live 512M`", "best fit (reference)"): 1.087}
+    assert make_results.higher_means(seeds_table("1.188"), seeds_table("1.207"), 0.04) == []
+    assert make_results.higher_means(seeds_table("1.188"), seeds_table("1.250"), 0.04) == [
+        "`--max-size 4M --live 512M` pool: 1.188 -> 1.250"]
