@@ -33,6 +33,14 @@ void cuemmSimClearFaults(void);
 unsigned long long cuemmSimLiveAllocations(int kind);
 unsigned long long cuemmSimDeviceBytesInUse(int device);
 
+/* What cuDeviceGetAttribute answers for a device's attribute from now on
+ * (value < 0: the simulated H100's own answer again). Features read as absent
+ * are refused as on such a device: virtual memory management (102) by
+ * cuMemGetAllocationGranularity and cuMemCreate, memory pools (115) by
+ * cuMemPoolCreate, with CUDA_ERROR_NOT_SUPPORTED. Returns 0, or 1 for an
+ * unknown device or attribute. */
+int cuemmSimSetDeviceAttribute(int device, int attribute, int value);
+
 #ifdef __cplusplus
 }
 #endif

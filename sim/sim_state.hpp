@@ -84,6 +84,7 @@ struct Device {
   std::size_t used = 0;
   Context* primary = nullptr;
   std::set<int> peers_enabled;  // devices whose cuMemAlloc memory this one's kernels may use
+  std::map<int, int> attribute_overrides;  // set by tests: a device without a feature (cuemmSimSetDeviceAttribute)
 };
 
 struct Module {

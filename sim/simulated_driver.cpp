@@ -465,8 +465,10 @@ SIM_EXPORT CUresult cuDeviceGetName(char* name, int length, CUdevice ordinal) {
 }
 
 namespace {
-// An H100-like device. Attributes not listed read as 0, as unsupported ones do.
+// An H100-like device, unless a test said otherwise. Attributes not listed
+// read as 0, as unsupported ones do.
 int attribute_value(const Device& device, int attribute) {
+  if (auto it = device.attribute_overrides.find(attribute); it != device.attribute_overrides.end()) return it->second;
   switch (attribute) {
     case 1: return 1024;                 // MAX_THREADS_PER_BLOCK
     case 2: case 3: return 1024;         // MAX_BLOCK_DIM_X, Y
@@ -503,7 +505,7 @@ int attribute_value(const Device& device, int attribute) {
     case 91: return 1;                   // CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM
     case 95: return 1;                   // COOPERATIVE_LAUNCH
     case 97: return 232448;              // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
-    case 102: return 1;                  // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: return 1;
     case 103: return 1;                  // HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
     case 106: return 32;                 // MAX_BLOCKS_PER_MULTIPROCESSOR
     case 115: return 1;                  // MEMORY_POOLS_SUPPORTED
@@ -767,6 +769,10 @@ SIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, std::size_t* size
 namespace {
 constexpr std::size_t kVirtualGranularity = std::size_t{2} << 20;
 
+bool supports_virtual_memory(const Device& device) {
+  return attribute_value(device, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) != 0;
+}
+
 bool is_device_property(State& s, const CUmemAllocationProp* properties) {
   return properties && properties->type == CU_MEM_ALLOCATION_TYPE_PINNED &&
          properties->location.type == CU_MEM_LOCATION_TYPE_DEVICE && device_at(s, properties->location.id);
@@ -786,6 +792,7 @@ SIM_EXPORT CUresult cuMemGetAllocationGranularity(std::size_t* granularity, cons
   SIM_BEGIN(cuMemGetAllocationGranularity);
   (void)option;
   if (!granularity || !is_device_property(s, properties)) return CUDA_ERROR_INVALID_VALUE;
+  if (!supports_virtual_memory(*s.devices[properties->location.id])) return CUDA_ERROR_NOT_SUPPORTED;
   *granularity = kVirtualGranularity;
   return CUDA_SUCCESS;
 }
@@ -828,6 +835,7 @@ SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, std::size_
       (properties->requested_handle_types & ~CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
     return CUDA_ERROR_INVALID_VALUE;  // (Linux has no other handle type)
   Device& device = *s.devices[properties->location.id];
+  if (!supports_virtual_memory(device)) return CUDA_ERROR_NOT_SUPPORTED;
   if (!ensure_arena(device)) return CUDA_ERROR_OUT_OF_MEMORY;
   auto offset = device.ranges->allocate_aligned(bytes, kVirtualGranularity);  // mmap wants page offsets
   if (!offset) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -987,7 +995,9 @@ SIM_EXPORT CUresult cuMemPoolCreate(CUmemoryPool* out, const CUmemPoolProps* pro
   if (!out || !properties || properties->alloc_type != CU_MEM_ALLOCATION_TYPE_PINNED ||
       properties->location.type != CU_MEM_LOCATION_TYPE_DEVICE || (properties->handle_types & ~0x1))
     return CUDA_ERROR_INVALID_VALUE;
-  if (!device_at(s, properties->location.id)) return CUDA_ERROR_INVALID_DEVICE;
+  const Device* device = device_at(s, properties->location.id);
+  if (!device) return CUDA_ERROR_INVALID_DEVICE;
+  if (attribute_value(*device, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED) == 0) return CUDA_ERROR_NOT_SUPPORTED;
   auto pool = std::make_unique<MemoryPool>();
   pool->device = properties->location.id;
   pool->handle_types = properties->handle_types;
@@ -1835,6 +1845,19 @@ SIM_EXPORT unsigned long long cuemmSimLiveStreams() {
   unsigned long long count = 0;
   for (const auto& context : s.contexts) count += context->streams.size();
   return count;
+}
+
+SIM_EXPORT int cuemmSimSetDeviceAttribute(int ordinal, int attribute, int value) {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  Device* device = device_at(s, ordinal);
+  if (!device || attribute <= 0 || attribute >= CU_DEVICE_ATTRIBUTE_MAX) return 1;
+  if (value < 0) {
+    device->attribute_overrides.erase(attribute);
+  } else {
+    device->attribute_overrides[attribute] = value;
+  }
+  return 0;
 }
 
 SIM_EXPORT unsigned long long cuemmSimDeviceBytesInUse(int ordinal) {

@@ -36,6 +36,12 @@ void inject_fault(const std::string& function, std::uint64_t nth, cuda::CUresult
 
 void clear_faults() { control<void (*)()>("cuemmSimClearFaults")(); }
 
+void set_device_attribute(int device, cuda::DeviceAttribute attribute, int value) {
+  if (control<int (*)(int, int, int)>("cuemmSimSetDeviceAttribute")(device, attribute, value) != 0)
+    throw InvalidArgument("the simulated driver has no device " + std::to_string(device) + " or attribute " +
+                          std::to_string(attribute));
+}
+
 std::uint64_t live_allocations(AllocationKind kind) {
   return control<unsigned long long (*)(int)>("cuemmSimLiveAllocations")(static_cast<int>(kind));
 }

@@ -23,8 +23,21 @@ cuda::CUmemAllocationProp ExpandableArena::properties() const noexcept {
   return properties;
 }
 
+void ExpandableArena::require_support(int device) {
+  int supported = 0;
+  if (CUEMM_CU_RESULT(cuDeviceGetAttribute, &supported,
+                      cuda::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device) == cuda::CUDA_SUCCESS &&
+      supported == 0) {
+    throw CudaError(cuda::CUDA_ERROR_NOT_SUPPORTED, "cuMemCreate",
+                    "device " + std::to_string(device) +
+                        " has no virtual memory management, which the expandable pool (CUEMM_POOL_EXPANDABLE=1) "
+                        "maps its memory with; use the pool without it");
+  }
+}
+
 void ExpandableArena::reserve(std::size_t bytes) {
   if (base_) return;
+  require_support(device_);
   access_ = driver::read_write_access_with_peers(device_);
   int shareable = 0;
   shareable_ = CUEMM_CU_RESULT(cuDeviceGetAttribute, &shareable,

@@ -1297,6 +1297,8 @@ PoolMemoryManager::~PoolMemoryManager() {
 }
 
 void PoolMemoryManager::on_initialize() {
+  // At once, rather than at the first request.
+  if (options_.expandable && has_context()) detail::ExpandableArena::require_support(context().device().id());
   std::lock_guard lock(core_->mutex);
   if (options_.initial_size && core_->blocks.region_bytes() == 0 && !core_->grow(options_.initial_size)) {
     throw OutOfMemory("PoolMemoryManager::initialize", options_.initial_size, "the initial pool does not fit");

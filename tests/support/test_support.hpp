@@ -28,6 +28,23 @@ namespace cuemm::testing {
                    << ::cuemm::driver::Driver::get().library_path() << ")";                              \
   } while (0)
 
+// A simulated device that answers `value` for an attribute (one without a
+// feature: 0) while this lives; CUEMM_REQUIRE_SIMULATION() first.
+class SimulatedDeviceAttribute {
+ public:
+  SimulatedDeviceAttribute(int device, cuda::DeviceAttribute attribute, int value)
+      : device_(device), attribute_(attribute) {
+    simulation::set_device_attribute(device, attribute, value);
+  }
+  ~SimulatedDeviceAttribute() { simulation::set_device_attribute(device_, attribute_, -1); }
+  SimulatedDeviceAttribute(const SimulatedDeviceAttribute&) = delete;
+  SimulatedDeviceAttribute& operator=(const SimulatedDeviceAttribute&) = delete;
+
+ private:
+  int device_;
+  cuda::DeviceAttribute attribute_;
+};
+
 // The error that `call` throws as `Expected`, or nothing if it returns (an
 // exception of another type propagates, and the test fails with it).
 template <typename Expected, typename Call>

@@ -53,6 +53,19 @@ TEST_F(Async, IpcFromAPoolNotCreatedExportableIsRefusedWithAClearError) {
                                    "CUEMM_ASYNC_EXPORTABLE=1"));
 }
 
+// A device without stream-ordered memory pools (older GPUs, some virtual
+// GPUs): refused at initialize with an error that names the device and what
+// to use instead, and again at a request rather than a crash.
+TEST_F(Async, ADeviceWithoutMemoryPoolsIsRefusedWithAClearError) {
+  CUEMM_REQUIRE_SIMULATION();
+  const int device = context.device().id();
+  const cuemm::testing::SimulatedDeviceAttribute lacking(device, cuda::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 0);
+  AsyncMemoryManager manager(&context);
+  EXPECT_TRUE(throws<CudaError>([&] { manager.initialize(); }, "device " + std::to_string(device),
+                                "no stream-ordered memory pools", "CUEMM_MEMORY_MANAGER=pool"));
+  EXPECT_TRUE(throws<CudaError>([&] { manager.memalloc(4096); }, "no stream-ordered memory pools"));
+}
+
 // (Opening in another process: test_ipc.)
 TEST_F(Async, AnExportablePoolsHandleCarriesItsExportAndSurvivesSerialisation) {
   AsyncOptions options;

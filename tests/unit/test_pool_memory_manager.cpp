@@ -507,6 +507,27 @@ void Pool::uses_free_space_of_the_shared_segments(bool expandable) {
   EXPECT_LE(pool.statistics().seals - seals, 2000u / 4) << "a seal for most requests of the loop";
 }
 
+// The expandable pool on a device without virtual memory management: refused
+// at initialize with an error that names the device, the option and what to
+// use instead, and again at a request rather than a crash. The pool without
+// it serves that device.
+TEST_F(Pool, AnExpandablePoolOnADeviceWithoutVirtualMemoryIsRefusedWithAClearError) {
+  CUEMM_REQUIRE_SIMULATION();
+  const int device = context.device().id();
+  const cuemm::testing::SimulatedDeviceAttribute lacking(
+      device, cuda::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0);
+  PoolOptions options;
+  options.expandable = true;
+  PoolMemoryManager expandable(&context, options);
+  EXPECT_TRUE(throws<CudaError>([&] { expandable.initialize(); }, "device " + std::to_string(device),
+                                "no virtual memory management", "CUEMM_POOL_EXPANDABLE=1", "without it"));
+  EXPECT_TRUE(throws<CudaError>([&] { expandable.memalloc(1 << 20); }, "no virtual memory management"));
+  EXPECT_EQ(expandable.statistics().reserved_bytes, 0u);
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  EXPECT_NE(pool.memalloc(1 << 20)->device_pointer(), 0u);
+}
+
 TEST_F(Pool, IpcHandlesOfBlocksCarryTheirOffsetInTheSegment) {
   PoolMemoryManager pool(&context);
   pool.initialize();

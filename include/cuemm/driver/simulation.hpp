@@ -34,6 +34,11 @@ enum class AllocationKind { Any = -1, Device = 0, Managed = 1, PinnedHost = 2, R
                             VirtualMapping = 5 };
 std::uint64_t live_allocations(AllocationKind kind = AllocationKind::Any);
 std::uint64_t device_bytes_in_use(int device);
+// Makes cuDeviceGetAttribute answer `value` for a device's attribute, and the
+// simulation refuse what a device without that feature refuses (virtual
+// memory management, memory pools: CUDA_ERROR_NOT_SUPPORTED); a value below
+// 0 restores the simulated H100's own answer.
+void set_device_attribute(int device, cuda::DeviceAttribute attribute, int value);
 // Streams of every live context: those created and not destroyed, and the
 // per-thread default streams of threads still running.
 std::uint64_t live_streams();

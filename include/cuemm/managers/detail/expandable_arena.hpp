@@ -41,9 +41,11 @@ class ExpandableArena {
   ExpandableArena(const ExpandableArena&) = delete;
   ExpandableArena& operator=(const ExpandableArena&) = delete;
 
+  // Throws CudaError (CUDA_ERROR_NOT_SUPPORTED, saying so) when `device`
+  // has no virtual memory management, which the arena maps its memory with.
+  static void require_support(int device);
   // Reserves `bytes` of addresses (rounded up to the driver's granularity)
-  // on first use; throws CudaError when the driver has no virtual memory
-  // management (a named error, not a crash).
+  // on first use; throws as require_support() does.
   void reserve(std::size_t bytes);
   bool reserved() const noexcept { return base_ != 0; }
 
