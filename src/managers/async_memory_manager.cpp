@@ -21,12 +21,7 @@ AsyncOptions AsyncOptions::from_environment() {
   AsyncOptions options;
   if (const auto threshold = util::byte_size_from_environment("CUEMM_ASYNC_RELEASE_THRESHOLD"))
     options.release_threshold = *threshold;
-  if (const char* text = std::getenv("CUEMM_ASYNC_EXPORTABLE"); text && *text) {
-    const std::string value(text);
-    if (value != "0" && value != "1")
-      throw InvalidArgument("CUEMM_ASYNC_EXPORTABLE must be 0 or 1 (got '" + value + "')");
-    options.exportable = value == "1";
-  }
+  options.exportable = util::flag_from_environment("CUEMM_ASYNC_EXPORTABLE").value_or(options.exportable);
   return options;
 }
 

@@ -86,18 +86,8 @@ PoolOptions PoolOptions::from_environment() {
       util::byte_size_from_environment("CUEMM_POOL_THREAD_CACHE_SIZE").value_or(options.thread_cache_size);
   options.dedicated_size =
       util::byte_size_from_environment("CUEMM_POOL_DEDICATED_SIZE").value_or(options.dedicated_size);
-  if (const char* text = std::getenv("CUEMM_POOL_EXPANDABLE"); text && *text) {
-    const std::string value(text);
-    if (value != "0" && value != "1")
-      throw InvalidArgument("CUEMM_POOL_EXPANDABLE must be 0 or 1 (got '" + value + "')");
-    options.expandable = value == "1";
-  }
-  if (const char* text = std::getenv("CUEMM_PINNED_HOST_POOL"); text && *text) {
-    const std::string value(text);
-    if (value != "0" && value != "1")
-      throw InvalidArgument("CUEMM_PINNED_HOST_POOL must be 0 or 1 (got '" + value + "')");
-    options.pinned_host_pool = value == "1";
-  }
+  options.expandable = util::flag_from_environment("CUEMM_POOL_EXPANDABLE").value_or(options.expandable);
+  options.pinned_host_pool = util::flag_from_environment("CUEMM_PINNED_HOST_POOL").value_or(options.pinned_host_pool);
   return options;
 }
 

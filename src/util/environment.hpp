@@ -22,4 +22,15 @@ inline std::optional<std::size_t> byte_size_from_environment(const char* variabl
   return *bytes;
 }
 
+// "0" or "1" from `variable`; nullopt when unset or empty, InvalidArgument
+// naming the variable for anything else.
+inline std::optional<bool> flag_from_environment(const char* variable) {
+  const char* text = std::getenv(variable);
+  if (!text || !*text) return std::nullopt;
+  const std::string value(text);
+  if (value != "0" && value != "1")
+    throw InvalidArgument(std::string(variable) + " must be 0 or 1 (got '" + value + "')");
+  return value == "1";
+}
+
 }  // namespace cuemm::util

@@ -742,7 +742,8 @@ TEST_F(Pool, SizesFromTheEnvironmentAreParsed) {
   setenv("CUEMM_POOL_EXPANDABLE", "1", 1);
   EXPECT_TRUE(PoolOptions::from_environment().expandable);
   setenv("CUEMM_POOL_EXPANDABLE", "yes", 1);
-  EXPECT_THROW(PoolOptions::from_environment(), InvalidArgument);
+  EXPECT_TRUE(throws<InvalidArgument>([&] { PoolOptions::from_environment(); }, "CUEMM_POOL_EXPANDABLE must be 0 or 1",
+                                      "'yes'"));
   unsetenv("CUEMM_POOL_EXPANDABLE");
 }
 
