@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
 # Configures and builds cuemm into ${BUILD_DIR:-build}. Extra arguments go to cmake.
+# With --python-only first: the library and the Python module alone (no tests,
+# benchmarks or examples), for the python3 first on PATH and its pip-installed
+# pybind11 (the GPU machine's numba-cuda runs).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$root/build}
+if [ "${1:-}" = --python-only ]; then
+  shift
+  python=$(command -v python3)
+  set -- -DCUEMM_BUILD_TESTS=OFF -DCUEMM_BUILD_BENCHMARKS=OFF -DCUEMM_BUILD_EXAMPLES=OFF \
+    -Dpybind11_DIR="$("$python" -m pybind11 --cmakedir)" -DPython_EXECUTABLE="$python" "$@"
+fi
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" "$@" >/dev/null
 cmake --build "$build" --parallel "$(nproc)"

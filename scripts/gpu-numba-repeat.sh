@@ -11,9 +11,7 @@ kinds=${2:-interleaved}
 logs=${OUT:-/tmp/cuemm-gpu-logs}
 mkdir -p "$logs"
 python=$(command -v python3)
-BUILD_DIR=$build "$root/scripts/build.sh" -DCUEMM_BUILD_TESTS=OFF -DCUEMM_BUILD_BENCHMARKS=OFF \
-  -DCUEMM_BUILD_EXAMPLES=OFF -Dpybind11_DIR="$("$python" -m pybind11 --cmakedir)" -DPython_EXECUTABLE="$python" \
-  >"$logs/build.log" 2>&1
+BUILD_DIR=$build "$root/scripts/build.sh" --python-only >"$logs/build.log" 2>&1
 # Each run's JSON stays out of $logs but the first's (the device brings back
 # only so many files; one is enough for the versions).
 figures=$(mktemp -d)

@@ -38,9 +38,7 @@ if [ "${LIST:-0}" = 1 ]; then
   echo "$modules" | tr ' ' '\n'
   exit 0
 fi
-BUILD_DIR=$build "$root/scripts/build.sh" -DCUEMM_BUILD_TESTS=OFF -DCUEMM_BUILD_BENCHMARKS=OFF \
-  -DCUEMM_BUILD_EXAMPLES=OFF -Dpybind11_DIR="$("$python" -m pybind11 --cmakedir)" -DPython_EXECUTABLE="$python" \
-  >"$logs/build.log" 2>&1
+BUILD_DIR=$build "$root/scripts/build.sh" --python-only >"$logs/build.log" 2>&1
 # (Word splitting of $modules is wanted: one argument each.)
 # shellcheck disable=SC2086
 (cd /tmp && "$python" "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python" $modules) \
