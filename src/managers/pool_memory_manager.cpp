@@ -41,8 +41,10 @@ using detail::ThreadCache;
 
 constexpr std::size_t kMinimumGrowth = std::size_t{8} << 20;
 // A thread's ring with this many blocks of a class may be sealed for its own
-// next request when the index is empty; a seal costs one stream query.
-constexpr std::uint32_t kRingBatchWorthSealing = 64;
+// next request when the index is empty; a seal costs one stream query. (64
+// before the cache budget went to 256 MiB: 1 MiB loops then sealed every 64
+// pairs, now every 128.)
+constexpr std::uint32_t kRingBatchWorthSealing = 128;
 // Or this fraction of its capacity: a loop's ring settles at the batch it
 // seals, and half paid the fewest stream queries without the threads' rings
 // taking much of the pool (docs/pool-measurements.md).

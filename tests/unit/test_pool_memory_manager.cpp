@@ -113,18 +113,18 @@ TEST_F(Pool, AFreedLargeBlockIsNotReusedWhileQueuedWorkMayStillWriteIt) {
 }
 
 // A loop of pairs of the largest class reuses its thread's ring, sealed a
-// half ring at a time (its budget holds 64 blocks of 1 MiB): one stream
-// query per 32 pairs once the pool has grown to hold the ring.
+// half ring at a time (its budget holds 256 blocks of 1 MiB): one stream
+// query per 128 pairs once the pool has grown to hold the ring.
 TEST_F(Pool, ALoopOfTheLargestClassSealsOnceAHalfRing) {
   CUEMM_REQUIRE_SIMULATION();
   PoolMemoryManager pool(&context);
   pool.initialize();
   const std::size_t size = std::size_t{1} << 20;
-  pairs(pool, size, 40000);  // the pool grows to hold the ring: 4 MiB for each 256 seals
+  pairs(pool, size, 800000);  // the pool grows to hold the ring: 4 MiB for each 256 seals
   simulation::reset_call_counts();
   const std::size_t seals_before = pool.statistics().seals;
-  pairs(pool, size, 3200);
-  EXPECT_LE(simulation::call_count("cuStreamQuery"), 3200u / 32 + 1);
+  pairs(pool, size, 6400);
+  EXPECT_LE(simulation::call_count("cuStreamQuery"), 6400u / 128 + 1);
   EXPECT_EQ(simulation::call_count("cuMemAlloc"), 0u);
   // The statistics count those seals: each queried the stream once.
   EXPECT_EQ(pool.statistics().seals - seals_before, simulation::call_count("cuStreamQuery"));

@@ -11,7 +11,7 @@
 //   PoolOptions options;
 //   options.initial_size = 1ull << 30;            // CUEMM_POOL_INITIAL_SIZE
 //   options.maximum_size = 8ull << 30;            // CUEMM_POOL_MAXIMUM_SIZE
-//   options.thread_cache_size = 128ull << 20;     // CUEMM_POOL_THREAD_CACHE_SIZE
+//   options.thread_cache_size = 256ull << 20;     // CUEMM_POOL_THREAD_CACHE_SIZE
 //   cuemm::set_memory_manager([options](cuemm::Context* context) {
 //     return std::make_unique<cuemm::PoolMemoryManager>(context, options);
 //   });
@@ -97,9 +97,12 @@ struct PoolOptions {
   // CUEMM_POOL_THREAD_CACHE_SIZE. A loop seals (a stream query) once per
   // half of its class's ring, and the ring holds this many bytes: on the
   // H100, 1 MiB pairs took 69 ns from one thread with 64 MiB, 46 with 128
-  // MiB (10 -> 4.9 ns in aggregate from 16 threads). A cache's blocks go back
-  // to the pool when another thread runs out of memory.
-  std::size_t thread_cache_size = std::size_t{128} << 20;
+  // MiB (10 -> 4.9 ns in aggregate from 16 threads), and 40-43 against 46-49
+  // with 256 MiB (3.0-3.1 against 3.4-4.1 from 16), its seals 7.8 per 1000
+  // pairs rather than 15.6. A cache's blocks go back to the pool when another
+  // thread runs out of memory, and other threads' idle classes when the pool
+  // would grow.
+  std::size_t thread_cache_size = std::size_t{256} << 20;
   // Requests of this size and more get a driver allocation of their own
   // (Note [Dedicated segments]); CUEMM_POOL_DEDICATED_SIZE. 0 gives every
   // block its own, so every IPC handle has offset 0: for programs that open
