@@ -505,7 +505,7 @@ int attribute_value(const Device& device, int attribute) {
     case 91: return 1;                   // CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM
     case 95: return 1;                   // COOPERATIVE_LAUNCH
     case 97: return 232448;              // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
-    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: return 1;
+    case 102: return 1;                  // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
     case 103: return 1;                  // HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
     case 106: return 32;                 // MAX_BLOCKS_PER_MULTIPROCESSOR
     case 115: return 1;                  // MEMORY_POOLS_SUPPORTED
