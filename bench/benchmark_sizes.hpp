@@ -6,13 +6,17 @@
 
 #include <benchmark/benchmark.h>
 
+#include <array>
 #include <map>
 #include <vector>
 
 #include "random_workload.hpp"
 
+// The sizes of the allocate+free pairs.
+inline constexpr std::array<long, 5> kPairSizes{256L, 64L << 10, 1L << 20, 4L << 20, 64L << 20};
+
 inline void set_sizes(benchmark::internal::Benchmark* benchmark) {
-  for (long size : {256L, 64L << 10, 1L << 20, 4L << 20, 64L << 20}) benchmark->Arg(size);
+  for (long size : kPairSizes) benchmark->Arg(size);
   benchmark->Threads(1)->Threads(4)->Threads(16)->UseRealTime();
 }
 
