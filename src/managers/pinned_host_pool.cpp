@@ -32,11 +32,18 @@ namespace {
 constexpr std::size_t kSmallestHostBlock = 4096;
 // From this size a block is worth waiting for rather than allocating anew.
 constexpr std::size_t kWaitForBlocksFrom = std::size_t{1} << 20;
-// Seal (record an event) after this many frees, so the hot path rarely calls the driver.
-constexpr std::size_t kFreesPerSeal = 16;
-// A list of released blocks of one kind and size grows to this many bytes
-// (at least 4 blocks, at most kFreesPerSeal) before it is sealed, so a loop
-// of same-size requests pays one stream query a rotation, not one a request.
+// A list of released blocks of one kind and size rotates through up to this
+// many blocks (at least 4) within kRotationBytes, so a loop of same-size
+// requests pays one stream query a rotation, not one a request. A list of
+// small blocks takes new ones at once up to kEagerRotation (sealing after
+// that many frees), and beyond, up to kSmallRotation, only as its seals pay
+// for them, as large ones do: a program that cycles through 20 buffers
+// reuses them from its second round, while a long loop of 4 KiB pairs
+// seals once per 64 rather than once per 16.
+constexpr std::size_t kEagerRotation = 16;
+constexpr std::size_t kSmallRotation = 64;
+constexpr std::size_t kLargeRotation = 16;
+constexpr std::size_t kLongestRotation = std::max(kSmallRotation, kLargeRotation);
 constexpr std::size_t kRotationBytes = std::size_t{32} << 20;
 // A list of large blocks (kWaitForBlocksFrom) may rotate through up to this
 // many bytes, as its seals buy them (seals_worth_a_host_block): 64 MiB pairs
@@ -108,18 +115,18 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
     struct List {
       unsigned flags = 0;
       std::size_t bytes = 0;  // 0: unused
-      std::array<Freed, kFreesPerSeal> ring;  // released blocks, oldest at `head` (read below `count` only)
+      std::array<Freed, kLongestRotation> ring;  // released blocks, oldest at `head` (read below `count` only)
       std::uint32_t head = 0;
       std::uint32_t count = 0;
       std::size_t frees_since_seal = 0;
-      detail::RentOrBuy rental;  // large blocks: when the rotation grows
+      detail::RentOrBuy rental;  // when the rotation grows beyond kEagerRotation
       std::uint64_t last_used = 0;
 
       const Freed& oldest() const noexcept { return ring[head]; }
-      void push(Freed freed) noexcept { ring[(head + count++) % kFreesPerSeal] = freed; }
+      void push(Freed freed) noexcept { ring[(head + count++) % kLongestRotation] = freed; }
       Freed pop() noexcept {
         const Freed oldest = ring[head];
-        head = (head + 1) % kFreesPerSeal;
+        head = (head + 1) % kLongestRotation;
         --count;
         return oldest;
       }
@@ -171,7 +178,8 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
   std::pair<unsigned, std::size_t> last_key{};  // the last list a request found, to skip the map
   std::deque<Freed>* last_list = nullptr;
   std::size_t frees_since_seal = 0;
-  detail::RentOrBuy large_block_rental;  // the seals for large blocks, which buy one more
+  // The shared lists' seals, which buy one more block (small and large apart).
+  detail::RentOrBuy small_block_rental, large_block_rental;
   std::list<Registration*> cached_registrations;  // most recently released first
   std::map<RegistrationKey, Registration*> registration_index;  // cached ones only
   std::size_t registration_bytes = 0;
@@ -231,8 +239,8 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
   }
 
   static std::size_t rotation_length(std::size_t bytes) noexcept {
-    const std::size_t budget = bytes >= kWaitForBlocksFrom ? kLargeRotationBytes : kRotationBytes;
-    return std::clamp(budget / bytes, std::size_t{4}, kFreesPerSeal);
+    if (bytes >= kWaitForBlocksFrom) return std::clamp(kLargeRotationBytes / bytes, std::size_t{4}, kLargeRotation);
+    return std::clamp(kRotationBytes / bytes, std::size_t{4}, kSmallRotation);
   }
 
   // Whether the oldest of `held` released blocks of `bytes` (tagged `epoch`)
@@ -243,14 +251,17 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
                        std::size_t& frees) {
     if (epochs.is_safe(epoch)) return true;
     const bool large = bytes >= kWaitForBlocksFrom;
-    if (held < rotation_length(bytes) &&
-        (large ? rental.buys(seals_worth_a_host_block(bytes)) : frees < kFreesPerSeal)) {
-      if (large) rental.bought();
-      return false;
+    if (held < rotation_length(bytes)) {
+      const bool eager = !large && held < kEagerRotation && frees < kEagerRotation;
+      if (eager) return false;
+      if (rental.buys(seals_worth_a_host_block(bytes))) {
+        rental.bought();
+        return false;
+      }
     }
     epochs.seal_through(epoch);
     frees = 0;
-    if (large) rental.rent();
+    rental.rent();
     // A sealed epoch on an idle GPU completes within microseconds, far
     // sooner than cuMemHostAlloc returns: poll a little before giving up.
     if (!epochs.poll_until_safe(epoch, kPollBeforeAllocating) && large) epochs.poll(true);
@@ -260,7 +271,8 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
   // Takes a safe block of a shared list; null when a new block should be
   // allocated. Under `mutex`.
   Block* take_cached(std::deque<Freed>& list, std::size_t bytes) {
-    if (list.empty() || !wait_for_oldest(list.size(), bytes, list.front().epoch, large_block_rental, frees_since_seal))
+    detail::RentOrBuy& rental = bytes >= kWaitForBlocksFrom ? large_block_rental : small_block_rental;
+    if (list.empty() || !wait_for_oldest(list.size(), bytes, list.front().epoch, rental, frees_since_seal))
       return nullptr;
     Block* block = list.front().block;
     list.pop_front();

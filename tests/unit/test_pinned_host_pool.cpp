@@ -63,6 +63,22 @@ TEST_F(HostPool, ALongLoopOfLargeBlocksRotatesThroughAFew) {
   EXPECT_GT(pool.statistics().seals, seals_before);
 }
 
+// Small blocks rotate through 16 at once (new ones until 16 were freed), and
+// beyond, up to 64, only as their seals pay for more: a 4 KiB loop then seals
+// once per 64 pairs rather than once per 16.
+TEST_F(HostPool, ALongLoopOfSmallBlocksGrowsItsRotationAsItsSealsPay) {
+  CUEMM_REQUIRE_SIMULATION();  // (counts the driver's calls; 1.5 million pairs)
+  PinnedHostPool pool(context);
+  for (int i = 0; i < 2000; ++i) pool.allocate(4096, false, false, false).reset();
+  EXPECT_EQ(pool.statistics().allocated_bytes, 16u * 4096u) << "not a rotation of 16 at once, or grown unpaid";
+  for (int i = 0; i < 1500000; ++i) pool.allocate(4096, false, false, false).reset();
+  EXPECT_EQ(pool.statistics().allocated_bytes, 64u * 4096u);
+  simulation::reset_call_counts();
+  for (int i = 0; i < 6400; ++i) pool.allocate(4096, false, false, false).reset();
+  EXPECT_LE(simulation::call_count("cuStreamQuery"), 6400u / 64 + 1);
+  EXPECT_EQ(simulation::call_count("cuMemHostAlloc"), 0u);
+}
+
 // Large blocks may rotate through more than small ones' 32 MiB, as their
 // seals buy them: 4 MiB blocks beyond 8, up to 16.
 TEST_F(HostPool, ALongLoopOfLargeBlocksMayRotateBeyondTheSmallBlocksBudget) {

@@ -9,10 +9,10 @@
 // the kind and size is not ready, a small block is allocated anew until 16
 // were released (then the epoch is sealed: one stream query), and a large
 // one (1 MiB or more) is waited for, as waiting costs less than allocating.
-// Released blocks rotate, up to 16 of a kind and size (32 MiB, at least 4;
-// 512 MiB for blocks of 1 MiB or more), so a loop pays a seal per rotation;
-// a loop of large blocks adds one to its rotation only once its seals have
-// cost about as much as the new block.
+// Released blocks rotate, so a loop pays a seal per rotation: up to 64 small
+// ones of a kind and size within 32 MiB, and 16 large ones within 512 MiB
+// (at least 4). Beyond 16 small ones, and for large ones, a loop adds one to
+// its rotation only once its seals have cost about as much as the new block.
 // Each thread keeps its own released blocks (four kinds and sizes, a rotation
 // each) and takes them back without the pool's lock; what a thread keeps
 // counts towards `maximum_cached_bytes`, and goes back to the pool when the
