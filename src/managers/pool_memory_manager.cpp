@@ -586,7 +586,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // the pool; on out of memory, everything the other paths give back too.
   // `in_a_loop`: the thread asked for this size several times in a row,
   // freeing one each time (see ThreadCache::count_segment_request()).
-  std::uintptr_t allocate_dedicated(std::size_t size, bool in_a_loop = false) {
+  std::uintptr_t allocate_dedicated(std::size_t size, bool in_a_loop) {
     const std::size_t segment = detail::DedicatedSegments::segment_size(size);
     if (segment == 0) throw OutOfMemory("PoolMemoryManager::allocate", size, "no device has that much memory");
     if (auto base = dedicated.take_spare(segment)) return *base;
@@ -713,9 +713,11 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   bool wants_own_segment(std::size_t size) const noexcept { return size >= options.dedicated_size; }
 
   // A request too large for the size classes (or with the caches off); the
-  // caller holds `mutex`. `own` as for allocate_from_index().
+  // caller holds `mutex`. `own` as for allocate_from_index(), and its loop
+  // for allocate_dedicated().
   std::uintptr_t allocate_beyond_classes(std::size_t size, ThreadCache* own) {
-    return wants_own_segment(size) ? allocate_dedicated(size) : allocate_from_index(size, own);
+    if (!wants_own_segment(size)) return allocate_from_index(size, own);
+    return allocate_dedicated(size, own && own->segment_loop_length >= kHitsOfALoop);
   }
 
   // `size_class` is size_class(size), which the caller also needs.
@@ -916,9 +918,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
         cache.held_hits_since_miss = 0;
       }
     }
-    const std::uintptr_t address =
-        own_segment ? allocate_dedicated(size, cache.segment_loop_length >= kHitsOfALoop)
-                    : allocate_from_index(size, &cache);
+    const std::uintptr_t address = allocate_beyond_classes(size, &cache);
     lend_from_pool(cache, address);
     return address;
   }
