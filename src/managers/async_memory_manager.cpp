@@ -57,9 +57,7 @@ cuda::CUmemoryPool AsyncMemoryManager::pool() {
   if (!driver::Driver::get().api().cuMemAllocFromPoolAsync)
     throw CudaError(cuda::CUDA_ERROR_NOT_SUPPORTED, "cuMemAllocFromPoolAsync",
                     "this driver has no stream-ordered allocator (CUDA 11.2 or later is needed)");
-  if (int supported = 0; CUEMM_CU_RESULT(cuDeviceGetAttribute, &supported, cuda::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
-                                         ctx.device().id()) == cuda::CUDA_SUCCESS &&
-                         supported == 0) {
+  if (ctx.device().attribute(cuda::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED) == 0) {
     throw CudaError(cuda::CUDA_ERROR_NOT_SUPPORTED, "cuMemPoolCreate",
                     "device " + std::to_string(ctx.device().id()) +
                         " has no stream-ordered memory pools, which the async manager allocates from; use "

@@ -6,6 +6,7 @@
 
 #include "cuemm/driver/driver.hpp"
 #include "cuemm/error.hpp"
+#include "cuemm/runtime/device.hpp"
 #include "driver/mapping.hpp"
 #include "memory/descriptor_passing.hpp"
 #include "util/hex_address.hpp"
@@ -24,10 +25,7 @@ cuda::CUmemAllocationProp ExpandableArena::properties() const noexcept {
 }
 
 void ExpandableArena::require_support(int device) {
-  int supported = 0;
-  if (CUEMM_CU_RESULT(cuDeviceGetAttribute, &supported,
-                      cuda::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device) == cuda::CUDA_SUCCESS &&
-      supported == 0) {
+  if (Device::get(device).attribute(cuda::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) == 0) {
     throw CudaError(cuda::CUDA_ERROR_NOT_SUPPORTED, "cuMemCreate",
                     "device " + std::to_string(device) +
                         " has no virtual memory management, which the expandable pool (CUEMM_POOL_EXPANDABLE=1) "
