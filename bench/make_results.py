@@ -373,15 +373,17 @@ def main():
         lines.append(f"- {manager}: " + ", ".join(f"{t} thread(s) {row[t]['pairs_per_second']:,.0f} "
                                                   f"({row[t]['errors']} errors)" for t in sorted(row, key=int)))
     lines.append("")
+    text = "\n".join(lines)
     with open(args.out, "w") as out:
-        out.write("\n".join(lines))
+        out.write(text)
     if args.previous and os.path.exists(args.previous):
+        previous = open(args.previous).read()
         # Timings are noisy (README), so only large changes are named; a
         # regression once went unseen through two runs of this table.
-        slower = slower_cells(open(args.previous).read(), "\n".join(lines), 2.0)
+        slower = slower_cells(previous, text, 2.0)
         print("pairs over 2x slower than the previous results: " + ("; ".join(slower) if slower else "none"))
         # Seeds move by a few hundredths from run to run (seals are paced in time).
-        higher = higher_means(open(args.previous).read(), "\n".join(lines), 0.04)
+        higher = higher_means(previous, text, 0.04)
         print("fragmentation means over 0.04 above the previous results: " + ("; ".join(higher) if higher else "none"))
 
 
