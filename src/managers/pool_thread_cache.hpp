@@ -389,6 +389,14 @@ struct ThreadCache {
     return address;
   }
 
+  // The newest block of a class's ordered bin, or 0 when it has none.
+  std::uintptr_t take_ordered(int size_class) noexcept {
+    OrderedBin& bin = ordered[size_class];
+    if (!bin.count) return 0;
+    remove_bytes(size_class_bytes(size_class));
+    return bin.slots[--bin.count];
+  }
+
   // Removes the oldest `count` entries of a class into `out`.
   std::size_t take_oldest(int size_class, std::uint32_t count, Freed* out) noexcept {
     Bin& bin = bins[size_class];

@@ -46,6 +46,10 @@ class OwnerBiasedLock {
   class OwnerSide {
    public:
     void lock() noexcept { lock_->lock_as_owner(); }
+    // Without waiting and without calls, for fast paths that leave the rest
+    // to a slower one: false (not held) while a visitor is inside, or
+    // before the first lock() has probed the process barrier.
+    bool try_lock() noexcept { return lock_->try_lock_as_owner(); }
     void unlock() noexcept { lock_->owner_inside_.store(false, std::memory_order_release); }
 
    private:
@@ -79,15 +83,34 @@ class OwnerBiasedLock {
   // other's. The owner's fence costs nothing because a visitor's barrier
   // runs one on the owner's CPU.
   void lock_as_owner() noexcept {
-    for (;;) {
-      owner_inside_.store(true, std::memory_order_relaxed);
-      light_fence();
-      if (!visitor_inside_.load(std::memory_order_acquire)) [[likely]]
-        return;
+    owner_inside_.store(true, std::memory_order_relaxed);
+    light_fence();
+    if (visitor_inside_.load(std::memory_order_acquire)) [[unlikely]]
+      wait_for_the_visitor();
+  }
+  bool try_lock_as_owner() noexcept {
+    const int state = detail::process_barrier_state.load(std::memory_order_relaxed);
+    if (state == 0) [[unlikely]]
+      return false;
+    owner_inside_.store(true, std::memory_order_relaxed);
+    if (state == 1) [[likely]]
+      std::atomic_signal_fence(std::memory_order_seq_cst);
+    else
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (!visitor_inside_.load(std::memory_order_acquire)) [[likely]]
+      return true;
+    owner_inside_.store(false, std::memory_order_release);
+    return false;
+  }
+  // Out of line: the owner's fast paths then need no saved registers for it.
+  [[gnu::noinline]] void wait_for_the_visitor() noexcept {
+    do {
       owner_inside_.store(false, std::memory_order_release);
       before_blocking();
       while (visitor_inside_.load(std::memory_order_acquire)) std::this_thread::yield();
-    }
+      owner_inside_.store(true, std::memory_order_relaxed);
+      light_fence();
+    } while (visitor_inside_.load(std::memory_order_acquire));
   }
   void lock_as_visitor() {
     visitors_.lock();

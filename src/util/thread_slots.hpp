@@ -15,6 +15,7 @@
 //   void thread_slot_done(Slot*) noexcept;   // its thread has ended
 //
 //   Slot* mine = ThreadSlots<Owner, Slot>::of_this_thread(owner);  // null late in the thread's exit
+//   Slot* last = ThreadSlots<Owner, Slot>::of_this_thread_if_last(owner);  // null unless used last
 #pragma once
 
 #include <atomic>
@@ -40,6 +41,11 @@ class ThreadSlots {
     if (last_.id == owner.thread_slots_id()) [[likely]]
       return last_.slot;
     return find_or_make(owner);
+  }
+  // The same where it is the slot used last, else null (nothing is made):
+  // for fast paths that fall back to of_this_thread().
+  static Slot* of_this_thread_if_last(const Owner& owner) noexcept {
+    return last_.id == owner.thread_slots_id() ? last_.slot : nullptr;
   }
 
  private:

@@ -21,7 +21,11 @@ struct Guarded {
   std::uint64_t mirror = 0;
 };
 
-void expect_owner_and_visitors_exclude_each_other() {
+// The owner's two ways in: lock(), or try_lock() with lock() where it fails
+// (as the pool's fast paths, which leave a failed try to a slower path).
+enum class OwnerEnters { Lock, TryFirst };
+
+void expect_owner_and_visitors_exclude_each_other(OwnerEnters enters = OwnerEnters::Lock) {
   OwnerBiasedLock lock;
   Guarded data;
   constexpr int kOwnerRounds = 2'000'000;
@@ -30,7 +34,8 @@ void expect_owner_and_visitors_exclude_each_other() {
   std::atomic<bool> torn{false};
   std::thread owner([&] {
     for (int i = 0; i < kOwnerRounds; ++i) {
-      std::lock_guard guard(lock.owner());
+      std::unique_lock guard(lock.owner(), std::defer_lock);
+      if (enters == OwnerEnters::Lock || !guard.try_lock()) guard.lock();
       if (data.count != data.mirror) torn = true;
       ++data.count;
       ++data.mirror;
@@ -63,6 +68,29 @@ TEST(OwnerBiasedLock, OwnerAndVisitorsExcludeEachOther) {
 TEST(OwnerBiasedLock, WithoutMembarrierFullFencesStillExclude) {
   const int saved = cuemm::detail::process_barrier_state.exchange(2);  // this test's own copy of the lock's state
   expect_owner_and_visitors_exclude_each_other();
+  cuemm::detail::process_barrier_state = saved;
+}
+
+TEST(OwnerBiasedLock, AnOwnerThatTriesFirstStillExcludesVisitors) {
+  expect_owner_and_visitors_exclude_each_other(OwnerEnters::TryFirst);
+  const int saved = cuemm::detail::process_barrier_state.exchange(2);
+  expect_owner_and_visitors_exclude_each_other(OwnerEnters::TryFirst);
+  cuemm::detail::process_barrier_state = saved;
+}
+
+TEST(OwnerBiasedLock, AnOwnersTryFailsWhileAVisitorIsInsideAndBeforeTheBarrierIsProbed) {
+  OwnerBiasedLock lock;
+  lock.visitor().lock();  // (probes the process barrier)
+  EXPECT_FALSE(lock.owner().try_lock()) << "the owner entered while a visitor held the lock";
+  lock.visitor().unlock();
+  ASSERT_TRUE(lock.owner().try_lock());
+  lock.owner().unlock();
+
+  const int saved = cuemm::detail::process_barrier_state.exchange(0);  // as before any lock()
+  EXPECT_FALSE(lock.owner().try_lock()) << "try_lock() must leave the probe to lock()";
+  lock.owner().lock();
+  lock.owner().unlock();
+  EXPECT_NE(cuemm::detail::process_barrier_state.load(), 0) << "lock() probes the barrier";
   cuemm::detail::process_barrier_state = saved;
 }
 

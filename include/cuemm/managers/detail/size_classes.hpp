@@ -10,6 +10,7 @@
 // bits of a 256-byte-aligned address.
 #pragma once
 
+#include <array>
 #include <bit>
 #include <cstddef>
 
@@ -38,13 +39,24 @@ constexpr int size_class_of(std::size_t size) noexcept {
   return kLinearClasses + (power - (std::bit_width(kLinearClassLimit) - 1)) * kClassesPerDoubling + sub - 1;
 }
 
-// The bytes every block of class `size_class` has.
-constexpr std::size_t size_class_bytes(int size_class) noexcept {
+// The bytes every block of class `size_class` has, computed.
+constexpr std::size_t size_class_bytes_of(int size_class) noexcept {
   if (size_class < kLinearClasses) return (static_cast<std::size_t>(size_class) + 1) * kSmallestClass;
   const int above = size_class - kLinearClasses;
   const int power = std::bit_width(kLinearClassLimit) - 1 + above / kClassesPerDoubling;
   const std::size_t base = std::size_t{1} << power;
   return base + (static_cast<std::size_t>(above % kClassesPerDoubling) + 1) * (base / kClassesPerDoubling);
+}
+
+// The same, looked up: every cached allocation and free asks it, and one
+// load is a tenth of the instructions of the branches and shifts above.
+inline constexpr auto kSizeClassBytes = [] {
+  std::array<std::size_t, kSizeClassCount> bytes{};
+  for (int c = 0; c < kSizeClassCount; ++c) bytes[static_cast<std::size_t>(c)] = size_class_bytes_of(c);
+  return bytes;
+}();
+constexpr std::size_t size_class_bytes(int size_class) noexcept {
+  return kSizeClassBytes[static_cast<std::size_t>(size_class)];
 }
 
 static_assert(kSizeClassCount == 80);
