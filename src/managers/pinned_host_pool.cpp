@@ -115,6 +115,7 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
     struct List {
       unsigned flags = 0;
       std::size_t bytes = 0;  // 0: unused
+      std::size_t rotation = 0;  // rotation_length(bytes), kept: every release asks, and it divides
       std::array<Freed, kLongestRotation> ring;  // released blocks, oldest at `head` (read below `count` only)
       std::uint32_t head = 0;
       std::uint32_t count = 0;
@@ -339,8 +340,9 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
       *list = Front::List{};
       list->flags = block->flags;
       list->bytes = block->bytes;
+      list->rotation = rotation_length(block->bytes);
     }
-    if (list->count >= rotation_length(block->bytes) || !claim(front, block->bytes)) return false;
+    if (list->count >= list->rotation || !claim(front, block->bytes)) return false;
     list->last_used = ++front.uses;
     list->push({block, epochs.tag()});
     ++list->frees_since_seal;

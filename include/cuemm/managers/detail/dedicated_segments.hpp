@@ -27,6 +27,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -40,6 +41,7 @@ class DedicatedSegments {
  public:
   static constexpr std::size_t kPage = std::size_t{2} << 20;
   static constexpr std::size_t kSmallGranularity = 256;
+  static_assert(std::has_single_bit(kPage) && std::has_single_bit(kSmallGranularity));
 
   struct Segment {
     std::uintptr_t base;
@@ -51,7 +53,9 @@ class DedicatedSegments {
   // that overflows.
   static std::size_t segment_size(std::size_t size) noexcept {
     const std::size_t step = size < kPage ? kSmallGranularity : kPage;
-    return size > SIZE_MAX - step ? 0 : (std::max<std::size_t>(size, 1) + step - 1) / step * step;
+    // (Steps are powers of two: a mask, not a 64-bit divide, which a loop
+    // of large pairs paid twice a pair.)
+    return size > SIZE_MAX - step ? 0 : (std::max<std::size_t>(size, 1) + step - 1) & ~(step - 1);
   }
 
   // A spare of `segment` to segment + segment/8 bytes, now in use; nullopt if none.
