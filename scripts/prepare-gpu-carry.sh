@@ -4,9 +4,18 @@
 # and shared library), taken from this machine's Debian packages (which
 # scripts/setup.sh installs). Then carry `.carry` along with the working tree
 # (the device tool's `carry`); .gitignore keeps it out of git.
+# With `--base COMMIT`, also puts that commit's source in .carry/base, for
+# scripts/gpu-ab.sh to compare the working tree with.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 carry=$root/.carry
+if [ "${1:-}" = --base ]; then
+  [ -n "${2:-}" ] || { echo "prepare-gpu-carry: --base needs a commit" >&2; exit 1; }
+  rm -rf "$carry/base"
+  mkdir -p "$carry/base"
+  git -C "$root" archive "$2" | tar -x -C "$carry/base"
+  echo "prepare-gpu-carry: the source of $(git -C "$root" rev-parse --short "$2") in $carry/base"
+fi
 library=$(dirname "$(ls /usr/lib/*/libbenchmark.so 2>/dev/null | head -1)")
 for needed in /usr/src/googletest /usr/include/benchmark "$library/libbenchmark.so"; do
   [ -e "$needed" ] || { echo "prepare-gpu-carry: $needed is missing (run scripts/setup.sh)" >&2; exit 1; }

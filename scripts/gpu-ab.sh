@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# A/B of the allocation benchmarks on the GPU machine: the source in .carry/base
+# (an earlier commit: `scripts/prepare-gpu-carry.sh --base COMMIT` puts it
+# there) against the working tree, each built once, their processes
+# alternated ROUNDS times so that drifts of the host fall on both. Prints, per
+# benchmark, each build's median (min-max) and new/base. How the A/B figures
+# in docs/pool-measurements.md were taken.
+#
+#   ROUNDS=5 FILTER='PoolRawAllocateFree/.*threads:1$' bash scripts/gpu-ab.sh
+#   bash scripts/gpu-ab.sh   # without a GPU: on the simulated driver (CUEMM_DRIVER=auto|cuda|sim)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+base_source=${BASE_SOURCE:-$root/.carry/base}
+filter=${FILTER:-'PoolRawAllocateFree/.*/threads:(1|16)$|PoolStreamOrderedAllocateFree/.*/threads:1$|PinnedHostPoolAllocateFree/|AllocateFree<cuemm::PoolMemoryManager>/(256|1048576)/.*threads:1$'}
+rounds=${ROUNDS:-3}
+work=${AB_WORK:-/tmp/cuemm-ab}
+[ -f "$base_source/CMakeLists.txt" ] || { echo "gpu-ab: no source in $base_source (scripts/prepare-gpu-carry.sh --base COMMIT)" >&2; exit 1; }
+mkdir -p "$work"
+
+build() {  # source folder, build folder
+  local args=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUEMM_BUILD_TESTS=OFF -DCUEMM_BUILD_EXAMPLES=OFF
+              -DCUEMM_BUILD_PYTHON=OFF)
+  [ -d "$root/.carry/benchmark" ] && args+=(-DCUEMM_BENCHMARK_ROOT="$root/.carry/benchmark")
+  CMAKE_POLICY_VERSION_MINIMUM=3.5 cmake -S "$1" -B "$2" "${args[@]}" >"$2.log" 2>&1 &&
+    cmake --build "$2" --target bench_allocators >>"$2.log" 2>&1 || { tail -20 "$2.log"; return 1; }
+}
+build "$base_source" "$work/base" & base_build=$!
+build "$root" "$work/new" & new_build=$!
+wait $base_build && wait $new_build
+
+: >"$work/times"
+for ((round = 1; round <= rounds; ++round)); do
+  for variant in base new; do
+    "$work/$variant/bin/bench_allocators" --benchmark_min_time=0.3 --benchmark_filter="$filter" \
+        --benchmark_format=csv 2>/dev/null | awk -F, -v variant=$variant 'NR > 1 {gsub(/"/, "", $1); print variant, $1, $3}' >>"$work/times"
+  done
+done
+python3 - "$work/times" <<'PY'
+import collections, statistics, sys
+times = collections.defaultdict(list)
+names = []
+for line in open(sys.argv[1]):
+    variant, name, ns = line.split()
+    times[(name, variant)].append(float(ns))
+    names.append(name)
+for name in dict.fromkeys(names):
+    base, new = times[(name, "base")], times[(name, "new")]
+    if not base or not new:
+        continue
+    cell = lambda t: f"{statistics.median(t):8.1f} ({min(t):.1f}-{max(t):.1f})"
+    print(f"{name:64s} base {cell(base)}  new {cell(new)}  new/base {statistics.median(new) / statistics.median(base):.2f}")
+PY
