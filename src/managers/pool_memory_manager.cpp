@@ -725,17 +725,38 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // the rest, whose stack frame and saved registers were a fifth of the
   // pair's instructions.
   std::uintptr_t allocate(std::size_t size, int size_class) {
-    if (size_class >= 0) [[likely]] {
-      if (ThreadCache* own = util::ThreadSlots<Core, ThreadCache>::of_this_thread_if_last(*this)) [[likely]] {
+    if (ThreadCache* own = util::ThreadSlots<Core, ThreadCache>::of_this_thread_if_last(*this)) [[likely]] {
+      if (size_class >= 0) [[likely]] {
         std::unique_lock cache_lock(own->lock.owner(), std::try_to_lock);
         if (cache_lock.owns_lock()) [[likely]] {
           own->latest_class = size_class;
           if (const std::uintptr_t address = own->take_oldest_if_safe(size_class, epochs)) [[likely]]
             return address;
         }
+      } else if (const std::uintptr_t address = take_oldest_held_if_safe(size, *own)) {
+        return address;
       }
     }
     return allocate_otherwise(size, size_class);
+  }
+
+  // A loop's large request, when the oldest block the thread holds fits it
+  // and is safe: what allocate_large() does then, without its other paths.
+  // 0 (nothing changed) otherwise.
+  std::uintptr_t take_oldest_held_if_safe(std::size_t size, ThreadCache& cache) noexcept {
+    const bool own_segment = wants_own_segment(size);
+    const std::size_t needed =
+        own_segment ? detail::DedicatedSegments::segment_size(size) : blocks.rounded_size(size);
+    std::unique_lock cache_lock(cache.lock.owner(), std::try_to_lock);
+    if (!cache_lock.owns_lock() || !cache.held_large_count || needed == 0) return 0;
+    const ThreadCache::HeldLarge& oldest = cache.held(0);
+    if (!ThreadCache::fits(oldest.block, needed, own_segment) || !epochs.is_safe(oldest.epoch)) return 0;
+    if (own_segment) cache.count_segment_request(needed, kHitsOfALoop);
+    const ThreadCache::OrderedLarge block = cache.remove_held_large(0).block;
+    cache.lend(block, large_frees_elsewhere.load(std::memory_order_acquire));
+    cache.held_skips = 0;
+    if (cache.held_hits_since_miss < kHitsOfALoop) ++cache.held_hits_since_miss;
+    return block.address;
   }
 
   [[gnu::noinline]] std::uintptr_t allocate_otherwise(std::size_t size, int size_class) {
@@ -964,6 +985,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // Keeps a large block that this thread took (so it knows its size) with
   // the thread; its oldest held blocks go to the quarantine when it holds too
   // many. Returns false, changing nothing, for a block it does not know.
+  // With kTryOnly, false (nothing done) also when the cache's lock is busy:
+  // the free's fast path, which leaves the rest to deallocate_otherwise().
+  template <bool kTryOnly = false>
   bool hold_large(std::uintptr_t address, std::uint64_t epoch, ThreadCache& cache) noexcept {
     std::optional<ThreadCache::OrderedLarge> lent;
     // A block of the index that a request for a segment of its own took
@@ -971,7 +995,12 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     // request looks for it in the thread's rotations.
     bool strays_from_its_kind = false;
     {
-      std::lock_guard cache_lock(cache.lock.owner());
+      std::unique_lock cache_lock(cache.lock.owner(), std::defer_lock);
+      if constexpr (kTryOnly) {
+        if (!cache_lock.try_lock()) return false;
+      } else {
+        cache_lock.lock();
+      }
       lent = cache.take_lent(address, large_frees_elsewhere.load(std::memory_order_acquire));
       if (!lent) return false;
       cache.count_large_free(detail::DedicatedSegments::segment_size(lent->bytes));
@@ -981,38 +1010,48 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
         return true;
       }
     }
+    hold_large_otherwise(address, epoch, cache, *lent, strays_from_its_kind);
+    return true;
+  }
+
+  // The rest of hold_large(): the thread took `lent` at `address`, and no
+  // room was found for it (or it strays from its kind).
+  [[gnu::noinline]] void hold_large_otherwise(std::uintptr_t address, std::uint64_t epoch, ThreadCache& cache,
+                                              const ThreadCache::OrderedLarge& lent, bool strays_from_its_kind) noexcept {
     std::lock_guard lock(mutex);
     if (strays_from_its_kind) {
-      quarantine_or_reuse({address, lent->bytes, epoch, false});
-      return true;
+      quarantine_or_reuse({address, lent.bytes, epoch, false});
+      return;
     }
     std::lock_guard cache_lock(cache.lock.owner());
     try {
       // The oldest of its own rotation when that is full, else the oldest of all.
-      while (cache.held_large_count && !has_room_to_hold(cache, lent->bytes, lent->dedicated)) {
-        const int own = rotation_has_room(cache, lent->bytes, lent->dedicated)
+      while (cache.held_large_count && !has_room_to_hold(cache, lent.bytes, lent.dedicated)) {
+        const int own = rotation_has_room(cache, lent.bytes, lent.dedicated)
                             ? -1
-                            : cache.find_held_large(lent->bytes, lent->dedicated);
+                            : cache.find_held_large(lent.bytes, lent.dedicated);
         quarantine_held_block(cache, own < 0 ? 0 : static_cast<std::uint32_t>(own));
       }
     } catch (...) {
       // No room to defer the oldest: this one waits in the quarantine instead.
-      quarantine_or_reuse({address, lent->bytes, epoch, lent->dedicated});
-      return true;
+      quarantine_or_reuse({address, lent.bytes, epoch, lent.dedicated});
+      return;
     }
-    cache.push_held_large(*lent, epoch);
-    return true;
+    cache.push_held_large(lent, epoch);
   }
+
 
   // The common case (room in the thread's ring) apart, as allocate()'s.
   void deallocate(std::uintptr_t address, int size_class) noexcept {
     if (retired.load(std::memory_order_acquire)) return;
     const std::uint64_t epoch = epochs.tag();
-    if (size_class >= 0) [[likely]] {
-      if (ThreadCache* cache = util::ThreadSlots<Core, ThreadCache>::of_this_thread_if_last(*this)) [[likely]] {
+    if (ThreadCache* cache = util::ThreadSlots<Core, ThreadCache>::of_this_thread_if_last(*this)) [[likely]] {
+      if (size_class >= 0) [[likely]] {
         std::unique_lock cache_lock(cache->lock.owner(), std::try_to_lock);
         if (cache_lock.owns_lock() && push_if_room(*cache, address, size_class, epoch)) [[likely]]
           return;
+      } else if (hold_large</*kTryOnly=*/true>(address, epoch, *cache)) {
+        return;
       }
     }
     deallocate_otherwise(address, size_class, epoch);
