@@ -733,10 +733,15 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
           if (const std::uintptr_t address = own->take_oldest_if_safe(size_class, epochs)) [[likely]]
             return address;
         }
-      } else if (const std::uintptr_t address = take_oldest_held_if_safe(size, *own)) {
-        return address;
+      } else {
+        return allocate_held_or_otherwise(size, size_class, *own);  // (a tail call: the path above saves no registers)
       }
     }
+    return allocate_otherwise(size, size_class);
+  }
+
+  [[gnu::noinline]] std::uintptr_t allocate_held_or_otherwise(std::size_t size, int size_class, ThreadCache& own) {
+    if (const std::uintptr_t address = take_oldest_held_if_safe(size, own)) return address;
     return allocate_otherwise(size, size_class);
   }
 
@@ -1050,11 +1055,16 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
         std::unique_lock cache_lock(cache->lock.owner(), std::try_to_lock);
         if (cache_lock.owns_lock() && push_if_room(*cache, address, size_class, epoch)) [[likely]]
           return;
-      } else if (hold_large</*kTryOnly=*/true>(address, epoch, *cache)) {
-        return;
+      } else {
+        return hold_large_or_otherwise(address, size_class, epoch, *cache);  // (a tail call, as allocate()'s)
       }
     }
     deallocate_otherwise(address, size_class, epoch);
+  }
+
+  [[gnu::noinline]] void hold_large_or_otherwise(std::uintptr_t address, int size_class, std::uint64_t epoch,
+                                                 ThreadCache& cache) noexcept {
+    if (!hold_large</*kTryOnly=*/true>(address, epoch, cache)) deallocate_otherwise(address, size_class, epoch);
   }
 
   [[gnu::noinline]] void deallocate_otherwise(std::uintptr_t address, int size_class, std::uint64_t epoch) noexcept {
