@@ -725,17 +725,18 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // the rest, whose stack frame and saved registers were a fifth of the
   // pair's instructions.
   std::uintptr_t allocate(std::size_t size, int size_class) {
-    if (ThreadCache* own = util::ThreadSlots<Core, ThreadCache>::of_this_thread_if_last(*this)) [[likely]] {
-      if (size_class >= 0) [[likely]] {
+    using Slots = util::ThreadSlots<Core, ThreadCache>;
+    if (size_class >= 0) [[likely]] {
+      if (ThreadCache* own = Slots::of_this_thread_if_last(*this)) [[likely]] {
         std::unique_lock cache_lock(own->lock.owner(), std::try_to_lock);
         if (cache_lock.owns_lock()) [[likely]] {
           own->latest_class = size_class;
           if (const std::uintptr_t address = own->take_oldest_if_safe(size_class, epochs)) [[likely]]
             return address;
         }
-      } else {
-        return allocate_held_or_otherwise(size, size_class, *own);  // (a tail call: the path above saves no registers)
       }
+    } else if (ThreadCache* own = Slots::of_this_thread_if_last(*this)) {
+      return allocate_held_or_otherwise(size, size_class, *own);  // (a tail call: the path above saves no registers)
     }
     return allocate_otherwise(size, size_class);
   }
@@ -1050,14 +1051,15 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   void deallocate(std::uintptr_t address, int size_class) noexcept {
     if (retired.load(std::memory_order_acquire)) return;
     const std::uint64_t epoch = epochs.tag();
-    if (ThreadCache* cache = util::ThreadSlots<Core, ThreadCache>::of_this_thread_if_last(*this)) [[likely]] {
-      if (size_class >= 0) [[likely]] {
+    using Slots = util::ThreadSlots<Core, ThreadCache>;
+    if (size_class >= 0) [[likely]] {
+      if (ThreadCache* cache = Slots::of_this_thread_if_last(*this)) [[likely]] {
         std::unique_lock cache_lock(cache->lock.owner(), std::try_to_lock);
         if (cache_lock.owns_lock() && push_if_room(*cache, address, size_class, epoch)) [[likely]]
           return;
-      } else {
-        return hold_large_or_otherwise(address, size_class, epoch, *cache);  // (a tail call, as allocate()'s)
       }
+    } else if (ThreadCache* cache = Slots::of_this_thread_if_last(*this)) {
+      return hold_large_or_otherwise(address, size_class, epoch, *cache);  // (a tail call, as allocate()'s)
     }
     deallocate_otherwise(address, size_class, epoch);
   }
