@@ -721,9 +721,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   }
 
   // `size_class` is size_class(size), which the caller also needs.
-  // The common case (a safe block in the thread's ring) is kept apart from
-  // the rest, whose stack frame and saved registers were a fifth of the
-  // pair's instructions.
+  // The common case (a safe block in the thread's ring; for a loop of large
+  // requests, its oldest held block) is kept apart from the rest, whose
+  // stack frame and saved registers were a fifth of the pair's instructions.
   std::uintptr_t allocate(std::size_t size, int size_class) {
     using Slots = util::ThreadSlots<Core, ThreadCache>;
     if (size_class >= 0) [[likely]] {
@@ -1045,7 +1045,6 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     }
     cache.push_held_large(lent, epoch);
   }
-
 
   // The common case (room in the thread's ring) apart, as allocate()'s.
   void deallocate(std::uintptr_t address, int size_class) noexcept {
