@@ -3,9 +3,10 @@
 // bench/RESULTS.md for the managers at hand, without Google Benchmark.
 //
 // Each cell starts its threads, lets them run pairs untimed for a warm-up
-// (a pool buys the blocks of a loop's rotation over its first thousands of
-// pairs), then reads the pairs they finished over a few windows of fixed wall
-// time and reports the median window. Timing by the clock rather than by a
+// (for a pool, until a warm-up's length went by without it buying a block:
+// it lengthens a loop's rotation only as the loop's seals pay for a block,
+// over up to a few million pairs), then reads the pairs they finished over a
+// few windows of fixed wall time and reports the median window. Timing by the clock rather than by a
 // count of pairs lets one table hold a 20 ns pool pair and a 200 us cuMemAlloc
 // without either taking minutes.
 #include "bench_command.hpp"
@@ -35,6 +36,11 @@ namespace {
 
 // One allocate+free pair of `size` bytes on the calling thread.
 using Pair = std::function<void(std::size_t)>;
+// The driver allocations a manager has made so far (empty: not known).
+using Purchases = std::function<std::size_t()>;
+
+// The longest warm-up that waits for a pool to stop buying blocks.
+constexpr std::chrono::seconds kLongestWarmUp{10};
 
 // Pairs one worker finished, on a cache line of its own (a shared counter
 // would make the threads wait on each other and time that).
@@ -45,12 +51,13 @@ struct alignas(64) PairCount {
 // Wall ns per pair of all `threads` threads together, in `repeats` windows of
 // `seconds` each after `warm_up` seconds, from the same threads; nullopt when
 // an allocation ran out of memory. Other errors propagate. The warm-up lasts
-// until every thread has finished a pair, and a window until the threads
-// have finished one pair each more than before it (a driver's first calls can
-// take milliseconds).
-std::optional<std::vector<double>> ns_per_pair(const Pair& pair, Context& context, std::size_t size,
-                                               std::size_t threads, double warm_up, double seconds,
-                                               std::size_t repeats) {
+// until every thread has finished a pair, and, with `purchases`, until
+// `warm_up` more seconds bought nothing (at most kLongestWarmUp); a window
+// lasts until the threads have finished one pair each more than before it
+// (a driver's first calls can take milliseconds).
+std::optional<std::vector<double>> ns_per_pair(const Pair& pair, const Purchases& purchases, Context& context,
+                                               std::size_t size, std::size_t threads, double warm_up,
+                                               double seconds, std::size_t repeats) {
   std::atomic<bool> stop{false}, out_of_memory{false}, failed{false};
   std::exception_ptr error;
   std::vector<PairCount> done(threads);
@@ -89,7 +96,16 @@ std::optional<std::vector<double>> ns_per_pair(const Pair& pair, Context& contex
       std::this_thread::sleep_for(std::chrono::microseconds(200));
   };
   std::vector<double> windows;
+  const auto warm_up_began = Clock::now();
   wait(warm_up, all_started);
+  if (purchases) {
+    for (std::size_t before = purchases(); !stop.load() && Clock::now() - warm_up_began < kLongestWarmUp;) {
+      wait(warm_up, [] { return true; });
+      const std::size_t now = purchases();
+      if (now == before) break;
+      before = now;
+    }
+  }
   for (std::size_t r = 0; r < repeats && !stop.load(); ++r) {
     const std::size_t before = total();
     const auto began = Clock::now();
@@ -130,6 +146,7 @@ struct Subject {
   std::string name;
   std::shared_ptr<BaseMemoryManager> manager;  // null for cuMemAlloc
   Pair pair;
+  Purchases purchases;  // for the pool
 };
 
 Subject make_subject(const std::string& name, Context& context, const std::string& adaptors) {
@@ -150,7 +167,10 @@ Subject make_subject(const std::string& name, Context& context, const std::strin
       wrap_with_adaptors(&context, make_bundled_memory_manager(name, &context), adaptors);
   manager->initialize();
   BaseMemoryManager* raw = manager.get();
-  return {name, manager, [raw](std::size_t size) { raw->memalloc(size); }};
+  Purchases purchases;
+  if (auto* pool = find_adaptor<PoolMemoryManager>(*manager))
+    purchases = [pool] { return pool->statistics().driver_allocations; };
+  return {name, manager, [raw](std::size_t size) { raw->memalloc(size); }, purchases};
 }
 
 }  // namespace
@@ -180,8 +200,8 @@ int bench_command(std::vector<std::string> args) {
   for (const auto& name : managers) subjects.push_back(make_subject(name, context, adaptors));
 
   std::printf("ns per allocate+free pair (memalloc, then its pointer released), median of %zu windows of %g s "
-              "after %g s of warm-up,\nfrom the same threads; with several threads, wall time over the pairs of all "
-              "threads. Driver: %s; adaptors: %s.\n",
+              "after %g s of warm-up (for the pool, until it bought no block for that long),\nfrom the same "
+              "threads; with several threads, wall time over the pairs of all threads. Driver: %s; adaptors: %s.\n",
               repeats, seconds, warm_up, simulation::active() ? "simulated" : "cuda",
               adaptors.empty() ? "none" : adaptors.c_str());
   std::size_t width = 10;
@@ -197,7 +217,8 @@ int bench_command(std::vector<std::string> args) {
       std::printf("%-*s", static_cast<int>(width), subjects[s].name.c_str());
       for (std::size_t size : sizes) {
         std::optional<double> median;
-        if (auto runs = ns_per_pair(subjects[s].pair, context, size, thread_counts[t], warm_up, seconds, repeats)) {
+        if (auto runs = ns_per_pair(subjects[s].pair, subjects[s].purchases, context, size, thread_counts[t], warm_up,
+                                    seconds, repeats)) {
           std::sort(runs->begin(), runs->end());
           median = (*runs)[runs->size() / 2];
         }
