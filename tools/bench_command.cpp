@@ -6,9 +6,9 @@
 // (for a pool, until a warm-up's length went by without it buying a block:
 // it lengthens a loop's rotation only as the loop's seals pay for a block,
 // over up to a few million pairs), then reads the pairs they finished over a
-// few windows of fixed wall time and reports the median window. Timing by the clock rather than by a
-// count of pairs lets one table hold a 20 ns pool pair and a 200 us cuMemAlloc
-// without either taking minutes.
+// few windows of fixed wall time and reports the median window. Timing by
+// the clock rather than by a count of pairs lets one table hold a 20 ns pool
+// pair and a 200 us cuMemAlloc without either taking minutes.
 #include "bench_command.hpp"
 
 #include <algorithm>

@@ -689,6 +689,11 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
 
   // Null once the thread's caches have gone back (during its exit).
   ThreadCache* cache_of_this_thread() { return util::ThreadSlots<Core, ThreadCache>::of_this_thread(*this); }
+  // The same for the fast paths, if it is the cache this thread used last
+  // (else null; they leave the rest to the full paths).
+  ThreadCache* last_cache_of_this_thread() const noexcept {
+    return util::ThreadSlots<Core, ThreadCache>::of_this_thread_if_last(*this);
+  }
   // The same for the free paths, which cannot throw: null also without host
   // memory for a new cache, or with the caches off.
   ThreadCache* cache_for_a_free() noexcept {
@@ -725,17 +730,16 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // requests, its oldest held block) is kept apart from the rest, whose
   // stack frame and saved registers were a fifth of the pair's instructions.
   std::uintptr_t allocate(std::size_t size, int size_class) {
-    using Slots = util::ThreadSlots<Core, ThreadCache>;
     if (size_class >= 0) [[likely]] {
-      if (ThreadCache* own = Slots::of_this_thread_if_last(*this)) [[likely]] {
-        std::unique_lock cache_lock(own->lock.owner(), std::try_to_lock);
-        if (cache_lock.owns_lock()) [[likely]] {
+      if (ThreadCache* own = last_cache_of_this_thread()) [[likely]] {
+        const OwnerBiasedLock::TriedOwnerLock cache_lock(own->lock.owner());
+        if (cache_lock.held()) [[likely]] {
           own->latest_class = size_class;
           if (const std::uintptr_t address = own->take_oldest_if_safe(size_class, epochs)) [[likely]]
             return address;
         }
       }
-    } else if (ThreadCache* own = Slots::of_this_thread_if_last(*this)) {
+    } else if (ThreadCache* own = last_cache_of_this_thread()) {
       return allocate_held_or_otherwise(size, size_class, *own);  // (a tail call: the path above saves no registers)
     }
     return allocate_otherwise(size, size_class);
@@ -753,16 +757,22 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     const bool own_segment = wants_own_segment(size);
     const std::size_t needed =
         own_segment ? detail::DedicatedSegments::segment_size(size) : blocks.rounded_size(size);
-    std::unique_lock cache_lock(cache.lock.owner(), std::try_to_lock);
-    if (!cache_lock.owns_lock() || !cache.held_large_count || needed == 0) return 0;
+    const OwnerBiasedLock::TriedOwnerLock cache_lock(cache.lock.owner());
+    if (!cache_lock.held() || !cache.held_large_count || needed == 0) return 0;
     const ThreadCache::HeldLarge& oldest = cache.held(0);
     if (!ThreadCache::fits(oldest.block, needed, own_segment) || !epochs.is_safe(oldest.epoch)) return 0;
     if (own_segment) cache.count_segment_request(needed, kHitsOfALoop);
-    const ThreadCache::OrderedLarge block = cache.remove_held_large(0).block;
+    return take_held(cache, 0).address;
+  }
+
+  // Hands out the thread's held block `found`, which is safe: lent (so that
+  // its free needs no lock) and counted as a hit of the thread's loop.
+  ThreadCache::OrderedLarge take_held(ThreadCache& cache, std::uint32_t found) noexcept {
+    const ThreadCache::OrderedLarge block = cache.remove_held_large(found).block;
     cache.lend(block, large_frees_elsewhere.load(std::memory_order_acquire));
-    cache.held_skips = 0;
-    if (cache.held_hits_since_miss < kHitsOfALoop) ++cache.held_hits_since_miss;
-    return block.address;
+    cache.held_skips = found > 0 ? cache.held_skips + 1 : 0;
+    if (cache.held_hits_since_miss < kHitsOfALoop) ++cache.held_hits_since_miss;  // (a loop would wrap it)
+    return block;
   }
 
   [[gnu::noinline]] std::uintptr_t allocate_otherwise(std::size_t size, int size_class) {
@@ -904,10 +914,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
           break;
         }
         if (epochs.is_safe(cache.held(found).epoch)) {
-          const ThreadCache::OrderedLarge block = cache.remove_held_large(found).block;
-          cache.lend(block, large_frees_elsewhere.load(std::memory_order_acquire));
-          cache.held_skips = found > 0 ? cache.held_skips + 1 : 0;
-          if (cache.held_hits_since_miss < kHitsOfALoop) ++cache.held_hits_since_miss;  // (a loop would wrap it)
+          const ThreadCache::OrderedLarge block = take_held(cache, static_cast<std::uint32_t>(found));
           if (cache.held_skips < kSkipsBeforeGivingBack) [[likely]]
             return block.address;
           cache.held_skips = 0;
@@ -1050,14 +1057,13 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   void deallocate(std::uintptr_t address, int size_class) noexcept {
     if (retired.load(std::memory_order_acquire)) return;
     const std::uint64_t epoch = epochs.tag();
-    using Slots = util::ThreadSlots<Core, ThreadCache>;
     if (size_class >= 0) [[likely]] {
-      if (ThreadCache* cache = Slots::of_this_thread_if_last(*this)) [[likely]] {
-        std::unique_lock cache_lock(cache->lock.owner(), std::try_to_lock);
-        if (cache_lock.owns_lock() && push_if_room(*cache, address, size_class, epoch)) [[likely]]
+      if (ThreadCache* cache = last_cache_of_this_thread()) [[likely]] {
+        const OwnerBiasedLock::TriedOwnerLock cache_lock(cache->lock.owner());
+        if (cache_lock.held() && push_if_room(*cache, address, size_class, epoch)) [[likely]]
           return;
       }
-    } else if (ThreadCache* cache = Slots::of_this_thread_if_last(*this)) {
+    } else if (ThreadCache* cache = last_cache_of_this_thread()) {
       return hold_large_or_otherwise(address, size_class, epoch, *cache);  // (a tail call, as allocate()'s)
     }
     deallocate_otherwise(address, size_class, epoch);
@@ -1168,9 +1174,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // The common case (a block in the thread's bin) apart, as allocate()'s.
   std::uintptr_t allocate_ordered(std::size_t size, int size_class) {
     if (size_class >= 0) [[likely]] {
-      if (ThreadCache* own = util::ThreadSlots<Core, ThreadCache>::of_this_thread_if_last(*this)) [[likely]] {
-        std::unique_lock cache_lock(own->lock.owner(), std::try_to_lock);
-        if (cache_lock.owns_lock()) [[likely]] {
+      if (ThreadCache* own = last_cache_of_this_thread()) [[likely]] {
+        const OwnerBiasedLock::TriedOwnerLock cache_lock(own->lock.owner());
+        if (cache_lock.held()) [[likely]] {
           if (const std::uintptr_t address = own->take_ordered(size_class)) [[likely]]
             return address;
         }
@@ -1208,9 +1214,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   void deallocate_ordered(std::uintptr_t address, int size_class) noexcept {
     if (retired.load(std::memory_order_acquire)) return;
     if (size_class >= 0) [[likely]] {
-      if (ThreadCache* cache = util::ThreadSlots<Core, ThreadCache>::of_this_thread_if_last(*this)) [[likely]] {
-        std::unique_lock cache_lock(cache->lock.owner(), std::try_to_lock);
-        if (cache_lock.owns_lock() && push_ordered_if_room(*cache, address, size_class)) [[likely]]
+      if (ThreadCache* cache = last_cache_of_this_thread()) [[likely]] {
+        const OwnerBiasedLock::TriedOwnerLock cache_lock(cache->lock.owner());
+        if (cache_lock.held() && push_ordered_if_room(*cache, address, size_class)) [[likely]]
           return;
       }
     }

@@ -57,6 +57,24 @@ class OwnerBiasedLock {
     explicit OwnerSide(OwnerBiasedLock* lock) : lock_(lock) {}
     OwnerBiasedLock* lock_;
   };
+  // The owner's side for a scope, where try_lock() got it: the fast paths'
+  // guard. (std::unique_lock's unlock() may throw, and once a change
+  // elsewhere made the compiler call it out of line, the cached pair saved
+  // registers again.)
+  class TriedOwnerLock {
+   public:
+    explicit TriedOwnerLock(OwnerSide& owner) noexcept : owner_(owner), held_(owner.try_lock()) {}
+    ~TriedOwnerLock() {
+      if (held_) owner_.unlock();
+    }
+    TriedOwnerLock(const TriedOwnerLock&) = delete;
+    TriedOwnerLock& operator=(const TriedOwnerLock&) = delete;
+    bool held() const noexcept { return held_; }
+
+   private:
+    OwnerSide& owner_;
+    const bool held_;
+  };
   class VisitorSide {
    public:
     void lock() { lock_->lock_as_visitor(); }

@@ -38,12 +38,13 @@ class ThreadSlots {
   // The calling thread's slot of `owner`, made on its first use; null once the
   // thread's directory has gone (other thread_locals' destructors run later).
   static Slot* of_this_thread(Owner& owner) {
-    if (last_.id == owner.thread_slots_id()) [[likely]]
-      return last_.slot;
+    if (Slot* last = of_this_thread_if_last(owner)) [[likely]]
+      return last;
     return find_or_make(owner);
   }
   // The same where it is the slot used last, else null (nothing is made):
-  // for fast paths that fall back to of_this_thread().
+  // for fast paths that fall back to of_this_thread(). (The last slot is
+  // never null: an owner's id is never 0, the id of `last_` once cleared.)
   static Slot* of_this_thread_if_last(const Owner& owner) noexcept {
     return last_.id == owner.thread_slots_id() ? last_.slot : nullptr;
   }

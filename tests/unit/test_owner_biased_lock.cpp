@@ -33,12 +33,21 @@ void expect_owner_and_visitors_exclude_each_other(OwnerEnters enters = OwnerEnte
   constexpr int kVisitorRounds = 2'000;
   std::atomic<bool> torn{false};
   std::thread owner([&] {
-    for (int i = 0; i < kOwnerRounds; ++i) {
-      std::unique_lock guard(lock.owner(), std::defer_lock);
-      if (enters == OwnerEnters::Lock || !guard.try_lock()) guard.lock();
+    const auto update = [&] {
       if (data.count != data.mirror) torn = true;
       ++data.count;
       ++data.mirror;
+    };
+    for (int i = 0; i < kOwnerRounds; ++i) {
+      if (enters == OwnerEnters::TryFirst) {
+        const OwnerBiasedLock::TriedOwnerLock tried(lock.owner());
+        if (tried.held()) {
+          update();
+          continue;
+        }
+      }
+      std::lock_guard guard(lock.owner());
+      update();
     }
   });
   std::vector<std::thread> visitors;
@@ -83,8 +92,12 @@ TEST(OwnerBiasedLock, AnOwnersTryFailsWhileAVisitorIsInsideAndBeforeTheBarrierIs
   lock.visitor().lock();  // (probes the process barrier)
   EXPECT_FALSE(lock.owner().try_lock()) << "the owner entered while a visitor held the lock";
   lock.visitor().unlock();
-  ASSERT_TRUE(lock.owner().try_lock());
-  lock.owner().unlock();
+  {
+    const OwnerBiasedLock::TriedOwnerLock tried(lock.owner());
+    ASSERT_TRUE(tried.held());
+  }
+  lock.visitor().lock();  // enters only once the guard has let go
+  lock.visitor().unlock();
 
   const int saved = cuemm::detail::process_barrier_state.exchange(0);  // as before any lock()
   EXPECT_FALSE(lock.owner().try_lock()) << "try_lock() must leave the probe to lock()";
