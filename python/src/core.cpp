@@ -170,7 +170,7 @@ PyObject* allocation_host_address(PyObject* object, void*) {
 }
 PyObject* allocation_size(PyObject* object, void*) {
   const ManagerAdaptor::Unwrapped* held = live(object);
-  return held ? PyLong_FromSize_t(held->memory ? held->memory->size() : held->record.size) : nullptr;
+  return held ? PyLong_FromSize_t(held->memory ? held->memory->size() : held->block.size) : nullptr;
 }
 PyObject* allocation_alive(PyObject* object, void*) {
   return PyBool_FromLong(reinterpret_cast<PyAllocation*>(object)->held.held());

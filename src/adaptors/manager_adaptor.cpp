@@ -50,12 +50,15 @@ ManagerAdaptor::~ManagerAdaptor() {
 AllocationObserver& ManagerAdaptor::observer() const noexcept { return *shared_->observer; }
 
 namespace {
+using detail::ObservedBlock;
+
 // Gives the memory back to the upstream (`let_go`) and reports its release
 // (unless a reset() gave it back meanwhile); with `detailed`, timed and with
 // the call site.
 template <typename Shared, typename LetGo>
-void release_and_report(const Shared& shared, LetGo&& let_go, AllocationRecord& record, std::uint64_t generation,
+void release_and_report(const Shared& shared, LetGo&& let_go, const ObservedBlock& block, std::uint64_t generation,
                         bool detailed) noexcept {
+  AllocationRecord record = block.release_record();
   if (detailed) record.start = adaptor_clock();
   let_go();
   if (detailed) {
@@ -71,11 +74,11 @@ void release_and_report(const Shared& shared, LetGo&& let_go, AllocationRecord& 
 // not two).
 struct UpstreamPointer {
   std::shared_ptr<MemoryPointer> memory;
-  void let_go(const AllocationRecord&) noexcept { memory.reset(); }
+  void let_go(const ObservedBlock&) noexcept { memory.reset(); }
 };
 struct UpstreamBlock {
   RawDeviceAllocator::Releaser releaser;
-  void let_go(const AllocationRecord& record) noexcept { releaser.release(releaser.state, record.address, record.size); }
+  void let_go(const ObservedBlock& block) noexcept { releaser.release(releaser.state, block.address, block.size); }
 };
 
 // What the upstream returned, as a record names it; null is the upstream's error.
@@ -99,24 +102,24 @@ template <typename Base, typename Shared, typename Held>
 class ObservedPointer final : public Base {
  public:
   template <typename... BaseArguments>
-  ObservedPointer(Shared* shared, std::uint64_t generation, bool detailed, Held&& held, AllocationRecord&& record,
+  ObservedPointer(Shared* shared, std::uint64_t generation, bool detailed, Held&& held, const ObservedBlock& block,
                   BaseArguments&&... base)
       : Base(std::forward<BaseArguments>(base)..., nullptr, [this] { release(); }),
         shared_(shared),
         held_(std::move(held)),
-        record_(std::move(record)),
+        block_(block),
         generation_(generation),
         detailed_(detailed) {}
   ~ObservedPointer() override { this->finalize_unshared(); }
 
  private:
   void release() noexcept {
-    release_and_report(*shared_, [this] { held_.let_go(record_); }, record_, generation_, detailed_);
+    release_and_report(*shared_, [this] { held_.let_go(block_); }, block_, generation_, detailed_);
   }
 
   Shared* shared_;  // outlives this (see ~ManagerAdaptor)
   Held held_;
-  AllocationRecord record_;
+  ObservedBlock block_;
   std::uint64_t generation_;
   bool detailed_;
 };
@@ -126,18 +129,14 @@ class ObservedPointer final : public Base {
 // given back and its release reported.
 template <typename Base, typename Shared, typename Held, typename... BaseArguments>
 std::shared_ptr<MemoryPointer> make_observed(Shared* shared, AllocationObserver& observer, std::uint64_t generation,
-                                             bool detailed, Held&& held, AllocationRecord&& record,
+                                             bool detailed, Held&& held, const ObservedBlock& block,
                                              BaseArguments&&... base) {
-  const MemoryKind kind = record.kind;
-  const std::uintptr_t address = record.address;
-  const std::size_t size = record.size;
   try {
     return detail::make_recycled<ObservedPointer<Base, Shared, std::remove_cvref_t<Held>>>(
-        shared, generation, detailed, std::move(held), std::move(record), std::forward<BaseArguments>(base)...);
+        shared, generation, detailed, std::move(held), block, std::forward<BaseArguments>(base)...);
   } catch (...) {
-    const AllocationRecord released{kind, address, size, 0.0, 0.0, std::string()};
-    held.let_go(released);  // still here: making the pointer failed before its member took it
-    observer.released(released);
+    held.let_go(block);  // still here: making the pointer failed before its member took it
+    observer.released(block.release_record());
     throw;
   }
 }
@@ -161,32 +160,33 @@ auto ManagerAdaptor::allocate_observed(MemoryKind kind, std::size_t size, Alloca
   AllocationRecord record{made.kind, made.address, size, start, detailed ? adaptor_clock() : 0.0,
                           detailed ? ScopedCallSite::current() : std::string()};
   observer().allocated(record);
-  return {std::move(upstream), std::move(record), shared_->generation.load(std::memory_order_relaxed), detailed};
+  return {std::move(upstream), {made.kind, made.address, size}, shared_->generation.load(std::memory_order_relaxed),
+          detailed};
 }
 
 template <typename Allocate>
 std::shared_ptr<MemoryPointer> ManagerAdaptor::observe(MemoryKind kind, std::size_t size, Allocate&& allocate) {
-  auto [upstream, record, generation, detailed] = allocate_observed(kind, size, std::forward<Allocate>(allocate));
+  auto [upstream, block, generation, detailed] = allocate_observed(kind, size, std::forward<Allocate>(allocate));
   Context* context = upstream->context();
   const std::uintptr_t handle = upstream->handle();
   auto* host = reinterpret_cast<void*>(upstream->host_pointer());
   UpstreamPointer held{std::move(upstream)};
-  switch (record.kind) {
+  switch (block.kind) {
     case MemoryKind::Device:
       return make_observed<MemoryPointer>(shared_.get(), observer(), generation, detailed, std::move(held),
-                                          std::move(record), context, handle, size);
+                                          block, context, handle, size);
     case MemoryKind::Mapped:
       return make_observed<MappedMemory>(shared_.get(), observer(), generation, detailed, std::move(held),
-                                         std::move(record), context, host, handle, size);
+                                         block, context, host, handle, size);
     case MemoryKind::Pinned:
       return make_observed<PinnedMemory>(shared_.get(), observer(), generation, detailed, std::move(held),
-                                         std::move(record), context, host, size);
+                                         block, context, host, size);
     case MemoryKind::Managed:
       return make_observed<ManagedMemory>(shared_.get(), observer(), generation, detailed, std::move(held),
-                                          std::move(record), context, handle, size);
+                                          block, context, handle, size);
   }
-  held.let_go(record);
-  observer().released({record.kind, record.address, size, 0.0, 0.0, std::string()});
+  held.let_go(block);
+  observer().released(block.release_record());
   throw StateError("unknown memory kind");
 }
 
@@ -197,22 +197,22 @@ std::shared_ptr<MemoryPointer> ManagerAdaptor::memalloc(std::size_t size) {
 }
 
 std::shared_ptr<MemoryPointer> ManagerAdaptor::observe_raw(std::size_t size) {
-  auto [block, record, generation, detailed] =
+  auto [allocation, block, generation, detailed] =
       allocate_observed(MemoryKind::Device, size, [&] { return raw_upstream_->allocate_raw(size); });
-  return make_observed<MemoryPointer>(shared_.get(), observer(), generation, detailed, UpstreamBlock{block.releaser},
-                                      std::move(record), &context(), block.address, size);
+  return make_observed<MemoryPointer>(shared_.get(), observer(), generation, detailed,
+                                      UpstreamBlock{allocation.releaser}, block, &context(), block.address, size);
 }
 
 ManagerAdaptor::Unwrapped ManagerAdaptor::memalloc_unwrapped(std::size_t size) {
   require_allocation_size(size, "memalloc");
   if (raw_upstream_) {
-    auto [block, record, generation, detailed] =
+    auto [allocation, block, generation, detailed] =
         allocate_observed(MemoryKind::Device, size, [&] { return raw_upstream_->allocate_raw(size); });
-    return {nullptr, std::move(record), generation, detailed, block.releaser};
+    return {nullptr, block, generation, detailed, allocation.releaser};
   }
-  auto [memory, record, generation, detailed] =
+  auto [memory, block, generation, detailed] =
       allocate_observed(MemoryKind::Device, size, [&] { return upstream_->memalloc(size); });
-  return {std::move(memory), std::move(record), generation, detailed};
+  return {std::move(memory), block, generation, detailed};
 }
 
 void ManagerAdaptor::release_unwrapped(Unwrapped& allocation) noexcept {
@@ -223,9 +223,9 @@ void ManagerAdaptor::release_unwrapped(Unwrapped& allocation) noexcept {
         if (allocation.memory)
           allocation.memory.reset();
         else
-          UpstreamBlock{std::exchange(allocation.releaser, {})}.let_go(allocation.record);
+          UpstreamBlock{std::exchange(allocation.releaser, {})}.let_go(allocation.block);
       },
-      allocation.record, allocation.generation, allocation.detailed);
+      allocation.block, allocation.generation, allocation.detailed);
 }
 
 std::shared_ptr<MemoryPointer> ManagerAdaptor::memhostalloc(std::size_t size, bool mapped, bool portable, bool wc) {

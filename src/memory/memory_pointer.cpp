@@ -58,13 +58,13 @@ bool MemoryPointer::run_finalizer() noexcept {
 }
 
 void MemoryPointer::call_finalizer() noexcept {
-  auto finalizer = std::move(finalizer_);
   try {
-    finalizer();
+    finalizer_();
   } catch (const std::exception& error) {
     std::fprintf(stderr, "cuemm: releasing %s memory at %s failed: %s\n", to_string(kind_),
                  hex_address(pointer_).c_str(), error.what());
   }
+  finalizer_ = nullptr;  // what it holds goes now, not with the pointer
 }
 
 cuda::CUdeviceptr MemoryPointer::device_pointer() const {

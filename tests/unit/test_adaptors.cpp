@@ -208,8 +208,8 @@ TEST_F(Adaptors, AnUnwrappedAllocationIsObservedAndLoggedLikeAWrappedOne) {
   logged.initialize();
   ManagerAdaptor::Unwrapped held = logged.memalloc_unwrapped(5000);
   ASSERT_NE(held.memory, nullptr);
-  EXPECT_EQ(held.record.size, 5000u);
-  EXPECT_EQ(held.record.address, held.memory->handle());
+  EXPECT_EQ(held.block.size, 5000u);
+  EXPECT_EQ(held.block.address, held.memory->handle());
   EXPECT_EQ(counted->statistics().of(MemoryKind::Device).current_bytes, 5000u);
   logged.release_unwrapped(held);
   EXPECT_EQ(held.memory, nullptr);
@@ -235,17 +235,17 @@ TEST_F(Adaptors, OverThePoolAnUnwrappedAllocationIsABareBlock) {
   StatisticsAdaptor stats(&context, pool());
   stats.initialize();
   auto& upstream = dynamic_cast<PoolMemoryManager&>(stats.upstream());
-  ManagerAdaptor::Unwrapped block = stats.memalloc_unwrapped(3000);
-  EXPECT_EQ(block.memory, nullptr);
-  ASSERT_TRUE(block.held());
-  EXPECT_EQ(block.handle(), block.record.address);
-  EXPECT_EQ(block.record.size, 3000u);
-  EXPECT_EQ(block.handle() % 256, 0u);
+  ManagerAdaptor::Unwrapped bare = stats.memalloc_unwrapped(3000);
+  EXPECT_EQ(bare.memory, nullptr);
+  ASSERT_TRUE(bare.held());
+  EXPECT_EQ(bare.handle(), bare.block.address);
+  EXPECT_EQ(bare.block.size, 3000u);
+  EXPECT_EQ(bare.handle() % 256, 0u);
   EXPECT_GE(upstream.statistics().in_use_bytes, 3000u);
   EXPECT_EQ(stats.statistics().of(MemoryKind::Device).current_bytes, 3000u);
-  stats.release_unwrapped(block);
-  EXPECT_FALSE(block.held());
-  stats.release_unwrapped(block);  // twice: nothing more
+  stats.release_unwrapped(bare);
+  EXPECT_FALSE(bare.held());
+  stats.release_unwrapped(bare);  // twice: nothing more
   EXPECT_EQ(upstream.statistics().in_use_bytes, 0u);
   EXPECT_EQ(stats.statistics().of(MemoryKind::Device).current_bytes, 0u);
 
