@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -21,6 +22,7 @@
 #include "cuemm/runtime/device.hpp"
 #include "cuemm/threading/blocking_hook.hpp"
 #include "pool_thread_cache.hpp"
+#include "raw_free_checker.hpp"
 #include "threading/owner_biased_lock.hpp"
 #include "util/environment.hpp"
 #include "util/hex_address.hpp"
@@ -90,6 +92,7 @@ PoolOptions PoolOptions::from_environment() {
       util::byte_size_from_environment("CUEMM_POOL_DEDICATED_SIZE").value_or(options.dedicated_size);
   options.expandable = util::flag_from_environment("CUEMM_POOL_EXPANDABLE").value_or(options.expandable);
   options.pinned_host_pool = util::flag_from_environment("CUEMM_PINNED_HOST_POOL").value_or(options.pinned_host_pool);
+  options.check_frees = util::flag_from_environment("CUEMM_POOL_CHECK_FREES").value_or(options.check_frees);
   return options;
 }
 
@@ -1386,6 +1389,7 @@ void PoolMemoryManager::Core::forget_cache(ThreadCache* cache) noexcept {
 PoolMemoryManager::PoolMemoryManager(Context* context, PoolOptions options)
     : HostOnlyMemoryManager(context), options_(options), core_(std::make_shared<Core>(context, options)) {
   if (options_.pinned_host_pool) use_pinned_host_pool();
+  if (options_.check_frees) free_checker_ = std::make_unique<detail::RawFreeChecker>();
   if (options_.maximum_size && options_.maximum_size < kSegmentGranularity) {
     throw InvalidArgument("pool: the maximum size (" + describe_bytes(options_.maximum_size) +
                           ") is less than one segment (" + describe_bytes(kSegmentGranularity) +
@@ -1415,6 +1419,7 @@ void PoolMemoryManager::on_reset() {
   auto retiring = std::exchange(core_, std::make_shared<Core>(has_context() ? &context() : nullptr, options_));
   retiring->retire();
   util::keep_until_exit(std::move(retiring));
+  if (free_checker_) free_checker_->forget_all();
 }
 
 CleanupGuard PoolMemoryManager::on_defer_cleanup() {
@@ -1430,11 +1435,53 @@ CleanupGuard PoolMemoryManager::on_defer_cleanup() {
 
 cuda::CUdeviceptr PoolMemoryManager::allocate(std::size_t size) {
   require_allocation_size(size, "PoolMemoryManager::allocate");
+  if (free_checker_) [[unlikely]]
+    return allocate_recorded(size, nullptr);
   return core_->allocate(size, core_->size_class(size));
 }
 
 void PoolMemoryManager::deallocate(cuda::CUdeviceptr pointer, std::size_t size) noexcept {
-  if (pointer && size) core_->deallocate(pointer, core_->size_class(size));
+  if (!pointer || !size) return;
+  // A pointer off the block granularity is no block's: cheap enough to check
+  // at every free. The rest only with the record (PoolOptions::check_frees).
+  if (pointer % kBlockGranularity || free_checker_) [[unlikely]]
+    return deallocate_checked(pointer, size, nullptr);
+  core_->deallocate(pointer, core_->size_class(size));
+}
+
+cuda::CUdeviceptr PoolMemoryManager::allocate_recorded(std::size_t size, const cuda::CUstream* stream) {
+  const cuda::CUdeviceptr address = stream ? allocate_unrecorded(size, *stream)
+                                           : core_->allocate(size, core_->size_class(size));
+  try {
+    free_checker_->handed_out(address, size);
+  } catch (...) {
+    core_->deallocate(address, core_->size_class(size));  // no record, no block: as if it had failed
+    throw;
+  }
+  return address;
+}
+
+void PoolMemoryManager::deallocate_checked(cuda::CUdeviceptr pointer, std::size_t size,
+                                           const cuda::CUstream* stream) noexcept {
+  std::optional<std::string> refused;
+  try {
+    if (pointer % kBlockGranularity != 0)
+      refused = "it is not " + std::to_string(kBlockGranularity) + "-byte aligned, so no block of this pool starts there";
+    else if (free_checker_)
+      refused = free_checker_->take_back(pointer, size);
+  } catch (const std::exception& error) {
+    refused = std::string("its check failed: ") + error.what();
+  }
+  if (refused) {
+    rejected_frees_.fetch_add(1, std::memory_order_relaxed);
+    std::fprintf(stderr, "cuemm: PoolMemoryManager::deallocate(%s, %zu bytes%s) refused: %s; nothing was freed\n",
+                 util::hex_address(pointer).c_str(), size, stream ? ", stream" : "", refused->c_str());
+    return;
+  }
+  if (stream)
+    deallocate_unchecked(pointer, size, *stream);
+  else
+    core_->deallocate(pointer, core_->size_class(size));
 }
 
 std::shared_ptr<MemoryPointer> PoolMemoryManager::memalloc(std::size_t size) {
@@ -1471,6 +1518,12 @@ RawDeviceAllocator::Allocation PoolMemoryManager::allocate_raw(std::size_t size)
 
 cuda::CUdeviceptr PoolMemoryManager::allocate(std::size_t size, cuda::CUstream stream) {
   require_allocation_size(size, "PoolMemoryManager::allocate");
+  if (free_checker_) [[unlikely]]
+    return allocate_recorded(size, &stream);
+  return allocate_unrecorded(size, stream);
+}
+
+cuda::CUdeviceptr PoolMemoryManager::allocate_unrecorded(std::size_t size, cuda::CUstream stream) {
   const int size_class = core_->size_class(size);
   // The default streams' work is what the legacy stream's events cover, so a
   // thread may reuse its frees on them at once (Note [Stream-ordered reuse]);
@@ -1480,6 +1533,13 @@ cuda::CUdeviceptr PoolMemoryManager::allocate(std::size_t size, cuda::CUstream s
 
 void PoolMemoryManager::deallocate(cuda::CUdeviceptr pointer, std::size_t size, cuda::CUstream stream) noexcept {
   if (!pointer || !size) return;
+  if (pointer % kBlockGranularity || free_checker_) [[unlikely]]
+    return deallocate_checked(pointer, size, &stream);
+  deallocate_unchecked(pointer, size, stream);
+}
+
+void PoolMemoryManager::deallocate_unchecked(cuda::CUdeviceptr pointer, std::size_t size,
+                                             cuda::CUstream stream) noexcept {
   const int size_class = core_->size_class(size);
   if (cuda::is_default_stream(stream)) return core_->deallocate_ordered(pointer, size_class);
   core_->order_after(stream);
@@ -1533,6 +1593,7 @@ PoolStatistics PoolMemoryManager::statistics() const {
   statistics.seals = core_->epochs.seals();
   statistics.driver_allocations = core_->driver_allocations;
   statistics.driver_frees = core_->driver_frees;
+  statistics.rejected_frees = rejected_frees_.load(std::memory_order_relaxed);
   return statistics;
 }
 

@@ -87,6 +87,9 @@
 #include "cuemm/memory/raw_device_allocator.hpp"
 
 namespace cuemm {
+namespace detail {
+class RawFreeChecker;
+}
 
 struct PoolOptions {
   std::size_t initial_size = 0;  // reserved at initialize(); 0 reserves nothing up front
@@ -115,6 +118,15 @@ struct PoolOptions {
   bool expandable = false;
   // Pinned and mapped host memory from a PinnedHostPool (CUEMM_PINNED_HOST_POOL=0 turns it off).
   bool pinned_host_pool = true;
+  // Checks each raw deallocate() against a record of the blocks that the raw
+  // allocate() handed out: a second free, a pointer the pool did not hand out
+  // (or handed out before a reset()), or a size other than the one asked
+  // for is reported on stderr, counted in PoolStatistics::rejected_frees and
+  // not freed. Off by default: the record takes a lock at each raw
+  // allocation and free. (Without it a misaligned pointer is still refused;
+  // memalloc's pointers free themselves once, either way.)
+  // CUEMM_POOL_CHECK_FREES=1.
+  bool check_frees = false;
   static PoolOptions from_environment();
 };
 
@@ -135,6 +147,8 @@ struct PoolStatistics {
   // [Dedicated segments]).
   std::size_t driver_allocations = 0;
   std::size_t driver_frees = 0;
+  // Raw deallocate()s refused: a pointer no block starts at (see PoolOptions::check_frees).
+  std::size_t rejected_frees = 0;
 };
 
 class PoolMemoryManager : public HostOnlyMemoryManager, public RawDeviceAllocator {
@@ -154,7 +168,9 @@ class PoolMemoryManager : public HostOnlyMemoryManager, public RawDeviceAllocato
   // The raw interface, without a MemoryPointer (as RMM's and PyTorch's):
   // `size` bytes of device memory, 256-byte aligned, in this pool's context.
   cuda::CUdeviceptr allocate(std::size_t size);
-  // Gives back a block from allocate(); `size` must be the size it was asked with.
+  // Gives back a block from allocate(); `size` must be the size it was asked
+  // with, and the block must not have been freed, nor the pool reset, since
+  // (PoolOptions::check_frees checks all three).
   void deallocate(cuda::CUdeviceptr pointer, std::size_t size) noexcept;
   // Stream-ordered (Note [Stream-ordered reuse]): as RMM's allocate and
   // deallocate on a stream, and PyTorch's raw_alloc and raw_delete on its
@@ -181,8 +197,20 @@ class PoolMemoryManager : public HostOnlyMemoryManager, public RawDeviceAllocato
   CleanupGuard on_defer_cleanup() override;
 
  private:
+  // The raw interface's paths off its fast one (stream: null for the
+  // stream-less forms): allocate() with the record, and deallocate() when the
+  // pointer is misaligned or there is a record, which refuses and reports a
+  // free that no live block matches.
+  [[gnu::noinline]] cuda::CUdeviceptr allocate_recorded(std::size_t size, const cuda::CUstream* stream);
+  [[gnu::noinline, gnu::cold]] void deallocate_checked(cuda::CUdeviceptr pointer, std::size_t size,
+                                                       const cuda::CUstream* stream) noexcept;
+  cuda::CUdeviceptr allocate_unrecorded(std::size_t size, cuda::CUstream stream);
+  void deallocate_unchecked(cuda::CUdeviceptr pointer, std::size_t size, cuda::CUstream stream) noexcept;
+
   PoolOptions options_;
   std::shared_ptr<Core> core_;
+  std::unique_ptr<detail::RawFreeChecker> free_checker_;  // with options_.check_frees
+  std::atomic<std::size_t> rejected_frees_{0};
 };
 
 }  // namespace cuemm
