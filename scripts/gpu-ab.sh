@@ -31,8 +31,14 @@ wait $base_build && wait $new_build
 : >"$work/times"
 for ((round = 1; round <= rounds; ++round)); do
   for variant in base new; do
+    # JSON, not CSV: Google Benchmark's CSV reporter aborts when families
+    # with and without user counters are mixed in one run.
     "$work/$variant/bin/bench_allocators" --benchmark_min_time=0.3 --benchmark_filter="$filter" \
-        --benchmark_format=csv 2>/dev/null | awk -F, -v variant=$variant 'NR > 1 {gsub(/"/, "", $1); print variant, $1, $3}' >>"$work/times"
+        --benchmark_format=json 2>"$work/$variant.stderr" >"$work/run.json" ||
+      { tail -5 "$work/$variant.stderr"; exit 1; }
+    python3 -c 'import json, sys
+for b in json.load(open(sys.argv[1]))["benchmarks"]:
+    print(sys.argv[2], b["name"], b["real_time"])' "$work/run.json" "$variant" >>"$work/times"
   done
 done
 python3 - "$work/times" <<'PY'

@@ -41,7 +41,7 @@ inline constexpr std::uint32_t kOrderedLargeCapacity = 4;
 inline constexpr std::uint32_t kLentCapacity = 8;
 // Large blocks a thread holds from frees without a stream: two of the
 // pool's longest rotations.
-inline constexpr std::size_t kHeldCapacity = 64;
+inline constexpr std::size_t kHeldCapacity = 128;
 static_assert(std::has_single_bit(kHeldCapacity), "the held blocks' ring indexes by mask");
 
 // A freed block and the epoch it was freed in (Note [Stream-safe reuse]).

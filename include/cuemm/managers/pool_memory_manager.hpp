@@ -53,7 +53,7 @@
 // one. Rather than seal, it takes an idle block of the size when the pool
 // has one (a finished thread's, say); and a loop whose seals have cost about
 // as much as a new block gets one more from the driver. So it rotates
-// through a few (up to 32 within the thread cache's budget; beyond it, up to
+// through a few (up to 64 within the thread cache's budget; beyond it, up to
 // 4 blocks whatever their size, or 8 within 512 MiB) and seals once a
 // rotation. A thread holds up to two rotations, so
 // loops that alternate between two sizes keep both. A request that nothing
