@@ -54,7 +54,7 @@
 // has one (a finished thread's, say); and a loop whose seals have cost about
 // as much as a new block gets one more from the driver. So it rotates
 // through a few (up to 64 within the thread cache's budget; beyond it, up to
-// 4 blocks whatever their size, or 8 within 512 MiB) and seals once a
+// 4 blocks whatever their size, or 16 within 1 GiB) and seals once a
 // rotation. A thread holds up to two rotations, so
 // loops that alternate between two sizes keep both. A request that nothing
 // held fits gives the lone held blocks of other sizes back to the
@@ -95,7 +95,7 @@ struct PoolOptions {
   std::size_t initial_size = 0;  // reserved at initialize(); 0 reserves nothing up front
   std::size_t maximum_size = 0;  // 0: no limit but the device's; else at least kSegmentGranularity
   // Bytes each thread may keep cached for reuse without a lock (large
-  // blocks: also room for 4 of the size, or for 8 within 512 MiB; Note
+  // blocks: also room for 4 of the size, or for 16 within 1 GiB; Note
   // [Large blocks in the thread caches]); 0 turns the per-thread caches off.
   // CUEMM_POOL_THREAD_CACHE_SIZE. A loop seals (a stream query) once per
   // half of its class's ring, and the ring holds this many bytes: on the
