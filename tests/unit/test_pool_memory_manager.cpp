@@ -190,6 +190,28 @@ TEST_F(Pool, ALongLoopOfLargeRequestsRotatesThroughAFewBlocks) {
   }
 }
 
+// Beyond the thread's cache budget, a loop of blocks larger than a 16th of
+// 1 GiB rotates through up to 16 of them within 1 GiB: its reserved memory
+// stays there, whatever the loop's length.
+TEST_F(Pool, ALoopOfVeryLargeBlocksRotatesWithinOneGibibyte) {
+  constexpr std::size_t kSize = std::size_t{64} << 20;
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  std::vector<cuda::CUdeviceptr> seen;
+  for (int i = 0; i < 60000; ++i) {
+    const cuda::CUdeviceptr block = pool.allocate(kSize);
+    if (i >= 50000 && std::find(seen.begin(), seen.end(), block) == seen.end()) seen.push_back(block);
+    pool.deallocate(block, kSize);
+  }
+  // (Simulated driver: 16 blocks, 1 GiB reserved, a seal per 16 pairs.)
+  EXPECT_GT(seen.size(), 8u) << "the rotation stayed at 8 blocks (512 MiB)";
+  EXPECT_LE(seen.size(), 16u);
+  EXPECT_LE(pool.statistics().reserved_bytes, (std::size_t{1} << 30) + kSize);
+  const PoolStatistics before = pool.statistics();
+  for (int i = 0; i < 1600; ++i) pool.deallocate(pool.allocate(kSize), kSize);
+  EXPECT_LE(pool.statistics().seals - before.seals, 1600u / 9 + 1) << "more than a seal a rotation";
+}
+
 // Note [Large blocks in the thread caches]: a thread keeps the large blocks
 // it frees without a stream, and its next request of the size takes one
 // back once the GPU is done with it; a request of another size gives back a
