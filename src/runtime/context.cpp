@@ -24,7 +24,6 @@ void Context::prepare_for_use() { memory_manager_->initialize(); }
 void Context::reset() {
   deallocations_.flush_all();
   memory_manager_->reset();
-  generation_.fetch_add(1);
 }
 
 MemoryInfo Context::get_memory_info() { return memory_manager_->get_memory_info(); }

@@ -143,7 +143,10 @@ void Device::reset() {
     std::lock_guard lock(mutex_);
     primary = primary_.get();
   }
-  if (primary) primary->reset();
+  if (primary) {
+    primary->reset();
+    primary->forget_driver_objects();
+  }
   release_primary_context();
   CUEMM_CU(cuDevicePrimaryCtxReset, ordinal_);
 }

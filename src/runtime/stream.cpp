@@ -24,54 +24,24 @@ void in_context_of(Context* context, Call&& call) {
 }  // namespace
 
 Stream::Stream(Context* context, cuda::CUstream handle, bool owned)
-    : context_(context), handle_(handle), owned_(owned), generation_(context ? context->generation() : 0) {}
-
-Stream::Stream(Stream&& other) noexcept
-    : context_(other.context_),
-      handle_(std::exchange(other.handle_, nullptr)),
-      owned_(std::exchange(other.owned_, false)),
-      generation_(other.generation_) {}
-
-Stream& Stream::operator=(Stream&& other) noexcept {
-  if (this != &other) {
-    release();
-    context_ = other.context_;
-    handle_ = std::exchange(other.handle_, nullptr);
-    owned_ = std::exchange(other.owned_, false);
-    generation_ = other.generation_;
-  }
-  return *this;
-}
-
-Stream::~Stream() { release(); }
-
-// Destruction is deferred through the context's queue; a reset since creation
-// means the driver already destroyed the stream.
-void Stream::release() noexcept {
-  if (!owned_ || !handle_ || !context_ || context_->generation() != generation_) return;
-  Context* context = context_;
-  cuda::CUstream handle = handle_;
-  context->deallocations().add([context, handle] {
-    ScopedContext scope(*context);
-    CUEMM_CU(cuStreamDestroy, handle);
-  });
-  owned_ = false;
-}
+    : handle_(context, handle,
+              owned ? [](void* stream) { CUEMM_CU(cuStreamDestroy, static_cast<cuda::CUstream>(stream)); }
+                    : detail::ContextOwnedHandle::Destroy{}) {}
 
 void Stream::synchronize() const {
-  in_context_of(context_, [&] { CUEMM_CU(cuStreamSynchronize, handle_); });
+  in_context_of(context(), [&] { CUEMM_CU(cuStreamSynchronize, handle()); });
 }
 
 bool Stream::query() const {
   cuda::CUresult result = cuda::CUDA_SUCCESS;
-  in_context_of(context_, [&] { result = CUEMM_CU_RESULT(cuStreamQuery, handle_); });
+  in_context_of(context(), [&] { result = CUEMM_CU_RESULT(cuStreamQuery, handle()); });
   if (result == cuda::CUDA_ERROR_NOT_READY) return false;
   driver::check(result, "cuStreamQuery");
   return true;
 }
 
 void Stream::wait_event(const Event& event) const {
-  in_context_of(context_, [&] { CUEMM_CU(cuStreamWaitEvent, handle_, event.handle(), 0); });
+  in_context_of(context(), [&] { CUEMM_CU(cuStreamWaitEvent, handle(), event.handle(), 0); });
 }
 
 void Stream::add_callback(std::function<void()> callback) const {
@@ -80,49 +50,24 @@ void Stream::add_callback(std::function<void()> callback) const {
     std::unique_ptr<std::function<void()>> function(static_cast<std::function<void()>*>(data));
     (*function)();
   };
-  in_context_of(context_, [&] { CUEMM_CU(cuStreamAddCallback, handle_, trampoline, owned.get(), 0); });
+  in_context_of(context(), [&] { CUEMM_CU(cuStreamAddCallback, handle(), trampoline, owned.get(), 0); });
   owned.release();  // the trampoline owns it now
 }
 
 Event::Event(Context* context, cuda::CUevent handle)
-    : context_(context), handle_(handle), generation_(context ? context->generation() : 0) {}
-
-Event::Event(Event&& other) noexcept
-    : context_(other.context_), handle_(std::exchange(other.handle_, nullptr)), generation_(other.generation_) {}
-
-Event& Event::operator=(Event&& other) noexcept {
-  if (this != &other) {
-    release();
-    context_ = other.context_;
-    handle_ = std::exchange(other.handle_, nullptr);
-    generation_ = other.generation_;
-  }
-  return *this;
-}
-
-Event::~Event() { release(); }
-
-void Event::release() noexcept {
-  if (!handle_ || !context_ || context_->generation() != generation_) return;
-  Context* context = context_;
-  cuda::CUevent handle = std::exchange(handle_, nullptr);
-  context->deallocations().add([context, handle] {
-    ScopedContext scope(*context);
-    CUEMM_CU(cuEventDestroy, handle);
-  });
-}
+    : handle_(context, handle, [](void* event) { CUEMM_CU(cuEventDestroy, static_cast<cuda::CUevent>(event)); }) {}
 
 void Event::record(const Stream& stream) const {
-  in_context_of(context_, [&] { CUEMM_CU(cuEventRecord, handle_, stream.handle()); });
+  in_context_of(context(), [&] { CUEMM_CU(cuEventRecord, handle(), stream.handle()); });
 }
 
 void Event::synchronize() const {
-  in_context_of(context_, [&] { CUEMM_CU(cuEventSynchronize, handle_); });
+  in_context_of(context(), [&] { CUEMM_CU(cuEventSynchronize, handle()); });
 }
 
 bool Event::query() const {
   cuda::CUresult result = cuda::CUDA_SUCCESS;
-  in_context_of(context_, [&] { result = CUEMM_CU_RESULT(cuEventQuery, handle_); });
+  in_context_of(context(), [&] { result = CUEMM_CU_RESULT(cuEventQuery, handle()); });
   if (result == cuda::CUDA_ERROR_NOT_READY) return false;
   driver::check(result, "cuEventQuery");
   return true;
@@ -132,7 +77,7 @@ void Event::wait(const Stream& stream) const { stream.wait_event(*this); }
 
 float Event::elapsed_time(const Event& start, const Event& end) {
   float milliseconds = 0;
-  in_context_of(start.context_, [&] { CUEMM_CU(cuEventElapsedTime, &milliseconds, start.handle_, end.handle_); });
+  in_context_of(start.context(), [&] { CUEMM_CU(cuEventElapsedTime, &milliseconds, start.handle(), end.handle()); });
   return milliseconds;
 }
 

@@ -153,3 +153,34 @@ TEST_F(Runtime, StreamsAndEventsAreReleasedThroughTheContextQueue) {
   context.deallocations().flush_all();
   EXPECT_EQ(context.deallocations().pending_count(), 0u);
 }
+
+// A handle is released once, by its last owner (moves hand it on); a
+// default stream, which no one owns, never. Those made before a reset of the
+// context are still released when they go, as the driver still has them
+// (Numba's reset leaves streams alone too; they had leaked here before).
+// (Only a device reset, which destroys them, makes them stale.)
+TEST_F(Runtime, AHandleIsReleasedOnceByItsLastOwner) {
+  context.deallocations().flush_all();
+  {
+    Stream first = context.create_stream();
+    Stream second = std::move(first);
+    Stream third = context.create_stream();
+    third = std::move(second);  // third's own stream is released here
+    EXPECT_EQ(context.deallocations().pending_count(), 1u);
+    Module module = context.load_module(cuemm::testing::test_kernels_ptx());
+    Module moved = std::move(module);
+    Stream legacy = Stream::legacy_default();
+    Stream per_thread = Stream::per_thread_default();
+  }
+  EXPECT_EQ(context.deallocations().pending_count(), 3u) << "two streams and a module, each once";
+  context.deallocations().flush_all();
+
+  Stream made_before = context.create_stream();
+  Event event = context.create_event();
+  context.reset();
+  made_before.synchronize();  // still the driver's
+  { Stream gone = std::move(made_before); }
+  { Event gone = std::move(event); }
+  EXPECT_EQ(context.deallocations().pending_count(), 2u) << "a context reset leaked its streams and events";
+  context.deallocations().flush_all();
+}

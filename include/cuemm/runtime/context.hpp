@@ -46,8 +46,13 @@ class Context {
   void prepare_for_use();
   // Releases everything this context holds: pending releases of streams,
   // events and modules, and (through reset()) all of the manager's memory.
+  // Streams, events and modules made before it stay valid, as in Numba, and
+  // are released when they go.
   void reset();
-  // Incremented by each reset: objects made before it hold stale handles.
+  // For Device::reset(), whose driver reset destroys the context's streams,
+  // events and modules: those made before it are then not released again.
+  void forget_driver_objects() noexcept { generation_.fetch_add(1); }
+  // Incremented by forget_driver_objects(): objects made before it hold stale handles.
   std::uint64_t generation() const noexcept { return generation_.load(); }
 
   // --- delegated to the memory manager ---

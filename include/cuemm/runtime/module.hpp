@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "cuemm/driver/cuda_api.hpp"
+#include "cuemm/runtime/detail/context_owned_handle.hpp"
 #include "cuemm/runtime/stream.hpp"
 
 namespace cuemm {
@@ -46,21 +47,13 @@ class Function {
 class Module {
  public:
   Module(Context* context, cuda::CUmodule handle);
-  Module(Module&& other) noexcept;
-  Module& operator=(Module&& other) noexcept;
-  Module(const Module&) = delete;
-  Module& operator=(const Module&) = delete;
-  ~Module();
 
-  cuda::CUmodule handle() const noexcept { return handle_; }
+  cuda::CUmodule handle() const noexcept { return static_cast<cuda::CUmodule>(handle_.get()); }
   // CudaError (CUDA_ERROR_NOT_FOUND) naming the kernel when it is not in the module.
   Function function(const std::string& name) const;
 
  private:
-  void release() noexcept;
-  Context* context_ = nullptr;
-  cuda::CUmodule handle_ = nullptr;
-  std::uint64_t generation_ = 0;
+  detail::ContextOwnedHandle handle_;
 };
 
 }  // namespace cuemm

@@ -16,6 +16,7 @@
 #include <functional>
 
 #include "cuemm/driver/cuda_api.hpp"
+#include "cuemm/runtime/detail/context_owned_handle.hpp"
 
 namespace cuemm {
 
@@ -28,15 +29,10 @@ class Stream {
   static Stream legacy_default() { return Stream(nullptr, cuda::CU_STREAM_LEGACY, false); }
   static Stream per_thread_default() { return Stream(nullptr, cuda::CU_STREAM_PER_THREAD, false); }
   Stream(Context* context, cuda::CUstream handle, bool owned);
-  Stream(Stream&& other) noexcept;
-  Stream& operator=(Stream&& other) noexcept;
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  ~Stream();
 
-  cuda::CUstream handle() const noexcept { return handle_; }
-  Context* context() const noexcept { return context_; }
-  bool is_default() const noexcept { return cuda::is_default_stream(handle_); }
+  cuda::CUstream handle() const noexcept { return static_cast<cuda::CUstream>(handle_.get()); }
+  Context* context() const noexcept { return handle_.context(); }
+  bool is_default() const noexcept { return cuda::is_default_stream(handle()); }
 
   void synchronize() const;
   // True when all work queued so far has completed.
@@ -47,23 +43,15 @@ class Stream {
   void add_callback(std::function<void()> callback) const;
 
  private:
-  void release() noexcept;
-  Context* context_ = nullptr;
-  cuda::CUstream handle_ = nullptr;
-  bool owned_ = false;
-  std::uint64_t generation_ = 0;
+  detail::ContextOwnedHandle handle_;
 };
 
 class Event {
  public:
   Event(Context* context, cuda::CUevent handle);
-  Event(Event&& other) noexcept;
-  Event& operator=(Event&& other) noexcept;
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  ~Event();
 
-  cuda::CUevent handle() const noexcept { return handle_; }
+  cuda::CUevent handle() const noexcept { return static_cast<cuda::CUevent>(handle_.get()); }
+  Context* context() const noexcept { return handle_.context(); }
   void record(const Stream& stream = Stream()) const;
   void synchronize() const;
   // True when the work before the last record() has completed.
@@ -73,10 +61,7 @@ class Event {
   static float elapsed_time(const Event& start, const Event& end);
 
  private:
-  void release() noexcept;
-  Context* context_ = nullptr;
-  cuda::CUevent handle_ = nullptr;
-  std::uint64_t generation_ = 0;
+  detail::ContextOwnedHandle handle_;
 };
 
 }  // namespace cuemm
