@@ -724,6 +724,11 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     return caches_enabled() && !wants_own_segment(size) ? detail::size_class_of(size) : -1;
   }
   bool wants_own_segment(std::size_t size) const noexcept { return size >= options.dedicated_size; }
+  // The bytes of the block that serves a large request of `size`: its own
+  // segment's, or the index's rounding (0: no segment can be that large).
+  std::size_t large_block_bytes(std::size_t size, bool own_segment) const noexcept {
+    return own_segment ? detail::DedicatedSegments::segment_size(size) : blocks.rounded_size(size);
+  }
 
   // A request too large for the size classes (or with the caches off); the
   // caller holds `mutex`. `own` as for allocate_from_index(), and its loop
@@ -763,8 +768,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // 0 (nothing changed) otherwise.
   std::uintptr_t take_oldest_held_if_safe(std::size_t size, ThreadCache& cache) noexcept {
     const bool own_segment = wants_own_segment(size);
-    const std::size_t needed =
-        own_segment ? detail::DedicatedSegments::segment_size(size) : blocks.rounded_size(size);
+    const std::size_t needed = large_block_bytes(size, own_segment);
     const OwnerBiasedLock::TriedOwnerLock cache_lock(cache.lock.owner());
     if (!cache_lock.held() || !cache.held_large_count || needed == 0) return 0;
     const ThreadCache::HeldLarge& oldest = cache.held(0);
@@ -904,8 +908,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // a cache: a block it holds once safe, else one from the pool.
   std::uintptr_t allocate_large(std::size_t size, ThreadCache& cache) {
     const bool own_segment = wants_own_segment(size);
-    const std::size_t needed =
-        own_segment ? detail::DedicatedSegments::segment_size(size) : blocks.rounded_size(size);
+    const std::size_t needed = large_block_bytes(size, own_segment);
     // Whether the thread's loop takes one more block from the pool rather
     // than wait for one it holds (see RentOrBuy).
     bool buys_one_more = false;
@@ -1204,8 +1207,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
         if (const std::uintptr_t address = cache.take_ordered(size_class)) return address;
       } else {
         const bool own_segment = wants_own_segment(size);
-        const std::size_t needed =
-            own_segment ? detail::DedicatedSegments::segment_size(size) : blocks.rounded_size(size);
+        const std::size_t needed = large_block_bytes(size, own_segment);
         if (auto found = cache.take_ordered_large(needed, own_segment)) {
           cache.lend(*found, large_frees_elsewhere.load(std::memory_order_acquire));
           return found->address;
