@@ -48,11 +48,48 @@ void count_seals(benchmark::State& state, std::size_t seals_before, std::size_t 
   state.counters["seals_per_1000_pairs"] = 1000.0 * static_cast<double>(seals_after - seals_before) / pairs;
 }
 
+// Untimed pairs from each thread before its timed loop, until the pool bought
+// no block from the driver while this thread ran a window of them (at most
+// 10 s): a thread's rotation of large blocks grows by a block as its seals
+// pay for one, and its rings' share of the index by a segment, so a short
+// timed loop would otherwise hold purchases (a 64 MiB cuMemAlloc: 0.1-0.2 ms,
+// one at a time in the driver) beside the pairs. Google Benchmark starts new
+// threads for every run; they take over the blocks the last run's gave back.
+// (`cuemm bench` warms its cells up the same way.)
+template <typename Pair>
+void warm_up_until_the_pool_stops_buying(const cuemm::PoolMemoryManager& pool, Pair&& pair) {
+  constexpr std::size_t kChunk = 1'000;
+  constexpr std::size_t kWindow = 50'000;  // more pairs than one purchase's worth of seals at 1 MiB
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  std::size_t bought = pool.statistics().driver_allocations;
+  for (std::size_t since_purchase = 0; since_purchase < kWindow && std::chrono::steady_clock::now() < deadline;) {
+    for (std::size_t i = 0; i < kChunk; ++i) pair();
+    since_purchase += kChunk;
+    if (const std::size_t now = pool.statistics().driver_allocations; now != bought) {
+      bought = now;
+      since_purchase = 0;
+    }
+  }
+}
+
+// The pool inside a manager that is one or wraps one (the statistics adaptor), or null.
+template <typename Manager>
+const cuemm::PoolMemoryManager* pool_of(const Manager& manager) {
+  if constexpr (std::is_base_of_v<cuemm::PoolMemoryManager, Manager>)
+    return &manager;
+  else if constexpr (std::is_base_of_v<cuemm::ManagerAdaptor, Manager>)
+    return dynamic_cast<const cuemm::PoolMemoryManager*>(&manager.upstream());
+  else
+    return nullptr;
+}
+
 template <typename Manager>
 void AllocateFree(benchmark::State& state) {
   Manager& manager = shared_manager<Manager>();
   cuemm::ScopedContext scope(context());
   const auto size = static_cast<std::size_t>(state.range(0));
+  if (const cuemm::PoolMemoryManager* pool = pool_of(manager))
+    warm_up_until_the_pool_stops_buying(*pool, [&] { benchmark::DoNotOptimize(manager.memalloc(size)); });
   for (auto _ : state) {
     auto memory = manager.memalloc(size);
     benchmark::DoNotOptimize(memory->device_pointer());
@@ -108,6 +145,7 @@ void PoolRawAllocateFree(benchmark::State& state) {
   auto& pool = shared_manager<cuemm::PoolMemoryManager>();
   cuemm::ScopedContext scope(context());
   const auto size = static_cast<std::size_t>(state.range(0));
+  warm_up_until_the_pool_stops_buying(pool, [&] { pool.deallocate(pool.allocate(size), size); });
   const std::size_t seals_before = pool.statistics().seals;
   for (auto _ : state) {
     const cuemm::cuda::CUdeviceptr pointer = pool.allocate(size);
@@ -125,6 +163,9 @@ void PoolStreamOrderedAllocateFree(benchmark::State& state) {
   auto& pool = shared_manager<cuemm::PoolMemoryManager>();
   cuemm::ScopedContext scope(context());
   const auto size = static_cast<std::size_t>(state.range(0));
+  warm_up_until_the_pool_stops_buying(pool, [&] {
+    pool.deallocate(pool.allocate(size, cuemm::cuda::CU_STREAM_PER_THREAD), size, cuemm::cuda::CU_STREAM_PER_THREAD);
+  });
   for (auto _ : state) {
     const cuemm::cuda::CUdeviceptr pointer = pool.allocate(size, cuemm::cuda::CU_STREAM_PER_THREAD);
     benchmark::DoNotOptimize(pointer);
