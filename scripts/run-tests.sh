@@ -19,10 +19,11 @@ echo "== C++ tests (ctest)"
 
 echo "== benchmark smoke (fails only if a benchmark crashes, never on timing)"
 if [ -x "$build/bin/bench_allocators" ]; then
-  # A simulated device of 64 GiB (backed lazily): the benchmarks keep one pool
+  # A simulated device of 128 GiB (backed lazily): the benchmarks keep one pool
   # of each kind for the whole process, and 16 threads of 64 MiB pairs leave
-  # up to 1 GiB each in the first, which the next pool cannot take back.
-  CUEMM_SIM_MEMORY=${CUEMM_SIM_MEMORY:-64G} "$build/bin/bench_allocators" --benchmark_min_time=0.01 --benchmark_filter='Pool|DefaultMemoryManager>/256/|Random' \
+  # up to 2 GiB each in a pool (a 16th of the device at most), which the next
+  # pool cannot take back.
+  CUEMM_SIM_MEMORY=${CUEMM_SIM_MEMORY:-128G} "$build/bin/bench_allocators" --benchmark_min_time=0.01 --benchmark_filter='Pool|DefaultMemoryManager>/256/|Random' \
     >/tmp/cuemm-bench-smoke.txt 2>&1 || { tail -20 /tmp/cuemm-bench-smoke.txt; status=1; }
 fi
 

@@ -56,16 +56,20 @@ constexpr std::uint32_t kRingFractionWorthSealing = 2;
 constexpr std::size_t kRotationBudget = std::size_t{32} << 20;
 constexpr std::size_t kMaximumRotation = 8;
 constexpr std::size_t kMinimumRotation = 4;  // whatever their size
-// Beyond its cache budget a thread may rotate through up to 16 large blocks
-// within 1 GiB (64 MiB pairs on the H100, against 8 within 512 MiB: one
-// thread 106 -> 71 ns, 16 threads 19.2 -> 9.2 ns in aggregate).
-constexpr std::size_t kHeldRotationBudget = std::size_t{1} << 30;
-constexpr std::size_t kMaximumHeldRotationBeyondBudget = 16;
+// Beyond its cache budget a thread may rotate through up to 32 large blocks,
+// within 2 GiB and a 16th of the device's memory (Core::held_rotation_budget).
+// With 16 threads of 64 MiB pairs on the H100 a freed block became safe about
+// 3.2 us after its free, however long the rotation, so a rotation must last
+// that long: 8 blocks within 512 MiB 19.2 ns a pair in aggregate, 16 within
+// 1 GiB 12.0, 24 within 1.5 GiB 8.7, 32 within 2 GiB 6.3 (16 over one
+// thread's 6.8x, 9.0x, 11.3x; docs/pool-measurements.md).
+constexpr std::size_t kMaximumHeldRotationBeyondBudget = 32;
+constexpr std::size_t kLargestHeldRotationBudget = std::size_t{2} << 30;
+constexpr std::size_t kDeviceFractionOfHeldRotationBudget = 16;  // at most a 16th of the device
 // A thread's rotation of blocks it holds pays a stream query per rotation:
 // within its cache budget it may hold eight times as many (4 MiB pairs at 16
 // threads: 8 blocks 20-26 ns a pair, 32 blocks 7.0-8.8, 64 blocks 3.9
-// against 32's 5.4, from one thread 45 against 62; 1 GiB beyond the budget
-// was not worth twice the memory: docs/pool-measurements.md).
+// against 32's 5.4, from one thread 45 against 62: docs/pool-measurements.md).
 constexpr std::size_t kMaximumHeldRotation = 8 * kMaximumRotation;
 // A thread holds up to two rotations: loops that alternate between two large sizes keep both.
 static_assert(kHeldCapacity == 2 * kMaximumHeldRotation, "a thread cache holds two rotations");
@@ -144,6 +148,10 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   alignas(64) std::atomic<std::uint64_t> large_frees_elsewhere{0};
   std::atomic<bool> retired{false};
   alignas(64) std::atomic<std::int64_t> last_seal{0};  // steady_clock ticks; written at each seal
+  // Bytes a thread's rotation of large blocks may take beyond its cache
+  // budget: kLargestHeldRotationBudget within a 16th of the device's memory,
+  // which initialize() reads (until then, a 16 GiB device's). Written once.
+  std::atomic<std::size_t> held_rotation_budget{std::size_t{1} << 30};
 
   Core(Context* context_, PoolOptions options_) : context(context_), options(options_) {}
 
@@ -883,12 +891,12 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // Bytes of large blocks a thread may hold: its cache's budget (through up
   // to kMaximumHeldRotation blocks), room to rotate through kMinimumRotation
   // blocks of `bytes` whatever their size, and through
-  // kMaximumHeldRotationBeyondBudget within kHeldRotationBudget. (64 MiB
-  // pairs on the H100: 150-280 ns through 4 blocks, 75-110 through 8, 41-90
-  // through 16.)
+  // kMaximumHeldRotationBeyondBudget within held_rotation_budget. (64 MiB
+  // pairs on the H100 from one thread: 150-280 ns through 4 blocks, 75-110
+  // through 8, 41-90 through 16, 59-93 through 32.)
   std::size_t held_budget(std::size_t bytes) const noexcept {
     return std::max({options.thread_cache_size, kMinimumRotation * bytes,
-                     std::min(kMaximumHeldRotationBeyondBudget * bytes, kHeldRotationBudget)});
+                     std::min(kMaximumHeldRotationBeyondBudget * bytes, held_rotation_budget.load(std::memory_order_relaxed))});
   }
   // Whether the rotation of blocks of `bytes` has room for one more, within held_budget().
   bool rotation_has_room(const ThreadCache& cache, std::size_t bytes, bool dedicated) const noexcept {
@@ -897,7 +905,8 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // Whether it has, and the thread has room for one more (two rotations' worth).
   bool has_room_to_hold(const ThreadCache& cache, std::size_t bytes, bool dedicated) const noexcept {
     return cache.held_large_count < kHeldCapacity && rotation_has_room(cache, bytes, dedicated) &&
-           cache.held_large_bytes + bytes <= 2 * std::max(held_budget(bytes), kHeldRotationBudget);
+           cache.held_large_bytes + bytes <=
+               2 * std::max(held_budget(bytes), held_rotation_budget.load(std::memory_order_relaxed));
   }
   // Whether a loop of requests of `needed` bytes may rotate through one more block.
   bool rotation_may_grow(const ThreadCache& cache, std::size_t needed, bool dedicated) const noexcept {
@@ -1417,6 +1426,10 @@ PoolMemoryManager::~PoolMemoryManager() {
 void PoolMemoryManager::on_initialize() {
   // At once, rather than at the first request.
   if (options_.expandable && has_context()) detail::ExpandableArena::require_support(context().device().id());
+  if (has_context()) {
+    const std::size_t share = context().device().total_memory() / kDeviceFractionOfHeldRotationBudget;
+    core_->held_rotation_budget.store(std::min(kLargestHeldRotationBudget, share), std::memory_order_relaxed);
+  }
   std::lock_guard lock(core_->mutex);
   if (options_.initial_size && core_->blocks.region_bytes() == 0 && !core_->grow(options_.initial_size)) {
     throw OutOfMemory("PoolMemoryManager::initialize", options_.initial_size, "the initial pool does not fit");
@@ -1425,6 +1438,7 @@ void PoolMemoryManager::on_initialize() {
 
 void PoolMemoryManager::on_reset() {
   auto retiring = std::exchange(core_, std::make_shared<Core>(has_context() ? &context() : nullptr, options_));
+  core_->held_rotation_budget.store(retiring->held_rotation_budget.load());
   retiring->retire();
   util::keep_until_exit(std::move(retiring));
   if (free_checker_) free_checker_->forget_all();

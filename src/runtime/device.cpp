@@ -98,6 +98,12 @@ std::pair<int, int> Device::compute_capability() const {
 
 bool Device::can_map_host_memory() const { return attribute(cuda::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY) != 0; }
 
+std::size_t Device::total_memory() const {
+  std::size_t bytes = 0;
+  CUEMM_CU(cuDeviceTotalMem, &bytes, ordinal_);
+  return bytes;
+}
+
 bool Device::can_access_peer(const Device& peer) const {
   int can = 0;
   CUEMM_CU(cuDeviceCanAccessPeer, &can, ordinal_, peer.ordinal_);

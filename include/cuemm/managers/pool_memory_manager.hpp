@@ -54,8 +54,8 @@
 // has one (a finished thread's, say); and a loop whose seals have cost about
 // as much as a new block gets one more from the driver. So it rotates
 // through a few (up to 64 within the thread cache's budget; beyond it, up to
-// 4 blocks whatever their size, or 16 within 1 GiB) and seals once a
-// rotation. A thread holds up to two rotations, so
+// 4 blocks whatever their size, or 32 within 2 GiB and a 16th of the
+// device's memory) and seals once a rotation. A thread holds up to two rotations, so
 // loops that alternate between two sizes keep both. A request that nothing
 // held fits gives the lone held blocks of other sizes back to the
 // quarantine (held blocks that no request fits would sit idle), and one that

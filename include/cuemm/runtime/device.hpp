@@ -38,6 +38,8 @@ class Device {
   int attribute(int attribute) const;
   std::pair<int, int> compute_capability() const;
   bool can_map_host_memory() const;
+  // Bytes of memory on the device (cuDeviceTotalMem).
+  std::size_t total_memory() const;
   bool can_access_peer(const Device& peer) const;
 
   // The primary context, retained (and prepared for use) on first call.
