@@ -147,11 +147,13 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // Large frees that did not go through their thread's lent blocks (ThreadCache::Lent).
   alignas(64) std::atomic<std::uint64_t> large_frees_elsewhere{0};
   std::atomic<bool> retired{false};
-  alignas(64) std::atomic<std::int64_t> last_seal{0};  // steady_clock ticks; written at each seal
+  // For util::ThreadSlots: every fast path compares it with its thread's last slot.
+  const std::uint64_t thread_slots_id_ = util::next_thread_slots_id();
   // Bytes a thread's rotation of large blocks may take beyond its cache
   // budget: kLargestHeldRotationBudget within a 16th of the device's memory,
   // which initialize() reads (until then, a 16 GiB device's). Written once.
   std::atomic<std::size_t> held_rotation_budget{std::size_t{1} << 30};
+  alignas(64) std::atomic<std::int64_t> last_seal{0};  // steady_clock ticks; written at each seal
 
   Core(Context* context_, PoolOptions options_) : context(context_), options(options_) {}
 
@@ -722,7 +724,6 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   }
   void forget_cache(ThreadCache* cache) noexcept;
   // For util::ThreadSlots (a finished thread's cache goes back through forget_cache).
-  const std::uint64_t thread_slots_id_ = util::next_thread_slots_id();
   std::uint64_t thread_slots_id() const noexcept { return thread_slots_id_; }
   ThreadCache* make_thread_slot();
   void thread_slot_done(ThreadCache* cache) noexcept { forget_cache(cache); }
