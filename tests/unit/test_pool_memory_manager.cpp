@@ -190,13 +190,11 @@ TEST_F(Pool, ALongLoopOfLargeRequestsRotatesThroughAFewBlocks) {
   }
 }
 
-// Beyond the thread's cache budget, a loop of blocks larger than a 16th of
-// 1 GiB rotates through up to 16 of them within 1 GiB: its reserved memory
-// stays there, whatever the loop's length.
 // Beyond its cache budget a thread's loop of 64 MiB blocks rotates through up
 // to 32 of them, within 2 GiB and a 16th of the device's memory: 16 blocks on
-// a device of 16 GiB, 32 on one of 32 GiB or more. (CI runs this on
-// simulated devices of 16 and 64 GiB: tests/CMakeLists.txt.)
+// a device of 16 GiB, 32 on one of 32 GiB or more; its reserved memory stays
+// there, whatever the loop's length. (CI runs this on simulated devices of 16
+// and 64 GiB: tests/CMakeLists.txt.)
 TEST_F(Pool, ALoopOfVeryLargeBlocksRotatesWithinItsShareOfTheDevice) {
   constexpr std::size_t kSize = std::size_t{64} << 20;
   const std::size_t bound = std::min(std::size_t{2} << 30, context.device().total_memory() / 16);

@@ -55,11 +55,11 @@
 // as much as a new block gets one more from the driver. So it rotates
 // through a few (up to 64 within the thread cache's budget; beyond it, up to
 // 4 blocks whatever their size, or 32 within 2 GiB and a 16th of the
-// device's memory) and seals once a rotation. A thread holds up to two rotations, so
-// loops that alternate between two sizes keep both. A request that nothing
-// held fits gives the lone held blocks of other sizes back to the
-// quarantine (held blocks that no request fits would sit idle), and one that
-// would wait for the GPU gives back everything, for the pool to wait on.
+// device's memory) and seals once a rotation. A thread holds up to two
+// rotations, so loops that alternate between two sizes keep both. A request
+// that nothing held fits gives the lone held blocks of other sizes back to
+// the quarantine (held blocks that no request fits would sit idle), and one
+// that would wait for the GPU gives back everything, for the pool to wait on.
 // What limits many threads of large loops: each thread needs, once a
 // rotation, a seal that began after its oldest block's free, and stream
 // queries do not overlap, so threads queue for the seal in flight
