@@ -14,6 +14,7 @@
 #include "memory/descriptor_passing.hpp"
 #include "util/environment.hpp"
 #include "util/hex_address.hpp"
+#include "util/keep_until_exit.hpp"
 
 namespace cuemm {
 
@@ -25,19 +26,42 @@ AsyncOptions AsyncOptions::from_environment() {
   return options;
 }
 
-// Shared with the blocks' finalizers, which may outlive the manager.
-struct AsyncMemoryManager::ExportableBlocks {
+// The live blocks, by start. reset() releases them all, and their finalizers
+// then do nothing: the EMM interface's reset clears all of a context's
+// memory, and a device's reset destroys it, after which the driver may give
+// the same address to a new block. get_ipc_handle() finds a block's start
+// here, which cuMemGetAddressRange does not give for pool memory. The
+// finalizers reach it by a raw pointer (so that their closures fit
+// std::function's inline storage: no allocation), and it is kept until exit,
+// as they may outlive the manager.
+struct AsyncMemoryManager::Blocks {
+  explicit Blocks(Context* context_) : context(context_) {}
+  Context* context;
+  struct Live {
+    std::size_t size;
+    std::weak_ptr<MemoryPointer> memory;  // for reset(): its finalizer must not run after
+  };
   BlockingAwareMutex mutex;
-  std::map<cuda::CUdeviceptr, std::size_t> sizes;  // by start
+  std::map<cuda::CUdeviceptr, Live> live;
+
+  // A block's finalizer: back to the pool, unless reset() released it already.
+  void release(cuda::CUdeviceptr pointer) {
+    {
+      std::lock_guard lock(mutex);
+      if (live.erase(pointer) == 0) return;
+    }
+    ScopedContext scope(*context);
+    CUEMM_CU(cuMemFreeAsync, pointer, cuda::CU_STREAM_LEGACY);
+  }
 };
 
 AsyncMemoryManager::AsyncMemoryManager(Context* context, AsyncOptions options)
-    : HostOnlyMemoryManager(context), options_(options) {
+    : HostOnlyMemoryManager(context), options_(options), blocks_(std::make_shared<Blocks>(context)) {
   if (options_.pinned_host_pool) use_pinned_host_pool();
-  if (options_.exportable) exportable_blocks_ = std::make_shared<ExportableBlocks>();
 }
 
 AsyncMemoryManager::~AsyncMemoryManager() {
+  util::keep_until_exit(blocks_);  // blocks still held free into it later
   if (cuda::CUmemoryPool pool = pool_.exchange(nullptr)) {
     try {
       ScopedContext scope(context());
@@ -94,12 +118,26 @@ cuda::CUmemoryPool AsyncMemoryManager::pool() {
 void AsyncMemoryManager::on_initialize() { pool(); }
 
 void AsyncMemoryManager::on_reset() {
-  std::lock_guard lock(mutex_);
-  if (cuda::CUmemoryPool pool = pool_.load()) {
-    ScopedContext scope(context());
-    CUEMM_CU(cuCtxSynchronize);  // frees queued on the legacy stream have run
-    CUEMM_CU(cuMemPoolTrimTo, pool, 0);
+  std::map<cuda::CUdeviceptr, Blocks::Live> live;
+  {
+    std::lock_guard lock(blocks_->mutex);
+    live.swap(blocks_->live);
   }
+  std::lock_guard lock(mutex_);
+  const cuda::CUmemoryPool pool = pool_.exchange(nullptr);  // the next allocation makes a new one
+  pool_token_ = 0;
+  if (!pool && live.empty()) return;
+  ScopedContext scope(context());
+  for (auto& [pointer, block] : live) {
+    if (auto memory = block.memory.lock()) memory->mark_released();
+    if (const cuda::CUresult result = CUEMM_CU_RESULT(cuMemFreeAsync, pointer, cuda::CU_STREAM_LEGACY))
+      std::fprintf(stderr, "cuemm async: releasing %s during reset failed: %s\n", util::hex_address(pointer).c_str(),
+                   CudaError(result, "cuMemFreeAsync").what());
+  }
+  // The frees have run, and the pool's memory goes back with it (a device's
+  // reset would leave its handle stale).
+  CUEMM_CU(cuCtxSynchronize);
+  if (pool) CUEMM_CU(cuMemPoolDestroy, pool);
 }
 
 std::shared_ptr<MemoryPointer> AsyncMemoryManager::memalloc(std::size_t size) {
@@ -112,32 +150,19 @@ std::shared_ptr<MemoryPointer> AsyncMemoryManager::memalloc(std::size_t size) {
     CUEMM_CU_ALLOC(size, cuMemAllocFromPoolAsync, &allocated, size, pool, cuda::CU_STREAM_LEGACY);
     return allocated;
   });
-  auto release = [ctx, pointer] {
-    ScopedContext release_scope(*ctx);
-    CUEMM_CU(cuMemFreeAsync, pointer, cuda::CU_STREAM_LEGACY);
-  };
+  Blocks* blocks = blocks_.get();
+  std::shared_ptr<MemoryPointer> memory;
   try {
-    if (!exportable_blocks_) return detail::make_recycled<MemoryPointer>(ctx, pointer, size, nullptr, release);
-    {
-      std::lock_guard lock(exportable_blocks_->mutex);
-      exportable_blocks_->sizes[pointer] = size;
-    }
-    return detail::make_recycled<MemoryPointer>(ctx, pointer, size, nullptr,
-                                                [blocks = exportable_blocks_, pointer, release] {
-                                                  {
-                                                    std::lock_guard lock(blocks->mutex);
-                                                    blocks->sizes.erase(pointer);
-                                                  }
-                                                  release();
-                                                });
+    memory = detail::make_recycled<MemoryPointer>(ctx, pointer, size, nullptr,
+                                                  [blocks, pointer] { blocks->release(pointer); });
+    std::lock_guard lock(blocks->mutex);
+    blocks->live.insert_or_assign(pointer, Blocks::Live{size, memory});
   } catch (...) {
-    if (exportable_blocks_) {
-      std::lock_guard lock(exportable_blocks_->mutex);
-      exportable_blocks_->sizes.erase(pointer);
-    }
-    release();
+    if (memory) memory->mark_released();  // not recorded: its finalizer would find nothing to free
+    CUEMM_CU_RESULT(cuMemFreeAsync, pointer, cuda::CU_STREAM_LEGACY);
     throw;
   }
+  return memory;
 }
 
 IpcHandle AsyncMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer>& memory) {
@@ -151,10 +176,10 @@ IpcHandle AsyncMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer
   const cuda::CUdeviceptr address = memory->device_pointer();
   cuda::CUdeviceptr base = 0;
   {
-    std::lock_guard lock(exportable_blocks_->mutex);
-    const auto& sizes = exportable_blocks_->sizes;
-    auto after = sizes.upper_bound(address);
-    if (after != sizes.begin() && address + memory->size() <= std::prev(after)->first + std::prev(after)->second)
+    std::lock_guard lock(blocks_->mutex);
+    const auto& live = blocks_->live;
+    auto after = live.upper_bound(address);
+    if (after != live.begin() && address + memory->size() <= std::prev(after)->first + std::prev(after)->second.size)
       base = std::prev(after)->first;
   }
   if (!base) {

@@ -15,8 +15,11 @@
 // of the same user (IpcHandle::open takes it); otherwise get_ipc_handle()
 // says how to get one (NotSupported).
 //
-// reset() waits for the device, then gives the pool's free memory back; blocks
-// still held stay valid until released. Thread-safe.
+// reset() releases every block, held or not (their pointers read as dead and
+// their finalizers do nothing after), waits for the device and destroys the
+// pool, whose memory goes back to the driver; the next allocation makes a new
+// pool. So a device's reset (Device::reset()) leaves no stale handle behind.
+// Thread-safe.
 #pragma once
 
 #include <atomic>
@@ -66,10 +69,9 @@ class AsyncMemoryManager : public HostOnlyMemoryManager {
   std::atomic<cuda::CUmemoryPool> pool_{nullptr};
   // Names the pool's descriptor to other processes once exported (under mutex_; 0: not yet).
   std::uint64_t pool_token_ = 0;
-  // With options_.exportable, the live blocks by start: get_ipc_handle needs a
-  // block's start, which cuMemGetAddressRange does not give for pool memory.
-  struct ExportableBlocks;
-  std::shared_ptr<ExportableBlocks> exportable_blocks_;
+  // The blocks not yet released, by start (reset() and get_ipc_handle() need them).
+  struct Blocks;
+  std::shared_ptr<Blocks> blocks_;
 };
 
 }  // namespace cuemm
