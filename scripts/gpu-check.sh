@@ -111,6 +111,10 @@ if [ $python_checks = 1 ]; then
   (cd /tmp && CUEMM_POOL_EXPANDABLE=1 "$python" "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python" \
     numba.cuda.tests.cudapy.test_ipc) >"$logs/numba-cuda-ipc-expandable.log" 2>&1
   summary+=("numba-cuda test_ipc, expandable pool: exit $?; $(grep '^difference' "$logs/numba-cuda-ipc-expandable.log")")
+  # Its driver tests (contexts, resets, deallocations) and IPC tests under the async manager, its pool exportable.
+  (cd /tmp && CUEMM_MEMORY_MANAGER=async CUEMM_ASYNC_EXPORTABLE=1 "$python" "$root/tests/numba/compare_numba_cuda_suite.py" \
+    "$build/python" numba.cuda.tests.cudadrv numba.cuda.tests.cudapy.test_ipc) >"$logs/numba-cuda-async.log" 2>&1
+  summary+=("numba-cuda cudadrv and test_ipc, async (exportable): exit $?; $(grep '^difference' "$logs/numba-cuda-async.log")")
   # With several GPUs, numba-cuda's tests of them (skipped on one) under each device manager
   # (peers use the blocks: Note [Peer access]).
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
