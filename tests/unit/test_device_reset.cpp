@@ -60,6 +60,10 @@ TEST(DeviceReset, WhatWasMadeBeforeItNeverReachesWhatIsMadeAfter) {
 
   auto before = context.memalloc(kSize);
   auto pinned = context.memhostalloc(std::size_t{1} << 16);
+  auto mapped = context.memhostalloc(std::size_t{1} << 16, /*mapped=*/true);
+  auto managed = context.memallocmanaged(std::size_t{1} << 16);
+  auto host = std::make_shared<std::vector<std::uint8_t>>(std::size_t{1} << 16);
+  auto pinned_range = context.mempin(host, host->data(), host->size());
   fill(*before, 0x11);
   Stream stream = context.create_stream();
   Event event = context.create_event();
@@ -74,11 +78,16 @@ TEST(DeviceReset, WhatWasMadeBeforeItNeverReachesWhatIsMadeAfter) {
   Stream new_stream = again.create_stream();
   Event new_event = again.create_event();
 
-  // Everything made before the reset goes now, and its deferred releases run:
-  // none may reach the driver (on the simulated driver, counted).
+  // Everything made before the reset goes now (device, pinned, mapped,
+  // managed and pinned-range memory, a stream, an event, a module), and its
+  // deferred releases run: none may reach the driver (on the simulated
+  // driver, counted).
   const std::uint64_t calls = release_calls();
   before.reset();
   pinned.reset();
+  mapped.reset();
+  managed.reset();
+  pinned_range.reset();
   { Stream gone = std::move(stream); }
   { Event gone = std::move(event); }
   { Module gone = std::move(module); }
