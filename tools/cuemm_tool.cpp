@@ -61,10 +61,21 @@ struct Operation {
   int ordinal = 0;   // the device it was made on
 };
 
+// The log's events; says where it does not hold together (MemoryLogGaps).
 std::vector<LoggedEvent> read_log_events(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw InvalidArgument("cannot read the log '" + path + "'");
-  return read_memory_log(in, path);
+  MemoryLogGaps gaps;
+  std::vector<LoggedEvent> events = read_memory_log(in, path, &gaps);
+  if (gaps.frees_of_unknown_addresses) {
+    std::printf("the log: %zu free(s) of addresses it never allocated, skipped (did it begin mid-run?)\n",
+                gaps.frees_of_unknown_addresses);
+  }
+  if (gaps.frees_inferred) {
+    std::printf("the log: %zu address(es) allocated again while live, so freed before without a row: "
+                "the frees are replayed there\n", gaps.frees_inferred);
+  }
+  return events;
 }
 
 // The log's Alloc/Free rows as operations (managed memory is replayed as device memory).

@@ -79,8 +79,10 @@ constexpr std::array<EventType, 6> kEventTypes{{{"Alloc", true, LoggedKind::Devi
                                                {"ManagedAlloc", true, LoggedKind::Managed},
                                                {"ManagedFree", false, LoggedKind::Managed}}};
 // RMM's logging_resource_adaptor (Thread,Time,Action,Pointer,Size,Stream):
-// device memory only; its failed allocations hold nothing.
-constexpr std::array<EventType, 2> kRmmActions{{{"allocate", true, LoggedKind::Device},
+// device memory only, "allocate" and "free" ("deallocate" is read as well);
+// its failed allocations ("allocate failure") hold nothing.
+constexpr std::array<EventType, 3> kRmmActions{{{"allocate", true, LoggedKind::Device},
+                                               {"free", false, LoggedKind::Device},
                                                {"deallocate", false, LoggedKind::Device}}};
 
 // Where a log format keeps what a replay needs.
@@ -95,7 +97,8 @@ constexpr std::array<const char*, 3> kKindColours{"#1f77b4", "#ff7f0e", "#2ca02c
 
 }  // namespace
 
-std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& source) {
+std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& source, MemoryLogGaps* gaps) {
+  MemoryLogGaps found;
   std::string line;
   if (!std::getline(in, line)) throw InvalidArgument("'" + source + "' is empty, not a cuemm CSV log");
   const auto header = split_csv(line);
@@ -147,15 +150,26 @@ std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& so
     if (event.size == 0 && event.allocate) continue;
     const auto key = std::make_tuple(event.device, event.kind, fields[columns.address]);
     if (event.allocate) {
-      event.id = live[key] = next++;
+      auto [it, fresh] = live.try_emplace(key, next);
+      if (!fresh) {  // the address came back, so its free happened
+        LoggedEvent inferred = event;
+        inferred.allocate = false;
+        inferred.id = it->second;
+        events.push_back(inferred);
+        it->second = next;
+        ++found.frees_inferred;
+      }
+      event.id = next++;
     } else if (auto it = live.find(key); it != live.end()) {
       event.id = it->second;
       live.erase(it);
     } else {
+      ++found.frees_of_unknown_addresses;
       continue;
     }
     events.push_back(event);
   }
+  if (gaps) *gaps = found;
   return events;
 }
 

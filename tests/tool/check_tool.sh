@@ -42,11 +42,18 @@ printf 'Free,0,0x%x,0,%d,0,0,2,0.5,0.51,0.0001,\n' 4096 1000 >>"$work/made.csv"
 grep -q "4 operations" "$work/replay.txt"
 grep -q "peak live 5.86 KiB" "$work/replay.txt"
 # RMM's logging_resource_adaptor's log replays too.
-printf 'Thread,Time,Action,Pointer,Size,Stream\n1,10.5,allocate,0x7f0000000000,3000,0x0\n1,11,deallocate,0x7f0000000000,3000,0x0\n' \
+printf 'Thread,Time,Action,Pointer,Size,Stream\n1,10.5,allocate,0x7f0000000000,3000,0x0\n1,11,free,0x7f0000000000,3000,0x0\n' \
   >"$work/rmm.csv"
 "$tool" replay "$work/rmm.csv" --manager pool >"$work/rmm.txt"
 grep -q "2 operations" "$work/rmm.txt"
 grep -q "peak live 2.93 KiB" "$work/rmm.txt"
+# One that began mid-run and lost a free: the replay says so, and infers the free.
+printf 'Thread,Time,Action,Pointer,Size,Stream\n1,1,free,0x100,4096,0x0\n1,2,allocate,0x200,1024,0x0\n1,3,allocate,0x200,2048,0x0\n' \
+  >"$work/gaps.csv"
+"$tool" replay "$work/gaps.csv" --manager pool >"$work/gaps.txt"
+grep -q "1 free(s) of addresses it never allocated, skipped" "$work/gaps.txt"
+grep -q "1 address(es) allocated again while live" "$work/gaps.txt"
+grep -q "peak live 2.00 KiB" "$work/gaps.txt"
 # The best-fit reference on a log whose best fit is known (MiB): A 4 and B 4
 # at 0 and 4; A freed; C 2 in A's hole (0-2); D 3 fits no hole, so the range
 # grows from 8 to 11, 12 in whole pages; C freed merges into 0-4, where E 4

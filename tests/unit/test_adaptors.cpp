@@ -354,9 +354,9 @@ TEST(MemoryLog, RmmsLogsAreReadAsDeviceEvents) {
       "7,1634567890.5,allocate,0x7f8a40000000,1024,0x1\n"
       "7,1634567890.75,allocate failure,0x0,99999999999,0x1\n"
       "7,1634567891,allocate,0x7f8a40000400,2048,0x1\n"
-      "7,1634567892,deallocate,0x7f8a40000000,1024,0x1\n");
+      "7,1634567892,free,0x7f8a40000000,1024,0x1\n");
   const std::vector<LoggedEvent> events = read_memory_log(rmm, "rmm.csv");
-  ASSERT_EQ(events.size(), 3u) << "a failed allocation holds nothing";
+  ASSERT_EQ(events.size(), 3u) << "a failed allocation holds nothing, and RMM's free is a free";
   EXPECT_TRUE(events[0].allocate && events[0].kind == LoggedKind::Device && events[0].size == 1024);
   EXPECT_DOUBLE_EQ(events[0].time, 1634567890.5);
   EXPECT_EQ(events[1].size, 2048u);
@@ -373,6 +373,45 @@ TEST(MemoryLog, RmmsLogsAreReadAsDeviceEvents) {
   EXPECT_THROW(read_memory_log(not_finite, "rmm.csv"), InvalidArgument);
   std::istringstream no_pointer("Thread,Time,Action,Size,Stream\n");
   EXPECT_TRUE(throws<InvalidArgument>([&] { read_memory_log(no_pointer, "rmm.csv"); }, "no 'Pointer' column"));
+  // RMM's logs without the backwards-compatible format write pointers without 0x; "deallocate" reads too.
+  std::istringstream plain("Thread,Time,Action,Pointer,Size,Stream\n1,1,allocate,7f0000000000,64,0\n"
+                           "1,2,deallocate,7f0000000000,64,0\n");
+  const std::vector<LoggedEvent> paired = read_memory_log(plain, "rmm.csv");
+  ASSERT_EQ(paired.size(), 2u);
+  EXPECT_EQ(paired[1].id, paired[0].id);
+}
+
+// A log that does not hold together: a free of an address it never
+// allocated (it began mid-run) is skipped, and an address allocated again
+// while live implies the free that was not logged, which comes first.
+TEST(MemoryLog, FreesItNeverLoggedOrCannotPairAreInferredOrSkippedAndCounted) {
+  std::istringstream log(
+      "Thread,Time,Action,Pointer,Size,Stream\n"
+      "1,1,free,0x100,4096,0x0\n"
+      "1,2,allocate,0x200,1024,0x0\n"
+      "1,3,allocate,0x200,2048,0x0\n"
+      "1,4,free,0x200,2048,0x0\n");
+  MemoryLogGaps gaps;
+  const std::vector<LoggedEvent> events = read_memory_log(log, "gaps.csv", &gaps);
+  EXPECT_EQ(gaps.frees_of_unknown_addresses, 1u);
+  EXPECT_EQ(gaps.frees_inferred, 1u);
+  ASSERT_EQ(events.size(), 4u);
+  EXPECT_TRUE(events[0].allocate);
+  EXPECT_FALSE(events[1].allocate) << "the second allocation of an address was not preceded by a free";
+  EXPECT_EQ(events[1].id, events[0].id);
+  EXPECT_TRUE(events[2].allocate);
+  EXPECT_EQ(events[3].id, events[2].id);
+  std::map<std::uint64_t, std::size_t> sizes;  // of the live allocations
+  std::size_t live = 0, peak = 0;
+  for (const LoggedEvent& event : events) {
+    if (event.allocate)
+      live += sizes[event.id] = event.size;
+    else
+      live -= sizes.at(event.id);
+    peak = std::max(peak, live);
+  }
+  EXPECT_EQ(peak, 2048u) << "the first allocation stayed live";
+  EXPECT_EQ(live, 0u);
 }
 
 TEST_F(Adaptors, TheLogCanGoToAFile) {

@@ -27,12 +27,23 @@ struct LoggedEvent {
   int device = 0;    // the Device ID column (RMM's logs have none: 0)
 };
 
-// The Alloc/Free rows of a log (RMM's: allocate/deallocate), in order;
+// Where a log does not hold together, and what read_memory_log() did about it.
+struct MemoryLogGaps {
+  // Skipped: a log that began after the allocation, say.
+  std::size_t frees_of_unknown_addresses = 0;
+  // An address allocated again while the log held it live: its free was
+  // not logged, and is taken to have come just before (else the first
+  // allocation would stay live to the end of a replay).
+  std::size_t frees_inferred = 0;
+};
+
+// The Alloc/Free rows of a log (RMM's: allocate/free), in order;
 // other rows and frees of addresses the log never allocated (on that
-// device) are skipped.
+// device) are skipped, and a free that an address's second allocation
+// implies is added (both counted in `gaps`, where given).
 // Throws InvalidArgument naming `source` (and the row) when the text is
 // neither log.
-std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& source);
+std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& source, MemoryLogGaps* gaps = nullptr);
 
 // An SVG picture of the bytes in use over time, one line per kind present.
 std::string memory_plot_svg(const std::vector<LoggedEvent>& events);
