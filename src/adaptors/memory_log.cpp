@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <tuple>
 #include <utility>
@@ -120,7 +121,9 @@ std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& so
                        kEventTypes.begin(), kEventTypes.end()};
   const std::size_t device_column = rmm ? header.size() : find("Device ID");  // (optional)
   std::vector<LoggedEvent> events;
-  std::map<std::tuple<int, LoggedKind, std::string>, std::uint64_t> live;
+  using Key = std::tuple<int, LoggedKind, std::string>;
+  std::map<Key, std::uint64_t> live;
+  std::set<Key> empty;  // zero-byte allocations, whose frees are left out too
   std::uint64_t next = 0;
   for (int row = 2; std::getline(in, line); ++row) {
     if (line.empty() || line == "\r") continue;
@@ -147,8 +150,11 @@ std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& so
     }
     // A zero-byte allocation holds no memory (and managers refuse one): the
     // row and the free of its address are left out.
-    if (event.size == 0 && event.allocate) continue;
     const auto key = std::make_tuple(event.device, event.kind, fields[columns.address]);
+    if (event.size == 0 && event.allocate) {
+      empty.insert(key);
+      continue;
+    }
     if (event.allocate) {
       auto [it, fresh] = live.try_emplace(key, next);
       if (!fresh) {  // the address came back, so its free happened
@@ -164,7 +170,7 @@ std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& so
       event.id = it->second;
       live.erase(it);
     } else {
-      ++found.frees_of_unknown_addresses;
+      if (empty.erase(key) == 0) ++found.frees_of_unknown_addresses;
       continue;
     }
     events.push_back(event);

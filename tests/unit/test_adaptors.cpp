@@ -390,10 +390,12 @@ TEST(MemoryLog, FreesItNeverLoggedOrCannotPairAreInferredOrSkippedAndCounted) {
       "1,1,free,0x100,4096,0x0\n"
       "1,2,allocate,0x200,1024,0x0\n"
       "1,3,allocate,0x200,2048,0x0\n"
-      "1,4,free,0x200,2048,0x0\n");
+      "1,4,free,0x200,2048,0x0\n"
+      "1,5,allocate,0x300,0,0x0\n"
+      "1,6,free,0x300,0,0x0\n");
   MemoryLogGaps gaps;
   const std::vector<LoggedEvent> events = read_memory_log(log, "gaps.csv", &gaps);
-  EXPECT_EQ(gaps.frees_of_unknown_addresses, 1u);
+  EXPECT_EQ(gaps.frees_of_unknown_addresses, 1u) << "(a zero-byte allocation's free is no gap)";
   EXPECT_EQ(gaps.frees_inferred, 1u);
   ASSERT_EQ(events.size(), 4u);
   EXPECT_TRUE(events[0].allocate);
