@@ -25,17 +25,8 @@ const char* manager_name() {
   return name ? name : "default";
 }
 
-std::vector<std::uint8_t> read_back(const MemoryPointer& memory) {
-  std::vector<std::uint8_t> bytes(memory.size());
-  ScopedContext scope(*memory.context());
-  CUEMM_CU(cuMemcpyDtoH, bytes.data(), memory.device_pointer(), bytes.size());
-  return bytes;
-}
-
-void fill(const MemoryPointer& memory, std::uint8_t value) {
-  ScopedContext scope(*memory.context());
-  CUEMM_CU(cuMemsetD8, memory.device_pointer(), value, memory.size());
-  CUEMM_CU(cuCtxSynchronize);
+std::vector<std::uint8_t> read_back(const std::shared_ptr<MemoryPointer>& memory) {
+  return DeviceArray<std::uint8_t>(memory, memory->size()).copy_to_host();
 }
 
 // Driver calls that give something back, on the simulated driver (0 on the real one).
@@ -64,7 +55,7 @@ TEST(DeviceReset, WhatWasMadeBeforeItNeverReachesWhatIsMadeAfter) {
   auto managed = context.memallocmanaged(std::size_t{1} << 16);
   auto host = std::make_shared<std::vector<std::uint8_t>>(std::size_t{1} << 16);
   auto pinned_range = context.mempin(host, host->data(), host->size());
-  fill(*before, 0x11);
+  before->memset(0x11);
   Stream stream = context.create_stream();
   Event event = context.create_event();
   Module module = context.load_module(testing::test_kernels_ptx());
@@ -74,7 +65,7 @@ TEST(DeviceReset, WhatWasMadeBeforeItNeverReachesWhatIsMadeAfter) {
   Context& again = device.primary_context();
   EXPECT_EQ(&again, &context) << "the device's primary context is one object, before and after its reset";
   auto after = again.memalloc(kSize);
-  fill(*after, 0x22);
+  after->memset(0x22);
   Stream new_stream = again.create_stream();
   Event new_event = again.create_event();
 
@@ -100,7 +91,7 @@ TEST(DeviceReset, WhatWasMadeBeforeItNeverReachesWhatIsMadeAfter) {
     more.push_back(again.memalloc(kSize));
     EXPECT_FALSE(overlap(*more.back(), *after)) << "a block made after the reset was handed out twice";
   }
-  EXPECT_EQ(read_back(*after), std::vector<std::uint8_t>(kSize, 0x22)) << "memory made after the reset changed";
+  EXPECT_EQ(read_back(after), std::vector<std::uint8_t>(kSize, 0x22)) << "memory made after the reset changed";
   new_event.record(new_stream);
   new_stream.synchronize();
   EXPECT_TRUE(new_event.query()) << "a stream or event made after the reset was destroyed";
@@ -120,10 +111,10 @@ TEST(DeviceReset, TheManagerStartsEmptyAndServesAgain) {
   std::vector<std::shared_ptr<MemoryPointer>> blocks;
   for (int i = 0; i < 8; ++i) {
     blocks.push_back(again.memalloc(kSize));
-    fill(*blocks.back(), static_cast<std::uint8_t>(i + 1));
+    blocks.back()->memset(static_cast<std::uint8_t>(i + 1));
   }
   for (int i = 0; i < 8; ++i)
-    EXPECT_EQ(read_back(*blocks[i]), std::vector<std::uint8_t>(kSize, static_cast<std::uint8_t>(i + 1))) << "block " << i;
+    EXPECT_EQ(read_back(blocks[i]), std::vector<std::uint8_t>(kSize, static_cast<std::uint8_t>(i + 1))) << "block " << i;
 }
 
 }  // namespace
