@@ -33,7 +33,9 @@ AsyncOptions AsyncOptions::from_environment() {
 // here, which cuMemGetAddressRange does not give for pool memory. The
 // finalizers reach it by a raw pointer (so that their closures fit
 // std::function's inline storage: no allocation), and it is kept until exit,
-// as they may outlive the manager.
+// as they may outlive the manager. (HostOnlyMemoryManager::track() keeps such
+// a record for the default manager, but its releases wait in the deferred
+// queue, as Numba's cuMemFree does; a stream-ordered free goes at once.)
 struct AsyncMemoryManager::Blocks {
   explicit Blocks(Context* context_) : context(context_) {}
   Context* context;
