@@ -13,6 +13,24 @@ std::optional<std::uintptr_t> DedicatedSegments::take_spare(std::size_t segment)
   return base;
 }
 
+std::optional<DedicatedSegments::Segment> DedicatedSegments::smallest_spare_of_at_least(std::size_t size) const {
+  auto it = spares_.lower_bound(size);
+  if (it == spares_.end()) return std::nullopt;
+  return Segment{it->second, it->first};
+}
+
+void DedicatedSegments::forget_spare(const Segment& spare) noexcept {
+  auto [first, last] = spares_.equal_range(spare.size);
+  for (auto it = first; it != last; ++it) {
+    if (it->second != spare.base) continue;
+    spares_.erase(it);
+    sizes_.erase(spare.base);
+    spare_bytes_ -= spare.size;
+    bytes_ -= spare.size;
+    return;
+  }
+}
+
 void DedicatedSegments::add(std::uintptr_t base, std::size_t size) {
   sizes_.emplace(base, size);
   bytes_ += size;

@@ -31,6 +31,34 @@ TEST(DedicatedSegments, ASpareServesRequestsUpToAnEighthSmaller) {
   EXPECT_FALSE(segments.take_spare(58 * MiB)) << "handed out twice";
 }
 
+// The pool's shared segments take over the smallest spare that holds a
+// request (PoolMemoryManager's adopt_spare()); it is no segment of its own then.
+TEST(DedicatedSegments, TheSmallestSpareThatHoldsASizeCanBeTakenOver) {
+  DedicatedSegments segments;
+  segments.add(std::uintptr_t{1} << 32, 16 * MiB);
+  segments.add(std::uintptr_t{2} << 32, 6 * MiB);
+  segments.add(std::uintptr_t{3} << 32, 6 * MiB);
+  segments.add(std::uintptr_t{4} << 32, 4 * MiB);  // in use
+  for (std::uintptr_t i = 1; i <= 3; ++i) segments.make_spare(i << 32);
+  EXPECT_FALSE(segments.smallest_spare_of_at_least(17 * MiB));
+  const auto spare = segments.smallest_spare_of_at_least(5 * MiB);
+  ASSERT_TRUE(spare);
+  EXPECT_EQ(spare->size, 6 * MiB);
+  EXPECT_EQ(segments.spare_bytes(), 28 * MiB) << "looking took it";
+  segments.forget_spare(*spare);
+  EXPECT_EQ(segments.spare_bytes(), 22 * MiB);
+  EXPECT_EQ(segments.bytes(), 26 * MiB);
+  EXPECT_EQ(segments.size_of(spare->base), 0u) << "still a segment of its own";
+  segments.forget_spare(*spare);  // twice: nothing changes
+  EXPECT_EQ(segments.bytes(), 26 * MiB);
+  const auto other = segments.smallest_spare_of_at_least(5 * MiB);
+  ASSERT_TRUE(other);
+  EXPECT_NE(other->base, spare->base);
+  EXPECT_EQ(other->size, 6 * MiB);
+  segments.forget_spare({std::uintptr_t{4} << 32, 4 * MiB});  // in use, no spare: nothing changes
+  EXPECT_EQ(segments.size_of(std::uintptr_t{4} << 32), 4 * MiB);
+}
+
 TEST(DedicatedSegments, TheLargestSparesAreGivenBackFirst) {
   DedicatedSegments segments;
   for (std::uintptr_t i = 1; i <= 4; ++i) {

@@ -492,6 +492,42 @@ TEST_F(Pool, SparesAndEmptySegmentsGoBackBeforeTheFootprintPassesItsPeak) {
       << "the pool kept the first phases' memory idle beside the last one's";
 }
 
+// The shared segments, about to grow past the pool's peak, take over a spare
+// segment of its own instead: memory the pool holds anyway, and no driver
+// call. The blocks placed in it are ordinary blocks of a shared segment:
+// their IPC handles carry their offset, and the segment goes back once empty.
+TEST_F(Pool, AtItsPeakASpareSegmentBecomesASharedOneRatherThanThePoolGrow) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  PoolMemoryManager pool(&context, with_thread_cache(0));  // (a thread's cache keeps what it frees)
+  pool.initialize();
+  auto large = pool.memalloc(6 * kMiB);  // a segment of its own: the pool's peak
+  const cuda::CUdeviceptr spare = large->device_pointer();
+  large.reset();
+  ASSERT_EQ(pool.statistics().reserved_bytes, 6 * kMiB);
+  ASSERT_EQ(pool.statistics().driver_allocations, 1u);
+
+  // Shared segments grow by at least 6 MiB for requests of 1.5 MiB.
+  auto first = pool.memalloc(3 * kMiB / 2);
+  auto second = pool.memalloc(kMiB);
+  EXPECT_EQ(first->device_pointer(), spare) << "not placed in the spare";
+  EXPECT_EQ(pool.statistics().reserved_bytes, 6 * kMiB) << "the pool grew beside its spare";
+  EXPECT_EQ(pool.statistics().driver_allocations, 1u);
+  EXPECT_EQ(pool.get_ipc_handle(first).offset(), 0u);
+  EXPECT_EQ(pool.get_ipc_handle(second).offset(), second->device_pointer() - spare);
+  EXPECT_GE(pool.get_ipc_handle(second).offset(), 3 * kMiB / 2);
+  const std::vector<std::uint8_t> values(kMiB, 9);
+  DeviceArray<std::uint8_t> array(second, values.size());
+  array.copy_to_device(values);
+  EXPECT_EQ(array.copy_to_host(), values);
+
+  array = DeviceArray<std::uint8_t>();
+  first.reset();
+  second.reset();
+  EXPECT_EQ(pool.trim(), 6 * kMiB);
+  EXPECT_EQ(pool.statistics().reserved_bytes, 0u);
+  EXPECT_EQ(pool.statistics().driver_frees, 1u);
+}
+
 TEST_F(Pool, ALargeRequestUsesFreeSpaceOfTheSharedSegmentsRatherThanPassThePeak) {
   for (const bool expandable : {false, true}) {
     SCOPED_TRACE(expandable ? "expandable" : "segments");

@@ -19,6 +19,10 @@
 // few segments instead, sealing once a rotation: it gets one more segment
 // each time its queries have cost about as much as a new segment (at most 8
 // idle, within 1/32 of the pool or 32 MiB); a short loop just seals.
+// Where the shared segments would grow past the pool's peak footprint, they
+// take over a spare instead (one no larger than their growth step), so that
+// a program whose sizes change between phases does not reserve the next
+// phase's blocks beside the last one's spares.
 // (A thread with a cache rotates its own the same way: the pool's Note
 // [Large blocks in the thread caches].)
 //
@@ -60,6 +64,10 @@ class DedicatedSegments {
 
   // A spare of `segment` to segment + segment/8 bytes, now in use; nullopt if none.
   std::optional<std::uintptr_t> take_spare(std::size_t segment);
+  // The smallest spare of at least `size` bytes, left where it is; nullopt if none.
+  std::optional<Segment> smallest_spare_of_at_least(std::size_t size) const;
+  // Forgets a spare from smallest_spare_of_at_least(): its owner has taken it over.
+  void forget_spare(const Segment& spare) noexcept;
   // Records a new segment in use. Throws std::bad_alloc and changes nothing
   // when out of host memory.
   void add(std::uintptr_t base, std::size_t size);
