@@ -420,13 +420,13 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // segment instead: memory the pool holds anyway, and no driver call. A
   // program whose sizes change between phases otherwise reserves the next
   // phase's blocks beside the last one's spares. (Simulated driver, the
-  // training-like workload, seeds 1-6 three times each: 1.083-1.085 ->
-  // 1.061-1.064 reserved over live, 77 -> 89 driver allocations a run on
-  // average, as later requests for such a segment find no spare. RMM's
-  // workloads within their noise. Any spare, whatever its size, took the
-  // workload up to 64 MiB with 256 MiB live from 1.17 to 1.27: small blocks
-  // then split the large ones' segments.) Not for the expandable arena,
-  // one range of its own. Returns whether it adopted one.
+  // training-like workload, seeds 1-6: 1.082-1.086 -> 1.059-1.065 reserved
+  // over live, 78 -> 90 driver allocations a run on average, as later
+  // requests for such a segment find no spare. RMM's workloads within their
+  // noise. Any spare, whatever its size, took RMM's workload up to 64 MiB with
+  // 256 MiB live from 1.17 to 1.27: small blocks split the large ones'
+  // segments.) Not for the expandable arena, one range of its own. Returns
+  // whether it adopted one.
   bool adopt_spare(std::size_t size, std::size_t segment) {
     const std::optional<detail::DedicatedSegments::Segment> spare =
         dedicated.smallest_spare_of_at_least(blocks.rounded_size(size));
