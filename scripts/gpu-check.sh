@@ -209,11 +209,13 @@ summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^
     env "${settings[@]}" CUEMM_DRIVER=cuda "$build/bin/cuemm" random "$@" --manager $manager
   }
   for workload in "--max-size 4M --live 512M" "--max-size 1M --live 512M" "--max-size 256K --live 64M" \
-      "--max-size 64M --live 256M" "--max-size 4M --live 128M"; do
+      "--max-size 64M --live 256M" "--max-size 4M --live 128M" "--pattern training"; do
     if [ "$(time_left)" -lt 40 ]; then
       not_run "seeds 1-8 $workload"
       continue
     fi
+    length=(--operations 20000)
+    case "$workload" in --pattern*) length=() ;; esac
     # Both pools' eight seeds at once (16 processes for the 16 cores); then, for the
     # 512 MiB workloads, the expandable pool without thread caches (the setting for
     # a program short of memory: README); the best-fit reference's take a moment.
@@ -223,7 +225,7 @@ summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^
     for batch in "${batches[@]}"; do
       for variant in $batch; do
         for seed in 1 2 3 4 5 6 7 8; do
-          random_variant $variant $workload --operations 20000 --seed $seed >"$logs/seed.$variant.$seed" 2>&1 &
+          random_variant $variant $workload "${length[@]}" --seed $seed >"$logs/seed.$variant.$seed" 2>&1 &
         done
       done
       wait
@@ -270,7 +272,7 @@ summary+=("fragmentation (pool, expandable): $(grep -A2 ', pool (expandable)$' "
 summary+=("fragmentation (best fit, reference): $(grep -A2 ', best fit (reference)$' "$logs/bench_fragmentation.txt" | reserved_over_live | tr '\n' ' ')")
 summary+=("$(awk -F': ' '/^== seeds.*: [0-9. a-z]+$/ {n = split($2, v, " "); k = 0; f = 0; s = 0; m = 0
   for (i = 1; i <= n; i++) { if (v[i] == "failed") { f++; continue } k++; s += v[i]; if (v[i] > m) m = v[i] }
-  sub(/^== seeds [0-9]+-[0-9]+ --max-size /, "", $1); sub(/ --live /, "/", $1); sub(/ --threads /, " x", $1)
+  sub(/^== seeds [0-9]+-[0-9]+ (--max-size )?/, "", $1); sub(/ --live /, "/", $1); sub(/ --threads /, " x", $1)
   if (k > 0) printf "%s mean %.3f max %.3f", $1, s / k, m; else printf "%s", $1
   if (f > 0) printf " (%d FAILED)", f; if (k > 0 || f > 0) printf "; "}' "$logs/bench_fragmentation.txt")")
 
