@@ -13,6 +13,7 @@ import os
 import platform
 import re
 import statistics
+import sys
 import subprocess
 
 from bench_numba import interleaved_summary, versions
@@ -73,8 +74,11 @@ def fragmentation_lines(path):
     workload = manager = None
     seeds = []
     not_run = []  # what gpu-check left out to finish inside the device's limit
+    notes = []
     for line in open(path):
-        if line.startswith("== ") and ": not run" in line:
+        if line.startswith("# "):  # where the runs came from, when not from the run of the rest
+            notes.append(line[2:].strip())
+        elif line.startswith("== ") and ": not run" in line:
             not_run.append(line[3:].strip())
         elif line.startswith("== seeds "):
             head, ratios = line[len("== seeds "):].split(":", 1)
@@ -98,6 +102,8 @@ def fragmentation_lines(path):
             ratio = re.search(r"reserved/live ([0-9.]+)", line).group(1)
             lines.append(f"| `{workload}` | {manager} | {per_operation} | {driver_calls} | {live} | {reserved} "
                          f"| {ratio} |")
+    for note in notes:
+        lines[3:3] = [note, ""]  # under the heading
     if seeds:
         lines += ["", "Other traces of the same workloads (`--seed`): reserved / live per seed.", "",
                   "| workload | manager | seeds | mean | max | per seed |", "|---|---|---|---|---|---|"]
@@ -159,7 +165,26 @@ def higher_means(previous, current, by):
             if (workload, manager) in before and now[(workload, manager)] > before[(workload, manager)] + by]
 
 
+def splice_fragmentation(results, fragmentation, out):
+    """Writes `results` (a RESULTS.md) to `out` with its fragmentation section made anew from `fragmentation`:
+    the runs of `CUEMM_GPU_FRAGMENTATION_ONLY=1`, where a full check ran out of time before they did."""
+    text = open(results).read().split("\n")
+    begin = next(i for i, line in enumerate(text) if line.startswith("## Fragmentation"))
+    end = next((i for i in range(begin + 1, len(text)) if text[i].startswith("## ")), len(text))
+    made = fragmentation_lines(fragmentation)[1:]  # (without the blank line before the heading)
+    with open(out, "w") as written:
+        written.write("\n".join(text[:begin] + made + [""] + text[end:]))
+
+
 def main():
+    if "--splice-fragmentation" in sys.argv:
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--splice-fragmentation", required=True, metavar="RESULTS.md")
+        parser.add_argument("--fragmentation", required=True)
+        parser.add_argument("--out", required=True)
+        args = parser.parse_args()
+        splice_fragmentation(args.splice_fragmentation, args.fragmentation, args.out)
+        return
     parser = argparse.ArgumentParser()
     parser.add_argument("--allocators", required=True, nargs="+",
                         help="Google Benchmark JSON: bench_allocators's, and the anchors' (bench_torch_allocator)")

@@ -11,6 +11,7 @@
 #      GPUs also its multi-GPU tests under each device manager), Numba allocation speed
 #   5. the allocation benchmarks (Google Benchmark from .carry/benchmark: Debian's libbenchmark.so and headers)
 # CUEMM_GPU_TESTS_ONLY=1 stops after the tests, before any benchmark (for machines whose timings are not reported).
+# CUEMM_GPU_FRAGMENTATION_ONLY=1 builds and runs only the fragmentation part (see there).
 # Prints a short summary last. Logs go to $OUT when it is set. CUEMM_COMMIT names the
 # commit measured where the machine's copy has no up-to-date git history.
 set -uo pipefail
@@ -68,114 +69,122 @@ else
   exit 1
 fi
 
-python_checks=0
-[ -d "$build/python/cuemm" ] && [ "${CUEMM_GPU_SKIP_PYTHON:-0}" != 1 ] && python_checks=1
-# The package's own build from source (pip, scikit-build-core) runs on the CPUs while ctest
-# runs: no test times anything, and it saves the half minute of that build.
-if [ $python_checks = 1 ]; then
-  (cd "$root" && CMAKE_POLICY_VERSION_MINIMUM=3.5 "$python" -m pip install --no-build-isolation --no-deps \
-      --target /tmp/cuemm-pip . >"$logs/pip.log" 2>&1 &&
-    cd /tmp && PYTHONPATH=/tmp/cuemm-pip "$python" -c "import cuemm, cuemm._core as c; print(c.driver_kind(), cuemm.bundled_managers())") \
-    >>"$logs/pip.log" 2>&1 &
-  pip_pid=$!
-fi
-
-(cd "$build" && CUEMM_DRIVER=cuda ctest --output-on-failure --timeout 300 -V) >"$logs/ctest.log" 2>&1
-ctest_status=$?
-grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests passed|^[0-9]+: \[  SKIPPED" "$logs/ctest.log" | tail -40
-summary+=("ctest (real driver): $(grep -E 'tests passed' "$logs/ctest.log" | tail -1)")
-summary+=("gtest cases: $(grep -hoE '^[0-9]+: \[  PASSED  \] [0-9]+' "$logs/ctest.log" | awk '{s+=$NF} END {print s+0}') passed, $(grep -cE '^[0-9]+: \[  SKIPPED \] [A-Za-z].* \([0-9]+ ms\)' "$logs/ctest.log") skipped, $(grep -cE '^[0-9]+: \[  FAILED  \] [A-Za-z].* \([0-9]+ ms\)' "$logs/ctest.log") failed")
-phase_done build+ctest
-
-CUEMM_DRIVER=cuda "$build/bin/zeros_to_device" >"$logs/example.log" 2>&1
-example_status=$?
-cat "$logs/example.log"
-summary+=("example (real driver): exit $example_status")
-
-if [ $python_checks = 1 ]; then
-  (cd /tmp && PYTHONPATH="$build/python" CUEMM_DRIVER=cuda "$python" -m pytest -q -p no:cacheprovider "$root/tests/python") \
-    >"$logs/pytest.log" 2>&1
-  summary+=("pytest (real driver): $(tail -1 "$logs/pytest.log")")
-  wait "$pip_pid"
-  summary+=("pip install . (scikit-build-core): exit $? ($(tail -1 "$logs/pip.log"))")
-  phase_done example+pytest+pip
-  # Under cuemm every process of the suite logs its allocations (for the replay below).
-  suite_logs=/tmp/cuemm-suite-logs
-  rm -rf "$suite_logs" && mkdir -p "$suite_logs"
-  (cd /tmp && CUEMM_LOG_FILE="$suite_logs/cuemm-%p.csv" "$python" "$root/tests/numba/compare_numba_cuda_suite.py" \
-    "$build/python") >"$logs/numba-cuda-suite.log" 2>&1
-  suite_status=$?
-  grep -E "^(default|cuemm|difference|raw-handle|  worse|  skipped|  fails)" "$logs/numba-cuda-suite.log"
-  summary+=("numba-cuda suite: exit $suite_status; $(grep '^difference' "$logs/numba-cuda-suite.log")")
-  # Its IPC tests again with the expandable pool, whose arena blocks have cuemm's own handles.
-  (cd /tmp && CUEMM_POOL_EXPANDABLE=1 "$python" "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python" \
-    numba.cuda.tests.cudapy.test_ipc) >"$logs/numba-cuda-ipc-expandable.log" 2>&1
-  summary+=("numba-cuda test_ipc, expandable pool: exit $?; $(grep '^difference' "$logs/numba-cuda-ipc-expandable.log")")
-  # Its driver tests (contexts, resets, deallocations) and IPC tests under the async manager, its pool exportable.
-  (cd /tmp && CUEMM_MEMORY_MANAGER=async CUEMM_ASYNC_EXPORTABLE=1 "$python" "$root/tests/numba/compare_numba_cuda_suite.py" \
-    "$build/python" numba.cuda.tests.cudadrv numba.cuda.tests.cudapy.test_ipc) >"$logs/numba-cuda-async.log" 2>&1
-  summary+=("numba-cuda cudadrv and test_ipc, async (exportable): exit $?; $(grep '^difference' "$logs/numba-cuda-async.log")")
-  # With several GPUs, numba-cuda's tests of them (skipped on one) under each device manager
-  # (peers use the blocks: Note [Peer access]).
-  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-  if [ "$gpus" -ge 2 ]; then
-    # (The async manager exports only from a pool created exportable: docs/ipc-offsets.md.)
-    for setting in CUEMM_MEMORY_MANAGER=pool CUEMM_POOL_EXPANDABLE=1 CUEMM_MEMORY_MANAGER=async; do
-      multi_log="$logs/numba-cuda-multi-gpu-${setting#*=}.log"
-      (cd /tmp && env "$setting" CUEMM_ASYNC_EXPORTABLE=1 "$python" "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python" \
-        numba.cuda.tests.cudapy.test_multigpu numba.cuda.tests.cudadrv.test_context_stack \
-        numba.cuda.tests.cudapy.test_ipc) >"$multi_log" 2>&1
-      summary+=("numba-cuda multi-GPU tests ($gpus GPUs, $setting): exit $?; $(grep -E '^cuemm:' "$multi_log" | tail -1); $(grep '^difference' "$multi_log")")
-    done
+ctest_status=0 example_status=0
+# CUEMM_GPU_FRAGMENTATION_ONLY=1: the build, then only the fragmentation runs below (their own run, where
+# a full check ran out of time before them; bench/make_results.py --splice-fragmentation puts them in RESULTS.md).
+if [ "${CUEMM_GPU_FRAGMENTATION_ONLY:-0}" != 1 ]; then
+  python_checks=0
+  [ -d "$build/python/cuemm" ] && [ "${CUEMM_GPU_SKIP_PYTHON:-0}" != 1 ] && python_checks=1
+  # The package's own build from source (pip, scikit-build-core) runs on the CPUs while ctest
+  # runs: no test times anything, and it saves the half minute of that build.
+  if [ $python_checks = 1 ]; then
+    (cd "$root" && CMAKE_POLICY_VERSION_MINIMUM=3.5 "$python" -m pip install --no-build-isolation --no-deps \
+        --target /tmp/cuemm-pip . >"$logs/pip.log" 2>&1 &&
+      cd /tmp && PYTHONPATH=/tmp/cuemm-pip "$python" -c "import cuemm, cuemm._core as c; print(c.driver_kind(), cuemm.bundled_managers())") \
+      >>"$logs/pip.log" 2>&1 &
+    pip_pid=$!
   fi
-  phase_done numba-cuda-suites
-  # CUEMM_GPU_TESTS_ONLY=1: the checks above, without the benchmarks (a machine whose timings are not reported).
+
+  (cd "$build" && CUEMM_DRIVER=cuda ctest --output-on-failure --timeout 300 -V) >"$logs/ctest.log" 2>&1
+  ctest_status=$?
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests passed|^[0-9]+: \[  SKIPPED" "$logs/ctest.log" | tail -40
+  summary+=("ctest (real driver): $(grep -E 'tests passed' "$logs/ctest.log" | tail -1)")
+  summary+=("gtest cases: $(grep -hoE '^[0-9]+: \[  PASSED  \] [0-9]+' "$logs/ctest.log" | awk '{s+=$NF} END {print s+0}') passed, $(grep -cE '^[0-9]+: \[  SKIPPED \] [A-Za-z].* \([0-9]+ ms\)' "$logs/ctest.log") skipped, $(grep -cE '^[0-9]+: \[  FAILED  \] [A-Za-z].* \([0-9]+ ms\)' "$logs/ctest.log") failed")
+  phase_done build+ctest
+
+  CUEMM_DRIVER=cuda "$build/bin/zeros_to_device" >"$logs/example.log" 2>&1
+  example_status=$?
+  cat "$logs/example.log"
+  summary+=("example (real driver): exit $example_status")
+
+  if [ $python_checks = 1 ]; then
+    (cd /tmp && PYTHONPATH="$build/python" CUEMM_DRIVER=cuda "$python" -m pytest -q -p no:cacheprovider "$root/tests/python") \
+      >"$logs/pytest.log" 2>&1
+    summary+=("pytest (real driver): $(tail -1 "$logs/pytest.log")")
+    wait "$pip_pid"
+    summary+=("pip install . (scikit-build-core): exit $? ($(tail -1 "$logs/pip.log"))")
+    phase_done example+pytest+pip
+    # Under cuemm every process of the suite logs its allocations (for the replay below).
+    suite_logs=/tmp/cuemm-suite-logs
+    rm -rf "$suite_logs" && mkdir -p "$suite_logs"
+    (cd /tmp && CUEMM_LOG_FILE="$suite_logs/cuemm-%p.csv" "$python" "$root/tests/numba/compare_numba_cuda_suite.py" \
+      "$build/python") >"$logs/numba-cuda-suite.log" 2>&1
+    suite_status=$?
+    grep -E "^(default|cuemm|difference|raw-handle|  worse|  skipped|  fails)" "$logs/numba-cuda-suite.log"
+    summary+=("numba-cuda suite: exit $suite_status; $(grep '^difference' "$logs/numba-cuda-suite.log")")
+    # Its IPC tests again with the expandable pool, whose arena blocks have cuemm's own handles.
+    (cd /tmp && CUEMM_POOL_EXPANDABLE=1 "$python" "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python" \
+      numba.cuda.tests.cudapy.test_ipc) >"$logs/numba-cuda-ipc-expandable.log" 2>&1
+    summary+=("numba-cuda test_ipc, expandable pool: exit $?; $(grep '^difference' "$logs/numba-cuda-ipc-expandable.log")")
+    # Its driver tests (contexts, resets, deallocations) and IPC tests under the async manager, its pool exportable.
+    (cd /tmp && CUEMM_MEMORY_MANAGER=async CUEMM_ASYNC_EXPORTABLE=1 "$python" "$root/tests/numba/compare_numba_cuda_suite.py" \
+      "$build/python" numba.cuda.tests.cudadrv numba.cuda.tests.cudapy.test_ipc) >"$logs/numba-cuda-async.log" 2>&1
+    summary+=("numba-cuda cudadrv and test_ipc, async (exportable): exit $?; $(grep '^difference' "$logs/numba-cuda-async.log")")
+    # With several GPUs, numba-cuda's tests of them (skipped on one) under each device manager
+    # (peers use the blocks: Note [Peer access]).
+    gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+    if [ "$gpus" -ge 2 ]; then
+      # (The async manager exports only from a pool created exportable: docs/ipc-offsets.md.)
+      for setting in CUEMM_MEMORY_MANAGER=pool CUEMM_POOL_EXPANDABLE=1 CUEMM_MEMORY_MANAGER=async; do
+        multi_log="$logs/numba-cuda-multi-gpu-${setting#*=}.log"
+        (cd /tmp && env "$setting" CUEMM_ASYNC_EXPORTABLE=1 "$python" "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python" \
+          numba.cuda.tests.cudapy.test_multigpu numba.cuda.tests.cudadrv.test_context_stack \
+          numba.cuda.tests.cudapy.test_ipc) >"$multi_log" 2>&1
+        summary+=("numba-cuda multi-GPU tests ($gpus GPUs, $setting): exit $?; $(grep -E '^cuemm:' "$multi_log" | tail -1); $(grep '^difference' "$multi_log")")
+      done
+    fi
+    phase_done numba-cuda-suites
+    # CUEMM_GPU_TESTS_ONLY=1: the checks above, without the benchmarks (a machine whose timings are not reported).
+    [ "${CUEMM_GPU_TESTS_ONLY:-0}" = 1 ] && finish
+    # Two rounds of separate processes (about 40 s less than three: the run of
+    # 66ec2ed took 575 of the device's 600 s); the interleaved figures are the ones held to bounds.
+    (cd /tmp && "$python" "$root/bench/bench_numba.py" --cuemm "$build/python" --rounds 2 --out "$logs/bench_numba.json") \
+      >"$logs/bench_numba.txt" 2>&1
+    summary+=("numba benchmark: exit $? (bench_numba.txt)")
+    # The interleaved figures the issue's bounds are about, so the summary alone tells.
+    interleaved() {  # $1: the call; $2: the column
+      "$python" "$root/bench/interleaved_ratios.py" "$logs/bench_numba.json" "$1" "$2" 2>&1
+    }
+    summary+=("numba device_array interleaved, cuemm/floor (256 B, 64 KiB, 4 MiB, 64 MiB): $(interleaved device_array cuemm/floor)")
+    summary+=("numba mapped_array interleaved, default/cuemm (4 KiB, 1 MiB, 64 MiB): $(interleaved mapped_array default/cuemm)")
+    phase_done numba-benchmark
+  fi
+
   [ "${CUEMM_GPU_TESTS_ONLY:-0}" = 1 ] && finish
-  # Two rounds of separate processes (about 40 s less than three: the run of
-  # 66ec2ed took 575 of the device's 600 s); the interleaved figures are the ones held to bounds.
-  (cd /tmp && "$python" "$root/bench/bench_numba.py" --cuemm "$build/python" --rounds 2 --out "$logs/bench_numba.json") \
-    >"$logs/bench_numba.txt" 2>&1
-  summary+=("numba benchmark: exit $? (bench_numba.txt)")
-  # The interleaved figures the issue's bounds are about, so the summary alone tells.
-  interleaved() {  # $1: the call; $2: the column
-    "$python" "$root/bench/interleaved_ratios.py" "$logs/bench_numba.json" "$1" "$2" 2>&1
-  }
-  summary+=("numba device_array interleaved, cuemm/floor (256 B, 64 KiB, 4 MiB, 64 MiB): $(interleaved device_array cuemm/floor)")
-  summary+=("numba mapped_array interleaved, default/cuemm (4 KiB, 1 MiB, 64 MiB): $(interleaved mapped_array default/cuemm)")
-  phase_done numba-benchmark
-fi
 
-[ "${CUEMM_GPU_TESTS_ONLY:-0}" = 1 ] && finish
-
-anchors=()
-if [ -x "$build/bin/bench_allocators" ]; then
-  CUEMM_DRIVER=cuda "$build/bin/bench_allocators" --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
-    --benchmark_min_time=0.1 --benchmark_out="$logs/bench_allocators.json" --benchmark_out_format=json \
-    >"$logs/bench_allocators.txt" 2>&1
-  summary+=("benchmarks: exit $? ($(grep -c _median "$logs/bench_allocators.txt") medians in bench_allocators.txt)")
-  if [ -x "$build/bin/bench_torch_allocator" ]; then
-    "$build/bin/bench_torch_allocator" --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
-      --benchmark_min_time=0.1 --benchmark_out="$logs/bench_torch_allocator.json" --benchmark_out_format=json \
-      >"$logs/bench_torch_allocator.txt" 2>&1
-    summary+=("PyTorch anchor: exit $? ($(grep -c _median "$logs/bench_torch_allocator.txt") medians)")
-    [ -s "$logs/bench_torch_allocator.json" ] && anchors+=("$logs/bench_torch_allocator.json")
+  anchors=()
+  if [ -x "$build/bin/bench_allocators" ]; then
+    CUEMM_DRIVER=cuda "$build/bin/bench_allocators" --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
+      --benchmark_min_time=0.1 --benchmark_out="$logs/bench_allocators.json" --benchmark_out_format=json \
+      >"$logs/bench_allocators.txt" 2>&1
+    summary+=("benchmarks: exit $? ($(grep -c _median "$logs/bench_allocators.txt") medians in bench_allocators.txt)")
+    if [ -x "$build/bin/bench_torch_allocator" ]; then
+      "$build/bin/bench_torch_allocator" --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
+        --benchmark_min_time=0.1 --benchmark_out="$logs/bench_torch_allocator.json" --benchmark_out_format=json \
+        >"$logs/bench_torch_allocator.txt" 2>&1
+      summary+=("PyTorch anchor: exit $? ($(grep -c _median "$logs/bench_torch_allocator.txt") medians)")
+      [ -s "$logs/bench_torch_allocator.json" ] && anchors+=("$logs/bench_torch_allocator.json")
+    else
+      summary+=("PyTorch anchor: not built (see build.log)")
+    fi
   else
-    summary+=("PyTorch anchor: not built (see build.log)")
+    summary+=("benchmarks: not built (no Google Benchmark)")
   fi
-else
-  summary+=("benchmarks: not built (no Google Benchmark)")
-fi
-phase_done benchmarks
+  phase_done benchmarks
 
-# The tool's own pairs table on the real driver (a short run: it is Google
-# Benchmark's figures above that RESULTS.md reports; the pool's cells warm up
-# until 0.1 s went by without it buying a block).
-"$build/bin/cuemm" bench --threads 1,16 --seconds 0.02 --repeats 1 --warm-up 0.1 >"$logs/cuemm_bench.txt" 2>&1
-summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^(cuMemAlloc|default|pool|async) / {n++} END {print n + 0}' "$logs/cuemm_bench.txt") rows; pool, 16 threads over 1: $(awk '/threads over 1/ {f = 1} f && /^pool/ {$1 = ""; print}' "$logs/cuemm_bench.txt"))")
+  # The tool's own pairs table on the real driver (a short run: it is Google
+  # Benchmark's figures above that RESULTS.md reports; the pool's cells warm up
+  # until 0.1 s went by without it buying a block).
+  "$build/bin/cuemm" bench --threads 1,16 --seconds 0.02 --repeats 1 --warm-up 0.1 >"$logs/cuemm_bench.txt" 2>&1
+  summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^(cuMemAlloc|default|pool|async) / {n++} END {print n + 0}' "$logs/cuemm_bench.txt") rows; pool, 16 threads over 1: $(awk '/threads over 1/ {f = 1} f && /^pool/ {$1 = ""; print}' "$logs/cuemm_bench.txt"))")
+fi
 
 # Fragmentation: peak reserved over peak live on RMM-style random workloads,
 # and on a recorded log: the largest of numba-cuda's suite processes.
 {
+  if [ "${CUEMM_GPU_FRAGMENTATION_ONLY:-0}" = 1 ]; then
+    echo "# From a run of its own (\`CUEMM_GPU_FRAGMENTATION_ONLY=1\`) of commit \`${CUEMM_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null)}\`, $(date -u +%F), on $(head -1 "$logs/gpu.txt")."
+  fi
   for workload in "--max-size 64M --live 4G" "--max-size 64M --live 1G" "--max-size 4M --live 512M" \
       "--max-size 1M --live 512M" "--max-size 256K --live 64M" "--max-size 1M --live 512M --threads 4" \
       "--max-size 256K --live 64M --threads 8" "--pattern training"; do
@@ -254,7 +263,9 @@ summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^
     done
   done
   suite_log=$(ls -S /tmp/cuemm-suite-logs/*.csv 2>/dev/null | head -1)
-  if [ -n "$suite_log" ] && [ "$(time_left)" -lt 20 ]; then
+  if [ -z "$suite_log" ] && [ "${CUEMM_GPU_FRAGMENTATION_ONLY:-0}" = 1 ]; then
+    echo "== replay of numba-cuda's suite log: not run (numba-cuda's suite, which records it, is not run here)"
+  elif [ -n "$suite_log" ] && [ "$(time_left)" -lt 20 ]; then
     not_run "replay of numba-cuda's suite log"
   elif [ -n "$suite_log" ]; then
     for manager in pool async default; do
