@@ -177,6 +177,8 @@ if [ "${CUEMM_GPU_FRAGMENTATION_ONLY:-0}" != 1 ]; then
   # until 0.1 s went by without it buying a block).
   "$build/bin/cuemm" bench --threads 1,16 --seconds 0.02 --repeats 1 --warm-up 0.1 >"$logs/cuemm_bench.txt" 2>&1
   summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^(cuMemAlloc|default|pool|async) / {n++} END {print n + 0}' "$logs/cuemm_bench.txt") rows; pool, 16 threads over 1: $(awk '/threads over 1/ {f = 1} f && /^pool/ {$1 = ""; print}' "$logs/cuemm_bench.txt"))")
+else
+  phase_done build
 fi
 
 # Fragmentation: peak reserved over peak live on RMM-style random workloads,
