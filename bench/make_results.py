@@ -169,7 +169,9 @@ def splice_fragmentation(results, fragmentation, out):
     """Writes `results` (a RESULTS.md) to `out` with its fragmentation section made anew from `fragmentation`:
     the runs of `CUEMM_GPU_FRAGMENTATION_ONLY=1`, where a full check ran out of time before they did."""
     text = open(results).read().split("\n")
-    begin = next(i for i, line in enumerate(text) if line.startswith("## Fragmentation"))
+    begin = next((i for i, line in enumerate(text) if line.startswith("## Fragmentation")), None)
+    if begin is None:
+        sys.exit(f"{results} has no fragmentation section to replace")
     end = next((i for i in range(begin + 1, len(text)) if text[i].startswith("## ")), len(text))
     made = fragmentation_lines(fragmentation)[1:]  # (without the blank line before the heading)
     with open(out, "w") as written:
