@@ -104,3 +104,24 @@ def test_higher_means_name_seed_means_that_rose():
     assert make_results.higher_means(seeds_table("1.188"), seeds_table("1.207"), 0.04) == []
     assert make_results.higher_means(seeds_table("1.188"), seeds_table("1.250"), 0.04) == [
         "`--max-size 4M --live 512M` pool: 1.188 -> 1.250"]
+
+
+def test_a_fragmentation_only_run_replaces_the_section_and_says_where_it_came_from(tmp_path):
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# results\n\n## Pinned host memory (C++)\n\npinned rows\n\n"
+                       "## Fragmentation: `cuemm random` (old)\n\n| old | table |\n\nNot run in this check: seeds.\n\n"
+                       "## Numba (Python): allocate + release, ns per pair\n\nnumba rows\n")
+    run = tmp_path / "bench_fragmentation.txt"
+    run.write_text("# From a run of its own (`CUEMM_GPU_FRAGMENTATION_ONLY=1`) of commit `abc1234`.\n" + CHECK_OUTPUT)
+    out = tmp_path / "spliced.md"
+    make_results.splice_fragmentation(str(results), str(run), str(out))
+    text = out.read_text()
+    assert "| old | table |" not in text and "Not run in this check: seeds." not in text
+    assert "| `--max-size 4M --live 512M` | pool | 973 | 42,592 / 12 | 36.21 MiB | 42.00 MiB | 1.160 |" in text
+    # The note sits under the section's heading, before its table.
+    heading = text.index("## Fragmentation")
+    note = text.index("From a run of its own (`CUEMM_GPU_FRAGMENTATION_ONLY=1`) of commit `abc1234`.")
+    assert heading < note < text.index("| workload | manager |")
+    # What came before and after the section is kept, in order.
+    assert text.index("pinned rows") < heading < text.index("## Numba (Python)") < text.index("numba rows")
+    assert text.count("## Fragmentation") == 1
