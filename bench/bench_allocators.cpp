@@ -7,6 +7,8 @@
 //   bench_allocators --benchmark_filter=Pool --benchmark_repetitions=5
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <barrier>
 #include <chrono>
 #include <cstdint>
 #include <fstream>
@@ -154,6 +156,71 @@ void PoolRawAllocateFree(benchmark::State& state) {
   }
   count_seals(state, seals_before, pool.statistics().seals);
   state.SetItemsProcessed(state.iterations());
+}
+
+// 16 threads over one, alternated: rounds in which the first of 16 threads
+// runs pairs alone and then all 16 run them at once, on one pool, and the
+// median over the rounds of the ratio of their aggregate throughput to the
+// lone thread's. The H100 host's pair is bimodal over time
+// (docs/pool-measurements.md), so cells timed minutes apart (the 1- and
+// 16-thread runs of PoolRawAllocateFree) may catch it in different modes;
+// rounds side by side see both. Counters: the ratio's median, lowest and
+// highest; the lone thread's and the 16 threads' ns a pair (medians).
+void PoolScalingAlternated(benchmark::State& state) {
+  constexpr int kThreads = 16;
+  constexpr int kRounds = 9;
+  constexpr std::size_t kPairs = 500'000;  // each thread's, each phase: milliseconds on the H100
+  auto& pool = shared_manager<cuemm::PoolMemoryManager>();
+  const auto size = static_cast<std::size_t>(state.range(0));
+  auto pairs = [&](std::size_t count) {
+    for (std::size_t i = 0; i < count; ++i) pool.deallocate(pool.allocate(size), size);
+  };
+  // Phases: the workers wait at `start`; `alone` says whether only the
+  // first runs; each arrives at `finished` when done (the rest at once).
+  std::barrier start(kThreads + 1), finished(kThreads + 1);
+  bool alone = false, stop = false;
+  std::vector<std::thread> workers;
+  for (int t = 0; t < kThreads; ++t) {
+    workers.emplace_back([&, t] {
+      cuemm::ScopedContext scope(context());
+      warm_up_until_the_pool_stops_buying(pool, [&] { pairs(1); });
+      for (;;) {
+        start.arrive_and_wait();
+        if (stop) return;
+        if (!alone || t == 0) pairs(kPairs);
+        finished.arrive_and_wait();
+      }
+    });
+  }
+  // The time of one phase, ns a pair in aggregate.
+  auto phase = [&](bool only_the_first) {
+    alone = only_the_first;
+    start.arrive_and_wait();
+    const auto began = std::chrono::steady_clock::now();
+    finished.arrive_and_wait();
+    const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - began).count();
+    return ns / static_cast<double>(kPairs * (only_the_first ? 1 : kThreads));
+  };
+  std::vector<double> ratios, lone, together;
+  for (auto _ : state) {
+    for (int round = 0; round < kRounds; ++round) {
+      lone.push_back(phase(true));
+      together.push_back(phase(false));
+      ratios.push_back(lone.back() / together.back());
+    }
+  }
+  stop = true;
+  start.arrive_and_wait();
+  for (auto& worker : workers) worker.join();
+  auto median = [](std::vector<double> values) {
+    std::sort(values.begin(), values.end());
+    return values[values.size() / 2];
+  };
+  state.counters["ratio_median"] = median(ratios);
+  state.counters["ratio_lowest"] = *std::min_element(ratios.begin(), ratios.end());
+  state.counters["ratio_highest"] = *std::max_element(ratios.begin(), ratios.end());
+  state.counters["one_thread_ns"] = median(lone);
+  state.counters["sixteen_threads_ns"] = median(together);
 }
 
 // The same, stream-ordered on each thread's per-thread default stream (as the
@@ -445,6 +512,13 @@ BENCHMARK(DriverLegacyStreamQuery)->Threads(1)->Threads(16)->UseRealTime();
 BENCHMARK(ThreadPrivateLoop)->Threads(1)->Threads(16)->UseRealTime();
 BENCHMARK(PoolRawAllocateFree)->Apply(set_sizes);
 BENCHMARK(PoolStreamOrderedAllocateFree)->Apply(set_sizes);
+BENCHMARK(PoolScalingAlternated)
+    ->Apply([](benchmark::internal::Benchmark* benchmark) {
+      for (long size : kPairSizes) benchmark->Arg(size);
+    })
+    ->Iterations(1)
+    ->Repetitions(1)  // (its rounds are its repetitions)
+    ->UseRealTime();
 BENCHMARK(PoolWithFreeBlocks)->Arg(0)->Arg(65536);
 BENCHMARK(DriverPoolRandomAllocations)->Apply(set_random_workloads);
 BENCHMARK_TEMPLATE(RandomAllocations, cuemm::DefaultMemoryManager)->Apply(set_random_workloads);

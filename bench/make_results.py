@@ -28,6 +28,17 @@ def medians(runs, field="real_time"):
     return out
 
 
+def scaling_rounds(runs):
+    """PoolScalingAlternated's counters by size (one run of its rounds, no aggregates)."""
+    out = {}
+    for results in runs:
+        for run in results["benchmarks"]:
+            name = run.get("run_name", run.get("name", ""))
+            if name.startswith("PoolScalingAlternated/") and "ratio_median" in run and not run.get("aggregate_name"):
+                out[int(name.split("/")[1])] = run
+    return out
+
+
 def fmt(ns):
     return f"{ns:,.0f}" if ns >= 100 else f"{ns:.1f}"
 
@@ -257,6 +268,15 @@ def main():
         if all(torch.values()):
             lines += [f"PyTorch's caching allocator over the pool's pair ({label}), 1 thread: " +
                       ", ".join(f"{s:,} B {torch[s] / one[s]:.1f}x" for s in sizes if one[s]), ""]
+    alternated = scaling_rounds(runs)
+    if alternated:
+        lines += ["Pool scaling, raw interface, alternated in one process (rounds in which the first of 16 threads ran "
+                  "its pairs alone, then all 16 together; the host's pair is bimodal over time, so cells timed "
+                  "minutes apart may catch different modes): the median of the rounds' 16-over-1 ratios (lowest-"
+                  "highest; one thread's and 16 threads' ns a pair, medians): " +
+                  ", ".join(f"{s:,} B {c['ratio_median']:.1f}x ({c['ratio_lowest']:.1f}-{c['ratio_highest']:.1f}; "
+                            f"{fmt(c['one_thread_ns'])} / {fmt(c['sixteen_threads_ns'])} ns)"
+                            for s, c in sorted(alternated.items())), ""]
     one, sixteen = m.get("ThreadPrivateLoop/real_time/threads:1"), m.get("ThreadPrivateLoop/real_time/threads:16")
     if one and sixteen:
         lines += [f"This host's own scaling, a loop over thread-private data with no allocator: 16 threads over one "

@@ -125,3 +125,19 @@ def test_a_fragmentation_only_run_replaces_the_section_and_says_where_it_came_fr
     # What came before and after the section is kept, in order.
     assert text.index("pinned rows") < heading < text.index("## Numba (Python)") < text.index("numba rows")
     assert text.count("## Fragmentation") == 1
+
+
+def test_the_alternated_scaling_rounds_are_read_by_size():
+    runs = [{"benchmarks": [
+        {"run_name": "PoolScalingAlternated/256/iterations:1/repeats:1/real_time", "ratio_median": 12.5,
+         "ratio_lowest": 8.0, "ratio_highest": 15.0, "one_thread_ns": 20.0, "sixteen_threads_ns": 1.6},
+        {"run_name": "PoolScalingAlternated/67108864/iterations:1/repeats:1/real_time", "ratio_median": 9.5,
+         "ratio_lowest": 7.0, "ratio_highest": 11.0, "one_thread_ns": 50.0, "sixteen_threads_ns": 5.2},
+        # Another family's counters, and an aggregate row, are not rounds.
+        {"run_name": "PoolRawAllocateFree/256/real_time/threads:1", "aggregate_name": "median", "real_time": 20.0},
+        {"run_name": "PoolScalingAlternated/1024/iterations:1/real_time", "aggregate_name": "median",
+         "ratio_median": 1.0},
+    ]}]
+    rounds = make_results.scaling_rounds(runs)
+    assert sorted(rounds) == [256, 67108864]
+    assert rounds[256]["ratio_median"] == 12.5 and rounds[67108864]["sixteen_threads_ns"] == 5.2
