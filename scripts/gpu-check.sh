@@ -183,6 +183,8 @@ fi
 
 # Fragmentation: peak reserved over peak live on RMM-style random workloads,
 # and on a recorded log: the largest of numba-cuda's suite processes.
+# `cuemm random`'s length for a workload: RMM's runs 20,000 operations; the training-like one has its own.
+length_of() { case "$1" in --pattern*) ;; *) echo --operations 20000 ;; esac; }
 {
   if [ "${CUEMM_GPU_FRAGMENTATION_ONLY:-0}" = 1 ]; then
     echo "# From a run of its own (\`CUEMM_GPU_FRAGMENTATION_ONLY=1\`) of commit \`${CUEMM_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null)}\`, $(date -u +%F), on $(head -1 "$logs/gpu.txt")."
@@ -195,18 +197,16 @@ fi
       not_run "$workload"
       continue
     fi
-    # (RMM's workload: 20,000 operations; the training-like one has its own length.)
-    length=(--operations 20000)
-    case "$workload" in --pattern*) length=() ;; esac
+    # (Word splitting of the workload and its length is wanted: one argument each.)
     for manager in pool async default; do
       echo "== $workload, $manager"
-      CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload "${length[@]}" --manager $manager
+      CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload $(length_of "$workload") --manager $manager
     done
     echo "== $workload, pool (expandable)"
-    CUEMM_POOL_EXPANDABLE=1 CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload "${length[@]}" --manager pool
+    CUEMM_POOL_EXPANDABLE=1 CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload $(length_of "$workload") --manager pool
     # What an ideal best fit would reserve on the same operations (no device memory).
     echo "== $workload, best fit (reference)"
-    CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload "${length[@]}" --manager best-fit
+    CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload $(length_of "$workload") --manager best-fit
   done
   # Other traces of the same workloads, and of smaller live sets: seeds 1-8,
   # side by side (each its own process and pool; only the ratios are kept).
@@ -225,8 +225,6 @@ fi
       not_run "seeds 1-8 $workload"
       continue
     fi
-    length=(--operations 20000)
-    case "$workload" in --pattern*) length=() ;; esac
     # Both pools' eight seeds at once (16 processes for the 16 cores); then, for the
     # 512 MiB workloads, the expandable pool without thread caches (the setting for
     # a program short of memory: README); the best-fit reference's take a moment.
@@ -236,7 +234,7 @@ fi
     for batch in "${batches[@]}"; do
       for variant in $batch; do
         for seed in 1 2 3 4 5 6 7 8; do
-          random_variant $variant $workload "${length[@]}" --seed $seed >"$logs/seed.$variant.$seed" 2>&1 &
+          random_variant $variant $workload $(length_of "$workload") --seed $seed >"$logs/seed.$variant.$seed" 2>&1 &
         done
       done
       wait

@@ -170,6 +170,8 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   }
 
   std::size_t reserved_bytes() const noexcept { return blocks.region_bytes() + dedicated.bytes(); }
+  // Whether taking `more` bytes from the driver would take the pool past its peak footprint.
+  bool passes_peak(std::size_t more) const noexcept { return reserved_bytes() + more > peak_reserved; }
 
   // The bytes of the block handed out at `address` (0 if none), and whether
   // it has a segment of its own.
@@ -392,7 +394,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
                                          kSegmentGranularity, kMinimumGrowth);
     std::size_t segment = std::max(wanted, util::round_up(std::max(blocks.region_bytes() / 32, floor),
                                                     kSegmentGranularity));
-    if (reserved_bytes() + segment > peak_reserved && adopt_spare(size, segment)) return true;
+    if (passes_peak(segment) && adopt_spare(size, segment)) return true;
     if (options.maximum_size) {
       const std::size_t room = options.maximum_size > reserved_bytes() ? options.maximum_size - reserved_bytes() : 0;
       if (room < wanted) return false;
@@ -663,7 +665,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     // -> 1.17. Giving back the threads' held blocks of other sizes here too
     // took that log to 1.14, but broke the rotations of loops that alternate
     // between large sizes.)
-    if (reserved_bytes() + segment > peak_reserved) {
+    if (passes_peak(segment)) {
       // Not for a loop: a block of the index goes back there at its free,
       // so the loop would never hold a rotation, and would seal for each
       // request and take the pool's lock for each pair (16 threads of 4 MiB
