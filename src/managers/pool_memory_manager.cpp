@@ -137,7 +137,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   detail::RentOrBuy segment_rental;
   detail::RentOrBuy index_rental;
   std::size_t largest_request_grown_for = 0;  // by grow()
-  std::size_t driver_allocations = 0, driver_frees = 0;  // PoolStatistics'
+  std::size_t driver_allocations = 0, driver_frees = 0, spares_taken_over = 0;  // PoolStatistics'
   std::size_t peak_reserved = 0;  // the most reserved_bytes() after any growth
   std::vector<std::unique_ptr<ThreadCache>> caches;
   int defer_depth = 0;
@@ -435,6 +435,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     if (!spare || spare->size > segment) return false;
     blocks.add_region(spare->base, spare->size);  // (first: it may throw, with nothing changed)
     dedicated.forget_spare(*spare);
+    ++spares_taken_over;
     return true;
   }
 
@@ -1640,6 +1641,7 @@ PoolStatistics PoolMemoryManager::statistics() const {
   statistics.free_blocks = core_->blocks.free_blocks() + core_->dedicated.spare_count();
   statistics.seals = core_->epochs.seals();
   statistics.driver_allocations = core_->driver_allocations;
+  statistics.spares_taken_over = core_->spares_taken_over;
   statistics.driver_frees = core_->driver_frees;
   statistics.rejected_frees = rejected_frees_.load(std::memory_order_relaxed);
   return statistics;

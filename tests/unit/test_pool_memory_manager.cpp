@@ -512,6 +512,7 @@ TEST_F(Pool, AtItsPeakASpareSegmentBecomesASharedOneRatherThanThePoolGrow) {
   EXPECT_EQ(first->device_pointer(), spare) << "not placed in the spare";
   EXPECT_EQ(pool.statistics().reserved_bytes, 6 * kMiB) << "the pool grew beside its spare";
   EXPECT_EQ(pool.statistics().driver_allocations, 1u);
+  EXPECT_EQ(pool.statistics().spares_taken_over, 1u);
   EXPECT_EQ(pool.get_ipc_handle(first).offset(), 0u);
   EXPECT_EQ(pool.get_ipc_handle(second).offset(), second->device_pointer() - spare);
   EXPECT_GE(pool.get_ipc_handle(second).offset(), 3 * kMiB / 2);

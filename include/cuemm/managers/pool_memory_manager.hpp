@@ -147,6 +147,10 @@ struct PoolStatistics {
   // [Dedicated segments]).
   std::size_t driver_allocations = 0;
   std::size_t driver_frees = 0;
+  // Spare segments of their own that became shared segments where those
+  // would otherwise have grown past the pool's peak (Note [Dedicated
+  // segments]): growth that cost neither memory nor a driver call.
+  std::size_t spares_taken_over = 0;
   // Raw deallocate()s refused: a pointer no block starts at (see PoolOptions::check_frees).
   std::size_t rejected_frees = 0;
 };
