@@ -351,6 +351,7 @@ class Bridge {
       figures["seals"] = p.seals;
       figures["driver_allocations"] = p.driver_allocations;
       figures["driver_frees"] = p.driver_frees;
+      figures["spares_taken_over"] = p.spares_taken_over;
       out["pool"] = figures;
     }
     return out;
