@@ -87,3 +87,42 @@ TEST(Driver, ASimulatedPerThreadStreamEndsWithItsThread) {
   worker.join();
   CUEMM_CU(cuMemFree, words);
 }
+
+// A stream-ordered free on an idle stream gives the block back at once, as
+// the driver's pool hands it to the stream's next allocation; on a stream
+// with work queued, only once that work has run. (Deferred always, replays
+// without GPU work read every block freed since the stream's worker last ran
+// as still in use.)
+TEST(Driver, ASimulatedStreamOrderedFreeWaitsOnlyForQueuedWork) {
+  CUEMM_REQUIRE_SIMULATION();
+  Context& context = current_context();
+  ScopedContext scope(context);
+  cuda::CUmemPoolProps properties{};
+  properties.alloc_type = cuda::CU_MEM_ALLOCATION_TYPE_PINNED;
+  properties.location = {cuda::CU_MEM_LOCATION_TYPE_DEVICE, context.device().id()};
+  cuda::CUmemoryPool pool = nullptr;
+  CUEMM_CU(cuMemPoolCreate, &pool, &properties);
+  const std::uint64_t in_use_before = simulation::device_bytes_in_use(context.device().id());
+  constexpr std::size_t kBytes = std::size_t{4} << 20;
+  cuda::CUdeviceptr block = 0;
+  CUEMM_CU(cuMemAllocFromPoolAsync, &block, kBytes, pool, cuda::CUstream{});
+  EXPECT_GE(simulation::device_bytes_in_use(context.device().id()), in_use_before + kBytes);
+  CUEMM_CU(cuMemFreeAsync, block, cuda::CUstream{});
+  EXPECT_EQ(simulation::device_bytes_in_use(context.device().id()), in_use_before);
+
+  // Behind a kernel that runs for a while, the free waits for it.
+  constexpr std::uint64_t kCount = 1024;
+  cuda::CUdeviceptr words = 0;
+  CUEMM_CU(cuMemAlloc, &words, kCount * 4);
+  const std::uint64_t in_use_with_words = simulation::device_bytes_in_use(context.device().id());
+  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
+  CUEMM_CU(cuMemAllocFromPoolAsync, &block, kBytes, pool, cuda::CUstream{});
+  module.function("cuemm_spin_fill_u32").launch({1}, {256}, Stream::legacy_default(), words, 7u, kCount,
+                                                std::uint64_t{50'000'000});
+  CUEMM_CU(cuMemFreeAsync, block, cuda::CUstream{});
+  EXPECT_GE(simulation::device_bytes_in_use(context.device().id()), in_use_with_words + kBytes);
+  CUEMM_CU(cuStreamSynchronize, cuda::CUstream{});
+  EXPECT_EQ(simulation::device_bytes_in_use(context.device().id()), in_use_with_words);
+  CUEMM_CU(cuMemFree, words);
+  CUEMM_CU(cuMemPoolDestroy, pool);
+}
