@@ -629,6 +629,35 @@ TEST_F(Pool, ALargeBlockHasASegmentOfItsOwnWhoseSpareIsReused) {
   EXPECT_EQ(array.copy_to_host(), values);
 }
 
+// Below its peak footprint the pool keeps its spares: a program whose large
+// sizes recur (a training step's activations, then a gradient of another
+// size) finds them again at the next step rather than calling the driver.
+TEST_F(Pool, BelowItsPeakSparesStayForTheSizesThatComeAgain) {
+  PoolOptions options;
+  options.thread_cache_size = 0;  // (frees go to the spares, not to a thread's held blocks)
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  pool.memalloc(std::size_t{200} << 20).reset();
+  pool.trim();  // the peak stays: 200 MiB
+  ASSERT_EQ(pool.statistics().reserved_bytes, 0u);
+  std::size_t allocations_after_first_step = 0, frees_after_first_step = 0;
+  for (int step = 0; step < 4; ++step) {
+    std::vector<std::shared_ptr<MemoryPointer>> activations;
+    for (std::size_t mib : {8, 10, 12, 14}) activations.push_back(pool.memalloc(mib << 20));
+    activations.clear();
+    pool.memalloc(std::size_t{16} << 20).reset();  // a size of its own, while the others are spares
+    if (step == 0) {
+      allocations_after_first_step = pool.statistics().driver_allocations;
+      frees_after_first_step = pool.statistics().driver_frees;
+    }
+  }
+  EXPECT_EQ(pool.statistics().driver_allocations, allocations_after_first_step)
+      << "later steps found no spares of their sizes";
+  EXPECT_EQ(pool.statistics().driver_frees, frees_after_first_step);
+  EXPECT_LE(pool.statistics().reserved_bytes, std::size_t{200} << 20) << "the spares took the pool past its peak";
+}
+
+// At its peak, spares go back before the driver is asked for more.
 TEST_F(Pool, SparesAreGivenBackBeforeTheDriverIsAskedForMore) {
   PoolMemoryManager pool(&context);
   pool.initialize();

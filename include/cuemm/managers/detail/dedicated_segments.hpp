@@ -12,9 +12,10 @@
 // seeds 1-8 on the simulated driver read 1.32 with 1 MiB, 1.38 with 2 MiB,
 // whose 2 MiB pages round such blocks up by about 40% on average, 1.23 with 4 MiB
 // and 1.24 with 8 MiB). A freed segment becomes a spare for
-// a later request of the same size or up to 1/8 smaller; the pool gives the
-// largest spares back to the driver before it takes a new segment, so spares
-// stay a small part of the pool. Reusing a segment freed since the last seal
+// a later request of the same size or up to 1/8 smaller. Spares stay while
+// the pool is below its peak footprint; where growth would take it past its
+// peak, the largest spares go back to the driver first, so spares never
+// raise the peak (a new segment of its own at the peak gives them all back). Reusing a segment freed since the last seal
 // costs a stream query, so a long loop of such requests rotates through a
 // few segments instead, sealing once a rotation: it gets one more segment
 // each time its queries have cost about as much as a new segment (at most 8
