@@ -54,7 +54,10 @@ inline std::vector<RandomOperation> random_operations(std::size_t max_size, std:
 // allocated and freed beside it, a backward pass that frees the activations
 // in reverse, each with a gradient of its size allocated and freed beside
 // it, and the parameters' gradients allocated and freed; the parameters last.
-inline std::vector<RandomOperation> training_operations(std::size_t layers, std::size_t steps, unsigned seed) {
+// Each step picks its activations' sizes anew (inputs whose shapes vary), or
+// with `same_shapes` every step repeats the first one's (a fixed-size model).
+inline std::vector<RandomOperation> training_operations(std::size_t layers, std::size_t steps, unsigned seed,
+                                                        bool same_shapes = false) {
   std::mt19937_64 random(seed);
   auto pick = [&](std::initializer_list<std::size_t> choices) { return choices.begin()[random() % choices.size()]; };
   std::vector<RandomOperation> operations;
@@ -69,10 +72,14 @@ inline std::vector<RandomOperation> training_operations(std::size_t layers, std:
     parameters.push_back(allocate(pick({std::size_t{512} * 4, std::size_t{256} * 256 * 4, std::size_t{1024} * 1024 * 4,
                                         std::size_t{4096} * 1024 * 4})));
   const std::size_t batch = pick({16, 32, 64});
+  auto activation_size = [&] { return batch * pick({512, 1024, 2048, 4096, 8192}) * 4 * pick({1, 2, 4}); };
+  std::vector<std::size_t> shapes;
+  if (same_shapes)
+    for (std::size_t l = 0; l < layers; ++l) shapes.push_back(activation_size());
   for (std::size_t step = 0; step < steps; ++step) {
     std::vector<std::pair<std::uint64_t, std::size_t>> activations;
     for (std::size_t l = 0; l < layers; ++l) {
-      const std::size_t size = batch * pick({512, 1024, 2048, 4096, 8192}) * 4 * pick({1, 2, 4});
+      const std::size_t size = same_shapes ? shapes[l] : activation_size();
       activations.push_back(allocate(size));
       free(allocate(size / 2));
     }

@@ -9,9 +9,10 @@
 //   cuemm random [--manager NAME] [--max-size BYTES] [--operations N] [--seed S]
 //                [--threads T]               a random mix of allocations and frees
 //                                            (from T threads side by side, each its own)
-//   cuemm random --pattern training [--layers L] [--steps N] ...
+//   cuemm random --pattern training [--layers L] [--steps N] [--same-shapes] ...
 //                                            a training-like workload: sizes that change
-//                                            between phases (bench/random_workload.hpp)
+//                                            between phases (bench/random_workload.hpp);
+//                                            with --same-shapes every step repeats the first
 //   (either with --trace-growth: a line whenever the pool reserves more, with
 //   where its bytes were: in use, waiting for the GPU, in thread caches, free;
 //   with threads, from whichever thread saw it, all threads' bytes)
@@ -271,7 +272,7 @@ int usage(bool asked = false) {
                "       cuemm replay LOG.csv [--manager pool|async|default|best-fit] [--trace-growth]\n"
                "       cuemm random [--manager NAME] [--max-size 64M] [--live 1G] [--operations 100000] [--seed 1]\n"
                "                    [--threads 1] [--trace-growth]\n"
-               "       cuemm random --pattern training [--manager NAME] [--layers 60] [--steps 30] [--seed 1]\n"
+               "       cuemm random --pattern training [--manager NAME] [--layers 60] [--steps 30] [--seed 1] [--same-shapes]\n"
                "                    [--threads 1] [--trace-growth]\n"
                "       cuemm plot LOG.csv OUT.svg\n"
                "%s",
@@ -323,10 +324,12 @@ int run(std::vector<std::string> args) {
       if (pattern == "training") {
         const std::size_t layers = count_option(args, "--layers", "60");
         const std::size_t steps = count_option(args, "--steps", "30");
+        const bool same_shapes = tool::flag(args, "--same-shapes");
         if (layers == 0 || steps == 0) throw InvalidArgument("--layers and --steps must be at least 1");
         if (!args.empty()) return usage();
         for (std::size_t t = 0; t < threads; ++t)
-          lists.push_back(device_operations(workload::training_operations(layers, steps, seed + static_cast<unsigned>(t))));
+          lists.push_back(device_operations(
+              workload::training_operations(layers, steps, seed + static_cast<unsigned>(t), same_shapes)));
       } else if (pattern == "rmm") {
         const std::size_t max_size = bytes_option(args, "--max-size", "64M");
         const std::size_t live = bytes_option(args, "--live", "1G");

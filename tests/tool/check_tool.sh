@@ -23,6 +23,9 @@ grep -q "^manager pool: 3000 operations" "$work/threads-growth.txt"
 # The training-like pattern: 2 operations a layer for its parameters, 8 a layer a step.
 "$tool" random --pattern training --layers 8 --steps 3 --manager pool >"$work/training.txt"
 grep -q "^manager pool: 208 operations" "$work/training.txt"
+# With the same shapes at every step: as many operations.
+"$tool" random --pattern training --same-shapes --layers 8 --steps 3 --manager best-fit >"$work/same-shapes.txt"
+grep -q "^manager best-fit: 208 operations" "$work/same-shapes.txt"
 grep -q "reserved/live" "$work/training.txt"
 if "$tool" random --pattern sometimes 2>"$work/error.txt"; then exit 1; fi
 grep -q "pattern must be rmm or training (got 'sometimes')" "$work/error.txt"
