@@ -51,32 +51,70 @@ reserved_over_live_or_failed() { local ratio; ratio=$(reserved_over_live); echo 
 # and on a recorded log: the largest of numba-cuda's suite processes.
 # `cuemm random`'s length for a workload: RMM's runs 20,000 operations; the training-like one has its own.
 length_of() { case "$1" in --pattern*) ;; *) echo --operations 20000 ;; esac; }
-fragmentation_runs() {
-  if [ -n "${fragmentation_beside:-}" ]; then
-    echo "# These runs went beside $fragmentation_beside, which times nothing, on the cores it leaves idle (so that a full check has time for them): their ns per operation may read a little higher than alone."
-  fi
-  if [ "${CUEMM_GPU_FRAGMENTATION_ONLY:-0}" = 1 ]; then
-    echo "# From a run of its own (\`CUEMM_GPU_FRAGMENTATION_ONLY=1\`) of commit \`${CUEMM_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null)}\`, $(date -u +%F), on $(head -1 "$logs/gpu.txt")."
-  fi
-  for workload in "--max-size 64M --live 4G" "--max-size 64M --live 1G" "--max-size 4M --live 512M" \
-      "--max-size 1M --live 512M" "--max-size 256K --live 64M" "--max-size 1M --live 512M --threads 4" \
-      "--max-size 256K --live 64M --threads 8" "--pattern training"; do
-    # (Each workload takes a few seconds; a slow host may leave no time for the last ones.)
+# The single runs of the table: each workload under each of these (their files are put in order by
+# assemble_fragmentation, as some run beside numba-cuda's suites and others after the benchmarks).
+fragmentation_workloads=("--max-size 64M --live 4G" "--max-size 64M --live 1G" "--max-size 4M --live 512M"
+  "--max-size 1M --live 512M" "--max-size 256K --live 64M" "--max-size 1M --live 512M --threads 4"
+  "--max-size 256K --live 64M --threads 8" "--pattern training")
+fragmentation_managers=("pool" "async" "default" "pool (expandable)" "best fit (reference)")
+fragmentation_parts=/tmp/cuemm-fragmentation
+# One run: workload $1 under manager $2 (indexes of the arrays above), into a file of its own.
+fragmentation_single() {
+  local workload=${fragmentation_workloads[$1]} label=${fragmentation_managers[$2]}
+  {
+    # (Each run takes a few seconds; a slow host may leave no time for the last ones.)
     if [ "$(time_left)" -lt 30 ]; then
-      not_run "$workload"
-      continue
+      not_run "$workload, $label"
+      return
     fi
+    echo "== $workload, $label"
     # (Word splitting of the workload and its length is wanted: one argument each.)
-    for manager in pool async default; do
-      echo "== $workload, $manager"
-      CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload $(length_of "$workload") --manager $manager
-    done
-    echo "== $workload, pool (expandable)"
-    CUEMM_POOL_EXPANDABLE=1 CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload $(length_of "$workload") --manager pool
-    # What an ideal best fit would reserve on the same operations (no device memory).
-    echo "== $workload, best fit (reference)"
-    CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload $(length_of "$workload") --manager best-fit
+    case "$label" in
+      "pool (expandable)") CUEMM_POOL_EXPANDABLE=1 CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload $(length_of "$workload") --manager pool ;;
+      # What an ideal best fit would reserve on the same operations (no device memory).
+      "best fit (reference)") CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload $(length_of "$workload") --manager best-fit ;;
+      *) CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload $(length_of "$workload") --manager "$label" ;;
+    esac
+  } >"$fragmentation_parts/single.$1.$2" 2>&1
+}
+# Every workload's runs under the managers named by index.
+fragmentation_singles() {
+  local workload manager
+  for workload in "${!fragmentation_workloads[@]}"; do
+    for manager in "$@"; do fragmentation_single "$workload" "$manager"; done
   done
+}
+# The pool counts its own reserved bytes and the best fit computes them, so these may run beside other
+# GPU work; the async and default managers' are read from the device's free memory
+# (fragmentation_alone), which another process would change.
+fragmentation_runs() {
+  rm -rf "$fragmentation_parts" && mkdir -p "$fragmentation_parts"
+  {
+    if [ -n "${fragmentation_beside:-}" ]; then
+      echo "# The pool's runs and the best fit's went beside $fragmentation_beside, which time nothing, on the cores they leave idle (so that a full check has time for them): their ns per operation may read a little higher than alone. The async and default managers' runs, whose reserved bytes are read from the device's free memory, ran alone after the benchmarks."
+    fi
+    if [ "${CUEMM_GPU_FRAGMENTATION_ONLY:-0}" = 1 ]; then
+      echo "# From a run of its own (\`CUEMM_GPU_FRAGMENTATION_ONLY=1\`) of commit \`${CUEMM_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null)}\`, $(date -u +%F), on $(head -1 "$logs/gpu.txt")."
+    fi
+  } >"$fragmentation_parts/notes"
+  fragmentation_singles 0 3 4
+  fragmentation_seeds >"$fragmentation_parts/seeds" 2>&1
+  # Beside nothing, the async and default managers' runs too.
+  [ -z "${fragmentation_beside:-}" ] && fragmentation_alone
+}
+fragmentation_alone() { fragmentation_singles 1 2; }
+# The parts in the table's order: notes, each workload's runs by manager, the seeds.
+assemble_fragmentation() {
+  local workload manager
+  cat "$fragmentation_parts/notes"
+  for workload in "${!fragmentation_workloads[@]}"; do
+    for manager in "${!fragmentation_managers[@]}"; do
+      [ -f "$fragmentation_parts/single.$workload.$manager" ] && cat "$fragmentation_parts/single.$workload.$manager"
+    done
+  done
+  cat "$fragmentation_parts/seeds"
+}
+fragmentation_seeds() {
   # Other traces of the same workloads, and of smaller live sets: seeds 1-8,
   # side by side (each its own process and pool; only the ratios are kept).
   labels=("pool" "pool (expandable)" "pool (expandable; no thread caches)" "best fit (reference)")  # by variant, below
@@ -221,12 +259,13 @@ if [ "${CUEMM_GPU_FRAGMENTATION_ONLY:-0}" != 1 ]; then
     wait "$pip_pid"
     summary+=("pip install . (scikit-build-core): exit $? ($(tail -1 "$logs/pip.log"))")
     phase_done example+pytest+pip
-    # The fragmentation runs (below) measure memory, not time: they go beside numba-cuda's
-    # suites, which time nothing either, rather than after the benchmarks, where slow hosts
-    # left them no time inside the device's 10 minutes.
+    # The fragmentation runs (below) measure memory, not time: the pool's and the best fit's go
+    # beside numba-cuda's suites, which time nothing either, rather than after the benchmarks,
+    # where slow hosts left them no time inside the device's 10 minutes (the async and default
+    # managers' runs, which read the device's free memory, come after the benchmarks).
     if [ "${CUEMM_GPU_TESTS_ONLY:-0}" != 1 ]; then
       fragmentation_beside="numba-cuda's test suites"
-      fragmentation_runs >"$logs/bench_fragmentation.txt" 2>&1 &
+      fragmentation_runs >"$logs/fragmentation-runs.log" 2>&1 &
       fragmentation_pid=$!
     fi
     # Under cuemm every process of the suite logs its allocations (for the replay below).
@@ -311,9 +350,14 @@ else
   phase_done build
 fi
 
-# The fragmentation runs, unless they already ran beside numba-cuda's suites (above).
-[ -z "${fragmentation_pid:-}" ] && fragmentation_runs >"$logs/bench_fragmentation.txt" 2>&1
-replay_suite_log >>"$logs/bench_fragmentation.txt" 2>&1
+# The fragmentation runs, unless they already ran beside numba-cuda's suites (above): then those
+# that must run alone.
+if [ -n "${fragmentation_pid:-}" ]; then
+  fragmentation_alone
+else
+  fragmentation_runs >"$logs/fragmentation-runs.log" 2>&1
+fi
+{ assemble_fragmentation; replay_suite_log; } >"$logs/bench_fragmentation.txt" 2>&1
 fragmentation_summary
 phase_done fragmentation
 
