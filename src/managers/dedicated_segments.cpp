@@ -57,6 +57,9 @@ void DedicatedSegments::forget(std::uintptr_t base) noexcept {
 
 std::vector<DedicatedSegments::Segment> DedicatedSegments::take_spares_over(std::size_t keep) {
   std::vector<Segment> taken;
+  if (spare_bytes_ <= keep) return taken;
+  // (Room for all first: a push_back that threw midway would lose the spares taken before it.)
+  taken.reserve(spares_.size());
   while (spare_bytes_ > keep) {
     auto largest = std::prev(spares_.end());
     taken.push_back({largest->second, largest->first});

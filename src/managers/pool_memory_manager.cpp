@@ -452,7 +452,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // reserved over live 1.061 -> 1.069, 1.192 -> 1.195 and 1.256 -> 1.211;
   // before, the spares beyond 1/32 of the pool went back at each new
   // segment of their own.)
-  void give_back_spares_within_peak(std::size_t more) noexcept {
+  void give_back_spares_within_peak(std::size_t more) {
     if (!passes_peak(more)) return;
     const std::size_t over = reserved_bytes() + more - peak_reserved;
     const std::size_t spare = dedicated.spare_bytes();

@@ -81,6 +81,7 @@ class DedicatedSegments {
   void forget(std::uintptr_t base) noexcept;
 
   // Removes the largest spares until at most `keep` spare bytes remain.
+  // Throws std::bad_alloc and changes nothing when out of host memory.
   std::vector<Segment> take_spares_over(std::size_t keep);
   // Forgets everything (the owner frees the segments).
   std::vector<Segment> take_all();
