@@ -34,6 +34,23 @@ TEST(MemoryPointer, FinalizerRunsOnceWhenTheLastReferenceGoes) {
   EXPECT_EQ(counter.calls, 1);
 }
 
+// A callable (not a std::function) becomes the finalizer in place, with the
+// same rules: once, at free() or at the last reference, and device memory.
+TEST(MemoryPointer, ACallableFinalizerRunsOnceAsAStdFunctionDoes) {
+  int calls = 0;
+  auto memory = std::make_shared<MemoryPointer>(nullptr, kAddress, 64, nullptr, [&calls] { ++calls; });
+  EXPECT_EQ(memory->kind(), MemoryKind::Device);
+  EXPECT_EQ(memory->device_pointer(), kAddress);
+  auto copy = memory;
+  memory.reset();
+  EXPECT_EQ(calls, 0);
+  copy->free();
+  EXPECT_EQ(calls, 1);
+  EXPECT_THROW(copy->free(), StateError);
+  copy.reset();
+  EXPECT_EQ(calls, 1);
+}
+
 TEST(MemoryPointer, FreeRunsTheFinalizerNowAndFreeingDeadMemoryIsAnError) {
   Counter counter;
   auto memory = std::make_shared<MemoryPointer>(nullptr, kAddress, 64, nullptr, counter.finalizer());
