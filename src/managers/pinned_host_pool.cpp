@@ -82,13 +82,16 @@ cuda::CUdeviceptr mapped_device_pointer(void* host, Undo&& undo) {
 
 // The pointer handed out for page-locked host memory: MappedMemory when it is
 // mapped (device address known), else PinnedMemory.
+// (The release callable becomes the finalizer in place: MemoryPointer's constructors.)
+template <detail::InPlaceFinalizer Release>
 std::shared_ptr<MemoryPointer> host_memory_pointer(Context* context, void* host, cuda::CUdeviceptr device,
                                                    std::size_t size, std::shared_ptr<const void> owner,
-                                                   Finalizer finalizer) {
+                                                   Release&& release) {
   // Made at allocation rate: through the recycling allocator, as the device pool's are.
   if (device)
-    return detail::make_recycled<MappedMemory>(context, host, device, size, std::move(owner), std::move(finalizer));
-  return detail::make_recycled<PinnedMemory>(context, host, size, std::move(owner), std::move(finalizer));
+    return detail::make_recycled<MappedMemory>(context, host, device, size, std::move(owner),
+                                               std::forward<Release>(release));
+  return detail::make_recycled<PinnedMemory>(context, host, size, std::move(owner), std::forward<Release>(release));
 }
 
 }  // namespace

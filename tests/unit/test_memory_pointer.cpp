@@ -51,6 +51,25 @@ TEST(MemoryPointer, ACallableFinalizerRunsOnceAsAStdFunctionDoes) {
   EXPECT_EQ(calls, 1);
 }
 
+// The pinned host pool's pointers take their callable in place too, and keep their kind.
+TEST(MemoryPointer, PinnedAndMappedMemoryTakeACallableFinalizerToo) {
+  int calls = 0;
+  auto* host = reinterpret_cast<void*>(kAddress);
+  auto pinned = std::make_shared<PinnedMemory>(nullptr, host, 64, nullptr, [&calls] { ++calls; });
+  EXPECT_EQ(pinned->kind(), MemoryKind::Pinned);
+  EXPECT_EQ(pinned->host_pointer(), kAddress);
+  auto mapped = std::make_shared<MappedMemory>(nullptr, host, cuda::CUdeviceptr{kAddress + 4096}, 64, nullptr,
+                                               [&calls] { calls += 10; });
+  EXPECT_EQ(mapped->kind(), MemoryKind::Mapped);
+  EXPECT_EQ(mapped->device_pointer(), kAddress + 4096);
+  pinned.reset();
+  EXPECT_EQ(calls, 1);
+  mapped->free();
+  EXPECT_EQ(calls, 11);
+  mapped.reset();
+  EXPECT_EQ(calls, 11);
+}
+
 TEST(MemoryPointer, FreeRunsTheFinalizerNowAndFreeingDeadMemoryIsAnError) {
   Counter counter;
   auto memory = std::make_shared<MemoryPointer>(nullptr, kAddress, 64, nullptr, counter.finalizer());

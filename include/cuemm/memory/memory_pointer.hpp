@@ -43,6 +43,15 @@ const char* to_string(MemoryKind kind) noexcept;
 // reported on stderr and swallowed, as in any destructor).
 using Finalizer = std::function<void()>;
 
+namespace detail {
+// A callable, not a Finalizer, that a pointer's constructor makes its
+// finalizer in place (see MemoryPointer's).
+template <typename Release>
+concept InPlaceFinalizer = std::is_class_v<std::remove_cvref_t<Release>> &&
+                           !std::is_same_v<std::remove_cvref_t<Release>, Finalizer> &&
+                           std::is_invocable_r_v<void, std::remove_cvref_t<Release>&>;
+}  // namespace detail
+
 class MemoryPointer : public std::enable_shared_from_this<MemoryPointer> {
  public:
   // context: where the memory lives; pointer: its address; size: bytes;
@@ -55,22 +64,11 @@ class MemoryPointer : public std::enable_shared_from_this<MemoryPointer> {
   // std::function made for the call read back 16 bytes that its construction
   // had just stored as two halves, which the CPU cannot forward: a stall of
   // about a tenth of a pool's memalloc pair, simulated driver.)
-  template <typename Release>
-    requires(std::is_class_v<std::remove_cvref_t<Release>> &&
-             !std::is_same_v<std::remove_cvref_t<Release>, Finalizer> &&
-             std::is_invocable_r_v<void, std::remove_cvref_t<Release>&>)
+  template <detail::InPlaceFinalizer Release>
   MemoryPointer(Context* context, std::uintptr_t pointer, std::size_t size, std::shared_ptr<const void> owner,
                 Release&& release)
-      : context_(context),
-        pointer_(pointer),
-        size_(size),
-        owner_(std::move(owner)),
-        finalizer_(std::forward<Release>(release)),
-        has_finalizer_(true),
-        kind_(MemoryKind::Device),
-        host_pointer_(0),
-        alive_(true),
-        refct_(1) {}
+      : MemoryPointer(context, pointer, size, std::move(owner), std::forward<Release>(release),
+                      Details{MemoryKind::Device, 0, 1}) {}
   virtual ~MemoryPointer();
   MemoryPointer(const MemoryPointer&) = delete;
   MemoryPointer& operator=(const MemoryPointer&) = delete;
@@ -118,6 +116,19 @@ class MemoryPointer : public std::enable_shared_from_this<MemoryPointer> {
   };
   MemoryPointer(Context* context, std::uintptr_t pointer, std::size_t size,
                 std::shared_ptr<const void>&& owner, Finalizer&& finalizer, Details details);
+  template <detail::InPlaceFinalizer Release>
+  MemoryPointer(Context* context, std::uintptr_t pointer, std::size_t size, std::shared_ptr<const void>&& owner,
+                Release&& release, Details details)
+      : context_(context),
+        pointer_(pointer),
+        size_(size),
+        owner_(std::move(owner)),
+        finalizer_(std::forward<Release>(release)),
+        has_finalizer_(true),
+        kind_(details.kind),
+        host_pointer_(details.host_pointer),
+        alive_(true),
+        refct_(details.initial_refct) {}
   // Runs the finalizer if it has not run, for a destructor (no other
   // reference exists then). A subclass whose finalizer uses the subclass's
   // members calls it from its own destructor, while they still exist.
@@ -150,6 +161,11 @@ class AutoFreePointer : public MemoryPointer {
  protected:
   AutoFreePointer(Context* context, std::uintptr_t pointer, std::size_t size,
                   std::shared_ptr<const void>&& owner, Finalizer&& finalizer, Details details);
+  template <detail::InPlaceFinalizer Release>
+  AutoFreePointer(Context* context, std::uintptr_t pointer, std::size_t size, std::shared_ptr<const void>&& owner,
+                  Release&& release, Details details)
+      : MemoryPointer(context, pointer, size, std::move(owner), std::forward<Release>(release),
+                      Details{details.kind, details.host_pointer, 0}) {}
 };
 
 class MappedMemory : public AutoFreePointer {
@@ -161,12 +177,25 @@ class MappedMemory : public AutoFreePointer {
   // When the device address is already known.
   MappedMemory(Context* context, void* host_pointer, cuda::CUdeviceptr device_pointer, std::size_t size,
                std::shared_ptr<const void> owner, Finalizer finalizer);
+  // The same with a callable made the finalizer in place (MemoryPointer's).
+  template <detail::InPlaceFinalizer Release>
+  MappedMemory(Context* context, void* host_pointer, cuda::CUdeviceptr device_pointer, std::size_t size,
+               std::shared_ptr<const void> owner, Release&& release)
+      : AutoFreePointer(context, device_pointer, size, std::move(owner), std::forward<Release>(release),
+                        Details{MemoryKind::Mapped, reinterpret_cast<std::uintptr_t>(host_pointer), 0}) {}
 };
 
 class PinnedMemory : public MemoryPointer {
  public:
   PinnedMemory(Context* context, void* host_pointer, std::size_t size,
                std::shared_ptr<const void> owner = nullptr, Finalizer finalizer = nullptr);
+  // The same with a callable made the finalizer in place (MemoryPointer's).
+  template <detail::InPlaceFinalizer Release>
+  PinnedMemory(Context* context, void* host_pointer, std::size_t size, std::shared_ptr<const void> owner,
+               Release&& release)
+      : MemoryPointer(context, reinterpret_cast<std::uintptr_t>(host_pointer), size, std::move(owner),
+                      std::forward<Release>(release),
+                      Details{MemoryKind::Pinned, reinterpret_cast<std::uintptr_t>(host_pointer), 1}) {}
 };
 
 class ManagedMemory : public AutoFreePointer {
