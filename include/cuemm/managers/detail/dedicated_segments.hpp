@@ -15,9 +15,10 @@
 // a later request of the same size or up to 1/8 smaller. Spares stay while
 // the pool is below its peak footprint; where growth would take it past its
 // peak, the largest spares go back to the driver first, so spares never
-// raise the peak (a new segment of its own at the peak gives them all back). Reusing a segment freed since the last seal
-// costs a stream query, so a long loop of such requests rotates through a
-// few segments instead, sealing once a rotation: it gets one more segment
+// raise the peak (a new segment of its own at the peak gives them all back).
+// Reusing a segment freed since the last seal costs a stream query, so a
+// long loop of such requests rotates through a few segments instead,
+// sealing once a rotation: it gets one more segment
 // each time its queries have cost about as much as a new segment (at most 8
 // idle, within 1/32 of the pool or 32 MiB); a short loop just seals.
 // Where the shared segments would grow past the pool's peak footprint, they
