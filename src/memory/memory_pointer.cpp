@@ -67,12 +67,9 @@ void MemoryPointer::call_finalizer() noexcept {
   finalizer_ = nullptr;  // what it holds goes now, not with the pointer
 }
 
-cuda::CUdeviceptr MemoryPointer::device_pointer() const {
-  if (kind_ == MemoryKind::Pinned) {
-    throw StateError("pinned host memory at " + hex_address(host_pointer_) +
-                     " is not mapped into the device address space (allocate it with mapped=true)");
-  }
-  return pointer_;
+void MemoryPointer::throw_not_mapped() const {
+  throw StateError("pinned host memory at " + hex_address(host_pointer_) +
+                   " is not mapped into the device address space (allocate it with mapped=true)");
 }
 
 std::shared_ptr<MemoryPointer> MemoryPointer::owner() {

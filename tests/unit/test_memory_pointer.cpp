@@ -58,6 +58,10 @@ TEST(MemoryPointer, PinnedAndMappedMemoryTakeACallableFinalizerToo) {
   auto pinned = std::make_shared<PinnedMemory>(nullptr, host, 64, nullptr, [&calls] { ++calls; });
   EXPECT_EQ(pinned->kind(), MemoryKind::Pinned);
   EXPECT_EQ(pinned->host_pointer(), kAddress);
+  // Not mapped: no device address, and the error says why.
+  const auto error = cuemm::testing::caught<StateError>([&] { (void)pinned->device_pointer(); });
+  ASSERT_TRUE(error);
+  EXPECT_NE(std::string(error->what()).find("is not mapped into the device address space"), std::string::npos);
   auto mapped = std::make_shared<MappedMemory>(nullptr, host, cuda::CUdeviceptr{kAddress + 4096}, 64, nullptr,
                                                [&calls] { calls += 10; });
   EXPECT_EQ(mapped->kind(), MemoryKind::Mapped);

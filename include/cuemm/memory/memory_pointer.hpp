@@ -77,7 +77,12 @@ class MemoryPointer : public std::enable_shared_from_this<MemoryPointer> {
   // The address, as the manager returned it.
   std::uintptr_t handle() const noexcept { return pointer_; }
   // The address device code uses; for PinnedMemory (not mapped) a StateError.
-  cuda::CUdeviceptr device_pointer() const;
+  // (Inline: a kernel launch asks for it, and the call was 7% of a pool's
+  // memalloc pair that asked once.)
+  cuda::CUdeviceptr device_pointer() const {
+    if (kind_ == MemoryKind::Pinned) [[unlikely]] throw_not_mapped();
+    return pointer_;
+  }
   // The host address of host memory (mapped, pinned, managed), else 0.
   std::uintptr_t host_pointer() const noexcept { return host_pointer_; }
   std::size_t size() const noexcept { return size_; }
@@ -136,6 +141,7 @@ class MemoryPointer : public std::enable_shared_from_this<MemoryPointer> {
 
  private:
   friend class OwnedPointer;
+  [[noreturn]] void throw_not_mapped() const;
   bool run_finalizer() noexcept;  // true when this call ran it
   void call_finalizer() noexcept;
   void drop_owned_reference() noexcept;
