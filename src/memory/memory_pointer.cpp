@@ -28,19 +28,6 @@ MemoryPointer::MemoryPointer(Context* context, std::uintptr_t pointer, std::size
     : MemoryPointer(context, pointer, size, std::move(owner), std::move(finalizer),
                     Details{MemoryKind::Device, 0, 1}) {}
 
-MemoryPointer::MemoryPointer(Context* context, std::uintptr_t pointer, std::size_t size,
-                             std::shared_ptr<const void>&& owner, Finalizer&& finalizer, Details details)
-    : context_(context),
-      pointer_(pointer),
-      size_(size),
-      owner_(std::move(owner)),
-      finalizer_(std::move(finalizer)),
-      has_finalizer_(static_cast<bool>(finalizer_)),
-      kind_(details.kind),
-      host_pointer_(details.host_pointer),
-      alive_(true),
-      refct_(details.initial_refct) {}
-
 MemoryPointer::~MemoryPointer() { finalize_unshared(); }
 
 void MemoryPointer::finalize_unshared() noexcept {
@@ -128,11 +115,6 @@ AutoFreePointer::AutoFreePointer(Context* context, std::uintptr_t pointer, std::
                                  std::shared_ptr<const void> owner, Finalizer finalizer)
     : AutoFreePointer(context, pointer, size, std::move(owner), std::move(finalizer),
                       Details{MemoryKind::Device, 0, 0}) {}
-
-AutoFreePointer::AutoFreePointer(Context* context, std::uintptr_t pointer, std::size_t size,
-                                 std::shared_ptr<const void>&& owner, Finalizer&& finalizer, Details details)
-    : MemoryPointer(context, pointer, size, std::move(owner), std::move(finalizer),
-                    Details{details.kind, details.host_pointer, 0}) {}
 
 namespace {
 cuda::CUdeviceptr mapped_device_pointer(Context* context, void* host_pointer) {

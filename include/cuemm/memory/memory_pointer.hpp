@@ -119,17 +119,16 @@ class MemoryPointer : public std::enable_shared_from_this<MemoryPointer> {
     std::uintptr_t host_pointer;
     int initial_refct;
   };
-  MemoryPointer(Context* context, std::uintptr_t pointer, std::size_t size,
-                std::shared_ptr<const void>&& owner, Finalizer&& finalizer, Details details);
-  template <detail::InPlaceFinalizer Release>
+  // `finalizer`: a Finalizer, or a callable that becomes it in place.
+  template <typename Release>
   MemoryPointer(Context* context, std::uintptr_t pointer, std::size_t size, std::shared_ptr<const void>&& owner,
-                Release&& release, Details details)
+                Release&& finalizer, Details details)
       : context_(context),
         pointer_(pointer),
         size_(size),
         owner_(std::move(owner)),
-        finalizer_(std::forward<Release>(release)),
-        has_finalizer_(true),
+        finalizer_(std::forward<Release>(finalizer)),
+        has_finalizer_(static_cast<bool>(finalizer_)),
         kind_(details.kind),
         host_pointer_(details.host_pointer),
         alive_(true),
@@ -165,12 +164,11 @@ class AutoFreePointer : public MemoryPointer {
                   std::shared_ptr<const void> owner = nullptr, Finalizer finalizer = nullptr);
 
  protected:
-  AutoFreePointer(Context* context, std::uintptr_t pointer, std::size_t size,
-                  std::shared_ptr<const void>&& owner, Finalizer&& finalizer, Details details);
-  template <detail::InPlaceFinalizer Release>
+  // `finalizer` as MemoryPointer's.
+  template <typename Release>
   AutoFreePointer(Context* context, std::uintptr_t pointer, std::size_t size, std::shared_ptr<const void>&& owner,
-                  Release&& release, Details details)
-      : MemoryPointer(context, pointer, size, std::move(owner), std::forward<Release>(release),
+                  Release&& finalizer, Details details)
+      : MemoryPointer(context, pointer, size, std::move(owner), std::forward<Release>(finalizer),
                       Details{details.kind, details.host_pointer, 0}) {}
 };
 
