@@ -217,14 +217,47 @@ std::string memory_plot_svg(const std::vector<LoggedEvent>& events) {
   std::snprintf(text, sizeof text, "%.3f s", end);
   out << "<text x=\"" << kWidth - 10 << "\" y=\"" << kHeight - 8 << "\" text-anchor=\"end\">" << text << "</text>\n";
   int legend_row = 0;
+  // Steps, one per event; where a series has more events than a few per
+  // column of half a pixel, each column is drawn as the range its values
+  // took and the value it ended at: peaks stay exact, and a log of a million
+  // events makes a file of tens of kilobytes, not tens of megabytes.
+  constexpr int kColumns = 2 * (kWidth - kLeft - 10);
+  auto point = [&](double at, std::size_t bytes) {
+    std::snprintf(text, sizeof text, "%.1f,%.1f ", at, y(bytes));
+    out << text;
+  };
   for (std::size_t k = 0; k < series.size(); ++k) {
     if (series[k].empty()) continue;
     out << "<polyline fill=\"none\" stroke=\"" << kKindColours[k] << "\" points=\"";
     std::size_t previous = 0;
-    for (const auto& [t, b] : series[k]) {
-      std::snprintf(text, sizeof text, "%.1f,%.1f %.1f,%.1f ", x(t), y(previous), x(t), y(b));
-      out << text;
-      previous = b;
+    if (series[k].size() <= 4 * static_cast<std::size_t>(kColumns)) {
+      for (const auto& [t, b] : series[k]) {
+        point(x(t), previous);
+        point(x(t), b);
+        previous = b;
+      }
+    } else {
+      auto column_of = [&](double t) { return std::min(kColumns - 1, static_cast<int>(t / end * kColumns)); };
+      int column = column_of(series[k].front().first);
+      std::size_t entry = previous, lowest = previous, highest = previous;
+      auto draw_column = [&] {  // from the value it began at, its range, to the value it ended at
+        const double at = x(end * column / kColumns);
+        point(at, entry);
+        point(at, highest);
+        point(at, lowest);
+        point(at, previous);
+      };
+      for (const auto& [t, b] : series[k]) {
+        if (const int now = column_of(t); now != column) {
+          draw_column();
+          column = now;
+          entry = lowest = highest = previous;
+        }
+        lowest = std::min(lowest, b);
+        highest = std::max(highest, b);
+        previous = b;
+      }
+      draw_column();
     }
     out << "\"/>\n<text x=\"" << kLeft + 10 << "\" y=\"" << 24 + 14 * legend_row++ << "\" fill=\"" << kKindColours[k]
         << "\">" << kKindNames[k] << " memory in use</text>\n";

@@ -329,6 +329,23 @@ TEST_F(Adaptors, ALogReadsBackAndDrawsEachKind) {
   EXPECT_EQ(kept[0].size, 64u);
 }
 
+// A long log is drawn column by column: its peak, however brief, stays on the
+// picture, and the file stays small.
+TEST(MemoryLog, ALongLogsPlotKeepsItsPeakInASmallFile) {
+  std::vector<LoggedEvent> events;
+  std::uint64_t id = 0;
+  for (int i = 0; i < 100'000; ++i) {
+    const std::size_t size = i == 61'234 ? 1 << 30 : 4096;  // one brief spike
+    events.push_back({true, LoggedKind::Device, id, size, i * 1e-3});
+    events.push_back({false, LoggedKind::Device, id++, size, i * 1e-3 + 5e-4});
+  }
+  const std::string svg = memory_plot_svg(events);
+  EXPECT_LT(svg.size(), std::size_t{200'000}) << "200,000 events drawn one by one";
+  EXPECT_NE(svg.find(">1.0 GiB<"), std::string::npos) << "the peak is not labelled";
+  // The top of the plot (y 10.0) is the peak's: drawn, though 1 event in 200,000.
+  EXPECT_NE(svg.find(",10.0 "), std::string::npos) << "the spike was lost";
+}
+
 // A log of several devices: each row keeps its device, and a free pairs with
 // the allocation of its own device (addresses may repeat across devices).
 TEST(MemoryLog, RowsKeepTheirDeviceAndPairOnIt) {
