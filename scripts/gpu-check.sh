@@ -56,11 +56,23 @@ length_of() { case "$1" in --pattern*) ;; *) echo --operations 20000 ;; esac; }
 fragmentation_workloads=("--max-size 64M --live 4G" "--max-size 64M --live 1G" "--max-size 4M --live 512M"
   "--max-size 1M --live 512M" "--max-size 256K --live 64M" "--max-size 1M --live 512M --threads 4"
   "--max-size 256K --live 64M --threads 8" "--pattern training")
-fragmentation_managers=("pool" "async" "default" "pool (expandable)" "best fit (reference)")
+# The pool's variants by number (and the best fit's, a reference without device memory), as labelled.
+labels=("pool" "pool (expandable)" "pool (expandable; no thread caches)" "best fit (reference)")
+# `cuemm random` with the arguments after the variant, as labels[variant] says.
+random_variant() {
+  local variant=$1 settings=(CUEMM_POOL_EXPANDABLE=$(($1 == 1 || $1 == 2))) manager=pool
+  shift
+  [ "$variant" = 2 ] && settings+=(CUEMM_POOL_THREAD_CACHE_SIZE=0)
+  [ "$variant" = 3 ] && manager=best-fit
+  env "${settings[@]}" CUEMM_DRIVER=cuda "$build/bin/cuemm" random "$@" --manager $manager
+}
+# The table's managers: a variant above by number, or a bundled manager by name.
+fragmentation_managers=(0 async default 1 3)
 fragmentation_parts=/tmp/cuemm-fragmentation
 # One run: workload $1 under manager $2 (indexes of the arrays above), into a file of its own.
 fragmentation_single() {
-  local workload=${fragmentation_workloads[$1]} label=${fragmentation_managers[$2]}
+  local workload=${fragmentation_workloads[$1]} manager=${fragmentation_managers[$2]} label
+  case "$manager" in [0-9]) label=${labels[$manager]} ;; *) label=$manager ;; esac
   {
     # (Each run takes a few seconds; a slow host may leave no time for the last ones.)
     if [ "$(time_left)" -lt 30 ]; then
@@ -69,11 +81,9 @@ fragmentation_single() {
     fi
     echo "== $workload, $label"
     # (Word splitting of the workload and its length is wanted: one argument each.)
-    case "$label" in
-      "pool (expandable)") CUEMM_POOL_EXPANDABLE=1 CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload $(length_of "$workload") --manager pool ;;
-      # What an ideal best fit would reserve on the same operations (no device memory).
-      "best fit (reference)") CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload $(length_of "$workload") --manager best-fit ;;
-      *) CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload $(length_of "$workload") --manager "$label" ;;
+    case "$manager" in
+      [0-9]) random_variant "$manager" $workload $(length_of "$workload") ;;
+      *) CUEMM_DRIVER=cuda "$build/bin/cuemm" random $workload $(length_of "$workload") --manager "$manager" ;;
     esac
   } >"$fragmentation_parts/single.$1.$2" 2>&1
 }
@@ -117,15 +127,6 @@ assemble_fragmentation() {
 fragmentation_seeds() {
   # Other traces of the same workloads, and of smaller live sets: seeds 1-8,
   # side by side (each its own process and pool; only the ratios are kept).
-  labels=("pool" "pool (expandable)" "pool (expandable; no thread caches)" "best fit (reference)")  # by variant, below
-  # `cuemm random` with the arguments after the variant, as labels[variant] says.
-  random_variant() {
-    local variant=$1 settings=(CUEMM_POOL_EXPANDABLE=$(($1 == 1 || $1 == 2))) manager=pool
-    shift
-    [ "$variant" = 2 ] && settings+=(CUEMM_POOL_THREAD_CACHE_SIZE=0)
-    [ "$variant" = 3 ] && manager=best-fit
-    env "${settings[@]}" CUEMM_DRIVER=cuda "$build/bin/cuemm" random "$@" --manager $manager
-  }
   for workload in "--max-size 4M --live 512M" "--max-size 1M --live 512M" "--max-size 256K --live 64M" \
       "--max-size 64M --live 256M" "--max-size 4M --live 128M" "--pattern training"; do
     if [ "$(time_left)" -lt 40 ]; then
