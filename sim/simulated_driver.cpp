@@ -254,10 +254,10 @@ std::shared_ptr<SimStream> resolve_stream(State& s, CUstream handle, CUresult* e
   return it->second;
 }
 
-// Queues an operation with the legacy default stream's implicit ordering: work
-// on the legacy stream waits for all blocking streams, and work on a blocking
-// stream waits for the legacy stream.
-std::uint64_t submit(const std::shared_ptr<SimStream>& stream, SimStream::Operation operation) {
+// What work queued on `stream` now waits for, by the legacy default stream's
+// implicit ordering: work on the legacy stream waits for all blocking
+// streams, and work on a blocking stream waits for the legacy stream.
+std::vector<SimStream::Dependency> implicit_dependencies(const std::shared_ptr<SimStream>& stream) {
   Context* context = stream->context();
   std::vector<SimStream::Dependency> dependencies;
   if (stream == context->legacy) {
@@ -267,22 +267,21 @@ std::uint64_t submit(const std::shared_ptr<SimStream>& stream, SimStream::Operat
   } else if (stream->blocking()) {
     dependencies.push_back({context->legacy, context->legacy->last_ticket()});
   }
-  return stream->enqueue(std::move(operation), std::move(dependencies));
+  return dependencies;
+}
+
+// Queues an operation behind its implicit_dependencies().
+std::uint64_t submit(const std::shared_ptr<SimStream>& stream, SimStream::Operation operation) {
+  return stream->enqueue(std::move(operation), implicit_dependencies(stream));
 }
 
 // Whether work queued on `stream` now would run at once: nothing is pending
 // there, nor on the streams that submit() makes it wait for. (The caller holds
 // the state's mutex, under which all work is queued, so the answer holds.)
 bool would_run_at_once(const std::shared_ptr<SimStream>& stream) {
-  auto idle = [](const SimStream& queue) { return queue.is_complete(queue.last_ticket()); };
-  if (!idle(*stream)) return false;
-  Context* context = stream->context();
-  if (stream == context->legacy) {
-    for (const auto& other : context->streams) {
-      if (other->blocking() && !idle(*other)) return false;
-    }
-  } else if (stream->blocking()) {
-    return idle(*context->legacy);
+  if (!stream->is_complete(stream->last_ticket())) return false;
+  for (const auto& dependency : implicit_dependencies(stream)) {
+    if (!dependency.stream->is_complete(dependency.ticket)) return false;
   }
   return true;
 }
