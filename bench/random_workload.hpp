@@ -5,6 +5,7 @@
 // Also a training-like workload whose sizes change between phases.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -47,19 +48,31 @@ inline std::vector<RandomOperation> random_operations(std::size_t max_size, std:
   return operations;
 }
 
+// How a training-like workload draws its sizes.
+enum class TrainingShapes {
+  varied,     // each step picks its activations' sizes anew from a few round sizes (inputs whose shapes vary)
+  same,       // every step repeats the first one's (a fixed-size model of round sizes)
+  per_layer,  // each layer keeps sizes of its own, any byte count, drawn once (a model whose tensors all differ)
+};
+
 // A training-like workload, whose sizes change between phases: `layers`
-// parameters of 2 KiB to 16 MiB allocated first; then `steps` steps, each a
-// forward pass that allocates an activation of 32 KiB to 8 MiB per layer
-// (batch 16, 32 or 64 per seed) with a scratch block of half its size
+// parameters allocated first; then `steps` steps, each a forward pass that
+// allocates an activation per layer with a scratch block of half its size
 // allocated and freed beside it, a backward pass that frees the activations
 // in reverse, each with a gradient of its size allocated and freed beside
 // it, and the parameters' gradients allocated and freed; the parameters last.
-// Each step picks its activations' sizes anew (inputs whose shapes vary), or
-// with `same_shapes` every step repeats the first one's (a fixed-size model).
+// Parameters are 2 KiB to 16 MiB and activations 32 KiB to 8 MiB: with
+// `varied` and `same`, round sizes (batch 16, 32 or 64 per seed, times a few
+// widths); with `per_layer`, sizes drawn log-uniformly over those ranges.
 inline std::vector<RandomOperation> training_operations(std::size_t layers, std::size_t steps, unsigned seed,
-                                                        bool same_shapes = false) {
+                                                        TrainingShapes shapes_drawn = TrainingShapes::varied) {
   std::mt19937_64 random(seed);
   auto pick = [&](std::initializer_list<std::size_t> choices) { return choices.begin()[random() % choices.size()]; };
+  auto log_uniform = [&](std::size_t low, std::size_t high) {
+    std::uniform_real_distribution<double> exponent(std::log2(static_cast<double>(low)), std::log2(static_cast<double>(high)));
+    return static_cast<std::size_t>(std::exp2(exponent(random)));
+  };
+  const bool per_layer = shapes_drawn == TrainingShapes::per_layer;
   std::vector<RandomOperation> operations;
   std::uint64_t next = 0;
   auto allocate = [&](std::size_t size) {
@@ -69,17 +82,20 @@ inline std::vector<RandomOperation> training_operations(std::size_t layers, std:
   auto free = [&](std::pair<std::uint64_t, std::size_t> block) { operations.push_back({false, block.first, block.second}); };
   std::vector<std::pair<std::uint64_t, std::size_t>> parameters;
   for (std::size_t l = 0; l < layers; ++l)
-    parameters.push_back(allocate(pick({std::size_t{512} * 4, std::size_t{256} * 256 * 4, std::size_t{1024} * 1024 * 4,
-                                        std::size_t{4096} * 1024 * 4})));
-  const std::size_t batch = pick({16, 32, 64});
-  auto activation_size = [&] { return batch * pick({512, 1024, 2048, 4096, 8192}) * 4 * pick({1, 2, 4}); };
+    parameters.push_back(allocate(per_layer ? log_uniform(2 << 10, 16 << 20)
+                                            : pick({std::size_t{512} * 4, std::size_t{256} * 256 * 4,
+                                                    std::size_t{1024} * 1024 * 4, std::size_t{4096} * 1024 * 4})));
+  const std::size_t batch = per_layer ? 0 : pick({16, 32, 64});
+  auto activation_size = [&] {
+    return per_layer ? log_uniform(32 << 10, 8 << 20) : batch * pick({512, 1024, 2048, 4096, 8192}) * 4 * pick({1, 2, 4});
+  };
   std::vector<std::size_t> shapes;
-  if (same_shapes)
+  if (shapes_drawn != TrainingShapes::varied)
     for (std::size_t l = 0; l < layers; ++l) shapes.push_back(activation_size());
   for (std::size_t step = 0; step < steps; ++step) {
     std::vector<std::pair<std::uint64_t, std::size_t>> activations;
     for (std::size_t l = 0; l < layers; ++l) {
-      const std::size_t size = same_shapes ? shapes[l] : activation_size();
+      const std::size_t size = shapes.empty() ? activation_size() : shapes[l];
       activations.push_back(allocate(size));
       free(allocate(size / 2));
     }

@@ -128,7 +128,8 @@ fragmentation_seeds() {
   # Other traces of the same workloads, and of smaller live sets: seeds 1-8,
   # side by side (each its own process and pool; only the ratios are kept).
   for workload in "--max-size 4M --live 512M" "--max-size 1M --live 512M" "--max-size 256K --live 64M" \
-      "--max-size 64M --live 256M" "--max-size 4M --live 128M" "--pattern training"; do
+      "--max-size 64M --live 256M" "--max-size 4M --live 128M" "--pattern training" \
+      "--pattern training --shapes per-layer"; do
     if [ "$(time_left)" -lt 40 ]; then
       not_run "seeds 1-8 $workload"
       continue

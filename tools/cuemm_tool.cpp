@@ -9,10 +9,12 @@
 //   cuemm random [--manager NAME] [--max-size BYTES] [--operations N] [--seed S]
 //                [--threads T]               a random mix of allocations and frees
 //                                            (from T threads side by side, each its own)
-//   cuemm random --pattern training [--layers L] [--steps N] [--same-shapes] ...
+//   cuemm random --pattern training [--layers L] [--steps N] [--shapes varied|same|per-layer] ...
 //                                            a training-like workload: sizes that change
 //                                            between phases (bench/random_workload.hpp);
-//                                            with --same-shapes every step repeats the first
+//                                            same: every step repeats the first one's sizes;
+//                                            per-layer: each layer keeps sizes of its own,
+//                                            any byte count (--same-shapes: --shapes same)
 //   (either with --trace-growth: a line whenever the pool reserves more, with
 //   where its bytes were: in use, waiting for the GPU, in thread caches, free;
 //   with threads, from whichever thread saw it, all threads' bytes)
@@ -85,6 +87,14 @@ std::vector<Operation> read_log(const std::string& path) {
   for (const LoggedEvent& event : read_log_events(path))
     operations.push_back({event.allocate, event.id, event.size, event.time, event.kind != LoggedKind::Host, event.device});
   return operations;
+}
+
+// The training-like workload's --shapes by name; nullopt for another name.
+std::optional<workload::TrainingShapes> training_shapes(const std::string& name) {
+  if (name == "varied") return workload::TrainingShapes::varied;
+  if (name == "same") return workload::TrainingShapes::same;
+  if (name == "per-layer") return workload::TrainingShapes::per_layer;
+  return std::nullopt;
 }
 
 // A generated workload (bench/random_workload.hpp: RMM's random one, or the
@@ -272,7 +282,8 @@ int usage(bool asked = false) {
                "       cuemm replay LOG.csv [--manager pool|async|default|best-fit] [--trace-growth]\n"
                "       cuemm random [--manager NAME] [--max-size 64M] [--live 1G] [--operations 100000] [--seed 1]\n"
                "                    [--threads 1] [--trace-growth]\n"
-               "       cuemm random --pattern training [--manager NAME] [--layers 60] [--steps 30] [--seed 1] [--same-shapes]\n"
+               "       cuemm random --pattern training [--manager NAME] [--layers 60] [--steps 30] [--seed 1]\n"
+               "                    [--shapes varied|same|per-layer]\n"
                "                    [--threads 1] [--trace-growth]\n"
                "       cuemm plot LOG.csv OUT.svg\n"
                "%s",
@@ -324,12 +335,15 @@ int run(std::vector<std::string> args) {
       if (pattern == "training") {
         const std::size_t layers = count_option(args, "--layers", "60");
         const std::size_t steps = count_option(args, "--steps", "30");
-        const bool same_shapes = tool::flag(args, "--same-shapes");
+        std::string shapes_name = option(args, "--shapes", "varied");
+        if (tool::flag(args, "--same-shapes")) shapes_name = "same";  // (the older spelling)
+        const std::optional<workload::TrainingShapes> shapes = training_shapes(shapes_name);
+        if (!shapes) throw InvalidArgument("--shapes must be varied, same or per-layer (got '" + shapes_name + "')");
         if (layers == 0 || steps == 0) throw InvalidArgument("--layers and --steps must be at least 1");
         if (!args.empty()) return usage();
         for (std::size_t t = 0; t < threads; ++t)
           lists.push_back(device_operations(
-              workload::training_operations(layers, steps, seed + static_cast<unsigned>(t), same_shapes)));
+              workload::training_operations(layers, steps, seed + static_cast<unsigned>(t), *shapes)));
       } else if (pattern == "rmm") {
         const std::size_t max_size = bytes_option(args, "--max-size", "64M");
         const std::size_t live = bytes_option(args, "--live", "1G");

@@ -26,6 +26,11 @@ grep -q "^manager pool: 208 operations" "$work/training.txt"
 # With the same shapes at every step: as many operations.
 "$tool" random --pattern training --same-shapes --layers 8 --steps 3 --manager best-fit >"$work/same-shapes.txt"
 grep -q "^manager best-fit: 208 operations" "$work/same-shapes.txt"
+# With sizes of each layer's own: as many operations again; and a name it does not know is refused.
+"$tool" random --pattern training --shapes per-layer --layers 8 --steps 3 --manager pool >"$work/per-layer.txt"
+grep -q "^manager pool: 208 operations" "$work/per-layer.txt"
+if "$tool" random --pattern training --shapes round 2>"$work/shapes-error.txt"; then exit 1; fi
+grep -q "shapes must be varied, same or per-layer (got 'round')" "$work/shapes-error.txt"
 grep -q "reserved/live" "$work/training.txt"
 if "$tool" random --pattern sometimes 2>"$work/error.txt"; then exit 1; fi
 grep -q "pattern must be rmm or training (got 'sometimes')" "$work/error.txt"
