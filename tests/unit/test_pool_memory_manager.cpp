@@ -657,6 +657,29 @@ TEST_F(Pool, BelowItsPeakSparesStayForTheSizesThatComeAgain) {
   EXPECT_LE(pool.statistics().reserved_bytes, std::size_t{200} << 20) << "the spares took the pool past its peak";
 }
 
+// A thread keeps the large blocks it frees for its next requests of their
+// sizes; at the pool's peak, a request of another size that would otherwise
+// take a new segment merges them instead (a training step's layers each free
+// a gradient and a scratch block of sizes of their own).
+TEST_F(Pool, AtItsPeakAThreadsHeldBlocksMergeForAnotherSize) {
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  constexpr std::size_t kHeld = std::size_t{3} << 19;  // 1.5 MiB: above the classes, in the index
+  std::vector<std::shared_ptr<MemoryPointer>> held;
+  for (int i = 0; i < 4; ++i) held.push_back(pool.memalloc(kHeld));
+  const PoolStatistics before = pool.statistics();
+  held.clear();  // the thread holds them now
+  ASSERT_GE(pool.statistics().cached_bytes, 4 * kHeld) << "the thread did not hold its large blocks";
+  auto other = pool.memalloc(std::size_t{1} << 20);  // a size class of the thread caches, which never looks at held blocks
+  const PoolStatistics after = pool.statistics();
+  EXPECT_EQ(after.driver_allocations, before.driver_allocations) << "the pool grew while 6 MiB sat held";
+  EXPECT_EQ(after.cached_bytes, 0u) << "the thread still holds blocks";
+  EXPECT_EQ(after.reserved_bytes, before.reserved_bytes);
+  EXPECT_EQ(after.in_use_bytes, other->size());
+  other.reset();
+  EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
+}
+
 // At its peak, spares go back before the driver is asked for more.
 TEST_F(Pool, SparesAreGivenBackBeforeTheDriverIsAskedForMore) {
   PoolMemoryManager pool(&context);
