@@ -78,7 +78,8 @@ def fragmentation_lines(path):
     """The fragmentation section of RESULTS.md from the output of gpu-check's `cuemm random` runs."""
     lines = []
     lines += ["", "## Fragmentation: `cuemm random` (RMM-style random allocations and frees; "
-              "`--pattern training`: sizes that change between phases)", "",
+              "`--pattern training`: sizes that change between phases; with `--shapes per-layer`, each layer's "
+              "sizes its own)", "",
               "| workload | manager | ns per operation | driver allocations / frees | peak live | peak reserved "
               "| reserved / live |",
               "|---|---|---|---|---|---|---|"]
