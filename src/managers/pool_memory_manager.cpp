@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_set>
 
 #include "cuemm/driver/driver.hpp"
 #include "cuemm/managers/detail/dedicated_segments.hpp"
@@ -100,6 +101,7 @@ PoolOptions PoolOptions::from_environment() {
   options.dedicated_size =
       util::byte_size_from_environment("CUEMM_POOL_DEDICATED_SIZE").value_or(options.dedicated_size);
   options.expandable = util::flag_from_environment("CUEMM_POOL_EXPANDABLE").value_or(options.expandable);
+  options.split_spares = util::flag_from_environment("CUEMM_POOL_SPLIT_SPARES").value_or(options.split_spares);
   options.pinned_host_pool = util::flag_from_environment("CUEMM_PINNED_HOST_POOL").value_or(options.pinned_host_pool);
   options.check_frees = util::flag_from_environment("CUEMM_POOL_CHECK_FREES").value_or(options.check_frees);
   return options;
@@ -116,6 +118,11 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   mutable BlockingAwareMutex mutex;
   detail::TlsfBlockAllocator blocks{kBlockGranularity};
   detail::DedicatedSegments dedicated;  // Note [Dedicated segments]
+  // With options.split_spares: spares split for requests of sizes that came
+  // before (Note [Recurring large sizes]), and the exact sizes asked for
+  // segments of their own.
+  detail::TlsfBlockAllocator recurring{kBlockGranularity};
+  std::unordered_set<std::size_t> large_sizes_seen;
   std::unique_ptr<detail::ExpandableArena> arena;  // with options.expandable (Note [Expandable arena])
   detail::ReuseEpochs epochs{context};
   struct Quarantined {
@@ -169,7 +176,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     }
   }
 
-  std::size_t reserved_bytes() const noexcept { return blocks.region_bytes() + dedicated.bytes(); }
+  std::size_t reserved_bytes() const noexcept {
+    return blocks.region_bytes() + dedicated.bytes() + recurring.region_bytes();
+  }
   // Whether taking `more` bytes from the driver would take the pool past its peak footprint.
   bool passes_peak(std::size_t more) const noexcept { return reserved_bytes() + more > peak_reserved; }
 
@@ -181,6 +190,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   };
   BlockAt block_at(std::uintptr_t address) const {
     if (const std::size_t segment = dedicated.size_of(address)) return {segment, true};
+    if (recurring.allocated_blocks()) {
+      if (const std::size_t bytes = recurring.block_size(address)) return {bytes, false};
+    }
     return {blocks.block_size(address), false};
   }
 
@@ -199,6 +211,10 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // A safe block goes back to the index, or to the spares.
   void reuse(const Quarantined& block) {
     if (!block.dedicated) {
+      if (recurring.allocated_blocks() && recurring.deallocate(block.address)) {
+        return_whole_recurring_regions();
+        return;
+      }
       blocks.deallocate(block.address);
       return;
     }
@@ -206,6 +222,33 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       dedicated.make_spare(block.address);
     } catch (...) {
       free_segment(block.address);  // no room to keep it
+    }
+  }
+
+  // The spares that recurring requests split, once whole again, are spares
+  // again (or go back to the driver, without host memory to keep them).
+  void return_whole_recurring_regions() noexcept {
+    std::vector<detail::TlsfBlockAllocator::Region> whole;
+    try {
+      whole = recurring.take_free_regions();
+    } catch (...) {
+      return;  // (they stay in the index, free, until the next try)
+    }
+    for (const auto& region : whole) {
+      bool added = false;
+      try {
+        dedicated.add(region.base, region.size);
+        added = true;
+        dedicated.make_spare(region.base);
+      } catch (...) {
+        if (added) {
+          free_segment(region.base);
+        } else {
+          ScopedContext scope(*context);
+          CUEMM_CU_RESULT(cuMemFree, region.base);
+          ++driver_frees;
+        }
+      }
     }
   }
 
@@ -511,6 +554,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
 
   // Gives back every spare and every entirely free shared segment.
   std::size_t release_free_segments() {
+    return_whole_recurring_regions();
     const auto spares = dedicated.take_spares_over(0);
     free_segments(spares);
     std::size_t released = 0;
@@ -671,6 +715,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   std::uintptr_t allocate_dedicated(std::size_t size, bool in_a_loop) {
     const std::size_t segment = detail::DedicatedSegments::segment_size(size);
     if (segment == 0) throw OutOfMemory("PoolMemoryManager::allocate", size, "no device has that much memory");
+    const bool recurs = options.split_spares && saw_large_size(size);
     if (auto base = dedicated.take_spare(segment)) return *base;
     // Reusing a segment freed since the last seal costs a stream query (a
     // third of a microsecond on the H100, and in Python the GIL's hand-over);
@@ -713,8 +758,17 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       // 78-137 ns a pair, against 8.5-12 with segments of their own).
       if (!in_a_loop) {
         if (auto address = allocate_from_index_within_peak(size)) return *address;
+        if (recurs) {
+          if (auto address = allocate_recurring(size)) return *address;
+        }
       }
-      release_free_segments();
+      // (A recurring size gives back only what it needs: the spares are
+      // what the next ones split.)
+      if (recurs) {
+        give_back_spares_within_peak(segment);
+      } else {
+        release_free_segments();
+      }
     }
     if (auto base = new_dedicated_segment(segment)) return *base;
     flush_caches();
@@ -746,6 +800,46 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     return blocks.allocate(size);
   }
 
+  // Note [Recurring large sizes]
+  // A training step's phases hold different large sizes (its activations,
+  // then its parameters' gradients), each of which recurs at every step. In
+  // segments of their own, the phases cannot keep each other's segments
+  // within the peak: each phase gives the other's spares back to the driver
+  // and buys its own again (up to 15 cuMemAlloc and cuMemFree a step on
+  // training steps whose layers keep sizes of their own). With options.split_spares,
+  // at the peak a request of an exact size asked for before is carved from a
+  // spare instead (best fit, in an index of such spares apart from the
+  // shared segments, whose small blocks would split them for good), and a
+  // spare whole again is a spare again. Sizes that do not recur (RMM's
+  // random ones) take the usual path, where splitting would cost them
+  // footprint, as PyTorch's does. Not the default: the split spares hold
+  // free space that the shared segments cannot use, where spares given back
+  // let those grow within the peak (docs/pool-measurements.md).
+
+  // Whether a segment of its own was asked for `size` bytes before (and
+  // notes it). The set forgets everything when full: sizes that recur come back.
+  bool saw_large_size(std::size_t size) noexcept {
+    constexpr std::size_t kRemembered = 4096;
+    if (large_sizes_seen.size() >= kRemembered) large_sizes_seen.clear();
+    try {
+      return !large_sizes_seen.insert(size).second;
+    } catch (...) {
+      return false;  // (no host memory to remember it)
+    }
+  }
+
+  // A block of `size` bytes from the spares split for recurring sizes,
+  // taking over the smallest spare that holds it when none has room.
+  std::optional<std::uintptr_t> allocate_recurring(std::size_t size) {
+    if (auto address = recurring.allocate(size)) return address;
+    const std::optional<detail::DedicatedSegments::Segment> spare =
+        dedicated.smallest_spare_of_at_least(recurring.rounded_size(size));
+    if (!spare) return std::nullopt;
+    recurring.add_region(spare->base, spare->size);  // (first: it may throw, with nothing changed)
+    dedicated.forget_spare(*spare);
+    return recurring.allocate(size);
+  }
+
   // Bytes of segments of their own that may sit idle (spare, or waiting for
   // the GPU) to save stream queries in a loop of `segment`-byte requests: 1/32
   // of the pool, at least kRotationBudget, and at least room for kMinimumRotation.
@@ -763,7 +857,8 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
 
   // Bytes in blocks handed out.
   std::size_t in_use_bytes() const noexcept {
-    return blocks.allocated_bytes() + dedicated.bytes() - dedicated.spare_bytes() - quarantined_bytes - cached_bytes();
+    return blocks.allocated_bytes() + recurring.allocated_bytes() + dedicated.bytes() - dedicated.spare_bytes() -
+           quarantined_bytes - cached_bytes();
   }
 
   // --- the thread caches (no `mutex` on their fast paths) ---
@@ -1439,6 +1534,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       for (const auto& region : blocks.take_all_regions())
         if (!arena) CUEMM_CU_RESULT(cuMemFree, region.base);
       if (arena) arena->release();
+      for (const auto& region : recurring.take_all_regions()) CUEMM_CU_RESULT(cuMemFree, region.base);
       free_segments(dedicated.take_all());
     } catch (const std::exception& error) {
       std::fprintf(stderr, "cuemm pool: returning memory failed: %s\n", error.what());
@@ -1656,8 +1752,8 @@ IpcHandle PoolMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer>
 MemoryInfo PoolMemoryManager::get_memory_info() {
   MemoryInfo info = driver_memory_info(context());
   std::lock_guard lock(core_->mutex);
-  info.free += core_->blocks.free_bytes() + core_->dedicated.spare_bytes() + core_->quarantined_bytes +
-               core_->cached_bytes();
+  info.free += core_->blocks.free_bytes() + core_->recurring.free_bytes() + core_->dedicated.spare_bytes() +
+               core_->quarantined_bytes + core_->cached_bytes();
   return info;
 }
 
@@ -1677,8 +1773,9 @@ PoolStatistics PoolMemoryManager::statistics() const {
   statistics.quarantined_bytes = core_->quarantined_bytes;
   statistics.cached_bytes = core_->cached_bytes();
   statistics.in_use_bytes = core_->in_use_bytes();
-  statistics.segments = core_->blocks.region_count() + core_->dedicated.count();
-  statistics.free_blocks = core_->blocks.free_blocks() + core_->dedicated.spare_count();
+  statistics.segments = core_->blocks.region_count() + core_->recurring.region_count() + core_->dedicated.count();
+  statistics.free_blocks =
+      core_->blocks.free_blocks() + core_->recurring.free_blocks() + core_->dedicated.spare_count();
   statistics.seals = core_->epochs.seals();
   statistics.driver_allocations = core_->driver_allocations;
   statistics.spares_taken_over = core_->spares_taken_over;

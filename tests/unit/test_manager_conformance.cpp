@@ -33,6 +33,14 @@ struct ExpandablePool {
     return std::make_unique<PoolMemoryManager>(context, options);
   }
 };
+// The pool that splits spares for recurring large sizes at its peak (Note [Recurring large sizes]).
+struct SplitSparesPool {
+  static std::unique_ptr<BaseMemoryManager> make(Context* context) {
+    PoolOptions options = PoolOptions::from_environment();
+    options.split_spares = true;
+    return std::make_unique<PoolMemoryManager>(context, options);
+  }
+};
 struct LoggingOverDefault {
   static std::unique_ptr<BaseMemoryManager> make(Context* context) {
     return std::make_unique<LoggingAdaptor>(context, std::make_unique<DefaultMemoryManager>(context), discarded());
@@ -91,7 +99,7 @@ class Conformance : public ::testing::Test {
 };
 
 using ManagerTypes = ::testing::Types<Plain<DefaultMemoryManager>, Plain<PoolMemoryManager>, ExpandablePool,
-                                      Plain<AsyncMemoryManager>, StatisticsOverPool,
+                                      SplitSparesPool, Plain<AsyncMemoryManager>, StatisticsOverPool,
                                       LoggingOverDefault, TrackingOverPool, LimitingOverStatisticsOverPool>;
 TYPED_TEST_SUITE(Conformance, ManagerTypes);
 

@@ -680,6 +680,50 @@ TEST_F(Pool, AtItsPeakAThreadsHeldBlocksMergeForAnotherSize) {
   EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
 }
 
+// A training step whose phases hold different large sizes: with
+// split_spares, the sizes that recur are carved from the other phase's
+// spares at the peak, so later steps call the driver no more (without it,
+// each phase gives the other's spares back and buys its own again). The
+// carved blocks hold their contents, their IPC handles carry their offset,
+// and trim gives everything back.
+TEST_F(Pool, WithSplitSparesATrainingLoopStopsCallingTheDriver) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  PoolOptions options;
+  options.split_spares = true;
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  // (The second phase's two blocks fit in the first one's segment.)
+  const std::vector<std::vector<std::size_t>> phases = {{20 * kMiB + 4352, 6 * kMiB + 256},
+                                                        {9 * kMiB + 512, 10 * kMiB + 2816, 7 * kMiB + 1024}};
+  std::size_t allocations = 0, frees = 0;
+  bool an_offset_seen = false;
+  for (int step = 0; step < 8; ++step) {
+    if (step == 3) {
+      allocations = pool.statistics().driver_allocations;
+      frees = pool.statistics().driver_frees;
+    }
+    for (const auto& sizes : phases) {
+      std::vector<std::shared_ptr<MemoryPointer>> live;
+      std::vector<std::vector<std::uint8_t>> written;
+      for (std::size_t size : sizes) {
+        live.push_back(pool.memalloc(size));
+        written.emplace_back(size, static_cast<std::uint8_t>(step * 7 + live.size()));
+        DeviceArray<std::uint8_t>(live.back(), size).copy_to_device(written.back());
+        an_offset_seen = an_offset_seen || pool.get_ipc_handle(live.back()).offset() != 0;
+      }
+      for (std::size_t i = 0; i < live.size(); ++i)
+        EXPECT_EQ(DeviceArray<std::uint8_t>(live[i], sizes[i]).copy_to_host(), written[i]) << "step " << step;
+    }
+  }
+  EXPECT_EQ(pool.statistics().driver_allocations, allocations) << "later steps still bought segments";
+  EXPECT_EQ(pool.statistics().driver_frees, frees) << "later steps still gave segments back";
+  EXPECT_TRUE(an_offset_seen) << "no block was carved from a spare";
+  EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
+  const std::size_t reserved = pool.statistics().reserved_bytes;
+  EXPECT_EQ(pool.trim(), reserved);
+  EXPECT_EQ(pool.statistics().reserved_bytes, 0u);
+}
+
 // At its peak, spares go back before the driver is asked for more.
 TEST_F(Pool, SparesAreGivenBackBeforeTheDriverIsAskedForMore) {
   PoolMemoryManager pool(&context);
