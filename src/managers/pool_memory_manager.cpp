@@ -235,19 +235,11 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       return;  // (they stay in the index, free, until the next try)
     }
     for (const auto& region : whole) {
-      bool added = false;
       try {
         dedicated.add(region.base, region.size);
-        added = true;
         dedicated.make_spare(region.base);
       } catch (...) {
-        if (added) {
-          free_segment(region.base);
-        } else {
-          ScopedContext scope(*context);
-          CUEMM_CU_RESULT(cuMemFree, region.base);
-          ++driver_frees;
-        }
+        free_segment(region.base);  // (forgets it, if add() recorded it)
       }
     }
   }
