@@ -4,6 +4,7 @@
 #include <array>
 #include <bit>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -484,12 +485,19 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // segments.) Not for the expandable arena, one range of its own. Returns
   // whether it adopted one.
   bool adopt_spare(std::size_t size, std::size_t segment) {
-    const std::optional<detail::DedicatedSegments::Segment> spare =
-        dedicated.smallest_spare_of_at_least(blocks.rounded_size(size));
-    if (!spare || spare->size > segment) return false;
-    blocks.add_region(spare->base, spare->size);  // (first: it may throw, with nothing changed)
-    dedicated.forget_spare(*spare);
+    if (!move_spare_into(blocks, size, segment)) return false;
     ++spares_taken_over;
+    return true;
+  }
+
+  // Makes the smallest spare that holds `size` bytes, if it is no larger than
+  // `at_most`, a region of `index`. Returns whether there was one.
+  bool move_spare_into(detail::TlsfBlockAllocator& index, std::size_t size, std::size_t at_most = SIZE_MAX) {
+    const std::optional<detail::DedicatedSegments::Segment> spare =
+        dedicated.smallest_spare_of_at_least(index.rounded_size(size));
+    if (!spare || spare->size > at_most) return false;
+    index.add_region(spare->base, spare->size);  // (first: it may throw, with nothing changed)
+    dedicated.forget_spare(*spare);
     return true;
   }
 
@@ -824,11 +832,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // taking over the smallest spare that holds it when none has room.
   std::optional<std::uintptr_t> allocate_recurring(std::size_t size) {
     if (auto address = recurring.allocate(size)) return address;
-    const std::optional<detail::DedicatedSegments::Segment> spare =
-        dedicated.smallest_spare_of_at_least(recurring.rounded_size(size));
-    if (!spare) return std::nullopt;
-    recurring.add_region(spare->base, spare->size);  // (first: it may throw, with nothing changed)
-    dedicated.forget_spare(*spare);
+    if (!move_spare_into(recurring, size)) return std::nullopt;
     return recurring.allocate(size);
   }
 
