@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "cuemm/driver/driver.hpp"
 #include "cuemm/error.hpp"
@@ -48,41 +49,93 @@ void ExpandableArena::reserve(std::size_t bytes) {
   if (granularity == 0) throw Error("cuMemGetAllocationGranularity gave 0 for device " + std::to_string(device_));
   granularity_ = granularity;
   const std::size_t rounded = util::round_up(bytes, granularity);
+  std::vector<Page> pages(rounded / granularity);  // (before the reservation: this may throw)
   CUEMM_CU_ALLOC(rounded, cuMemAddressReserve, &base_, rounded, 0, 0, 0);
   reserved_ = rounded;
+  pages_ = std::move(pages);
 }
 
-bool ExpandableArena::grow(std::size_t bytes) {
-  if (bytes == 0 || bytes % granularity_)
-    throw InvalidArgument("ExpandableArena::grow: " + std::to_string(bytes) + " bytes is not a multiple of the " +
+bool ExpandableArena::extend(std::size_t bytes) {
+  if (bytes % granularity_)
+    throw InvalidArgument("ExpandableArena::extend: " + std::to_string(bytes) + " bytes is not a multiple of the " +
                           std::to_string(granularity_) + "-byte granularity");
-  if (mapped_ + bytes > reserved_) return false;
-  mappings_.reserve(mappings_.size() + 1);
-  const cuda::CUmemAllocationProp wanted = properties();
-  cuda::CUmemGenericAllocationHandle handle = 0;
-  const cuda::CUresult created = CUEMM_CU_RESULT(cuMemCreate, &handle, bytes, &wanted, 0);
-  if (created == cuda::CUDA_ERROR_OUT_OF_MEMORY) return false;
-  if (created != cuda::CUDA_SUCCESS) driver::throw_allocation_error(created, "cuMemCreate", bytes);
-  if (const driver::MappingResult mapped = driver::map_read_write(base_ + mapped_, bytes, handle, access_); !mapped) {
-    CUEMM_CU_RESULT(cuMemRelease, handle);
-    if (mapped.result == cuda::CUDA_ERROR_OUT_OF_MEMORY) return false;
-    driver::throw_allocation_error(mapped.result, mapped.call, bytes);
-  }
-  mappings_.push_back({mapped_, bytes, handle});
-  mapped_ += bytes;
+  if (bytes > reserved_ - extent_) return false;
+  extent_ += bytes;
   return true;
 }
 
-std::size_t ExpandableArena::mapping_end_at_or_after(std::size_t offset) const {
-  // From the end: the pool cuts only its free tail, a few mappings.
-  std::size_t end = mapped_;
-  for (auto it = mappings_.rbegin(); it != mappings_.rend() && it->offset >= offset; ++it) end = it->offset;
-  return end;
+cuda::CUresult ExpandableArena::map_page(std::size_t page) {
+  const cuda::CUmemAllocationProp wanted = properties();
+  cuda::CUmemGenericAllocationHandle handle = 0;
+  const cuda::CUresult created = CUEMM_CU_RESULT(cuMemCreate, &handle, granularity_, &wanted, 0);
+  if (created != cuda::CUDA_SUCCESS) return created;
+  if (const driver::MappingResult mapped = driver::map_read_write(base_ + page * granularity_, granularity_, handle, access_);
+      !mapped) {
+    CUEMM_CU_RESULT(cuMemRelease, handle);
+    return mapped.result;
+  }
+  pages_[page].handle = handle;
+  ++mapped_pages_;
+  return cuda::CUDA_SUCCESS;
+}
+
+void ExpandableArena::unmap_page(std::size_t page) noexcept {
+  Page& unmapped = pages_[page];
+  if (unmapped.offered) withdraw_descriptor(std::exchange(unmapped.offered, 0));  // importers keep what they mapped
+  CUEMM_CU_RESULT(cuMemUnmap, base_ + page * granularity_, granularity_);
+  CUEMM_CU_RESULT(cuMemRelease, std::exchange(unmapped.handle, 0));
+  --mapped_pages_;
+}
+
+bool ExpandableArena::commit(std::size_t offset, std::size_t bytes, std::size_t& mapped) {
+  mapped = 0;
+  if (bytes == 0) return true;
+  const std::size_t first = offset / granularity_;
+  const std::size_t end = std::min(util::round_up(offset + bytes, granularity_), extent_) / granularity_;
+  std::vector<std::size_t> done;
+  auto undo = [&] {
+    for (const std::size_t page : done) unmap_page(page);
+    mapped = 0;
+  };
+  done.reserve(end > first ? end - first : 0);
+  for (std::size_t page = first; page < end; ++page) {
+    if (pages_[page].handle) continue;
+    const cuda::CUresult result = map_page(page);
+    if (result == cuda::CUDA_SUCCESS) {
+      done.push_back(page);
+      ++mapped;
+      continue;
+    }
+    undo();
+    if (result == cuda::CUDA_ERROR_OUT_OF_MEMORY) return false;
+    driver::throw_allocation_error(result, "cuMemCreate", granularity_);
+  }
+  return true;
+}
+
+bool ExpandableArena::committed(std::size_t offset, std::size_t bytes) const noexcept {
+  const std::size_t end = util::round_up(offset + std::max<std::size_t>(bytes, 1), granularity_) / granularity_;
+  for (std::size_t page = offset / granularity_; page < end; ++page)
+    if (page >= pages_.size() || !pages_[page].handle) return false;
+  return true;
+}
+
+std::size_t ExpandableArena::decommit(std::size_t offset, std::size_t bytes) noexcept {
+  const std::size_t first = util::round_up(offset, granularity_) / granularity_;
+  const std::size_t end = std::min(offset + bytes, extent_) / granularity_;
+  std::size_t unmapped = 0;
+  for (std::size_t page = first; page < end; ++page) {
+    if (!pages_[page].handle) continue;
+    unmap_page(page);
+    ++unmapped;
+  }
+  return unmapped;
 }
 
 MappedExport ExpandableArena::share(std::uintptr_t address, std::size_t bytes, std::size_t& offset_in_first) {
-  // (Its start must lie in a mapping even for 0 bytes: that mapping is the first piece.)
-  if (!base_ || address < base_ || address - base_ >= mapped_ || bytes > mapped_ - (address - base_)) {
+  // (Its start must lie in a mapped page even for 0 bytes: that page is the first piece.)
+  if (!base_ || address < base_ || address - base_ >= extent_ || bytes > extent_ - (address - base_) ||
+      !committed(address - base_, bytes)) {
     throw InvalidArgument("get_ipc_handle: " + util::hex_address(address) + " (" + describe_bytes(bytes) +
                           ") is not mapped memory of the pool's arena");
   }
@@ -92,45 +145,41 @@ MappedExport ExpandableArena::share(std::uintptr_t address, std::size_t bytes, s
                        "cuMemCreate); blocks of a segment of their own, or a pool without the option, can be");
   }
   const std::size_t start = address - base_;
-  // The mapping that holds `start`: the last one that starts at or before it.
-  auto first = std::prev(std::upper_bound(mappings_.begin(), mappings_.end(), start,
-                                          [](std::size_t at, const Mapping& mapping) { return at < mapping.offset; }));
+  const std::size_t end = util::round_up(start + std::max<std::size_t>(bytes, 1), granularity_) / granularity_;
   MappedExport exported;
   exported.pid = static_cast<std::int32_t>(getpid());
-  offset_in_first = start - first->offset;
-  for (auto it = first; it != mappings_.end() && it->offset < start + std::max<std::size_t>(bytes, 1); ++it) {
-    if (it->offered == 0) {
+  offset_in_first = start % granularity_;
+  for (std::size_t page = start / granularity_; page < end; ++page) {
+    Page& shared = pages_[page];
+    if (shared.offered == 0) {
       int descriptor = -1;
-      CUEMM_CU(cuMemExportToShareableHandle, &descriptor, it->handle, cuda::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-               0);
-      it->offered = offer_descriptor(descriptor);
+      CUEMM_CU(cuMemExportToShareableHandle, &descriptor, shared.handle,
+               cuda::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+      shared.offered = offer_descriptor(descriptor);
     }
-    exported.pieces.push_back({it->offered, it->size});
+    exported.pieces.push_back({shared.offered, granularity_});
   }
   return exported;
 }
 
-void ExpandableArena::unmap_last() noexcept {
-  const Mapping last = mappings_.back();
-  if (last.offered) withdraw_descriptor(last.offered);  // importers keep what they mapped
-  CUEMM_CU_RESULT(cuMemUnmap, base_ + last.offset, last.size);
-  CUEMM_CU_RESULT(cuMemRelease, last.handle);
-  mappings_.pop_back();
-  mapped_ = last.offset;
-}
-
-std::size_t ExpandableArena::shrink_to(std::size_t offset) {
-  const std::size_t before = mapped_;
-  while (!mappings_.empty() && mappings_.back().offset >= offset) unmap_last();
-  return before - mapped_;
+std::size_t ExpandableArena::shrink_to(std::size_t offset) noexcept {
+  std::size_t unmapped = 0;
+  for (std::size_t page = offset / granularity_; page < extent_ / granularity_; ++page) {
+    if (!pages_[page].handle) continue;
+    unmap_page(page);
+    ++unmapped;
+  }
+  extent_ = std::min(extent_, offset);
+  return unmapped;
 }
 
 void ExpandableArena::release() noexcept {
   if (!base_) return;
-  while (!mappings_.empty()) unmap_last();
+  shrink_to(0);
   CUEMM_CU_RESULT(cuMemAddressFree, base_, reserved_);
   base_ = 0;
   reserved_ = 0;
+  pages_.clear();
 }
 
 }  // namespace cuemm::detail

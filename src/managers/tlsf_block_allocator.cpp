@@ -64,7 +64,7 @@ void TlsfBlockAllocator::remove_free(Block* block) noexcept {
 
 // The head of the first non-empty list whose every block is >= size; if
 // there is none, a block of size's own list that fits.
-TlsfBlockAllocator::Block* TlsfBlockAllocator::find_free(std::size_t size) noexcept {
+TlsfBlockAllocator::Block* TlsfBlockAllocator::find_free(std::size_t size) const noexcept {
   const int first = 63 - std::countl_zero(static_cast<std::uint64_t>(size));
   const std::size_t step = std::size_t{1} << (first - kSecondLevelBits);
   const std::size_t rounded = size + step - 1;
@@ -82,7 +82,7 @@ TlsfBlockAllocator::Block* TlsfBlockAllocator::find_free(std::size_t size) noexc
   return free_lists_[list_first][std::countr_zero(seconds)];
 }
 
-TlsfBlockAllocator::Block* TlsfBlockAllocator::find_in_own_list(std::size_t size) noexcept {
+TlsfBlockAllocator::Block* TlsfBlockAllocator::find_in_own_list(std::size_t size) const noexcept {
   const Index index = index_of(size);
   Block* block = free_lists_[index.first][index.second];
   for (int looked = 0; block && looked < kOwnListLooks; block = block->next_free, ++looked)
@@ -133,6 +133,11 @@ std::optional<std::uintptr_t> TlsfBlockAllocator::allocate(std::size_t size) {
   }
   free_bytes_ -= block->size;
   return block->address;
+}
+
+bool TlsfBlockAllocator::allocate_would_fit(std::size_t size) const noexcept {
+  const std::size_t wanted = rounded_size(size);
+  return wanted >= size && find_free(wanted) != nullptr;
 }
 
 std::size_t TlsfBlockAllocator::deallocate(std::uintptr_t address) {

@@ -555,7 +555,13 @@ void Pool::uses_free_space_of_the_shared_segments(bool expandable) {
   // A request for a segment of its own would take the pool to 72 MiB.
   auto large = pool.memalloc(8 * kMiB);
   EXPECT_EQ(pool.statistics().reserved_bytes, 64 * kMiB) << "the pool grew beside 60 MiB of free space";
-  EXPECT_GT(pool.get_ipc_handle(large).offset(), 0u) << "not a block of the shared segment";
+  // (An arena block's handle names the arena's pages, not a segment's driver handle.)
+  const IpcHandle handle = pool.get_ipc_handle(large);
+  if (expandable) {
+    EXPECT_FALSE(handle.has_driver_handle()) << "not a block of the arena";
+  } else {
+    EXPECT_GT(handle.offset(), 0u) << "not a block of the shared segment";
+  }
   const std::vector<std::uint8_t> values(8 * kMiB, 5);
   DeviceArray<std::uint8_t> array(large, values.size());
   array.copy_to_device(values);
@@ -1440,6 +1446,61 @@ TEST_F(Pool, AnExpandablePoolsHandleNamesTheMappingsUnderTheBlock) {
   IpcHandle driver_handle = pool.get_ipc_handle(large);
   EXPECT_TRUE(driver_handle.has_driver_handle());
   EXPECT_EQ(driver_handle.offset(), 0u);
+}
+
+// Note [Pages given back]: a block that the free space cannot hold takes
+// new pages past the peak only after the free pages are unmapped; pages
+// unmapped under the free space are mapped again for a block that lands there.
+TEST_F(Pool, AnExpandablePoolUnmapsFreePagesRatherThanPassItsPeak) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  for (const bool deferred : {false, true}) {
+    SCOPED_TRACE(deferred ? "within defer_cleanup()" : "unguarded");
+    PoolOptions options;
+    options.expandable = true;
+    options.thread_cache_size = 0;          // every block from the index
+    options.dedicated_size = 64 * kMiB;     // these blocks too
+    PoolMemoryManager pool(&context, options);
+    pool.initialize();
+    auto first = pool.memalloc(8 * kMiB);
+    auto second = pool.memalloc(2 * kMiB);
+    ASSERT_EQ(pool.statistics().reserved_bytes, 10 * kMiB);
+    first.reset();  // 8 MiB of mapped free space before `second`
+    const std::size_t frees = pool.statistics().driver_frees;
+    std::optional<CleanupGuard> guard;
+    if (deferred) guard.emplace(pool.defer_cleanup());
+    auto larger = pool.memalloc(10 * kMiB);  // past the end of the range
+    if (deferred) {
+      // Nothing goes back to the driver while cleanup is deferred.
+      EXPECT_EQ(pool.statistics().reserved_bytes, 20 * kMiB);
+      EXPECT_EQ(pool.statistics().driver_frees, frees);
+      continue;
+    }
+    EXPECT_EQ(pool.statistics().reserved_bytes, 12 * kMiB) << "the free pages stayed mapped past the peak";
+    EXPECT_EQ(pool.statistics().driver_frees, frees + 4);
+    const std::vector<std::uint32_t> values(10 * kMiB / 4, 3u);
+    DeviceArray<std::uint32_t>(larger, values.size()).copy_to_device(values);
+    EXPECT_EQ(DeviceArray<std::uint32_t>(larger, values.size()).copy_to_host(), values);
+
+    // The unmapped hole takes a block again: its pages are mapped for it.
+    auto again = pool.memalloc(8 * kMiB);
+    EXPECT_EQ(again->device_pointer(), second->device_pointer() - 8 * kMiB);
+    EXPECT_EQ(pool.statistics().reserved_bytes, 20 * kMiB);
+    const std::vector<std::uint32_t> more(8 * kMiB / 4, 9u);
+    DeviceArray<std::uint32_t>(again, more.size()).copy_to_device(more);
+    EXPECT_EQ(DeviceArray<std::uint32_t>(again, more.size()).copy_to_host(), more);
+    {
+      IpcHandle handle = pool.get_ipc_handle(again);  // (which keeps the block while it lives)
+      ASSERT_TRUE(handle.mapped_export());
+      EXPECT_EQ(handle.mapped_export()->pieces.size(), 4u);
+    }
+
+    // trim() unmaps every free page, inside the range as at its end.
+    again.reset();
+    EXPECT_EQ(pool.trim(), 8 * kMiB);
+    EXPECT_EQ(pool.statistics().reserved_bytes, 12 * kMiB);
+    MemoryInfo info = pool.get_memory_info();
+    EXPECT_LE(info.free, info.total);
+  }
 }
 
 TEST_F(Pool, AnExpandablePoolRefusesToShareWhatItHasNotMapped) {

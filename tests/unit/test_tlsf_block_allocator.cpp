@@ -128,6 +128,47 @@ TEST(TlsfBlockAllocator, ABlockOfTheRequestsOwnListThatFitsIsFound) {
   EXPECT_EQ(*address, kBase + 8 * kMiB);
 }
 
+// allocate_would_fit() answers what allocate() would do, and changes nothing.
+TEST(TlsfBlockAllocator, WhetherARequestWouldFitIsAnsweredWithoutTakingABlock) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  TlsfBlockAllocator allocator(256);
+  allocator.add_region(kBase, 3 * kMiB + 64 * 1024);
+  EXPECT_TRUE(allocator.allocate_would_fit(3 * kMiB + 32 * 1024));  // from the request's own list
+  EXPECT_FALSE(allocator.allocate_would_fit(3 * kMiB + 96 * 1024));
+  EXPECT_FALSE(allocator.allocate_would_fit(~std::size_t{0}));
+  EXPECT_EQ(allocator.free_bytes(), 3 * kMiB + 64 * 1024);
+  EXPECT_EQ(allocator.allocated_blocks(), 0u);
+  EXPECT_TRUE(allocator.allocate(3 * kMiB + 32 * 1024));
+  EXPECT_FALSE(allocator.allocate_would_fit(64 * 1024));
+}
+
+// for_each_free_block() visits every free block of at least the size asked
+// for, larger first, and none smaller, stopping when told.
+TEST(TlsfBlockAllocator, FreeBlocksOfAtLeastASizeAreVisitedLargestListsFirst) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  TlsfBlockAllocator allocator(256);
+  allocator.add_region(kBase, 64 * kMiB);
+  std::vector<std::uintptr_t> blocks;
+  for (const std::size_t size : {1 * kMiB, 4096ul, 6 * kMiB, 4096ul, 2 * kMiB, 4096ul, 3 * kMiB, 4096ul})
+    blocks.push_back(*allocator.allocate(size));
+  for (std::size_t i = 0; i < blocks.size(); i += 2) allocator.deallocate(blocks[i]);  // 1, 6, 2 and 3 MiB free
+  std::vector<std::size_t> seen;
+  allocator.for_each_free_block(2 * kMiB, [&](std::uintptr_t address, std::size_t size) {
+    EXPECT_EQ(allocator.block_size(address), 0u) << "an allocated block was visited";
+    seen.push_back(size);
+    return true;
+  });
+  // (The region's free end, 64 MiB less what was taken, is the largest.)
+  const std::size_t end = 64 * kMiB - 12 * kMiB - 4 * 4096;
+  EXPECT_EQ(seen, (std::vector<std::size_t>{end, 6 * kMiB, 3 * kMiB, 2 * kMiB}));
+  seen.clear();
+  allocator.for_each_free_block(2 * kMiB, [&](std::uintptr_t, std::size_t size) {
+    seen.push_back(size);
+    return seen.size() < 2;
+  });
+  EXPECT_EQ(seen.size(), 2u) << "the visit did not stop when told";
+}
+
 TEST(TlsfBlockAllocator, TakeAllRegionsForgetsEverything) {
   TlsfBlockAllocator allocator(512);
   allocator.add_region(kBase, 1 << 20);

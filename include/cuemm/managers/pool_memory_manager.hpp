@@ -111,10 +111,12 @@ struct PoolOptions {
   // block its own, so every IPC handle has offset 0: for programs that open
   // raw handles without the offset (see docs/ipc-offsets.md).
   std::size_t dedicated_size = std::size_t{4} << 20;
-  // One range of addresses whose memory grows at its end (Note [Expandable
-  // arena]): less memory reserved for the same blocks. Their IPC handles are
-  // cuemm's own (no cuIpcGetMemHandle), which only cuemm opens.
-  // CUEMM_POOL_EXPANDABLE=1.
+  // One range of addresses, mapped page by page under the blocks handed out
+  // (Note [Expandable arena]): less memory reserved for the same blocks, as
+  // free space does not end at a segment's boundary and free pages go back
+  // to the driver rather than the pool pass its peak (Note [Pages given
+  // back]). Their IPC handles are cuemm's own (no cuIpcGetMemHandle), which
+  // only cuemm opens. CUEMM_POOL_EXPANDABLE=1.
   bool expandable = false;
   // At the pool's peak, a request for a segment of its own whose exact size
   // was asked for before is carved from a spare segment (best fit, in an

@@ -49,6 +49,8 @@ class TlsfBlockAllocator {
   // The address of a block of at least `size` bytes, or nullopt when no free
   // block is large enough. The block's real size is block_size(address).
   std::optional<std::uintptr_t> allocate(std::size_t size);
+  // Whether allocate(size) would find a block, changing nothing.
+  bool allocate_would_fit(std::size_t size) const noexcept;
   // Frees a block from allocate(); returns its size, or 0 for an address that
   // is not an allocated block (nothing changes then).
   std::size_t deallocate(std::uintptr_t address);
@@ -83,6 +85,21 @@ class TlsfBlockAllocator {
   std::size_t free_blocks() const noexcept { return free_count_; }
   std::size_t region_count() const noexcept { return regions_.size(); }
   std::size_t largest_free_block() const;
+  // Calls visit(address, size) for each free block of at least `at_least`
+  // bytes, larger lists first, until it returns false. Only the lists that
+  // may hold such blocks are walked. visit() must not change the allocator.
+  template <class Visit>
+  void for_each_free_block(std::size_t at_least, Visit visit) const {
+    const int lowest = at_least == 0 ? 0 : index_of(at_least).first;
+    for (int first = kFirstLevels - 1; first >= lowest; --first) {
+      if (!(first_level_bitmap_ >> first & 1)) continue;
+      for (int second = kSecondLevels - 1; second >= 0; --second) {
+        if (!(second_level_bitmaps_[first] >> second & 1)) continue;
+        for (const Block* block = free_lists_[first][second]; block; block = block->next_free)
+          if (block->size >= at_least && !visit(block->address, block->size)) return;
+      }
+    }
+  }
 
  private:
   static constexpr int kSecondLevelBits = 4;
@@ -112,8 +129,8 @@ class TlsfBlockAllocator {
     int second;
   };
   Index index_of(std::size_t size) const noexcept;
-  Block* find_free(std::size_t size) noexcept;
-  Block* find_in_own_list(std::size_t size) noexcept;
+  Block* find_free(std::size_t size) const noexcept;
+  Block* find_in_own_list(std::size_t size) const noexcept;
   static constexpr int kOwnListLooks = 32;  // a bound, so that allocation stays O(1)
   void insert_free(Block* block) noexcept;
   void remove_free(Block* block) noexcept;
