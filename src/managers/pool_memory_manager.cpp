@@ -529,7 +529,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     if (!arena->reserved()) {
       std::size_t free = 0, total = 0;
       CUEMM_CU(cuMemGetInfo, &free, &total);
-      arena->reserve(options.maximum_size ? options.maximum_size : total);
+      // Addresses for the whole device, even under a maximum: that bounds
+      // the pages mapped, while the free space between blocks takes addresses.
+      arena->reserve(std::max(options.maximum_size, total));
     }
     const std::uintptr_t base = arena->base();
     const std::uintptr_t end = base + arena->extent();

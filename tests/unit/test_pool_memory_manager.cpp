@@ -884,6 +884,31 @@ TEST_F(Pool, OneBlockMayTakeAllOfThePoolsMaximum) {
   }
 }
 
+// At its maximum, an expandable pool maps a block's pages beyond its free
+// space once the free pages are unmapped (Note [Pages given back]), and
+// names the maximum when even that leaves no room.
+TEST_F(Pool, AnExpandablePoolAtItsMaximumUnmapsFreePagesForABlockElsewhere) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  PoolOptions options;
+  options.maximum_size = 8 * kMiB;
+  options.expandable = true;
+  options.thread_cache_size = 0;
+  options.dedicated_size = 64 * kMiB;
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  auto first = pool.memalloc(4 * kMiB);
+  auto second = pool.memalloc(2 * kMiB);
+  first.reset();  // a 4 MiB hole that a 6 MiB block does not fit
+  std::shared_ptr<MemoryPointer> larger;
+  EXPECT_NO_THROW(larger = pool.memalloc(6 * kMiB)) << "the free pages were not given back at the maximum";
+  EXPECT_EQ(pool.statistics().reserved_bytes, 8 * kMiB);
+  const auto error = caught<OutOfMemory>([&] { pool.memalloc(2 * kMiB); });
+  ASSERT_TRUE(error) << "mapped past the maximum";
+  EXPECT_NE(std::string(error->what()).find("maximum 8.00 MiB"), std::string::npos) << error->what();
+  larger.reset();
+  EXPECT_NO_THROW(pool.memalloc(4 * kMiB)) << "the pool did not recover";
+}
+
 TEST_F(Pool, AMaximumBelowOneSegmentIsRefusedAtOnce) {
   PoolOptions options;
   options.maximum_size = 1 << 20;
