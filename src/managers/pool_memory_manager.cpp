@@ -44,6 +44,9 @@ using detail::kOrderedLargeCapacity;
 using detail::ThreadCache;
 
 constexpr std::size_t kMinimumGrowth = std::size_t{8} << 20;
+// Free blocks that a request in the expandable arena looks at for one whose
+// pages are mapped (a bound, so that allocation stays O(1)).
+constexpr int kMappedLooks = 32;
 // A thread's ring with this many blocks of a class may be sealed for its own
 // next request when the index is empty; a seal costs one stream query. (64
 // before the cache budget went to 256 MiB: 1 MiB loops then sealed every 64
@@ -568,12 +571,18 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // pages are mapped already. Nullopt when the index has none that fits
   // (the best fit has unmapped pages, say: grow_and_take() maps them).
   std::optional<std::uintptr_t> take_block(std::size_t size) {
-    std::optional<std::uintptr_t> address = blocks.allocate(size);
-    if (!address || !arena) [[likely]]
-      return address;
-    if (arena->committed(*address - arena->base(), blocks.block_size(*address))) return address;
-    blocks.deallocate(*address);
-    return std::nullopt;
+    if (!arena) [[likely]]
+      return blocks.allocate(size);
+    // Not only the best fit: a free block a little larger whose pages are
+    // mapped costs no driver call, where the best fit's would cost a
+    // mapping now and an unmapping later. (Simulated, seeds 1-8: pages
+    // mapped up to 4 MiB with 512 MiB and 128 MiB live 4,565 -> 3,331 and
+    // 2,607 -> 1,819; per-layer training 4,708 -> 4,517; the footprint within
+    // 0.015 of taking the best fit only.)
+    const std::uintptr_t base = arena->base();
+    return blocks.allocate_where(
+        size, [&](std::uintptr_t address, std::size_t bytes) { return arena->committed(address - base, bytes); },
+        kMappedLooks);
   }
 
   // A block that may cost memory: the pool grows for it (in the arena, the

@@ -62,14 +62,19 @@ void TlsfBlockAllocator::remove_free(Block* block) noexcept {
   --free_count_;
 }
 
-// The head of the first non-empty list whose every block is >= size; if
-// there is none, a block of size's own list that fits.
-TlsfBlockAllocator::Block* TlsfBlockAllocator::find_free(std::size_t size) const noexcept {
+TlsfBlockAllocator::Index TlsfBlockAllocator::index_of_rounded_up(std::size_t size) const noexcept {
   const int first = 63 - std::countl_zero(static_cast<std::uint64_t>(size));
   const std::size_t step = std::size_t{1} << (first - kSecondLevelBits);
   const std::size_t rounded = size + step - 1;
-  if (rounded < size) return nullptr;  // overflow: nothing is that large
-  const Index index = index_of(rounded);
+  if (rounded < size) return {kFirstLevels, 0};  // overflow: nothing is that large
+  return index_of(rounded);
+}
+
+// The head of the first non-empty list whose every block is >= size; if
+// there is none, a block of size's own list that fits.
+TlsfBlockAllocator::Block* TlsfBlockAllocator::find_free(std::size_t size) const noexcept {
+  const Index index = index_of_rounded_up(size);
+  if (index.first >= kFirstLevels) return nullptr;
   std::uint32_t seconds = second_level_bitmaps_[index.first] & (~0u << index.second);
   int list_first = index.first;
   if (!seconds) {
@@ -115,6 +120,10 @@ std::optional<std::uintptr_t> TlsfBlockAllocator::allocate(std::size_t size) {
   if (wanted < size) return std::nullopt;
   Block* block = find_free(wanted);
   if (!block) return std::nullopt;
+  return carve(block, wanted);
+}
+
+std::uintptr_t TlsfBlockAllocator::carve(Block* block, std::size_t wanted) {
   // Take every resource that can fail before changing any state.
   Block* rest = block->size - wanted >= granularity_ ? new_block() : nullptr;
   try {

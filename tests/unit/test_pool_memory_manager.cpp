@@ -1528,6 +1528,30 @@ TEST_F(Pool, AnExpandablePoolUnmapsFreePagesRatherThanPassItsPeak) {
   }
 }
 
+// A free block whose pages are mapped serves a request before the best
+// fit whose pages are not: no driver call now, and no unmapping later.
+TEST_F(Pool, AnExpandablePoolPrefersMappedFreeSpaceToUnmappedPages) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  PoolOptions options;
+  options.expandable = true;
+  options.thread_cache_size = 0;
+  options.dedicated_size = 64 * kMiB;
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  auto first = pool.memalloc(8 * kMiB);
+  auto second = pool.memalloc(2 * kMiB);
+  first.reset();
+  auto larger = pool.memalloc(10 * kMiB);  // first's pages are unmapped for it
+  ASSERT_EQ(pool.statistics().reserved_bytes, 12 * kMiB);
+  const cuda::CUdeviceptr mapped_free = larger->device_pointer();
+  larger.reset();  // 10 MiB free and mapped; the 8 MiB hole is the best fit
+  const std::size_t mappings = pool.statistics().driver_allocations;
+  auto again = pool.memalloc(8 * kMiB);
+  EXPECT_EQ(again->device_pointer(), mapped_free);
+  EXPECT_EQ(pool.statistics().driver_allocations, mappings) << "mapped pages beside mapped free space";
+  EXPECT_EQ(pool.statistics().reserved_bytes, 12 * kMiB);
+}
+
 TEST_F(Pool, AnExpandablePoolRefusesToShareWhatItHasNotMapped) {
   PoolOptions options;
   options.expandable = true;

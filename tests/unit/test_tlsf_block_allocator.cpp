@@ -169,6 +169,43 @@ TEST(TlsfBlockAllocator, FreeBlocksOfAtLeastASizeAreVisitedLargestListsFirst) {
   EXPECT_EQ(seen.size(), 2u) << "the visit did not stop when told";
 }
 
+// allocate_where() takes the first block it prefers that the caller
+// accepts, the good fit's lists first and the request's own list last, and
+// gives up after the looks it was allowed.
+TEST(TlsfBlockAllocator, AnAcceptedBlockIsTakenInTheOrderOfPreference) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  TlsfBlockAllocator allocator(256);
+  allocator.add_region(kBase, 64 * kMiB);
+  std::vector<std::uintptr_t> blocks;
+  constexpr std::size_t kRequest = 2 * kMiB + 1000;  // 2 MiB + 1 KiB, rounded
+  for (const std::size_t size : {2 * kMiB + 64 * 1024, 4096ul, 3 * kMiB, 4096ul, 8 * kMiB, 4096ul})
+    blocks.push_back(*allocator.allocate(size));
+  for (std::size_t i = 0; i < blocks.size(); i += 2) allocator.deallocate(blocks[i]);
+  const std::uintptr_t own_list = blocks[0], three = blocks[2], eight = blocks[4];
+  std::vector<std::uintptr_t> looked;
+  auto refuse_all = [&](std::uintptr_t address, std::size_t bytes) {
+    EXPECT_EQ(bytes, 2 * kMiB + 1024);
+    looked.push_back(address);
+    return false;
+  };
+  EXPECT_FALSE(allocator.allocate_where(kRequest, refuse_all, 100));
+  // The 3 MiB block first (the smallest list whose every block holds the
+  // request), then 8 MiB, the free end, and the block of its own list last.
+  ASSERT_EQ(looked.size(), 4u);
+  EXPECT_EQ(looked[0], three);
+  EXPECT_EQ(looked[1], eight);
+  EXPECT_EQ(looked.back(), own_list);
+  looked.clear();
+  EXPECT_FALSE(allocator.allocate_where(kRequest, refuse_all, 2));
+  EXPECT_EQ(looked.size(), 2u) << "looked past its bound";
+  const auto taken =
+      allocator.allocate_where(kRequest, [&](std::uintptr_t address, std::size_t) { return address == eight; }, 100);
+  ASSERT_TRUE(taken);
+  EXPECT_EQ(*taken, eight);
+  EXPECT_EQ(allocator.block_size(eight), 2 * kMiB + 1024);
+  EXPECT_EQ(allocator.free_bytes(), 64 * kMiB - 3 * 4096 - 2 * kMiB - 1024);
+}
+
 TEST(TlsfBlockAllocator, TakeAllRegionsForgetsEverything) {
   TlsfBlockAllocator allocator(512);
   allocator.add_region(kBase, 1 << 20);

@@ -51,6 +51,39 @@ class TlsfBlockAllocator {
   std::optional<std::uintptr_t> allocate(std::size_t size);
   // Whether allocate(size) would find a block, changing nothing.
   bool allocate_would_fit(std::size_t size) const noexcept;
+  // As allocate(), but from the first free block at `address` for which
+  // accept(address, rounded size) holds, in the order allocate() prefers
+  // them, looking at up to `looks` blocks (so it stays O(1)); nullopt if none.
+  template <class Accept>
+  std::optional<std::uintptr_t> allocate_where(std::size_t size, Accept accept, int looks) {
+    const std::size_t wanted = rounded_size(size);
+    if (wanted < size) return std::nullopt;
+    Block* found = nullptr;
+    auto consider = [&](Block* block) {
+      if (block->size < wanted) return true;
+      if (accept(block->address, wanted)) {
+        found = block;
+        return false;
+      }
+      return --looks > 0;
+    };
+    const Index own = index_of(wanted);
+    const Index above = index_of_rounded_up(wanted);
+    bool more = true;
+    for (int first = above.first; more && first < kFirstLevels; ++first) {
+      if (!(first_level_bitmap_ >> first & 1)) continue;
+      for (int second = first == above.first ? above.second : 0; more && second < kSecondLevels; ++second) {
+        if (!(second_level_bitmaps_[first] >> second & 1)) continue;
+        for (Block* block = free_lists_[first][second]; more && block; block = block->next_free) more = consider(block);
+      }
+    }
+    if (more && (own.first != above.first || own.second != above.second)) {
+      for (Block* block = free_lists_[own.first][own.second]; more && block; block = block->next_free)
+        more = consider(block);
+    }
+    if (!found) return std::nullopt;
+    return carve(found, wanted);
+  }
   // Frees a block from allocate(); returns its size, or 0 for an address that
   // is not an allocated block (nothing changes then).
   std::size_t deallocate(std::uintptr_t address);
@@ -129,6 +162,11 @@ class TlsfBlockAllocator {
     int second;
   };
   Index index_of(std::size_t size) const noexcept;
+  // The list after `size`'s own unless size is its lower bound: the first
+  // whose every block holds it (kFirstLevels if none can).
+  Index index_of_rounded_up(std::size_t size) const noexcept;
+  // Takes `wanted` bytes from the start of the free `block`.
+  std::uintptr_t carve(Block* block, std::size_t wanted);
   Block* find_free(std::size_t size) const noexcept;
   Block* find_in_own_list(std::size_t size) const noexcept;
   static constexpr int kOwnListLooks = 32;  // a bound, so that allocation stays O(1)
