@@ -59,9 +59,8 @@ class TlsfBlockAllocator {
     const std::size_t wanted = rounded_size(size);
     if (wanted < size) return std::nullopt;
     Block* found = nullptr;
-    auto consider = [&](Block* block) {
-      if (block->size < wanted) return true;
-      if (accept(block->address, wanted)) {
+    auto consider = [&](Block* block) {  // (every block looked at counts, fitting or not)
+      if (block->size >= wanted && accept(block->address, wanted)) {
         found = block;
         return false;
       }
