@@ -64,19 +64,19 @@ bool ExpandableArena::extend(std::size_t bytes) {
   return true;
 }
 
-cuda::CUresult ExpandableArena::map_page(std::size_t page) {
+ExpandableArena::PageMapping ExpandableArena::map_page(std::size_t page) {
   const cuda::CUmemAllocationProp wanted = properties();
   cuda::CUmemGenericAllocationHandle handle = 0;
   const cuda::CUresult created = CUEMM_CU_RESULT(cuMemCreate, &handle, granularity_, &wanted, 0);
-  if (created != cuda::CUDA_SUCCESS) return created;
-  if (const driver::MappingResult mapped = driver::map_read_write(base_ + page * granularity_, granularity_, handle, access_);
-      !mapped) {
+  if (created != cuda::CUDA_SUCCESS) return {created, "cuMemCreate"};
+  const driver::MappingResult mapped = driver::map_read_write(base_ + page * granularity_, granularity_, handle, access_);
+  if (!mapped) {
     CUEMM_CU_RESULT(cuMemRelease, handle);
-    return mapped.result;
+    return {mapped.result, mapped.call};
   }
   pages_[page].handle = handle;
   ++mapped_pages_;
-  return cuda::CUDA_SUCCESS;
+  return {};
 }
 
 void ExpandableArena::unmap_page(std::size_t page) noexcept {
@@ -100,15 +100,15 @@ bool ExpandableArena::commit(std::size_t offset, std::size_t bytes, std::size_t&
   done.reserve(end > first ? end - first : 0);
   for (std::size_t page = first; page < end; ++page) {
     if (pages_[page].handle) continue;
-    const cuda::CUresult result = map_page(page);
-    if (result == cuda::CUDA_SUCCESS) {
+    const PageMapping result = map_page(page);
+    if (result.result == cuda::CUDA_SUCCESS) {
       done.push_back(page);
       ++mapped;
       continue;
     }
     undo();
-    if (result == cuda::CUDA_ERROR_OUT_OF_MEMORY) return false;
-    driver::throw_allocation_error(result, "cuMemCreate", granularity_);
+    if (result.result == cuda::CUDA_ERROR_OUT_OF_MEMORY) return false;
+    driver::throw_allocation_error(result.result, result.call, granularity_);
   }
   return true;
 }

@@ -96,7 +96,12 @@ class ExpandableArena {
     std::uint64_t offered = 0;  // the token of its descriptor, once shared
   };
   cuda::CUmemAllocationProp properties() const noexcept;
-  cuda::CUresult map_page(std::size_t page);
+  struct PageMapping {
+    cuda::CUresult result = cuda::CUDA_SUCCESS;
+    const char* call = nullptr;  // the driver call that failed
+  };
+  // Maps one page with an allocation of its own.
+  PageMapping map_page(std::size_t page);
   void unmap_page(std::size_t page) noexcept;
 
   int device_;
