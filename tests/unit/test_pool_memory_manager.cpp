@@ -43,6 +43,15 @@ class Pool : public ::testing::Test {
     options.thread_cache_size = bytes;
     return options;
   }
+  // An expandable pool whose every block up to 64 MiB comes from the
+  // arena's index (no thread caches, no segments of their own).
+  static PoolOptions arena_only() {
+    PoolOptions options;
+    options.expandable = true;
+    options.thread_cache_size = 0;
+    options.dedicated_size = std::size_t{64} << 20;
+    return options;
+  }
 };
 }  // namespace
 
@@ -889,11 +898,8 @@ TEST_F(Pool, OneBlockMayTakeAllOfThePoolsMaximum) {
 // names the maximum when even that leaves no room.
 TEST_F(Pool, AnExpandablePoolAtItsMaximumUnmapsFreePagesForABlockElsewhere) {
   constexpr std::size_t kMiB = std::size_t{1} << 20;
-  PoolOptions options;
+  PoolOptions options = arena_only();
   options.maximum_size = 8 * kMiB;
-  options.expandable = true;
-  options.thread_cache_size = 0;
-  options.dedicated_size = 64 * kMiB;
   PoolMemoryManager pool(&context, options);
   pool.initialize();
   auto first = pool.memalloc(4 * kMiB);
@@ -1480,11 +1486,7 @@ TEST_F(Pool, AnExpandablePoolUnmapsFreePagesRatherThanPassItsPeak) {
   constexpr std::size_t kMiB = std::size_t{1} << 20;
   for (const bool deferred : {false, true}) {
     SCOPED_TRACE(deferred ? "within defer_cleanup()" : "unguarded");
-    PoolOptions options;
-    options.expandable = true;
-    options.thread_cache_size = 0;          // every block from the index
-    options.dedicated_size = 64 * kMiB;     // these blocks too
-    PoolMemoryManager pool(&context, options);
+    PoolMemoryManager pool(&context, arena_only());
     pool.initialize();
     auto first = pool.memalloc(8 * kMiB);
     auto second = pool.memalloc(2 * kMiB);
@@ -1535,11 +1537,7 @@ TEST_F(Pool, AnExpandablePoolUnmapsFreePagesRatherThanPassItsPeak) {
 // fit whose pages are not: no driver call now, and no unmapping later.
 TEST_F(Pool, AnExpandablePoolPrefersMappedFreeSpaceToUnmappedPages) {
   constexpr std::size_t kMiB = std::size_t{1} << 20;
-  PoolOptions options;
-  options.expandable = true;
-  options.thread_cache_size = 0;
-  options.dedicated_size = 64 * kMiB;
-  PoolMemoryManager pool(&context, options);
+  PoolMemoryManager pool(&context, arena_only());
   pool.initialize();
   auto first = pool.memalloc(8 * kMiB);
   auto second = pool.memalloc(2 * kMiB);
