@@ -120,9 +120,7 @@ bool ExpandableArena::committed(std::size_t offset, std::size_t bytes) const noe
   return true;
 }
 
-std::size_t ExpandableArena::decommit(std::size_t offset, std::size_t bytes) noexcept {
-  const std::size_t first = util::round_up(offset, granularity_) / granularity_;
-  const std::size_t end = std::min(offset + bytes, extent_) / granularity_;
+std::size_t ExpandableArena::unmap_pages(std::size_t first, std::size_t end) noexcept {
   std::size_t unmapped = 0;
   for (std::size_t page = first; page < end; ++page) {
     if (!pages_[page].handle) continue;
@@ -130,6 +128,11 @@ std::size_t ExpandableArena::decommit(std::size_t offset, std::size_t bytes) noe
     ++unmapped;
   }
   return unmapped;
+}
+
+std::size_t ExpandableArena::decommit(std::size_t offset, std::size_t bytes) noexcept {
+  return unmap_pages(util::round_up(offset, granularity_) / granularity_,
+                     std::min(offset + bytes, extent_) / granularity_);
 }
 
 MappedExport ExpandableArena::share(std::uintptr_t address, std::size_t bytes, std::size_t& offset_in_first) {
@@ -163,12 +166,7 @@ MappedExport ExpandableArena::share(std::uintptr_t address, std::size_t bytes, s
 }
 
 std::size_t ExpandableArena::shrink_to(std::size_t offset) noexcept {
-  std::size_t unmapped = 0;
-  for (std::size_t page = offset / granularity_; page < extent_ / granularity_; ++page) {
-    if (!pages_[page].handle) continue;
-    unmap_page(page);
-    ++unmapped;
-  }
+  const std::size_t unmapped = unmap_pages(offset / granularity_, extent_ / granularity_);
   extent_ = std::min(extent_, offset);
   return unmapped;
 }

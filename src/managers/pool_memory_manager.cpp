@@ -607,9 +607,10 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     return std::nullopt;
   }
 
-  // Maps the arena's pages under a block just taken from the index, giving
-  // free pages back first where the pool would pass its peak or its
-  // maximum. False when the driver or the maximum has no room.
+  // Maps the arena's pages under [address, address + bytes) (a block just
+  // taken from the index, or the initial size), giving free pages back
+  // first where the pool would pass its peak or its maximum. False when the
+  // driver or the maximum has no room.
   bool map_pages_under(std::uintptr_t address, std::size_t bytes) {
     const std::size_t offset = address - arena->base();
     if (arena->committed(offset, bytes)) [[likely]]
@@ -657,17 +658,10 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // its pages are mapped too.
   bool grow_initially(std::size_t size) {
     if (!grow(size)) return false;
-    if (!arena) return true;
-    ScopedContext scope(*context);
-    std::size_t mapped = 0;
-    if (!arena->commit(0, arena->extent(), mapped)) {
-      blocks.take_free_regions();
-      arena->shrink_to(0);
-      return false;
-    }
-    driver_allocations += mapped;
-    peak_reserved = std::max(peak_reserved, reserved_bytes());
-    return true;
+    if (!arena || map_pages_under(arena->base(), arena->extent())) return true;
+    blocks.take_free_regions();
+    arena->shrink_to(0);
+    return false;
   }
 
   // Gives back every spare and every entirely free shared segment.

@@ -103,6 +103,8 @@ class ExpandableArena {
   // Maps one page with an allocation of its own.
   PageMapping map_page(std::size_t page);
   void unmap_page(std::size_t page) noexcept;
+  // Unmaps the mapped pages among [first, end); returns how many.
+  std::size_t unmap_pages(std::size_t first, std::size_t end) noexcept;
 
   int device_;
   cuda::CUdeviceptr base_ = 0;
