@@ -591,11 +591,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // pages under the best fit are mapped, after the range grows if no free
   // block fits). Nullopt when the driver or the pool's maximum has no room.
   std::optional<std::uintptr_t> grow_and_take(std::size_t size) {
-    if (!arena || !blocks.allocate_would_fit(size)) {
-      if (!grow(size)) return std::nullopt;
-      if (!arena) return take_block(size);
-    }
-    const std::optional<std::uintptr_t> address = blocks.allocate(size);
+    if (!options.expandable) return grow(size) ? take_block(size) : std::nullopt;
+    std::optional<std::uintptr_t> address = blocks.allocate(size);  // the best fit, mapped or not
+    if (!address && grow(size)) address = blocks.allocate(size);
     if (!address) return std::nullopt;
     try {
       if (map_pages_under(*address, blocks.block_size(*address))) return address;

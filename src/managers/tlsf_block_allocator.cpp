@@ -70,31 +70,6 @@ TlsfBlockAllocator::Index TlsfBlockAllocator::index_of_rounded_up(std::size_t si
   return index_of(rounded);
 }
 
-// The head of the first non-empty list whose every block is >= size; if
-// there is none, a block of size's own list that fits.
-TlsfBlockAllocator::Block* TlsfBlockAllocator::find_free(std::size_t size) const noexcept {
-  const Index index = index_of_rounded_up(size);
-  if (index.first >= kFirstLevels) return nullptr;
-  std::uint32_t seconds = second_level_bitmaps_[index.first] & (~0u << index.second);
-  int list_first = index.first;
-  if (!seconds) {
-    const std::uint64_t firsts =
-        index.first + 1 >= kFirstLevels ? 0 : first_level_bitmap_ & (~std::uint64_t{0} << (index.first + 1));
-    if (!firsts) return find_in_own_list(size);
-    list_first = std::countr_zero(firsts);
-    seconds = second_level_bitmaps_[list_first];
-  }
-  return free_lists_[list_first][std::countr_zero(seconds)];
-}
-
-TlsfBlockAllocator::Block* TlsfBlockAllocator::find_in_own_list(std::size_t size) const noexcept {
-  const Index index = index_of(size);
-  Block* block = free_lists_[index.first][index.second];
-  for (int looked = 0; block && looked < kOwnListLooks; block = block->next_free, ++looked)
-    if (block->size >= size) return block;
-  return nullptr;
-}
-
 void TlsfBlockAllocator::add_region(std::uintptr_t base, std::size_t size) {
   if (size < granularity_ || base % granularity_ || size % granularity_)
     throw std::invalid_argument("TlsfBlockAllocator: a region must be a non-empty multiple of the granularity");
@@ -118,7 +93,9 @@ void TlsfBlockAllocator::add_region(std::uintptr_t base, std::size_t size) {
 std::optional<std::uintptr_t> TlsfBlockAllocator::allocate(std::size_t size) {
   const std::size_t wanted = rounded_size(size);
   if (wanted < size) return std::nullopt;
-  Block* block = find_free(wanted);
+  // The head of the first list whose every block holds it; failing that, a
+  // block of its own list that does.
+  Block* block = find_free(wanted, [](std::uintptr_t, std::size_t) { return true; }, kOwnListLooks);
   if (!block) return std::nullopt;
   return carve(block, wanted);
 }
@@ -142,11 +119,6 @@ std::uintptr_t TlsfBlockAllocator::carve(Block* block, std::size_t wanted) {
   }
   free_bytes_ -= block->size;
   return block->address;
-}
-
-bool TlsfBlockAllocator::allocate_would_fit(std::size_t size) const noexcept {
-  const std::size_t wanted = rounded_size(size);
-  return wanted >= size && find_free(wanted) != nullptr;
 }
 
 std::size_t TlsfBlockAllocator::deallocate(std::uintptr_t address) {

@@ -128,20 +128,6 @@ TEST(TlsfBlockAllocator, ABlockOfTheRequestsOwnListThatFitsIsFound) {
   EXPECT_EQ(*address, kBase + 8 * kMiB);
 }
 
-// allocate_would_fit() answers what allocate() would do, and changes nothing.
-TEST(TlsfBlockAllocator, WhetherARequestWouldFitIsAnsweredWithoutTakingABlock) {
-  constexpr std::size_t kMiB = std::size_t{1} << 20;
-  TlsfBlockAllocator allocator(256);
-  allocator.add_region(kBase, 3 * kMiB + 64 * 1024);
-  EXPECT_TRUE(allocator.allocate_would_fit(3 * kMiB + 32 * 1024));  // from the request's own list
-  EXPECT_FALSE(allocator.allocate_would_fit(3 * kMiB + 96 * 1024));
-  EXPECT_FALSE(allocator.allocate_would_fit(~std::size_t{0}));
-  EXPECT_EQ(allocator.free_bytes(), 3 * kMiB + 64 * 1024);
-  EXPECT_EQ(allocator.allocated_blocks(), 0u);
-  EXPECT_TRUE(allocator.allocate(3 * kMiB + 32 * 1024));
-  EXPECT_FALSE(allocator.allocate_would_fit(64 * 1024));
-}
-
 // for_each_free_block() visits every free block of at least the size asked
 // for, larger first, and none smaller, stopping when told.
 TEST(TlsfBlockAllocator, FreeBlocksOfAtLeastASizeAreVisitedLargestListsFirst) {

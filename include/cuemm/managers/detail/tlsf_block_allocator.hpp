@@ -19,6 +19,7 @@
 // address ranges handed in by the owner, which also takes them back (trim).
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -49,8 +50,6 @@ class TlsfBlockAllocator {
   // The address of a block of at least `size` bytes, or nullopt when no free
   // block is large enough. The block's real size is block_size(address).
   std::optional<std::uintptr_t> allocate(std::size_t size);
-  // Whether allocate(size) would find a block, changing nothing.
-  bool allocate_would_fit(std::size_t size) const noexcept;
   // As allocate(), but from the first free block at `address` for which
   // accept(address, rounded size) holds, in the order allocate() prefers
   // them, looking at up to `looks` blocks (so it stays O(1)); nullopt if none.
@@ -58,30 +57,9 @@ class TlsfBlockAllocator {
   std::optional<std::uintptr_t> allocate_where(std::size_t size, Accept accept, int looks) {
     const std::size_t wanted = rounded_size(size);
     if (wanted < size) return std::nullopt;
-    Block* found = nullptr;
-    auto consider = [&](Block* block) {  // (every block looked at counts, fitting or not)
-      if (block->size >= wanted && accept(block->address, wanted)) {
-        found = block;
-        return false;
-      }
-      return --looks > 0;
-    };
-    const Index own = index_of(wanted);
-    const Index above = index_of_rounded_up(wanted);
-    bool more = true;
-    for (int first = above.first; more && first < kFirstLevels; ++first) {
-      if (!(first_level_bitmap_ >> first & 1)) continue;
-      for (int second = first == above.first ? above.second : 0; more && second < kSecondLevels; ++second) {
-        if (!(second_level_bitmaps_[first] >> second & 1)) continue;
-        for (Block* block = free_lists_[first][second]; more && block; block = block->next_free) more = consider(block);
-      }
-    }
-    if (more && (own.first != above.first || own.second != above.second)) {
-      for (Block* block = free_lists_[own.first][own.second]; more && block; block = block->next_free)
-        more = consider(block);
-    }
-    if (!found) return std::nullopt;
-    return carve(found, wanted);
+    Block* block = find_free(wanted, accept, looks);
+    if (!block) return std::nullopt;
+    return carve(block, wanted);
   }
   // Frees a block from allocate(); returns its size, or 0 for an address that
   // is not an allocated block (nothing changes then).
@@ -166,8 +144,38 @@ class TlsfBlockAllocator {
   Index index_of_rounded_up(std::size_t size) const noexcept;
   // Takes `wanted` bytes from the start of the free `block`.
   std::uintptr_t carve(Block* block, std::size_t wanted);
-  Block* find_free(std::size_t size) const noexcept;
-  Block* find_in_own_list(std::size_t size) const noexcept;
+  // The first free block of at least `wanted` bytes that accept(address,
+  // wanted) takes, in the order of preference: the lists whose every block
+  // holds `wanted`, smallest first (two bit scans find each), then wanted's
+  // own list; nullptr once `looks` blocks were passed over.
+  template <class Accept>
+  Block* find_free(std::size_t wanted, Accept accept, int looks) const {
+    const Index above = index_of_rounded_up(wanted);
+    if (above.first < kFirstLevels) {
+      int first = above.first;
+      std::uint32_t seconds = second_level_bitmaps_[first] & (~0u << above.second);
+      for (;;) {
+        for (; seconds; seconds &= seconds - 1) {
+          for (Block* block = free_lists_[first][std::countr_zero(seconds)]; block; block = block->next_free) {
+            if (accept(block->address, wanted)) return block;  // (every block of these lists holds it)
+            if (--looks <= 0) return nullptr;
+          }
+        }
+        const std::uint64_t firsts =
+            first + 1 >= kFirstLevels ? 0 : first_level_bitmap_ & (~std::uint64_t{0} << (first + 1));
+        if (!firsts) break;
+        first = std::countr_zero(firsts);
+        seconds = second_level_bitmaps_[first];
+      }
+    }
+    const Index own = index_of(wanted);
+    if (own.first == above.first && own.second == above.second) return nullptr;  // (walked above)
+    for (Block* block = free_lists_[own.first][own.second]; block; block = block->next_free) {
+      if (block->size >= wanted && accept(block->address, wanted)) return block;
+      if (--looks <= 0) return nullptr;
+    }
+    return nullptr;
+  }
   static constexpr int kOwnListLooks = 32;  // a bound, so that allocation stays O(1)
   void insert_free(Block* block) noexcept;
   void remove_free(Block* block) noexcept;
