@@ -175,6 +175,9 @@ TYPED_TEST(Conformance, APeerThatEnabledAccessCanUseTheBlocks) {
   for (std::size_t size : {std::size_t{4096}, std::size_t{1} << 20, std::size_t{8} << 20}) {
     auto memory = this->manager->memalloc(size);
     std::vector<std::uint32_t> values = this->fill(memory, 5);
+    // A copy from pageable memory may return before its DMA has landed: it is
+    // ordered on the owner's legacy stream, which device 1's streams do not wait for.
+    this->context.synchronize();
     const std::uint64_t count = values.size();
     module.function("cuemm_add_u32").launch({64}, {256}, stream, memory->device_pointer(), 7u, count);
     stream.synchronize();
