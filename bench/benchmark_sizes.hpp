@@ -22,20 +22,32 @@ inline void set_sizes(benchmark::internal::Benchmark* benchmark) {
 
 // RMM's random-allocations workload, as `cuemm random` and scripts/gpu-check.sh
 // run it for fragmentation: sizes up to 4 MiB within 512 MiB live, and up to
-// 64 MiB within 1 GiB; 10,000 operations an iteration, one thread.
+// 64 MiB within 1 GiB; 10,000 operations an iteration, one thread. Then the
+// training-like workloads of `cuemm random --pattern training` (its default
+// layers and steps; round sizes, and each layer's sizes its own), whose
+// arguments are 0 and the shapes (cuemm::workload::TrainingShapes).
 inline constexpr std::size_t kRandomOperations = 10'000;
 
 inline void set_random_workloads(benchmark::internal::Benchmark* benchmark) {
-  benchmark->Args({4L << 20, 512L << 20})->Args({64L << 20, 1L << 30})->UseRealTime();
+  using cuemm::workload::TrainingShapes;
+  benchmark->Args({4L << 20, 512L << 20})->Args({64L << 20, 1L << 30});
+  benchmark->Args({0, static_cast<long>(TrainingShapes::varied)})->Args({0, static_cast<long>(TrainingShapes::per_layer)});
+  benchmark->UseRealTime();
 }
 
 // The operations of that workload (seed 1).
 inline const std::vector<cuemm::workload::RandomOperation>& random_workload_of(const benchmark::State& state) {
-  static std::map<std::pair<long, long>, std::vector<cuemm::workload::RandomOperation>> workloads;
+  namespace workload = cuemm::workload;
+  static std::map<std::pair<long, long>, std::vector<workload::RandomOperation>> workloads;
   auto& operations = workloads[{state.range(0), state.range(1)}];
-  if (operations.empty())
-    operations = cuemm::workload::random_operations(static_cast<std::size_t>(state.range(0)), kRandomOperations,
-                                                    static_cast<std::size_t>(state.range(1)), 1);
+  if (!operations.empty()) return operations;
+  if (state.range(0) == 0) {
+    operations = workload::training_operations(workload::kTrainingLayers, workload::kTrainingSteps, 1,
+                                               static_cast<workload::TrainingShapes>(state.range(1)));
+  } else {
+    operations = workload::random_operations(static_cast<std::size_t>(state.range(0)), kRandomOperations,
+                                             static_cast<std::size_t>(state.range(1)), 1);
+  }
   return operations;
 }
 

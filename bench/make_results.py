@@ -326,17 +326,21 @@ def main():
     if empty and holes:
         lines += [f"Pool with 64k free blocks: {fmt(holes)} ns against {fmt(empty)} ns with none ({holes / empty:.2f}x).", ""]
     workloads = [("4194304/536870912", "sizes up to 4 MiB, 512 MiB live"),
-                 ("67108864/1073741824", "sizes up to 64 MiB, 1 GiB live")]
+                 ("67108864/1073741824", "sizes up to 64 MiB, 1 GiB live"),
+                 ("0/0", "training steps, round sizes"),
+                 ("0/2", "training steps, each layer's sizes its own")]
     random_rows = [("driver's stream-ordered pool (threshold max, per-thread stream)", "DriverPoolRandomAllocations"),
                    ("PyTorch CUDACachingAllocator raw_alloc/raw_delete", "TorchRandomAllocations"),
                    ("default manager (Numba's behaviour)", "RandomAllocations<cuemm::DefaultMemoryManager>"),
                    ("async manager (driver's stream-ordered pool)", "RandomAllocations<cuemm::AsyncMemoryManager>"),
                    ("pool manager, memalloc (MemoryPointer)", "RandomAllocations<cuemm::PoolMemoryManager>")]
     if any(f"{name}/{w}/real_time" in m for _, name in random_rows for w, _ in workloads):
-        lines += ["## RMM's random-allocations workload (C++)", "",
+        lines += ["## RMM's random-allocations workload, and training steps (C++)", "",
                   "ns per allocation or free, one thread: 10,000 operations an iteration, of random sizes (the workload of "
                   "`cuemm random` and of the fragmentation table below, seed 1), each an allocation or a free of a "
-                  "random live block.", "",
+                  "random live block; then the training-like workloads of `cuemm random --pattern training` (seed 1, "
+                  "60 layers, 30 steps: 14,520 operations an iteration), with round sizes and with "
+                  "`--shapes per-layer`.", "",
                   "| allocator | " + " | ".join(label for _, label in workloads) + " |",
                   "|---|" + "---|" * len(workloads)]
         rates = medians(runs, "items_per_second")  # operations a second

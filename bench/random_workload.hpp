@@ -64,6 +64,10 @@ enum class TrainingShapes {
 // Parameters are 2 KiB to 16 MiB and activations 32 KiB to 8 MiB: with
 // `varied` and `same`, round sizes (batch 16, 32 or 64 per seed, times a few
 // widths); with `per_layer`, sizes drawn log-uniformly over those ranges.
+// `cuemm random --pattern training`'s defaults, which the benchmarks run too.
+inline constexpr std::size_t kTrainingLayers = 60;
+inline constexpr std::size_t kTrainingSteps = 30;
+
 inline std::vector<RandomOperation> training_operations(std::size_t layers, std::size_t steps, unsigned seed,
                                                         TrainingShapes shapes_drawn = TrainingShapes::varied) {
   std::mt19937_64 random(seed);

@@ -333,8 +333,8 @@ int run(std::vector<std::string> args) {
       // Each thread its own workload (seeds seed, seed + 1, ...).
       std::vector<std::vector<Operation>> lists;
       if (pattern == "training") {
-        const std::size_t layers = count_option(args, "--layers", "60");
-        const std::size_t steps = count_option(args, "--steps", "30");
+        const std::size_t layers = count_option(args, "--layers", std::to_string(workload::kTrainingLayers));
+        const std::size_t steps = count_option(args, "--steps", std::to_string(workload::kTrainingSteps));
         std::string shapes_name = option(args, "--shapes", "varied");
         if (tool::flag(args, "--same-shapes")) shapes_name = "same";  // (the older spelling)
         const std::optional<workload::TrainingShapes> shapes = training_shapes(shapes_name);
