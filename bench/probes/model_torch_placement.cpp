@@ -1,0 +1,157 @@
+// A model of where PyTorch's caching allocator places blocks (one stream, no
+// GPU), run on `cuemm random --pattern training`'s workloads (seeds 1-8), to
+// find which of its choices keep its footprint low where the pool's is not
+// (docs/pool-measurements.md). The choices, from its documentation: requests
+// rounded up to 512 bytes; those up to 1 MiB served from 2 MiB segments of a
+// pool of their own; larger ones from segments of 20 MiB, or of their own
+// size rounded up to 2 MiB past 10 MiB; a free block is the best fit, split
+// when what is left is over 1 MiB (any size, for small blocks); free
+// neighbours in a segment merge; nothing goes back to the driver. Peak
+// reserved over peak live, per seed and their mean.
+//
+//   g++ -O2 -std=c++20 -Ibench bench/probes/model_torch_placement.cpp -o model && ./model per-layer
+//   ./model SHAPES [OWN_FROM_MIB LARGE_SEGMENT_MIB SMALL_SEGMENT_MIB ONE_POOL]
+// SHAPES: varied, same or per-layer. The defaults are PyTorch's: 10 (own
+// segments past 10 MiB), 20, 2, 0 (small and large blocks in pools apart).
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <string>
+#include <unordered_map>
+
+#include "random_workload.hpp"
+
+namespace {
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+std::size_t round_up(std::size_t size, std::size_t step) { return (size + step - 1) / step * step; }
+
+struct Settings {
+  std::size_t own_from = 10 * kMiB + 1;  // requests of at least this get a segment of their own size
+  std::size_t large_segment = 20 * kMiB;
+  std::size_t small_segment = 2 * kMiB;
+  bool one_pool = false;  // small and large blocks in the same pool
+};
+
+class Model {
+ public:
+  explicit Model(Settings settings) : settings_(settings) {}
+
+  std::size_t allocate(std::size_t request) {
+    const std::size_t size = request < 512 ? 512 : round_up(request, 512);
+    const bool large = size > kMiB;
+    auto& free = free_of(large);
+    auto best = free.lower_bound({size, 0});
+    if (best == free.end()) {
+      const std::size_t base = add_segment(size, large);
+      best = free.insert({blocks_.at(base).size, base}).first;
+    }
+    const std::size_t address = best->second;
+    Block& block = blocks_.at(address);
+    free.erase(best);
+    const std::size_t rest = block.size - size;
+    if (large ? rest > kMiB : rest >= 512) {
+      blocks_[address + size] = {rest, block.segment, true};
+      free.insert({rest, address + size});
+      block.size = size;
+    }
+    block.free = false;
+    return address;
+  }
+
+  void release(std::size_t address) {
+    auto block = blocks_.find(address);
+    block->second.free = true;
+    auto& free = free_of(large_segment_[block->second.segment]);
+    auto next = std::next(block);
+    if (next != blocks_.end() && next->second.free && next->second.segment == block->second.segment) {
+      free.erase({next->second.size, next->first});
+      block->second.size += next->second.size;
+      blocks_.erase(next);
+    }
+    if (block != blocks_.begin()) {
+      auto previous = std::prev(block);
+      if (previous->second.free && previous->second.segment == block->second.segment) {
+        free.erase({previous->second.size, previous->first});
+        previous->second.size += block->second.size;
+        blocks_.erase(block);
+        block = previous;
+      }
+    }
+    free.insert({block->second.size, block->first});
+  }
+
+  std::size_t reserved() const { return reserved_; }
+
+ private:
+  struct Block {
+    std::size_t size;
+    int segment;
+    bool free;
+  };
+  using FreeBlocks = std::set<std::pair<std::size_t, std::size_t>>;  // (size, address)
+
+  FreeBlocks& free_of(bool large) { return large || settings_.one_pool ? large_free_ : small_free_; }
+
+  // A new segment for a block of `size`, whole and free; returns its base.
+  std::size_t add_segment(std::size_t size, bool large) {
+    std::size_t segment = !large ? settings_.small_segment
+                          : size < settings_.own_from ? settings_.large_segment
+                                                      : round_up(size, 2 * kMiB);
+    if (segment < size) segment = round_up(size, 2 * kMiB);
+    const int id = static_cast<int>(large_segment_.size());
+    large_segment_.push_back(large || settings_.one_pool);
+    const std::size_t base = next_base_;
+    blocks_[base] = {segment, id, true};
+    next_base_ += segment + gap_;  // (segments never touch, so never merge)
+    reserved_ += segment;
+    return base;
+  }
+
+  Settings settings_;
+  std::map<std::size_t, Block> blocks_;  // by address
+  FreeBlocks small_free_, large_free_;
+  std::vector<bool> large_segment_;
+  std::size_t next_base_ = std::size_t{1} << 40;
+  std::size_t reserved_ = 0;
+  static constexpr std::size_t gap_ = 64 * kMiB;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using cuemm::workload::TrainingShapes;
+  const std::string shapes = argc > 1 ? argv[1] : "per-layer";
+  const TrainingShapes drawn = shapes == "varied" ? TrainingShapes::varied
+                               : shapes == "same" ? TrainingShapes::same
+                                                  : TrainingShapes::per_layer;
+  Settings settings;
+  if (argc > 2) settings.own_from = std::stoull(argv[2]) * kMiB;
+  if (argc > 3) settings.large_segment = std::stoull(argv[3]) * kMiB;
+  if (argc > 4) settings.small_segment = std::stoull(argv[4]) * kMiB;
+  if (argc > 5) settings.one_pool = std::atoi(argv[5]) != 0;
+  double sum = 0;
+  for (unsigned seed = 1; seed <= 8; ++seed) {
+    Model model(settings);
+    std::unordered_map<std::uint64_t, std::size_t> addresses;
+    std::size_t live = 0, peak_live = 0, peak_reserved = 0;
+    for (const auto& operation : cuemm::workload::training_operations(cuemm::workload::kTrainingLayers,
+                                                                      cuemm::workload::kTrainingSteps, seed, drawn)) {
+      if (operation.allocate) {
+        addresses[operation.id] = model.allocate(operation.size);
+        live += operation.size;
+      } else {
+        model.release(addresses.at(operation.id));
+        live -= operation.size;
+      }
+      peak_live = std::max(peak_live, live);
+      peak_reserved = std::max(peak_reserved, model.reserved());
+    }
+    const double ratio = static_cast<double>(peak_reserved) / static_cast<double>(peak_live);
+    std::printf("%.3f ", ratio);
+    sum += ratio;
+  }
+  std::printf(" mean %.3f\n", sum / 8);
+}
