@@ -7,12 +7,15 @@
 // size rounded up to 2 MiB past 10 MiB; a free block is the best fit, split
 // when what is left is over 1 MiB (any size, for small blocks); free
 // neighbours in a segment merge; nothing goes back to the driver. Peak
-// reserved over peak live, per seed and their mean.
+// reserved over peak live, per seed and their mean. Options put the pool's
+// choices in instead, one at a time.
 //
 //   g++ -O2 -std=c++20 -Ibench bench/probes/model_torch_placement.cpp -o model && ./model per-layer
-//   ./model SHAPES [OWN_FROM_MIB LARGE_SEGMENT_MIB SMALL_SEGMENT_MIB ONE_POOL]
-// SHAPES: varied, same or per-layer. The defaults are PyTorch's: 10 (own
-// segments past 10 MiB), 20, 2, 0 (small and large blocks in pools apart).
+//   ./model WORKLOAD [OWN_FROM_MIB LARGE_SEGMENT_MIB SMALL_SEGMENT_MIB ONE_POOL SPARES]
+// WORKLOAD: varied, same or per-layer (training steps), or random:MAX_KIB:LIVE_MIB
+// (RMM's random workload, 20,000 operations). The defaults are PyTorch's: 10
+// (own segments past 10 MiB), 20, 2, 0 (small and large blocks in pools
+// apart), 0 (see Settings::spares).
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -33,6 +36,10 @@ struct Settings {
   std::size_t large_segment = 20 * kMiB;
   std::size_t small_segment = 2 * kMiB;
   bool one_pool = false;  // small and large blocks in the same pool
+  // 0: a freed segment of its own is a free block of the large pool, as any;
+  // 1: it is a spare, for requests of its size (within an 8th) only, as the
+  // pool's; 2: and spares go back before the footprint passes its peak.
+  int spares = 0;
 };
 
 class Model {
@@ -42,6 +49,29 @@ class Model {
   std::size_t allocate(std::size_t request) {
     const std::size_t size = request < 512 ? 512 : round_up(request, 512);
     const bool large = size > kMiB;
+    if (settings_.spares && size >= settings_.own_from) {
+      const std::size_t segment = round_up(size, 2 * kMiB);
+      auto spare = spare_.lower_bound({segment, 0});
+      if (spare != spare_.end() && spare->first <= segment + segment / 8) {
+        const std::size_t base = spare->second;
+        spare_.erase(spare);
+        return base;
+      }
+      if (settings_.spares == 2) {
+        while (!spare_.empty() && reserved_ + segment > peak_) {
+          auto largest = std::prev(spare_.end());
+          reserved_ -= largest->first;
+          own_.erase(largest->second);
+          spare_.erase(largest);
+        }
+      }
+      const std::size_t base = next_base_;
+      next_base_ += segment + gap_;
+      reserved_ += segment;
+      peak_ = std::max(peak_, reserved_);
+      own_[base] = segment;
+      return base;
+    }
     auto& free = free_of(large);
     auto best = free.lower_bound({size, 0});
     if (best == free.end()) {
@@ -62,6 +92,10 @@ class Model {
   }
 
   void release(std::size_t address) {
+    if (auto own = own_.find(address); own != own_.end()) {
+      spare_.insert({own->second, address});
+      return;
+    }
     auto block = blocks_.find(address);
     block->second.free = true;
     auto& free = free_of(large_segment_[block->second.segment]);
@@ -107,6 +141,7 @@ class Model {
     blocks_[base] = {segment, id, true};
     next_base_ += segment + gap_;  // (segments never touch, so never merge)
     reserved_ += segment;
+    peak_ = std::max(peak_, reserved_);
     return base;
   }
 
@@ -115,7 +150,9 @@ class Model {
   FreeBlocks small_free_, large_free_;
   std::vector<bool> large_segment_;
   std::size_t next_base_ = std::size_t{1} << 40;
-  std::size_t reserved_ = 0;
+  std::size_t reserved_ = 0, peak_ = 0;
+  std::map<std::size_t, std::size_t> own_;  // segments of their own (with spares): base -> bytes
+  std::set<std::pair<std::size_t, std::size_t>> spare_;  // (bytes, base)
   static constexpr std::size_t gap_ = 64 * kMiB;
 };
 
@@ -124,6 +161,12 @@ class Model {
 int main(int argc, char** argv) {
   using cuemm::workload::TrainingShapes;
   const std::string shapes = argc > 1 ? argv[1] : "per-layer";
+  std::size_t random_max = 0, random_live = 0;
+  if (shapes.rfind("random:", 0) == 0) {
+    const auto colon = shapes.find(':', 7);
+    random_max = std::stoull(shapes.substr(7, colon - 7)) << 10;
+    random_live = std::stoull(shapes.substr(colon + 1)) << 20;
+  }
   const TrainingShapes drawn = shapes == "varied" ? TrainingShapes::varied
                                : shapes == "same" ? TrainingShapes::same
                                                   : TrainingShapes::per_layer;
@@ -132,13 +175,16 @@ int main(int argc, char** argv) {
   if (argc > 3) settings.large_segment = std::stoull(argv[3]) * kMiB;
   if (argc > 4) settings.small_segment = std::stoull(argv[4]) * kMiB;
   if (argc > 5) settings.one_pool = std::atoi(argv[5]) != 0;
+  if (argc > 6) settings.spares = std::atoi(argv[6]);
   double sum = 0;
   for (unsigned seed = 1; seed <= 8; ++seed) {
     Model model(settings);
     std::unordered_map<std::uint64_t, std::size_t> addresses;
     std::size_t live = 0, peak_live = 0, peak_reserved = 0;
-    for (const auto& operation : cuemm::workload::training_operations(cuemm::workload::kTrainingLayers,
-                                                                      cuemm::workload::kTrainingSteps, seed, drawn)) {
+    const auto operations = random_max ? cuemm::workload::random_operations(random_max, 20000, random_live, seed)
+                                       : cuemm::workload::training_operations(cuemm::workload::kTrainingLayers,
+                                                                              cuemm::workload::kTrainingSteps, seed, drawn);
+    for (const auto& operation : operations) {
       if (operation.allocate) {
         addresses[operation.id] = model.allocate(operation.size);
         live += operation.size;
