@@ -16,12 +16,15 @@
 // (RMM's random workload, 20,000 operations). The defaults are PyTorch's: 10
 // (own segments past 10 MiB), 20, 2, 0 (small and large blocks in pools
 // apart), 0 (see Settings::spares).
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "random_workload.hpp"
 
@@ -38,7 +41,12 @@ struct Settings {
   bool one_pool = false;  // small and large blocks in the same pool
   // 0: a freed segment of its own is a free block of the large pool, as any;
   // 1: it is a spare, for requests of its size (within an 8th) only, as the
-  // pool's; 2: and spares go back before the footprint passes its peak.
+  // pool's; 2: and spares go back before a new segment of its own passes the
+  // footprint's peak; 3: the pool's other rules at a new peak too: before any
+  // new segment passes it, spares and entirely free shared segments go back;
+  // a request for a segment of its own is first carved from free shared
+  // space; a shared segment about to grow takes over a spare that holds the
+  // request (no larger than the growth).
   int spares = 0;
 };
 
@@ -57,14 +65,11 @@ class Model {
         spare_.erase(spare);
         return base;
       }
-      if (settings_.spares == 2) {
-        while (!spare_.empty() && reserved_ + segment > peak_) {
-          auto largest = std::prev(spare_.end());
-          reserved_ -= largest->first;
-          own_.erase(largest->second);
-          spare_.erase(largest);
-        }
+      if (settings_.spares == 3 && passes_peak(segment)) {
+        if (auto carved = take_free_block(free_of(true), size, true)) return *carved;
+        give_back_within_peak(segment);
       }
+      if (settings_.spares == 2) give_back_spares_within_peak(segment);
       const std::size_t base = next_base_;
       next_base_ += segment + gap_;
       reserved_ += segment;
@@ -73,22 +78,10 @@ class Model {
       return base;
     }
     auto& free = free_of(large);
-    auto best = free.lower_bound({size, 0});
-    if (best == free.end()) {
-      const std::size_t base = add_segment(size, large);
-      best = free.insert({blocks_.at(base).size, base}).first;
-    }
-    const std::size_t address = best->second;
-    Block& block = blocks_.at(address);
-    free.erase(best);
-    const std::size_t rest = block.size - size;
-    if (large ? rest > kMiB : rest >= 512) {
-      blocks_[address + size] = {rest, block.segment, true};
-      free.insert({rest, address + size});
-      block.size = size;
-    }
-    block.free = false;
-    return address;
+    if (auto address = take_free_block(free, size, large)) return *address;
+    const std::size_t base = add_segment(size, large);
+    free.insert({blocks_.at(base).size, base});
+    return *take_free_block(free, size, large);
   }
 
   void release(std::size_t address) {
@@ -127,6 +120,54 @@ class Model {
   };
   using FreeBlocks = std::set<std::pair<std::size_t, std::size_t>>;  // (size, address)
 
+  bool passes_peak(std::size_t more) const { return reserved_ + more > peak_; }
+
+  // The best fit of `free` for `size` bytes, split where enough is left
+  // (over 1 MiB for a large request, 512 bytes for a small one).
+  std::optional<std::size_t> take_free_block(FreeBlocks& free, std::size_t size, bool large) {
+    auto best = free.lower_bound({size, 0});
+    if (best == free.end()) return std::nullopt;
+    const std::size_t address = best->second;
+    Block& block = blocks_.at(address);
+    free.erase(best);
+    const std::size_t rest = block.size - size;
+    if (large ? rest > kMiB : rest >= 512) {
+      blocks_[address + size] = {rest, block.segment, true};
+      free.insert({rest, address + size});
+      block.size = size;
+    }
+    block.free = false;
+    return address;
+  }
+
+  void give_back_spares_within_peak(std::size_t more) {
+    while (!spare_.empty() && passes_peak(more)) {
+      auto largest = std::prev(spare_.end());
+      reserved_ -= largest->first;
+      own_.erase(largest->second);
+      spare_.erase(largest);
+    }
+  }
+
+  // Spares, then entirely free shared segments (largest first), until
+  // `more` bytes keep the footprint within its peak.
+  void give_back_within_peak(std::size_t more) {
+    give_back_spares_within_peak(more);
+    for (FreeBlocks* free : {&large_free_, &small_free_}) {
+      for (auto it = free->end(); it != free->begin() && passes_peak(more);) {
+        --it;
+        auto block = blocks_.find(it->second);
+        const int segment = block->second.segment;
+        const bool whole = (block == blocks_.begin() || std::prev(block)->second.segment != segment) &&
+                           (std::next(block) == blocks_.end() || std::next(block)->second.segment != segment);
+        if (!whole) continue;
+        reserved_ -= it->first;
+        blocks_.erase(block);
+        it = free->erase(it);
+      }
+    }
+  }
+
   FreeBlocks& free_of(bool large) { return large || settings_.one_pool ? large_free_ : small_free_; }
 
   // A new segment for a block of `size`, whole and free; returns its base.
@@ -135,6 +176,11 @@ class Model {
                           : size < settings_.own_from ? settings_.large_segment
                                                       : round_up(size, 2 * kMiB);
     if (segment < size) segment = round_up(size, 2 * kMiB);
+    if (settings_.spares == 3 && passes_peak(segment)) {
+      auto spare = spare_.lower_bound({size, 0});
+      if (spare != spare_.end() && spare->first <= segment) return adopt(spare, large);
+      give_back_within_peak(segment);
+    }
     const int id = static_cast<int>(large_segment_.size());
     large_segment_.push_back(large || settings_.one_pool);
     const std::size_t base = next_base_;
@@ -151,6 +197,16 @@ class Model {
   std::vector<bool> large_segment_;
   std::size_t next_base_ = std::size_t{1} << 40;
   std::size_t reserved_ = 0, peak_ = 0;
+
+  // A spare becomes a shared segment (whole and free); returns its base.
+  std::size_t adopt(std::set<std::pair<std::size_t, std::size_t>>::iterator spare, bool large) {
+    const std::size_t base = spare->second, bytes = spare->first;
+    spare_.erase(spare);
+    own_.erase(base);
+    blocks_[base] = {bytes, static_cast<int>(large_segment_.size()), true};
+    large_segment_.push_back(large || settings_.one_pool);
+    return base;
+  }
   std::map<std::size_t, std::size_t> own_;  // segments of their own (with spares): base -> bytes
   std::set<std::pair<std::size_t, std::size_t>> spare_;  // (bytes, base)
   static constexpr std::size_t gap_ = 64 * kMiB;
