@@ -55,6 +55,10 @@ enum class TrainingShapes {
   per_layer,  // each layer keeps sizes of its own, any byte count, drawn once (a model whose tensors all differ)
 };
 
+// `cuemm random --pattern training`'s defaults, which the benchmarks run too.
+inline constexpr std::size_t kTrainingLayers = 60;
+inline constexpr std::size_t kTrainingSteps = 30;
+
 // A training-like workload, whose sizes change between phases: `layers`
 // parameters allocated first; then `steps` steps, each a forward pass that
 // allocates an activation per layer with a scratch block of half its size
@@ -64,10 +68,6 @@ enum class TrainingShapes {
 // Parameters are 2 KiB to 16 MiB and activations 32 KiB to 8 MiB: with
 // `varied` and `same`, round sizes (batch 16, 32 or 64 per seed, times a few
 // widths); with `per_layer`, sizes drawn log-uniformly over those ranges.
-// `cuemm random --pattern training`'s defaults, which the benchmarks run too.
-inline constexpr std::size_t kTrainingLayers = 60;
-inline constexpr std::size_t kTrainingSteps = 30;
-
 inline std::vector<RandomOperation> training_operations(std::size_t layers, std::size_t steps, unsigned seed,
                                                         TrainingShapes shapes_drawn = TrainingShapes::varied) {
   std::mt19937_64 random(seed);
