@@ -70,10 +70,7 @@ class Model {
         give_back_within_peak(segment);
       }
       if (settings_.spares == 2) give_back_spares_within_peak(segment);
-      const std::size_t base = next_base_;
-      next_base_ += segment + gap_;
-      reserved_ += segment;
-      peak_ = std::max(peak_, reserved_);
+      const std::size_t base = new_range(segment);
       own_[base] = segment;
       return base;
     }
@@ -181,14 +178,31 @@ class Model {
       if (spare != spare_.end() && spare->first <= segment) return adopt(spare, large);
       give_back_within_peak(segment);
     }
-    const int id = static_cast<int>(large_segment_.size());
-    large_segment_.push_back(large || settings_.one_pool);
+    return add_shared(new_range(segment), segment, large);
+  }
+
+  // Addresses for a new segment of `bytes`, which the footprint now holds.
+  std::size_t new_range(std::size_t bytes) {
     const std::size_t base = next_base_;
-    blocks_[base] = {segment, id, true};
-    next_base_ += segment + gap_;  // (segments never touch, so never merge)
-    reserved_ += segment;
+    next_base_ += bytes + gap_;  // (segments never touch, so never merge)
+    reserved_ += bytes;
     peak_ = std::max(peak_, reserved_);
     return base;
+  }
+
+  // [base, base + bytes) becomes a shared segment, whole and free; returns base.
+  std::size_t add_shared(std::size_t base, std::size_t bytes, bool large) {
+    blocks_[base] = {bytes, static_cast<int>(large_segment_.size()), true};
+    large_segment_.push_back(large || settings_.one_pool);
+    return base;
+  }
+
+  // A spare becomes a shared segment (whole and free); returns its base.
+  std::size_t adopt(FreeBlocks::iterator spare, bool large) {
+    const std::size_t base = spare->second, bytes = spare->first;
+    spare_.erase(spare);
+    own_.erase(base);
+    return add_shared(base, bytes, large);
   }
 
   Settings settings_;
@@ -197,18 +211,8 @@ class Model {
   std::vector<bool> large_segment_;
   std::size_t next_base_ = std::size_t{1} << 40;
   std::size_t reserved_ = 0, peak_ = 0;
-
-  // A spare becomes a shared segment (whole and free); returns its base.
-  std::size_t adopt(std::set<std::pair<std::size_t, std::size_t>>::iterator spare, bool large) {
-    const std::size_t base = spare->second, bytes = spare->first;
-    spare_.erase(spare);
-    own_.erase(base);
-    blocks_[base] = {bytes, static_cast<int>(large_segment_.size()), true};
-    large_segment_.push_back(large || settings_.one_pool);
-    return base;
-  }
   std::map<std::size_t, std::size_t> own_;  // segments of their own (with spares): base -> bytes
-  std::set<std::pair<std::size_t, std::size_t>> spare_;  // (bytes, base)
+  FreeBlocks spare_;                        // (bytes, base)
   static constexpr std::size_t gap_ = 64 * kMiB;
 };
 
