@@ -11,7 +11,7 @@
 // choices in instead, one at a time.
 //
 //   g++ -O2 -std=c++20 -Ibench bench/probes/model_torch_placement.cpp -o model && ./model per-layer
-//   ./model WORKLOAD [OWN_FROM_MIB LARGE_SEGMENT_MIB SMALL_SEGMENT_MIB ONE_POOL SPARES]
+//   ./model WORKLOAD [OWN_FROM_MIB LARGE_SEGMENT_MIB SMALL_SEGMENT_MIB ONE_POOL SPARES RINGS]
 // WORKLOAD: varied, same or per-layer (training steps), or random:MAX_KIB:LIVE_MIB
 // (RMM's random workload, 20,000 operations). The defaults are PyTorch's: 10
 // (own segments past 10 MiB), 20, 2, 0 (small and large blocks in pools
@@ -26,6 +26,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include <deque>
+
+#include "cuemm/managers/detail/size_classes.hpp"
 #include "random_workload.hpp"
 
 namespace {
@@ -48,6 +51,10 @@ struct Settings {
   // space; a shared segment about to grow takes over a spare that holds the
   // request (no larger than the growth).
   int spares = 0;
+  // The pool's thread-cache rings: requests up to 1 MiB rounded to their
+  // size class; a freed one waits in its class's ring (oldest reused first)
+  // until a request of the class takes it or the footprint would grow.
+  bool rings = false;
 };
 
 class Model {
@@ -55,6 +62,23 @@ class Model {
   explicit Model(Settings settings) : settings_(settings) {}
 
   std::size_t allocate(std::size_t request) {
+    const int size_class = settings_.rings ? cuemm::detail::size_class_of(request) : -1;
+    if (size_class >= 0) {
+      auto& ring = rings_[size_class];
+      if (!ring.empty()) {
+        const std::size_t address = ring.front();
+        ring.pop_front();
+        ring_bytes_ -= cuemm::detail::size_class_bytes(size_class);
+        return address;
+      }
+      request = cuemm::detail::size_class_bytes(size_class);
+    }
+    const std::size_t address = allocate_block(request);
+    if (size_class >= 0) class_of_[address] = size_class;
+    return address;
+  }
+
+  std::size_t allocate_block(std::size_t request) {
     const std::size_t size = request < 512 ? 512 : round_up(request, 512);
     const bool large = size > kMiB;
     if (settings_.spares && size >= settings_.own_from) {
@@ -65,6 +89,7 @@ class Model {
         spare_.erase(spare);
         return base;
       }
+      if (passes_peak(segment)) flush_rings();
       if (settings_.spares == 3 && passes_peak(segment)) {
         if (auto carved = take_free_block(free_of(true), size, true)) return *carved;
         give_back_within_peak(segment);
@@ -76,12 +101,38 @@ class Model {
     }
     auto& free = free_of(large);
     if (auto address = take_free_block(free, size, large)) return *address;
+    if (flush_rings()) {
+      if (auto address = take_free_block(free, size, large)) return *address;
+    }
     const std::size_t base = add_segment(size, large);
     free.insert({blocks_.at(base).size, base});
     return *take_free_block(free, size, large);
   }
 
   void release(std::size_t address) {
+    if (auto cls = class_of_.find(address); cls != class_of_.end()) {
+      rings_[cls->second].push_back(address);
+      ring_bytes_ += cuemm::detail::size_class_bytes(cls->second);
+      return;
+    }
+    release_block(address);
+  }
+
+  // Every ring's blocks back to the free blocks; whether there were any.
+  bool flush_rings() {
+    if (ring_bytes_ == 0) return false;
+    for (auto& ring : rings_) {
+      for (const std::size_t address : ring) {
+        class_of_.erase(address);
+        release_block(address);
+      }
+      ring.clear();
+    }
+    ring_bytes_ = 0;
+    return true;
+  }
+
+  void release_block(std::size_t address) {
     if (auto own = own_.find(address); own != own_.end()) {
       spare_.insert({own->second, address});
       return;
@@ -206,6 +257,9 @@ class Model {
   }
 
   Settings settings_;
+  std::array<std::deque<std::size_t>, cuemm::detail::kSizeClassCount> rings_;
+  std::unordered_map<std::size_t, int> class_of_;  // blocks of a class, out or in a ring
+  std::size_t ring_bytes_ = 0;
   std::map<std::size_t, Block> blocks_;  // by address
   FreeBlocks small_free_, large_free_;
   std::vector<bool> large_segment_;
@@ -236,6 +290,7 @@ int main(int argc, char** argv) {
   if (argc > 4) settings.small_segment = std::stoull(argv[4]) * kMiB;
   if (argc > 5) settings.one_pool = std::atoi(argv[5]) != 0;
   if (argc > 6) settings.spares = std::atoi(argv[6]);
+  if (argc > 7) settings.rings = std::atoi(argv[7]) != 0;
   double sum = 0;
   for (unsigned seed = 1; seed <= 8; ++seed) {
     Model model(settings);

@@ -44,6 +44,12 @@ using detail::kOrderedLargeCapacity;
 using detail::ThreadCache;
 
 constexpr std::size_t kMinimumGrowth = std::size_t{8} << 20;
+// Note [Small blocks apart]: segments of room for 4 of the request, in
+// whole pages, up to kLargestSmallSegment.
+constexpr std::size_t kLargestSmallSegment = std::size_t{4} << 20;
+// Free blocks of the initial segment's that a new small segment looks at
+// (a bound, so that it stays O(1)).
+constexpr int kCarveLooks = 8;
 // Free blocks that a request in the expandable arena looks at for one whose
 // pages are mapped (a bound, so that allocation stays O(1)).
 constexpr int kMappedLooks = 32;
@@ -106,6 +112,8 @@ PoolOptions PoolOptions::from_environment() {
       util::byte_size_from_environment("CUEMM_POOL_DEDICATED_SIZE").value_or(options.dedicated_size);
   options.expandable = util::flag_from_environment("CUEMM_POOL_EXPANDABLE").value_or(options.expandable);
   options.split_spares = util::flag_from_environment("CUEMM_POOL_SPLIT_SPARES").value_or(options.split_spares);
+  options.small_blocks_apart =
+      util::flag_from_environment("CUEMM_POOL_SMALL_BLOCKS_APART").value_or(options.small_blocks_apart);
   options.pinned_host_pool = util::flag_from_environment("CUEMM_PINNED_HOST_POOL").value_or(options.pinned_host_pool);
   options.check_frees = util::flag_from_environment("CUEMM_POOL_CHECK_FREES").value_or(options.check_frees);
   return options;
@@ -121,6 +129,14 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   PoolOptions options;
   mutable BlockingAwareMutex mutex;
   detail::TlsfBlockAllocator blocks{kBlockGranularity};
+  // With options.small_blocks_apart, the blocks up to kLargestCachedSize, in
+  // small segments (Note [Small blocks apart]); some carved from the
+  // initial segment, which is a region of `blocks`.
+  detail::TlsfBlockAllocator small_blocks{kBlockGranularity};
+  std::unordered_set<std::uintptr_t> carved_small_segments;
+  std::size_t carved_small_bytes = 0;
+  std::optional<detail::TlsfBlockAllocator::Region> initial_segment;
+  detail::TlsfBlockAllocator::Region latest_shared_segment{};  // grow_shared()'s
   detail::DedicatedSegments dedicated;  // Note [Dedicated segments]
   // With options.split_spares: spares split for requests of sizes that came
   // before (Note [Recurring large sizes]), and the exact sizes asked for
@@ -181,7 +197,20 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   }
 
   std::size_t reserved_bytes() const noexcept {
-    return (arena ? arena->mapped_bytes() : blocks.region_bytes()) + dedicated.bytes() + recurring.region_bytes();
+    return (arena ? arena->mapped_bytes() : blocks.region_bytes()) + small_segment_bytes() + dedicated.bytes() +
+           recurring.region_bytes();
+  }
+  // The small segments' bytes not carved from the initial segment.
+  std::size_t small_segment_bytes() const noexcept {
+    return small_blocks.region_bytes() - carved_small_bytes;
+  }
+  std::size_t segment_count() const noexcept {
+    return blocks.region_count() + small_blocks.region_count() - carved_small_segments.size() +
+           recurring.region_count() + dedicated.count();
+  }
+  // Whether requests of `size` bytes come from the small segments.
+  bool is_small(std::size_t size) const noexcept {
+    return options.small_blocks_apart && !options.expandable && size <= detail::kLargestCachedSize;
   }
   // Whether taking `more` bytes from the driver would take the pool past its peak footprint.
   bool passes_peak(std::size_t more) const noexcept { return reserved_bytes() + more > peak_reserved; }
@@ -196,6 +225,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     if (const std::size_t segment = dedicated.size_of(address)) return {segment, true};
     if (recurring.allocated_blocks()) {
       if (const std::size_t bytes = recurring.block_size(address)) return {bytes, false};
+    }
+    if (small_blocks.allocated_blocks()) {
+      if (const std::size_t bytes = small_blocks.block_size(address)) return {bytes, false};
     }
     return {blocks.block_size(address), false};
   }
@@ -225,8 +257,8 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     }
   }
 
-  // A block of the shared segments, or of the spares split for recurring
-  // sizes, goes back to its index. (The threads hold no block of the second
+  // A block of the shared segments, the small segments or the spares split
+  // for recurring sizes goes back to its index. (The threads hold no block of the second
   // today, its sizes wanting segments of their own, but a held block going
   // back through the first alone would stay allocated there for good: an
   // experiment that gave such blocks to the threads lost 245 MiB that way.)
@@ -235,6 +267,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       return_whole_recurring_regions();
       return;
     }
+    if (small_blocks.allocated_blocks() && small_blocks.deallocate(address)) return;
     blocks.deallocate(address);
   }
 
@@ -410,7 +443,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       std::uint32_t safe = 0;
       while (safe < bin.count && epochs.is_safe(bin.at(safe).epoch)) ++safe;  // epochs only grow along a ring
       const std::size_t n = cache.take_oldest(c, safe, taken.data());
-      for (std::size_t i = 0; i < n; ++i) blocks.deallocate(taken[i].address);
+      for (std::size_t i = 0; i < n; ++i) deallocate_in_index(taken[i].address);
     }
     // The large blocks it holds from the index too (not those with segments
     // of their own, which do not merge). A training step's layers each free
@@ -439,12 +472,23 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     }
   }
 
+  // Why the pool grows: a request found no free block, or a loop's seals
+  // have cost as much as a new segment (RentOrBuy), which buys room for a
+  // few more blocks of its size (small segments: Note [Small blocks apart]).
+  enum class Growth { needed, bought_by_seals };
+
   // Takes a new segment of at least `size` bytes from the driver. Returns
   // false when the driver or the pool's maximum has no room. (The index finds
   // the new free block for a request of `size` even when it lies in the
   // request's own list: Note [Two-level segregated fit].)
-  bool grow(std::size_t size) {
+  bool grow(std::size_t size, Growth growth = Growth::needed) {
     if (options.expandable) return grow_arena(size);
+    if (is_small(size)) return grow_small(size, growth);
+    return grow_shared(size);
+  }
+
+  // grow() for the shared segments.
+  bool grow_shared(std::size_t size) {
     const std::size_t wanted = util::round_up(size, kSegmentGranularity);
     // Growing by a 32nd of the shared segments keeps them few while
     // reserving little more than is needed. At least 8 MiB, or room for 4 of
@@ -474,6 +518,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       if (result == cuda::CUDA_SUCCESS) {
         ++driver_allocations;
         blocks.add_region(base, segment);
+        latest_shared_segment = {base, segment};
         peak_reserved = std::max(peak_reserved, reserved_bytes());
         return true;
       }
@@ -481,6 +526,91 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       if (segment == wanted) return false;
       segment = wanted;  // the generous size did not fit: try the exact one
     }
+  }
+
+  // One more small segment (Note [Small blocks apart]): carved from the
+  // initial segment's free space if it has room, else from the driver.
+  bool grow_small(std::size_t size, Growth growth) {
+    constexpr std::size_t wanted = kSegmentGranularity;  // (holds any small request)
+    std::size_t segment =
+        growth == Growth::bought_by_seals
+            ? std::clamp(util::round_up(4 * size, kSegmentGranularity), wanted, kLargestSmallSegment)
+            : wanted;
+    if (carve_small_segment(segment)) return true;
+    give_back_spares_within_peak(segment);
+    if (options.maximum_size) {
+      const std::size_t room = options.maximum_size > reserved_bytes() ? options.maximum_size - reserved_bytes() : 0;
+      if (room < wanted) return false;
+      segment = std::min(segment, room / kSegmentGranularity * kSegmentGranularity);
+    }
+    ScopedContext scope(*context);
+    cuda::CUdeviceptr base = 0;
+    for (;;) {
+      const cuda::CUresult result = CUEMM_CU_RESULT(cuMemAlloc, &base, segment);
+      if (result == cuda::CUDA_SUCCESS) break;
+      if (result != cuda::CUDA_ERROR_OUT_OF_MEMORY) driver::throw_allocation_error(result, "cuMemAlloc", segment);
+      if (segment == wanted) return false;
+      segment = wanted;
+    }
+    ++driver_allocations;
+    try {
+      small_blocks.add_region(base, segment);
+    } catch (...) {
+      ++driver_frees;
+      CUEMM_CU_RESULT(cuMemFree, base);
+      throw;
+    }
+    peak_reserved = std::max(peak_reserved, reserved_bytes());
+    return true;
+  }
+
+  bool carve_small_segment(std::size_t segment) {
+    if (!initial_segment) return false;
+    segment = std::min(segment, initial_segment->size);
+    const std::uintptr_t first = initial_segment->base, end = first + initial_segment->size;
+    const std::optional<std::uintptr_t> base = blocks.allocate_where(
+        segment, [&](std::uintptr_t address, std::size_t bytes) { return address >= first && address + bytes <= end; },
+        kCarveLooks);
+    if (!base) return false;
+    try {
+      carved_small_segments.insert(*base);
+      try {
+        small_blocks.add_region(*base, segment);
+      } catch (...) {
+        carved_small_segments.erase(*base);
+        throw;
+      }
+    } catch (...) {
+      blocks.deallocate(*base);
+      throw;
+    }
+    carved_small_bytes += segment;
+    return true;
+  }
+
+  // Gives the entirely free small segments back: those carved from the
+  // initial segment to it, the others to the driver. Returns the bytes that
+  // left the pool.
+  std::size_t release_free_small_segments() noexcept {
+    std::vector<detail::TlsfBlockAllocator::Region> free;
+    try {
+      free = small_blocks.take_free_regions();
+    } catch (...) {
+      return 0;  // (no host memory for the list: they stay until the next try)
+    }
+    std::size_t released = 0;
+    ScopedContext scope(*context);
+    for (const auto& region : free) {
+      if (carved_small_segments.erase(region.base)) {
+        blocks.deallocate(region.base);
+        carved_small_bytes -= region.size;
+        continue;
+      }
+      CUEMM_CU_RESULT(cuMemFree, region.base);
+      ++driver_frees;
+      released += region.size;
+    }
+    return released;
   }
 
   // Where the shared segments would grow past the pool's peak footprint
@@ -583,7 +713,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // (the best fit has unmapped pages, say: grow_and_take() maps them).
   std::optional<std::uintptr_t> take_block(std::size_t size) {
     if (!arena) [[likely]]
-      return blocks.allocate(size);
+      return (is_small(size) ? small_blocks : blocks).allocate(size);
     // Not only the best fit: a free block a little larger whose pages are
     // mapped costs no driver call, where the best fit's would cost a
     // mapping now and an unmapping later. (Simulated, seeds 1-8: pages
@@ -599,8 +729,8 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // A block that may cost memory: the pool grows for it (in the arena, the
   // pages under the best fit are mapped, after the range grows if no free
   // block fits). Nullopt when the driver or the pool's maximum has no room.
-  std::optional<std::uintptr_t> grow_and_take(std::size_t size) {
-    if (!options.expandable) return grow(size) ? take_block(size) : std::nullopt;
+  std::optional<std::uintptr_t> grow_and_take(std::size_t size, Growth growth = Growth::needed) {
+    if (!options.expandable) return grow(size, growth) ? take_block(size) : std::nullopt;
     std::optional<std::uintptr_t> address = blocks.allocate(size);  // the best fit, mapped or not
     if (!address && grow(size)) address = blocks.allocate(size);
     if (!address) return std::nullopt;
@@ -664,8 +794,13 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // grow() for the initial size, which is reserved at once: in the arena,
   // its pages are mapped too.
   bool grow_initially(std::size_t size) {
+    if (!options.expandable) {
+      if (!grow_shared(size)) return false;
+      initial_segment = latest_shared_segment;
+      return true;
+    }
     if (!grow(size)) return false;
-    if (!arena || map_pages_under(arena->base(), arena->extent())) return true;
+    if (map_pages_under(arena->base(), arena->extent())) return true;
     blocks.take_free_regions();
     arena->shrink_to(0);
     return false;
@@ -678,9 +813,11 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     free_segments(spares);
     std::size_t released = 0;
     for (const auto& spare : spares) released += spare.size;
+    released += release_free_small_segments();
     ScopedContext scope(*context);
     if (arena) return released + shrink_arena();
     for (const auto& region : blocks.take_free_regions()) {
+      if (initial_segment && region.base == initial_segment->base) initial_segment.reset();
       CUEMM_CU_RESULT(cuMemFree, region.base);
       ++driver_frees;
       released += region.size;
@@ -729,7 +866,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       if (cached_bytes(own) > reserved_bytes() / 32) {
         if (auto address = take_back_idle_rings(size, own)) return *address;
       }
-      if (auto address = grow_and_take(size)) {
+      if (auto address = grow_and_take(size, Growth::bought_by_seals)) {
         index_rental.bought();
         return *address;
       }
@@ -779,6 +916,11 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     if (auto address = take_block(size)) return *address;
     if (release_free_segments() > 0) {
       if (auto address = grow_and_take(size)) return *address;
+    }
+    // At the driver's limit or the pool's maximum, a small block may come
+    // from the shared segments' free space (Note [Small blocks apart]).
+    if (is_small(size)) {
+      if (auto address = blocks.allocate(size)) return *address;
     }
     throw out_of_memory(size);
   }
@@ -959,14 +1101,15 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   OutOfMemory out_of_memory(std::size_t size) const {
     return OutOfMemory("PoolMemoryManager::allocate", size,
                        "the pool holds " + describe_bytes(reserved_bytes()) + " in " +
-                           std::to_string(blocks.region_count() + dedicated.count()) + " segment(s), " +
+                           std::to_string(segment_count()) + " segment(s), " +
                            describe_bytes(in_use_bytes()) + " in use" +
                            (options.maximum_size ? "; maximum " + describe_bytes(options.maximum_size) : ""));
   }
 
   // Bytes in blocks handed out.
   std::size_t in_use_bytes() const noexcept {
-    return blocks.allocated_bytes() + recurring.allocated_bytes() + dedicated.bytes() - dedicated.spare_bytes() -
+    return blocks.allocated_bytes() - carved_small_bytes +
+           small_blocks.allocated_bytes() + recurring.allocated_bytes() + dedicated.bytes() - dedicated.spare_bytes() -
            quarantined_bytes - cached_bytes();
   }
 
@@ -1454,7 +1597,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     try {
       for (; recorded < count; ++recorded) quarantine_block(spilled[recorded].address, class_bytes, spilled[recorded].epoch);
     } catch (...) {
-      for (std::size_t i = recorded; i < count; ++i) blocks.deallocate(spilled[i].address);
+      for (std::size_t i = recorded; i < count; ++i) deallocate_in_index(spilled[i].address);
     }
   }
 
@@ -1644,6 +1787,8 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
         if (!arena) CUEMM_CU_RESULT(cuMemFree, region.base);
       if (arena) arena->release();
       for (const auto& region : recurring.take_all_regions()) CUEMM_CU_RESULT(cuMemFree, region.base);
+      for (const auto& region : small_blocks.take_all_regions())
+        if (!carved_small_segments.count(region.base)) CUEMM_CU_RESULT(cuMemFree, region.base);
       free_segments(dedicated.take_all());
     } catch (const std::exception& error) {
       std::fprintf(stderr, "cuemm pool: returning memory failed: %s\n", error.what());
@@ -1864,7 +2009,7 @@ MemoryInfo PoolMemoryManager::get_memory_info() {
   // (The arena's free space counts where its pages are mapped.)
   const std::size_t free_in_index = core_->arena ? core_->arena->mapped_bytes() - core_->blocks.allocated_bytes()
                                                  : core_->blocks.free_bytes();
-  info.free += free_in_index + core_->recurring.free_bytes() + core_->dedicated.spare_bytes() +
+  info.free += free_in_index + core_->small_blocks.free_bytes() + core_->recurring.free_bytes() + core_->dedicated.spare_bytes() +
                core_->quarantined_bytes + core_->cached_bytes();
   return info;
 }
@@ -1885,9 +2030,9 @@ PoolStatistics PoolMemoryManager::statistics() const {
   statistics.quarantined_bytes = core_->quarantined_bytes;
   statistics.cached_bytes = core_->cached_bytes();
   statistics.in_use_bytes = core_->in_use_bytes();
-  statistics.segments = core_->blocks.region_count() + core_->recurring.region_count() + core_->dedicated.count();
-  statistics.free_blocks =
-      core_->blocks.free_blocks() + core_->recurring.free_blocks() + core_->dedicated.spare_count();
+  statistics.segments = core_->segment_count();
+  statistics.free_blocks = core_->blocks.free_blocks() + core_->small_blocks.free_blocks() +
+                           core_->recurring.free_blocks() + core_->dedicated.spare_count();
   statistics.seals = core_->epochs.seals();
   statistics.driver_allocations = core_->driver_allocations;
   statistics.spares_taken_over = core_->spares_taken_over;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <latch>
 #include <random>
+#include <set>
 #include <thread>
 #include <unordered_map>
 
@@ -92,21 +93,65 @@ TEST_F(Pool, SuballocatesFromFewSegments) {
   }
 }
 
-// Growth steps follow the requests: room for 4 of the largest (2 MiB pages
-// at least), up to 8 MiB, so that a small pool of small blocks does not
-// reserve a third more than it uses.
+// Growth steps follow the requests, so that a small pool of small blocks
+// does not reserve a third more than it uses: one 2 MiB page at a time for
+// the classes' blocks (Note [Small blocks apart]); for larger ones room for
+// 4 of the largest, up to 8 MiB; and with the small blocks in the shared
+// segments, room for 4 of theirs too.
 TEST_F(Pool, APoolOfSmallBlocksGrowsBySmallSteps) {
-  PoolMemoryManager pool(&context);
-  pool.initialize();
-  std::vector<cuda::CUdeviceptr> blocks;
-  for (int i = 0; i < 40; ++i) blocks.push_back(pool.allocate(200 << 10));
-  const PoolStatistics small = pool.statistics();
-  EXPECT_LE(small.reserved_bytes, small.in_use_bytes + PoolMemoryManager::kSegmentGranularity)
-      << "in use: " << small.in_use_bytes;
-  while (pool.statistics().reserved_bytes == small.reserved_bytes) blocks.push_back(pool.allocate(1 << 20));
-  EXPECT_EQ(pool.statistics().reserved_bytes, small.reserved_bytes + (std::size_t{4} << 20))
-      << "requests of 1 MiB should grow the pool by 4 MiB at a time";
-  for (std::size_t i = 0; i < blocks.size(); ++i) pool.deallocate(blocks[i], i < 40 ? 200 << 10 : 1 << 20);
+  for (const bool apart : {true, false}) {
+    SCOPED_TRACE(apart ? "small blocks apart" : "small blocks shared");
+    PoolOptions options;
+    options.small_blocks_apart = apart;
+    PoolMemoryManager pool(&context, options);
+    pool.initialize();
+    std::vector<std::pair<cuda::CUdeviceptr, std::size_t>> blocks;
+    auto grow_with = [&](std::size_t size) {
+      const std::size_t reserved = pool.statistics().reserved_bytes;
+      while (pool.statistics().reserved_bytes == reserved) blocks.emplace_back(pool.allocate(size), size);
+      return pool.statistics().reserved_bytes - reserved;
+    };
+    for (int i = 0; i < 40; ++i) blocks.emplace_back(pool.allocate(200 << 10), 200 << 10);
+    const PoolStatistics small = pool.statistics();
+    EXPECT_LE(small.reserved_bytes, small.in_use_bytes + PoolMemoryManager::kSegmentGranularity)
+        << "in use: " << small.in_use_bytes;
+    EXPECT_EQ(grow_with(1 << 20), (apart ? std::size_t{2} : std::size_t{4}) << 20) << "requests of 1 MiB";
+    EXPECT_EQ(grow_with(3 << 19), std::size_t{6} << 20) << "requests of 1.5 MiB";
+    for (const auto& [block, size] : blocks) pool.deallocate(block, size);
+  }
+}
+
+// The classes' blocks come from segments that hold no larger block (Note
+// [Small blocks apart]): a thread's ring keeps what it frees, and among
+// larger blocks those kept blocks split the free space that a larger request
+// needed. Here three 2 MiB blocks, with 1 MiB of 256 KiB blocks after each
+// of the first two, are freed, the small ones into the thread's ring; then a
+// request of 3 MiB comes: in the shared segments, it grows the pool.
+TEST_F(Pool, BlocksThatAThreadsRingKeepsDoNotSplitTheSpaceOfLargerOnes) {
+  constexpr std::size_t kKiB = 1024, kMiB = kKiB * kKiB;
+  for (const bool apart : {true, false}) {
+    SCOPED_TRACE(apart ? "small blocks apart" : "small blocks shared");
+    PoolOptions options;
+    options.small_blocks_apart = apart;
+    PoolMemoryManager pool(&context, options);
+    pool.initialize();
+    std::vector<std::shared_ptr<MemoryPointer>> large, small;
+    for (int i = 0; i < 3; ++i) {
+      large.push_back(pool.memalloc(2 * kMiB));  // (the first grows the shared segments by 8 MiB)
+      for (int j = 0; i < 2 && j < 4; ++j) small.push_back(pool.memalloc(256 * kKiB));
+    }
+    ASSERT_EQ(pool.statistics().driver_allocations, apart ? 2u : 1u);
+    const std::size_t reserved = pool.statistics().reserved_bytes;
+    large.clear();
+    small.clear();
+    auto three = pool.memalloc(3 * kMiB);
+    if (apart) {
+      EXPECT_EQ(pool.statistics().reserved_bytes, reserved) << "the pool grew beside 8 MiB of free large blocks";
+    } else {
+      // (Documents what sharing costs: the ring's blocks left 2 MiB pieces.)
+      EXPECT_GT(pool.statistics().reserved_bytes, reserved);
+    }
+  }
 }
 
 TEST_F(Pool, AFreedBlockIsNotReusedWhileQueuedWorkMayStillWriteIt) {
@@ -517,7 +562,7 @@ TEST_F(Pool, AtItsPeakASpareSegmentBecomesASharedOneRatherThanThePoolGrow) {
 
   // Shared segments grow by at least 6 MiB for requests of 1.5 MiB.
   auto first = pool.memalloc(3 * kMiB / 2);
-  auto second = pool.memalloc(kMiB);
+  auto second = pool.memalloc(5 * kMiB / 4);  // (not a class's: Note [Small blocks apart])
   EXPECT_EQ(first->device_pointer(), spare) << "not placed in the spare";
   EXPECT_EQ(pool.statistics().reserved_bytes, 6 * kMiB) << "the pool grew beside its spare";
   EXPECT_EQ(pool.statistics().driver_allocations, 1u);
@@ -685,7 +730,7 @@ TEST_F(Pool, AtItsPeakAThreadsHeldBlocksMergeForAnotherSize) {
   const PoolStatistics before = pool.statistics();
   held.clear();  // the thread holds them now
   ASSERT_GE(pool.statistics().cached_bytes, 4 * kHeld) << "the thread did not hold its large blocks";
-  auto other = pool.memalloc(std::size_t{1} << 20);  // a size class of the thread caches, which never looks at held blocks
+  auto other = pool.memalloc(std::size_t{5} << 19);  // 2.5 MiB: no held block fits it
   const PoolStatistics after = pool.statistics();
   EXPECT_EQ(after.driver_allocations, before.driver_allocations) << "the pool grew while 6 MiB sat held";
   EXPECT_EQ(after.cached_bytes, 0u) << "the thread still holds blocks";
@@ -932,6 +977,39 @@ TEST_F(Pool, AnInitialSizeIsReservedAtInitialize) {
   bad.initial_size = 4 << 20;
   bad.maximum_size = 2 << 20;
   EXPECT_THROW(PoolMemoryManager(&context, bad), InvalidArgument);
+}
+
+// The memory reserved up front serves every size: small segments are carved
+// from the initial segment while it has room (Note [Small blocks apart]), and
+// go back to it once free, so that trim() returns it whole.
+TEST_F(Pool, AnInitialSizeServesSmallBlocksToo) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  PoolOptions options;
+  options.initial_size = 16 * kMiB;
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  ASSERT_EQ(pool.statistics().driver_allocations, 1u);
+  std::vector<std::shared_ptr<MemoryPointer>> blocks;
+  for (int i = 0; i < 8; ++i) blocks.push_back(pool.memalloc(300 << 10));  // classes' blocks: 2.6 MiB
+  for (int i = 0; i < 2; ++i) blocks.push_back(pool.memalloc(3 * kMiB));
+  const PoolStatistics full = pool.statistics();
+  EXPECT_EQ(full.driver_allocations, 1u) << "the initial segment had room";
+  EXPECT_EQ(full.reserved_bytes, 16 * kMiB);
+  EXPECT_EQ(full.segments, 1u);
+  EXPECT_EQ(full.in_use_bytes, 8 * (std::size_t{320} << 10) + 6 * kMiB);  // (300 KiB's class: 320 KiB)
+  std::set<cuda::CUdeviceptr> distinct;
+  for (const auto& block : blocks) distinct.insert(block->device_pointer());
+  EXPECT_EQ(distinct.size(), blocks.size());
+  const MemoryInfo info = pool.get_memory_info();
+  EXPECT_GE(info.free, 16 * kMiB - full.in_use_bytes) << "the pool's free bytes are missing";
+  blocks.clear();
+  EXPECT_EQ(pool.trim(), 16 * kMiB);
+  EXPECT_EQ(pool.statistics().reserved_bytes, 0u);
+  EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
+  EXPECT_EQ(pool.statistics().driver_frees, 1u);
+  // Grown again, small blocks have segments of their own.
+  auto small = pool.memalloc(300 << 10);
+  EXPECT_EQ(pool.statistics().reserved_bytes, PoolMemoryManager::kSegmentGranularity);
 }
 
 TEST_F(Pool, SizesFromTheEnvironmentAreParsed) {

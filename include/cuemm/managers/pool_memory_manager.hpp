@@ -3,10 +3,12 @@
 // Suballocates device memory from large driver allocations (segments). Requests
 // up to 1 MiB are rounded to a size class (Note [Size classes]) and served from
 // a per-thread cache without a lock; cache misses and requests under 4 MiB go
-// to an O(1) two-level segregated fit index (see TlsfBlockAllocator) under one
-// lock, so neither path scans anything. Blocks of 4 MiB and more get a segment
-// of their own, kept as a spare when freed (Note [Dedicated segments]). Host
-// memory comes from HostOnlyMemoryManager.
+// to O(1) two-level segregated fit indexes (see TlsfBlockAllocator) under one
+// lock, so neither path scans anything: one for the classes' blocks, in 2 MiB
+// segments of their own (Note [Small blocks apart]), one for larger blocks.
+// Blocks of 4 MiB and more get a segment of their own, kept as a spare when
+// freed (Note [Dedicated segments]). Host memory comes from
+// HostOnlyMemoryManager.
 //
 //   PoolOptions options;
 //   options.initial_size = 1ull << 30;            // CUEMM_POOL_INITIAL_SIZE
@@ -64,6 +66,29 @@
 // rotation, a seal that began after its oldest block's free, and stream
 // queries do not overlap, so threads queue for the seal in flight
 // (docs/pool-measurements.md has the figures, and the ways of waiting tried).
+//
+// Note [Small blocks apart]
+// Blocks up to 1 MiB (the size classes' requests) come from segments that
+// hold no larger block, as PyTorch's small pool. The thread caches keep
+// freed blocks for their class until a request of the class takes them or
+// the pool would grow; among larger blocks, blocks kept that long split the
+// free space that a larger request needed, so the pool grew beside it.
+// Simulated driver, seeds 1-8, peak reserved over peak live, sharing the
+// segments -> apart: training steps whose layers keep sizes of their own
+// 1.25 -> 1.18, with round sizes 1.047 -> 1.019; RMM's random workloads
+// within their noise (docs/pool-measurements.md). A small segment is one
+// 2 MiB page where a request found no free block (a larger step reserved
+// more: 4 MiB read 1.19 on those steps, and up to 256 KiB with 64 MiB live
+// 1.25 rather than 1.18), and room for 4 of the request, up to 4 MiB, where
+// a loop's seals bought it (Growth::bought_by_seals): a ring of 1 MiB blocks
+// otherwise took twice the seals to fill. With an initial size, small
+// segments are carved from the initial segment's free space first, so that
+// the memory reserved up front serves every size; at the driver's limit or
+// the pool's maximum, a small block may come from the shared segments' free
+// space. Entirely free small segments go back (to the driver, or to the
+// initial segment) with trim() and before an allocation fails. Not in the
+// expandable arena, whose free pages go back anyway.
+// PoolOptions::small_blocks_apart.
 //
 // Out of memory: reclaim completed epochs, wait for pending ones, grow, and if
 // the driver is out of memory, flush the thread caches, return empty segments
@@ -129,6 +154,10 @@ struct PoolOptions {
   // the first steps rather than up to 15 a step (simulated driver). Sizes that
   // do not recur are unaffected. CUEMM_POOL_SPLIT_SPARES=1.
   bool split_spares = false;
+  // Blocks up to 1 MiB in 2 MiB segments that hold no larger block (Note
+  // [Small blocks apart]); CUEMM_POOL_SMALL_BLOCKS_APART=0 shares the
+  // segments. Ignored with `expandable`.
+  bool small_blocks_apart = true;
   // Pinned and mapped host memory from a PinnedHostPool (CUEMM_PINNED_HOST_POOL=0 turns it off).
   bool pinned_host_pool = true;
   // Checks each raw deallocate() against a record of the blocks that the raw
