@@ -175,12 +175,13 @@ TEST(TlsfBlockAllocator, AnAcceptedBlockIsTakenInTheOrderOfPreference) {
     return false;
   };
   EXPECT_FALSE(allocator.allocate_where(kRequest, refuse_all, 100));
-  // The 3 MiB block first (the smallest list whose every block holds the
-  // request), then 8 MiB, the free end, and the block of its own list last.
+  // The block of its own list that holds the request first (a better fit
+  // than a larger list's head), then 3 MiB (the smallest list whose every
+  // block holds it), 8 MiB and the free end; each once.
   ASSERT_EQ(looked.size(), 4u);
-  EXPECT_EQ(looked[0], three);
-  EXPECT_EQ(looked[1], eight);
-  EXPECT_EQ(looked.back(), own_list);
+  EXPECT_EQ(looked[0], own_list);
+  EXPECT_EQ(looked[1], three);
+  EXPECT_EQ(looked[2], eight);
   looked.clear();
   EXPECT_FALSE(allocator.allocate_where(kRequest, refuse_all, 2));
   EXPECT_EQ(looked.size(), 2u) << "looked past its bound";
@@ -190,6 +191,27 @@ TEST(TlsfBlockAllocator, AnAcceptedBlockIsTakenInTheOrderOfPreference) {
   EXPECT_EQ(*taken, eight);
   EXPECT_EQ(allocator.block_size(eight), 2 * kMiB + 1024);
   EXPECT_EQ(allocator.free_bytes(), 64 * kMiB - 3 * 4096 - 2 * kMiB - 1024);
+}
+
+// A free block of the request's own list that holds it is taken before the
+// head of a larger list, whose split would leave a piece; of the first few
+// such blocks, the smallest.
+TEST(TlsfBlockAllocator, ABlockOfTheRequestsOwnListThatHoldsItFitsBest) {
+  constexpr std::size_t kKiB = 1024, kMiB = kKiB * kKiB;
+  TlsfBlockAllocator allocator(256);
+  allocator.add_region(kBase, 64 * kMiB);
+  // Free blocks of 2 MiB + 96 KiB and + 32 KiB (one list: 2 MiB to 2 MiB +
+  // 128 KiB), and of 3 MiB, each kept apart by a small block in use.
+  std::vector<std::uintptr_t> blocks;
+  for (const std::size_t size : {2 * kMiB + 96 * kKiB, 4 * kKiB, 2 * kMiB + 32 * kKiB, 4 * kKiB, 3 * kMiB, 4 * kKiB})
+    blocks.push_back(*allocator.allocate(size));
+  for (std::size_t i = 0; i < blocks.size(); i += 2) allocator.deallocate(blocks[i]);
+  const auto taken = allocator.allocate(2 * kMiB + 16 * kKiB);
+  ASSERT_TRUE(taken);
+  EXPECT_EQ(*taken, blocks[2]) << "not the smallest block that holds it";
+  EXPECT_EQ(allocator.block_size(*taken), 2 * kMiB + 16 * kKiB);
+  // One that no block of its own list holds takes the larger list's.
+  EXPECT_EQ(*allocator.allocate(2 * kMiB + 100 * kKiB), blocks[4]);
 }
 
 TEST(TlsfBlockAllocator, TakeAllRegionsForgetsEverything) {

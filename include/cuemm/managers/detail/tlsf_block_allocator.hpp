@@ -8,10 +8,15 @@
 // first non-empty list at or above it with two bit scans, and splits the block;
 // freeing merges with free address neighbours. Both are O(1) whatever the
 // number of free blocks, and the good fit (at most 1/16 over the request before
-// the split returns the rest) keeps fragmentation low. When no list above has
-// a block, up to kOwnListLooks blocks of the request's own list are looked at:
-// one of them may fit, and passing it over would grow the pool (or fail it at
-// its maximum size) with the block free.
+// the split returns the rest) keeps fragmentation low. Blocks of the request's
+// own list may hold it too, and fit it better than a larger list's head, whose
+// split leaves a piece that few requests fit: the smallest of the first
+// kOwnListFirstLooks of them that holds it is taken first. (Simulated driver,
+// RMM's random workload, seeds 1-16, peak reserved over live: up to 4 MiB
+// with 512 MiB live 1.20 -> 1.19, with 128 MiB 1.437 -> 1.410; the rest the
+// same.) When no list above has a block, up to kOwnListLooks blocks of the
+// own list are looked at: passing over one that fits would grow the pool (or
+// fail it at its maximum size) with the block free.
 // Device memory cannot hold allocator metadata, so each block is described by
 // a host-side node; an address-to-node map finds the node on free.
 //
@@ -25,6 +30,7 @@
 #include <memory>
 #include <optional>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace cuemm::detail {
@@ -145,12 +151,27 @@ class TlsfBlockAllocator {
   // Takes `wanted` bytes from the start of the free `block`.
   std::uintptr_t carve(Block* block, std::size_t wanted);
   // The first free block of at least `wanted` bytes that accept(address,
-  // wanted) takes, in the order of preference: the lists whose every block
-  // holds `wanted`, smallest first (two bit scans find each), then wanted's
-  // own list; nullptr once `looks` blocks were passed over.
+  // wanted) takes, in the order of preference: the smallest of the first
+  // kOwnListFirstLooks blocks of wanted's own list that hold it, the lists
+  // whose every block holds `wanted`, smallest first (two bit scans find
+  // each), then the rest of wanted's own list; nullptr once `looks` blocks
+  // were passed over.
   template <class Accept>
   Block* find_free(std::size_t wanted, Accept accept, int looks) const {
     const Index above = index_of_rounded_up(wanted);
+    const Index own = index_of(wanted);
+    const bool own_list_apart = own.first != above.first || own.second != above.second;
+    Block* rest_of_own = own_list_apart ? free_lists_[own.first][own.second] : nullptr;
+    if (rest_of_own) {
+      Block* smallest = nullptr;
+      for (int i = 0; rest_of_own && i < kOwnListFirstLooks; ++i) {
+        Block* block = std::exchange(rest_of_own, rest_of_own->next_free);
+        if (block->size >= wanted && (!smallest || block->size < smallest->size) && accept(block->address, wanted))
+          smallest = block;
+        if (--looks <= 0) return smallest;
+      }
+      if (smallest) return smallest;
+    }
     if (above.first < kFirstLevels) {
       int first = above.first;
       std::uint32_t seconds = second_level_bitmaps_[first] & (~0u << above.second);
@@ -168,14 +189,14 @@ class TlsfBlockAllocator {
         seconds = second_level_bitmaps_[first];
       }
     }
-    const Index own = index_of(wanted);
-    if (own.first == above.first && own.second == above.second) return nullptr;  // (walked above)
-    for (Block* block = free_lists_[own.first][own.second]; block; block = block->next_free) {
+    if (!own_list_apart) return nullptr;  // (walked above)
+    for (Block* block = rest_of_own; block; block = block->next_free) {
       if (block->size >= wanted && accept(block->address, wanted)) return block;
       if (--looks <= 0) return nullptr;
     }
     return nullptr;
   }
+  static constexpr int kOwnListFirstLooks = 8;
   static constexpr int kOwnListLooks = 32;  // a bound, so that allocation stays O(1)
   void insert_free(Block* block) noexcept;
   void remove_free(Block* block) noexcept;
