@@ -996,7 +996,7 @@ TEST_F(Pool, AnInitialSizeServesSmallBlocksToo) {
   EXPECT_EQ(full.driver_allocations, 1u) << "the initial segment had room";
   EXPECT_EQ(full.reserved_bytes, 16 * kMiB);
   EXPECT_EQ(full.segments, 1u);
-  EXPECT_EQ(full.in_use_bytes, 8 * (std::size_t{320} << 10) + 6 * kMiB);  // (300 KiB's class: 320 KiB)
+  EXPECT_EQ(full.in_use_bytes, 8 * detail::size_class_bytes(detail::size_class_of(300 << 10)) + 6 * kMiB);
   std::set<cuda::CUdeviceptr> distinct;
   for (const auto& block : blocks) distinct.insert(block->device_pointer());
   EXPECT_EQ(distinct.size(), blocks.size());
