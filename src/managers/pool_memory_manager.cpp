@@ -506,26 +506,41 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
                                                     kSegmentGranularity));
     if (passes_peak(segment) && adopt_spare(size, segment)) return true;
     give_back_spares_within_peak(segment);
+    const std::optional<detail::TlsfBlockAllocator::Region> added = add_new_segment(blocks, wanted, segment);
+    if (!added) return false;
+    latest_shared_segment = *added;
+    return true;
+  }
+
+  // A new driver allocation of `segment` bytes (or of `wanted`, where that
+  // many do not fit the pool's maximum or the driver), made a region of
+  // `index`; nullopt when not even `wanted` fits.
+  std::optional<detail::TlsfBlockAllocator::Region> add_new_segment(detail::TlsfBlockAllocator& index,
+                                                                     std::size_t wanted, std::size_t segment) {
     if (options.maximum_size) {
       const std::size_t room = options.maximum_size > reserved_bytes() ? options.maximum_size - reserved_bytes() : 0;
-      if (room < wanted) return false;
+      if (room < wanted) return std::nullopt;
       segment = std::min(segment, room / kSegmentGranularity * kSegmentGranularity);
     }
     ScopedContext scope(*context);
+    cuda::CUdeviceptr base = 0;
     for (;;) {
-      cuda::CUdeviceptr base = 0;
       const cuda::CUresult result = CUEMM_CU_RESULT(cuMemAlloc, &base, segment);
-      if (result == cuda::CUDA_SUCCESS) {
-        ++driver_allocations;
-        blocks.add_region(base, segment);
-        latest_shared_segment = {base, segment};
-        peak_reserved = std::max(peak_reserved, reserved_bytes());
-        return true;
-      }
+      if (result == cuda::CUDA_SUCCESS) break;
       if (result != cuda::CUDA_ERROR_OUT_OF_MEMORY) driver::throw_allocation_error(result, "cuMemAlloc", segment);
-      if (segment == wanted) return false;
+      if (segment == wanted) return std::nullopt;
       segment = wanted;  // the generous size did not fit: try the exact one
     }
+    ++driver_allocations;
+    try {
+      index.add_region(base, segment);
+    } catch (...) {
+      ++driver_frees;
+      CUEMM_CU_RESULT(cuMemFree, base);
+      throw;
+    }
+    peak_reserved = std::max(peak_reserved, reserved_bytes());
+    return detail::TlsfBlockAllocator::Region{base, segment};
   }
 
   // One more small segment (Note [Small blocks apart]): carved from the
@@ -538,30 +553,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
             : wanted;
     if (carve_small_segment(segment)) return true;
     give_back_spares_within_peak(segment);
-    if (options.maximum_size) {
-      const std::size_t room = options.maximum_size > reserved_bytes() ? options.maximum_size - reserved_bytes() : 0;
-      if (room < wanted) return false;
-      segment = std::min(segment, room / kSegmentGranularity * kSegmentGranularity);
-    }
-    ScopedContext scope(*context);
-    cuda::CUdeviceptr base = 0;
-    for (;;) {
-      const cuda::CUresult result = CUEMM_CU_RESULT(cuMemAlloc, &base, segment);
-      if (result == cuda::CUDA_SUCCESS) break;
-      if (result != cuda::CUDA_ERROR_OUT_OF_MEMORY) driver::throw_allocation_error(result, "cuMemAlloc", segment);
-      if (segment == wanted) return false;
-      segment = wanted;
-    }
-    ++driver_allocations;
-    try {
-      small_blocks.add_region(base, segment);
-    } catch (...) {
-      ++driver_frees;
-      CUEMM_CU_RESULT(cuMemFree, base);
-      throw;
-    }
-    peak_reserved = std::max(peak_reserved, reserved_bytes());
-    return true;
+    return add_new_segment(small_blocks, wanted, segment).has_value();
   }
 
   bool carve_small_segment(std::size_t segment) {

@@ -44,6 +44,19 @@ class Pool : public ::testing::Test {
     options.thread_cache_size = bytes;
     return options;
   }
+  // Runs `check(pool, apart)` on a new pool with its small blocks apart
+  // (Note [Small blocks apart]), then on one where they share the segments.
+  template <class Check>
+  void with_small_blocks_apart_and_not(Check check) {
+    for (const bool apart : {true, false}) {
+      SCOPED_TRACE(apart ? "small blocks apart" : "small blocks shared");
+      PoolOptions options;
+      options.small_blocks_apart = apart;
+      PoolMemoryManager pool(&context, options);
+      pool.initialize();
+      check(pool, apart);
+    }
+  }
   // An expandable pool whose every block up to 64 MiB comes from the
   // arena's index (no thread caches, no segments of their own).
   static PoolOptions arena_only() {
@@ -99,12 +112,7 @@ TEST_F(Pool, SuballocatesFromFewSegments) {
 // 4 of the largest, up to 8 MiB; and with the small blocks in the shared
 // segments, room for 4 of theirs too.
 TEST_F(Pool, APoolOfSmallBlocksGrowsBySmallSteps) {
-  for (const bool apart : {true, false}) {
-    SCOPED_TRACE(apart ? "small blocks apart" : "small blocks shared");
-    PoolOptions options;
-    options.small_blocks_apart = apart;
-    PoolMemoryManager pool(&context, options);
-    pool.initialize();
+  with_small_blocks_apart_and_not([](PoolMemoryManager& pool, bool apart) {
     std::vector<std::pair<cuda::CUdeviceptr, std::size_t>> blocks;
     auto grow_with = [&](std::size_t size) {
       const std::size_t reserved = pool.statistics().reserved_bytes;
@@ -118,7 +126,7 @@ TEST_F(Pool, APoolOfSmallBlocksGrowsBySmallSteps) {
     EXPECT_EQ(grow_with(1 << 20), (apart ? std::size_t{2} : std::size_t{4}) << 20) << "requests of 1 MiB";
     EXPECT_EQ(grow_with(3 << 19), std::size_t{6} << 20) << "requests of 1.5 MiB";
     for (const auto& [block, size] : blocks) pool.deallocate(block, size);
-  }
+  });
 }
 
 // The classes' blocks come from segments that hold no larger block (Note
@@ -128,13 +136,8 @@ TEST_F(Pool, APoolOfSmallBlocksGrowsBySmallSteps) {
 // of the first two, are freed, the small ones into the thread's ring; then a
 // request of 3 MiB comes: in the shared segments, it grows the pool.
 TEST_F(Pool, BlocksThatAThreadsRingKeepsDoNotSplitTheSpaceOfLargerOnes) {
-  constexpr std::size_t kKiB = 1024, kMiB = kKiB * kKiB;
-  for (const bool apart : {true, false}) {
-    SCOPED_TRACE(apart ? "small blocks apart" : "small blocks shared");
-    PoolOptions options;
-    options.small_blocks_apart = apart;
-    PoolMemoryManager pool(&context, options);
-    pool.initialize();
+  with_small_blocks_apart_and_not([](PoolMemoryManager& pool, bool apart) {
+    constexpr std::size_t kKiB = 1024, kMiB = kKiB * kKiB;
     std::vector<std::shared_ptr<MemoryPointer>> large, small;
     for (int i = 0; i < 3; ++i) {
       large.push_back(pool.memalloc(2 * kMiB));  // (the first grows the shared segments by 8 MiB)
@@ -151,7 +154,7 @@ TEST_F(Pool, BlocksThatAThreadsRingKeepsDoNotSplitTheSpaceOfLargerOnes) {
       // (Documents what sharing costs: the ring's blocks left 2 MiB pieces.)
       EXPECT_GT(pool.statistics().reserved_bytes, reserved);
     }
-  }
+  });
 }
 
 TEST_F(Pool, AFreedBlockIsNotReusedWhileQueuedWorkMayStillWriteIt) {
