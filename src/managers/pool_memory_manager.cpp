@@ -258,10 +258,11 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   }
 
   // A block of the shared segments, the small segments or the spares split
-  // for recurring sizes goes back to its index. (The threads hold no block of the second
-  // today, its sizes wanting segments of their own, but a held block going
-  // back through the first alone would stay allocated there for good: an
-  // experiment that gave such blocks to the threads lost 245 MiB that way.)
+  // for recurring sizes goes back to its index. (The threads hold no block
+  // of the spares' index today, its sizes wanting segments of their own, but
+  // a held block going back through the shared segments' index alone would
+  // stay allocated there for good: an experiment that gave such blocks to
+  // the threads lost 245 MiB that way.)
   void deallocate_in_index(std::uintptr_t address) {
     if (recurring.allocated_blocks() && recurring.deallocate(address)) {
       return_whole_recurring_regions();
@@ -556,6 +557,8 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     return add_new_segment(small_blocks, wanted, segment).has_value();
   }
 
+  // A small segment of up to `segment` bytes from the initial segment's free
+  // space (looking at a few of its free blocks only); whether there was room.
   bool carve_small_segment(std::size_t segment) {
     if (!initial_segment) return false;
     segment = std::min(segment, initial_segment->size);
