@@ -919,7 +919,11 @@ TEST_F(Pool, AtItsMaximumAPoolUsesAFreeBlockThatJustFits) {
   PoolMemoryManager pool(&context, options);
   pool.initialize();
   auto a = pool.memalloc(2 * kMiB + 576 * kKiB);
-  auto b = pool.memalloc(1 * kMiB);  // keeps a's block from merging with the free rest
+  // Keeps a's block from merging with the free rest. A class's block, it
+  // comes from the shared segment's free space: the maximum leaves no room
+  // for a small segment (Note [Small blocks apart]).
+  auto b = pool.memalloc(1 * kMiB);
+  EXPECT_EQ(pool.statistics().segments, 1u);
   a.reset();
   EXPECT_NO_THROW(a = pool.memalloc(2 * kMiB + 544 * kKiB)) << "the freed block fits, yet the pool was out of memory";
   EXPECT_EQ(pool.statistics().reserved_bytes, 4 * kMiB);
