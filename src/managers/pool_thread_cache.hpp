@@ -85,10 +85,6 @@ struct ThreadCache {
   std::uint32_t frees_since_advance = 0;  // of all classes
   std::uint64_t free_serial = 0;          // counts its frees into rings and ordered bins
   std::size_t budget;
-  std::array<Bin, kSizeClassCount> bins;
-  std::unique_ptr<Freed[]> storage;
-  std::array<OrderedBin, kSizeClassCount> ordered;
-  std::unique_ptr<std::uintptr_t[]> ordered_storage;
   std::array<OrderedLarge, kOrderedLargeCapacity> ordered_large;  // oldest first
   std::uint32_t ordered_large_count = 0;
   // Large blocks this thread freed without a stream, oldest first, each with
@@ -97,9 +93,7 @@ struct ThreadCache {
     OrderedLarge block;
     std::uint64_t epoch;
   };
-  // A ring: a loop reuses its oldest block at every request.
-  std::array<HeldLarge, kHeldCapacity> held_large;
-  std::uint32_t held_large_head = 0;
+  std::uint32_t held_large_head = 0;  // of held_large, below
   std::uint32_t held_large_count = 0;
   std::size_t held_large_bytes = 0;
   // The held blocks that fit the latest size asked about (needed 0: none
@@ -153,6 +147,19 @@ struct ThreadCache {
   };
   std::array<Lent, kLentCapacity> lent{};
   std::uint32_t next_lent = 0;  // the slot to overwrite next
+
+  // The arrays last, so that the fields above, which pairs of every size
+  // touch, share a few cache lines whatever the number of classes. (Sixteen
+  // classes a doubling rather than eight moved them 3 KiB further on: on the
+  // H100, alternated seven times with the build before, one thread's raw
+  // pairs at 256 B / 64 KiB / 1 MiB / 64 MiB read 1.13 / 1.08 / 1.07 / 1.10
+  // of its times; with the arrays last, 1.00 / 1.06 / 1.06 / 1.02.)
+  std::array<Bin, kSizeClassCount> bins;
+  std::unique_ptr<Freed[]> storage;
+  std::array<OrderedBin, kSizeClassCount> ordered;
+  std::unique_ptr<std::uintptr_t[]> ordered_storage;
+  // A ring: a loop reuses its oldest block at every request.
+  std::array<HeldLarge, kHeldCapacity> held_large;
 
   void lend(const OrderedLarge& block, std::uint64_t generation) noexcept {
     lent[next_lent] = {block, generation};
