@@ -136,7 +136,6 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   std::unordered_set<std::uintptr_t> carved_small_segments;
   std::size_t carved_small_bytes = 0;
   std::optional<detail::TlsfBlockAllocator::Region> initial_segment;
-  detail::TlsfBlockAllocator::Region latest_shared_segment{};  // grow_shared()'s
   detail::DedicatedSegments dedicated;  // Note [Dedicated segments]
   // With options.split_spares: spares split for requests of sizes that came
   // before (Note [Recurring large sizes]), and the exact sizes asked for
@@ -485,11 +484,11 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   bool grow(std::size_t size, Growth growth = Growth::needed) {
     if (options.expandable) return grow_arena(size);
     if (is_small(size)) return grow_small(size, growth);
-    return grow_shared(size);
+    return grow_shared(size).has_value();
   }
 
-  // grow() for the shared segments.
-  bool grow_shared(std::size_t size) {
+  // grow() for the shared segments; the region they grew by, or nullopt.
+  std::optional<detail::TlsfBlockAllocator::Region> grow_shared(std::size_t size) {
     const std::size_t wanted = util::round_up(size, kSegmentGranularity);
     // Growing by a 32nd of the shared segments keeps them few while
     // reserving little more than is needed. At least 8 MiB, or room for 4 of
@@ -505,12 +504,11 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
                                          kSegmentGranularity, kMinimumGrowth);
     std::size_t segment = std::max(wanted, util::round_up(std::max(blocks.region_bytes() / 32, floor),
                                                     kSegmentGranularity));
-    if (passes_peak(segment) && adopt_spare(size, segment)) return true;
+    if (passes_peak(segment)) {
+      if (auto adopted = adopt_spare(size, segment)) return adopted;
+    }
     give_back_spares_within_peak(segment);
-    const std::optional<detail::TlsfBlockAllocator::Region> added = add_new_segment(blocks, wanted, segment);
-    if (!added) return false;
-    latest_shared_segment = *added;
-    return true;
+    return add_new_segment(blocks, wanted, segment);
   }
 
   // A new driver allocation of `segment` bytes (or of `wanted`, where that
@@ -620,22 +618,24 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // noise. Any spare, whatever its size, took RMM's workload up to 64 MiB with
   // 256 MiB live from 1.17 to 1.27: small blocks split the large ones'
   // segments.) Not for the expandable arena, one range of its own. Returns
-  // whether it adopted one.
-  bool adopt_spare(std::size_t size, std::size_t segment) {
-    if (!move_spare_into(blocks, size, segment)) return false;
-    ++spares_taken_over;
-    return true;
+  // the spare it adopted, if any.
+  std::optional<detail::TlsfBlockAllocator::Region> adopt_spare(std::size_t size, std::size_t segment) {
+    auto adopted = move_spare_into(blocks, size, segment);
+    if (adopted) ++spares_taken_over;
+    return adopted;
   }
 
   // Makes the smallest spare that holds `size` bytes, if it is no larger than
-  // `at_most`, a region of `index`. Returns whether there was one.
-  bool move_spare_into(detail::TlsfBlockAllocator& index, std::size_t size, std::size_t at_most = SIZE_MAX) {
+  // `at_most`, a region of `index`. Returns that region, if there was one.
+  std::optional<detail::TlsfBlockAllocator::Region> move_spare_into(detail::TlsfBlockAllocator& index,
+                                                                     std::size_t size,
+                                                                     std::size_t at_most = SIZE_MAX) {
     const std::optional<detail::DedicatedSegments::Segment> spare =
         dedicated.smallest_spare_of_at_least(index.rounded_size(size));
-    if (!spare || spare->size > at_most) return false;
+    if (!spare || spare->size > at_most) return std::nullopt;
     index.add_region(spare->base, spare->size);  // (first: it may throw, with nothing changed)
     dedicated.forget_spare(*spare);
-    return true;
+    return detail::TlsfBlockAllocator::Region{spare->base, spare->size};
   }
 
   // Gives back the largest spares until growing by `more` bytes keeps the
@@ -790,9 +790,8 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // its pages are mapped too.
   bool grow_initially(std::size_t size) {
     if (!options.expandable) {
-      if (!grow_shared(size)) return false;
-      initial_segment = latest_shared_segment;
-      return true;
+      initial_segment = grow_shared(size);
+      return initial_segment.has_value();
     }
     if (!grow(size)) return false;
     if (map_pages_under(arena->base(), arena->extent())) return true;
