@@ -74,6 +74,10 @@ std::vector<LoggedEvent> read_log_events(const std::string& path) {
     std::printf("the log: %zu free(s) of addresses it never allocated, skipped (did it begin mid-run?)\n",
                 gaps.frees_of_unknown_addresses);
   }
+  if (gaps.rows_of_other_types) {
+    std::printf("the log: %zu row(s) of event types that are not allocations or frees, skipped (the first: '%s')\n",
+                gaps.rows_of_other_types, gaps.first_other_type.c_str());
+  }
   if (gaps.frees_inferred) {
     std::printf("the log: %zu address(es) allocated again while live, so freed before without a row: "
                 "the frees are replayed there\n", gaps.frees_inferred);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -85,6 +86,14 @@ constexpr std::array<EventType, 6> kEventTypes{{{"Alloc", true, LoggedKind::Devi
 constexpr std::array<EventType, 3> kRmmActions{{{"allocate", true, LoggedKind::Device},
                                                {"free", false, LoggedKind::Device},
                                                {"deallocate", false, LoggedKind::Device}}};
+constexpr const char* kRmmFailure = "allocate failure";
+
+// Event types compare without case: "ALLOC" and "alloc" are still an allocation.
+bool same_name(const std::string& text, const char* name) {
+  return std::equal(text.begin(), text.end(), name, name + std::char_traits<char>::length(name),
+                    [](char a, char b) { return std::tolower(static_cast<unsigned char>(a)) ==
+                                                std::tolower(static_cast<unsigned char>(b)); });
+}
 
 // Where a log format keeps what a replay needs.
 struct LogColumns {
@@ -131,8 +140,13 @@ std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& so
     const std::string where = source + ":" + std::to_string(row);
     if (fields.size() < header.size()) throw InvalidArgument(where + ": too few columns");
     const auto type = std::find_if(columns.types_begin, columns.types_end,
-                                   [&](const EventType& t) { return fields[columns.type] == t.name; });
-    if (type == columns.types_end) continue;
+                                   [&](const EventType& t) { return same_name(fields[columns.type], t.name); });
+    if (type == columns.types_end) {
+      if (!(rmm && same_name(fields[columns.type], kRmmFailure))) {
+        if (found.rows_of_other_types++ == 0) found.first_other_type = fields[columns.type];
+      }
+      continue;
+    }
     LoggedEvent event{type->allocate, type->kind, 0, 0, 0.0};
     const auto bytes = util::parse_whole_number(fields[columns.size]);
     if (!bytes) throw InvalidArgument(where + ": the size '" + fields[columns.size] + "' is not a byte count");

@@ -433,6 +433,39 @@ TEST(MemoryLog, FreesItNeverLoggedOrCannotPairAreInferredOrSkippedAndCounted) {
   EXPECT_EQ(live, 0u);
 }
 
+// Event types in another case are still allocations and frees; rows of types
+// a replay does not know are skipped and counted, so that a log of another
+// tool does not replay as an empty one without a word. RMM's failed
+// allocations are known: they hold nothing.
+TEST(MemoryLog, EventTypesInAnyCaseCountAndOtherTypesAreCountedAndNamed) {
+  std::istringstream ours(
+      "Event Type,Device ID,Address,Stream,Size (bytes),Free Memory,Total Memory,Current Allocs,Start,End,Elapsed,"
+      "Location\n"
+      "ALLOC,0,0x100,0,4096,0,0,1,0,1,0,x\n"
+      "Resize,0,0x100,0,8192,0,0,1,0,2,0,x\n"
+      "Aloc,0,0x200,0,4096,0,0,1,0,3,0,x\n"
+      "free,0,0x100,0,0,0,0,0,0,4,0,x\n");
+  MemoryLogGaps gaps;
+  const std::vector<LoggedEvent> events = read_memory_log(ours, "ours.csv", &gaps);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_TRUE(events[0].allocate);
+  EXPECT_EQ(events[0].size, 4096u);
+  EXPECT_FALSE(events[1].allocate);
+  EXPECT_EQ(events[1].id, events[0].id);
+  EXPECT_EQ(gaps.rows_of_other_types, 2u);
+  EXPECT_EQ(gaps.first_other_type, "Resize");
+  EXPECT_EQ(gaps.frees_of_unknown_addresses, 0u);
+
+  std::istringstream rmm(
+      "Thread,Time,Action,Pointer,Size,Stream\n"
+      "1,1,Allocate,0x100,1024,0x0\n"
+      "1,2,allocate failure,0x0,1099511627776,0x0\n"
+      "1,3,FREE,0x100,1024,0x0\n");
+  MemoryLogGaps rmm_gaps;
+  EXPECT_EQ(read_memory_log(rmm, "rmm.csv", &rmm_gaps).size(), 2u);
+  EXPECT_EQ(rmm_gaps.rows_of_other_types, 0u) << "a failed allocation is no unknown row";
+}
+
 TEST_F(Adaptors, TheLogCanGoToAFile) {
   const std::string path = ::testing::TempDir() + "/cuemm_adaptor_log.csv";
   {

@@ -35,10 +35,16 @@ struct MemoryLogGaps {
   // not logged, and is taken to have come just before (else the first
   // allocation would stay live to the end of a replay).
   std::size_t frees_inferred = 0;
+  // Rows whose event type is none a replay knows (a log of another tool, a
+  // misspelt "Aloc"): skipped; the first such type, to name in a warning.
+  // RMM's failed allocations ("allocate failure") hold nothing and are not
+  // counted.
+  std::size_t rows_of_other_types = 0;
+  std::string first_other_type;
 };
 
-// The Alloc/Free rows of a log (RMM's: allocate/free), in order;
-// other rows and frees of addresses the log never allocated (on that
+// The Alloc/Free rows of a log (RMM's: allocate/free; either in any case),
+// in order; other rows and frees of addresses the log never allocated (on that
 // device) are skipped, and a free that an address's second allocation
 // implies is added (both counted in `gaps`, where given).
 // Throws InvalidArgument naming `source` (and the row) when the text is
