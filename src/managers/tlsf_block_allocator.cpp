@@ -100,6 +100,14 @@ std::optional<std::uintptr_t> TlsfBlockAllocator::allocate(std::size_t size) {
   return carve(block, wanted);
 }
 
+std::optional<std::uintptr_t> TlsfBlockAllocator::allocate_in_hole(std::size_t size, std::size_t largest) {
+  const std::size_t wanted = rounded_size(size);
+  if (wanted < size) return std::nullopt;
+  Block* block = find_free(wanted, [](std::uintptr_t, std::size_t) { return true; }, kOwnListLooks);
+  if (!block || block->size > largest) return std::nullopt;
+  return carve(block, wanted);
+}
+
 std::uintptr_t TlsfBlockAllocator::carve(Block* block, std::size_t wanted) {
   // Take every resource that can fail before changing any state.
   Block* rest = block->size - wanted >= granularity_ ? new_block() : nullptr;

@@ -157,6 +157,41 @@ TEST_F(Pool, BlocksThatAThreadsRingKeepsDoNotSplitTheSpaceOfLargerOnes) {
   });
 }
 
+// At the pool's peak, a small block takes a hole of the shared segments that
+// is no larger than the largest request they grew for (one that requests
+// grown for could not use) rather than a new small segment; a larger free
+// block, such as a new segment's free end, stays for larger requests (Note
+// [Small blocks apart]). (No thread caches: blocks freed go to the index.)
+TEST_F(Pool, AtItsPeakASmallBlockTakesAHoleThatLargerRequestsDoNotFit) {
+  constexpr std::size_t kKiB = 1024, kMiB = kKiB * kKiB;
+  PoolMemoryManager pool(&context, with_thread_cache(0));
+  pool.initialize();
+  std::vector<std::shared_ptr<MemoryPointer>> large, small;
+  large.push_back(pool.memalloc(2 * kMiB));  // the shared segments grow by room for 4 of them
+  for (int i = 0; i < 8; ++i) small.push_back(pool.memalloc(256 * kKiB));  // one small segment, full
+  ASSERT_EQ(pool.statistics().driver_allocations, 2u);
+  // The shared segment's 6 MiB free end is larger than any request it grew for.
+  small.push_back(pool.memalloc(256 * kKiB));
+  EXPECT_EQ(pool.statistics().driver_allocations, 3u) << "the small block split the shared segment's free end";
+  for (int i = 0; i < 3; ++i) large.push_back(pool.memalloc(2 * kMiB));
+  for (int i = 0; i < 7; ++i) small.push_back(pool.memalloc(256 * kKiB));  // the second small segment, full
+  const PoolStatistics full = pool.statistics();
+  ASSERT_EQ(full.driver_allocations, 3u) << "the large blocks did not fill the shared segment";
+  // A 2 MiB hole between blocks in use.
+  const cuda::CUdeviceptr hole = large[1]->device_pointer();
+  large[1].reset();
+  auto in_hole = pool.memalloc(256 * kKiB);
+  EXPECT_EQ(pool.statistics().driver_allocations, 3u) << "a new small segment beside a hole that fitted";
+  EXPECT_EQ(pool.statistics().reserved_bytes, full.reserved_bytes);
+  EXPECT_GE(in_hole->device_pointer(), hole);
+  EXPECT_LT(in_hole->device_pointer(), hole + 2 * kMiB);
+  // Freed, it merges back: the shared segment holds a 2 MiB block again.
+  in_hole.reset();
+  auto again = pool.memalloc(2 * kMiB);
+  EXPECT_EQ(again->device_pointer(), hole);
+  EXPECT_EQ(pool.statistics().driver_allocations, 3u);
+}
+
 TEST_F(Pool, AFreedBlockIsNotReusedWhileQueuedWorkMayStillWriteIt) {
   PoolMemoryManager pool(&context);
   pool.initialize();

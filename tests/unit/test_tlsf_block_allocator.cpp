@@ -214,6 +214,31 @@ TEST(TlsfBlockAllocator, ABlockOfTheRequestsOwnListThatHoldsItFitsBest) {
   EXPECT_EQ(*allocator.allocate(2 * kMiB + 100 * kKiB), blocks[4]);
 }
 
+// allocate_in_hole() takes the block that allocate() would, only where that
+// free block is no larger than the bound; otherwise nothing changes.
+TEST(TlsfBlockAllocator, AllocationInAHoleTakesOnlyABlockWithinTheBound) {
+  constexpr std::size_t kKiB = 1024, kMiB = kKiB * kKiB;
+  TlsfBlockAllocator allocator(256);
+  allocator.add_region(kBase, 16 * kMiB);
+  // A hole of 2 MiB between blocks in use, and 11 MiB free at the end.
+  const std::uintptr_t first = *allocator.allocate(1 * kMiB);
+  const std::uintptr_t hole = *allocator.allocate(2 * kMiB);
+  const std::uintptr_t last = *allocator.allocate(2 * kMiB);
+  allocator.deallocate(hole);
+  const std::size_t free_before = allocator.free_bytes();
+  EXPECT_FALSE(allocator.allocate_in_hole(256 * kKiB, 1 * kMiB)) << "the smallest free block is 2 MiB";
+  EXPECT_EQ(allocator.free_bytes(), free_before);
+  EXPECT_FALSE(allocator.allocate_in_hole(3 * kMiB, 4 * kMiB)) << "only the 11 MiB at the end holds 3 MiB";
+  const auto small = allocator.allocate_in_hole(256 * kKiB, 2 * kMiB);
+  ASSERT_TRUE(small);
+  EXPECT_GE(*small, hole);
+  EXPECT_LT(*small, hole + 2 * kMiB);
+  EXPECT_EQ(allocator.block_size(*small), 256 * kKiB);
+  EXPECT_EQ(allocator.free_bytes(), free_before - 256 * kKiB);
+  EXPECT_NE(*small, first);
+  EXPECT_NE(*small, last);
+}
+
 TEST(TlsfBlockAllocator, TakeAllRegionsForgetsEverything) {
   TlsfBlockAllocator allocator(512);
   allocator.add_region(kBase, 1 << 20);

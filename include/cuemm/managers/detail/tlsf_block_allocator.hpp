@@ -67,6 +67,10 @@ class TlsfBlockAllocator {
     if (!block) return std::nullopt;
     return carve(block, wanted);
   }
+  // As allocate(), but only where the free block that allocate() would split
+  // has at most `largest` bytes: a hole too small for other requests is put to
+  // use, and larger free space is left to them. Nullopt otherwise.
+  std::optional<std::uintptr_t> allocate_in_hole(std::size_t size, std::size_t largest);
   // Frees a block from allocate(); returns its size, or 0 for an address that
   // is not an allocated block (nothing changes then).
   std::size_t deallocate(std::uintptr_t address);
