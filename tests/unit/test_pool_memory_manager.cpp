@@ -245,6 +245,31 @@ TEST_F(Pool, ALoopThatEmptiesASmallPoolGrowsIt) {
       << "the pool holds " << pool.statistics().reserved_bytes << " bytes";
 }
 
+// The same loop after a phase of larger blocks, whose free space the
+// shared segments keep: the loop's ring still grows as its seals pay for
+// it. (Growth bought only while the pool held little free read 200 stream
+// queries here, not 33: docs/pool-measurements.md.)
+TEST_F(Pool, ALoopBesideMuchFreeSpaceOfLargerBlocksStillGrowsItsRing) {
+  CUEMM_REQUIRE_SIMULATION();
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  {
+    std::vector<std::shared_ptr<MemoryPointer>> large;
+    for (int i = 0; i < 64; ++i) large.push_back(pool.memalloc(std::size_t{3} << 20));
+  }
+  pool.trim();  // (the thread's held blocks go back to the index, and empty segments to the driver)
+  {
+    std::vector<std::shared_ptr<MemoryPointer>> large;
+    for (int i = 0; i < 64; ++i) large.push_back(pool.memalloc(std::size_t{3} << 20));
+  }
+  const std::size_t size = std::size_t{64} << 10;
+  pairs(pool, size, 200000);
+  simulation::reset_call_counts();
+  pairs(pool, size, 6400);
+  EXPECT_LE(simulation::call_count("cuStreamQuery"), 6400u / 128 + 1)
+      << "the pool holds " << pool.statistics().reserved_bytes << " bytes";
+}
+
 // A short loop of large requests reuses its one segment (a seal each time
 // costs less than a new segment); a long one, once its seals have cost
 // about as much, rotates through a few (at most 64, within the thread's
