@@ -269,6 +269,8 @@ void replay_by_device(const std::vector<Operation>& operations, const std::strin
     return;
   }
   const int count = Device::count();
+  if (count == 0) throw InvalidArgument("the log has rows of " + std::to_string(by_device.size()) +
+                                        " devices, but the driver has no device to replay them on");
   if (by_device.rbegin()->first >= count) {
     std::printf("the log has rows of %zu devices, up to device %d; the driver has %d device(s), so the rows of "
                 "device N replay on device N %% %d\n",

@@ -903,9 +903,10 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     if (cached_bytes() > reserved_bytes() / 32) {
       if (auto address = take_back_idle_rings(size, own)) return *address;
     }
-    // Holes of the shared segments that no larger request fits (every block
-    // there is over the classes' largest) take a small block before a new
-    // small segment would take the pool past its peak (Note [Small blocks apart]).
+    // A hole of the shared segments no larger than the largest request they
+    // grew for (holes their requests seldom fit; every block there is over
+    // the classes' largest) takes a small block before a new small segment
+    // would take the pool past its peak (Note [Small blocks apart]).
     if (is_small(size) && passes_peak(kSegmentGranularity)) {
       if (auto address = blocks.allocate_in_hole(size, largest_request_grown_for)) return *address;
     }

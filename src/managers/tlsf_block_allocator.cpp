@@ -1,6 +1,7 @@
 #include "cuemm/managers/detail/tlsf_block_allocator.hpp"
 
 #include <bit>
+#include <limits>
 #include <stdexcept>
 
 namespace cuemm::detail {
@@ -91,18 +92,14 @@ void TlsfBlockAllocator::add_region(std::uintptr_t base, std::size_t size) {
 }
 
 std::optional<std::uintptr_t> TlsfBlockAllocator::allocate(std::size_t size) {
-  const std::size_t wanted = rounded_size(size);
-  if (wanted < size) return std::nullopt;
-  // The head of the first list whose every block holds it; failing that, a
-  // block of its own list that does.
-  Block* block = find_free(wanted, [](std::uintptr_t, std::size_t) { return true; }, kOwnListLooks);
-  if (!block) return std::nullopt;
-  return carve(block, wanted);
+  return allocate_in_hole(size, std::numeric_limits<std::size_t>::max());
 }
 
 std::optional<std::uintptr_t> TlsfBlockAllocator::allocate_in_hole(std::size_t size, std::size_t largest) {
   const std::size_t wanted = rounded_size(size);
   if (wanted < size) return std::nullopt;
+  // The head of the first list whose every block holds it; failing that, a
+  // block of its own list that does.
   Block* block = find_free(wanted, [](std::uintptr_t, std::size_t) { return true; }, kOwnListLooks);
   if (!block || block->size > largest) return std::nullopt;
   return carve(block, wanted);
