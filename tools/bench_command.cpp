@@ -140,8 +140,8 @@ std::string cell(std::optional<double> ns) {
   return text;
 }
 
-// A row of the table: a bundled manager (under the adaptors CUEMM_ADAPTORS
-// names), or the driver's own cuMemAlloc/cuMemFree.
+// A row of the table: a bundled manager or a plugin library's (under the
+// adaptors CUEMM_ADAPTORS names), or the driver's own cuMemAlloc/cuMemFree.
 struct Subject {
   std::string name;
   std::shared_ptr<BaseMemoryManager> manager;  // null for cuMemAlloc
@@ -158,13 +158,14 @@ Subject make_subject(const std::string& name, Context& context, const std::strin
             }};
   }
   const auto bundled = bundled_memory_managers();
-  if (std::find(bundled.begin(), bundled.end(), name) == bundled.end()) {
+  if (!names_a_plugin_library(name) && std::find(bundled.begin(), bundled.end(), name) == bundled.end()) {
     std::string known = "cuMemAlloc";
     for (const auto& other : bundled) known += ", " + other;
-    throw InvalidArgument("--managers: no manager is called '" + name + "' (there are: " + known + ")");
+    throw InvalidArgument("--managers: no manager is called '" + name + "' (there are: " + known +
+                          "; or give the path of a plugin library)");
   }
   std::shared_ptr<BaseMemoryManager> manager =
-      wrap_with_adaptors(&context, make_bundled_memory_manager(name, &context), adaptors);
+      wrap_with_adaptors(&context, make_memory_manager(name, &context), adaptors);
   manager->initialize();
   BaseMemoryManager* raw = manager.get();
   Purchases purchases;

@@ -3,7 +3,8 @@
 //   cuemm info                               driver, devices, managers
 //   cuemm replay LOG.csv [--manager NAME]    replays an allocation log (the CSV of
 //                                            LoggingAdaptor, or of RMM's
-//                                            logging_resource_adaptor) against a manager;
+//                                            logging_resource_adaptor) against a manager
+//                                            (bundled, or a plugin library's: NAME a path);
 //                                            a log of several devices, each device's rows
 //                                            against a manager of its own on that device
 //   cuemm random [--manager NAME] [--max-size BYTES] [--operations N] [--seed S]
@@ -165,9 +166,10 @@ void trace_growth(std::size_t operation, std::size_t live_bytes, const PoolStati
 ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& context, const std::string& manager_name,
                     bool tracing) {
   if (manager_name == kBestFit) return best_fit_reference(lists);
-  auto manager = make_bundled_memory_manager(manager_name, &context);
+  // A bundled manager or a plugin library's, under the adaptors CUEMM_ADAPTORS names (as `cuemm bench`).
+  auto manager = wrap_with_adaptors(&context, make_memory_manager(manager_name, &context), adaptors_from_environment());
   manager->initialize();
-  auto* pool = dynamic_cast<PoolMemoryManager*>(manager.get());
+  auto* pool = find_adaptor<PoolMemoryManager>(*manager);
   const MemoryInfo start = driver_memory_info(context);
   auto reserved_now = [&] {
     if (pool) return pool->statistics().reserved_bytes;
@@ -234,8 +236,10 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
 }
 
 // `prefix` begins each line (which device, for a log of several).
-void print(const ReplayReport& report, const std::string& manager, const std::string& prefix = "") {
+void print(const ReplayReport& report, const std::string& name, const std::string& prefix = "") {
   std::printf("%s", prefix.c_str());
+  const std::string adaptors = report.reference ? "" : adaptors_from_environment();
+  const std::string manager = adaptors.empty() ? name : name + " under " + adaptors;
   if (report.operations == 0) {
     std::printf("manager %s: 0 operations (the log holds no allocation or free it can replay)", manager.c_str());
   } else if (report.reference) {
@@ -288,7 +292,7 @@ void replay_by_device(const std::vector<Operation>& operations, const std::strin
 int usage(bool asked = false) {
   std::fprintf(asked ? stdout : stderr,
                "usage: cuemm info\n"
-               "       cuemm replay LOG.csv [--manager pool|async|default|best-fit] [--trace-growth]\n"
+               "       cuemm replay LOG.csv [--manager pool|async|default|best-fit|PLUGIN.so] [--trace-growth]\n"
                "       cuemm random [--manager NAME] [--max-size 64M] [--live 1G] [--operations 100000] [--seed 1]\n"
                "                    [--threads 1] [--trace-growth]\n"
                "       cuemm random --pattern training [--manager NAME] [--layers 60] [--steps 30] [--seed 1]\n"

@@ -85,7 +85,7 @@ const MemoryManagerFactory& environment_factory(Registry& table, const std::stri
   std::string name = choice;
   if (auto it = table.bundled.find(choice); it != table.bundled.end()) {
     factory = it->second;
-  } else if (choice.find('/') != std::string::npos || choice.ends_with(".so")) {
+  } else if (names_a_plugin_library(choice)) {
     factory = load_plugin_library(choice);
   } else {
     throw PluginError("CUEMM_MEMORY_MANAGER='" + choice + "' is neither a bundled manager (" + bundled_names(table) +
@@ -150,6 +150,19 @@ std::unique_ptr<BaseMemoryManager> make_bundled_memory_manager(const std::string
     factory = it->second;
   }
   return factory(context);
+}
+
+bool names_a_plugin_library(const std::string& value) {
+  return value.find('/') != std::string::npos || value.ends_with(".so");
+}
+
+std::unique_ptr<BaseMemoryManager> make_memory_manager(const std::string& name_or_path, Context* context) {
+  if (!names_a_plugin_library(name_or_path)) return make_bundled_memory_manager(name_or_path, context);
+  const MemoryManagerFactory factory = load_plugin_library(name_or_path);
+  check_interface_version(factory, "'" + name_or_path + "'");
+  std::unique_ptr<BaseMemoryManager> manager = factory(context);
+  if (!manager) throw PluginError("memory manager plugin '" + name_or_path + "' made no manager");
+  return manager;
 }
 
 namespace detail {

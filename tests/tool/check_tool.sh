@@ -3,6 +3,8 @@
 # logging adaptor writes (through CUEMM_LOG_FILE, while `cuemm random` runs).
 set -euo pipefail
 tool=$1
+counting_plugin=${2:-}     # a plugin library (examples/plugin), and one of interface version 2
+version_two_plugin=${3:-}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -49,6 +51,22 @@ printf 'Free,0,0x%x,0,%d,0,0,2,0.5,0.51,0.0001,\n' 4096 1000 >>"$work/made.csv"
 "$tool" replay "$work/made.csv" --manager pool >"$work/replay.txt"
 grep -q "4 operations" "$work/replay.txt"
 grep -q "peak live 5.86 KiB" "$work/replay.txt"
+# Under the adaptors CUEMM_ADAPTORS names, which the report says: a limit
+# below the peak makes allocations fail, counted.
+CUEMM_ADAPTORS=statistics,limit CUEMM_LIMIT=4K "$tool" replay "$work/made.csv" --manager pool >"$work/limited.txt"
+grep -q "^manager pool under statistics,limit: 4 operations .*; 1 allocation(s) failed" "$work/limited.txt"
+# Against a plugin library's manager, by its path (replay and bench); one of
+# another interface version is refused by name.
+if [ -n "$counting_plugin" ]; then
+  "$tool" replay "$work/made.csv" --manager "$counting_plugin" >"$work/plugin.txt"
+  grep -q "^manager $counting_plugin: 4 operations" "$work/plugin.txt"
+  grep -q "peak live 5.86 KiB" "$work/plugin.txt"
+  "$tool" bench --managers "$counting_plugin" --sizes 4K --threads 1 --seconds 0.01 --repeats 1 --warm-up 0.01 \
+    >"$work/plugin-bench.txt"
+  grep -q "^$counting_plugin  *[0-9]" "$work/plugin-bench.txt"
+  if "$tool" replay "$work/made.csv" --manager "$version_two_plugin" 2>"$work/error.txt"; then exit 1; fi
+  grep -q "implements EMM plugin interface version 2, but cuemm requires version 1" "$work/error.txt"
+fi
 # RMM's logging_resource_adaptor's log replays too.
 printf 'Thread,Time,Action,Pointer,Size,Stream\n1,10.5,allocate,0x7f0000000000,3000,0x0\n1,11,free,0x7f0000000000,3000,0x0\n' \
   >"$work/rmm.csv"

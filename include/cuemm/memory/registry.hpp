@@ -45,6 +45,15 @@ std::vector<std::string> bundled_memory_managers();
 // makes its own); InvalidArgument lists the bundled names for an unknown one.
 std::unique_ptr<BaseMemoryManager> make_bundled_memory_manager(const std::string& name, Context* context);
 
+// Whether CUEMM_MEMORY_MANAGER's `value` names a plugin library (it has a '/'
+// or ends in .so) rather than a bundled manager.
+bool names_a_plugin_library(const std::string& value);
+
+// As make_bundled_memory_manager(), or, for the path of a plugin library, a
+// new instance of the manager it makes, its interface version checked first
+// (PluginError otherwise). The `cuemm` tool replays and benchmarks with it.
+std::unique_ptr<BaseMemoryManager> make_memory_manager(const std::string& name_or_path, Context* context);
+
 namespace detail {
 // Used by Context: makes its manager and records that a context exists.
 std::unique_ptr<BaseMemoryManager> create_memory_manager(Context& context);
