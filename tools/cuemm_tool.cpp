@@ -115,6 +115,7 @@ struct ReplayReport {
   std::size_t operations = 0, peak_live = 0, peak_reserved = 0, failed = 0;
   std::optional<PoolStatistics> pool;  // at the end, for a pool: its seals and driver calls
   bool reference = false;              // the ideal best fit's footprint, not a manager's (no time)
+  std::string adaptors;                // the CUEMM_ADAPTORS the manager ran under ("" for none)
 };
 
 // `--manager best-fit`: not a manager, the footprint of an ideal best fit
@@ -167,7 +168,8 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
                     bool tracing) {
   if (manager_name == kBestFit) return best_fit_reference(lists);
   // A bundled manager or a plugin library's, under the adaptors CUEMM_ADAPTORS names (as `cuemm bench`).
-  auto manager = wrap_with_adaptors(&context, make_memory_manager(manager_name, &context), adaptors_from_environment());
+  const std::string adaptors = adaptors_from_environment();
+  auto manager = wrap_with_adaptors(&context, make_memory_manager(manager_name, &context), adaptors);
   manager->initialize();
   auto* pool = find_adaptor<PoolMemoryManager>(*manager);
   const MemoryInfo start = driver_memory_info(context);
@@ -232,14 +234,14 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
   report.peak_reserved = peak_reserved.load();
   report.failed = failed.load();
   if (pool) report.pool = pool->statistics();
+  report.adaptors = adaptors;
   return report;
 }
 
 // `prefix` begins each line (which device, for a log of several).
 void print(const ReplayReport& report, const std::string& name, const std::string& prefix = "") {
   std::printf("%s", prefix.c_str());
-  const std::string adaptors = report.reference ? "" : adaptors_from_environment();
-  const std::string manager = adaptors.empty() ? name : name + " under " + adaptors;
+  const std::string manager = report.adaptors.empty() ? name : name + " under " + report.adaptors;
   if (report.operations == 0) {
     std::printf("manager %s: 0 operations (the log holds no allocation or free it can replay)", manager.c_str());
   } else if (report.reference) {

@@ -89,9 +89,10 @@
 // requests could not use; a new segment's free end stays theirs): RMM's
 // random workload up to 4 MiB with 512 and 128 MiB live, seeds 1-16,
 // 1.19 -> 1.16 and 1.41 -> 1.37, the rest the same; at the driver's limit or
-// the pool's maximum, any of their free space. Entirely free small segments go back (to the driver, or to the
-// initial segment) with trim() and before an allocation fails. Not in the
-// expandable arena, whose free pages go back anyway.
+// the pool's maximum, any of their free space. Entirely free small segments
+// go back (to the driver, or to the initial segment) with trim() and before
+// an allocation fails. Not in the expandable arena, whose free pages go back
+// anyway.
 // PoolOptions::small_blocks_apart.
 //
 // Out of memory: reclaim completed epochs, wait for pending ones, grow, and if
