@@ -363,6 +363,7 @@ int run(std::vector<std::string> args) {
         const std::size_t max_size = bytes_option(args, "--max-size", "64M");
         const std::size_t live = bytes_option(args, "--live", "1G");
         if (max_size == 0) throw InvalidArgument("--max-size must be at least 1 byte (got 0)");
+        if (live == 0) throw InvalidArgument("--live must be at least 1 byte (got 0)");
         const std::size_t count = count_option(args, "--operations", "100000");
         if (!args.empty()) return usage();
         // (Under an equal share of the live cap.)

@@ -5,31 +5,50 @@
 
 #include <charconv>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <optional>
 #include <string>
 
 namespace cuemm::util {
 
-// Binary suffixes K, M, G, T, optionally followed by B or iB; nullopt for
-// anything else (including negative numbers).
+// Decimal digits, optionally with a fraction ("1.5G"), then optionally a
+// binary suffix K, M, G or T, itself optionally followed by B or iB.
+// nullopt for anything else: signs, exponents, hexadecimal, "inf", spaces,
+// and counts of 2^64 bytes or more (which would not fit a size_t).
 inline std::optional<std::size_t> parse_byte_size(const std::string& text) {
-  const char* begin = text.c_str();
-  char* end = nullptr;
-  const double number = std::strtod(begin, &end);
-  if (end == begin || number < 0) return std::nullopt;
-  double scale = 1;
+  const char* const begin = text.c_str();
+  const char* end = begin;
+  while (*end >= '0' && *end <= '9') ++end;
+  const char* const whole_end = end;
+  if (*end == '.') {
+    ++end;
+    while (*end >= '0' && *end <= '9') ++end;
+  }
+  const char* const number_end = end;
+  // At least one digit, before or after the point.
+  if (number_end - begin == (*whole_end == '.' ? 1 : 0)) return std::nullopt;
+  int shift = 0;
   switch (*end | 0x20) {
-    case 'k': scale = 1024.0; ++end; break;
-    case 'm': scale = 1024.0 * 1024; ++end; break;
-    case 'g': scale = 1024.0 * 1024 * 1024; ++end; break;
-    case 't': scale = 1024.0 * 1024 * 1024 * 1024; ++end; break;
+    case 'k': shift = 10; ++end; break;
+    case 'm': shift = 20; ++end; break;
+    case 'g': shift = 30; ++end; break;
+    case 't': shift = 40; ++end; break;
     default: break;
   }
-  if ((*end | 0x20) == 'i') ++end;  // "MiB"
-  if ((*end | 0x20) == 'b') ++end;  // "MB", "MiB"
+  if (shift && (*end | 0x20) == 'i') ++end;  // "MiB"
+  if ((*end | 0x20) == 'b') ++end;           // "MB", "MiB", "512B"
   if (*end != '\0') return std::nullopt;
-  return static_cast<std::size_t>(number * scale);
+  if (whole_end == number_end) {  // a whole number: exact, whatever its size
+    std::size_t whole = 0;
+    const auto [parsed_end, error] = std::from_chars(begin, whole_end, whole);
+    if (error != std::errc() || parsed_end != whole_end) return std::nullopt;
+    if (shift && whole > (SIZE_MAX >> shift)) return std::nullopt;
+    return whole << shift;
+  }
+  const double bytes = std::strtod(std::string(begin, number_end).c_str(), nullptr) * static_cast<double>(1ull << shift);
+  if (!(bytes < 18446744073709551616.0)) return std::nullopt;  // 2^64
+  return static_cast<std::size_t>(bytes);
 }
 
 // Digits only, the whole text; nullopt for anything else (std::stoull takes

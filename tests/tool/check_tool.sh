@@ -36,6 +36,9 @@ grep -q "shapes must be varied, same or per-layer (got 'round')" "$work/shapes-e
 grep -q "reserved/live" "$work/training.txt"
 if "$tool" random --pattern sometimes 2>"$work/error.txt"; then exit 1; fi
 grep -q "pattern must be rmm or training (got 'sometimes')" "$work/error.txt"
+# A byte count that would not fit 64 bits is refused by name, not read as some other size.
+if "$tool" random --max-size 99999999999999999999T 2>"$work/size-error.txt"; then exit 1; fi
+grep -q "max-size must be a byte count such as 64M (got '99999999999999999999T')" "$work/size-error.txt"
 # Each growth is traced with where the pool's bytes were; the first one reserves its first segment.
 "$tool" random --operations 3000 --max-size 2M --live 64M --manager pool --trace-growth >"$work/growth.txt"
 grep -q "^grew at operation 1 to .*in thread caches .*free .* in 1 block(s)$" "$work/growth.txt"
