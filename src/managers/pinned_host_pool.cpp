@@ -549,6 +549,7 @@ std::shared_ptr<MemoryPointer> PinnedHostPool::allocate(std::size_t size, bool m
                          (portable ? cuda::CU_MEMHOSTALLOC_PORTABLE : 0u) |
                          (write_combined ? cuda::CU_MEMHOSTALLOC_WRITECOMBINED : 0u);
   const std::size_t bytes = host_block_size(size);
+  if (bytes < size) throw OutOfMemory("PinnedHostPool::allocate", size, "no block of host memory can be that large");
   State::Block* block = nullptr;
   if (State::Front* front = state_->front_of_this_thread()) {
     std::lock_guard front_lock(front->lock.owner());
@@ -575,7 +576,12 @@ std::shared_ptr<MemoryPointer> PinnedHostPool::allocate(std::size_t size, bool m
     cuda::CUresult result = CUEMM_CU_RESULT(cuMemHostAlloc, &host, bytes, flags);
     if (result == cuda::CUDA_ERROR_OUT_OF_MEMORY && trim() > 0)
       result = CUEMM_CU_RESULT(cuMemHostAlloc, &host, bytes, flags);
-    if (result != cuda::CUDA_SUCCESS) driver::throw_allocation_error(result, "cuMemHostAlloc", bytes);
+    // (The size asked for, which the caller knows, and the block's.)
+    if (result == cuda::CUDA_ERROR_OUT_OF_MEMORY)
+      throw OutOfMemory("cuMemHostAlloc", size, "in a pinned block of " + describe_bytes(bytes));
+    if (result != cuda::CUDA_SUCCESS)
+      throw CudaError(result, "cuMemHostAlloc",
+                      "requested " + describe_bytes(size) + " in a pinned block of " + describe_bytes(bytes));
     const cuda::CUdeviceptr device =
         mapped ? mapped_device_pointer(host, [&] { CUEMM_CU_RESULT(cuMemFreeHost, host); }) : 0;
     block = new State::Block{state_, host, device, bytes, flags};

@@ -1,5 +1,6 @@
 // What every memory manager and adaptor must do, instantiated for each one: a
 // new manager gets every test by being added to ManagerTypes.
+#include <limits>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -116,6 +117,37 @@ TYPED_TEST(Conformance, BlocksAreAlignedTo256Bytes) {
 
 TYPED_TEST(Conformance, ZeroBytesIsRefused) {
   EXPECT_THROW(this->manager->memalloc(0), InvalidArgument);
+}
+
+// Sizes no device holds, up to those whose rounding would wrap past 2^64:
+// out of memory, naming the size asked for (pinned host memory: an error
+// naming it); then the manager works as before.
+TYPED_TEST(Conformance, ImpossibleSizesAreOutOfMemoryNamingTheSize) {
+  const MemoryInfo info = this->manager->get_memory_info();
+  const std::size_t max = std::numeric_limits<std::size_t>::max();
+  for (const std::size_t size : {max, max - 255, max / 2 + 1, std::size_t{1} << 62, info.total + 1}) {
+    SCOPED_TRACE(size);
+    try {
+      this->manager->memalloc(size);
+      ADD_FAILURE() << "an allocation of " << size << " bytes succeeded";
+    } catch (const OutOfMemory& error) {
+      EXPECT_NE(std::string(error.what()).find(std::to_string(size)), std::string::npos) << error.what();
+    } catch (const std::exception& error) {
+      ADD_FAILURE() << "not OutOfMemory: " << error.what();
+    }
+    if (size == info.total + 1) continue;  // host memory may well hold that
+    try {
+      this->manager->memhostalloc(size, false, false, false);
+      ADD_FAILURE() << "a host allocation of " << size << " bytes succeeded";
+    } catch (const CudaError& error) {  // the driver may call it out of memory or an invalid value
+      EXPECT_NE(std::string(error.what()).find(std::to_string(size)), std::string::npos) << error.what();
+    } catch (const std::exception& error) {
+      ADD_FAILURE() << "host, not a CudaError: " << error.what();
+    }
+  }
+  auto memory = this->manager->memalloc(1 << 20);
+  auto values = this->fill(memory, 4);
+  EXPECT_TRUE(this->holds(memory, values));
 }
 
 TYPED_TEST(Conformance, BlocksAreDistinctAndKeepTheirContents) {

@@ -2,6 +2,8 @@
 // segments, trimming, limits and its statistics.
 #include <atomic>
 #include <chrono>
+#include <functional>
+#include <limits>
 #include <latch>
 #include <random>
 #include <set>
@@ -966,6 +968,33 @@ TEST_F(Pool, TheMaximumSizeIsAnOutOfMemoryNamingIt) {
   EXPECT_EQ(error->requested(), std::size_t{40} << 20);
   held.reset();
   EXPECT_NO_THROW(pool.memalloc(40 << 20)) << "the freed block did not come back";
+}
+
+// Through every interface and in either layout, sizes whose rounding would
+// wrap past 2^64 are out of memory that names them, and nothing is held after.
+TEST_F(Pool, SizesNearTwoToThe64AreOutOfMemoryInEveryInterface) {
+  const std::size_t max = std::numeric_limits<std::size_t>::max();
+  for (const bool expandable : {false, true}) {
+    SCOPED_TRACE(expandable ? "expandable" : "segments");
+    PoolOptions options;
+    options.expandable = expandable;
+    PoolMemoryManager pool(&context, options);
+    pool.initialize();
+    for (const std::size_t size : {max, max - 255, max - (std::size_t{2} << 20), std::size_t{1} << 63}) {
+      SCOPED_TRACE(size);
+      const std::vector<std::function<void()>> calls = {
+          [&] { pool.allocate(size); }, [&] { pool.allocate(size, cuda::CU_STREAM_PER_THREAD); },
+          [&] { pool.memalloc(size); }};
+      for (const auto& call : calls) {
+        const auto error = caught<OutOfMemory>(call);
+        ASSERT_TRUE(error);
+        EXPECT_EQ(error->requested(), size);
+      }
+    }
+    EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
+    const cuda::CUdeviceptr block = pool.allocate(4096);
+    pool.deallocate(block, 4096);
+  }
 }
 
 // At its maximum, a pool serves a request from a free block that fits it
