@@ -66,11 +66,16 @@ struct Operation {
 };
 
 // The log's events; says where it does not hold together (MemoryLogGaps).
-std::vector<LoggedEvent> read_log_events(const std::string& path) {
+std::vector<LoggedEvent> read_log_events(const std::string& path, MemoryLogGaps* gaps_out = nullptr) {
   std::ifstream in(path);
   if (!in) throw InvalidArgument("cannot read the log '" + path + "'");
   MemoryLogGaps gaps;
   std::vector<LoggedEvent> events = read_memory_log(in, path, &gaps);
+  if (gaps_out) *gaps_out = gaps;
+  if (gaps.unfinished_last_row) {
+    std::printf("the log: its last row is unfinished (no newline, and it does not read), skipped: "
+                "was the process stopped while writing it?\n");
+  }
   if (gaps.frees_of_unknown_addresses) {
     std::printf("the log: %zu free(s) of addresses it never allocated, skipped (did it begin mid-run?)\n",
                 gaps.frees_of_unknown_addresses);
@@ -382,7 +387,10 @@ int run(std::vector<std::string> args) {
   if (command == "bench") return tool::bench_command(std::move(args));
   if (command == "plot") {
     if (args.size() != 2) return usage();
-    const std::string svg = memory_plot_svg(read_log_events(args[0]));
+    MemoryLogGaps gaps;
+    const std::vector<LoggedEvent> events = read_log_events(args[0], &gaps);
+    if (gaps.untimed) std::printf("the log has no time column: the picture's axis counts rows\n");
+    const std::string svg = memory_plot_svg(events, gaps.untimed);
     std::ofstream out(args[1]);
     if (!(out << svg)) throw InvalidArgument("cannot write '" + args[1] + "'");
     std::printf("wrote %s\n", args[1].c_str());

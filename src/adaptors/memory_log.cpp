@@ -19,26 +19,38 @@
 namespace cuemm {
 namespace {
 
+// Fields of one CSV line: quotes as RFC 4180 has them; spaces around a field
+// (", " between them, as some writers put) are not part of it.
 std::vector<std::string> split_csv(const std::string& line) {
   std::vector<std::string> fields;
   std::string field;
+  std::size_t kept = 0;  // the field's length up to its last quoted or non-space character
   bool quoted = false;
+  auto end_field = [&] {
+    field.resize(kept);
+    fields.push_back(field);
+    field.clear();
+    kept = 0;
+  };
   for (std::size_t i = 0; i < line.size(); ++i) {
     const char c = line[i];
     if (quoted) {
       if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') field += '"', ++i;
       else if (c == '"') quoted = false;
       else field += c;
+      kept = field.size();
     } else if (c == '"') {
       quoted = true;
     } else if (c == ',') {
-      fields.push_back(field);
-      field.clear();
-    } else if (c != '\r') {
+      end_field();
+    } else if (c == ' ' || c == '\t' || c == '\r') {
+      if (!field.empty()) field += c;  // leading spaces are dropped, trailing ones trimmed at the end
+    } else {
       field += c;
+      kept = field.size();
     }
   }
-  fields.push_back(field);
+  end_field();
   return fields;
 }
 
@@ -95,7 +107,8 @@ bool same_name(const std::string& text, const char* name) {
                                                 std::tolower(static_cast<unsigned char>(b)); });
 }
 
-// Where a log format keeps what a replay needs.
+// Where a log format keeps what a replay needs (`time`: the header's size
+// where the log has no time column).
 struct LogColumns {
   std::size_t type, address, size, time;
   const EventType* types_begin;
@@ -111,6 +124,7 @@ std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& so
   MemoryLogGaps found;
   std::string line;
   if (!std::getline(in, line)) throw InvalidArgument("'" + source + "' is empty, not a cuemm CSV log");
+  if (line.starts_with("\xef\xbb\xbf")) line.erase(0, 3);  // a byte-order mark
   const auto header = split_csv(line);
   auto find = [&](const char* name) {
     return static_cast<std::size_t>(std::find(header.begin(), header.end(), name) - header.begin());
@@ -123,11 +137,15 @@ std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& so
     }
     return i;
   };
+  // The time is only drawn (rows replay in the log's order): the seed's End,
+  // else its Start; RMM's Time; else the row's number.
+  const std::size_t time_column = rmm ? find("Time") : std::min(find("End"), find("Start"));
   const LogColumns columns =
-      rmm ? LogColumns{column("Action"), column("Pointer"), column("Size"), column("Time"), kRmmActions.begin(),
+      rmm ? LogColumns{column("Action"), column("Pointer"), column("Size"), time_column, kRmmActions.begin(),
                        kRmmActions.end()}
-          : LogColumns{column("Event Type"), column("Address"), column("Size (bytes)"), column("End"),
+          : LogColumns{column("Event Type"), column("Address"), column("Size (bytes)"), time_column,
                        kEventTypes.begin(), kEventTypes.end()};
+  found.untimed = time_column == header.size();
   const std::size_t device_column = rmm ? header.size() : find("Device ID");  // (optional)
   std::vector<LoggedEvent> events;
   using Key = std::tuple<int, LoggedKind, std::string>;
@@ -138,7 +156,17 @@ std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& so
     if (line.empty() || line == "\r") continue;
     const auto fields = split_csv(line);
     const std::string where = source + ":" + std::to_string(row);
-    if (fields.size() < header.size()) throw InvalidArgument(where + ": too few columns");
+    // A last line with no newline that does not read is a row the writer
+    // did not finish (a process killed mid-write): left out, and said so.
+    const bool unfinished = in.eof();
+    const auto refuse = [&](const std::string& why) {
+      if (!unfinished) throw InvalidArgument(where + ": " + why);
+      found.unfinished_last_row = true;
+    };
+    if (fields.size() < header.size()) {
+      refuse("too few columns");
+      continue;
+    }
     const auto type = std::find_if(columns.types_begin, columns.types_end,
                                    [&](const EventType& t) { return same_name(fields[columns.type], t.name); });
     if (type == columns.types_end) {
@@ -149,17 +177,24 @@ std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& so
     }
     LoggedEvent event{type->allocate, type->kind, 0, 0, 0.0};
     const auto bytes = util::parse_whole_number(fields[columns.size]);
-    if (!bytes) throw InvalidArgument(where + ": the size '" + fields[columns.size] + "' is not a byte count");
+    if (!bytes) {
+      refuse("the size '" + fields[columns.size] + "' is not a byte count");
+      continue;
+    }
     event.size = *bytes;
-    const std::optional<double> seconds = parse_seconds(fields[columns.time]);
+    const std::optional<double> seconds =
+        found.untimed ? std::optional<double>(row) : parse_seconds(fields[columns.time]);
     if (!seconds) {
-      throw InvalidArgument(where + ": the time '" + fields[columns.time] + "' is neither seconds nor H:M:S");
+      refuse("the time '" + fields[columns.time] + "' is neither seconds nor H:M:S");
+      continue;
     }
     event.time = *seconds;
     if (device_column < header.size()) {
       const auto device = util::parse_whole_number(fields[device_column]);
-      if (!device || *device > 1 << 20)
-        throw InvalidArgument(where + ": the device ID '" + fields[device_column] + "' is not a device ordinal");
+      if (!device || *device > 1 << 20) {
+        refuse("the device ID '" + fields[device_column] + "' is not a device ordinal");
+        continue;
+      }
       event.device = static_cast<int>(*device);
     }
     // A zero-byte allocation holds no memory (and managers refuse one): the
@@ -193,7 +228,7 @@ std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& so
   return events;
 }
 
-std::string memory_plot_svg(const std::vector<LoggedEvent>& events) {
+std::string memory_plot_svg(const std::vector<LoggedEvent>& events, bool untimed) {
   std::array<std::vector<std::pair<double, std::size_t>>, 3> series;
   std::array<std::size_t, 3> live{};
   std::map<std::uint64_t, std::size_t> sizes;  // what each live allocation had
@@ -228,7 +263,8 @@ std::string memory_plot_svg(const std::vector<LoggedEvent>& events) {
       << "<line x1=\"" << kLeft << "\" y1=\"10\" x2=\"" << kLeft << "\" y2=\"" << kHeight - kBottom
       << "\" stroke=\"black\"/>\n";
   out << "<text x=\"" << kLeft - 5 << "\" y=\"14\" text-anchor=\"end\">" << axis_bytes(peak) << "</text>\n";
-  std::snprintf(text, sizeof text, "%.3f s", end);
+  if (untimed) std::snprintf(text, sizeof text, "row %.0f", end + origin);
+  else std::snprintf(text, sizeof text, "%.3f s", end);
   out << "<text x=\"" << kWidth - 10 << "\" y=\"" << kHeight - 8 << "\" text-anchor=\"end\">" << text << "</text>\n";
   int legend_row = 0;
   // Steps, one per event; where a series has more events than a few per

@@ -83,6 +83,11 @@ printf 'Thread,Time,Action,Pointer,Size,Stream\n1,1,free,0x100,4096,0x0\n1,2,all
 grep -q "1 free(s) of addresses it never allocated, skipped" "$work/gaps.txt"
 grep -q "1 address(es) allocated again while live" "$work/gaps.txt"
 grep -q "peak live 2.00 KiB" "$work/gaps.txt"
+# A log whose writer was stopped mid-row: that row is left out, and said so.
+printf 'Thread,Time,Action,Pointer,Size,Stream\n1,1,allocate,0x100,4096,0x0\n1,2,free,0x1' >"$work/cut.csv"
+"$tool" replay "$work/cut.csv" --manager pool >"$work/cut.txt"
+grep -q "its last row is unfinished" "$work/cut.txt"
+grep -q "1 operations\|peak live 4.00 KiB" "$work/cut.txt"
 # The best-fit reference on a log whose best fit is known (MiB): A 4 and B 4
 # at 0 and 4; A freed; C 2 in A's hole (0-2); D 3 fits no hole, so the range
 # grows from 8 to 11, 12 in whole pages; C freed merges into 0-4, where E 4

@@ -590,3 +590,55 @@ TEST_F(Adaptors, TheLogFileVariableAddsTheLog) {
   unsetenv("CUEMM_ADAPTORS");
   EXPECT_EQ(adaptors_from_environment(), "");
 }
+
+// Logs written by other hands: a byte-order mark, spaces after the commas,
+// columns in another order and no time column (rows then replay in order,
+// each timed by its row's number).
+TEST(MemoryLog, OtherWritersLogsReadWithTheirColumnsAnywhereAndNoTimes) {
+  std::istringstream spaced("\xef\xbb\xbf" "Size (bytes), Address , Event Type, Device ID\n"
+                            "4096, 0x10, Alloc, 1\n 64 , \"0x20\" , alloc , 0\r\n4096,0x10,FREE,1\n");
+  MemoryLogGaps gaps;
+  const std::vector<LoggedEvent> events = read_memory_log(spaced, "spaced.csv", &gaps);
+  EXPECT_TRUE(gaps.untimed);
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_TRUE(events[0].allocate && events[0].size == 4096 && events[0].device == 1);
+  EXPECT_TRUE(events[1].allocate && events[1].size == 64 && events[1].device == 0);
+  EXPECT_TRUE(!events[2].allocate && events[2].id == events[0].id);
+  EXPECT_DOUBLE_EQ(events[0].time, 2);  // its row
+  EXPECT_DOUBLE_EQ(events[2].time, 4);
+  EXPECT_NE(memory_plot_svg(events, gaps.untimed).find(">row 4<"), std::string::npos);
+  // With a Start column and no End, Start times it.
+  std::istringstream started("Event Type,Address,Size (bytes),Start\nAlloc,0x10,64,2.5\n");
+  EXPECT_DOUBLE_EQ(read_memory_log(started, "started.csv", &gaps).at(0).time, 2.5);
+  EXPECT_FALSE(gaps.untimed);
+  std::istringstream rmm_untimed("Action,Size,Pointer\nallocate,100,0x1\nfree,100,0x1\n");
+  const std::vector<LoggedEvent> rmm = read_memory_log(rmm_untimed, "rmm.csv");
+  ASSERT_EQ(rmm.size(), 2u);
+  EXPECT_EQ(rmm[1].id, rmm[0].id);
+}
+
+// A process killed while writing its log leaves a last row cut short, with
+// no newline: that row is left out and said so; a bad row anywhere else, or
+// a bad last row that ends its line, is still an error naming it, and a good
+// last row without a newline is kept.
+TEST(MemoryLog, AnUnfinishedLastRowIsLeftOutAndSaid) {
+  const std::string header = "Thread,Time,Action,Pointer,Size,Stream\n";
+  const std::string rows = "1,1,allocate,0x10,64,0x0\n1,2,allocate,0x20,128,0x0\n";
+  for (const std::string cut : {"1,3,free,0x10", "1,3,free,0x10,", "1,3,fr"}) {
+    SCOPED_TRACE(cut);
+    std::istringstream in(header + rows + cut);
+    MemoryLogGaps gaps;
+    EXPECT_EQ(read_memory_log(in, "cut.csv", &gaps).size(), 2u);
+    EXPECT_TRUE(gaps.unfinished_last_row);
+    std::istringstream ended(header + rows + cut + "\n");
+    EXPECT_TRUE(throws<InvalidArgument>([&] { read_memory_log(ended, "cut.csv"); }, "cut.csv:4"));
+    std::istringstream middle(header + cut + "\n" + rows);
+    EXPECT_TRUE(throws<InvalidArgument>([&] { read_memory_log(middle, "cut.csv"); }, "cut.csv:2"));
+  }
+  std::istringstream whole(header + rows + "1,3,free,0x10,64,0x0");
+  MemoryLogGaps gaps;
+  const std::vector<LoggedEvent> events = read_memory_log(whole, "whole.csv", &gaps);
+  EXPECT_FALSE(gaps.unfinished_last_row);
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_FALSE(events[2].allocate);
+}

@@ -23,7 +23,7 @@ struct LoggedEvent {
   LoggedKind kind;
   std::uint64_t id;  // pairs a free with its allocation (matched by kind and address)
   std::size_t size;
-  double time;       // the row's End column (RMM's: Time), in seconds
+  double time;       // the row's End column (else Start; RMM's: Time), in seconds; else its row number
   int device = 0;    // the Device ID column (RMM's logs have none: 0)
 };
 
@@ -41,17 +41,24 @@ struct MemoryLogGaps {
   // counted.
   std::size_t rows_of_other_types = 0;
   std::string first_other_type;
+  // The log ends in a row that does not read and has no newline, as a
+  // process killed while writing it leaves: that row is left out.
+  bool unfinished_last_row = false;
+  // No time column (End or Start; RMM's Time): each event's time is its row's number.
+  bool untimed = false;
 };
 
 // The Alloc/Free rows of a log (RMM's: allocate/free; either in any case),
 // in order; other rows and frees of addresses the log never allocated (on that
 // device) are skipped, and a free that an address's second allocation
 // implies is added (both counted in `gaps`, where given).
-// Throws InvalidArgument naming `source` (and the row) when the text is
-// neither log.
+// Columns may come in any order, the time columns may be missing. Throws
+// InvalidArgument naming `source` (and the row) when the text is neither
+// log.
 std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& source, MemoryLogGaps* gaps = nullptr);
 
-// An SVG picture of the bytes in use over time, one line per kind present.
-std::string memory_plot_svg(const std::vector<LoggedEvent>& events);
+// An SVG picture of the bytes in use over time, one line per kind present;
+// `untimed`: the events' times are row numbers (MemoryLogGaps::untimed).
+std::string memory_plot_svg(const std::vector<LoggedEvent>& events, bool untimed = false);
 
 }  // namespace cuemm
