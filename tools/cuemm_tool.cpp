@@ -156,11 +156,12 @@ ReplayReport best_fit_reference(const std::vector<std::vector<Operation>>& lists
 }
 
 // Where a pool's bytes were when it reserved more, after `operation` operations.
-void trace_growth(std::size_t operation, std::size_t live_bytes, const PoolStatistics& pool) {
+void trace_growth(std::size_t operation, std::size_t request, std::size_t live_bytes, const PoolStatistics& pool) {
   const std::size_t accounted = pool.in_use_bytes + pool.quarantined_bytes + pool.cached_bytes;
-  std::printf("grew at operation %zu to %s: live %s, in blocks %s, waiting for the GPU %s, in thread caches %s, "
+  std::printf("grew at operation %zu (%s) to %s: live %s, in blocks %s, waiting for the GPU %s, in thread caches %s, "
               "free %s in %zu block(s)\n",
-              operation, describe_bytes(pool.reserved_bytes).c_str(), describe_bytes(live_bytes).c_str(),
+              operation, request ? ("an allocation of " + describe_bytes(request)).c_str() : "a free",
+              describe_bytes(pool.reserved_bytes).c_str(), describe_bytes(live_bytes).c_str(),
               describe_bytes(pool.in_use_bytes).c_str(), describe_bytes(pool.quarantined_bytes).c_str(),
               describe_bytes(pool.cached_bytes).c_str(),
               describe_bytes(pool.reserved_bytes > accounted ? pool.reserved_bytes - accounted : 0).c_str(),
@@ -208,7 +209,8 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
       const auto paused = std::chrono::steady_clock::now();
       util::raise_to(peak_live, now);
       const std::size_t reserved = reserved_now();
-      if (tracing && pool && reserved > peak_reserved.load()) trace_growth(operations, now, pool->statistics());
+      if (tracing && pool && reserved > peak_reserved.load())
+        trace_growth(operations, operation.allocate ? operation.size : 0, now, pool->statistics());
       util::raise_to(peak_reserved, reserved);
       sampling[index] += std::chrono::duration<double>(std::chrono::steady_clock::now() - paused).count();
     }

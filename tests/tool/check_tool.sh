@@ -20,7 +20,7 @@ grep -q "reserved/live" "$work/random.txt"
 grep -q "^manager pool: 3000 operations" "$work/threads.txt"
 # Threads are traced too (a line per growth that some thread saw, all threads' bytes in it).
 "$tool" random --operations 1000 --max-size 1M --live 64M --manager pool --threads 3 --trace-growth >"$work/threads-growth.txt"
-grep -q "^grew at operation [0-9]* to .*in thread caches .*free .* in [0-9]* block(s)$" "$work/threads-growth.txt"
+grep -q "^grew at operation [0-9]* (an allocation of .*) to .*in thread caches .*free .* in [0-9]* block(s)$" "$work/threads-growth.txt"
 grep -q "^manager pool: 3000 operations" "$work/threads-growth.txt"
 # The training-like pattern: 2 operations a layer for its parameters, 8 a layer a step.
 "$tool" random --pattern training --layers 8 --steps 3 --manager pool >"$work/training.txt"
@@ -41,7 +41,7 @@ if "$tool" random --max-size 99999999999999999999T 2>"$work/size-error.txt"; the
 grep -q "max-size must be a byte count such as 64M (got '99999999999999999999T')" "$work/size-error.txt"
 # Each growth is traced with where the pool's bytes were; the first one reserves its first segment.
 "$tool" random --operations 3000 --max-size 2M --live 64M --manager pool --trace-growth >"$work/growth.txt"
-grep -q "^grew at operation 1 to .*in thread caches .*free .* in 1 block(s)$" "$work/growth.txt"
+grep -q "^grew at operation 1 (an allocation of .*) to .*in thread caches .*free .* in 1 block(s)$" "$work/growth.txt"
 [ "$(grep -c '^grew at' "$work/growth.txt")" -ge 2 ]
 
 # The log of a run of the tool itself: the context's manager logs everything.
