@@ -164,7 +164,8 @@ std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& so
       found.unfinished_last_row = true;
     };
     if (fields.size() < header.size()) {
-      refuse("too few columns");
+      refuse("too few columns (" + std::to_string(fields.size()) + " of the header's " +
+             std::to_string(header.size()) + ")");
       continue;
     }
     const auto type = std::find_if(columns.types_begin, columns.types_end,
