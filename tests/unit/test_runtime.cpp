@@ -1,5 +1,6 @@
 // Devices, contexts, streams, events, modules and device arrays.
 #include <chrono>
+#include <limits>
 #include <thread>
 
 #include "support/test_support.hpp"
@@ -68,6 +69,20 @@ TEST_F(Runtime, DeviceArraysRoundTripOnAStream) {
   EXPECT_EQ(back, std::vector<int>(1000, -1));
   EXPECT_THROW(array.copy_to_host(std::span<int>(back.data(), 10)), InvalidArgument);
   EXPECT_TRUE(device_array<float>(0).empty());
+}
+
+// A count whose bytes pass 2^64 is refused by name, not wrapped to a small
+// block that the array's size then overstates; so is wrapping memory that
+// holds fewer bytes than the count asks for.
+TEST_F(Runtime, DeviceArraysRefuseCountsWhoseBytesWrap) {
+  const std::size_t wraps = (std::numeric_limits<std::size_t>::max() / sizeof(double)) + 2;  // * 8 wraps to 8
+  EXPECT_TRUE(throws<InvalidArgument>([&] { device_array<double>(wraps); }, std::to_string(wraps),
+                                                      "8 bytes"));
+  auto memory = context.memalloc(64);
+  EXPECT_TRUE(throws<InvalidArgument>([&] { DeviceArray<double>(memory, wraps); },
+                                                      std::to_string(wraps)));
+  EXPECT_THROW(DeviceArray<double>(memory, 9), InvalidArgument);
+  EXPECT_EQ(DeviceArray<double>(memory, 8).nbytes(), 64u);
 }
 
 TEST_F(Runtime, KernelsOnAStreamRunInOrder) {

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <limits>
 #include <memory>
 #include <span>
 #include <type_traits>
@@ -38,10 +39,10 @@ class DeviceArray {
   DeviceArray() = default;
   // Uninitialised device memory for `count` values.
   explicit DeviceArray(std::size_t count, Context& context = current_context())
-      : count_(count), gpu_data_(count ? context.memalloc(count * sizeof(T)) : nullptr) {}
+      : count_(count), gpu_data_(count ? context.memalloc(bytes_for(count)) : nullptr) {}
   // Wraps existing memory (say, an opened IPC handle); `count` must fit.
   DeviceArray(std::shared_ptr<MemoryPointer> memory, std::size_t count) : count_(count), gpu_data_(std::move(memory)) {
-    if (count_ * sizeof(T) > (gpu_data_ ? gpu_data_->size() : 0))
+    if (bytes_for(count_) > (gpu_data_ ? gpu_data_->size() : 0))
       throw InvalidArgument("DeviceArray: " + std::to_string(count_) + " values do not fit in " +
                             describe_bytes(gpu_data_ ? gpu_data_->size() : 0));
   }
@@ -71,6 +72,14 @@ class DeviceArray {
   }
 
  private:
+  // `count` values' bytes; a count whose bytes would pass 2^64 is refused
+  // rather than wrapped to a small allocation.
+  static std::size_t bytes_for(std::size_t count) {
+    if (count > std::numeric_limits<std::size_t>::max() / sizeof(T))
+      throw InvalidArgument("DeviceArray: " + std::to_string(count) + " values of " + std::to_string(sizeof(T)) +
+                            " bytes are more bytes than a size_t counts");
+    return count * sizeof(T);
+  }
   void check_size(std::size_t host_count, const char* what) const {
     if (host_count != count_)
       throw InvalidArgument(std::string(what) + ": host buffer has " + std::to_string(host_count) +
