@@ -98,6 +98,10 @@ void MemoryPointer::memset(unsigned char value, std::optional<std::size_t> count
                           " bytes");
   }
   if (bytes == 0) return;
+  if (!is_alive()) {
+    throw StateError("memset of freed " + std::string(to_string(kind_)) + " memory at " + hex_address(pointer_) +
+                     " (" + std::to_string(size_) + " bytes)");
+  }
   const cuda::CUdeviceptr address = device_pointer();
   if (context_) {
     ScopedContext scope(*context_);

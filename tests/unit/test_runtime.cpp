@@ -85,6 +85,22 @@ TEST_F(Runtime, DeviceArraysRefuseCountsWhoseBytesWrap) {
   EXPECT_EQ(DeviceArray<double>(memory, 8).nbytes(), 64u);
 }
 
+// Copies and memsets into memory already given back are refused by name
+// (they would write bytes the manager may have handed to another block),
+// through the array and through a view of the freed memory.
+TEST_F(Runtime, CopiesIntoFreedMemoryAreRefused) {
+  auto array = device_array<int>(256);
+  auto view = array.gpu_data()->view(0, 512);
+  array.gpu_data()->free();
+  std::vector<int> values(256, 7);
+  EXPECT_TRUE(throws<StateError>([&] { array.copy_to_device(values); }, "copy to the device of freed device memory"));
+  EXPECT_TRUE(throws<StateError>([&] { array.copy_to_host(values); }, "copy to the host of freed"));
+  EXPECT_TRUE(throws<StateError>([&] { array.memset(0); }, "memset of freed"));
+  EXPECT_FALSE(view->is_alive()) << "a view of freed memory reads as alive";
+  EXPECT_TRUE(throws<StateError>([&] { view->memset(0); }, "memset of freed"));
+  EXPECT_EQ(values, std::vector<int>(256, 7));
+}
+
 TEST_F(Runtime, KernelsOnAStreamRunInOrder) {
   Module module = context.load_module(cuemm::testing::test_kernels_ptx());
   Function spin_fill = module.function("cuemm_spin_fill_u32");

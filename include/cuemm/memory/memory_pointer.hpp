@@ -92,8 +92,11 @@ class MemoryPointer : public std::enable_shared_from_this<MemoryPointer> {
   std::shared_ptr<MemoryPointer> owner();
   // Whether this pointer releases memory (has a finalizer): views do not.
   bool owns_memory() const noexcept { return has_finalizer_; }
-  // False once the finalizer has run (or the manager released the memory).
-  bool is_alive() const noexcept { return alive_.load(std::memory_order_acquire); }
+  // False once the finalizer has run (or the manager released the memory);
+  // for a view, once its base's has.
+  bool is_alive() const noexcept {
+    return view_base_ ? view_base_->is_alive() : alive_.load(std::memory_order_acquire);
+  }
 
   // A reference that counts towards refct (see the header comment).
   OwnedPointer own();
