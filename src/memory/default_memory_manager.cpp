@@ -40,6 +40,10 @@ void require_device_memory_to_export(const std::shared_ptr<MemoryPointer>& memor
   if (memory->kind() != MemoryKind::Device)
     throw InvalidArgument(std::string("get_ipc_handle: only device memory can be exported (got ") +
                           to_string(memory->kind()) + " memory)");
+  // (Its bytes may be another block's by now: another process would read those.)
+  if (!memory->is_alive())
+    throw StateError("get_ipc_handle: the device memory at " + util::hex_address(memory->device_pointer()) + " (" +
+                     std::to_string(memory->size()) + " bytes) was already freed");
 }
 
 cuda::CUdeviceptr allocation_base_to_export(Context& context, const std::shared_ptr<MemoryPointer>& memory) {

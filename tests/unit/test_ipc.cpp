@@ -187,6 +187,26 @@ TEST_F(Ipc, ClosingAnUnopenedHandleIsAnError) {
   EXPECT_TRUE(throws<StateError>([&] { handle.close(); }, "not opened"));
 }
 
+// Memory already freed is not exported, whichever manager gave it: its
+// bytes may be another block's by now, which the other process would read.
+TEST_F(Ipc, FreedMemoryIsNotExported) {
+  PoolOptions expandable;
+  expandable.expandable = true;
+  std::vector<std::unique_ptr<BaseMemoryManager>> managers;
+  managers.push_back(std::make_unique<DefaultMemoryManager>(&context));
+  managers.push_back(std::make_unique<PoolMemoryManager>(&context, PoolOptions{}));
+  managers.push_back(std::make_unique<PoolMemoryManager>(&context, expandable));
+  managers.push_back(exportable_async_manager(context));
+  for (auto& manager : managers) {
+    manager->initialize();
+    auto memory = manager->memalloc(4096);
+    auto view = memory->view(256, 512);
+    memory->free();
+    EXPECT_TRUE(throws<StateError>([&] { manager->get_ipc_handle(memory); }, "was already freed"));
+    EXPECT_TRUE(throws<StateError>([&] { manager->get_ipc_handle(view); }, "was already freed"));
+  }
+}
+
 // A pointer to memory the driver does not know is refused by address.
 TEST_F(Ipc, ExportingMemoryTheDriverDoesNotKnowNamesTheAddress) {
   auto foreign = std::make_shared<MemoryPointer>(&context, 0x3000, 256);
