@@ -272,6 +272,26 @@ TEST_F(Pool, ALoopBesideMuchFreeSpaceOfLargerBlocksStillGrowsItsRing) {
       << "the pool holds " << pool.statistics().reserved_bytes << " bytes";
 }
 
+// Temporaries of sizes that vary, each freed before the next: no loop of
+// one size, so a segment freed before is sealed and given back rather than
+// a new one bought beside it once seals have added up (which no later
+// request fitted). The pool holds the largest temporary, not two.
+TEST_F(Pool, TemporariesOfVaryingSizesDoNotBuySegmentsBesideTheFreedOne) {
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  std::vector<std::shared_ptr<MemoryPointer>> kept;
+  for (int i = 0; i < 16; ++i) kept.push_back(pool.memalloc(std::size_t{100} << 10));
+  std::size_t largest = 0, peak = 0;
+  for (int i = 0; i < 1200; ++i) {
+    const std::size_t size = (std::size_t{8} + (i * 37) % 89) << 20;  // 8 to 96 MiB, never twice in a row
+    largest = std::max(largest, size);
+    auto temporary = pool.memalloc(size);
+    peak = std::max(peak, pool.statistics().reserved_bytes);
+  }
+  // The small blocks' segment and the largest temporary's, not a second temporary beside it.
+  EXPECT_LE(peak, largest + (std::size_t{8} << 20)) << pool.statistics().driver_allocations << " driver allocations";
+}
+
 // A short loop of large requests reuses its one segment (a seal each time
 // costs less than a new segment); a long one, once its seals have cost
 // about as much, rotates through a few (at most 64, within the thread's
