@@ -272,6 +272,29 @@ TEST_F(Pool, ALoopBesideMuchFreeSpaceOfLargerBlocksStillGrowsItsRing) {
       << "the pool holds " << pool.statistics().reserved_bytes << " bytes";
 }
 
+// A thread that is no loop keeps none of its held large blocks where a
+// request would take the pool past its peak: they go back (to the driver,
+// as spares the request does not fit) before the pool grows for it. Held,
+// blocks of near sizes pass for a rotation and a quarter of the live bytes
+// stayed idle beside the new segment.
+TEST_F(Pool, AtItsPeakAThreadThatIsNoLoopGivesBackItsHeldBlocksBeforeThePoolGrows) {
+  CUEMM_REQUIRE_SIMULATION();
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  std::vector<std::shared_ptr<MemoryPointer>> kept;
+  for (int i = 0; i < 64; ++i) kept.push_back(pool.memalloc(3 * kMiB));  // 192 MiB live
+  {
+    std::vector<std::shared_ptr<MemoryPointer>> near;  // near sizes: a rotation, held
+    for (std::size_t size : {12 * kMiB, 12 * kMiB + kMiB / 2, 13 * kMiB, 13 * kMiB + kMiB / 3})
+      near.push_back(pool.memalloc(size));
+  }
+  const std::size_t peak = pool.statistics().reserved_bytes;
+  ASSERT_GE(pool.statistics().cached_bytes, 48 * kMiB) << "the thread did not hold its large frees";
+  auto other = pool.memalloc(30 * kMiB);
+  EXPECT_LE(pool.statistics().reserved_bytes, peak) << pool.statistics().cached_bytes << " bytes still held";
+}
+
 // Temporaries of sizes that vary, each freed before the next: no loop of
 // one size, so a segment freed before is sealed and given back rather than
 // a new one bought beside it once seals have added up (which no later
