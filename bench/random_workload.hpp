@@ -2,7 +2,9 @@
 // operations: allocate while under the live cap, otherwise (or at random)
 // free a random live block; sizes uniform up to a maximum. For `cuemm random`
 // and the benchmarks (no cuemm dependency, so PyTorch's anchor uses it too).
-// Also a training-like workload whose sizes change between phases.
+// Also a training-like workload whose sizes change between phases, and two
+// more programs' patterns: small blocks beside large temporaries, and
+// inference requests of random batch sizes.
 #pragma once
 
 #include <cmath>
@@ -113,6 +115,69 @@ inline std::vector<RandomOperation> training_operations(std::size_t layers, std:
     for (const auto& gradient : gradients) free(gradient);
   }
   for (const auto& parameter : parameters) free(parameter);
+  return operations;
+}
+
+// Long-lived small blocks beside large temporaries, as a program that keeps
+// many small arrays while it makes and drops large scratch buffers: each of
+// `count` steps allocates a block of 1-256 KiB that stays (one at random goes
+// once 1,500 are live), and three steps in ten also a temporary of 8-96 MiB,
+// freed at once. No two temporaries need be of one size.
+inline std::vector<RandomOperation> temporaries_operations(std::size_t count, unsigned seed) {
+  std::mt19937_64 random(seed);
+  std::vector<RandomOperation> operations;
+  std::vector<std::pair<std::uint64_t, std::size_t>> kept;
+  std::uint64_t next = 0;
+  for (std::size_t step = 0; step < count; ++step) {
+    const std::size_t small = (1 + random() % 256) << 10;
+    operations.push_back({true, next, small});
+    kept.emplace_back(next++, small);
+    if (random() % 10 < 3) {
+      const std::size_t temporary = (8 + random() % 89) << 20;
+      operations.push_back({true, next, temporary});
+      operations.push_back({false, next++, temporary});
+    }
+    if (kept.size() > 1500) {
+      const std::size_t victim = random() % kept.size();
+      operations.push_back({false, kept[victim].first, kept[victim].second});
+      kept[victim] = kept.back();
+      kept.pop_back();
+    }
+  }
+  for (const auto& [id, size] : kept) operations.push_back({false, id, size});
+  return operations;
+}
+
+// Inference requests of random batch sizes: 50 weights of 16 KiB to 4 MiB
+// stay; each of `requests` requests picks a batch of 1-64 and runs 30
+// layers, each allocating an activation of the batch times its width
+// (4-256 KiB), the one before last freed as each is made (two live at once).
+inline std::vector<RandomOperation> inference_operations(std::size_t requests, unsigned seed) {
+  std::mt19937_64 random(seed);
+  std::vector<RandomOperation> operations;
+  std::uint64_t next = 0;
+  std::vector<std::pair<std::uint64_t, std::size_t>> weights;
+  for (int w = 0; w < 50; ++w) {
+    const std::size_t size = (16 + random() % 4081) << 10;
+    operations.push_back({true, next, size});
+    weights.emplace_back(next++, size);
+  }
+  std::vector<std::size_t> widths;
+  for (int l = 0; l < 30; ++l) widths.push_back((4 + random() % 253) << 10);
+  for (std::size_t r = 0; r < requests; ++r) {
+    const std::size_t batch = 1 + random() % 64;
+    std::vector<std::pair<std::uint64_t, std::size_t>> live;
+    for (const std::size_t width : widths) {
+      operations.push_back({true, next, batch * width});
+      live.emplace_back(next++, batch * width);
+      if (live.size() > 2) {
+        operations.push_back({false, live.front().first, live.front().second});
+        live.erase(live.begin());
+      }
+    }
+    for (const auto& [id, size] : live) operations.push_back({false, id, size});
+  }
+  for (const auto& [id, size] : weights) operations.push_back({false, id, size});
   return operations;
 }
 

@@ -130,7 +130,7 @@ fragmentation_seeds() {
   # side by side (each its own process and pool; only the ratios are kept).
   for workload in "--max-size 4M --live 512M" "--max-size 1M --live 512M" "--max-size 256K --live 64M" \
       "--max-size 64M --live 256M" "--max-size 4M --live 128M" "--pattern training" \
-      "--pattern training --shapes per-layer"; do
+      "--pattern training --shapes per-layer" "--pattern temporaries" "--pattern inference"; do
     if [ "$(time_left)" -lt 40 ]; then
       not_run "seeds 1-8 $workload"
       continue

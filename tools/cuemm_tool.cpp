@@ -16,6 +16,11 @@
 //                                            same: every step repeats the first one's sizes;
 //                                            per-layer: each layer keeps sizes of its own,
 //                                            any byte count (--same-shapes: --shapes same)
+//   cuemm random --pattern temporaries|inference [--operations N] ...
+//                                            long-lived small blocks beside large
+//                                            temporaries of varying sizes (N steps);
+//                                            inference requests of random batch sizes
+//                                            (N requests)
 //   (either with --trace-growth: a line whenever the pool reserves more, with
 //   where its bytes were: in use, waiting for the GPU, in thread caches, free;
 //   with threads, from whichever thread saw it, all threads' bytes)
@@ -307,6 +312,8 @@ int usage(bool asked = false) {
                "       cuemm random --pattern training [--manager NAME] [--layers 60] [--steps 30] [--seed 1]\n"
                "                    [--shapes varied|same|per-layer]\n"
                "                    [--threads 1] [--trace-growth]\n"
+               "       cuemm random --pattern temporaries|inference [--manager NAME] [--operations 10000|300]\n"
+               "                    [--seed 1] [--threads 1] [--trace-growth]\n"
                "       cuemm plot LOG.csv OUT.svg\n"
                "%s",
                tool::kBenchUsage);
@@ -366,6 +373,16 @@ int run(std::vector<std::string> args) {
         for (std::size_t t = 0; t < threads; ++t)
           lists.push_back(device_operations(
               workload::training_operations(layers, steps, seed + static_cast<unsigned>(t), *shapes)));
+      } else if (pattern == "temporaries" || pattern == "inference") {
+        // (Steps of small blocks and temporaries; requests of 30 layers.)
+        const std::size_t count = count_option(args, "--operations", pattern == "temporaries" ? "10000" : "300");
+        if (count == 0) throw InvalidArgument("--operations must be at least 1");
+        if (!args.empty()) return usage();
+        for (std::size_t t = 0; t < threads; ++t) {
+          const unsigned thread_seed = seed + static_cast<unsigned>(t);
+          lists.push_back(device_operations(pattern == "temporaries" ? workload::temporaries_operations(count, thread_seed)
+                                                                     : workload::inference_operations(count, thread_seed)));
+        }
       } else if (pattern == "rmm") {
         const std::size_t max_size = bytes_option(args, "--max-size", "64M");
         const std::size_t live = bytes_option(args, "--live", "1G");
@@ -378,7 +395,7 @@ int run(std::vector<std::string> args) {
           lists.push_back(
               device_operations(workload::random_operations(max_size, count, live / threads, seed + static_cast<unsigned>(t))));
       } else {
-        throw InvalidArgument("--pattern must be rmm or training (got '" + pattern + "')");
+        throw InvalidArgument("--pattern must be rmm, training, temporaries or inference (got '" + pattern + "')");
       }
       print(replay(lists, current_context(), manager, tracing), manager);
       return 0;

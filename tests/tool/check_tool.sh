@@ -35,7 +35,14 @@ if "$tool" random --pattern training --shapes round 2>"$work/shapes-error.txt"; 
 grep -q "shapes must be varied, same or per-layer (got 'round')" "$work/shapes-error.txt"
 grep -q "reserved/live" "$work/training.txt"
 if "$tool" random --pattern sometimes 2>"$work/error.txt"; then exit 1; fi
-grep -q "pattern must be rmm or training (got 'sometimes')" "$work/error.txt"
+grep -q "pattern must be rmm, training, temporaries or inference (got 'sometimes')" "$work/error.txt"
+# Small blocks beside temporaries: 200 steps, each a small block, some a temporary (an allocation and a
+# free), and the small blocks' frees at the end; inference: 50 weights, 30 layers a request, all freed.
+"$tool" random --pattern temporaries --operations 200 --manager pool >"$work/temporaries.txt"
+temporaries=$(grep -o '^manager pool: [0-9]* operations' "$work/temporaries.txt" | grep -o '[0-9]*')
+[ "$temporaries" -gt 400 ] && [ $(((temporaries - 400) % 2)) = 0 ]
+"$tool" random --pattern inference --operations 3 --manager best-fit >"$work/inference.txt"
+grep -q "^manager best-fit: 280 operations" "$work/inference.txt"
 # A byte count that would not fit 64 bits is refused by name, not read as some other size.
 if "$tool" random --max-size 99999999999999999999T 2>"$work/size-error.txt"; then exit 1; fi
 grep -q "max-size must be a byte count such as 64M (got '99999999999999999999T')" "$work/size-error.txt"
