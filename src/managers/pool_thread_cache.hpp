@@ -137,6 +137,21 @@ struct ThreadCache {
   void count_large_free(std::size_t segment) noexcept {
     if (segment == latest_segment) freed_latest_segment = true;
   }
+  // Its requests that reached the index (a ring with no safe block, or a
+  // size beyond the classes) for the same bytes in a row, up to `enough`: a
+  // loop, which the pool may grow for once its seals have cost about as
+  // much (allocate_from_index()); requests of sizes that vary are no loop.
+  std::size_t latest_index_request = 0;
+  std::uint32_t index_loop_length = 0;
+  bool count_index_request(std::size_t bytes, std::uint32_t enough) noexcept {
+    if (bytes != latest_index_request) {
+      latest_index_request = bytes;
+      index_loop_length = 1;
+    } else if (index_loop_length < enough) {
+      ++index_loop_length;
+    }
+    return index_loop_length >= enough;
+  }
   // The large blocks this thread took, so that their free needs no lock to
   // learn their size. An entry is
   // trusted only if no large block was freed another way since it was made

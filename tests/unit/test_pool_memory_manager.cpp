@@ -295,6 +295,29 @@ TEST_F(Pool, AtItsPeakAThreadThatIsNoLoopGivesBackItsHeldBlocksBeforeThePoolGrow
   EXPECT_LE(pool.statistics().reserved_bytes, peak) << pool.statistics().cached_bytes << " bytes still held";
 }
 
+// Requests from the shared segments' index of sizes that alternate, each
+// freed before the next, where the only free block that fits is the one
+// freed before: no loop of one size, so the pool seals for it every time
+// rather than grow once its seals have added up (a new segment's blocks
+// would serve no loop). A loop of one size still grows (the test above).
+TEST_F(Pool, RequestsOfVaryingSizesSealRatherThanGrowThePool) {
+  CUEMM_REQUIRE_SIMULATION();
+  PoolMemoryManager pool(&context, with_thread_cache(0));
+  pool.initialize();
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  std::vector<cuda::CUdeviceptr> kept;
+  for (int i = 0; i < 20; ++i) kept.push_back(pool.allocate(3 * kMiB));  // holes of 2 MiB at the segments' ends
+  pool.deallocate(kept.back(), 3 * kMiB);
+  kept.pop_back();
+  const std::size_t reserved = pool.statistics().reserved_bytes;
+  for (int i = 0; i < 2000; ++i) {
+    const std::size_t size = i % 2 ? 3 * kMiB : 3 * kMiB - kMiB / 4;
+    pool.deallocate(pool.allocate(size), size);
+  }
+  EXPECT_EQ(pool.statistics().reserved_bytes, reserved) << pool.statistics().seals << " seals";
+  for (const cuda::CUdeviceptr block : kept) pool.deallocate(block, 3 * kMiB);
+}
+
 // Temporaries of sizes that vary, each freed before the next: no loop of
 // one size, so a segment freed before is sealed and given back rather than
 // a new one bought beside it once seals have added up (which no later
