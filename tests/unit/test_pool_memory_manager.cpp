@@ -59,6 +59,28 @@ class Pool : public ::testing::Test {
       check(pool, apart);
     }
   }
+  // A loop of 64 KiB pairs, once its ring has grown as its seals paid for
+  // it, seals once per 128 pairs (simulated driver).
+  static void expect_a_grown_ring_loop(PoolMemoryManager& pool) {
+    const std::size_t size = std::size_t{64} << 10;
+    pairs(pool, size, 200000);
+    simulation::reset_call_counts();
+    pairs(pool, size, 6400);
+    EXPECT_LE(simulation::call_count("cuStreamQuery"), 6400u / 128 + 1)
+        << "the pool holds " << pool.statistics().reserved_bytes << " bytes";
+  }
+  // Runs `check(pool)` on a new pool of `options` with segments, then on one
+  // with the expandable arena.
+  template <class Check>
+  void in_both_layouts(PoolOptions options, Check check) {
+    for (const bool expandable : {false, true}) {
+      SCOPED_TRACE(expandable ? "expandable" : "segments");
+      options.expandable = expandable;
+      PoolMemoryManager pool(&context, options);
+      pool.initialize();
+      check(pool);
+    }
+  }
   // An expandable pool whose every block up to 64 MiB comes from the
   // arena's index (no thread caches, no segments of their own).
   static PoolOptions arena_only() {
@@ -239,12 +261,7 @@ TEST_F(Pool, ALoopThatEmptiesASmallPoolGrowsIt) {
   CUEMM_REQUIRE_SIMULATION();
   PoolMemoryManager pool(&context);
   pool.initialize();
-  const std::size_t size = std::size_t{64} << 10;
-  pairs(pool, size, 200000);
-  simulation::reset_call_counts();
-  pairs(pool, size, 6400);
-  EXPECT_LE(simulation::call_count("cuStreamQuery"), 6400u / 128 + 1)
-      << "the pool holds " << pool.statistics().reserved_bytes << " bytes";
+  expect_a_grown_ring_loop(pool);
 }
 
 // The same loop after a phase of larger blocks, whose free space the
@@ -264,12 +281,7 @@ TEST_F(Pool, ALoopBesideMuchFreeSpaceOfLargerBlocksStillGrowsItsRing) {
     std::vector<std::shared_ptr<MemoryPointer>> large;
     for (int i = 0; i < 64; ++i) large.push_back(pool.memalloc(std::size_t{3} << 20));
   }
-  const std::size_t size = std::size_t{64} << 10;
-  pairs(pool, size, 200000);
-  simulation::reset_call_counts();
-  pairs(pool, size, 6400);
-  EXPECT_LE(simulation::call_count("cuStreamQuery"), 6400u / 128 + 1)
-      << "the pool holds " << pool.statistics().reserved_bytes << " bytes";
+  expect_a_grown_ring_loop(pool);
 }
 
 // A thread that is no loop keeps none of its held large blocks where a
@@ -940,12 +952,7 @@ TEST_F(Pool, SparesAreGivenBackBeforeTheDriverIsAskedForMore) {
 // either driver, for shared segments, segments of their own and the
 // expandable arena alike.
 TEST_F(Pool, ItsStatisticsCountTheDriverCallsThatTookAndGaveBackMemory) {
-  for (const bool expandable : {false, true}) {
-    SCOPED_TRACE(expandable ? "expandable" : "shared segments");
-    PoolOptions options;
-    options.expandable = expandable;
-    PoolMemoryManager pool(&context, options);
-    pool.initialize();
+  in_both_layouts(PoolOptions{}, [&](PoolMemoryManager& pool) {
     if (simulation::active()) simulation::reset_call_counts();
     std::mt19937 random(7);
     std::uniform_int_distribution<std::size_t> size(1, 24 << 20);
@@ -959,7 +966,7 @@ TEST_F(Pool, ItsStatisticsCountTheDriverCallsThatTookAndGaveBackMemory) {
     }
     const PoolStatistics busy = pool.statistics();
     EXPECT_GT(busy.driver_allocations, 2u) << "large blocks of varying sizes found spares every time";
-    if (!expandable) {
+    if (!pool.options().expandable) {
       EXPECT_EQ(busy.driver_allocations - busy.driver_frees, busy.segments) << "one cuMemAlloc a segment";
     }
     live.clear();
@@ -972,7 +979,7 @@ TEST_F(Pool, ItsStatisticsCountTheDriverCallsThatTookAndGaveBackMemory) {
       EXPECT_EQ(trimmed.driver_allocations, simulation::call_count("cuMemAlloc") + simulation::call_count("cuMemCreate"));
       EXPECT_EQ(trimmed.driver_frees, simulation::call_count("cuMemFree") + simulation::call_count("cuMemRelease"));
     }
-  }
+  });
 }
 
 // For programs that open a raw IPC handle and ignore its offset (numba-cuda's
@@ -1040,12 +1047,7 @@ TEST_F(Pool, TheMaximumSizeIsAnOutOfMemoryNamingIt) {
 // wrap past 2^64 are out of memory that names them, and nothing is held after.
 TEST_F(Pool, SizesNearTwoToThe64AreOutOfMemoryInEveryInterface) {
   const std::size_t max = std::numeric_limits<std::size_t>::max();
-  for (const bool expandable : {false, true}) {
-    SCOPED_TRACE(expandable ? "expandable" : "segments");
-    PoolOptions options;
-    options.expandable = expandable;
-    PoolMemoryManager pool(&context, options);
-    pool.initialize();
+  in_both_layouts(PoolOptions{}, [&](PoolMemoryManager& pool) {
     for (const std::size_t size : {max, max - 255, max - (std::size_t{2} << 20), std::size_t{1} << 63}) {
       SCOPED_TRACE(size);
       const std::vector<std::function<void()>> calls = {
@@ -1060,7 +1062,7 @@ TEST_F(Pool, SizesNearTwoToThe64AreOutOfMemoryInEveryInterface) {
     EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
     const cuda::CUdeviceptr block = pool.allocate(4096);
     pool.deallocate(block, 4096);
-  }
+  });
 }
 
 // At its maximum, a pool serves a request from a free block that fits it
@@ -1087,17 +1089,14 @@ TEST_F(Pool, AtItsMaximumAPoolUsesAFreeBlockThatJustFits) {
 // Growth asks for slack when there is room for it, but needs none: one
 // block may take all of a pool's maximum, in either kind of pool.
 TEST_F(Pool, OneBlockMayTakeAllOfThePoolsMaximum) {
-  for (const bool expandable : {false, true}) {
-    PoolOptions options;
-    options.maximum_size = std::size_t{4} << 20;
-    options.expandable = expandable;
-    PoolMemoryManager pool(&context, options);
-    pool.initialize();
+  PoolOptions options;
+  options.maximum_size = std::size_t{4} << 20;
+  in_both_layouts(options, [&](PoolMemoryManager& pool) {
     for (const std::size_t size : {std::size_t{3900} << 10, std::size_t{4} << 20}) {
-      EXPECT_NO_THROW(pool.memalloc(size)) << size << " bytes, expandable " << expandable;
+      EXPECT_NO_THROW(pool.memalloc(size)) << size << " bytes";
       EXPECT_EQ(pool.statistics().reserved_bytes, std::size_t{4} << 20);
     }
-  }
+  });
 }
 
 // At its maximum, an expandable pool maps a block's pages beyond its free
