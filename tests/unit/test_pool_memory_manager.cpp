@@ -1473,16 +1473,37 @@ TEST_F(Pool, AFinishedThreadsStreamOrderedFreesGoBackToThePool) {
   pool.initialize();
   std::thread([&] {
     ScopedContext scope(context);
-    for (const std::size_t size : {std::size_t{4096}, std::size_t{3} << 20, std::size_t{16} << 20}) {
-      const cuda::CUdeviceptr block = pool.allocate(size, cuda::CU_STREAM_PER_THREAD);
-      pool.deallocate(block, size, cuda::CU_STREAM_PER_THREAD);
-    }
+    // (All taken before any is freed: a request that grows the pool first
+    // gives back the thread's stream-ordered frees of other sizes.)
+    const std::vector<std::size_t> sizes{std::size_t{4096}, std::size_t{3} << 20, std::size_t{16} << 20};
+    std::vector<cuda::CUdeviceptr> blocks;
+    for (const std::size_t size : sizes) blocks.push_back(pool.allocate(size, cuda::CU_STREAM_PER_THREAD));
+    for (std::size_t i = 0; i < sizes.size(); ++i) pool.deallocate(blocks[i], sizes[i], cuda::CU_STREAM_PER_THREAD);
     EXPECT_GE(pool.statistics().cached_bytes, (std::size_t{19} << 20) + 4096);
   }).join();
   EXPECT_EQ(pool.statistics().cached_bytes, 0u);
   EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
   const std::size_t reserved = pool.statistics().reserved_bytes;
   EXPECT_EQ(pool.trim(), reserved);
+}
+
+// A stream-ordered request that would take the pool past its peak first
+// gives back the blocks the thread keeps from its stream-ordered frees of
+// other sizes: here they merge into the free space the request fits.
+TEST_F(Pool, AStreamOrderedRequestAtThePeakTakesTheThreadsIdleFreesBeforeTheDriversMemory) {
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  ScopedContext scope(context);
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  const std::vector<std::size_t> sizes{2 * kMiB, 2 * kMiB + 400 * 1024, 2 * kMiB + 800 * 1024, 3 * kMiB + 200 * 1024};
+  std::vector<cuda::CUdeviceptr> blocks;
+  for (const std::size_t size : sizes) blocks.push_back(pool.allocate(size, cuda::CU_STREAM_PER_THREAD));
+  for (std::size_t i = 0; i < sizes.size(); ++i) pool.deallocate(blocks[i], sizes[i], cuda::CU_STREAM_PER_THREAD);
+  const std::size_t reserved = pool.statistics().reserved_bytes;
+  ASSERT_GE(pool.statistics().cached_bytes, 10 * kMiB) << "the thread did not keep its stream-ordered frees";
+  const cuda::CUdeviceptr large = pool.allocate(7 * kMiB, cuda::CU_STREAM_PER_THREAD);
+  EXPECT_EQ(pool.statistics().reserved_bytes, reserved) << pool.statistics().cached_bytes << " bytes still cached";
+  pool.deallocate(large, 7 * kMiB, cuda::CU_STREAM_PER_THREAD);
 }
 
 TEST_F(Pool, StreamOrderedFreesStayWithinTheThreadsBudget) {
