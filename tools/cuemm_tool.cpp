@@ -23,7 +23,9 @@
 //                                            (N requests)
 //   (either with --trace-growth: a line whenever the pool reserves more, with
 //   where its bytes were: in use, waiting for the GPU, in thread caches, free;
-//   with threads, from whichever thread saw it, all threads' bytes)
+//   with threads, from whichever thread saw it, all threads' bytes; with
+//   --stream-ordered, the pool's device blocks through allocate(size, stream)
+//   on each thread's per-thread stream, as RMM and PyTorch call it)
 //   cuemm plot LOG.csv OUT.svg               live memory over time, as SVG
 //   cuemm bench [--managers ...] [--sizes ...] [--threads ...]
 //                                            ns per allocate+free pair (bench_command.cpp)
@@ -126,6 +128,7 @@ struct ReplayReport {
   std::optional<PoolStatistics> pool;  // at the end, for a pool: its seals and driver calls
   bool reference = false;              // the ideal best fit's footprint, not a manager's (no time)
   std::string adaptors;                // the CUEMM_ADAPTORS the manager ran under ("" for none)
+  bool stream_ordered = false;         // through allocate(size, stream)
 };
 
 // `--manager best-fit`: not a manager, the footprint of an ideal best fit
@@ -173,16 +176,27 @@ void trace_growth(std::size_t operation, std::size_t request, std::size_t live_b
               pool.free_blocks);
 }
 
+// How a replay runs: --trace-growth, and --stream-ordered (the pool's
+// allocate(size, stream) and deallocate(..., stream) on the calling thread's
+// per-thread stream, as RMM and PyTorch call it, rather than memalloc).
+struct ReplayOptions {
+  bool trace_growth = false;
+  bool stream_ordered = false;
+};
+
 // Replays each list of operations on a thread of its own, side by side (one
 // list: on this thread); live bytes are those of all lists together.
 ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& context, const std::string& manager_name,
-                    bool tracing) {
+                    const ReplayOptions& options) {
   if (manager_name == kBestFit) return best_fit_reference(lists);
   // A bundled manager or a plugin library's, under the adaptors CUEMM_ADAPTORS names (as `cuemm bench`).
   const std::string adaptors = adaptors_from_environment();
   auto manager = wrap_with_adaptors(&context, make_memory_manager(manager_name, &context), adaptors);
   manager->initialize();
   auto* pool = find_adaptor<PoolMemoryManager>(*manager);
+  if (options.stream_ordered && !pool)
+    throw InvalidArgument("--stream-ordered replays through the pool's allocate(size, stream), which manager '" +
+                          manager_name + "' does not have");
   const MemoryInfo start = driver_memory_info(context);
   auto reserved_now = [&] {
     if (pool) return pool->statistics().reserved_bytes;
@@ -194,9 +208,24 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
   auto run_list = [&](std::size_t index) {
     ScopedContext scope(context);
     std::unordered_map<std::uint64_t, std::shared_ptr<MemoryPointer>> live;
+    std::unordered_map<std::uint64_t, std::pair<cuda::CUdeviceptr, std::size_t>> ordered;  // with stream_ordered
     for (const Operation& operation : lists[index]) {
       std::size_t now = live_bytes.load(std::memory_order_relaxed);
-      if (operation.allocate) {
+      if (options.stream_ordered && operation.device) {
+        if (operation.allocate) {
+          try {
+            ordered.emplace(operation.id, std::make_pair(pool->allocate(operation.size, cuda::CU_STREAM_PER_THREAD),
+                                                         operation.size));
+            now = live_bytes.fetch_add(operation.size) + operation.size;
+          } catch (const OutOfMemory&) {
+            failed.fetch_add(1);
+          }
+        } else if (auto it = ordered.find(operation.id); it != ordered.end()) {
+          pool->deallocate(it->second.first, it->second.second, cuda::CU_STREAM_PER_THREAD);
+          now = live_bytes.fetch_sub(it->second.second) - it->second.second;
+          ordered.erase(it);
+        }
+      } else if (operation.allocate) {
         try {
           auto memory = operation.device ? manager->memalloc(operation.size)
                                          : manager->memhostalloc(operation.size, false, false, false);
@@ -214,7 +243,7 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
       const auto paused = std::chrono::steady_clock::now();
       util::raise_to(peak_live, now);
       const std::size_t reserved = reserved_now();
-      if (tracing && pool && reserved > peak_reserved.load())
+      if (options.trace_growth && pool && reserved > peak_reserved.load())
         trace_growth(operations, operation.allocate ? operation.size : 0, now, pool->statistics());
       util::raise_to(peak_reserved, reserved);
       sampling[index] += std::chrono::duration<double>(std::chrono::steady_clock::now() - paused).count();
@@ -226,6 +255,10 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
       if (memory->kind() == MemoryKind::Device) live_bytes.fetch_sub(memory->size());
     }
     live.clear();
+    for (const auto& [id, block] : ordered) {
+      pool->deallocate(block.first, block.second, cuda::CU_STREAM_PER_THREAD);
+      live_bytes.fetch_sub(block.second);
+    }
     sampling[index] += std::chrono::duration<double>(std::chrono::steady_clock::now() - paused).count();
   };
   const auto began = std::chrono::steady_clock::now();
@@ -247,13 +280,15 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
   report.failed = failed.load();
   if (pool) report.pool = pool->statistics();
   report.adaptors = adaptors;
+  report.stream_ordered = options.stream_ordered;
   return report;
 }
 
 // `prefix` begins each line (which device, for a log of several).
 void print(const ReplayReport& report, const std::string& name, const std::string& prefix = "") {
   std::printf("%s", prefix.c_str());
-  const std::string manager = report.adaptors.empty() ? name : name + " under " + report.adaptors;
+  std::string manager = report.adaptors.empty() ? name : name + " under " + report.adaptors;
+  if (report.stream_ordered) manager += ", stream-ordered";
   if (report.operations == 0) {
     std::printf("manager %s: 0 operations (the log holds no allocation or free it can replay)", manager.c_str());
   } else if (report.reference) {
@@ -279,11 +314,12 @@ void print(const ReplayReport& report, const std::string& name, const std::strin
 // device replays on the current one, whichever device it was.) Rows of a device
 // the driver lacks replay on device ordinal % count, which is free again by
 // then: a log of eight GPUs still replays on a machine of one.
-void replay_by_device(const std::vector<Operation>& operations, const std::string& manager, bool tracing) {
+void replay_by_device(const std::vector<Operation>& operations, const std::string& manager,
+                      const ReplayOptions& options) {
   std::map<int, std::vector<Operation>> by_device;
   for (const Operation& operation : operations) by_device[operation.ordinal].push_back(operation);
   if (by_device.size() <= 1) {
-    print(replay({operations}, current_context(), manager, tracing), manager);
+    print(replay({operations}, current_context(), manager, options), manager);
     return;
   }
   const int count = Device::count();
@@ -298,7 +334,7 @@ void replay_by_device(const std::vector<Operation>& operations, const std::strin
     const int on = ordinal % count;
     std::string prefix = "device " + std::to_string(ordinal);
     if (on != ordinal) prefix += " (on device " + std::to_string(on) + ")";
-    print(replay({rows}, Device::get(on).primary_context(), manager, tracing), manager, prefix + ": ");
+    print(replay({rows}, Device::get(on).primary_context(), manager, options), manager, prefix + ": ");
   }
 }
 
@@ -307,8 +343,9 @@ int usage(bool asked = false) {
   std::fprintf(asked ? stdout : stderr,
                "usage: cuemm info\n"
                "       cuemm replay LOG.csv [--manager pool|async|default|best-fit|PLUGIN.so] [--trace-growth]\n"
+               "                    [--stream-ordered]\n"
                "       cuemm random [--manager NAME] [--max-size 64M] [--live 1G] [--operations 100000] [--seed 1]\n"
-               "                    [--threads 1] [--trace-growth]\n"
+               "                    [--threads 1] [--trace-growth] [--stream-ordered]\n"
                "       cuemm random --pattern training [--manager NAME] [--layers 60] [--steps 30] [--seed 1]\n"
                "                    [--shapes varied|same|per-layer]\n"
                "                    [--threads 1] [--trace-growth]\n"
@@ -349,7 +386,9 @@ int run(std::vector<std::string> args) {
   }
   if (command == "replay" || command == "random") {
     const std::string manager = option(args, "--manager", "pool");
-    const bool tracing = tool::flag(args, "--trace-growth");
+    ReplayOptions options;
+    options.trace_growth = tool::flag(args, "--trace-growth");
+    options.stream_ordered = tool::flag(args, "--stream-ordered");
     std::vector<Operation> operations;
     if (command == "replay") {
       if (args.size() != 1) return usage();
@@ -397,10 +436,10 @@ int run(std::vector<std::string> args) {
       } else {
         throw InvalidArgument("--pattern must be rmm, training, temporaries or inference (got '" + pattern + "')");
       }
-      print(replay(lists, current_context(), manager, tracing), manager);
+      print(replay(lists, current_context(), manager, options), manager);
       return 0;
     }
-    replay_by_device(operations, manager, tracing);
+    replay_by_device(operations, manager, options);
     return 0;
   }
   if (command == "bench") return tool::bench_command(std::move(args));

@@ -46,6 +46,11 @@ grep -q "^manager best-fit: 280 operations" "$work/inference.txt"
 # A byte count that would not fit 64 bits is refused by name, not read as some other size.
 if "$tool" random --max-size 99999999999999999999T 2>"$work/size-error.txt"; then exit 1; fi
 grep -q "max-size must be a byte count such as 64M (got '99999999999999999999T')" "$work/size-error.txt"
+# Through the pool's stream-ordered interface, as RMM and PyTorch call it; a manager without one is refused.
+"$tool" random --operations 2000 --max-size 2M --live 64M --manager pool --stream-ordered >"$work/ordered.txt"
+grep -q "^manager pool, stream-ordered: 2000 operations" "$work/ordered.txt"
+if "$tool" random --operations 10 --manager default --stream-ordered 2>"$work/ordered-error.txt"; then exit 1; fi
+grep -q "which manager 'default' does not have" "$work/ordered-error.txt"
 # Each growth is traced with where the pool's bytes were; the first one reserves its first segment.
 "$tool" random --operations 3000 --max-size 2M --live 64M --manager pool --trace-growth >"$work/growth.txt"
 grep -q "^grew at operation 1 (an allocation of .*) to .*in thread caches .*free .* in 1 block(s)$" "$work/growth.txt"
