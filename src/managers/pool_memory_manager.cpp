@@ -916,18 +916,10 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     if (is_small(size) && passes_peak(kSegmentGranularity)) {
       if (auto address = blocks.allocate_in_hole(size, largest_request_grown_for)) return *address;
     }
-    // The caller's stream-ordered frees of other sizes, before the pool grows past its peak beside them.
-    if (own && passes_peak(size)) {
-      std::size_t moved = 0;
-      {
-        std::lock_guard cache_lock(own->lock.owner());
-        moved = quarantine_idle_ordered_blocks(*own, detail::size_class_of(size));
-      }
-      if (moved > 0) {
-        seal();
-        reclaim(false);
-        if (auto address = take_block(size)) return *address;
-      }
+    // Stream-ordered frees kept idle, before the pool grows past its peak beside them.
+    if (own && passes_peak(is_small(size) ? kSegmentGranularity : std::max(size, kMinimumGrowth)) &&
+        give_back_ordered_blocks(*own, detail::size_class_of(size))) {
+      if (auto address = take_block(size)) return *address;
     }
     if (auto address = grow_and_take(size)) return *address;
     flush_caches();
@@ -987,7 +979,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // peak; on out of memory, everything the other paths give back too.
   // `in_a_loop`: the thread asked for this size several times in a row,
   // freeing one each time (see ThreadCache::count_segment_request()).
-  std::uintptr_t allocate_dedicated(std::size_t size, bool in_a_loop) {
+  std::uintptr_t allocate_dedicated(std::size_t size, bool in_a_loop, ThreadCache* own = nullptr) {
     const std::size_t segment = detail::DedicatedSegments::segment_size(size);
     if (segment == 0) throw OutOfMemory("PoolMemoryManager::allocate", size, "no device has that much memory");
     const bool recurs = options.split_spares && saw_large_size(size);
@@ -1038,6 +1030,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       // pairs on the H100, in a pool left at its peak by smaller ones:
       // 78-137 ns a pair, against 8.5-12 with segments of their own).
       if (!in_a_loop) {
+        if (own && give_back_ordered_blocks(*own, -1)) {
+          if (auto base = dedicated.take_spare(segment)) return *base;
+        }
         if (auto address = allocate_from_index_within_peak(size)) return *address;
         if (recurs) {
           if (auto address = allocate_recurring(size)) return *address;
@@ -1181,7 +1176,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   std::uintptr_t allocate_beyond_classes(std::size_t size, ThreadCache* own) {
     if (!wants_own_segment(size))
       return allocate_from_index(size, own, own && own->count_index_request(blocks.rounded_size(size), kHitsOfALoop));
-    return allocate_dedicated(size, own && own->segment_loop_length >= kHitsOfALoop);
+    return allocate_dedicated(size, own && own->segment_loop_length >= kHitsOfALoop, own);
   }
 
   // `size_class` is size_class(size), which the caller also needs.
@@ -1663,48 +1658,64 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
         return found->address;
       }
     }
-    if (size_class >= 0) return allocate(size, size_class);  // (allocate_from_index() gives them back before it grows)
-    {
-      std::lock_guard lock(mutex);
-      if (passes_peak(needed)) {
-        std::lock_guard cache_lock(cache.lock.owner());
-        quarantine_idle_ordered_blocks(cache, -1);
-      }
-    }
+    // (The index and the segments of their own give the thread's other
+    // stream-ordered frees back before they grow: give_back_ordered_blocks().)
+    if (size_class >= 0) return allocate(size, size_class);
     std::lock_guard lock(mutex);
-    const std::uintptr_t address = allocate_beyond_classes(size, nullptr);
+    if (passes_peak(needed)) give_back_ordered_blocks(cache, -1);
+    const std::uintptr_t address = allocate_beyond_classes(size, &cache);
     lend_from_pool(cache, address);
     return address;
   }
 
-  // Moves the blocks that a thread keeps from its stream-ordered frees into
-  // the quarantine, but for class `kept` (-1: none), tagged with the open
-  // epoch, whose seal covers their default streams; the caller holds `mutex`
-  // and the cache's lock. Returns the bytes moved. For a stream-ordered
-  // request that would take the pool past its peak: the thread's blocks of
-  // other sizes (up to its whole cache budget) otherwise sat beside the
-  // growth. (Simulated, RMM's random workload through allocate(size,
+  // Before the pool grows past its peak for a request of class `kept` (-1:
+  // beyond the classes): the blocks that `own` keeps from its stream-ordered
+  // frees of other classes and sizes (up to its whole cache budget), and the
+  // large ones every other thread keeps (up to kOrderedLargeCapacity each, of
+  // any size), go to the quarantine, tagged with the open epoch, whose seal
+  // covers their default streams; then that seal. They otherwise sat beside
+  // the growth. (Simulated, RMM's random workload through allocate(size,
   // stream), seeds 1-8: up to 4 MiB with 512 MiB live 1.21 -> 1.14, up to
-  // 64 MiB with 256 MiB 1.81 -> 1.14, up to 1 MiB with 64 MiB 2.64 -> 1.28,
-  // near the stream-less interface's 1.14, 1.07 and 1.26.) A loop of one
-  // size never comes here: its frees serve it.
-  std::size_t quarantine_idle_ordered_blocks(ThreadCache& cache, int kept) {
+  // 64 MiB with 256 MiB 1.81 -> 1.14, up to 1 MiB with 64 MiB 2.64 -> 1.25,
+  // near the stream-less interface's 1.14, 1.07 and 1.26.) Returns whether
+  // any went; the caller holds `mutex`. A loop of one size seldom comes
+  // here: its frees serve it.
+  bool give_back_ordered_blocks(ThreadCache& own, int kept) {
     const std::uint64_t epoch = epochs.tag();
-    std::size_t moved = 0;
-    std::array<Freed, kMaximumBinCapacity> taken;
-    for (int c = 0; c < detail::kSizeClassCount; ++c) {
-      if (c == kept) continue;
-      while (const std::size_t n = cache.take_oldest_ordered(c, kMaximumBinCapacity, epoch, taken.data())) {
-        for (std::size_t i = 0; i < n; ++i) quarantine_block(taken[i].address, detail::size_class_bytes(c), epoch);
-        moved += n * detail::size_class_bytes(c);
+    bool moved = false;
+    auto quarantine_ordered_large = [&](ThreadCache& cache) {
+      while (cache.ordered_large_count) {
+        const ThreadCache::OrderedLarge large = cache.remove_ordered_large(cache.ordered_large_count - 1);
+        quarantine_block(large.address, large.bytes, epoch, large.dedicated);
+        moved = true;
       }
+    };
+    {
+      std::lock_guard cache_lock(own.lock.owner());
+      std::array<Freed, kMaximumBinCapacity> taken;
+      for (int c = 0; c < detail::kSizeClassCount; ++c) {
+        if (c == kept) continue;
+        while (const std::size_t n = cache_take_ordered(own, c, epoch, taken)) {
+          for (std::size_t i = 0; i < n; ++i) quarantine_block(taken[i].address, detail::size_class_bytes(c), epoch);
+          moved = true;
+        }
+      }
+      quarantine_ordered_large(own);
     }
-    while (cache.ordered_large_count) {
-      const ThreadCache::OrderedLarge large = cache.remove_ordered_large(cache.ordered_large_count - 1);
-      quarantine_block(large.address, large.bytes, epoch, large.dedicated);
-      moved += large.bytes;
+    for (auto& other : caches) {
+      if (other.get() == &own || other->ordered_large_count == 0) continue;
+      std::lock_guard cache_lock(other->lock.visitor());
+      quarantine_ordered_large(*other);
+    }
+    if (moved) {
+      seal();
+      reclaim(false);
     }
     return moved;
+  }
+  static std::size_t cache_take_ordered(ThreadCache& cache, int size_class, std::uint64_t epoch,
+                                        std::array<Freed, kMaximumBinCapacity>& taken) noexcept {
+    return cache.take_oldest_ordered(size_class, kMaximumBinCapacity, epoch, taken.data());
   }
 
   // The common case (room in the thread's bin) apart, as deallocate()'s.
