@@ -40,8 +40,10 @@
 // to its next request on either default stream, whose work the driver orders
 // after the freeing work (the legacy stream and the per-thread streams wait
 // for each other). No other thread gets it until it goes to the quarantine
-// (when the thread's cache is full, flushed or its thread ends), tagged with
-// the open epoch as every other free. A free on any other stream records an
+// (when the thread's cache is full, flushed or its thread ends, or when a
+// request would take the pool past its peak: the requesting thread's kept
+// blocks of other sizes and every thread's large ones go, and are sealed),
+// tagged with the open epoch as every other free. A free on any other stream records an
 // event there and makes the legacy stream wait for it, so the next epoch's
 // event covers that work too (also for non-blocking streams); that costs two
 // driver calls, and orders later legacy-stream work after the stream's.
