@@ -43,10 +43,11 @@
 // (when the thread's cache is full, flushed or its thread ends, or when a
 // request would take the pool past its peak: the requesting thread's kept
 // blocks of other sizes and every thread's large ones go, and are sealed),
-// tagged with the open epoch as every other free. A free on any other stream records an
-// event there and makes the legacy stream wait for it, so the next epoch's
-// event covers that work too (also for non-blocking streams); that costs two
-// driver calls, and orders later legacy-stream work after the stream's.
+// tagged with the open epoch as every other free. A free on any other
+// stream records an event there and makes the legacy stream wait for it, so
+// the next epoch's event covers that work too (also for non-blocking
+// streams); that costs two driver calls, and orders later legacy-stream work
+// after the stream's.
 //
 // Note [Large blocks in the thread caches]
 // A thread also keeps the blocks beyond the size classes that it frees
