@@ -1703,7 +1703,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       quarantine_ordered_large(own);
     }
     for (auto& other : caches) {
-      if (other.get() == &own || other->ordered_large_count == 0) continue;
+      if (other.get() == &own) continue;
       std::lock_guard cache_lock(other->lock.visitor());
       quarantine_ordered_large(*other);
     }
