@@ -370,10 +370,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   void quarantine_cached_blocks(ThreadCache& cache) {
     const std::uint64_t epoch = epochs.tag();
     quarantine_ring_blocks(cache, -1, epoch);
-    while (cache.ordered_large_count) {
-      const ThreadCache::OrderedLarge large = cache.remove_ordered_large(cache.ordered_large_count - 1);
-      quarantine_block(large.address, large.bytes, epoch, large.dedicated);
-    }
+    quarantine_ordered_large(cache, epoch);
     quarantine_held_blocks(cache);
   }
 
@@ -389,13 +386,32 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     std::array<Freed, kMaximumBinCapacity> taken;
     for (int c = 0; c < detail::kSizeClassCount; ++c) {
       if (c == kept) continue;
-      auto quarantine_taken = [&](std::size_t n) {
+      while (const std::size_t n = cache.take_oldest(c, kMaximumBinCapacity, taken.data()))
         for (std::size_t i = 0; i < n; ++i) quarantine_block(taken[i].address, detail::size_class_bytes(c), taken[i].epoch);
-      };
-      while (const std::size_t n = cache.take_oldest(c, kMaximumBinCapacity, taken.data())) quarantine_taken(n);
-      while (const std::size_t n = cache.take_oldest_ordered(c, kMaximumBinCapacity, epoch, taken.data()))
-        quarantine_taken(n);
     }
+    quarantine_ordered_bins(cache, kept, epoch);
+  }
+  // The blocks of a thread's ordered bins, but for class `kept`, with `epoch`; whether there were any.
+  bool quarantine_ordered_bins(ThreadCache& cache, int kept, std::uint64_t epoch) {
+    bool any = false;
+    std::array<Freed, kMaximumBinCapacity> taken;
+    for (int c = 0; c < detail::kSizeClassCount; ++c) {
+      if (c == kept) continue;
+      while (const std::size_t n = cache.take_oldest_ordered(c, kMaximumBinCapacity, epoch, taken.data())) {
+        for (std::size_t i = 0; i < n; ++i) quarantine_block(taken[i].address, detail::size_class_bytes(c), epoch);
+        any = true;
+      }
+    }
+    return any;
+  }
+  // The large blocks a thread keeps from its stream-ordered frees, with `epoch`; whether there were any.
+  bool quarantine_ordered_large(ThreadCache& cache, std::uint64_t epoch) {
+    const bool any = cache.ordered_large_count > 0;
+    while (cache.ordered_large_count) {
+      const ThreadCache::OrderedLarge large = cache.remove_ordered_large(cache.ordered_large_count - 1);
+      quarantine_block(large.address, large.bytes, epoch, large.dedicated);
+    }
+    return any;
   }
 
   // Moves the large blocks a thread holds into the quarantine, with their
@@ -1683,39 +1699,21 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   bool give_back_ordered_blocks(ThreadCache& own, int kept) {
     const std::uint64_t epoch = epochs.tag();
     bool moved = false;
-    auto quarantine_ordered_large = [&](ThreadCache& cache) {
-      while (cache.ordered_large_count) {
-        const ThreadCache::OrderedLarge large = cache.remove_ordered_large(cache.ordered_large_count - 1);
-        quarantine_block(large.address, large.bytes, epoch, large.dedicated);
-        moved = true;
-      }
-    };
     {
       std::lock_guard cache_lock(own.lock.owner());
-      std::array<Freed, kMaximumBinCapacity> taken;
-      for (int c = 0; c < detail::kSizeClassCount; ++c) {
-        if (c == kept) continue;
-        while (const std::size_t n = cache_take_ordered(own, c, epoch, taken)) {
-          for (std::size_t i = 0; i < n; ++i) quarantine_block(taken[i].address, detail::size_class_bytes(c), epoch);
-          moved = true;
-        }
-      }
-      quarantine_ordered_large(own);
+      moved |= quarantine_ordered_bins(own, kept, epoch);
+      moved |= quarantine_ordered_large(own, epoch);
     }
     for (auto& other : caches) {
       if (other.get() == &own) continue;
       std::lock_guard cache_lock(other->lock.visitor());
-      quarantine_ordered_large(*other);
+      moved |= quarantine_ordered_large(*other, epoch);
     }
     if (moved) {
       seal();
       reclaim(false);
     }
     return moved;
-  }
-  static std::size_t cache_take_ordered(ThreadCache& cache, int size_class, std::uint64_t epoch,
-                                        std::array<Freed, kMaximumBinCapacity>& taken) noexcept {
-    return cache.take_oldest_ordered(size_class, kMaximumBinCapacity, epoch, taken.data());
   }
 
   // The common case (room in the thread's bin) apart, as deallocate()'s.
