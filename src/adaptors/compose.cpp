@@ -36,10 +36,17 @@ std::string log_path(Context* context) {
   const std::string suffix = ".device" + std::to_string(device);
   return dot == std::string::npos || dot < path.rfind('/') + 1 ? path + suffix : path.insert(dot, suffix);
 }
+
+// `spec` without its spaces: "statistics, log" names the same adaptors as
+// "statistics,log" (no adaptor's name has one).
+std::string without_spaces(std::string spec) {
+  std::erase_if(spec, [](char c) { return c == ' ' || c == '\t'; });
+  return spec;
+}
 }  // namespace
 
 std::string adaptors_from_environment() {
-  std::string spec = environment("CUEMM_ADAPTORS");
+  std::string spec = without_spaces(environment("CUEMM_ADAPTORS"));
   if (!environment("CUEMM_LOG_FILE").empty() && ("," + spec + ",").find(",log,") == std::string::npos)
     spec += spec.empty() ? "log" : ",log";
   return spec;
@@ -47,7 +54,7 @@ std::string adaptors_from_environment() {
 
 std::unique_ptr<BaseMemoryManager> wrap_with_adaptors(Context* context, std::unique_ptr<BaseMemoryManager> manager,
                                                       const std::string& spec) {
-  std::stringstream names(spec);
+  std::stringstream names(without_spaces(spec));
   std::string name;
   while (std::getline(names, name, ',')) {
     if (name.empty()) continue;

@@ -586,6 +586,12 @@ TEST_F(Adaptors, TheLogFileVariableAddsTheLog) {
   EXPECT_EQ(adaptors_from_environment(), "statistics,log");
   setenv("CUEMM_ADAPTORS", "log,statistics", 1);
   EXPECT_EQ(adaptors_from_environment(), "log,statistics");
+  // Spaces after the commas name the same adaptors (and the log once).
+  setenv("CUEMM_ADAPTORS", "statistics, log", 1);
+  EXPECT_EQ(adaptors_from_environment(), "statistics,log");
+  auto manager = wrap_with_adaptors(&context, pool(), " statistics , tracking ");
+  EXPECT_NE(find_adaptor<StatisticsAdaptor>(*manager), nullptr);
+  EXPECT_NE(find_adaptor<TrackingAdaptor>(*manager), nullptr);
   unsetenv("CUEMM_LOG_FILE");
   unsetenv("CUEMM_ADAPTORS");
   EXPECT_EQ(adaptors_from_environment(), "");

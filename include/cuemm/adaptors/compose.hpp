@@ -16,7 +16,8 @@
 namespace cuemm {
 
 // Wraps `manager` in the adaptors named in `spec` (comma-separated, innermost
-// first). InvalidArgument names an unknown adaptor or a missing setting.
+// first; spaces are ignored). InvalidArgument names an unknown adaptor or a
+// missing setting.
 std::unique_ptr<BaseMemoryManager> wrap_with_adaptors(Context* context, std::unique_ptr<BaseMemoryManager> manager,
                                                       const std::string& spec);
 
