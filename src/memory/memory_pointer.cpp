@@ -91,6 +91,13 @@ std::shared_ptr<MemoryPointer> MemoryPointer::view(std::size_t start, std::optio
   return view;
 }
 
+void MemoryPointer::check_alive(const char* operation) const {
+  if (!is_alive()) {
+    throw StateError(std::string(operation) + " of freed " + to_string(kind_) + " memory at " +
+                     hex_address(pointer_) + " (" + std::to_string(size_) + " bytes)");
+  }
+}
+
 void MemoryPointer::memset(unsigned char value, std::optional<std::size_t> count, const Stream* stream) {
   const std::size_t bytes = count.value_or(size_);
   if (bytes > size_) {
@@ -98,10 +105,7 @@ void MemoryPointer::memset(unsigned char value, std::optional<std::size_t> count
                           " bytes");
   }
   if (bytes == 0) return;
-  if (!is_alive()) {
-    throw StateError("memset of freed " + std::string(to_string(kind_)) + " memory at " + hex_address(pointer_) +
-                     " (" + std::to_string(size_) + " bytes)");
-  }
+  check_alive("memset");
   const cuda::CUdeviceptr address = device_pointer();
   if (context_) {
     ScopedContext scope(*context_);

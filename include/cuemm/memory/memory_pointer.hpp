@@ -97,6 +97,9 @@ class MemoryPointer : public std::enable_shared_from_this<MemoryPointer> {
   bool is_alive() const noexcept {
     return view_base_ ? view_base_->is_alive() : alive_.load(std::memory_order_acquire);
   }
+  // StateError naming `operation` ("memset", "copy to the device") and this
+  // memory once it is dead: its bytes may be another block's by then.
+  void check_alive(const char* operation) const;
 
   // A reference that counts towards refct (see the header comment).
   OwnedPointer own();
