@@ -118,6 +118,10 @@ Alloc,0,0xe0000,0,4194304,0,0,3,0.7,0.7,0,
 "$tool" replay "$work/fit.csv" --manager best-fit >"$work/fit.txt"
 grep -q "^manager best-fit: 7 operations, a reference: an ideal best fit" "$work/fit.txt"
 grep -q "^peak live 11.00 MiB (11534336 bytes), peak reserved 12.00 MiB (12582912 bytes): reserved/live 1.091$" "$work/fit.txt"
+# A manager's replay prints the best fit's figures under its own, without "reserved/live" (scripts read the manager's).
+"$tool" replay "$work/fit.csv" --manager pool >"$work/fit-pool.txt"
+grep -q "^an ideal best fit of the same operations reserves 12.00 MiB (12582912 bytes) at its peak: 1.091 of its peak live" "$work/fit-pool.txt"
+[ "$(grep -c "reserved/live" "$work/fit-pool.txt")" = 1 ]
 # Generated workloads too, on threads side by side (taking turns).
 "$tool" random --operations 2000 --max-size 1M --live 32M --threads 2 --manager best-fit >"$work/fit-random.txt"
 grep -q "^manager best-fit: 4000 operations" "$work/fit-random.txt"
