@@ -1443,9 +1443,23 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
         cache.held_hits_since_miss = 0;
       }
     }
+    if (missed && passes_peak(needed)) quarantine_idle_held_of_others(cache);
     const std::uintptr_t address = allocate_beyond_classes(size, &cache);
     lend_from_pool(cache, address);
     return address;
+  }
+
+  // Where a request would take the pool past its peak: what threads other
+  // than `own` hold of their large frees, unless they are loops, goes to the
+  // quarantine (allocate_large()'s rule for the requesting thread, for every
+  // thread). A thread of random sizes otherwise kept them idle while another
+  // grew the pool. The caller holds `mutex`.
+  void quarantine_idle_held_of_others(const ThreadCache& own) {
+    for (auto& other : caches) {
+      if (other.get() == &own) continue;
+      std::lock_guard cache_lock(other->lock.visitor());
+      if (other->held_hits_since_miss < kHitsOfALoop) quarantine_held_blocks(*other);
+    }
   }
 
   // A free block of the size that the pool has at hand (a spare segment, or

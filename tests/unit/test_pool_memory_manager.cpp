@@ -7,6 +7,7 @@
 #include <latch>
 #include <random>
 #include <set>
+#include <future>
 #include <thread>
 #include <unordered_map>
 
@@ -305,6 +306,62 @@ TEST_F(Pool, AtItsPeakAThreadThatIsNoLoopGivesBackItsHeldBlocksBeforeThePoolGrow
   ASSERT_GE(pool.statistics().cached_bytes, 48 * kMiB) << "the thread did not hold its large frees";
   auto other = pool.memalloc(30 * kMiB);
   EXPECT_LE(pool.statistics().reserved_bytes, peak) << pool.statistics().cached_bytes << " bytes still held";
+}
+
+// The same where another thread holds them: a thread of random large sizes
+// that has gone quiet kept its frees idle while this one grew the pool.
+TEST_F(Pool, AtItsPeakAnotherThreadThatIsNoLoopGivesBackItsHeldBlocksBeforeThePoolGrows) {
+  CUEMM_REQUIRE_SIMULATION();
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  std::vector<std::shared_ptr<MemoryPointer>> kept;
+  for (int i = 0; i < 64; ++i) kept.push_back(pool.memalloc(3 * kMiB));  // 192 MiB live
+  std::promise<void> held, done;
+  std::thread quiet([&] {  // (alive until the end: a thread's cache goes back when it ends)
+    ScopedContext scope(context);
+    {
+      std::vector<std::shared_ptr<MemoryPointer>> near;  // near sizes, held by that thread
+      for (std::size_t size : {12 * kMiB, 12 * kMiB + kMiB / 2, 13 * kMiB, 13 * kMiB + kMiB / 3})
+        near.push_back(pool.memalloc(size));
+    }
+    held.set_value();
+    done.get_future().wait();
+  });
+  held.get_future().wait();
+  const std::size_t peak = pool.statistics().reserved_bytes;
+  const std::size_t cached = pool.statistics().cached_bytes;
+  auto other = pool.memalloc(30 * kMiB);
+  const PoolStatistics after = pool.statistics();
+  done.set_value();
+  quiet.join();
+  ASSERT_GE(cached, 48 * kMiB) << "the other thread did not hold its large frees";
+  EXPECT_LE(after.reserved_bytes, peak) << after.cached_bytes << " bytes still held";
+}
+
+// A loop of large requests on another thread keeps its rotation when this
+// thread's request would take the pool past its peak: its blocks serve its
+// next requests.
+TEST_F(Pool, AtItsPeakAnotherThreadsLoopKeepsItsRotation) {
+  CUEMM_REQUIRE_SIMULATION();
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  std::promise<void> looped, done;
+  std::thread loop([&] {  // (alive until the end: a thread's cache goes back when it ends)
+    ScopedContext scope(context);
+    for (int i = 0; i < 64; ++i) pool.memalloc(16 * kMiB).reset();  // a loop: its frees serve it
+    looped.set_value();
+    done.get_future().wait();
+  });
+  looped.get_future().wait();
+  const std::size_t held = pool.statistics().cached_bytes;
+  auto other = pool.memalloc(30 * kMiB);  // past the peak
+  const std::size_t after = pool.statistics().cached_bytes;
+  done.set_value();
+  loop.join();
+  ASSERT_GE(held, 16 * kMiB) << "the loop held none of its frees";
+  EXPECT_EQ(after, held) << "the loop's rotation went back";
 }
 
 // Requests from the shared segments' index of sizes that alternate, each
