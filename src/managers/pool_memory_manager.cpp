@@ -1453,7 +1453,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // than `own` hold of their large frees, unless they are loops, goes to the
   // quarantine (allocate_large()'s rule for the requesting thread, for every
   // thread). A thread of random sizes otherwise kept them idle while another
-  // grew the pool. The caller holds `mutex`.
+  // grew the pool (RMM's random workload on 8 threads, simulated, seeds 1-4:
+  // up to 64 MiB with 1 GiB and 256 MiB live 1.24 -> 1.06 and 1.36 -> 1.09,
+  // up to 16 MiB 1.26 -> 1.15). The caller holds `mutex`.
   void quarantine_idle_held_of_others(const ThreadCache& own) {
     for (auto& other : caches) {
       if (other.get() == &own) continue;
