@@ -164,7 +164,8 @@ fragmentation_seeds() {
     rm -f "$logs"/seed.*
   done
   # Threads side by side: seeds 1-3, one process at a time (each uses the cores).
-  for workload in "--max-size 1M --live 512M --threads 4" "--max-size 256K --live 64M --threads 8"; do
+  for workload in "--max-size 1M --live 512M --threads 4" "--max-size 256K --live 64M --threads 8" \
+      "--max-size 64M --live 1G --threads 8"; do
     for variant in 0 1 3; do
       if [ "$(time_left)" -lt 30 ]; then
         not_run "seeds 1-3 $workload, ${labels[$variant]}"
