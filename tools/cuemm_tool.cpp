@@ -36,6 +36,7 @@
 // `--manager best-fit` reports, for reference, what an ideal best fit would
 // reserve (best_fit_reference.hpp).
 #include <algorithm>
+#include <mutex>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -139,28 +140,49 @@ struct ReplayReport {
 // threads side by side take turns, an operation each.
 constexpr const char* kBestFit = "best-fit";
 
-ReplayReport best_fit_reference(const std::vector<std::vector<Operation>>& lists) {
+// An operation of lists[list][index], in the order the operations ran; or,
+// with index kLeftLive, the free of block `id` that the list left live.
+struct Ran {
+  static constexpr std::size_t kLeftLive = SIZE_MAX;
+  std::size_t list, index;
+  std::uint64_t id = 0;
+};
+
+// With `order` (a manager's run of the lists on threads side by side), the
+// operations in that order; without, the lists take turns.
+ReplayReport best_fit_reference(const std::vector<std::vector<Operation>>& lists, const std::vector<Ran>& order = {}) {
   tool::BestFitReference reference;
   ReplayReport report;
   report.reference = true;
-  for (std::size_t step = 0;; ++step) {
-    bool any = false;
-    for (std::size_t index = 0; index < lists.size(); ++index) {
-      if (step >= lists[index].size()) continue;
-      any = true;
-      const Operation& operation = lists[index][step];
-      ++report.operations;
-      if (!operation.device) continue;
-      // One id space for all lists: each list's ids apart from the others'.
-      const std::uint64_t id = operation.id * lists.size() + index;
-      if (operation.allocate) {
-        reference.allocate(id, operation.size);
-      } else {
-        reference.free(id);
-      }
-      report.peak_live = std::max(report.peak_live, reference.live_bytes());
+  auto run = [&](std::size_t list, std::size_t index, std::uint64_t left_live = 0) {
+    if (index == Ran::kLeftLive) {
+      reference.free(left_live * lists.size() + list);
+      return;
     }
-    if (!any) break;
+    const Operation& operation = lists[list][index];
+    ++report.operations;
+    if (!operation.device) return;
+    // One id space for all lists: each list's ids apart from the others'.
+    const std::uint64_t id = operation.id * lists.size() + list;
+    if (operation.allocate) {
+      reference.allocate(id, operation.size);
+    } else {
+      reference.free(id);
+    }
+    report.peak_live = std::max(report.peak_live, reference.live_bytes());
+  };
+  if (!order.empty()) {
+    for (const Ran& ran : order) run(ran.list, ran.index, ran.id);
+  } else {
+    for (std::size_t step = 0;; ++step) {
+      bool any = false;
+      for (std::size_t list = 0; list < lists.size(); ++list) {
+        if (step >= lists[list].size()) continue;
+        any = true;
+        run(list, step);
+      }
+      if (!any) break;
+    }
   }
   report.peak_reserved = reference.peak_reserved();
   return report;
@@ -208,11 +230,30 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
   };
   std::atomic<std::size_t> live_bytes{0}, peak_live{0}, peak_reserved{0}, failed{0}, done{0};
   std::vector<double> sampling(lists.size());  // each list's untimed seconds: sampling, and its final frees
+  // With threads, the order in which their device operations changed the
+  // live bytes (a ticket each), in which the best fit's reference then runs
+  // them: the live bytes the manager had at each step, where taking turns
+  // made others.
+  std::mutex order_mutex;
+  std::uint64_t tickets = 0;  // under order_mutex
+  std::vector<std::vector<std::pair<std::uint64_t, Ran>>> completed(lists.size());
   auto run_list = [&](std::size_t index) {
     ScopedContext scope(context);
     std::unordered_map<std::uint64_t, std::shared_ptr<MemoryPointer>> live;
     std::unordered_map<std::uint64_t, std::pair<cuda::CUdeviceptr, std::size_t>> ordered;  // with stream_ordered
-    for (const Operation& operation : lists[index]) {
+    if (lists.size() > 1) completed[index].reserve(lists[index].size());
+    // The live bytes after a device block of `size` came or went at
+    // operation `position`; with threads, that change and its ticket under
+    // one lock, so that the tickets' order is the order of the changes.
+    auto change_live = [&](std::size_t size, bool came, std::size_t position, std::uint64_t id = 0) {
+      std::unique_lock lock(order_mutex, std::defer_lock);
+      if (lists.size() > 1) lock.lock();
+      const std::size_t after = came ? live_bytes.fetch_add(size) + size : live_bytes.fetch_sub(size) - size;
+      if (lists.size() > 1) completed[index].push_back({tickets++, Ran{index, position, id}});
+      return after;
+    };
+    for (std::size_t position = 0; position < lists[index].size(); ++position) {
+      const Operation& operation = lists[index][position];
       // A block is live from when its allocation returns until its free
       // returns: while a free waits (for the pool's lock, say), the manager
       // still holds the block. (Counting it out before the free ran left up
@@ -224,7 +265,7 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
           try {
             ordered.emplace(operation.id, std::make_pair(pool->allocate(operation.size, cuda::CU_STREAM_PER_THREAD),
                                                          operation.size));
-            now = live_bytes.fetch_add(operation.size) + operation.size;
+            now = change_live(operation.size, true, position);
           } catch (const OutOfMemory&) {
             failed.fetch_add(1);
           }
@@ -232,14 +273,14 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
           const std::size_t size = it->second.second;
           pool->deallocate(it->second.first, size, cuda::CU_STREAM_PER_THREAD);
           ordered.erase(it);
-          now = live_bytes.fetch_sub(size) - size;
+          now = change_live(size, false, position);
         }
       } else if (operation.allocate) {
         try {
           auto memory = operation.device ? manager->memalloc(operation.size)
                                          : manager->memhostalloc(operation.size, false, false, false);
           live.emplace(operation.id, std::move(memory));
-          if (operation.device) now = live_bytes.fetch_add(operation.size) + operation.size;
+          if (operation.device) now = change_live(operation.size, true, position);
         } catch (const OutOfMemory&) {
           failed.fetch_add(1);
         }
@@ -247,7 +288,7 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
         const bool device = it->second->kind() == MemoryKind::Device;
         const std::size_t size = it->second->size();
         live.erase(it);
-        if (device) now = live_bytes.fetch_sub(size) - size;
+        if (device) now = change_live(size, false, position);
       }
       const std::size_t operations = done.fetch_add(1) + 1;
       // Sampling the reserved bytes is not part of the timed work.
@@ -262,13 +303,16 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
     // What the list leaves live goes now, while other lists may still run
     // (untimed, as the sampling: it is no operation of the workload).
     const auto paused = std::chrono::steady_clock::now();
-    for (const auto& [id, memory] : live) {
-      if (memory->kind() == MemoryKind::Device) live_bytes.fetch_sub(memory->size());
+    for (auto it = live.begin(); it != live.end();) {
+      const bool device = it->second->kind() == MemoryKind::Device;
+      const std::size_t size = it->second->size();
+      const std::uint64_t id = it->first;
+      it = live.erase(it);
+      if (device) change_live(size, false, Ran::kLeftLive, id);
     }
-    live.clear();
     for (const auto& [id, block] : ordered) {
       pool->deallocate(block.first, block.second, cuda::CU_STREAM_PER_THREAD);
-      live_bytes.fetch_sub(block.second);
+      change_live(block.second, false, Ran::kLeftLive, id);
     }
     sampling[index] += std::chrono::duration<double>(std::chrono::steady_clock::now() - paused).count();
   };
@@ -290,7 +334,14 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
   report.peak_reserved = peak_reserved.load();
   report.failed = failed.load();
   if (pool) report.pool = pool->statistics();
-  const ReplayReport best_fit = best_fit_reference(lists);
+  std::vector<Ran> order;
+  if (lists.size() > 1) {
+    std::vector<std::pair<std::uint64_t, Ran>> ranked;
+    for (const auto& list : completed) ranked.insert(ranked.end(), list.begin(), list.end());
+    std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (const auto& ranked_one : ranked) order.push_back(ranked_one.second);
+  }
+  const ReplayReport best_fit = best_fit_reference(lists, order);
   report.best_fit_live = best_fit.peak_live;
   report.best_fit_reserved = best_fit.peak_reserved;
   report.adaptors = adaptors;
