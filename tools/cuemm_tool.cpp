@@ -36,13 +36,13 @@
 // `--manager best-fit` reports, for reference, what an ideal best fit would
 // reserve (best_fit_reference.hpp).
 #include <algorithm>
-#include <mutex>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>

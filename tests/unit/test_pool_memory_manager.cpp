@@ -3,11 +3,11 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <future>
 #include <limits>
 #include <latch>
 #include <random>
 #include <set>
-#include <future>
 #include <thread>
 #include <unordered_map>
 
