@@ -70,6 +70,18 @@ class Pool : public ::testing::Test {
     EXPECT_LE(simulation::call_count("cuStreamQuery"), 6400u / 128 + 1)
         << "the pool holds " << pool.statistics().reserved_bytes << " bytes";
   }
+  // 192 MiB live in blocks of 3 MiB (returned, to keep), then four large
+  // blocks of near sizes allocated and freed together: the calling thread
+  // holds them, as a rotation, though it is no loop.
+  static std::vector<std::shared_ptr<MemoryPointer>> live_blocks_then_near_sizes_freed(PoolMemoryManager& pool) {
+    constexpr std::size_t kMiB = std::size_t{1} << 20;
+    std::vector<std::shared_ptr<MemoryPointer>> kept;
+    for (int i = 0; i < 64; ++i) kept.push_back(pool.memalloc(3 * kMiB));
+    std::vector<std::shared_ptr<MemoryPointer>> near;
+    for (std::size_t size : {12 * kMiB, 12 * kMiB + kMiB / 2, 13 * kMiB, 13 * kMiB + kMiB / 3})
+      near.push_back(pool.memalloc(size));
+    return kept;
+  }
   // Runs `check(pool)` on a new pool of `options` with segments, then on one
   // with the expandable arena.
   template <class Check>
@@ -295,13 +307,7 @@ TEST_F(Pool, AtItsPeakAThreadThatIsNoLoopGivesBackItsHeldBlocksBeforeThePoolGrow
   PoolMemoryManager pool(&context);
   pool.initialize();
   constexpr std::size_t kMiB = std::size_t{1} << 20;
-  std::vector<std::shared_ptr<MemoryPointer>> kept;
-  for (int i = 0; i < 64; ++i) kept.push_back(pool.memalloc(3 * kMiB));  // 192 MiB live
-  {
-    std::vector<std::shared_ptr<MemoryPointer>> near;  // near sizes: a rotation, held
-    for (std::size_t size : {12 * kMiB, 12 * kMiB + kMiB / 2, 13 * kMiB, 13 * kMiB + kMiB / 3})
-      near.push_back(pool.memalloc(size));
-  }
+  const auto kept = live_blocks_then_near_sizes_freed(pool);
   const std::size_t peak = pool.statistics().reserved_bytes;
   ASSERT_GE(pool.statistics().cached_bytes, 48 * kMiB) << "the thread did not hold its large frees";
   auto other = pool.memalloc(30 * kMiB);
@@ -316,15 +322,10 @@ TEST_F(Pool, AtItsPeakAnotherThreadThatIsNoLoopGivesBackItsHeldBlocksBeforeThePo
   pool.initialize();
   constexpr std::size_t kMiB = std::size_t{1} << 20;
   std::vector<std::shared_ptr<MemoryPointer>> kept;
-  for (int i = 0; i < 64; ++i) kept.push_back(pool.memalloc(3 * kMiB));  // 192 MiB live
   std::promise<void> held, done;
   std::thread quiet([&] {  // (alive until the end: a thread's cache goes back when it ends)
     ScopedContext scope(context);
-    {
-      std::vector<std::shared_ptr<MemoryPointer>> near;  // near sizes, held by that thread
-      for (std::size_t size : {12 * kMiB, 12 * kMiB + kMiB / 2, 13 * kMiB, 13 * kMiB + kMiB / 3})
-        near.push_back(pool.memalloc(size));
-    }
+    kept = live_blocks_then_near_sizes_freed(pool);
     held.set_value();
     done.get_future().wait();
   });
