@@ -482,10 +482,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
 
   // Moves every cached block of every thread into the quarantine.
   void flush_caches() {
-    for (auto& cache : caches) {
-      std::lock_guard cache_lock(cache->lock.visitor());
-      quarantine_cached_blocks(*cache);
-    }
+    for_each_other_cache(nullptr, [&](ThreadCache& cache) { quarantine_cached_blocks(cache); });
   }
 
   // Why the pool grows: a request found no free block, or a loop's seals
@@ -957,11 +954,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // goes back (through the quarantine); then a block of `size` from the
   // index, if that made one.
   std::optional<std::uintptr_t> take_back_idle_rings(std::size_t size, const ThreadCache* own) {
-    for (auto& cache : caches) {
-      if (cache.get() == own) continue;
-      std::lock_guard cache_lock(cache->lock.visitor());
-      quarantine_idle_ring_blocks(*cache);
-    }
+    for_each_other_cache(own, [&](ThreadCache& cache) { quarantine_idle_ring_blocks(cache); });
     seal();
     reclaim(false);
     return take_block(size);
@@ -1457,11 +1450,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // up to 64 MiB with 1 GiB and 256 MiB live 1.24 -> 1.06 and 1.36 -> 1.09,
   // up to 16 MiB 1.26 -> 1.15). The caller holds `mutex`.
   void quarantine_idle_held_of_others(const ThreadCache& own) {
-    for (auto& other : caches) {
-      if (other.get() == &own) continue;
-      std::lock_guard cache_lock(other->lock.visitor());
-      if (other->held_hits_since_miss < kHitsOfALoop) quarantine_held_blocks(*other);
-    }
+    for_each_other_cache(&own, [&](ThreadCache& other) {
+      if (other.held_hits_since_miss < kHitsOfALoop) quarantine_held_blocks(other);
+    });
   }
 
   // A free block of the size that the pool has at hand (a spare segment, or
@@ -1679,20 +1670,24 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     ThreadCache* own = caches_enabled() ? cache_of_this_thread() : nullptr;
     if (!own) return allocate(size, size_class);
     ThreadCache& cache = *own;
-    const std::size_t needed =
-        size_class >= 0 ? detail::size_class_bytes(size_class) : large_block_bytes(size, wants_own_segment(size));
+    // (The index and the segments of their own give the thread's other
+    // stream-ordered frees back before they grow: give_back_ordered_blocks().)
+    if (size_class >= 0) {
+      {
+        std::lock_guard cache_lock(cache.lock.owner());
+        if (const std::uintptr_t address = cache.take_ordered(size_class)) return address;
+      }
+      return allocate(size, size_class);
+    }
+    const bool own_segment = wants_own_segment(size);
+    const std::size_t needed = large_block_bytes(size, own_segment);
     {
       std::lock_guard cache_lock(cache.lock.owner());
-      if (size_class >= 0) {
-        if (const std::uintptr_t address = cache.take_ordered(size_class)) return address;
-      } else if (auto found = cache.take_ordered_large(needed, wants_own_segment(size))) {
+      if (auto found = cache.take_ordered_large(needed, own_segment)) {
         cache.lend(*found, large_frees_elsewhere.load(std::memory_order_acquire));
         return found->address;
       }
     }
-    // (The index and the segments of their own give the thread's other
-    // stream-ordered frees back before they grow: give_back_ordered_blocks().)
-    if (size_class >= 0) return allocate(size, size_class);
     std::lock_guard lock(mutex);
     if (passes_peak(needed)) give_back_ordered_blocks(cache, -1);
     const std::uintptr_t address = allocate_beyond_classes(size, &cache);
@@ -1720,11 +1715,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       moved |= quarantine_ordered_bins(own, kept, epoch);
       moved |= quarantine_ordered_large(own, epoch);
     }
-    for (auto& other : caches) {
-      if (other.get() == &own) continue;
-      std::lock_guard cache_lock(other->lock.visitor());
-      moved |= quarantine_ordered_large(*other, epoch);
-    }
+    for_each_other_cache(&own, [&](ThreadCache& other) { moved |= quarantine_ordered_large(other, epoch); });
     if (moved) {
       seal();
       reclaim(false);
@@ -1841,6 +1832,17 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   }
 
   bool caches_enabled() const noexcept { return options.thread_cache_size > 0; }
+
+  // Calls visit(cache) for every thread's cache but `own`'s (null: every
+  // one), each under its visitor lock; the caller holds `mutex`.
+  template <class Visit>
+  void for_each_other_cache(const ThreadCache* own, Visit visit) {
+    for (auto& cache : caches) {
+      if (cache.get() == own) continue;
+      std::lock_guard cache_lock(cache->lock.visitor());
+      visit(*cache);
+    }
+  }
 
   // What the threads' caches hold, but for `except`'s.
   std::size_t cached_bytes(const ThreadCache* except = nullptr) const noexcept {
