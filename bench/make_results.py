@@ -94,7 +94,9 @@ def fragmentation_lines(path):
             not_run.append(line[3:].strip())
         elif line.startswith("== seeds "):
             head, ratios = line[len("== seeds "):].split(":", 1)
-            seeds_workload, seeds_manager = head.split(" ", 1)[1].rsplit(", ", 1)
+            # The workload is `cuemm random`'s arguments, which hold no comma; a label may
+            # ("best fit (reference, in the pool's order)").
+            seeds_workload, seeds_manager = head.split(" ", 1)[1].split(", ", 1)
             tokens = ratios.split()
             values = [float(v) for v in tokens if v != "failed"]
             if tokens:

@@ -20,6 +20,7 @@ peak live 36.21 MiB (37972554 bytes), peak reserved 40.00 MiB (41943040 bytes): 
 == seeds 1-8 --max-size 4M --live 512M, pool (expandable; no thread caches): 1.050 1.150
 == seeds 1-8 --max-size 1M --live 512M, pool:{empty}
 == seeds 1-3 --max-size 256K --live 64M --threads 8, pool (expandable): 1.250 1.200 1.150
+== seeds 1-3 --max-size 256K --live 64M --threads 8, best fit (reference, in the pool's order): 1.100 1.050 1.075
 == seeds 1-8 --max-size 64M --live 256M, pool (expandable): 1.200 failed 1.100
 == seeds 1-8 --max-size 4M --live 128M: not run, 12 s left before the deadline of 560 s
 == replay of numba-cuda's suite log: not run, 3 s left before the deadline of 560 s
@@ -36,10 +37,12 @@ def test_fragmentation_lines_read_runs_seeds_and_what_was_not_run(tmp_path):
     # The best-fit reference takes no time of its own: no figure, rather than the row above's.
     assert "| `--max-size 4M --live 512M` | best fit (reference) | - | - | 36.21 MiB | 40.00 MiB | 1.105 |" in text
     assert "| `--max-size 4M --live 512M` | pool | 1-8 | 1.200 | 1.300 | 1.300 1.100 1.200 |" in text
-    # A manager's name may hold a semicolon, not a comma: the workload ends at the last ", ".
+    # A manager's name may hold a semicolon or a comma: the workload (which holds none) ends at the first ", ".
     assert "| `--max-size 4M --live 512M` | pool (expandable; no thread caches) | 1-8 | 1.100 | 1.150 |" in text
     # Threads side by side run fewer seeds; the range is the line's own.
     assert "| `--max-size 256K --live 64M --threads 8` | pool (expandable) | 1-3 | 1.200 | 1.250 |" in text
+    assert ("| `--max-size 256K --live 64M --threads 8` | best fit (reference, in the pool's order) | 1-3 | 1.075 | 1.100 |"
+            in text)
     # Seeds whose runs all failed give no row, rather than a mean of nothing.
     assert "`--max-size 1M --live 512M` | pool | 1-8" not in text
     # A seed whose run failed is named, not dropped from the mean in silence.
