@@ -48,6 +48,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "bench_command.hpp"
@@ -149,8 +150,12 @@ struct Ran {
 };
 
 // With `order` (a manager's run of the lists on threads side by side), the
-// operations in that order; without, the lists take turns.
-ReplayReport best_fit_reference(const std::vector<std::vector<Operation>>& lists, const std::vector<Ran>& order = {}) {
+// operations in that order; without, the lists take turns. `failed` holds,
+// for each list, the positions of the allocations that the manager's run
+// could not make (out of memory): the reference leaves them out too (their
+// frees then find no block), so that both place the same blocks.
+ReplayReport best_fit_reference(const std::vector<std::vector<Operation>>& lists, const std::vector<Ran>& order = {},
+                                const std::vector<std::unordered_set<std::size_t>>& failed = {}) {
   tool::BestFitReference reference;
   ReplayReport report;
   report.reference = true;
@@ -162,6 +167,7 @@ ReplayReport best_fit_reference(const std::vector<std::vector<Operation>>& lists
     const Operation& operation = lists[list][index];
     ++report.operations;
     if (!operation.device) return;
+    if (operation.allocate && list < failed.size() && failed[list].count(index)) return;
     // One id space for all lists: each list's ids apart from the others'.
     const std::uint64_t id = operation.id * lists.size() + list;
     if (operation.allocate) {
@@ -230,6 +236,7 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
   };
   std::atomic<std::size_t> live_bytes{0}, peak_live{0}, peak_reserved{0}, failed{0}, done{0};
   std::vector<double> sampling(lists.size());  // each list's untimed seconds: sampling, and its final frees
+  std::vector<std::unordered_set<std::size_t>> failed_positions(lists.size());  // each list's, for the reference
   // With threads, the order in which their device operations changed the
   // live bytes (a ticket each), in which the best fit's reference then runs
   // them: the live bytes the manager had at each step, where taking turns
@@ -268,6 +275,7 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
             now = change_live(operation.size, true, position);
           } catch (const OutOfMemory&) {
             failed.fetch_add(1);
+            failed_positions[index].insert(position);
           }
         } else if (auto it = ordered.find(operation.id); it != ordered.end()) {
           const std::size_t size = it->second.second;
@@ -283,6 +291,7 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
           if (operation.device) now = change_live(operation.size, true, position);
         } catch (const OutOfMemory&) {
           failed.fetch_add(1);
+          failed_positions[index].insert(position);
         }
       } else if (auto it = live.find(operation.id); it != live.end()) {
         const bool device = it->second->kind() == MemoryKind::Device;
@@ -341,7 +350,7 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
     std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     for (const auto& ranked_one : ranked) order.push_back(ranked_one.second);
   }
-  const ReplayReport best_fit = best_fit_reference(lists, order);
+  const ReplayReport best_fit = best_fit_reference(lists, order, failed_positions);
   report.best_fit_live = best_fit.peak_live;
   report.best_fit_reserved = best_fit.peak_reserved;
   report.adaptors = adaptors;
