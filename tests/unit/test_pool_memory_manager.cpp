@@ -1479,12 +1479,14 @@ TEST_F(Pool, AnotherThreadDoesNotGetAStreamOrderedFreeBeforeItsEpoch) {
       theirs = pool.allocate(size, cuda::CU_STREAM_PER_THREAD);  // a different per-thread stream
       pool.deallocate(theirs, size, cuda::CU_STREAM_PER_THREAD);
     }).join();
-    if (theirs == mine)
+    if (theirs == mine) {
       EXPECT_GT(pool.statistics().seals, seals) << size << " bytes: another thread's stream got the block without a seal";
+    }
     const std::size_t seals_before_mine = pool.statistics().seals;
-    if (pool.allocate(size) == mine)
+    if (pool.allocate(size) == mine) {
       EXPECT_GT(pool.statistics().seals, seals_before_mine)
           << "the stream-less interface got a stream-ordered free without a seal";
+    }
   }
 }
 

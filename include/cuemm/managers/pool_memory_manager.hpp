@@ -243,7 +243,7 @@ class PoolMemoryManager : public HostOnlyMemoryManager, public RawDeviceAllocato
   PoolStatistics statistics() const;
   const PoolOptions& options() const noexcept { return options_; }
 
-  struct Core;  // implementation: the state the pointers' finalizers reach; see the .cpp
+  struct Core;  // implementation: the state the pointers' finalizers reach; see src/managers/pool/core.hpp
 
  protected:
   void on_initialize() override;

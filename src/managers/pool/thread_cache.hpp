@@ -1,4 +1,4 @@
-// pool_thread_cache.hpp: one thread's cache of the blocks it freed, for
+// pool/thread_cache.hpp: one thread's cache of the blocks it freed, for
 // PoolMemoryManager (whose notes say when blocks come and go; this is the
 // bookkeeping).
 //

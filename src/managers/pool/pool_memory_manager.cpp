@@ -1,0 +1,247 @@
+// pool/pool_memory_manager.cpp: PoolMemoryManager, the manager: its options, its
+// life (initialize, reset, destruction), and the interface's calls into its Core.
+#include "core.hpp"
+
+namespace cuemm {
+
+PoolOptions PoolOptions::from_environment() {
+  PoolOptions options;
+  options.initial_size = util::byte_size_from_environment("CUEMM_POOL_INITIAL_SIZE").value_or(0);
+  options.maximum_size = util::byte_size_from_environment("CUEMM_POOL_MAXIMUM_SIZE").value_or(0);
+  options.thread_cache_size =
+      util::byte_size_from_environment("CUEMM_POOL_THREAD_CACHE_SIZE").value_or(options.thread_cache_size);
+  options.dedicated_size =
+      util::byte_size_from_environment("CUEMM_POOL_DEDICATED_SIZE").value_or(options.dedicated_size);
+  options.expandable = util::flag_from_environment("CUEMM_POOL_EXPANDABLE").value_or(options.expandable);
+  options.split_spares = util::flag_from_environment("CUEMM_POOL_SPLIT_SPARES").value_or(options.split_spares);
+  options.small_blocks_apart =
+      util::flag_from_environment("CUEMM_POOL_SMALL_BLOCKS_APART").value_or(options.small_blocks_apart);
+  options.pinned_host_pool = util::flag_from_environment("CUEMM_PINNED_HOST_POOL").value_or(options.pinned_host_pool);
+  options.check_frees = util::flag_from_environment("CUEMM_POOL_CHECK_FREES").value_or(options.check_frees);
+  return options;
+}
+
+
+
+PoolMemoryManager::PoolMemoryManager(Context* context, PoolOptions options)
+    : HostOnlyMemoryManager(context), options_(options), core_(std::make_shared<Core>(context, options)) {
+  if (options_.pinned_host_pool) use_pinned_host_pool();
+  if (options_.check_frees) free_checker_ = std::make_unique<detail::RawFreeChecker>();
+  if (options_.maximum_size && options_.maximum_size < kSegmentGranularity) {
+    throw InvalidArgument("pool: the maximum size (" + describe_bytes(options_.maximum_size) +
+                          ") is less than one segment (" + describe_bytes(kSegmentGranularity) +
+                          "): no allocation could succeed");
+  }
+  if (options_.maximum_size && options_.initial_size > options_.maximum_size) {
+    throw InvalidArgument("pool: the initial size (" + describe_bytes(options_.initial_size) +
+                          ") exceeds the maximum size (" + describe_bytes(options_.maximum_size) + ")");
+  }
+}
+
+PoolMemoryManager::~PoolMemoryManager() {
+  core_->retire();
+  util::keep_until_exit(core_);  // pointers that outlive the manager still free into it
+}
+
+void PoolMemoryManager::on_initialize() {
+  // At once, rather than at the first request.
+  if (options_.expandable && has_context()) detail::ExpandableArena::require_support(context().device().id());
+  if (has_context()) {
+    const std::size_t share = context().device().total_memory() / Core::kDeviceFractionOfHeldRotationBudget;
+    core_->held_rotation_budget.store(std::min(Core::kLargestHeldRotationBudget, share), std::memory_order_relaxed);
+  }
+  std::lock_guard lock(core_->mutex);
+  if (options_.initial_size && core_->blocks.region_bytes() == 0 && !core_->grow_initially(options_.initial_size)) {
+    throw OutOfMemory("PoolMemoryManager::initialize", options_.initial_size, "the initial pool does not fit");
+  }
+}
+
+void PoolMemoryManager::on_reset() {
+  auto retiring = std::exchange(core_, std::make_shared<Core>(has_context() ? &context() : nullptr, options_));
+  core_->held_rotation_budget.store(retiring->held_rotation_budget.load());
+  retiring->retire();
+  util::keep_until_exit(std::move(retiring));
+  if (free_checker_) free_checker_->forget_all();
+}
+
+CleanupGuard PoolMemoryManager::on_defer_cleanup() {
+  {
+    std::lock_guard lock(core_->mutex);
+    ++core_->defer_depth;
+  }
+  return CleanupGuard([core = core_] {
+    std::lock_guard lock(core->mutex);
+    --core->defer_depth;
+  });
+}
+
+cuda::CUdeviceptr PoolMemoryManager::allocate(std::size_t size) {
+  require_allocation_size(size, "PoolMemoryManager::allocate");
+  if (free_checker_) [[unlikely]]
+    return allocate_recorded(size, nullptr);
+  return core_->allocate(size, core_->size_class(size));
+}
+
+void PoolMemoryManager::deallocate(cuda::CUdeviceptr pointer, std::size_t size) noexcept {
+  if (!pointer || !size) return;
+  // A pointer off the block granularity is no block's: cheap enough to check
+  // at every free. The rest only with the record (PoolOptions::check_frees).
+  if (pointer % kBlockGranularity || free_checker_) [[unlikely]]
+    return deallocate_checked(pointer, size, nullptr);
+  core_->deallocate(pointer, core_->size_class(size));
+}
+
+cuda::CUdeviceptr PoolMemoryManager::allocate_recorded(std::size_t size, const cuda::CUstream* stream) {
+  const cuda::CUdeviceptr address = stream ? allocate_unrecorded(size, *stream)
+                                           : core_->allocate(size, core_->size_class(size));
+  try {
+    free_checker_->handed_out(address, size);
+  } catch (...) {
+    core_->deallocate(address, core_->size_class(size));  // no record, no block: as if it had failed
+    throw;
+  }
+  return address;
+}
+
+void PoolMemoryManager::deallocate_checked(cuda::CUdeviceptr pointer, std::size_t size,
+                                           const cuda::CUstream* stream) noexcept {
+  std::optional<std::string> refused;
+  try {
+    if (pointer % kBlockGranularity != 0)
+      refused = "it is not " + std::to_string(kBlockGranularity) + "-byte aligned, so no block of this pool starts there";
+    else if (free_checker_)
+      refused = free_checker_->take_back(pointer, size);
+  } catch (const std::exception& error) {
+    refused = std::string("its check failed: ") + error.what();
+  }
+  if (refused) {
+    rejected_frees_.fetch_add(1, std::memory_order_relaxed);
+    std::fprintf(stderr, "cuemm: PoolMemoryManager::deallocate(%s, %zu bytes%s) refused: %s; nothing was freed\n",
+                 util::hex_address(pointer).c_str(), size, stream ? ", stream" : "", refused->c_str());
+    return;
+  }
+  if (stream)
+    deallocate_unchecked(pointer, size, *stream);
+  else
+    core_->deallocate(pointer, core_->size_class(size));
+}
+
+std::shared_ptr<MemoryPointer> PoolMemoryManager::memalloc(std::size_t size) {
+  require_allocation_size(size, "memalloc");
+  Core* core = core_.get();
+  const int size_class = core->size_class(size);
+  const std::uintptr_t address = with_flush_and_retry([&] { return core->allocate(size, size_class); });
+  // The finalizer keeps the size class in the address's low bits (blocks are
+  // 256-byte aligned) so that its closure fits std::function's inline storage.
+  const std::uintptr_t tagged = address | static_cast<std::uintptr_t>(size_class + 1);
+  try {
+    return detail::make_recycled<MemoryPointer>(&context(), address, size, nullptr, [core, tagged] {
+      core->deallocate(tagged & ~std::uintptr_t{0xff}, static_cast<int>(tagged & 0xff) - 1);
+    });
+  } catch (...) {
+    core->deallocate(address, size_class);
+    throw;
+  }
+}
+
+RawDeviceAllocator::Allocation PoolMemoryManager::allocate_raw(std::size_t size) {
+  require_allocation_size(size, "memalloc");
+  Core* core = core_.get();
+  const int size_class = core->size_class(size);
+  const std::uintptr_t address = with_flush_and_retry([&] { return core->allocate(size, size_class); });
+  // The core stays until exit (see ~PoolMemoryManager); once retired it ignores frees.
+  const Releaser releaser{[](void* state, std::uintptr_t freed, std::size_t bytes) noexcept {
+                            Core* owner = static_cast<Core*>(state);
+                            owner->deallocate(freed, owner->size_class(bytes));
+                          },
+                          core};
+  return {address, releaser};
+}
+
+cuda::CUdeviceptr PoolMemoryManager::allocate(std::size_t size, cuda::CUstream stream) {
+  require_allocation_size(size, "PoolMemoryManager::allocate");
+  if (free_checker_) [[unlikely]]
+    return allocate_recorded(size, &stream);
+  return allocate_unrecorded(size, stream);
+}
+
+cuda::CUdeviceptr PoolMemoryManager::allocate_unrecorded(std::size_t size, cuda::CUstream stream) {
+  const int size_class = core_->size_class(size);
+  // The default streams' work is what the legacy stream's events cover, so a
+  // thread may reuse its frees on them at once (Note [Stream-ordered reuse]);
+  // a block for any other stream is one that every stream may use.
+  return cuda::is_default_stream(stream) ? core_->allocate_ordered(size, size_class) : core_->allocate(size, size_class);
+}
+
+void PoolMemoryManager::deallocate(cuda::CUdeviceptr pointer, std::size_t size, cuda::CUstream stream) noexcept {
+  if (!pointer || !size) return;
+  if (pointer % kBlockGranularity || free_checker_) [[unlikely]]
+    return deallocate_checked(pointer, size, &stream);
+  deallocate_unchecked(pointer, size, stream);
+}
+
+void PoolMemoryManager::deallocate_unchecked(cuda::CUdeviceptr pointer, std::size_t size,
+                                             cuda::CUstream stream) noexcept {
+  const int size_class = core_->size_class(size);
+  if (cuda::is_default_stream(stream)) return core_->deallocate_ordered(pointer, size_class);
+  core_->order_after(stream);
+  core_->deallocate(pointer, size_class);
+}
+
+IpcHandle PoolMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer>& memory) {
+  require_device_memory_to_export(memory);
+  if (options_.expandable) {
+    // The arena's memory has no cuIpcGetMemHandle: the handle names the
+    // mappings under the block (Note [Expandable arena]).
+    std::lock_guard lock(core_->mutex);
+    if (core_->arena && core_->arena->contains(memory->device_pointer())) {
+      ScopedContext scope(context());
+      std::size_t offset = 0;
+      MappedExport exported = core_->arena->share(memory->device_pointer(), memory->size(), offset);
+      return IpcHandle(memory, std::move(exported), memory->size(), context().device().identity(), offset);
+    }
+  }
+  // The driver's handle names the whole segment; the block's offset in it
+  // travels in the IpcHandle.
+  return export_device_memory(context(), memory);
+}
+
+MemoryInfo PoolMemoryManager::get_memory_info() {
+  MemoryInfo info = driver_memory_info(context());
+  std::lock_guard lock(core_->mutex);
+  // (The arena's free space counts where its pages are mapped.)
+  const std::size_t free_in_index = core_->arena ? core_->arena->mapped_bytes() - core_->blocks.allocated_bytes()
+                                                 : core_->blocks.free_bytes();
+  info.free += free_in_index + core_->small_blocks.free_bytes() + core_->recurring.free_bytes() + core_->dedicated.spare_bytes() +
+               core_->quarantined_bytes + core_->cached_bytes();
+  return info;
+}
+
+std::size_t PoolMemoryManager::trim() {
+  std::lock_guard lock(core_->mutex);
+  if (core_->defer_depth > 0) return 0;
+  core_->flush_caches();
+  core_->seal();
+  core_->reclaim(true);
+  return core_->release_free_segments();
+}
+
+PoolStatistics PoolMemoryManager::statistics() const {
+  std::lock_guard lock(core_->mutex);
+  PoolStatistics statistics;
+  statistics.reserved_bytes = core_->reserved_bytes();
+  statistics.quarantined_bytes = core_->quarantined_bytes;
+  statistics.cached_bytes = core_->cached_bytes();
+  statistics.in_use_bytes = core_->in_use_bytes();
+  statistics.segments = core_->segment_count();
+  statistics.free_blocks = core_->blocks.free_blocks() + core_->small_blocks.free_blocks() +
+                           core_->recurring.free_blocks() + core_->dedicated.spare_count();
+  statistics.seals = core_->epochs.seals();
+  statistics.driver_allocations = core_->driver_allocations;
+  statistics.spares_taken_over = core_->spares_taken_over;
+  statistics.driver_frees = core_->driver_frees;
+  statistics.rejected_frees = rejected_frees_.load(std::memory_order_relaxed);
+  return statistics;
+}
+
+}  // namespace cuemm

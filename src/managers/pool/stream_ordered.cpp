@@ -1,0 +1,129 @@
+// pool/stream_ordered.cpp: stream-ordered requests and frees, on a default stream
+// (Note [Stream-ordered reuse]).
+#include "core.hpp"
+
+namespace cuemm {
+
+std::uintptr_t PoolMemoryManager::Core::allocate_ordered_otherwise(std::size_t size, int size_class) {
+  ThreadCache* own = caches_enabled() ? cache_of_this_thread() : nullptr;
+  if (!own) return allocate(size, size_class);
+  ThreadCache& cache = *own;
+  // (The index and the segments of their own give the thread's other
+  // stream-ordered frees back before they grow: give_back_ordered_blocks().)
+  if (size_class >= 0) {
+    {
+      std::lock_guard cache_lock(cache.lock.owner());
+      if (const std::uintptr_t address = cache.take_ordered(size_class)) return address;
+    }
+    return allocate(size, size_class);
+  }
+  const bool own_segment = wants_own_segment(size);
+  const std::size_t needed = large_block_bytes(size, own_segment);
+  {
+    std::lock_guard cache_lock(cache.lock.owner());
+    if (auto found = cache.take_ordered_large(needed, own_segment)) {
+      cache.lend(*found, large_frees_elsewhere.load(std::memory_order_acquire));
+      return found->address;
+    }
+  }
+  std::lock_guard lock(mutex);
+  if (passes_peak(needed)) give_back_ordered_blocks(cache, -1);
+  const std::uintptr_t address = allocate_beyond_classes(size, &cache);
+  lend_from_pool(cache, address);
+  return address;
+}
+
+bool PoolMemoryManager::Core::give_back_ordered_blocks(ThreadCache& own, int kept) {
+  const std::uint64_t epoch = epochs.tag();
+  bool moved = false;
+  {
+    std::lock_guard cache_lock(own.lock.owner());
+    moved |= quarantine_ordered_bins(own, kept, epoch);
+    moved |= quarantine_ordered_large(own, epoch);
+  }
+  for_each_other_cache(&own, [&](ThreadCache& other) { moved |= quarantine_ordered_large(other, epoch); });
+  if (moved) {
+    seal();
+    reclaim(false);
+  }
+  return moved;
+}
+
+void PoolMemoryManager::Core::deallocate_ordered_otherwise(std::uintptr_t address, int size_class) noexcept {
+  ThreadCache* cache = cache_for_a_free();
+  if (!cache) return deallocate(address, size_class);  // tagged with the epoch: still safe
+  if (size_class < 0) return deallocate_ordered_large(address, *cache);
+  if (keep_in_ordered_bin(*cache, address, size_class)) return;
+  deallocate_ordered_spilling(*cache, address, size_class);
+}
+
+void PoolMemoryManager::Core::deallocate_ordered_spilling(ThreadCache& cache, std::uintptr_t address,
+                                                          int size_class) noexcept {
+  const std::size_t class_bytes = detail::size_class_bytes(size_class);
+  std::array<Freed, kMaximumBinCapacity / 2> spilled;
+  std::size_t spill_count = 0;
+  int spill_class = size_class;
+  {
+    std::lock_guard cache_lock(cache.lock.owner());
+    ThreadCache::OrderedBin& bin = cache.ordered[size_class];
+    // Full bin or budget, as deallocate(): the older half goes to the
+    // quarantine, tagged now (their freeing work was queued before this call).
+    if (bin.count == bin.capacity)
+      spill_count = cache.take_oldest_ordered(size_class, bin.count / 2, epochs.tag(), spilled.data());
+    else if (cache.bytes.load(std::memory_order_relaxed) + class_bytes > cache.budget)
+      spill_class = cache.spill_stalest(size_class, epochs.tag(), spilled.data(), spill_count);
+    if (bin.count < bin.capacity) {
+      cache.push_ordered(size_class, address);
+      address = 0;
+    }
+  }
+  quarantine_spilled(spilled.data(), spill_count, detail::size_class_bytes(spill_class));
+  if (address) {
+    const Freed freed{address, epochs.tag()};
+    quarantine_spilled(&freed, 1, class_bytes);
+  }
+}
+
+void PoolMemoryManager::Core::deallocate_ordered_large(std::uintptr_t address, ThreadCache& cache) noexcept {
+  {
+    std::lock_guard cache_lock(cache.lock.owner());
+    const auto lent = cache.take_lent(address, large_frees_elsewhere.load(std::memory_order_acquire));
+    if (lent && cache.ordered_large_count < kOrderedLargeCapacity) [[likely]] {
+      cache.push_ordered_large(*lent);
+      return;
+    }
+  }
+  std::lock_guard lock(mutex);
+  large_frees_elsewhere.fetch_add(1, std::memory_order_acq_rel);
+  const auto [block, in_segment_of_its_own] = block_at(address);
+  if (block == 0) return;
+  std::lock_guard cache_lock(cache.lock.owner());
+  try {
+    if (cache.ordered_large_count == kOrderedLargeCapacity) {
+      const ThreadCache::OrderedLarge& oldest = cache.ordered_large[0];
+      quarantine_block(oldest.address, oldest.bytes, epochs.tag(), oldest.dedicated);
+      cache.remove_ordered_large(0);
+    }
+  } catch (...) {
+    // No room to defer the oldest: it is still the thread's; this one waits for its epoch instead.
+    quarantine_or_reuse({address, block, epochs.tag(), in_segment_of_its_own});
+    return;
+  }
+  cache.push_ordered_large({address, block, in_segment_of_its_own});
+}
+
+void PoolMemoryManager::Core::order_after(cuda::CUstream stream) noexcept {
+  std::lock_guard lock(mutex);  // one event: record and wait together
+  try {
+    ScopedContext scope(*context);
+    if (!ordering_event) CUEMM_CU(cuEventCreate, &ordering_event, cuda::CU_EVENT_DISABLE_TIMING);
+    CUEMM_CU(cuEventRecord, ordering_event, stream);
+    CUEMM_CU(cuStreamWaitEvent, cuda::CU_STREAM_LEGACY, ordering_event, 0);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "cuemm pool: cannot order a free on stream %p (%s); synchronising instead\n",
+                 static_cast<void*>(stream), error.what());
+    if (CUEMM_CU_RESULT(cuStreamSynchronize, stream) != cuda::CUDA_SUCCESS) CUEMM_CU_RESULT(cuCtxSynchronize);
+  }
+}
+
+}  // namespace cuemm

@@ -1,0 +1,202 @@
+// pool/thread_caches.cpp: the thread caches' slow paths: a miss, a full ring, a
+// thread's end.
+#include "core.hpp"
+
+namespace cuemm {
+
+auto PoolMemoryManager::Core::make_thread_slot() -> ThreadCache* {
+  auto made = std::make_unique<ThreadCache>(options.thread_cache_size);
+  std::lock_guard lock(mutex);
+  caches.push_back(std::move(made));
+  return caches.back().get();
+}
+
+void PoolMemoryManager::Core::forget_cache(ThreadCache* cache) noexcept {
+  std::lock_guard lock(mutex);
+  auto it = std::find_if(caches.begin(), caches.end(), [&](const auto& owned) { return owned.get() == cache; });
+  if (it == caches.end()) return;
+  if (!retired) {
+    try {
+      quarantine_cached_blocks(*cache);
+    } catch (...) {
+      std::fprintf(stderr, "cuemm pool: could not return a finished thread's cached blocks\n");
+    }
+  }
+  caches.erase(it);
+}
+
+std::uintptr_t PoolMemoryManager::Core::allocate_held_or_otherwise(std::size_t size, int size_class, ThreadCache& own) {
+  if (const std::uintptr_t address = take_oldest_held_if_safe(size, own)) return address;
+  return allocate_otherwise(size, size_class);
+}
+
+std::uintptr_t PoolMemoryManager::Core::allocate_otherwise(std::size_t size, int size_class) {
+  if (size_class < 0) {
+    ThreadCache* own = caches_enabled() ? cache_of_this_thread() : nullptr;
+    if (own) return allocate_large(size, *own);
+    std::lock_guard lock(mutex);
+    return allocate_beyond_classes(size, nullptr);
+  }
+  ThreadCache* own = cache_of_this_thread();
+  if (!own) [[unlikely]] {
+    std::lock_guard lock(mutex);
+    return allocate_from_index(detail::size_class_bytes(size_class));
+  }
+  ThreadCache& cache = *own;
+  bool advance = false, sealed = false;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    {
+      std::lock_guard cache_lock(cache.lock.owner());
+      cache.latest_class = size_class;
+      if (const std::uintptr_t address = cache.take_oldest_if_safe(size_class, epochs)) [[likely]]
+        return address;
+      ThreadCache::Bin& bin = cache.bins[size_class];
+      // A seal that was not due yet (another thread's was recent) is tried
+      // again after a sixteenth of a ring, not a half: a loop faster than
+      // a ring per kSealInterval otherwise missed most seals, filled its
+      // ring and took its blocks from the index (simulated driver, 256 B
+      // pairs: 8 -> 20 ns, once the pair was fast enough to miss them).
+      if (attempt == 1 && !sealed) {
+        const std::uint32_t retry = std::max<std::uint32_t>(bin.capacity / 16, 1);
+        bin.frees_since_advance = bin.capacity / 2 - std::min(retry, bin.capacity / 2);
+      }
+      // Half a ring of frees since the last advance: seal and look for
+      // completed epochs, once per batch.
+      // (Or many frees of any class: a thread whose requests are spread
+      // over many classes must still see its frees become reusable.)
+      advance = attempt == 0 && (bin.frees_since_advance >= bin.capacity / 2 ||
+                                 cache.frees_since_advance >= kMaximumBinCapacity / 2);
+      if (advance) bin.frees_since_advance = cache.frees_since_advance = 0;
+    }
+    if (!advance) break;
+    sealed = advance_epochs();
+  }
+  const std::size_t class_bytes = detail::size_class_bytes(size_class);
+  const bool in_a_loop = cache.count_index_request(class_bytes, kHitsOfALoop);
+  // The ring may hold most of the pool before its batch is due: once
+  // sealed, its oldest block is cheaper than giving the ring back to the
+  // index (measured: 64 KiB pairs in an 8 MiB pool, 42 -> 16 ns a pair
+  // here). Only from a ring that holds a batch worth a seal: short rings
+  // (many threads) let the pool grow instead. Not under the pool's lock,
+  // and skipped while another thread seals (that seal may cover this ring
+  // too): 16 threads of 1 MiB pairs otherwise queued behind each other's
+  // stream queries.
+  const ThreadCache::Bin& bin = cache.bins[size_class];  // (its own thread: no other writes the count now)
+  auto seal_for_own_ring = [&]() -> std::uintptr_t {
+    if (bin.count < std::min(kRingBatchWorthSealing, bin.capacity / kRingFractionWorthSealing)) return 0;
+    epochs.try_seal();
+    epochs.try_poll();
+    std::lock_guard cache_lock(cache.lock.owner());
+    return cache.take_oldest_if_safe(size_class, epochs);
+  };
+  // A ring that the budget keeps short (the largest classes) seals before
+  // it takes from the index: with other threads' spills feeding the index,
+  // it otherwise grew to the budget, spilled, and took the other threads'
+  // blocks back, through the pool's lock at every pair (simulated driver,
+  // 2 threads of 1 MiB pairs: 147 -> 42 ns a pair; H100, 16 threads over 1
+  // at 1 MiB: 1.6-3.4x -> 16.7x). Smaller classes take from the index
+  // first: a pair served there calls no driver, which keeps the Python
+  // bridge's GIL (see BlockingHook).
+  const bool ring_first = bin.capacity < kMaximumBinCapacity;
+  if (ring_first) {
+    if (const std::uintptr_t address = seal_for_own_ring()) return address;
+  }
+  {
+    std::lock_guard lock(mutex);
+    if (auto address = take_block(class_bytes)) [[likely]]
+      return *address;
+    // A ring that seals because the index ran dry pays a seal for every
+    // batch, as many as the pool holds: once those have cost about as much
+    // as a segment, the pool grows instead (allocate_from_index()), and
+    // the batches with it. (Pools start small: 64 KiB loops in a 4 MiB
+    // pool paid a stream query per 64 pairs.)
+    if (!ring_first) {
+      if (in_a_loop && index_rental.buys(kSealsWorthASegment)) return allocate_from_index(class_bytes, &cache, true);
+      index_rental.rent();
+    }
+  }
+  if (!ring_first) {
+    if (const std::uintptr_t address = seal_for_own_ring()) return address;
+  }
+  std::lock_guard lock(mutex);
+  return allocate_from_index(class_bytes, &cache, in_a_loop);
+}
+
+void PoolMemoryManager::Core::deallocate_otherwise(std::uintptr_t address, int size_class,
+                                                   std::uint64_t epoch) noexcept {
+  if (size_class < 0) {
+    ThreadCache* cache = cache_for_a_free();
+    if (cache && hold_large(address, epoch, *cache)) return;
+    std::lock_guard lock(mutex);
+    large_frees_elsewhere.fetch_add(1, std::memory_order_acq_rel);
+    const auto [block, in_segment_of_its_own] = block_at(address);
+    if (block == 0) return;
+    if (!quarantine_or_reuse({address, block, epoch, in_segment_of_its_own})) return;
+    // The block is in the quarantine now: a failed poll below leaves it
+    // there for a later one (reusing it here as well counted it twice).
+    try {
+      if (in_segment_of_its_own) {
+        // Beyond the segments that rotate (see allocate_dedicated()), a
+        // request of this size may wait for this one: seal now, so that it seldom does.
+        if (quarantined_segments >= kMaximumRotation ||
+            quarantined_segment_bytes + dedicated.spare_bytes() > rotation_budget(block)) {
+          seal_if_due();
+          reclaim(false);
+        }
+      } else if (quarantined_bytes > reserved_bytes() / 8) {
+        // At most one seal every kSealInterval: in a small pool one block
+        // is 1/8 of it, and sealing at every free cost 1-4 MiB pairs a
+        // stream query each (and in Python the GIL's hand-over: 2-3 us).
+        seal_if_due();
+        reclaim(false);
+      }
+    } catch (...) {
+    }
+    return;
+  }
+  ThreadCache* cache = cache_for_a_free();
+  if (cache && keep_in_ring(*cache, address, size_class, epoch))
+    return;
+  deallocate_spilling(cache, address, size_class, epoch);
+}
+
+void PoolMemoryManager::Core::deallocate_spilling(ThreadCache* cache, std::uintptr_t address, int size_class,
+                                                  std::uint64_t epoch) noexcept {
+  const std::size_t class_bytes = detail::size_class_bytes(size_class);
+  std::array<Freed, kMaximumBinCapacity / 2> spilled;
+  std::size_t spill_count = 0;
+  int spill_class = size_class;
+  if (cache) {
+    std::lock_guard cache_lock(cache->lock.owner());
+    ThreadCache::Bin& bin = cache->bins[size_class];
+    // Full ring: its older half goes to the shared quarantine; full
+    // budget: see spill_stalest().
+    if (bin.count == bin.capacity)
+      spill_count = cache->take_oldest(size_class, bin.count / 2, spilled.data());
+    else if (cache->bytes.load(std::memory_order_relaxed) + class_bytes > cache->budget)
+      spill_class = cache->spill_stalest(size_class, epoch, spilled.data(), spill_count);
+    if (bin.count < bin.capacity) {
+      cache->push_to_ring(size_class, address, epoch);
+      address = 0;
+    }
+  }
+  quarantine_spilled(spilled.data(), spill_count, detail::size_class_bytes(spill_class));
+  if (address) {  // no cache, or no room in it
+    const Freed freed{address, epoch};
+    quarantine_spilled(&freed, 1, class_bytes);
+  }
+}
+
+void PoolMemoryManager::Core::quarantine_spilled(const Freed* spilled, std::size_t count,
+                                                 std::size_t class_bytes) noexcept {
+  if (count == 0) return;
+  std::lock_guard lock(mutex);
+  std::size_t recorded = 0;
+  try {
+    for (; recorded < count; ++recorded) quarantine_block(spilled[recorded].address, class_bytes, spilled[recorded].epoch);
+  } catch (...) {
+    for (std::size_t i = recorded; i < count; ++i) deallocate_in_index(spilled[i].address);
+  }
+}
+
+}  // namespace cuemm
