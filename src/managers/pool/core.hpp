@@ -669,7 +669,10 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     return allocate_otherwise(size, size_class);
   }
 
-  [[gnu::noinline]] std::uintptr_t allocate_held_or_otherwise(std::size_t size, int size_class, ThreadCache& own);
+  [[gnu::noinline]] std::uintptr_t allocate_held_or_otherwise(std::size_t size, int size_class, ThreadCache& own) {
+    if (const std::uintptr_t address = take_oldest_held_if_safe(size, own)) return address;
+    return allocate_otherwise(size, size_class);
+  }
 
   // A loop's large request, when the oldest block the thread holds fits it
   // and is safe: what allocate_large() does then, without its other paths.
@@ -808,7 +811,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   }
 
   [[gnu::noinline]] void hold_large_or_otherwise(std::uintptr_t address, int size_class, std::uint64_t epoch,
-                                                 ThreadCache& cache) noexcept;
+                                                 ThreadCache& cache) noexcept {
+    if (!hold_large</*kTryOnly=*/true>(address, epoch, cache)) deallocate_otherwise(address, size_class, epoch);
+  }
 
   [[gnu::noinline]] void deallocate_otherwise(std::uintptr_t address, int size_class, std::uint64_t epoch) noexcept;
 
@@ -882,7 +887,13 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     deallocate_ordered_otherwise(address, size_class);
   }
 
-  [[gnu::noinline]] void deallocate_ordered_otherwise(std::uintptr_t address, int size_class) noexcept;
+  [[gnu::noinline]] void deallocate_ordered_otherwise(std::uintptr_t address, int size_class) noexcept {
+    ThreadCache* cache = cache_for_a_free();
+    if (!cache) return deallocate(address, size_class);  // tagged with the epoch: still safe
+    if (size_class < 0) return deallocate_ordered_large(address, *cache);
+    if (keep_in_ordered_bin(*cache, address, size_class)) return;
+    deallocate_ordered_spilling(*cache, address, size_class);
+  }
 
   // Room in the bin and in the budget (as keep_in_ring()).
   static bool keep_in_ordered_bin(ThreadCache& cache, std::uintptr_t address, int size_class) noexcept {

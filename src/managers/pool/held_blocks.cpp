@@ -123,9 +123,4 @@ void PoolMemoryManager::Core::hold_large_otherwise(std::uintptr_t address, std::
   cache.push_held_large(lent, epoch);
 }
 
-void PoolMemoryManager::Core::hold_large_or_otherwise(std::uintptr_t address, int size_class, std::uint64_t epoch,
-                                                      ThreadCache& cache) noexcept {
-  if (!hold_large</*kTryOnly=*/true>(address, epoch, cache)) deallocate_otherwise(address, size_class, epoch);
-}
-
 }  // namespace cuemm

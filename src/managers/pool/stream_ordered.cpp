@@ -49,14 +49,6 @@ bool PoolMemoryManager::Core::give_back_ordered_blocks(ThreadCache& own, int kep
   return moved;
 }
 
-void PoolMemoryManager::Core::deallocate_ordered_otherwise(std::uintptr_t address, int size_class) noexcept {
-  ThreadCache* cache = cache_for_a_free();
-  if (!cache) return deallocate(address, size_class);  // tagged with the epoch: still safe
-  if (size_class < 0) return deallocate_ordered_large(address, *cache);
-  if (keep_in_ordered_bin(*cache, address, size_class)) return;
-  deallocate_ordered_spilling(*cache, address, size_class);
-}
-
 void PoolMemoryManager::Core::deallocate_ordered_spilling(ThreadCache& cache, std::uintptr_t address,
                                                           int size_class) noexcept {
   const std::size_t class_bytes = detail::size_class_bytes(size_class);

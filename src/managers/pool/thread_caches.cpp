@@ -25,11 +25,6 @@ void PoolMemoryManager::Core::forget_cache(ThreadCache* cache) noexcept {
   caches.erase(it);
 }
 
-std::uintptr_t PoolMemoryManager::Core::allocate_held_or_otherwise(std::size_t size, int size_class, ThreadCache& own) {
-  if (const std::uintptr_t address = take_oldest_held_if_safe(size, own)) return address;
-  return allocate_otherwise(size, size_class);
-}
-
 std::uintptr_t PoolMemoryManager::Core::allocate_otherwise(std::size_t size, int size_class) {
   if (size_class < 0) {
     ThreadCache* own = caches_enabled() ? cache_of_this_thread() : nullptr;
