@@ -209,4 +209,8 @@ grep -q "above 0" "$work/error.txt"
 "$tool" bench --help >"$work/help.txt"
 grep -q "cuemm bench \[--managers" "$work/help.txt"
 if "$tool" 2>/dev/null; then exit 1; fi
+# scripts/fragmentation-seeds.sh: a workload's mean and worst seed, and the best fit's mean beside them.
+CUEMM_TOOL="$tool" SEEDS=2 WORKLOADS='--pattern training --layers 8 --steps 3' \
+  bash "$(dirname "$0")/../../scripts/fragmentation-seeds.sh" >"$work/seeds.txt"
+grep -q "^  --pattern training --layers 8 --steps 3 *1\.[0-9]* (1\.[0-9]*) \[1\.[0-9]*\]$" "$work/seeds.txt"
 echo "cuemm tool: ok"

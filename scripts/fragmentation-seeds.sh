@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Peak reserved over peak live on the one-thread workloads whose seeds
+# scripts/gpu-check.sh reports (bench/RESULTS.md), for a change to the pool's
+# placement to be measured before a GPU run: each workload's mean and worst
+# seed, with the ideal best fit's mean on the same operations beside it.
+# It runs on the driver that CUEMM_DRIVER picks; the pool's placement is the
+# same on the simulated one, where only the timing of seals differs (so a
+# mean moves by about 0.01 from run to run). The environment passes through,
+# so that options compare side by side:
+#
+#   bash scripts/fragmentation-seeds.sh                          # the pool, seeds 1-8
+#   CUEMM_POOL_EXPANDABLE=1 bash scripts/fragmentation-seeds.sh
+#   SEEDS=16 MANAGER=async bash scripts/fragmentation-seeds.sh
+#   WORKLOADS='--pattern training --shapes per-layer' bash scripts/fragmentation-seeds.sh
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+tool=${CUEMM_TOOL:-$root/build/bin/cuemm}
+[ -x "$tool" ] || { echo "fragmentation-seeds: no $tool (bash scripts/build.sh)" >&2; exit 1; }
+seeds=${SEEDS:-8}
+manager=${MANAGER:-pool}
+if [ -n "${WORKLOADS:-}" ]; then
+  workloads=("$WORKLOADS")
+else
+  workloads=("--max-size 4M --live 512M" "--max-size 1M --live 512M" "--max-size 256K --live 64M"
+             "--max-size 64M --live 256M" "--max-size 4M --live 128M" "--pattern training"
+             "--pattern training --shapes per-layer" "--pattern temporaries" "--pattern inference")
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# RMM's workload runs 20,000 operations, as the GPU check's; the patterns have their own length.
+length_of() { case "$1" in --pattern*) ;; *) echo --operations 20000 ;; esac; }
+
+# One line a run (workload, seed), each its own process and pool, as many at once as there are CPUs.
+for index in "${!workloads[@]}"; do
+  for seed in $(seq 1 "$seeds"); do
+    echo "\"$tool\" random ${workloads[$index]} $(length_of "${workloads[$index]}") --seed $seed --manager $manager" \
+         ">\"$work/$index.$seed\" 2>&1 || echo failed >>\"$work/$index.$seed\""
+  done
+done >"$work/runs"
+xargs -P "${JOBS:-$(nproc)}" -I{} sh -c '{}' <"$work/runs"
+
+echo "manager $manager, seeds 1-$seeds; reserved/live: mean (worst seed) [the best fit's mean]"
+status=0
+for index in "${!workloads[@]}"; do
+  summary=$(for seed in $(seq 1 "$seeds"); do
+    ratio=$(grep -o 'reserved/live [0-9.]*' "$work/$index.$seed" | cut -d' ' -f2)
+    reference=$(grep -o '[0-9.]* of its peak live' "$work/$index.$seed" | cut -d' ' -f1)
+    echo "${ratio:-failed} ${reference:--}"
+  done | awk '$1 == "failed" { failed++; next }
+              { sum += $1; if ($1 > most) most = $1; n++; if ($2 != "-") { reference += $2; m++ } }
+              END { if (n) printf "%.3f (%.3f)", sum / n, most; else printf "-";
+                    if (m) printf " [%.3f]", reference / m;
+                    if (failed) printf "; %d seed(s) failed", failed }')
+  case "$summary" in *failed*) status=1 ;; esac
+  printf '  %-40s %s\n' "${workloads[$index]}" "$summary"
+done
+exit $status
