@@ -6,6 +6,9 @@
 #include <future>
 #include <limits>
 #include <latch>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -676,6 +679,134 @@ TEST_F(Pool, LargeBlocksKeepTheirContentsAcrossThreads) {
   EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
   pool.trim();
   EXPECT_EQ(pool.statistics().reserved_bytes, 0u) << "a block was lost on the way";
+}
+
+// Threads that mix every interface (memalloc, the raw pair, the
+// stream-ordered pair), sizes of every path (classes, the index, segments of
+// their own), frees of each other's blocks, trims and defer_cleanup() guards,
+// under each option that changes where blocks come from: no block is ever
+// handed out while another overlaps it, and each keeps what was written.
+TEST_F(Pool, MixedInterfacesSizesAndTrimsFromManyThreadsNeverHandOutOverlappingBlocks) {
+  struct Variant {
+    const char* name;
+    PoolOptions options;
+  };
+  std::vector<Variant> variants{{"default", PoolOptions{}}, {"no thread caches", with_thread_cache(0)}};
+  variants.push_back({"split spares", PoolOptions{}});
+  variants.back().options.split_spares = true;
+  variants.push_back({"small blocks shared", PoolOptions{}});
+  variants.back().options.small_blocks_apart = false;
+  variants.push_back({"expandable", PoolOptions{}});
+  variants.back().options.expandable = true;
+  for (const Variant& variant : variants) {
+    SCOPED_TRACE(variant.name);
+    PoolMemoryManager pool(&context, variant.options);
+    pool.initialize();
+    enum class Via { memalloc, raw, stream_ordered };
+    struct Block {
+      Via via;
+      cuda::CUdeviceptr address;
+      std::size_t size;
+      std::uint32_t mark;
+      std::shared_ptr<MemoryPointer> memory;  // (memalloc's)
+    };
+    std::mutex mutex;                                     // guards the two below
+    std::map<cuda::CUdeviceptr, std::size_t> live;        // every block handed out and not yet freed
+    std::vector<Block> handed_over;                       // blocks one thread leaves for another to free
+    std::atomic<int> overlaps{0}, corrupted{0};
+    auto record = [&](cuda::CUdeviceptr address, std::size_t size) {
+      std::lock_guard lock(mutex);
+      auto next = live.lower_bound(address);
+      if (next != live.end() && next->first < address + size) overlaps.fetch_add(1);
+      if (next != live.begin() && std::prev(next)->first + std::prev(next)->second > address) overlaps.fetch_add(1);
+      live[address] = size;
+    };
+    auto release = [&](Block& block) {
+      std::uint32_t words[2] = {};
+      CUEMM_CU(cuMemcpyDtoH, &words[0], block.address, 4);
+      CUEMM_CU(cuMemcpyDtoH, &words[1], block.address + block.size / 4 * 4 - 4, 4);
+      if (words[0] != block.mark || words[1] != block.mark) corrupted.fetch_add(1);
+      {
+        std::lock_guard lock(mutex);
+        live.erase(block.address);
+      }
+      switch (block.via) {
+        case Via::memalloc: block.memory.reset(); break;
+        case Via::raw: pool.deallocate(block.address, block.size); break;
+        case Via::stream_ordered: pool.deallocate(block.address, block.size, cuda::CU_STREAM_PER_THREAD); break;
+      }
+    };
+    std::vector<std::thread> threads;
+    for (std::uint32_t t = 0; t < 8; ++t) {
+      threads.emplace_back([&, t] {
+        ScopedContext scope(context);
+        std::mt19937 random(t + 1);
+        std::vector<Block> mine;
+        std::optional<CleanupGuard> guard;
+        for (std::uint32_t step = 0; step < 400; ++step) {
+          const unsigned draw = random() % 100;
+          if (draw < 2) {
+            pool.trim();
+            continue;
+          }
+          if (draw < 4) {
+            guard.reset();
+            if (random() % 2) guard.emplace(pool.defer_cleanup());
+            continue;
+          }
+          if (mine.size() < 12 && draw < 70) {
+            // Classes mostly; then the index (1-4 MiB), then segments of their own (4-20 MiB).
+            const unsigned kind = random() % 10;
+            const std::size_t size = kind < 7   ? 256 + random() % (1 << 20)
+                                     : kind < 9 ? (std::size_t{1} << 20) + random() % (3 << 20)
+                                                : (std::size_t{4} << 20) + random() % (16 << 20);
+            Block block{static_cast<Via>(random() % 3), 0, size, t * 100000 + step, nullptr};
+            if (block.via == Via::memalloc) {
+              block.memory = pool.memalloc(size);
+              block.address = block.memory->device_pointer();
+            } else if (block.via == Via::raw) {
+              block.address = pool.allocate(size);
+            } else {
+              block.address = pool.allocate(size, cuda::CU_STREAM_PER_THREAD);
+            }
+            record(block.address, size);
+            CUEMM_CU(cuMemsetD32, block.address, block.mark, 1);
+            CUEMM_CU(cuMemsetD32, block.address + size / 4 * 4 - 4, block.mark, 1);
+            mine.push_back(std::move(block));
+          } else if (!mine.empty()) {
+            Block block = std::move(mine[random() % mine.size()]);
+            std::erase_if(mine, [&](const Block& b) { return b.address == block.address; });
+            if (random() % 4 == 0) {  // another thread frees it
+              std::lock_guard lock(mutex);
+              handed_over.push_back(std::move(block));
+              continue;
+            }
+            release(block);
+          }
+          if (random() % 8 == 0) {  // a block another thread left
+            std::optional<Block> theirs;
+            {
+              std::lock_guard lock(mutex);
+              if (!handed_over.empty()) {
+                theirs = std::move(handed_over.back());
+                handed_over.pop_back();
+              }
+            }
+            if (theirs) release(*theirs);
+          }
+        }
+        guard.reset();
+        for (Block& block : mine) release(block);
+      });
+    }
+    for (auto& thread : threads) thread.join();
+    for (Block& block : handed_over) release(block);
+    EXPECT_EQ(overlaps, 0) << "a block was handed out while another overlapped it";
+    EXPECT_EQ(corrupted, 0) << "a block lost what was written to it";
+    EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
+    pool.trim();
+    EXPECT_EQ(pool.statistics().reserved_bytes, 0u) << "a trimmed pool with no block out holds memory";
+  }
 }
 
 // Each thread has a cache in each pool it uses (src/util/thread_slots.hpp):

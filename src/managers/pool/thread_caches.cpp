@@ -76,9 +76,15 @@ std::uintptr_t PoolMemoryManager::Core::allocate_otherwise(std::size_t size, int
   // and skipped while another thread seals (that seal may cover this ring
   // too): 16 threads of 1 MiB pairs otherwise queued behind each other's
   // stream queries.
-  const ThreadCache::Bin& bin = cache.bins[size_class];  // (its own thread: no other writes the count now)
+  const ThreadCache::Bin& bin = cache.bins[size_class];
+  // (Its count under the cache's lock: another thread's trim() or flush may
+  // take the ring's blocks meanwhile, a race that TSan found.)
+  auto holds_a_batch = [&] {
+    std::lock_guard cache_lock(cache.lock.owner());
+    return bin.count >= std::min(kRingBatchWorthSealing, bin.capacity / kRingFractionWorthSealing);
+  };
   auto seal_for_own_ring = [&]() -> std::uintptr_t {
-    if (bin.count < std::min(kRingBatchWorthSealing, bin.capacity / kRingFractionWorthSealing)) return 0;
+    if (!holds_a_batch()) return 0;
     epochs.try_seal();
     epochs.try_poll();
     std::lock_guard cache_lock(cache.lock.owner());
