@@ -1,6 +1,10 @@
 // The pinned host pool: cached reuse, kinds kept apart, stream-safe reuse,
 // pinned ranges, trimming, and memory that outlives the pool.
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <random>
 #include <thread>
 
 #include "support/test_support.hpp"
@@ -267,6 +271,96 @@ TEST_F(HostPool, AFinishedThreadsBlocksServeTheOthers) {
   auto again = pool.allocate(1 << 20, true, false, false);
   EXPECT_EQ(again->host_pointer(), released);
   EXPECT_EQ(simulation::call_count("cuMemHostAlloc"), 0u);
+}
+
+// Threads that take blocks of every kind and of small and large sizes, pin
+// ranges of their own, free each other's blocks and trim the pool meanwhile:
+// no block is handed out while another overlaps it, and each keeps what was
+// written to it.
+TEST_F(HostPool, KindsSizesPinsAndTrimsFromManyThreadsNeverHandOutOverlappingBlocks) {
+  PinnedHostPool pool(context);
+  struct Block {
+    std::shared_ptr<MemoryPointer> memory;
+    unsigned char mark;
+  };
+  std::mutex mutex;                               // guards the two below
+  std::map<std::uintptr_t, std::size_t> live;     // host addresses of the blocks handed out, not yet freed
+  std::vector<Block> handed_over;                 // blocks one thread leaves for another to free
+  std::atomic<int> overlaps{0}, corrupted{0};
+  auto bytes_of = [](const Block& block) { return reinterpret_cast<unsigned char*>(block.memory->host_pointer()); };
+  auto release = [&](Block& block) {
+    const unsigned char* bytes = bytes_of(block);
+    if (bytes[0] != block.mark || bytes[block.memory->size() - 1] != block.mark) corrupted.fetch_add(1);
+    {
+      std::lock_guard lock(mutex);
+      live.erase(reinterpret_cast<std::uintptr_t>(bytes));
+    }
+    block.memory.reset();
+  };
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      ScopedContext scope(context);
+      std::mt19937 random(t + 1);
+      std::vector<Block> mine;
+      for (unsigned step = 0; step < 300; ++step) {
+        const unsigned draw = random() % 100;
+        if (draw < 2) {
+          pool.trim();
+        } else if (mine.size() < 8 && draw < 65) {
+          const std::size_t size =
+              random() % 8 ? 4096 * (1 + random() % 16) : (std::size_t{1} << 20) + random() % (1 << 20);
+          Block block{nullptr, static_cast<unsigned char>(1 + (t * 31 + step) % 255)};
+          if (random() % 5 == 0) {  // a range of its own, pinned
+            auto owner = std::shared_ptr<unsigned char[]>(new unsigned char[size]);
+            block.memory = pool.pin(owner, owner.get(), size, random() % 2 == 0);
+          } else {
+            block.memory = pool.allocate(size, random() % 2 == 0, random() % 3 == 0, random() % 4 == 0);
+          }
+          unsigned char* bytes = bytes_of(block);
+          {
+            std::lock_guard lock(mutex);
+            const auto address = reinterpret_cast<std::uintptr_t>(bytes);
+            auto next = live.lower_bound(address);
+            if (next != live.end() && next->first < address + size) overlaps.fetch_add(1);
+            if (next != live.begin() && std::prev(next)->first + std::prev(next)->second > address)
+              overlaps.fetch_add(1);
+            live[address] = size;
+          }
+          bytes[0] = bytes[size - 1] = block.mark;
+          mine.push_back(std::move(block));
+        } else if (!mine.empty()) {
+          const std::size_t victim = random() % mine.size();
+          Block block = std::move(mine[victim]);
+          mine.erase(mine.begin() + static_cast<long>(victim));
+          if (random() % 4 == 0) {  // another thread frees it
+            std::lock_guard lock(mutex);
+            handed_over.push_back(std::move(block));
+          } else {
+            release(block);
+          }
+        }
+        if (random() % 8 == 0) {  // a block another thread left
+          std::optional<Block> theirs;
+          {
+            std::lock_guard lock(mutex);
+            if (!handed_over.empty()) {
+              theirs = std::move(handed_over.back());
+              handed_over.pop_back();
+            }
+          }
+          if (theirs) release(*theirs);
+        }
+      }
+      for (Block& block : mine) release(block);
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (Block& block : handed_over) release(block);
+  EXPECT_EQ(overlaps, 0) << "a block was handed out while another overlapped it";
+  EXPECT_EQ(corrupted, 0) << "a block lost what was written to it";
+  pool.trim();
+  EXPECT_EQ(pool.statistics().cached_bytes, 0u);
 }
 
 TEST_F(HostPool, TrimAndReleaseEverythingReachTheFrontsOfLivingThreads) {
