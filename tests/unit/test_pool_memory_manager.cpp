@@ -698,6 +698,14 @@ TEST_F(Pool, MixedInterfacesSizesAndTrimsFromManyThreadsNeverHandOutOverlappingB
   variants.back().options.small_blocks_apart = false;
   variants.push_back({"expandable", PoolOptions{}});
   variants.back().options.expandable = true;
+  // Out of memory under way: every thread's requests meet the maximum and
+  // its flush of the caches, and go on.
+  variants.push_back({"a maximum of 128 MiB, caches of 4 MiB", PoolOptions{}});
+  variants.back().options.maximum_size = std::size_t{128} << 20;
+  variants.back().options.thread_cache_size = std::size_t{4} << 20;
+  variants.push_back({"expandable, a maximum of 128 MiB", PoolOptions{}});
+  variants.back().options.expandable = true;
+  variants.back().options.maximum_size = std::size_t{128} << 20;
   for (const Variant& variant : variants) {
     SCOPED_TRACE(variant.name);
     PoolMemoryManager pool(&context, variant.options);
@@ -713,7 +721,7 @@ TEST_F(Pool, MixedInterfacesSizesAndTrimsFromManyThreadsNeverHandOutOverlappingB
     std::mutex mutex;                                     // guards the two below
     std::map<cuda::CUdeviceptr, std::size_t> live;        // every block handed out and not yet freed
     std::vector<Block> handed_over;                       // blocks one thread leaves for another to free
-    std::atomic<int> overlaps{0}, corrupted{0};
+    std::atomic<int> overlaps{0}, corrupted{0}, out_of_memory{0};
     auto record = [&](cuda::CUdeviceptr address, std::size_t size) {
       std::lock_guard lock(mutex);
       auto next = live.lower_bound(address);
@@ -761,13 +769,18 @@ TEST_F(Pool, MixedInterfacesSizesAndTrimsFromManyThreadsNeverHandOutOverlappingB
                                      : kind < 9 ? (std::size_t{1} << 20) + random() % (3 << 20)
                                                 : (std::size_t{4} << 20) + random() % (16 << 20);
             Block block{static_cast<Via>(random() % 3), 0, size, t * 100000 + step, nullptr};
-            if (block.via == Via::memalloc) {
-              block.memory = pool.memalloc(size);
-              block.address = block.memory->device_pointer();
-            } else if (block.via == Via::raw) {
-              block.address = pool.allocate(size);
-            } else {
-              block.address = pool.allocate(size, cuda::CU_STREAM_PER_THREAD);
+            try {
+              if (block.via == Via::memalloc) {
+                block.memory = pool.memalloc(size);
+                block.address = block.memory->device_pointer();
+              } else if (block.via == Via::raw) {
+                block.address = pool.allocate(size);
+              } else {
+                block.address = pool.allocate(size, cuda::CU_STREAM_PER_THREAD);
+              }
+            } catch (const OutOfMemory&) {
+              out_of_memory.fetch_add(1);
+              continue;
             }
             record(block.address, size);
             CUEMM_CU(cuMemsetD32, block.address, block.mark, 1);
@@ -803,6 +816,12 @@ TEST_F(Pool, MixedInterfacesSizesAndTrimsFromManyThreadsNeverHandOutOverlappingB
     for (Block& block : handed_over) release(block);
     EXPECT_EQ(overlaps, 0) << "a block was handed out while another overlapped it";
     EXPECT_EQ(corrupted, 0) << "a block lost what was written to it";
+    if (variant.options.maximum_size) {
+      EXPECT_GT(out_of_memory, 0) << "the maximum was never met: the variant tests nothing more";
+      EXPECT_LE(pool.statistics().reserved_bytes, variant.options.maximum_size);
+    } else {
+      EXPECT_EQ(out_of_memory, 0);
+    }
     EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
     pool.trim();
     EXPECT_EQ(pool.statistics().reserved_bytes, 0u) << "a trimmed pool with no block out holds memory";
