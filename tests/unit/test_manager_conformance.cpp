@@ -1,12 +1,12 @@
 // What every memory manager and adaptor must do, instantiated for each one: a
 // new manager gets every test by being added to ManagerTypes.
 #include <limits>
-#include <map>
-#include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
 
+#include "support/block_storm.hpp"
 #include "support/test_support.hpp"
 
 using namespace cuemm;
@@ -251,19 +251,16 @@ TYPED_TEST(Conformance, ThreadStormsKeepEveryBlocksContents) {
 // no block is handed out while another overlaps it, and each keeps its first
 // and last words.
 TYPED_TEST(Conformance, ThreadsOfEverySizeNeverGetOverlappingBlocks) {
-  std::mutex mutex;                                 // guards the two below
-  std::map<cuda::CUdeviceptr, std::size_t> live;    // the blocks handed out and not yet freed
-  std::vector<std::pair<std::shared_ptr<MemoryPointer>, std::uint32_t>> handed_over;
-  std::atomic<int> overlaps{0}, corrupted{0};
+  using Block = std::pair<std::shared_ptr<MemoryPointer>, std::uint32_t>;  // and its mark
+  cuemm::testing::LiveRanges live;
+  cuemm::testing::HandedOver<Block> handed_over;
+  std::atomic<int> corrupted{0};
   auto release = [&](std::shared_ptr<MemoryPointer>& memory, std::uint32_t mark) {
     std::uint32_t words[2] = {};
     CUEMM_CU(cuMemcpyDtoH, &words[0], memory->device_pointer(), 4);
     CUEMM_CU(cuMemcpyDtoH, &words[1], memory->device_pointer() + memory->size() / 4 * 4 - 4, 4);
     if (words[0] != mark || words[1] != mark) corrupted.fetch_add(1);
-    {
-      std::lock_guard lock(mutex);
-      live.erase(memory->device_pointer());
-    }
+    live.remove(memory->device_pointer());
     memory.reset();
   };
   std::vector<std::thread> threads;
@@ -271,7 +268,7 @@ TYPED_TEST(Conformance, ThreadsOfEverySizeNeverGetOverlappingBlocks) {
     threads.emplace_back([&, t] {
       ScopedContext scope(this->context);
       std::mt19937 random(t + 7);
-      std::vector<std::pair<std::shared_ptr<MemoryPointer>, std::uint32_t>> mine;
+      std::vector<Block> mine;
       for (std::uint32_t step = 0; step < 120; ++step) {
         const unsigned draw = random() % 100;
         if (draw < 3) {
@@ -283,47 +280,29 @@ TYPED_TEST(Conformance, ThreadsOfEverySizeNeverGetOverlappingBlocks) {
                                               : (std::size_t{4} << 20) + random() % (16 << 20);
           auto memory = this->manager->memalloc(size);
           const cuda::CUdeviceptr address = memory->device_pointer();
-          {
-            std::lock_guard lock(mutex);
-            auto next = live.lower_bound(address);
-            if (next != live.end() && next->first < address + size) overlaps.fetch_add(1);
-            if (next != live.begin() && std::prev(next)->first + std::prev(next)->second > address)
-              overlaps.fetch_add(1);
-            live[address] = size;
-          }
+          live.add(address, size);
           const std::uint32_t mark = t * 100000 + step;
           CUEMM_CU(cuMemsetD32, address, mark, 1);
           CUEMM_CU(cuMemsetD32, address + size / 4 * 4 - 4, mark, 1);
           mine.emplace_back(std::move(memory), mark);
         } else if (!mine.empty()) {
-          const std::size_t victim = random() % mine.size();
-          auto block = std::move(mine[victim]);
-          mine.erase(mine.begin() + static_cast<long>(victim));
+          Block block = cuemm::testing::take_one(mine, random);
           if (random() % 4 == 0) {  // another thread frees it
-            std::lock_guard lock(mutex);
-            handed_over.push_back(std::move(block));
+            handed_over.leave(std::move(block));
           } else {
             release(block.first, block.second);
           }
         }
         if (random() % 8 == 0) {  // a block another thread left
-          std::pair<std::shared_ptr<MemoryPointer>, std::uint32_t> theirs;
-          {
-            std::lock_guard lock(mutex);
-            if (!handed_over.empty()) {
-              theirs = std::move(handed_over.back());
-              handed_over.pop_back();
-            }
-          }
-          if (theirs.first) release(theirs.first, theirs.second);
+          if (std::optional<Block> theirs = handed_over.take()) release(theirs->first, theirs->second);
         }
       }
       for (auto& [memory, mark] : mine) release(memory, mark);
     });
   }
   for (auto& thread : threads) thread.join();
-  for (auto& [memory, mark] : handed_over) release(memory, mark);
-  EXPECT_EQ(overlaps, 0) << "a block was handed out while another overlapped it";
+  for (auto& [memory, mark] : handed_over.take_all()) release(memory, mark);
+  EXPECT_EQ(live.overlaps(), 0) << "a block was handed out while another overlapped it";
   EXPECT_EQ(corrupted, 0) << "a block lost what was written to it";
 }
 

@@ -1,12 +1,11 @@
 // The pinned host pool: cached reuse, kinds kept apart, stream-safe reuse,
 // pinned ranges, trimming, and memory that outlives the pool.
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <optional>
 #include <random>
 #include <thread>
 
+#include "support/block_storm.hpp"
 #include "support/test_support.hpp"
 
 using namespace cuemm;
@@ -283,18 +282,14 @@ TEST_F(HostPool, KindsSizesPinsAndTrimsFromManyThreadsNeverHandOutOverlappingBlo
     std::shared_ptr<MemoryPointer> memory;
     unsigned char mark;
   };
-  std::mutex mutex;                               // guards the two below
-  std::map<std::uintptr_t, std::size_t> live;     // host addresses of the blocks handed out, not yet freed
-  std::vector<Block> handed_over;                 // blocks one thread leaves for another to free
-  std::atomic<int> overlaps{0}, corrupted{0};
+  cuemm::testing::LiveRanges live;  // host addresses
+  cuemm::testing::HandedOver<Block> handed_over;
+  std::atomic<int> corrupted{0};
   auto bytes_of = [](const Block& block) { return reinterpret_cast<unsigned char*>(block.memory->host_pointer()); };
   auto release = [&](Block& block) {
     const unsigned char* bytes = bytes_of(block);
     if (bytes[0] != block.mark || bytes[block.memory->size() - 1] != block.mark) corrupted.fetch_add(1);
-    {
-      std::lock_guard lock(mutex);
-      live.erase(reinterpret_cast<std::uintptr_t>(bytes));
-    }
+    live.remove(reinterpret_cast<std::uintptr_t>(bytes));
     block.memory.reset();
   };
   std::vector<std::thread> threads;
@@ -318,46 +313,27 @@ TEST_F(HostPool, KindsSizesPinsAndTrimsFromManyThreadsNeverHandOutOverlappingBlo
             block.memory = pool.allocate(size, random() % 2 == 0, random() % 3 == 0, random() % 4 == 0);
           }
           unsigned char* bytes = bytes_of(block);
-          {
-            std::lock_guard lock(mutex);
-            const auto address = reinterpret_cast<std::uintptr_t>(bytes);
-            auto next = live.lower_bound(address);
-            if (next != live.end() && next->first < address + size) overlaps.fetch_add(1);
-            if (next != live.begin() && std::prev(next)->first + std::prev(next)->second > address)
-              overlaps.fetch_add(1);
-            live[address] = size;
-          }
+          live.add(reinterpret_cast<std::uintptr_t>(bytes), size);
           bytes[0] = bytes[size - 1] = block.mark;
           mine.push_back(std::move(block));
         } else if (!mine.empty()) {
-          const std::size_t victim = random() % mine.size();
-          Block block = std::move(mine[victim]);
-          mine.erase(mine.begin() + static_cast<long>(victim));
+          Block block = cuemm::testing::take_one(mine, random);
           if (random() % 4 == 0) {  // another thread frees it
-            std::lock_guard lock(mutex);
-            handed_over.push_back(std::move(block));
+            handed_over.leave(std::move(block));
           } else {
             release(block);
           }
         }
         if (random() % 8 == 0) {  // a block another thread left
-          std::optional<Block> theirs;
-          {
-            std::lock_guard lock(mutex);
-            if (!handed_over.empty()) {
-              theirs = std::move(handed_over.back());
-              handed_over.pop_back();
-            }
-          }
-          if (theirs) release(*theirs);
+          if (std::optional<Block> theirs = handed_over.take()) release(*theirs);
         }
       }
       for (Block& block : mine) release(block);
     });
   }
   for (auto& thread : threads) thread.join();
-  for (Block& block : handed_over) release(block);
-  EXPECT_EQ(overlaps, 0) << "a block was handed out while another overlapped it";
+  for (Block& block : handed_over.take_all()) release(block);
+  EXPECT_EQ(live.overlaps(), 0) << "a block was handed out while another overlapped it";
   EXPECT_EQ(corrupted, 0) << "a block lost what was written to it";
   pool.trim();
   EXPECT_EQ(pool.statistics().cached_bytes, 0u);

@@ -6,7 +6,6 @@
 #include <future>
 #include <limits>
 #include <latch>
-#include <map>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -16,6 +15,7 @@
 
 #include "cuemm/managers/detail/size_classes.hpp"
 #include "random_workload.hpp"
+#include "support/block_storm.hpp"
 #include "support/test_support.hpp"
 
 using namespace cuemm;
@@ -718,26 +718,15 @@ TEST_F(Pool, MixedInterfacesSizesAndTrimsFromManyThreadsNeverHandOutOverlappingB
       std::uint32_t mark;
       std::shared_ptr<MemoryPointer> memory;  // (memalloc's)
     };
-    std::mutex mutex;                                     // guards the two below
-    std::map<cuda::CUdeviceptr, std::size_t> live;        // every block handed out and not yet freed
-    std::vector<Block> handed_over;                       // blocks one thread leaves for another to free
-    std::atomic<int> overlaps{0}, corrupted{0}, out_of_memory{0};
-    auto record = [&](cuda::CUdeviceptr address, std::size_t size) {
-      std::lock_guard lock(mutex);
-      auto next = live.lower_bound(address);
-      if (next != live.end() && next->first < address + size) overlaps.fetch_add(1);
-      if (next != live.begin() && std::prev(next)->first + std::prev(next)->second > address) overlaps.fetch_add(1);
-      live[address] = size;
-    };
+    cuemm::testing::LiveRanges live;
+    cuemm::testing::HandedOver<Block> handed_over;
+    std::atomic<int> corrupted{0}, out_of_memory{0};
     auto release = [&](Block& block) {
       std::uint32_t words[2] = {};
       CUEMM_CU(cuMemcpyDtoH, &words[0], block.address, 4);
       CUEMM_CU(cuMemcpyDtoH, &words[1], block.address + block.size / 4 * 4 - 4, 4);
       if (words[0] != block.mark || words[1] != block.mark) corrupted.fetch_add(1);
-      {
-        std::lock_guard lock(mutex);
-        live.erase(block.address);
-      }
+      live.remove(block.address);
       switch (block.via) {
         case Via::memalloc: block.memory.reset(); break;
         case Via::raw: pool.deallocate(block.address, block.size); break;
@@ -784,30 +773,20 @@ TEST_F(Pool, MixedInterfacesSizesAndTrimsFromManyThreadsNeverHandOutOverlappingB
               out_of_memory.fetch_add(1);
               continue;
             }
-            record(block.address, size);
+            live.add(block.address, size);
             CUEMM_CU(cuMemsetD32, block.address, block.mark, 1);
             CUEMM_CU(cuMemsetD32, block.address + size / 4 * 4 - 4, block.mark, 1);
             mine.push_back(std::move(block));
           } else if (!mine.empty()) {
-            Block block = std::move(mine[random() % mine.size()]);
-            std::erase_if(mine, [&](const Block& b) { return b.address == block.address; });
+            Block block = cuemm::testing::take_one(mine, random);
             if (random() % 4 == 0) {  // another thread frees it
-              std::lock_guard lock(mutex);
-              handed_over.push_back(std::move(block));
+              handed_over.leave(std::move(block));
               continue;
             }
             release(block);
           }
           if (random() % 8 == 0) {  // a block another thread left
-            std::optional<Block> theirs;
-            {
-              std::lock_guard lock(mutex);
-              if (!handed_over.empty()) {
-                theirs = std::move(handed_over.back());
-                handed_over.pop_back();
-              }
-            }
-            if (theirs) release(*theirs);
+            if (std::optional<Block> theirs = handed_over.take()) release(*theirs);
           }
         }
         guard.reset();
@@ -815,8 +794,8 @@ TEST_F(Pool, MixedInterfacesSizesAndTrimsFromManyThreadsNeverHandOutOverlappingB
       });
     }
     for (auto& thread : threads) thread.join();
-    for (Block& block : handed_over) release(block);
-    EXPECT_EQ(overlaps, 0) << "a block was handed out while another overlapped it";
+    for (Block& block : handed_over.take_all()) release(block);
+    EXPECT_EQ(live.overlaps(), 0) << "a block was handed out while another overlapped it";
     EXPECT_EQ(corrupted, 0) << "a block lost what was written to it";
     if (variant.options.maximum_size) {
       EXPECT_GT(out_of_memory, 0) << "the maximum was never met: the variant tests nothing more";
