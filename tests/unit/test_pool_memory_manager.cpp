@@ -720,7 +720,7 @@ TEST_F(Pool, MixedInterfacesSizesAndTrimsFromManyThreadsNeverHandOutOverlappingB
     };
     cuemm::testing::LiveRanges live;
     cuemm::testing::HandedOver<Block> handed_over;
-    std::atomic<int> corrupted{0}, out_of_memory{0};
+    std::atomic<int> corrupted{0}, out_of_memory{0}, inconsistent{0};
     auto release = [&](Block& block) {
       std::uint32_t words[2] = {};
       CUEMM_CU(cuMemcpyDtoH, &words[0], block.address, 4);
@@ -751,6 +751,12 @@ TEST_F(Pool, MixedInterfacesSizesAndTrimsFromManyThreadsNeverHandOutOverlappingB
           if (draw < 4) {
             guard.reset();
             if (random() % 2) guard.emplace(pool.defer_cleanup());
+            continue;
+          }
+          if (draw < 6) {  // what a monitoring thread reads meanwhile
+            const PoolStatistics now = pool.statistics();
+            if (now.in_use_bytes + now.quarantined_bytes > now.reserved_bytes) inconsistent.fetch_add(1);
+            pool.get_memory_info();
             continue;
           }
           if (mine.size() < 12 && draw < 70) {
@@ -797,6 +803,7 @@ TEST_F(Pool, MixedInterfacesSizesAndTrimsFromManyThreadsNeverHandOutOverlappingB
     for (Block& block : handed_over.take_all()) release(block);
     EXPECT_EQ(live.overlaps(), 0) << "a block was handed out while another overlapped it";
     EXPECT_EQ(corrupted, 0) << "a block lost what was written to it";
+    EXPECT_EQ(inconsistent, 0) << "statistics() read more bytes in use and waiting than reserved";
     if (variant.options.maximum_size) {
       EXPECT_GT(out_of_memory, 0) << "the maximum was never met: the variant tests nothing more";
       EXPECT_LE(pool.statistics().reserved_bytes, variant.options.maximum_size);

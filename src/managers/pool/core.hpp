@@ -598,10 +598,14 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   }
 
   // Bytes in blocks handed out.
-  std::size_t in_use_bytes() const noexcept {
-    return blocks.allocated_bytes() - carved_small_bytes +
-           small_blocks.allocated_bytes() + recurring.allocated_bytes() + dedicated.bytes() - dedicated.spare_bytes() -
-           quarantined_bytes - cached_bytes();
+  std::size_t in_use_bytes() const noexcept { return in_use_bytes(cached_bytes()); }
+  // The same with the caches' bytes read once by the caller. Threads change
+  // their caches without `mutex`: a block on its way from one thread's cache
+  // to another's may be read in both, so the figure stops at 0.
+  std::size_t in_use_bytes(std::size_t cached) const noexcept {
+    const std::size_t allocated = blocks.allocated_bytes() - carved_small_bytes + small_blocks.allocated_bytes() +
+                                  recurring.allocated_bytes() + dedicated.bytes() - dedicated.spare_bytes();
+    return allocated > quarantined_bytes + cached ? allocated - quarantined_bytes - cached : 0;
   }
 
   // --- the thread caches (no `mutex` on their fast paths) ---

@@ -232,7 +232,7 @@ PoolStatistics PoolMemoryManager::statistics() const {
   statistics.reserved_bytes = core_->reserved_bytes();
   statistics.quarantined_bytes = core_->quarantined_bytes;
   statistics.cached_bytes = core_->cached_bytes();
-  statistics.in_use_bytes = core_->in_use_bytes();
+  statistics.in_use_bytes = core_->in_use_bytes(statistics.cached_bytes);  // (one reading of the caches for both)
   statistics.segments = core_->segment_count();
   statistics.free_blocks = core_->blocks.free_blocks() + core_->small_blocks.free_blocks() +
                            core_->recurring.free_blocks() + core_->dedicated.spare_count();
