@@ -698,6 +698,10 @@ TEST_F(Pool, MixedInterfacesSizesAndTrimsFromManyThreadsNeverHandOutOverlappingB
   variants.back().options.small_blocks_apart = false;
   variants.push_back({"expandable", PoolOptions{}});
   variants.back().options.expandable = true;
+  variants.push_back({"every block a segment of its own", PoolOptions{}});
+  variants.back().options.dedicated_size = 0;
+  variants.push_back({"raw frees checked", PoolOptions{}});
+  variants.back().options.check_frees = true;
   // Out of memory under way: every thread's requests meet the maximum and
   // its flush of the caches, and go on.
   variants.push_back({"a maximum of 128 MiB, caches of 4 MiB", PoolOptions{}});
