@@ -272,15 +272,14 @@ std::size_t PoolMemoryManager::Core::shrink_arena() {
 void PoolMemoryManager::Core::retire() noexcept {
   std::lock_guard lock(mutex);
   retired = true;
-  for (auto& cache : caches) {
-    std::lock_guard cache_lock(cache->lock.visitor());
-    for (auto& bin : cache->bins) bin.count = bin.head = bin.frees_since_advance = 0;
-    for (auto& bin : cache->ordered) bin.count = 0;
-    cache->ordered_large_count = 0;
-    cache->forget_held_large();
-    cache->bytes = 0;
-    cache->large_bytes = 0;
-  }
+  for_each_other_cache(nullptr, [](ThreadCache& cache) {
+    for (auto& bin : cache.bins) bin.count = bin.head = bin.frees_since_advance = 0;
+    for (auto& bin : cache.ordered) bin.count = 0;
+    cache.ordered_large_count = 0;
+    cache.forget_held_large();
+    cache.bytes = 0;
+    cache.large_bytes = 0;
+  });
   epochs.retire();
   if (!context) return;  // the version-probe instance never touched the driver
   try {
