@@ -48,7 +48,6 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "bench_command.hpp"
@@ -149,13 +148,11 @@ struct Ran {
   std::uint64_t id = 0;
 };
 
-// With `order` (a manager's run of the lists on threads side by side), the
-// operations in that order; without, the lists take turns. `failed` holds,
-// for each list, the positions of the allocations that the manager's run
-// could not make (out of memory): the reference leaves them out too (their
-// frees then find no block), so that both place the same blocks.
-ReplayReport best_fit_reference(const std::vector<std::vector<Operation>>& lists, const std::vector<Ran>& order = {},
-                                const std::vector<std::unordered_set<std::size_t>>& failed = {}) {
+// With `order` (a manager's run: the operations that changed its live
+// bytes, in the order they did, so no allocation it could not make), those;
+// without (null), the lists' operations, the lists taking turns.
+ReplayReport best_fit_reference(const std::vector<std::vector<Operation>>& lists,
+                                const std::vector<Ran>* order = nullptr) {
   tool::BestFitReference reference;
   ReplayReport report;
   report.reference = true;
@@ -167,7 +164,6 @@ ReplayReport best_fit_reference(const std::vector<std::vector<Operation>>& lists
     const Operation& operation = lists[list][index];
     ++report.operations;
     if (!operation.device) return;
-    if (operation.allocate && list < failed.size() && failed[list].count(index)) return;
     // One id space for all lists: each list's ids apart from the others'.
     const std::uint64_t id = operation.id * lists.size() + list;
     if (operation.allocate) {
@@ -177,8 +173,8 @@ ReplayReport best_fit_reference(const std::vector<std::vector<Operation>>& lists
     }
     report.peak_live = std::max(report.peak_live, reference.live_bytes());
   };
-  if (!order.empty()) {
-    for (const Ran& ran : order) run(ran.list, ran.index, ran.id);
+  if (order) {
+    for (const Ran& ran : *order) run(ran.list, ran.index, ran.id);
   } else {
     for (std::size_t step = 0;; ++step) {
       bool any = false;
@@ -236,19 +232,18 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
   };
   std::atomic<std::size_t> live_bytes{0}, peak_live{0}, peak_reserved{0}, failed{0}, done{0};
   std::vector<double> sampling(lists.size());  // each list's untimed seconds: sampling, and its final frees
-  std::vector<std::unordered_set<std::size_t>> failed_positions(lists.size());  // each list's, for the reference
-  // With threads, the order in which their device operations changed the
-  // live bytes (a ticket each), in which the best fit's reference then runs
-  // them: the live bytes the manager had at each step, where taking turns
-  // made others.
+  // The order in which the device operations changed the live bytes (a
+  // ticket each), in which the best fit's reference then runs them: the
+  // live bytes the manager had at each step (where threads taking turns made
+  // others), and none of the allocations that failed.
   std::mutex order_mutex;
-  std::uint64_t tickets = 0;  // under order_mutex
+  std::uint64_t tickets = 0;  // under order_mutex, with threads
   std::vector<std::vector<std::pair<std::uint64_t, Ran>>> completed(lists.size());
   auto run_list = [&](std::size_t index) {
     ScopedContext scope(context);
     std::unordered_map<std::uint64_t, std::shared_ptr<MemoryPointer>> live;
     std::unordered_map<std::uint64_t, std::pair<cuda::CUdeviceptr, std::size_t>> ordered;  // with stream_ordered
-    if (lists.size() > 1) completed[index].reserve(lists[index].size());
+    completed[index].reserve(lists[index].size());
     // The live bytes after a device block of `size` came or went at
     // operation `position`; with threads, that change and its ticket under
     // one lock, so that the tickets' order is the order of the changes.
@@ -256,7 +251,7 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
       std::unique_lock lock(order_mutex, std::defer_lock);
       if (lists.size() > 1) lock.lock();
       const std::size_t after = came ? live_bytes.fetch_add(size) + size : live_bytes.fetch_sub(size) - size;
-      if (lists.size() > 1) completed[index].push_back({tickets++, Ran{index, position, id}});
+      completed[index].push_back({tickets++, Ran{index, position, id}});
       return after;
     };
     for (std::size_t position = 0; position < lists[index].size(); ++position) {
@@ -275,7 +270,6 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
             now = change_live(operation.size, true, position);
           } catch (const OutOfMemory&) {
             failed.fetch_add(1);
-            failed_positions[index].insert(position);
           }
         } else if (auto it = ordered.find(operation.id); it != ordered.end()) {
           const std::size_t size = it->second.second;
@@ -291,7 +285,6 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
           if (operation.device) now = change_live(operation.size, true, position);
         } catch (const OutOfMemory&) {
           failed.fetch_add(1);
-          failed_positions[index].insert(position);
         }
       } else if (auto it = live.find(operation.id); it != live.end()) {
         const bool device = it->second->kind() == MemoryKind::Device;
@@ -343,14 +336,12 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
   report.peak_reserved = peak_reserved.load();
   report.failed = failed.load();
   if (pool) report.pool = pool->statistics();
+  std::vector<std::pair<std::uint64_t, Ran>> ranked;
+  for (const auto& list : completed) ranked.insert(ranked.end(), list.begin(), list.end());
+  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<Ran> order;
-  if (lists.size() > 1) {
-    std::vector<std::pair<std::uint64_t, Ran>> ranked;
-    for (const auto& list : completed) ranked.insert(ranked.end(), list.begin(), list.end());
-    std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    for (const auto& ranked_one : ranked) order.push_back(ranked_one.second);
-  }
-  const ReplayReport best_fit = best_fit_reference(lists, order, failed_positions);
+  for (const auto& ranked_one : ranked) order.push_back(ranked_one.second);
+  const ReplayReport best_fit = best_fit_reference(lists, &order);
   report.best_fit_live = best_fit.peak_live;
   report.best_fit_reserved = best_fit.peak_reserved;
   report.adaptors = adaptors;
