@@ -18,18 +18,15 @@ tool=${CUEMM_TOOL:-$root/build/bin/cuemm}
 [ -x "$tool" ] || { echo "fragmentation-seeds: no $tool (bash scripts/build.sh)" >&2; exit 1; }
 seeds=${SEEDS:-8}
 manager=${MANAGER:-pool}
+# shellcheck source=scripts/fragmentation-common.sh
+source "$root/scripts/fragmentation-common.sh"
 if [ -n "${WORKLOADS:-}" ]; then
   workloads=("$WORKLOADS")
 else
-  workloads=("--max-size 4M --live 512M" "--max-size 1M --live 512M" "--max-size 256K --live 64M"
-             "--max-size 64M --live 256M" "--max-size 4M --live 128M" "--pattern training"
-             "--pattern training --shapes per-layer" "--pattern temporaries" "--pattern inference")
+  workloads=("${seed_workloads[@]}")
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-
-# RMM's workload runs 20,000 operations, as the GPU check's; the patterns have their own length.
-length_of() { case "$1" in --pattern*) ;; *) echo --operations 20000 ;; esac; }
 
 # One line a run (workload, seed), each its own process and pool, as many at once as there are CPUs.
 for index in "${!workloads[@]}"; do
@@ -44,11 +41,9 @@ echo "manager $manager, seeds 1-$seeds; reserved/live: mean (worst seed) [the be
 status=0
 for index in "${!workloads[@]}"; do
   summary=$(for seed in $(seq 1 "$seeds"); do
-    ratio=$(grep -o 'reserved/live [0-9.]*' "$work/$index.$seed" | cut -d' ' -f2)
-    reference=$(grep -o '[0-9.]* of its peak live' "$work/$index.$seed" | cut -d' ' -f1)
-    echo "${ratio:-failed} ${reference:--}"
+    echo "$(reserved_over_live_or_failed <"$work/$index.$seed") $(same_order_reference_or_failed <"$work/$index.$seed")"
   done | awk '$1 == "failed" { failed++; next }
-              { sum += $1; if ($1 > most) most = $1; n++; if ($2 != "-") { reference += $2; m++ } }
+              { sum += $1; if ($1 > most) most = $1; n++; if ($2 != "failed") { reference += $2; m++ } }
               END { if (n) printf "%.3f (%.3f)", sum / n, most; else printf "-";
                     if (m) printf " [%.3f]", reference / m;
                     if (failed) printf "; %d seed(s) failed", failed }')

@@ -42,19 +42,12 @@ finish() {
 }
 # The line that says a step was left out for the deadline (RESULTS.md lists them).
 not_run() { echo "== $1: not run, $(time_left) s left before the deadline of $deadline s"; }
-# The reserved/live figures of `cuemm random` or `cuemm replay` output on stdin.
-reserved_over_live() { grep -o 'reserved/live [0-9.]*' | cut -d' ' -f2; }
-# The same for one run, or "failed" where it printed none (a seed that fails must not just vanish from a mean).
-reserved_over_live_or_failed() { local ratio; ratio=$(reserved_over_live); echo "${ratio:-failed}"; }
-# The best fit's figure that a manager's run prints under its own ("... 1.063 of its peak live"), or "failed".
-same_order_reference_or_failed() {
-  local ratio; ratio=$(grep -o '[0-9.]* of its peak live' | cut -d' ' -f1); echo "${ratio:-failed}"
-}
+# The seeds' workloads, length_of and the readers of `cuemm random`'s figures (reserved_over_live...).
+# shellcheck source=scripts/fragmentation-common.sh
+source "$root/scripts/fragmentation-common.sh"
 
 # Fragmentation: peak reserved over peak live on RMM-style random workloads,
 # and on a recorded log: the largest of numba-cuda's suite processes.
-# `cuemm random`'s length for a workload: RMM's runs 20,000 operations; the training-like one has its own.
-length_of() { case "$1" in --pattern*) ;; *) echo --operations 20000 ;; esac; }
 # The single runs of the table: each workload under each of these (their files are put in order by
 # assemble_fragmentation, as some run beside numba-cuda's suites and others after the benchmarks).
 fragmentation_workloads=("--max-size 64M --live 4G" "--max-size 64M --live 1G" "--max-size 4M --live 512M"
@@ -135,9 +128,7 @@ assemble_fragmentation() {
 fragmentation_seeds() {
   # Other traces of the same workloads, and of smaller live sets: seeds 1-8,
   # side by side (each its own process and pool; only the ratios are kept).
-  for workload in "--max-size 4M --live 512M" "--max-size 1M --live 512M" "--max-size 256K --live 64M" \
-      "--max-size 64M --live 256M" "--max-size 4M --live 128M" "--pattern training" \
-      "--pattern training --shapes per-layer" "--pattern temporaries" "--pattern inference"; do
+  for workload in "${seed_workloads[@]}"; do
     if [ "$(time_left)" -lt 40 ]; then
       not_run "seeds 1-8 $workload"
       continue
