@@ -7,6 +7,9 @@
 #   bash scripts/gpu-numba-wide.sh K N     (part K of N, from 1; all of it took
 #   about 14 minutes on the H100, so 4 parts leave room)
 #   LIST=1 bash scripts/gpu-numba-wide.sh K N   (only names the part's modules)
+# The four parts also run side by side in one command, each with its own
+# BUILD_DIR and OUT (252 s on the H100's 16 cores):
+#   for k in 1 2 3 4; do OUT=$OUT/p$k BUILD_DIR=/tmp/b$k bash scripts/gpu-numba-wide.sh $k 4 & done; wait
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-/tmp/cuemm-gpu-build}
