@@ -350,7 +350,11 @@ def main():
             per_second = [rates.get(f"{name}/{w}/real_time") for w, _ in workloads]
             cells = [fmt(1e9 / rate) if rate else "-" for rate in per_second]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
-        lines.append("")
+        lines += ["", "Each allocator is timed warm, as a long-running program meets it: one instance serves all of "
+                  "its benchmarks, so the pool keeps the footprint that the benchmarks before this one reached, as "
+                  "PyTorch's cache keeps its blocks. From empty, where large sizes vary, the pool's segments of their "
+                  "own call the driver instead (README, \"Large blocks get segments of their own\"): the pool's ns "
+                  "per operation in the fragmentation table below are of a new pool.", ""]
         # What the speed costs in memory, where the allocator can say.
         ratios = medians(runs, "peak_reserved_over_live")
         reporting = [(label, name) for label, name in random_rows
