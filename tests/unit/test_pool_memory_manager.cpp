@@ -498,8 +498,10 @@ TEST_F(Pool, AThreadKeepsItsLargeFreesButGivesBackAStrayOne) {
     auto other = pool.memalloc(size * 3);
     EXPECT_EQ(pool.statistics().cached_bytes, 0u) << "a request of another size left the lone held block idle";
     other.reset();
-    for (int round = 0; round < 4; ++round) {
-      auto a = pool.memalloc(size), b = pool.memalloc(size);  // a rotation of two, reused
+    // A rotation of two, reused: more requests in a row that found a held
+    // block than the pool needs to count the thread as a loop (8).
+    for (int round = 0; round < 16; ++round) {
+      auto a = pool.memalloc(size), b = pool.memalloc(size);
     }
     other = pool.memalloc(size * 3);
     EXPECT_EQ(pool.statistics().cached_bytes, 2 * size) << "a request of another size broke up a rotation";

@@ -43,7 +43,7 @@ std::uintptr_t PoolMemoryManager::Core::allocate_large(std::size_t size, ThreadC
       // whose seals had added up bought at any moment, at the pool's peak
       // too (RMM's workload up to 64 MiB with 256 MiB live, seed 7: a held
       // 58 MiB block not yet safe, and 1.07 -> 1.24 reserved over live).
-      if (may_hold_more && cache.held_hits_since_miss >= kHitsOfALoop &&
+      if (may_hold_more && cache.held_hits_since_miss >= kHeldHitsOfALoop &&
           cache.held_rental.buys(kSealsWorthASegment)) {
         cache.held_rental.bought();
         buys_one_more = true;
@@ -80,7 +80,7 @@ std::uintptr_t PoolMemoryManager::Core::allocate_large(std::size_t size, ThreadC
     // and none at the peak 1.108 -> 1.09; logs of inference requests of
     // random batch sizes 1.23 -> 1.09. Loops keep every rotation.)
     if (missed) {
-      if (cache.held_hits_since_miss < kHitsOfALoop) {
+      if (cache.held_hits_since_miss < kHeldHitsOfALoop) {
         const std::size_t keep = passes_peak(needed) ? 0 : in_use_bytes() / 4;
         while (cache.held_large_count && cache.held_large_bytes > keep) quarantine_held_block(cache, 0);
       }

@@ -114,7 +114,7 @@ struct ThreadCache {
   // pool takes back its other classes' blocks when it would grow.
   int latest_class = -1;
   // Its requests that found a held block since the latest that found none,
-  // up to kHitsOfALoop (its own thread's).
+  // up to kHeldHitsOfALoop (its own thread's).
   std::uint32_t held_hits_since_miss = 0;
   // A loop of requests for segments of their own, each after a free of the
   // size (its own thread's): the segment size of its latest such request,
