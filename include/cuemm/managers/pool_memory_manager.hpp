@@ -56,8 +56,11 @@
 // 1/8) takes the oldest once its epoch is safe, sealing if need be: a loop of
 // large requests then takes no lock, and threads that wait for a seal share
 // one. Rather than seal, it takes an idle block of the size when the pool
-// has one (a finished thread's, say); and a loop whose seals have cost about
-// as much as a new block gets one more from the driver. So it rotates
+// has one (a finished thread's, say); and a loop (8 requests in a row that
+// found a held block) whose seals have cost about as much as a new block
+// gets one more from the driver. A thread of random sizes is no loop: it
+// waits for the seal, and at the pool's peak gives its held blocks back
+// before the pool grows. So a loop rotates
 // through a few (up to 64 within the thread cache's budget; beyond it, up to
 // 4 blocks whatever their size, or 32 within 2 GiB and a 16th of the
 // device's memory) and seals once a rotation. A thread holds up to two
