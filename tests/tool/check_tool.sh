@@ -211,7 +211,7 @@ grep -q "cuemm bench \[--managers" "$work/help.txt"
 if "$tool" 2>/dev/null; then exit 1; fi
 # Random large sizes at the pool's peak: a thread whose held blocks are no
 # loop neither keeps them nor buys one more there. Seeds 3 and 7 of this
-# workload read 1.19 and 1.24 when it did; 1.07-1.08 since (any driver).
+# workload read 1.19 and 1.24 when it did; 1.07 since (simulated driver).
 for seed in 3 7; do
   "$tool" random --max-size 64M --live 256M --operations 20000 --seed "$seed" --manager pool >"$work/peak.txt"
   ratio=$(grep -o 'reserved/live [0-9.]*' "$work/peak.txt" | cut -d' ' -f2)
