@@ -412,6 +412,59 @@ void DriverPoolStreamsWithKernels(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 
+// RMM's random workload with a kernel filling each new block, on 4 streams in
+// turn, through a new manager (as a program meets it, not warmed by the
+// benchmarks before): what a manager's driver calls cost while kernels are
+// queued, since `cuMemFree` may synchronize with the device. Each iteration
+// is one pass and then the wait for its kernels, so a manager that makes the
+// host wait for the GPU and one that overlaps them compare in wall time.
+// `Dedicated` is the pool's dedicated size (0: the manager's default).
+template <typename Manager, std::size_t Dedicated = 0>
+void RandomSizesBesideKernels(benchmark::State& state) {
+  KernelStreams& work = kernel_streams();
+  cuemm::ScopedContext scope(context());
+  std::optional<Manager> manager;
+  if constexpr (Dedicated != 0) {
+    cuemm::PoolOptions options = cuemm::PoolOptions::from_environment();
+    options.dedicated_size = Dedicated;
+    manager.emplace(&context(), options);
+  } else {
+    manager.emplace(&context());
+  }
+  manager->initialize();
+  // The simulated driver's kernels write every byte on the host: there (the
+  // CI's smoke) only the first operations run.
+  const auto& workload = random_workload_of(state);
+  const std::vector<cuemm::workload::RandomOperation> operations(
+      workload.begin(), workload.begin() + static_cast<std::ptrdiff_t>(cuemm::simulation::active()
+                                                                           ? std::min<std::size_t>(50, workload.size())
+                                                                           : workload.size()));
+  std::vector<std::shared_ptr<cuemm::MemoryPointer>> handles(operations.size());
+  std::vector<bool> live(operations.size());
+  std::size_t next = 0;
+  auto allocate = [&](std::size_t size) {
+    auto memory = manager->memalloc(size);
+    work.launch(memory->device_pointer(), size, work.streams[next++ % work.streams.size()]);
+    return memory;
+  };
+  auto release = [](std::shared_ptr<cuemm::MemoryPointer>& memory) { memory.reset(); };
+  for (auto _ : state) {
+    run_operations(operations, handles, live, allocate, release);
+    work.synchronize();
+    state.PauseTiming();
+    release_live(handles, live, release);
+    state.ResumeTiming();
+  }
+  work.synchronize();
+  if constexpr (std::is_base_of_v<cuemm::PoolMemoryManager, Manager>) {
+    const cuemm::PoolStatistics statistics = manager->statistics();
+    state.counters["driver_calls_per_operation"] =
+        static_cast<double>(statistics.driver_allocations + statistics.driver_frees) /
+        static_cast<double>(state.iterations() * operations.size());
+  }
+  state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(operations.size()));
+}
+
 // The cost of a pair when the pool already holds `holes` free blocks.
 void PoolWithFreeBlocks(benchmark::State& state) {
   cuemm::PoolMemoryManager pool(&context());
@@ -528,6 +581,12 @@ BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::DefaultMemoryManager)->Arg(64 << 1
 BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::PoolMemoryManager)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
 BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::AsyncMemoryManager)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
 BENCHMARK(DriverPoolStreamsWithKernels)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
+// Up to 64 MiB with 1 GiB live, a few passes (each launches about 5,000 kernels).
+constexpr std::size_t kNoDedicatedSegments = std::size_t{1} << 40;
+BENCHMARK_TEMPLATE(RandomSizesBesideKernels, cuemm::PoolMemoryManager)->Args({64L << 20, 1L << 30})->Iterations(2)->UseRealTime();
+BENCHMARK_TEMPLATE(RandomSizesBesideKernels, cuemm::PoolMemoryManager, kNoDedicatedSegments)
+    ->Args({64L << 20, 1L << 30})->Iterations(2)->UseRealTime();
+BENCHMARK_TEMPLATE(RandomSizesBesideKernels, cuemm::AsyncMemoryManager)->Args({64L << 20, 1L << 30})->Iterations(2)->UseRealTime();
 
 BENCHMARK(DriverLegacyStreamQueryAfterThreadsEnded)->Arg(1)->Arg(1000)->UseRealTime();
 

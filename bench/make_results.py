@@ -43,6 +43,29 @@ def fmt(ns):
     return f"{ns:,.0f}" if ns >= 100 else f"{ns:.1f}"
 
 
+def beside_kernels_lines(runs):
+    """RandomSizesBesideKernels: each manager's ns per operation, and the pool's driver calls per operation."""
+    beside = [("pool manager", "RandomSizesBesideKernels<cuemm::PoolMemoryManager>"),
+              ("pool manager, no segments of their own (`CUEMM_POOL_DEDICATED_SIZE=1T`)",
+               "RandomSizesBesideKernels<cuemm::PoolMemoryManager, kNoDedicatedSegments>"),
+              ("async manager", "RandomSizesBesideKernels<cuemm::AsyncMemoryManager>")]
+    rates, calls = medians(runs, "items_per_second"), medians(runs, "driver_calls_per_operation")
+    key = "/67108864/1073741824/iterations:2/real_time"
+    if not any(name + key in rates for _, name in beside):
+        return []
+    lines = ["## Random large sizes beside kernels (C++)", "",
+             "RMM's workload up to 64 MiB with 1 GiB live (seed 1, 10,000 operations) through a new manager, "
+             "each new block filled by a kernel on 4 streams in turn; ns per operation over two passes, each "
+             "with the wait for its kernels. The driver calls are the pool's `cuMemAlloc` and `cuMemFree` "
+             "(which may synchronize with the device) per operation.", "",
+             "| manager | ns per operation | driver calls per operation |", "|---|---|---|"]
+    for label, name in beside:
+        rate, per_operation = rates.get(name + key), calls.get(name + key)
+        lines.append(f"| {label} | {fmt(1e9 / rate) if rate else '-'} | "
+                     f"{f'{per_operation:.3f}' if per_operation is not None else '-'} |")
+    return lines + [""]
+
+
 def interleaved_table(samples, cuemm_header):
     """The rows of one interleaved measurement (bench_numba's interleaved_summary), with its header."""
     lines = [f"| size | default | {cuemm_header} | floor | default / cuemm | default / floor | cuemm / floor |",
@@ -324,6 +347,7 @@ def main():
             cells = [fmt(m[f"{name}/{s}/real_time"]) if f"{name}/{s}/real_time" in m else "-" for s in (65536, 4194304)]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("")
+    lines += beside_kernels_lines(runs)
     empty, holes = m.get("PoolWithFreeBlocks/0"), m.get("PoolWithFreeBlocks/65536")
     if empty and holes:
         lines += [f"Pool with 64k free blocks: {fmt(holes)} ns against {fmt(empty)} ns with none ({holes / empty:.2f}x).", ""]

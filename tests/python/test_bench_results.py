@@ -144,3 +144,19 @@ def test_the_alternated_scaling_rounds_are_read_by_size():
     rounds = make_results.scaling_rounds(runs)
     assert sorted(rounds) == [256, 67108864]
     assert rounds[256]["ratio_median"] == 12.5 and rounds[67108864]["sixteen_threads_ns"] == 5.2
+
+
+def test_beside_kernels_gives_each_managers_time_and_the_pools_driver_calls():
+    def median(name, rate, **counters):
+        return {"run_name": name + "/67108864/1073741824/iterations:2/real_time", "aggregate_name": "median",
+                "real_time": 1.0, "items_per_second": rate, **counters}
+    runs = [{"benchmarks": [
+        median("RandomSizesBesideKernels<cuemm::PoolMemoryManager>", 40_000.0, driver_calls_per_operation=0.4512),
+        median("RandomSizesBesideKernels<cuemm::AsyncMemoryManager>", 250_000.0),
+    ]}]
+    text = "\n".join(make_results.beside_kernels_lines(runs))
+    assert "| pool manager | 25,000 | 0.451 |" in text
+    # A manager the run did not measure reads "-", and one that counts no driver calls too.
+    assert "| pool manager, no segments of their own (`CUEMM_POOL_DEDICATED_SIZE=1T`) | - | - |" in text
+    assert "| async manager | 4,000 | - |" in text
+    assert make_results.beside_kernels_lines([{"benchmarks": []}]) == []
