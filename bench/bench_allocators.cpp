@@ -456,8 +456,8 @@ void RandomSizesBesideKernels(benchmark::State& state) {
     state.ResumeTiming();
   }
   work.synchronize();
-  if constexpr (std::is_base_of_v<cuemm::PoolMemoryManager, Manager>) {
-    const cuemm::PoolStatistics statistics = manager->statistics();
+  if (const cuemm::PoolMemoryManager* pool = pool_of(*manager)) {
+    const cuemm::PoolStatistics statistics = pool->statistics();
     state.counters["driver_calls_per_operation"] =
         static_cast<double>(statistics.driver_allocations + statistics.driver_frees) /
         static_cast<double>(state.iterations() * operations.size());
