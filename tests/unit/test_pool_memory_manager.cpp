@@ -251,6 +251,58 @@ TEST_F(Pool, AFreedLargeBlockIsNotReusedWhileQueuedWorkMayStillWriteIt) {
   EXPECT_TRUE(race.b_intact) << "the kernel's late write landed in the reused block";
 }
 
+// Note [Growth while the GPU is busy]: with a kernel queued, giving spares
+// back (cuMemFree) or waiting for freed blocks would wait for it, so growth
+// past the peak does neither, up to an eighth of the peak; once the GPU is
+// idle, the next growth past the peak gives the spares back.
+TEST_F(Pool, GrowthPastThePeakDoesNotWaitForTheGpuWhileItIsBusy) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
+  Stream stream = context.create_stream();
+  std::vector<std::uint32_t> scratch(32);
+  auto spin = [&](PoolMemoryManager& pool, std::shared_ptr<MemoryPointer>& target) {
+    target = pool.memalloc(8 * kMiB);
+    module.function("cuemm_spin_fill_u32")
+        .launch({1}, {32}, stream, target->device_pointer(), 1u, std::uint64_t{32}, std::uint64_t{300'000'000});
+  };
+  auto at_peak_with_spares = [&](PoolMemoryManager& pool) {
+    pool.initialize();
+    std::vector<std::shared_ptr<MemoryPointer>> blocks;
+    for (int i = 0; i < 16; ++i) blocks.push_back(pool.memalloc(8 * kMiB));
+    blocks.clear();  // freed: 128 MiB, the peak
+    return pool.statistics();
+  };
+
+  PoolMemoryManager pool(&context);
+  const PoolStatistics at_peak = at_peak_with_spares(pool);
+  ASSERT_EQ(at_peak.reserved_bytes, 128 * kMiB);
+  std::shared_ptr<MemoryPointer> target;
+  spin(pool, target);
+  auto busy = pool.memalloc(12 * kMiB);  // no freed block holds it: 12 MiB past the peak
+  const PoolStatistics grown = pool.statistics();
+  EXPECT_EQ(grown.driver_frees, at_peak.driver_frees) << "a spare went back (cuMemFree) while the kernel ran";
+  EXPECT_GE(grown.gpu_waits_avoided, 1u);
+  EXPECT_EQ(grown.reserved_bytes, 140 * kMiB);
+  EXPECT_EQ(stream.query(), false) << "the pool waited for the kernel";
+  stream.synchronize();
+  // Idle: past the peak again, the spares go back.
+  auto idle = pool.memalloc(14 * kMiB);
+  const PoolStatistics after = pool.statistics();
+  EXPECT_GT(after.driver_frees, at_peak.driver_frees);
+  EXPECT_EQ(after.gpu_waits_avoided, grown.gpu_waits_avoided);
+  EXPECT_LE(after.reserved_bytes, 128 * kMiB);
+
+  // Past an eighth of the peak, the pool waits and gives back even while the GPU is busy.
+  PoolMemoryManager other(&context);
+  const PoolStatistics other_peak = at_peak_with_spares(other);
+  spin(other, target);
+  auto large = other.memalloc(24 * kMiB);
+  EXPECT_GT(other.statistics().driver_frees, other_peak.driver_frees);
+  EXPECT_EQ(other.statistics().gpu_waits_avoided, 0u);
+  EXPECT_LE(other.statistics().reserved_bytes, 128 * kMiB);
+  stream.synchronize();
+}
+
 // A loop of pairs of the largest class reuses its thread's ring, sealed a
 // half ring at a time (its budget holds 256 blocks of 1 MiB): one stream
 // query per 128 pairs once the pool has grown to hold the ring.

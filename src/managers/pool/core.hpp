@@ -169,7 +169,14 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   detail::RentOrBuy index_rental;
   std::size_t largest_request_grown_for = 0;  // by grow()
   std::size_t driver_allocations = 0, driver_frees = 0, spares_taken_over = 0;  // PoolStatistics'
-  std::size_t peak_reserved = 0;  // the most reserved_bytes() after any growth
+  std::size_t peak_reserved = 0;  // the most reserved_bytes() after any growth (raise_peak_after_growth())
+  // Note [Growth while the GPU is busy]: how far past its peak the pool may
+  // grow rather than wait (a kBusyOvershoot-th of the peak), the bytes it
+  // grew past it that way, those of the growth under way, and how often.
+  static constexpr std::size_t kBusyOvershoot = 8;
+  std::size_t busy_overshoot = 0;
+  std::size_t growing_past_peak = 0;
+  std::size_t gpu_waits_avoided = 0;  // PoolStatistics'
   std::vector<std::unique_ptr<ThreadCache>> caches;
   int defer_depth = 0;
   cuda::CUevent ordering_event = nullptr;  // order_after()'s
@@ -456,10 +463,50 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // before, the spares beyond 1/32 of the pool went back at each new
   // segment of their own.)
   void give_back_spares_within_peak(std::size_t more) {
-    if (!passes_peak(more)) return;
+    if (!passes_peak(more) || dedicated.spare_bytes() == 0 || grows_rather_than_waits(more)) return;
     const std::size_t over = reserved_bytes() + more - peak_reserved;
     const std::size_t spare = dedicated.spare_bytes();
     free_segments(dedicated.take_spares_over(spare > over ? spare - over : 0));
+  }
+
+  // Note [Growth while the GPU is busy]
+  // Two things the pool does to stay within its peak footprint wait for the
+  // GPU's queued work: giving spares back, as cuMemFree waits until the
+  // device has run all its work, on every stream (H100,
+  // bench/probes/probe_free_stall.cpp: 50 ms behind a 50 ms kernel on the
+  // legacy, a blocking or a non-blocking stream, against 30-80 us idle;
+  // cuMemAlloc does not wait), and waiting for freed blocks whose epochs
+  // are pending. A program that queues work ahead (a training step) would
+  // lose that lead each time. So where the legacy stream reads busy (as it
+  // does while any blocking stream is), the pool grows instead, up to its
+  // peak and then past it by at most a kBusyOvershoot-th of it; the bytes
+  // past the peak grown that way (busy_overshoot) do not raise the peak
+  // that the rule keeps to, so they do not compound. Beyond that, or with
+  // the GPU idle, it gives back and waits as before; spares kept go back
+  // at the next growth past the peak that finds the device idle, at
+  // trim(), and before an allocation fails. (Work on non-blocking streams
+  // alone reads as idle: cuMemFree may still wait for it.) Whether growing
+  // by `more` bytes, rather than waiting, is right now.
+  bool grows_rather_than_waits(std::size_t more) {
+    growing_past_peak = 0;
+    const std::size_t reserved = reserved_bytes();
+    busy_overshoot = std::min(busy_overshoot, reserved > peak_reserved ? reserved - peak_reserved : 0);
+    if (reserved + more > peak_reserved + peak_reserved / kBusyOvershoot) return false;
+    {
+      ScopedContext scope(*context);
+      if (CUEMM_CU_RESULT(cuStreamQuery, cuda::CU_STREAM_LEGACY) != cuda::CUDA_ERROR_NOT_READY) return false;
+    }
+    // The part of this growth past the peak (all of it once past).
+    growing_past_peak = reserved + more > peak_reserved ? reserved + more - std::max(peak_reserved, reserved) : 0;
+    ++gpu_waits_avoided;
+    return true;
+  }
+  // The peak after a growth: the reserved bytes but those grown past the peak while the GPU was busy.
+  void raise_peak_after_growth() noexcept {
+    busy_overshoot += std::exchange(growing_past_peak, 0);
+    const std::size_t reserved = reserved_bytes();
+    peak_reserved = std::max(peak_reserved, reserved - std::min(busy_overshoot, reserved));
+    busy_overshoot = std::min(busy_overshoot, reserved > peak_reserved ? reserved - peak_reserved : 0);
   }
 
   // grow() with options.expandable: extends the arena by what its free end

@@ -239,6 +239,7 @@ PoolStatistics PoolMemoryManager::statistics() const {
   statistics.seals = core_->epochs.seals();
   statistics.driver_allocations = core_->driver_allocations;
   statistics.spares_taken_over = core_->spares_taken_over;
+  statistics.gpu_waits_avoided = core_->gpu_waits_avoided;
   statistics.driver_frees = core_->driver_frees;
   statistics.rejected_frees = rejected_frees_.load(std::memory_order_relaxed);
   return statistics;

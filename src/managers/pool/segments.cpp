@@ -51,7 +51,7 @@ std::optional<detail::TlsfBlockAllocator::Region> PoolMemoryManager::Core::add_n
     CUEMM_CU_RESULT(cuMemFree, base);
     throw;
   }
-  peak_reserved = std::max(peak_reserved, reserved_bytes());
+  raise_peak_after_growth();
   return detail::TlsfBlockAllocator::Region{base, segment};
 }
 
@@ -204,7 +204,7 @@ bool PoolMemoryManager::Core::map_pages_under(std::uintptr_t address, std::size_
   std::size_t mapped = 0;
   if (!arena->commit(offset, bytes, mapped)) return false;
   driver_allocations += mapped;
-  peak_reserved = std::max(peak_reserved, reserved_bytes());
+  raise_peak_after_growth();
   return true;
 }
 

@@ -1,0 +1,95 @@
+// Does cuMemFree (or cuMemAlloc) wait for queued kernels? The pool gives
+// spares back with cuMemFree at its peak, and a training loop that queues
+// milliseconds of work ahead would lose that lead if it did.
+// A spin kernel of about 50 ms runs on the legacy stream, on a blocking
+// stream and on a non-blocking one; meanwhile the host times cuMemFree of a
+// block the kernel does not touch, and cuMemAlloc. Build and run on the GPU
+// machine (docs/pool-measurements.md has its figures):
+//   g++ -O2 -std=c++17 -I/usr/local/cuda/include -o /tmp/probe_free_stall bench/probes/probe_free_stall.cpp
+//     -L/usr/local/cuda/lib64/stubs -lcuda && /tmp/probe_free_stall
+#include <cuda.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdio>
+#include <initializer_list>
+
+using Clock = std::chrono::steady_clock;
+static double us_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+}
+#define CHECK(x)                                                    \
+  do {                                                              \
+    CUresult r = (x);                                               \
+    if (r) {                                                        \
+      const char* name;                                             \
+      cuGetErrorName(r, &name);                                     \
+      std::printf("%s: %s\n", #x, name);                            \
+      return 1;                                                     \
+    }                                                               \
+  } while (0)
+
+static const char* kPtx = R"(.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry spin(.param .u64 n) { .reg .u64 %r<5>; .reg .pred %p<2>; ld.param.u64 %r1, [n]; mov.u64 %r2, %clock64;
+L: mov.u64 %r3, %clock64; sub.u64 %r4, %r3, %r2; setp.lt.u64 %p1, %r4, %r1; @%p1 bra L; ret; }
+)";
+
+int main() {
+  CHECK(cuInit(0));
+  CUdevice device;
+  CHECK(cuDeviceGet(&device, 0));
+  CUcontext context;
+  CHECK(cuDevicePrimaryCtxRetain(&context, device));
+  CHECK(cuCtxSetCurrent(context));
+  CUmodule module;
+  CHECK(cuModuleLoadData(&module, kPtx));
+  CUfunction spin;
+  CHECK(cuModuleGetFunction(&spin, module, "spin"));
+
+  // Calibrate: clock cycles for about 50 ms (a loop that counts is optimised away).
+  unsigned long long iterations = 1ull << 24;
+  void* args[] = {&iterations};
+  auto start = Clock::now();
+  CHECK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, CU_STREAM_LEGACY, args, nullptr));
+  CHECK(cuCtxSynchronize());
+  const double calibration_us = us_since(start);
+  iterations = static_cast<unsigned long long>(iterations * 50000.0 / calibration_us);
+  std::printf("spin kernel: %.0f us for 2^24 cycles; using %llu for about 50 ms\n", calibration_us, iterations);
+
+  CUstream blocking, non_blocking;
+  CHECK(cuStreamCreate(&blocking, CU_STREAM_DEFAULT));
+  CHECK(cuStreamCreate(&non_blocking, CU_STREAM_NON_BLOCKING));
+  struct Case {
+    const char* name;
+    CUstream stream;
+  } cases[] = {{"legacy stream", CU_STREAM_LEGACY}, {"blocking stream", blocking},
+               {"non-blocking stream", non_blocking}, {"none (idle GPU)", nullptr}};
+  for (const std::size_t bytes : {std::size_t{2} << 20, std::size_t{64} << 20}) {
+    for (const Case& c : cases) {
+      for (int round = 0; round < 3; ++round) {
+        CUdeviceptr spare = 0;
+        CHECK(cuMemAlloc(&spare, bytes));
+        CHECK(cuCtxSynchronize());
+        const auto launched = Clock::now();
+        if (c.stream) CHECK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, c.stream, args, nullptr));
+        auto at = Clock::now();
+        CHECK(cuMemFree(spare));
+        const double free_us = us_since(at);
+        CUdeviceptr fresh = 0;
+        at = Clock::now();
+        CHECK(cuMemAlloc(&fresh, bytes));
+        const double alloc_us = us_since(at);
+        const double before_sync_us = us_since(launched);
+        CHECK(cuCtxSynchronize());
+        const double total_us = us_since(launched);
+        std::printf("%3zu MiB, kernel on %-20s cuMemFree %9.1f us  cuMemAlloc %9.1f us  (kernel done %8.0f us after launch; "
+                    "host back %8.0f us after)\n",
+                    bytes >> 20, c.name, free_us, alloc_us, total_us, before_sync_us);
+        CHECK(cuMemFree(fresh));
+      }
+    }
+  }
+  return 0;
+}
