@@ -352,6 +352,7 @@ void DriverPoolRandomAllocations(benchmark::State& state) {
 struct KernelStreams {
   cuemm::Module module = context().load_module(read_file(CUEMM_BENCH_KERNELS_PTX));
   cuemm::Function fill = module.function("cuemm_fill_u32");
+  cuemm::Function spin_fill = module.function("cuemm_spin_fill_u32");
   std::vector<cuemm::Stream> streams;
   KernelStreams() {
     for (int i = 0; i < 4; ++i) streams.push_back(context().create_stream());
@@ -362,10 +363,16 @@ struct KernelStreams {
     text << file.rdbuf();
     return text.str();
   }
-  void launch(cuemm::cuda::CUdeviceptr pointer, std::size_t size, const cuemm::Stream& stream) const {
+  // Fills the block; with `spin_ns`, first keeps the GPU busy that long (a
+  // layer's compute, say).
+  void launch(cuemm::cuda::CUdeviceptr pointer, std::size_t size, const cuemm::Stream& stream,
+              std::uint64_t spin_ns = 0) const {
     const std::uint64_t count = size / 4;
-    fill.launch({static_cast<unsigned>(std::min<std::uint64_t>((count + 255) / 256, 1024))}, {256}, stream, pointer,
-                7u, count);
+    const cuemm::Dim3 grid{static_cast<unsigned>(std::min<std::uint64_t>((count + 255) / 256, 1024))};
+    if (spin_ns)
+      spin_fill.launch(grid, {256}, stream, pointer, 7u, count, spin_ns);
+    else
+      fill.launch(grid, {256}, stream, pointer, 7u, count);
   }
   void synchronize() {
     for (auto& stream : streams) stream.synchronize();
@@ -412,15 +419,18 @@ void DriverPoolStreamsWithKernels(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 
-// RMM's random workload with a kernel filling each new block, on 4 streams in
-// turn, through a new manager (as a program meets it, not warmed by the
-// benchmarks before): what a manager's driver calls cost while kernels are
-// queued, since `cuMemFree` may synchronize with the device. Each iteration
-// is one pass and then the wait for its kernels, so a manager that makes the
-// host wait for the GPU and one that overlaps them compare in wall time.
-// `Dedicated` is the pool's dedicated size (0: the manager's default).
-template <typename Manager, std::size_t Dedicated = 0>
-void RandomSizesBesideKernels(benchmark::State& state) {
+// A workload of random_workload_of() with a kernel filling each new block,
+// on 4 streams in turn, through a new manager (as a program meets it, not
+// warmed by the benchmarks before): what a manager's driver calls and waits
+// cost while kernels are queued, since `cuMemFree` waits for all of them
+// (bench/probes/probe_free_stall.cpp). Each iteration is one pass and then
+// the wait for its kernels, so a manager that makes the host wait for the
+// GPU and one that overlaps them compare in wall time. With `spin_ns`, each
+// kernel first keeps the GPU busy that long, so that work is queued ahead
+// as in a training step. `Dedicated` is the pool's dedicated size (0: the
+// manager's default).
+template <typename Manager, std::size_t Dedicated>
+void run_beside_kernels(benchmark::State& state, std::uint64_t spin_ns) {
   KernelStreams& work = kernel_streams();
   cuemm::ScopedContext scope(context());
   std::optional<Manager> manager;
@@ -444,7 +454,7 @@ void RandomSizesBesideKernels(benchmark::State& state) {
   std::size_t next = 0;
   auto allocate = [&](std::size_t size) {
     auto memory = manager->memalloc(size);
-    work.launch(memory->device_pointer(), size, work.streams[next++ % work.streams.size()]);
+    work.launch(memory->device_pointer(), size, work.streams[next++ % work.streams.size()], spin_ns);
     return memory;
   };
   auto release = [](std::shared_ptr<cuemm::MemoryPointer>& memory) { memory.reset(); };
@@ -461,8 +471,22 @@ void RandomSizesBesideKernels(benchmark::State& state) {
     state.counters["driver_calls_per_operation"] =
         static_cast<double>(statistics.driver_allocations + statistics.driver_frees) /
         static_cast<double>(state.iterations() * operations.size());
+    state.counters["gpu_waits_avoided"] = static_cast<double>(statistics.gpu_waits_avoided);
   }
   state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(operations.size()));
+}
+
+template <typename Manager, std::size_t Dedicated = 0>
+void RandomSizesBesideKernels(benchmark::State& state) {
+  run_beside_kernels<Manager, Dedicated>(state, 0);
+}
+
+// Training steps (round sizes) whose every kernel first spins 20 us: the
+// GPU has work queued whenever the host allocates, as in training, where a
+// wait for the GPU (a `cuMemFree`, say) costs the lead the host had.
+template <typename Manager, std::size_t Dedicated = 0>
+void TrainingStepsBesideKernels(benchmark::State& state) {
+  run_beside_kernels<Manager, Dedicated>(state, 20'000);
 }
 
 // The cost of a pair when the pool already holds `holes` free blocks.
@@ -587,6 +611,11 @@ BENCHMARK_TEMPLATE(RandomSizesBesideKernels, cuemm::PoolMemoryManager)->Args({64
 BENCHMARK_TEMPLATE(RandomSizesBesideKernels, cuemm::PoolMemoryManager, kNoDedicatedSegments)
     ->Args({64L << 20, 1L << 30})->Iterations(2)->UseRealTime();
 BENCHMARK_TEMPLATE(RandomSizesBesideKernels, cuemm::AsyncMemoryManager)->Args({64L << 20, 1L << 30})->Iterations(2)->UseRealTime();
+constexpr long kTrainingRoundSizes = static_cast<long>(cuemm::workload::TrainingShapes::varied);
+BENCHMARK_TEMPLATE(TrainingStepsBesideKernels, cuemm::PoolMemoryManager)->Args({0, kTrainingRoundSizes})->Iterations(2)->UseRealTime();
+BENCHMARK_TEMPLATE(TrainingStepsBesideKernels, cuemm::PoolMemoryManager, kNoDedicatedSegments)
+    ->Args({0, kTrainingRoundSizes})->Iterations(2)->UseRealTime();
+BENCHMARK_TEMPLATE(TrainingStepsBesideKernels, cuemm::AsyncMemoryManager)->Args({0, kTrainingRoundSizes})->Iterations(2)->UseRealTime();
 
 BENCHMARK(DriverLegacyStreamQueryAfterThreadsEnded)->Arg(1)->Arg(1000)->UseRealTime();
 

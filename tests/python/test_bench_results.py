@@ -154,9 +154,17 @@ def test_beside_kernels_gives_each_managers_time_and_the_pools_driver_calls():
         median("RandomSizesBesideKernels<cuemm::PoolMemoryManager>", 40_000.0, driver_calls_per_operation=0.4512),
         median("RandomSizesBesideKernels<cuemm::AsyncMemoryManager>", 250_000.0),
     ]}]
+    runs[0]["benchmarks"].append(
+        {"run_name": "TrainingStepsBesideKernels<cuemm::PoolMemoryManager>/0/0/iterations:2/real_time",
+         "aggregate_name": "median", "real_time": 1.0, "items_per_second": 500_000.0,
+         "driver_calls_per_operation": 0.0125, "gpu_waits_avoided": 14.0})
     text = "\n".join(make_results.beside_kernels_lines(runs))
-    assert "| pool manager | 25,000 | 0.451 |" in text
+    random_part, training_part = text.split("## Training steps beside kernels")
+    assert "| pool manager | 25,000 | 0.451 | 0 |" not in random_part  # (no waits counter given)
+    assert "| pool manager | 25,000 | 0.451 | - |" in random_part
     # A manager the run did not measure reads "-", and one that counts no driver calls too.
-    assert "| pool manager, no segments of their own (`CUEMM_POOL_DEDICATED_SIZE=1T`) | - | - |" in text
-    assert "| async manager | 4,000 | - |" in text
+    assert "| pool manager, no segments of their own (`CUEMM_POOL_DEDICATED_SIZE=1T`) | - | - | - |" in random_part
+    assert "| async manager | 4,000 | - | - |" in random_part
+    assert "| pool manager | 2,000 | 0.013 | 14 |" in training_part
+    assert "| async manager | - | - | - |" in training_part
     assert make_results.beside_kernels_lines([{"benchmarks": []}]) == []
