@@ -172,10 +172,11 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   std::size_t peak_reserved = 0;  // the most reserved_bytes() after any growth (raise_peak_after_growth())
   // Note [Growth while the GPU is busy]: how far past its peak the pool may
   // grow rather than wait (a kBusyOvershoot-th of the peak), the bytes it
-  // grew past it that way, those of the growth under way, and how often.
+  // grew past it that way, whether the growth under way was decided so, and
+  // how often.
   static constexpr std::size_t kBusyOvershoot = 8;
   std::size_t busy_overshoot = 0;
-  std::size_t growing_past_peak = 0;
+  bool growing_while_busy = false;
   std::size_t gpu_waits_avoided = 0;  // PoolStatistics'
   std::vector<std::unique_ptr<ThreadCache>> caches;
   int defer_depth = 0;
@@ -488,7 +489,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // alone reads as idle: cuMemFree may still wait for it.) Whether growing
   // by `more` bytes, rather than waiting, is right now.
   bool grows_rather_than_waits(std::size_t more) {
-    growing_past_peak = 0;
+    growing_while_busy = false;
     const std::size_t reserved = reserved_bytes();
     busy_overshoot = std::min(busy_overshoot, reserved > peak_reserved ? reserved - peak_reserved : 0);
     if (reserved + more > peak_reserved + peak_reserved / kBusyOvershoot) return false;
@@ -496,15 +497,18 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
       ScopedContext scope(*context);
       if (CUEMM_CU_RESULT(cuStreamQuery, cuda::CU_STREAM_LEGACY) != cuda::CUDA_ERROR_NOT_READY) return false;
     }
-    // The part of this growth past the peak (all of it once past).
-    growing_past_peak = reserved + more > peak_reserved ? reserved + more - std::max(peak_reserved, reserved) : 0;
+    growing_while_busy = true;
     ++gpu_waits_avoided;
     return true;
   }
-  // The peak after a growth: the reserved bytes but those grown past the peak while the GPU was busy.
+  // The peak after a growth: the reserved bytes but those grown past the
+  // peak while the GPU was busy (a growth decided so raises it not at all).
   void raise_peak_after_growth() noexcept {
-    busy_overshoot += std::exchange(growing_past_peak, 0);
     const std::size_t reserved = reserved_bytes();
+    if (std::exchange(growing_while_busy, false)) {
+      busy_overshoot = reserved > peak_reserved ? reserved - peak_reserved : 0;
+      return;
+    }
     peak_reserved = std::max(peak_reserved, reserved - std::min(busy_overshoot, reserved));
     busy_overshoot = std::min(busy_overshoot, reserved > peak_reserved ? reserved - peak_reserved : 0);
   }
