@@ -2,6 +2,7 @@
 // simulated driver, which has no cuemm errors, reads its own).
 #pragma once
 
+#include <cstdio>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -31,6 +32,23 @@ inline std::optional<bool> flag_from_environment(const char* variable) {
   if (value != "0" && value != "1")
     throw InvalidArgument(std::string(variable) + " must be 0 or 1 (got '" + value + "')");
   return value == "1";
+}
+
+// A fraction such as "0.125" from `variable`, at least 0 and at most
+// `largest`; nullopt when unset or empty, InvalidArgument naming the
+// variable for anything else.
+inline std::optional<double> fraction_from_environment(const char* variable, double largest) {
+  const char* text = std::getenv(variable);
+  if (!text || !*text) return std::nullopt;
+  char* end = nullptr;
+  const double value = std::strtod(text, &end);
+  if (*end != '\0' || !(value >= 0 && value <= largest)) {  // (also refuses NaN)
+    char bound[32];
+    std::snprintf(bound, sizeof bound, "%g", largest);
+    throw InvalidArgument(std::string(variable) + " must be a fraction from 0 to " + bound + " such as 0.125 (got '" +
+                          text + "')");
+  }
+  return value;
 }
 
 }  // namespace cuemm::util

@@ -61,6 +61,7 @@ def test_device_arrays_round_trip_and_are_counted(run_python):
         assert pool["in_use_bytes"] >= sum(a.nbytes for a in arrays), pool
         assert pool["reserved_bytes"] >= pool["in_use_bytes"], pool
         assert pool["driver_allocations"] - pool["driver_frees"] == pool["segments"] >= 1, pool
+        assert pool["gpu_waits_avoided"] == 0, pool  # (the GPU is idle here: no wait to avoid)
         del device, d
         import gc; gc.collect()
         cuda.current_context().deallocations.clear()

@@ -301,6 +301,18 @@ TEST_F(Pool, GrowthPastThePeakDoesNotWaitForTheGpuWhileItIsBusy) {
   EXPECT_EQ(other.statistics().gpu_waits_avoided, 0u);
   EXPECT_LE(other.statistics().reserved_bytes, 128 * kMiB);
   stream.synchronize();
+
+  // With no overshoot allowed, so does the 12 MiB request.
+  PoolOptions strict_options;
+  strict_options.busy_overshoot = 0;
+  PoolMemoryManager strict(&context, strict_options);
+  const PoolStatistics strict_peak = at_peak_with_spares(strict);
+  spin(strict, target);
+  auto waited = strict.memalloc(12 * kMiB);
+  EXPECT_GT(strict.statistics().driver_frees, strict_peak.driver_frees);
+  EXPECT_EQ(strict.statistics().gpu_waits_avoided, 0u);
+  EXPECT_LE(strict.statistics().reserved_bytes, 128 * kMiB);
+  stream.synchronize();
 }
 
 // A loop of pairs of the largest class reuses its thread's ring, sealed a
@@ -1444,6 +1456,23 @@ TEST_F(Pool, SizesFromTheEnvironmentAreParsed) {
   EXPECT_TRUE(throws<InvalidArgument>([&] { PoolOptions::from_environment(); }, "CUEMM_POOL_EXPANDABLE must be 0 or 1",
                                       "'yes'"));
   unsetenv("CUEMM_POOL_EXPANDABLE");
+}
+
+TEST_F(Pool, TheBusyOvershootComesFromTheEnvironmentAndIsChecked) {
+  EXPECT_EQ(PoolOptions::from_environment().busy_overshoot, 0.125);
+  setenv("CUEMM_POOL_BUSY_OVERSHOOT", "0.25", 1);
+  EXPECT_EQ(PoolOptions::from_environment().busy_overshoot, 0.25);
+  setenv("CUEMM_POOL_BUSY_OVERSHOOT", "0", 1);
+  EXPECT_EQ(PoolOptions::from_environment().busy_overshoot, 0.0);
+  for (const char* bad : {"-0.1", "nan", "5", "an eighth", "0.1x"}) {
+    setenv("CUEMM_POOL_BUSY_OVERSHOOT", bad, 1);
+    EXPECT_TRUE(throws<InvalidArgument>([&] { PoolOptions::from_environment(); },
+                                        "CUEMM_POOL_BUSY_OVERSHOOT must be a fraction", bad));
+  }
+  unsetenv("CUEMM_POOL_BUSY_OVERSHOOT");
+  PoolOptions options;
+  options.busy_overshoot = -1;
+  EXPECT_TRUE(throws<InvalidArgument>([&] { PoolMemoryManager pool(&context, options); }, "busy overshoot"));
 }
 
 TEST_F(Pool, TheRawInterfaceHandsOutAlignedDistinctBlocks) {

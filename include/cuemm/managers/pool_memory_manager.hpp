@@ -169,6 +169,13 @@ struct PoolOptions {
   // [Small blocks apart]); CUEMM_POOL_SMALL_BLOCKS_APART=0 shares the
   // segments. Ignored with `expandable`.
   bool small_blocks_apart = true;
+  // How far past its peak footprint the pool may grow, as a fraction of the
+  // peak, rather than wait for a busy GPU: giving spares back waits for all
+  // the GPU's queued work (cuMemFree does), as does waiting for freed blocks
+  // (Note [Growth while the GPU is busy], in pool/core.hpp). Up to its peak
+  // it grows rather than wait whatever this is. 0 keeps the footprint
+  // within the peak, waiting where it must. CUEMM_POOL_BUSY_OVERSHOOT.
+  double busy_overshoot = 0.125;
   // Pinned and mapped host memory from a PinnedHostPool (CUEMM_PINNED_HOST_POOL=0 turns it off).
   bool pinned_host_pool = true;
   // Checks each raw deallocate() against a record of the blocks that the raw
@@ -219,6 +226,8 @@ class PoolMemoryManager : public HostOnlyMemoryManager, public RawDeviceAllocato
   static constexpr std::size_t kBlockGranularity = 256;
   // Segments are multiples of this: the driver maps device memory in 2 MiB pages.
   static constexpr std::size_t kSegmentGranularity = std::size_t{2} << 20;
+  // The most PoolOptions::busy_overshoot may be: four times the peak.
+  static constexpr double kLargestBusyOvershoot = 4.0;
 
   explicit PoolMemoryManager(Context* context, PoolOptions options = PoolOptions::from_environment());
   ~PoolMemoryManager() override;

@@ -170,11 +170,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   std::size_t largest_request_grown_for = 0;  // by grow()
   std::size_t driver_allocations = 0, driver_frees = 0, spares_taken_over = 0;  // PoolStatistics'
   std::size_t peak_reserved = 0;  // the most reserved_bytes() after any growth (raise_peak_after_growth())
-  // Note [Growth while the GPU is busy]: how far past its peak the pool may
-  // grow rather than wait (a kBusyOvershoot-th of the peak), the bytes it
-  // grew past it that way, whether the growth under way was decided so, and
+  // Note [Growth while the GPU is busy]: the bytes the pool grew past its
+  // peak rather than wait, whether the growth under way was decided so, and
   // how often.
-  static constexpr std::size_t kBusyOvershoot = 8;
   std::size_t busy_overshoot = 0;
   bool growing_while_busy = false;
   std::size_t gpu_waits_avoided = 0;  // PoolStatistics'
@@ -480,9 +478,10 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // are pending. A program that queues work ahead (a training step) would
   // lose that lead each time. So where the legacy stream reads busy (as it
   // does while any blocking stream is), the pool grows instead, up to its
-  // peak and then past it by at most a kBusyOvershoot-th of it; the bytes
-  // past the peak grown that way (busy_overshoot) do not raise the peak
-  // that the rule keeps to, so they do not compound. Beyond that, or with
+  // peak and then past it by at most PoolOptions::busy_overshoot of it (an
+  // eighth by default); the bytes past the peak grown that way
+  // (busy_overshoot) do not raise the peak that the rule keeps to, so they
+  // do not compound. Beyond that, or with
   // the GPU idle, it gives back and waits as before; spares kept go back
   // at the next growth past the peak that finds the device idle, at
   // trim(), and before an allocation fails. (Work on non-blocking streams
@@ -492,7 +491,8 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     growing_while_busy = false;
     const std::size_t reserved = reserved_bytes();
     busy_overshoot = std::min(busy_overshoot, reserved > peak_reserved ? reserved - peak_reserved : 0);
-    if (reserved + more > peak_reserved + peak_reserved / kBusyOvershoot) return false;
+    const auto allowed = static_cast<std::size_t>(static_cast<double>(peak_reserved) * options.busy_overshoot);
+    if (reserved + more > peak_reserved + allowed) return false;
     {
       ScopedContext scope(*context);
       if (CUEMM_CU_RESULT(cuStreamQuery, cuda::CU_STREAM_LEGACY) != cuda::CUDA_ERROR_NOT_READY) return false;

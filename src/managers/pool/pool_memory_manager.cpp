@@ -18,6 +18,8 @@ PoolOptions PoolOptions::from_environment() {
       util::flag_from_environment("CUEMM_POOL_SMALL_BLOCKS_APART").value_or(options.small_blocks_apart);
   options.pinned_host_pool = util::flag_from_environment("CUEMM_PINNED_HOST_POOL").value_or(options.pinned_host_pool);
   options.check_frees = util::flag_from_environment("CUEMM_POOL_CHECK_FREES").value_or(options.check_frees);
+  options.busy_overshoot =
+      util::fraction_from_environment("CUEMM_POOL_BUSY_OVERSHOOT", PoolMemoryManager::kLargestBusyOvershoot).value_or(options.busy_overshoot);
   return options;
 }
 
@@ -31,6 +33,12 @@ PoolMemoryManager::PoolMemoryManager(Context* context, PoolOptions options)
     throw InvalidArgument("pool: the maximum size (" + describe_bytes(options_.maximum_size) +
                           ") is less than one segment (" + describe_bytes(kSegmentGranularity) +
                           "): no allocation could succeed");
+  }
+  if (!(options_.busy_overshoot >= 0 && options_.busy_overshoot <= kLargestBusyOvershoot)) {
+    char text[96];
+    std::snprintf(text, sizeof text, "pool: the busy overshoot (%g) must be a fraction of the peak from 0 to %g",
+                  options_.busy_overshoot, kLargestBusyOvershoot);
+    throw InvalidArgument(text);
   }
   if (options_.maximum_size && options_.initial_size > options_.maximum_size) {
     throw InvalidArgument("pool: the initial size (" + describe_bytes(options_.initial_size) +
