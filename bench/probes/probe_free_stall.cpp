@@ -1,6 +1,7 @@
 // Does cuMemFree (or cuMemAlloc) wait for queued kernels? The pool gives
 // spares back with cuMemFree at its peak, and a training loop that queues
-// milliseconds of work ahead would lose that lead if it did.
+// milliseconds of work ahead would lose that lead if it did. Then the same
+// for cuMemFreeHost, cuMemUnmap and cuMemRelease.
 // A spin kernel of about 50 ms runs on the legacy stream, on a blocking
 // stream and on a non-blocking one; meanwhile the host times cuMemFree of a
 // block the kernel does not touch, and cuMemAlloc. Build and run on the GPU
@@ -89,6 +90,45 @@ int main() {
                     bytes >> 20, c.name, free_us, alloc_us, total_us, before_sync_us);
         CHECK(cuMemFree(fresh));
       }
+    }
+  }
+
+  // The other ways memory goes back: pinned host memory (the pinned host
+  // pool's evictions) and the expandable arena's unmapped pages.
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  std::size_t granularity = 0;
+  CHECK(cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  for (const Case& c : cases) {
+    for (int round = 0; round < 2; ++round) {
+      void* host = nullptr;
+      CHECK(cuMemHostAlloc(&host, 2 << 20, 0));
+      CUdeviceptr range = 0;
+      CHECK(cuMemAddressReserve(&range, granularity, 0, 0, 0));
+      CUmemGenericAllocationHandle handle;
+      CHECK(cuMemCreate(&handle, granularity, &prop, 0));
+      CHECK(cuMemMap(range, granularity, 0, handle, 0));
+      CUmemAccessDesc access = {};
+      access.location = prop.location;
+      access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      CHECK(cuMemSetAccess(range, granularity, &access, 1));
+      CHECK(cuCtxSynchronize());
+      if (c.stream) CHECK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, c.stream, args, nullptr));
+      auto at = Clock::now();
+      CHECK(cuMemFreeHost(host));
+      const double free_host_us = us_since(at);
+      at = Clock::now();
+      CHECK(cuMemUnmap(range, granularity));
+      const double unmap_us = us_since(at);
+      at = Clock::now();
+      CHECK(cuMemRelease(handle));
+      const double release_us = us_since(at);
+      CHECK(cuMemAddressFree(range, granularity));
+      CHECK(cuCtxSynchronize());
+      std::printf("kernel on %-20s cuMemFreeHost (2 MiB) %9.1f us  cuMemUnmap %9.1f us  cuMemRelease %9.1f us\n", c.name,
+                  free_host_us, unmap_us, release_us);
     }
   }
   return 0;
