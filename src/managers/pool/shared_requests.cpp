@@ -138,7 +138,8 @@ std::uintptr_t PoolMemoryManager::Core::allocate_dedicated(std::size_t size, boo
   const std::size_t budget = rotation_budget(segment);
   if (in_a_loop && segment_rental.buys(kSealsWorthASegment) && quarantined_segments < kMaximumRotation &&
       quarantined_segment_bytes + segment <= budget) {
-    free_segments(dedicated.take_spares_over(budget - quarantined_segment_bytes - segment));
+    if (!grows_rather_than_waits(segment))  // (cuMemFree would wait for the GPU)
+      free_segments(dedicated.take_spares_over(budget - quarantined_segment_bytes - segment));
     give_back_spares_within_peak(segment);
     if (auto base = new_dedicated_segment(segment)) {
       segment_rental.bought();
