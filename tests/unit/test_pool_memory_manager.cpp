@@ -259,7 +259,6 @@ TEST_F(Pool, GrowthPastThePeakDoesNotWaitForTheGpuWhileItIsBusy) {
   constexpr std::size_t kMiB = std::size_t{1} << 20;
   Module module = context.load_module(cuemm::testing::test_kernels_ptx());
   Stream stream = context.create_stream();
-  std::vector<std::uint32_t> scratch(32);
   auto spin = [&](PoolMemoryManager& pool, std::shared_ptr<MemoryPointer>& target) {
     target = pool.memalloc(8 * kMiB);
     module.function("cuemm_spin_fill_u32")
@@ -292,27 +291,21 @@ TEST_F(Pool, GrowthPastThePeakDoesNotWaitForTheGpuWhileItIsBusy) {
   EXPECT_EQ(after.gpu_waits_avoided, grown.gpu_waits_avoided);
   EXPECT_LE(after.reserved_bytes, 128 * kMiB);
 
-  // Past an eighth of the peak, the pool waits and gives back even while the GPU is busy.
-  PoolMemoryManager other(&context);
-  const PoolStatistics other_peak = at_peak_with_spares(other);
-  spin(other, target);
-  auto large = other.memalloc(24 * kMiB);
-  EXPECT_GT(other.statistics().driver_frees, other_peak.driver_frees);
-  EXPECT_EQ(other.statistics().gpu_waits_avoided, 0u);
-  EXPECT_LE(other.statistics().reserved_bytes, 128 * kMiB);
-  stream.synchronize();
-
-  // With no overshoot allowed, so does the 12 MiB request.
-  PoolOptions strict_options;
-  strict_options.busy_overshoot = 0;
-  PoolMemoryManager strict(&context, strict_options);
-  const PoolStatistics strict_peak = at_peak_with_spares(strict);
-  spin(strict, target);
-  auto waited = strict.memalloc(12 * kMiB);
-  EXPECT_GT(strict.statistics().driver_frees, strict_peak.driver_frees);
-  EXPECT_EQ(strict.statistics().gpu_waits_avoided, 0u);
-  EXPECT_LE(strict.statistics().reserved_bytes, 128 * kMiB);
-  stream.synchronize();
+  // Past the overshoot allowed, the pool waits and gives back even while the GPU is busy.
+  auto expect_it_waits = [&](PoolOptions options, std::size_t request) {
+    PoolMemoryManager other(&context, options);
+    const PoolStatistics other_peak = at_peak_with_spares(other);
+    spin(other, target);
+    auto waited = other.memalloc(request);
+    EXPECT_GT(other.statistics().driver_frees, other_peak.driver_frees) << request;
+    EXPECT_EQ(other.statistics().gpu_waits_avoided, 0u) << request;
+    EXPECT_LE(other.statistics().reserved_bytes, 128 * kMiB) << request;
+    stream.synchronize();
+  };
+  expect_it_waits(PoolOptions{}, 24 * kMiB);  // past an eighth
+  PoolOptions strict;
+  strict.busy_overshoot = 0;
+  expect_it_waits(strict, 12 * kMiB);
 }
 
 // A loop of pairs of the largest class reuses its thread's ring, sealed a
