@@ -131,5 +131,17 @@ int main() {
                   free_host_us, unmap_us, release_us);
     }
   }
+
+  // What the pool reads to decide: the legacy stream's query while the
+  // kernel runs on each kind of stream (the per-thread one too).
+  Case query_cases[] = {{"legacy stream", CU_STREAM_LEGACY}, {"blocking stream", blocking},
+                        {"non-blocking stream", non_blocking}, {"per-thread stream", CU_STREAM_PER_THREAD}};
+  for (const Case& c : query_cases) {
+    CHECK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, c.stream, args, nullptr));
+    const CUresult legacy = cuStreamQuery(CU_STREAM_LEGACY);
+    CHECK(cuCtxSynchronize());
+    std::printf("kernel on %-20s the legacy stream's query reads %s\n", c.name,
+                legacy == CUDA_ERROR_NOT_READY ? "busy" : legacy == CUDA_SUCCESS ? "idle" : "an error");
+  }
   return 0;
 }
