@@ -501,17 +501,9 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
     // eighth more than its maximum rather than evict, as the device pool
     // grows rather than wait (Note [Growth while the GPU is busy]).
     std::size_t keep = options.maximum_cached_bytes;
-    if (counters.cached_bytes + front_claims.load(std::memory_order_relaxed) > keep && legacy_stream_busy())
+    if (counters.cached_bytes + front_claims.load(std::memory_order_relaxed) > keep && epochs.legacy_stream_busy())
       keep += keep / 8;
     evict_blocks(keep, leftovers);
-  }
-  bool legacy_stream_busy() const noexcept {
-    try {
-      ScopedContext scope(*context);
-      return CUEMM_CU_RESULT(cuStreamQuery, cuda::CU_STREAM_LEGACY) == cuda::CUDA_ERROR_NOT_READY;
-    } catch (...) {
-      return false;  // (then evicting is what it did before)
-    }
   }
 
   static void release(Registration* registration) noexcept {

@@ -72,6 +72,15 @@ void ReuseEpochs::seal_through(std::uint64_t epoch) noexcept {
   }
 }
 
+bool ReuseEpochs::legacy_stream_busy() const noexcept {
+  try {
+    ScopedContext scope(*context_);
+    return CUEMM_CU_RESULT(cuStreamQuery, cuda::CU_STREAM_LEGACY) == cuda::CUDA_ERROR_NOT_READY;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 void ReuseEpochs::seal_locked() noexcept {
   if (!freed_since_seal_.exchange(false)) return;
   sealing_.store(true, std::memory_order_relaxed);

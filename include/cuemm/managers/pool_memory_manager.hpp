@@ -213,8 +213,9 @@ struct PoolStatistics {
   std::size_t spares_taken_over = 0;
   // Waits for the GPU's queued work that the pool did not make: where it
   // would have given spares back (cuMemFree waits for all of it) or waited
-  // for freed blocks, it grew instead, within its peak or an eighth past it
-  // (Note [Growth while the GPU is busy], in pool/core.hpp).
+  // for freed blocks, it grew instead, within its peak or
+  // PoolOptions::busy_overshoot past it (Note [Growth while the GPU is
+  // busy], in pool/core.hpp).
   std::size_t gpu_waits_avoided = 0;
   // Raw deallocate()s refused: a pointer no block starts at (see PoolOptions::check_frees).
   std::size_t rejected_frees = 0;

@@ -481,22 +481,18 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // peak and then past it by at most PoolOptions::busy_overshoot of it (an
   // eighth by default); the bytes past the peak grown that way
   // (busy_overshoot) do not raise the peak that the rule keeps to, so they
-  // do not compound. Beyond that, or with
-  // the GPU idle, it gives back and waits as before; spares kept go back
-  // at the next growth past the peak that finds the device idle, at
-  // trim(), and before an allocation fails. (Work on non-blocking streams
-  // alone reads as idle: cuMemFree may still wait for it.) Whether growing
-  // by `more` bytes, rather than waiting, is right now.
+  // do not compound. Beyond that, or with the GPU idle, it gives back and
+  // waits as before; spares kept go back at the next growth past the peak
+  // that finds the device idle, at trim(), and before an allocation fails.
+  // (Work on non-blocking streams alone reads as idle: cuMemFree may still
+  // wait for it.) Whether growing by `more` bytes, rather than waiting, is
+  // right now.
   bool grows_rather_than_waits(std::size_t more) {
     growing_while_busy = false;
     const std::size_t reserved = reserved_bytes();
-    busy_overshoot = std::min(busy_overshoot, reserved > peak_reserved ? reserved - peak_reserved : 0);
+    busy_overshoot = std::min(busy_overshoot, past_peak(reserved));
     const auto allowed = static_cast<std::size_t>(static_cast<double>(peak_reserved) * options.busy_overshoot);
-    if (reserved + more > peak_reserved + allowed) return false;
-    {
-      ScopedContext scope(*context);
-      if (CUEMM_CU_RESULT(cuStreamQuery, cuda::CU_STREAM_LEGACY) != cuda::CUDA_ERROR_NOT_READY) return false;
-    }
+    if (reserved + more > peak_reserved + allowed || !epochs.legacy_stream_busy()) return false;
     growing_while_busy = true;
     ++gpu_waits_avoided;
     return true;
@@ -506,11 +502,14 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   void raise_peak_after_growth() noexcept {
     const std::size_t reserved = reserved_bytes();
     if (std::exchange(growing_while_busy, false)) {
-      busy_overshoot = reserved > peak_reserved ? reserved - peak_reserved : 0;
+      busy_overshoot = past_peak(reserved);
       return;
     }
     peak_reserved = std::max(peak_reserved, reserved - std::min(busy_overshoot, reserved));
-    busy_overshoot = std::min(busy_overshoot, reserved > peak_reserved ? reserved - peak_reserved : 0);
+    busy_overshoot = std::min(busy_overshoot, past_peak(reserved));
+  }
+  std::size_t past_peak(std::size_t reserved) const noexcept {
+    return reserved > peak_reserved ? reserved - peak_reserved : 0;
   }
 
   // grow() with options.expandable: extends the arena by what its free end

@@ -18,8 +18,9 @@ PoolOptions PoolOptions::from_environment() {
       util::flag_from_environment("CUEMM_POOL_SMALL_BLOCKS_APART").value_or(options.small_blocks_apart);
   options.pinned_host_pool = util::flag_from_environment("CUEMM_PINNED_HOST_POOL").value_or(options.pinned_host_pool);
   options.check_frees = util::flag_from_environment("CUEMM_POOL_CHECK_FREES").value_or(options.check_frees);
-  options.busy_overshoot =
-      util::fraction_from_environment("CUEMM_POOL_BUSY_OVERSHOOT", PoolMemoryManager::kLargestBusyOvershoot).value_or(options.busy_overshoot);
+  options.busy_overshoot = util::fraction_from_environment("CUEMM_POOL_BUSY_OVERSHOOT",
+                                                           PoolMemoryManager::kLargestBusyOvershoot)
+                               .value_or(options.busy_overshoot);
   return options;
 }
 

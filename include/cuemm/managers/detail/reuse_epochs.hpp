@@ -70,6 +70,11 @@ class ReuseEpochs {
   void retire() noexcept;
   // Seals that closed an epoch so far: one stream query each (statistics).
   std::uint64_t seals() const noexcept { return seals_.load(std::memory_order_relaxed); }
+  // Whether the legacy stream has work queued now (a stream query; it reads
+  // busy while any blocking or per-thread stream has): then cuMemFree and
+  // cuMemFreeHost would wait for all of it (Note [Growth while the GPU is
+  // busy]). False where the query fails.
+  bool legacy_stream_busy() const noexcept;
 
  private:
   struct Sealed {
