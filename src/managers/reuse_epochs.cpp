@@ -150,6 +150,21 @@ void ReuseEpochs::poll_locked(bool wait) {
   }
 }
 
+bool ReuseEpochs::wait_for_oldest() {
+  std::lock_guard lock(mutex_);
+  if (sealed_.empty()) return false;
+  const Sealed front = sealed_.front();
+  if (front.event) {
+    ScopedContext scope(*context_);
+    driver::check(CUEMM_CU_RESULT(cuEventSynchronize, front.event), "cuEventSynchronize");
+    spare_events_.push_back(front.event);
+  }
+  safe_.store(front.epoch + 1, std::memory_order_release);
+  sealed_.pop_front();
+  poll_locked(false);
+  return true;
+}
+
 bool ReuseEpochs::poll_until_safe(std::uint64_t epoch, std::chrono::nanoseconds budget) {
   const auto deadline = std::chrono::steady_clock::now() + budget;
   for (;;) {

@@ -308,6 +308,42 @@ TEST_F(Pool, GrowthPastThePeakDoesNotWaitForTheGpuWhileItIsBusy) {
   expect_it_waits(strict, 12 * kMiB);
 }
 
+// Where the pool must wait for freed blocks, it waits for the oldest epochs
+// only until one fits: a block freed behind a short kernel comes back while
+// a long kernel queued after it still runs (before, the wait was for all).
+TEST_F(Pool, AWaitForFreedBlocksWaitsOnlyForTheEpochsItNeeds) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  PoolOptions options;
+  options.thread_cache_size = 0;  // frees go to the quarantine
+  options.busy_overshoot = 0;     // at the peak, it waits
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
+  Stream short_stream = context.create_stream(), long_stream = context.create_stream();
+  DeviceArray<std::uint32_t> target(32, context);
+  auto spin = [&](const Stream& stream, std::uint64_t nanoseconds) {
+    module.function("cuemm_spin_fill_u32")
+        .launch({1}, {32}, stream, target.device_pointer(), 1u, std::uint64_t{32}, nanoseconds);
+  };
+  // Nine blocks with segments of their own (the peak: 72 MiB); the free that
+  // makes eight wait for the GPU seals them (allocate_dedicated()'s rotation).
+  std::vector<std::shared_ptr<MemoryPointer>> blocks;
+  for (int i = 0; i < 9; ++i) blocks.push_back(pool.memalloc(8 * kMiB));
+  std::set<std::uintptr_t> behind_short;
+  spin(short_stream, 50'000'000);
+  for (int i = 0; i < 8; ++i) {
+    behind_short.insert(blocks[i]->device_pointer());
+    blocks[i].reset();
+  }
+  spin(long_stream, 2'000'000'000);
+  blocks[8].reset();  // behind both
+  auto again = pool.memalloc(8 * kMiB);
+  EXPECT_TRUE(behind_short.count(again->device_pointer()));
+  EXPECT_FALSE(long_stream.query()) << "the pool waited for the long kernel, which the block it took was not behind";
+  EXPECT_EQ(pool.statistics().reserved_bytes, 72 * kMiB);
+  long_stream.synchronize();
+}
+
 // A loop of pairs of the largest class reuses its thread's ring, sealed a
 // half ring at a time (its budget holds 256 blocks of 1 MiB): one stream
 // query per 128 pairs once the pool has grown to hold the ring.

@@ -275,6 +275,19 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     epochs.poll(wait);
     return reclaim_quarantine();
   }
+  // Waits for the GPU one sealed epoch at a time, oldest first, returning
+  // the quarantine's safe part after each, until take() finds a block: the
+  // work queued after the frees it needed keeps running (reclaim(true)
+  // waits for all of it). What take() last found, once nothing is pending.
+  template <class Take>
+  auto wait_for_freed(Take take) -> decltype(take()) {
+    while (epochs.wait_for_oldest()) {
+      reclaim_quarantine();
+      if (auto found = take()) return found;
+    }
+    reclaim_quarantine();
+    return take();
+  }
 
   std::size_t reclaim_quarantine();
 

@@ -44,8 +44,7 @@ std::uintptr_t PoolMemoryManager::Core::allocate_from_index(std::size_t size, Th
   // went from 16 ns to 1.1 us a pair.)
   if (quarantined_bytes >= size && !grows_rather_than_waits(std::max(size, kMinimumGrowth))) {
     seal();
-    reclaim(true);
-    if (auto address = take_block(size)) return *address;
+    if (auto address = wait_for_freed([&] { return take_block(size); })) return *address;
   }
   // The caller's own cached blocks that are safe already may merge into
   // one that fits: cheaper than growing, where this thread holds most of
@@ -151,8 +150,7 @@ std::uintptr_t PoolMemoryManager::Core::allocate_dedicated(std::size_t size, boo
   reclaim(false);
   if (auto base = dedicated.take_spare(segment)) return *base;
   if (quarantined_bytes >= segment && !grows_rather_than_waits(segment)) {
-    reclaim(true);
-    if (auto base = dedicated.take_spare(segment)) return *base;
+    if (auto base = wait_for_freed([&] { return dedicated.take_spare(segment); })) return *base;
   }
   // Before the pool's footprint passes its peak, the spares and the shared
   // segments left empty go back: a program whose sizes change (a training

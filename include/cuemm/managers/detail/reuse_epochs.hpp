@@ -64,6 +64,10 @@ class ReuseEpochs {
   void poll(bool wait);
   // poll(false) unless another thread is sealing or polling.
   void try_poll();
+  // Waits for the oldest sealed epoch that is not yet safe (then marks
+  // whatever else has completed safe): less of the GPU's queued work than
+  // poll(true) waits for. False when none was pending.
+  bool wait_for_oldest();
   // Polls until `epoch` is safe or `budget` has passed; returns whether it is.
   bool poll_until_safe(std::uint64_t epoch, std::chrono::nanoseconds budget);
   // Waits for and destroys every event (the owner is going away).
