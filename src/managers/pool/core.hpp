@@ -495,7 +495,8 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // eighth by default); the bytes past the peak grown that way
   // (busy_overshoot) do not raise the peak that the rule keeps to, so they
   // do not compound. Beyond that, or with the GPU idle, it gives back and
-  // waits as before; spares kept go back at the next growth past the peak
+  // waits as before (for the oldest epochs only, until a block fits:
+  // wait_for_freed()); spares kept go back at the next growth past the peak
   // that finds the device idle, at trim(), and before an allocation fails.
   // (Work on non-blocking streams alone reads as idle: cuMemFree may still
   // wait for it.) Whether growing by `more` bytes, rather than waiting, is
