@@ -486,7 +486,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // GPU's queued work: giving spares back, as cuMemFree waits until the
   // device has run all its work, on every stream (H100,
   // bench/probes/probe_free_stall.cpp: 50 ms behind a 50 ms kernel on the
-  // legacy, a blocking or a non-blocking stream, against 30-80 us idle;
+  // legacy, a blocking or a non-blocking stream, against 27-81 us idle;
   // cuMemAlloc does not wait), and waiting for freed blocks whose epochs
   // are pending. A program that queues work ahead (a training step) would
   // lose that lead each time. So where the legacy stream reads busy (as it
