@@ -1290,6 +1290,11 @@ SIM_EXPORT CUresult cuMemFreeHost(void* pointer) {
   auto it = s.allocations.find(reinterpret_cast<std::uintptr_t>(pointer));
   if (it == s.allocations.end() || it->second.kind != AllocationKind::PinnedHost)
     return CUDA_ERROR_INVALID_VALUE;
+  // It waits for the device, as cuMemFree does (measured on the H100: 50 ms
+  // behind a 50 ms kernel on any stream; bench/probes/probe_free_stall.cpp).
+  synchronize_context(lock, it->second.context);
+  it = s.allocations.find(reinterpret_cast<std::uintptr_t>(pointer));  // (unlocked meanwhile)
+  if (it == s.allocations.end()) return CUDA_ERROR_INVALID_VALUE;
   release_allocation(s, it);
   return CUDA_SUCCESS;
 }

@@ -88,6 +88,37 @@ TEST(Driver, ASimulatedPerThreadStreamEndsWithItsThread) {
   CUEMM_CU(cuMemFree, words);
 }
 
+// The simulated cuMemFree and cuMemFreeHost wait until the device has run
+// its queued work, on any stream, as the H100's do, and cuMemAlloc does not
+// (bench/probes/probe_free_stall.cpp measures the real driver): the pools'
+// rules for a busy GPU are tested on that.
+TEST(Driver, SimulatedFreesWaitForQueuedWorkOnAnyStreamAndAllocationsDoNot) {
+  CUEMM_REQUIRE_SIMULATION();
+  Context& context = current_context();
+  ScopedContext scope(context);
+  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
+  Stream stream = context.create_stream(/*non_blocking=*/true);
+  constexpr std::uint64_t kCount = 32;
+  cuda::CUdeviceptr words = 0, device = 0, more = 0;
+  void* host = nullptr;
+  CUEMM_CU(cuMemAlloc, &words, kCount * 4);
+  CUEMM_CU(cuMemAlloc, &device, 1 << 20);
+  CUEMM_CU(cuMemHostAlloc, &host, 1 << 20, 0u);
+  auto spin = [&] {
+    module.function("cuemm_spin_fill_u32").launch({1}, {32}, stream, words, 7u, kCount, std::uint64_t{300'000'000});
+  };
+  spin();
+  CUEMM_CU(cuMemAlloc, &more, 1 << 20);
+  EXPECT_FALSE(stream.query()) << "cuMemAlloc waited for the kernel";
+  CUEMM_CU(cuMemFree, device);
+  EXPECT_TRUE(stream.query()) << "cuMemFree returned with the kernel queued";
+  spin();
+  CUEMM_CU(cuMemFreeHost, host);
+  EXPECT_TRUE(stream.query()) << "cuMemFreeHost returned with the kernel queued";
+  CUEMM_CU(cuMemFree, more);
+  CUEMM_CU(cuMemFree, words);
+}
+
 // A stream-ordered free on an idle stream gives the block back at once, as
 // the driver's pool hands it to the stream's next allocation; on a stream
 // with work queued, only once that work has run. (Deferred always, replays
