@@ -135,32 +135,29 @@ void ReuseEpochs::try_poll() {
 }
 
 void ReuseEpochs::poll_locked(bool wait) {
-  while (!sealed_.empty()) {
-    Sealed& front = sealed_.front();
-    if (front.event) {
-      ScopedContext scope(*context_);
-      const cuda::CUresult result = wait ? CUEMM_CU_RESULT(cuEventSynchronize, front.event)
-                                         : CUEMM_CU_RESULT(cuEventQuery, front.event);
-      if (result == cuda::CUDA_ERROR_NOT_READY) return;
-      driver::check(result, wait ? "cuEventSynchronize" : "cuEventQuery");
-      spare_events_.push_back(front.event);
-    }
-    safe_.store(front.epoch + 1, std::memory_order_release);
-    sealed_.pop_front();
+  while (!sealed_.empty() && retire_oldest_locked(wait)) {
   }
+}
+
+bool ReuseEpochs::retire_oldest_locked(bool wait) {
+  Sealed& oldest = sealed_.front();
+  if (oldest.event) {
+    ScopedContext scope(*context_);
+    const cuda::CUresult result = wait ? CUEMM_CU_RESULT(cuEventSynchronize, oldest.event)
+                                       : CUEMM_CU_RESULT(cuEventQuery, oldest.event);
+    if (result == cuda::CUDA_ERROR_NOT_READY) return false;
+    driver::check(result, wait ? "cuEventSynchronize" : "cuEventQuery");
+    spare_events_.push_back(oldest.event);
+  }
+  safe_.store(oldest.epoch + 1, std::memory_order_release);
+  sealed_.pop_front();
+  return true;
 }
 
 bool ReuseEpochs::wait_for_oldest() {
   std::lock_guard lock(mutex_);
   if (sealed_.empty()) return false;
-  const Sealed front = sealed_.front();
-  if (front.event) {
-    ScopedContext scope(*context_);
-    driver::check(CUEMM_CU_RESULT(cuEventSynchronize, front.event), "cuEventSynchronize");
-    spare_events_.push_back(front.event);
-  }
-  safe_.store(front.epoch + 1, std::memory_order_release);
-  sealed_.pop_front();
+  retire_oldest_locked(true);
   poll_locked(false);
   return true;
 }

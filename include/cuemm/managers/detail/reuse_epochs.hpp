@@ -87,6 +87,9 @@ class ReuseEpochs {
   };
   void seal_locked() noexcept;
   void poll_locked(bool wait);
+  // Marks the oldest sealed epoch safe once its event has completed (with
+  // `wait`, waiting for it); false while it has not. sealed_ is not empty.
+  bool retire_oldest_locked(bool wait);
 
   Context* context_;
   // Its own cache line: threads that wait for a seal read the epochs below
