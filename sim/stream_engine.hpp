@@ -113,7 +113,9 @@ class SimStream {
   std::thread worker_;
 };
 
-// An event completes when the stream reaches the point where it was recorded.
+// An event completes when the stream reaches the point where it was recorded;
+// one recorded for a whole context (cuCtxRecordEvent), once every stream has
+// reached the point where it stood at the record.
 struct SimEvent {
   explicit SimEvent(Context* context, unsigned flags) : context(context), flags(flags) {}
   Context* context;
@@ -123,6 +125,22 @@ struct SimEvent {
   std::uint64_t recorded = 0;   // generation of the latest record
   std::uint64_t completed = 0;  // generation the stream has reached
   std::chrono::steady_clock::time_point time{};
+  // A context-wide record's generation and the streams' points it waits for
+  // (no stream runs an operation for it: whoever looks settles it).
+  std::uint64_t context_generation = 0;
+  std::vector<SimStream::Dependency> context_points;
+
+  // Completes a context-wide record whose streams have all reached their
+  // points. Call with `mutex` held.
+  void settle_context_record() {
+    if (context_generation == 0 || context_generation != recorded || completed >= recorded) return;
+    for (const auto& point : context_points)
+      if (!point.stream->is_complete(point.ticket)) return;
+    completed = recorded;
+    time = std::chrono::steady_clock::now();
+    context_points.clear();
+    done.notify_all();
+  }
 };
 
 }  // namespace cuemm::sim

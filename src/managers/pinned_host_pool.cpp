@@ -497,11 +497,11 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
     ++frees_since_seal;
     // cuMemFreeHost waits until the GPU has run all its queued work, on every
     // stream (bench/probes/probe_free_stall.cpp: 50 ms behind a 50 ms kernel,
-    // 0.4 ms idle): while the legacy stream reads busy, the cache may hold an
+    // 0.4 ms idle): while the GPU reads busy, the cache may hold an
     // eighth more than its maximum rather than evict, as the device pool
     // grows rather than wait (Note [Growth while the GPU is busy]).
     std::size_t keep = options.maximum_cached_bytes;
-    if (counters.cached_bytes + front_claims.load(std::memory_order_relaxed) > keep && epochs.legacy_stream_busy())
+    if (counters.cached_bytes + front_claims.load(std::memory_order_relaxed) > keep && epochs.gpu_busy())
       keep += keep / 8;
     evict_blocks(keep, leftovers);
   }

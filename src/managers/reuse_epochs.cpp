@@ -4,6 +4,7 @@
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "cuemm/driver/driver.hpp"
 #include "cuemm/runtime/context.hpp"
@@ -72,13 +73,48 @@ void ReuseEpochs::seal_through(std::uint64_t epoch) noexcept {
   }
 }
 
-bool ReuseEpochs::legacy_stream_busy() const noexcept {
+bool ReuseEpochs::covers_every_stream() const noexcept {
+  enum : int { kUnknown, kEveryStream, kLegacyStream };
+  if (const int known = coverage_.load(std::memory_order_acquire); known != kUnknown) return known == kEveryStream;
+  std::lock_guard lock(probe_mutex_);
+  if (const int known = coverage_.load(std::memory_order_acquire); known != kUnknown) return known == kEveryStream;
+  cuda::CUresult recorded = cuda::CUDA_ERROR_NOT_SUPPORTED;
   try {
     ScopedContext scope(*context_);
+    if (driver::Driver::get().api().cuCtxRecordEvent) {
+      if (!probe_event_) CUEMM_CU(cuEventCreate, &probe_event_, cuda::CU_EVENT_DISABLE_TIMING);
+      recorded = CUEMM_CU_RESULT(cuCtxRecordEvent, context_->handle(), probe_event_);
+    }
+  } catch (const std::exception&) {
+    return false;  // (no context yet, say: the legacy stream's this time, and ask again)
+  }
+  // A stream being captured into a graph refuses it for now, not for good.
+  if (recorded == cuda::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) return false;
+  const bool every = recorded == cuda::CUDA_SUCCESS;
+  coverage_.store(every ? kEveryStream : kLegacyStream, std::memory_order_release);
+  return every;
+}
+
+bool ReuseEpochs::gpu_busy() const noexcept {
+  try {
+    ScopedContext scope(*context_);
+    if (covers_every_stream()) {
+      std::lock_guard lock(probe_mutex_);
+      if (!probe_event_) CUEMM_CU(cuEventCreate, &probe_event_, cuda::CU_EVENT_DISABLE_TIMING);
+      if (CUEMM_CU_RESULT(cuCtxRecordEvent, context_->handle(), probe_event_) == cuda::CUDA_SUCCESS)
+        return CUEMM_CU_RESULT(cuEventQuery, probe_event_) == cuda::CUDA_ERROR_NOT_READY;
+    }
     return CUEMM_CU_RESULT(cuStreamQuery, cuda::CU_STREAM_LEGACY) == cuda::CUDA_ERROR_NOT_READY;
   } catch (const std::exception&) {
     return false;
   }
+}
+
+void ReuseEpochs::mark_safe_through_locked(std::uint64_t closed) noexcept {
+  for (const Sealed& sealed : sealed_)
+    if (sealed.event) spare_events_.push_back(sealed.event);
+  sealed_.clear();
+  safe_.store(closed + 1, std::memory_order_release);
 }
 
 void ReuseEpochs::seal_locked() noexcept {
@@ -93,14 +129,12 @@ void ReuseEpochs::seal_locked() noexcept {
   Sealed entry{closed, nullptr};
   try {
     ScopedContext scope(*context_);
+    const bool every_stream = covers_every_stream();
     // An idle legacy stream (which reads as busy while any blocking stream
-    // is) means everything queued before now has run: the closed epoch and
-    // every sealed one are safe, with no event to record and poll.
-    if (CUEMM_CU_RESULT(cuStreamQuery, cuda::CU_STREAM_LEGACY) == cuda::CUDA_SUCCESS) {
-      for (const Sealed& sealed : sealed_)
-        if (sealed.event) spare_events_.push_back(sealed.event);
-      sealed_.clear();
-      safe_.store(closed + 1, std::memory_order_release);
+    // is) means everything queued there before now has run: one query, no
+    // event to record and poll.
+    if (!every_stream && CUEMM_CU_RESULT(cuStreamQuery, cuda::CU_STREAM_LEGACY) == cuda::CUDA_SUCCESS) {
+      mark_safe_through_locked(closed);
       return;
     }
     if (!spare_events_.empty()) {
@@ -109,7 +143,16 @@ void ReuseEpochs::seal_locked() noexcept {
     } else {
       CUEMM_CU(cuEventCreate, &entry.event, cuda::CU_EVENT_DISABLE_TIMING);
     }
-    CUEMM_CU(cuEventRecord, entry.event, cuda::CU_STREAM_LEGACY);
+    if (every_stream) {
+      CUEMM_CU(cuCtxRecordEvent, context_->handle(), entry.event);
+      if (CUEMM_CU_RESULT(cuEventQuery, entry.event) == cuda::CUDA_SUCCESS) {
+        spare_events_.push_back(entry.event);
+        mark_safe_through_locked(closed);
+        return;
+      }
+    } else {
+      CUEMM_CU(cuEventRecord, entry.event, cuda::CU_STREAM_LEGACY);
+    }
     sealed_.push_back(entry);
   } catch (const std::exception& error) {
     // Without an event, wait for the device: slower, still safe.
@@ -172,7 +215,9 @@ bool ReuseEpochs::poll_until_safe(std::uint64_t epoch, std::chrono::nanoseconds 
 
 void ReuseEpochs::retire() noexcept {
   std::lock_guard lock(mutex_);
-  if (sealed_.empty() && spare_events_.empty()) return;  // (also: a manager made without a context)
+  std::lock_guard probe_lock(probe_mutex_);
+  // (Nothing also for a manager made without a context.)
+  if (sealed_.empty() && spare_events_.empty() && !probe_event_) return;
   try {
     ScopedContext scope(*context_);
     for (auto& entry : sealed_) {
@@ -181,6 +226,7 @@ void ReuseEpochs::retire() noexcept {
       CUEMM_CU_RESULT(cuEventDestroy, entry.event);
     }
     for (cuda::CUevent event : spare_events_) CUEMM_CU_RESULT(cuEventDestroy, event);
+    if (probe_event_) CUEMM_CU_RESULT(cuEventDestroy, std::exchange(probe_event_, nullptr));
   } catch (const std::exception& error) {
     std::fprintf(stderr, "cuemm: destroying reuse events failed: %s\n", error.what());
   }

@@ -91,19 +91,28 @@ inline std::string test_kernels_ptx() {
   return text.str();
 }
 
+// The driver calls that start a seal of the pools' reuse epochs (simulated
+// driver): cuCtxRecordEvent where seals cover every stream, else a query of
+// the legacy stream (ReuseEpochs).
+inline std::uint64_t seal_calls() {
+  return simulation::call_count("cuCtxRecordEvent") + simulation::call_count("cuStreamQuery");
+}
+
 // The stream-safety race every pooling manager must win: a long kernel writes
-// 7 into A on one stream, A is released while it still runs, and B of the same
-// size is allocated and written with 9 from the host on another stream.
-// `count` 32-bit words each (the default: 1 MiB).
+// 7 into A on one stream (a non-blocking one with `non_blocking`), A is
+// released while it still runs, and B of the same size is allocated and
+// written with 9 from the host on another stream. `count` 32-bit words each
+// (the default: 1 MiB).
 struct ReuseRace {
   bool b_intact;  // B still holds the nines once the kernel has finished
   cuda::CUdeviceptr a;
   cuda::CUdeviceptr b;
 };
-inline ReuseRace run_reuse_race(Context& context, BaseMemoryManager& manager, std::uint64_t count = 1 << 18) {
+inline ReuseRace run_reuse_race(Context& context, BaseMemoryManager& manager, std::uint64_t count = 1 << 18,
+                                bool non_blocking = false) {
   constexpr std::uint64_t kSpinNanoseconds = 100'000'000;
   Module module = context.load_module(test_kernels_ptx());
-  Stream kernel_stream = context.create_stream();
+  Stream kernel_stream = context.create_stream(non_blocking);
   Stream copy_stream = context.create_stream();
   auto a = manager.memalloc(count * 4);
   const auto a_address = a->device_pointer();

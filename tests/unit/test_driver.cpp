@@ -119,6 +119,53 @@ TEST(Driver, SimulatedFreesWaitForQueuedWorkOnAnyStreamAndAllocationsDoNot) {
   CUEMM_CU(cuMemFree, words);
 }
 
+// An event recorded for a whole context (cuCtxRecordEvent, CUDA 12.5) waits
+// for work on every stream, a non-blocking one too, where the legacy stream
+// reads idle: what the pools' seals and their busy rule rely on. The H100's
+// driver does so (bench/probes/probe_free_beside.cpp), and the simulated one
+// must, with cuEventSynchronize and cuStreamWaitEvent on such an event.
+TEST(Driver, AnEventRecordedForTheContextWaitsForWorkOnEveryStream) {
+  if (!driver::Driver::get().api().cuCtxRecordEvent)
+    GTEST_SKIP() << "the loaded driver (" << driver::Driver::get().library_path()
+                 << ") has no cuCtxRecordEvent (CUDA 12.5)";
+  Context& context = current_context();
+  ScopedContext scope(context);
+  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
+  Stream busy = context.create_stream(/*non_blocking=*/true);
+  Stream waiting = context.create_stream(/*non_blocking=*/true);
+  constexpr std::uint64_t kCount = 32;
+  DeviceArray<std::uint32_t> words(kCount, context);
+  cuda::CUevent event = nullptr;
+  CUEMM_CU(cuEventCreate, &event, cuda::CU_EVENT_DISABLE_TIMING);
+  auto spin = [&] {
+    module.function("cuemm_spin_fill_u32")
+        .launch({1}, {32}, busy, words.device_pointer(), 7u, kCount, std::uint64_t{300'000'000});
+  };
+  spin();
+  CUEMM_CU(cuCtxRecordEvent, context.handle(), event);
+  EXPECT_EQ(CUEMM_CU_RESULT(cuStreamQuery, cuda::CU_STREAM_LEGACY), cuda::CUDA_SUCCESS)
+      << "the legacy stream read busy for a kernel on a non-blocking stream";
+  EXPECT_EQ(CUEMM_CU_RESULT(cuEventQuery, event), cuda::CUDA_ERROR_NOT_READY);
+  CUEMM_CU(cuEventSynchronize, event);
+  EXPECT_TRUE(busy.query()) << "cuEventSynchronize returned with the kernel queued";
+  EXPECT_EQ(CUEMM_CU_RESULT(cuEventQuery, event), cuda::CUDA_SUCCESS);
+
+  // Another stream made to wait for it runs only after the kernel: its fill of
+  // 9 lands last.
+  spin();
+  CUEMM_CU(cuCtxRecordEvent, context.handle(), event);
+  CUEMM_CU(cuStreamWaitEvent, waiting.handle(), event, 0u);
+  module.function("cuemm_fill_u32").launch({1}, {32}, waiting, words.device_pointer(), 9u, kCount);
+  waiting.synchronize();
+  EXPECT_TRUE(busy.query()) << "the waiting stream ran before the kernel had finished";
+  EXPECT_EQ(words.copy_to_host(), std::vector<std::uint32_t>(kCount, 9u));
+
+  // With nothing queued it has completed at once.
+  CUEMM_CU(cuCtxRecordEvent, context.handle(), event);
+  EXPECT_EQ(CUEMM_CU_RESULT(cuEventQuery, event), cuda::CUDA_SUCCESS);
+  CUEMM_CU(cuEventDestroy, event);
+}
+
 // A stream-ordered free on an idle stream gives the block back at once, as
 // the driver's pool hands it to the stream's next allocation; on a stream
 // with work queued, only once that work has run. (Deferred always, replays

@@ -44,6 +44,8 @@ class Pool : public ::testing::Test {
   }
   // The body of ALargeRequestUsesFreeSpaceOfTheSharedSegmentsRatherThanPassThePeak.
   void uses_free_space_of_the_shared_segments(bool expandable);
+  // The body of GrowthPastThePeakDoesNotWaitForTheGpuWhileItIsBusy, its kernels on `stream`.
+  void growth_past_the_peak_while_busy(const Stream& stream);
   // Options with each thread's cache limited to `bytes` (0: no caches).
   static PoolOptions with_thread_cache(std::size_t bytes) {
     PoolOptions options;
@@ -70,7 +72,7 @@ class Pool : public ::testing::Test {
     pairs(pool, size, 200000);
     simulation::reset_call_counts();
     pairs(pool, size, 6400);
-    EXPECT_LE(simulation::call_count("cuStreamQuery"), 6400u / 128 + 1)
+    EXPECT_LE(cuemm::testing::seal_calls(), 6400u / 128 + 1)
         << "the pool holds " << pool.statistics().reserved_bytes << " bytes";
   }
   // 192 MiB live in blocks of 3 MiB (returned, to keep), then four large
@@ -256,9 +258,20 @@ TEST_F(Pool, AFreedLargeBlockIsNotReusedWhileQueuedWorkMayStillWriteIt) {
 // past the peak does neither, up to an eighth of the peak; once the GPU is
 // idle, the next growth past the peak gives the spares back.
 TEST_F(Pool, GrowthPastThePeakDoesNotWaitForTheGpuWhileItIsBusy) {
+  // The kernel on a blocking stream, then on a non-blocking one, which the
+  // legacy stream reads as idle: the pool reads the whole context where the
+  // driver records events for it (CUDA 12.5).
+  const bool every_stream = driver::Driver::get().api().cuCtxRecordEvent != nullptr;
+  for (const bool non_blocking : {false, true}) {
+    if (non_blocking && !every_stream) continue;  // (the legacy stream's reading: idle)
+    SCOPED_TRACE(non_blocking ? "a kernel on a non-blocking stream" : "a kernel on a blocking stream");
+    growth_past_the_peak_while_busy(context.create_stream(non_blocking));
+  }
+}
+
+void Pool::growth_past_the_peak_while_busy(const Stream& stream) {
   constexpr std::size_t kMiB = std::size_t{1} << 20;
   Module module = context.load_module(cuemm::testing::test_kernels_ptx());
-  Stream stream = context.create_stream();
   auto spin = [&](PoolMemoryManager& pool, std::shared_ptr<MemoryPointer>& target) {
     target = pool.memalloc(8 * kMiB);
     module.function("cuemm_spin_fill_u32")
@@ -306,6 +319,51 @@ TEST_F(Pool, GrowthPastThePeakDoesNotWaitForTheGpuWhileItIsBusy) {
   PoolOptions strict;
   strict.busy_overshoot = 0;
   expect_it_waits(strict, 12 * kMiB);
+}
+
+// On a non-blocking stream, which the legacy stream does not wait for: where
+// the driver records an event for the whole context (CUDA 12.5), seals cover
+// its work too, as cuMemFree waits for it.
+TEST_F(Pool, AFreedBlockIsNotReusedWhileANonBlockingStreamsWorkMayStillWriteIt) {
+  if (!driver::Driver::get().api().cuCtxRecordEvent)
+    GTEST_SKIP() << "the loaded driver has no cuCtxRecordEvent (CUDA 12.5): seals cover the legacy stream's work "
+                    "only, and a free must follow a non-blocking stream's synchronisation";
+  for (const std::uint64_t count : {std::uint64_t{1} << 18, std::uint64_t{4} << 20}) {
+    PoolMemoryManager pool(&context);
+    pool.initialize();
+    const cuemm::testing::ReuseRace race = cuemm::testing::run_reuse_race(context, pool, count, /*non_blocking=*/true);
+    EXPECT_TRUE(race.b_intact) << count * 4 << " bytes: the kernel's late write landed in the reused block";
+  }
+}
+
+// Without cuCtxRecordEvent (a driver before CUDA 12.5; here the simulated one
+// refusing it), seals query and record on the legacy stream, and a
+// stream-ordered free on a non-blocking stream makes the legacy stream wait
+// for that stream's work; with it, seals record for the context and such a
+// free costs no driver call.
+TEST_F(Pool, SealsCoverTheLegacyStreamWhereTheDriverCannotRecordForTheContext) {
+  CUEMM_REQUIRE_SIMULATION();  // (counts the driver's calls and refuses one)
+  ScopedContext scope(context);
+  cuda::CUstream raw_stream = nullptr;
+  CUEMM_CU(cuStreamCreate, &raw_stream, cuda::CU_STREAM_NON_BLOCKING);
+  const Stream stream(&context, raw_stream, true);
+  for (const bool refused : {false, true}) {
+    SCOPED_TRACE(refused ? "cuCtxRecordEvent refused" : "cuCtxRecordEvent available");
+    simulation::reset_call_counts();  // (before the fault: it counts from the calls so far)
+    if (refused) simulation::inject_fault("cuCtxRecordEvent", 1, cuda::CUDA_ERROR_NOT_SUPPORTED, ~std::uint64_t{0});
+    PoolMemoryManager pool(&context, with_thread_cache(0));
+    pool.initialize();
+    const cuda::CUdeviceptr block = pool.allocate(1 << 20, stream.handle());
+    const std::uint64_t waits_before = simulation::call_count("cuStreamWaitEvent");
+    pool.deallocate(block, 1 << 20, stream.handle());
+    EXPECT_EQ(simulation::call_count("cuStreamWaitEvent") - waits_before, refused ? 1u : 0u);
+    auto other = pool.memalloc(4 << 20);
+    other.reset();
+    pool.trim();  // seals
+    EXPECT_GT(simulation::call_count(refused ? "cuStreamQuery" : "cuCtxRecordEvent"), 0u);
+    if (!refused) EXPECT_EQ(simulation::call_count("cuStreamQuery"), 0u);
+    simulation::clear_faults();
+  }
 }
 
 // Where the pool must wait for freed blocks, it waits for the oldest epochs
@@ -356,10 +414,10 @@ TEST_F(Pool, ALoopOfTheLargestClassSealsOnceAHalfRing) {
   simulation::reset_call_counts();
   const std::size_t seals_before = pool.statistics().seals;
   pairs(pool, size, 6400);
-  EXPECT_LE(simulation::call_count("cuStreamQuery"), 6400u / 128 + 1);
+  EXPECT_LE(cuemm::testing::seal_calls(), 6400u / 128 + 1);
   EXPECT_EQ(simulation::call_count("cuMemAlloc"), 0u);
-  // The statistics count those seals: each queried the stream once.
-  EXPECT_EQ(pool.statistics().seals - seals_before, simulation::call_count("cuStreamQuery"));
+  // The statistics count those seals: each made one such call.
+  EXPECT_EQ(pool.statistics().seals - seals_before, cuemm::testing::seal_calls());
   EXPECT_GT(pool.statistics().seals, seals_before);
 }
 
@@ -535,7 +593,7 @@ TEST_F(Pool, ALongLoopOfLargeRequestsRotatesThroughAFewBlocks) {
     // A thread's rotation stays within its cache budget; the rest is one growth step.
     EXPECT_LE(pool.statistics().reserved_bytes, pool.options().thread_cache_size + (std::size_t{8} << 20));
     if (simulation::active()) {
-      EXPECT_LE(simulation::call_count("cuStreamQuery"), 2000u / 4 + elapsed.count() / 5 + 1)
+      EXPECT_LE(cuemm::testing::seal_calls(), 2000u / 4 + elapsed.count() / 5 + 1)
           << "a seal for every few requests, not each";
     }
   }
@@ -617,7 +675,7 @@ TEST_F(Pool, LoopsThatAlternateBetweenLargeSizesKeepTheirBlocks) {
   rounds(5);
   EXPECT_EQ(simulation::call_count("cuMemAlloc"), 0u);
   EXPECT_EQ(simulation::call_count("cuMemFree"), 0u) << "a segment was given back to be taken again";
-  EXPECT_LE(simulation::call_count("cuStreamQuery"), 5u * 600 / 4) << "a seal for most pairs";
+  EXPECT_LE(cuemm::testing::seal_calls(), 5u * 600 / 4) << "a seal for most pairs";
 }
 
 // Random large sizes from one thread are no loop: what it holds of them stays
@@ -727,7 +785,7 @@ TEST_F(Pool, ANewThreadRotatesThroughAFinishedThreadsBlocks) {
   pairs(800);
   EXPECT_EQ(simulation::call_count("cuMemAlloc"), 0u);
   EXPECT_EQ(pool.statistics().segments, segments);
-  EXPECT_LE(simulation::call_count("cuStreamQuery"), 800u / 3) << "the second thread sealed for most requests";
+  EXPECT_LE(cuemm::testing::seal_calls(), 800u / 3) << "the second thread sealed for most requests";
 }
 
 // Large blocks through the thread caches and across threads: each thread

@@ -110,6 +110,7 @@ enum : CUresult {
   CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED = 713,
   CUDA_ERROR_NOT_PERMITTED = 800,
   CUDA_ERROR_NOT_SUPPORTED = 801,
+  CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
   CUDA_ERROR_UNKNOWN = 999,
 };
 
@@ -245,6 +246,7 @@ inline bool is_default_stream(CUstream stream) noexcept {
   X(cuEventRecord, "cuEventRecord", (CUevent event, CUstream stream))                              \
   X(cuEventQuery, "cuEventQuery", (CUevent event))                                                 \
   X(cuEventSynchronize, "cuEventSynchronize", (CUevent event))                                     \
+  X(cuCtxRecordEvent, "cuCtxRecordEvent", (CUcontext context, CUevent event))                      \
   X(cuEventElapsedTime, "cuEventElapsedTime_v2|cuEventElapsedTime",                                \
     (float* milliseconds, CUevent start, CUevent end))                                             \
   X(cuModuleLoadDataEx, "cuModuleLoadDataEx",                                                      \

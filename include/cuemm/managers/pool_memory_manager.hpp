@@ -21,15 +21,17 @@
 // Note [Stream-safe reuse]
 // The EMM interface passes no stream, so a block may be freed while queued GPU
 // work still uses it. Each free is tagged with the open epoch; sealing an epoch
-// opens the next one and then records an event on the legacy default stream
-// (which completes only after all earlier work on blocking streams). A block
-// is handed out again only once its epoch's event has completed (or, when the
-// legacy stream was idle at sealing, at once: no event is needed). Epochs are
+// opens the next one and then records an event for the whole context
+// (cuCtxRecordEvent), which completes once all earlier work on every stream
+// has run, as cuMemFree waits for. A block is handed out again only once its
+// epoch's event has completed (at once when the GPU was idle). Epochs are
 // sealed in batches: when a thread's cache has taken half its capacity of
 // frees for a class since it last did so, when the shared quarantine holds
 // more than 1/8 of the pool, or when the pool would otherwise grow, so the hot
-// path makes no driver call. Work on non-blocking streams is not covered by
-// the legacy stream: synchronise it before freeing.
+// path makes no driver call. A driver before CUDA 12.5 has no such event: the
+// event then goes on the legacy default stream, which completes only after
+// earlier work on blocking streams (an idle legacy stream needs none), and
+// work on non-blocking streams is not covered: synchronise it before freeing.
 //
 // Note [Stream-ordered reuse]
 // allocate(size, stream) and deallocate(pointer, size, stream) follow
@@ -44,10 +46,11 @@
 // request would take the pool past its peak: the requesting thread's kept
 // blocks of other sizes and every thread's large ones go, and are sealed),
 // tagged with the open epoch as every other free. A free on any other
-// stream records an event there and makes the legacy stream wait for it, so
-// the next epoch's event covers that work too (also for non-blocking
-// streams); that costs two driver calls, and orders later legacy-stream work
-// after the stream's.
+// stream goes to the quarantine too: the next epoch's event covers that
+// stream's work. (Before CUDA 12.5 it records an event there and makes the
+// legacy stream wait for it, so that the legacy stream's event covers it,
+// non-blocking streams too; two driver calls, and later legacy-stream work is
+// ordered after the stream's.)
 //
 // Note [Large blocks in the thread caches]
 // A thread also keeps the blocks beyond the size classes that it frees

@@ -489,8 +489,10 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // legacy, a blocking or a non-blocking stream, against 27-81 us idle;
   // cuMemAlloc does not wait), and waiting for freed blocks whose epochs
   // are pending. A program that queues work ahead (a training step) would
-  // lose that lead each time. So where the legacy stream reads busy (as it
-  // does while any blocking stream is), the pool grows instead, up to its
+  // lose that lead each time. So where the GPU reads busy (ReuseEpochs::
+  // gpu_busy(): work queued on any stream where the driver records an event
+  // for the whole context, else on the legacy stream, which reads busy while
+  // any blocking stream is), the pool grows instead, up to its
   // peak and then past it by at most PoolOptions::busy_overshoot of it (an
   // eighth by default); the bytes past the peak grown that way
   // (busy_overshoot) do not raise the peak that the rule keeps to, so they
@@ -498,15 +500,15 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // waits as before (for the oldest epochs only, until a block fits:
   // wait_for_freed()); spares kept go back at the next growth past the peak
   // that finds the device idle, at trim(), and before an allocation fails.
-  // (Work on non-blocking streams alone reads as idle: cuMemFree may still
-  // wait for it.) Whether growing by `more` bytes, rather than waiting, is
-  // right now.
+  // (Before CUDA 12.5, work on non-blocking streams alone reads as idle:
+  // cuMemFree may still wait for it.) Whether growing by `more` bytes,
+  // rather than waiting, is right now.
   bool grows_rather_than_waits(std::size_t more) {
     growing_while_busy = false;
     const std::size_t reserved = reserved_bytes();
     busy_overshoot = std::min(busy_overshoot, past_peak(reserved));
     const auto allowed = static_cast<std::size_t>(static_cast<double>(peak_reserved) * options.busy_overshoot);
-    if (reserved + more > peak_reserved + allowed || !epochs.legacy_stream_busy()) return false;
+    if (reserved + more > peak_reserved + allowed || !epochs.gpu_busy()) return false;
     growing_while_busy = true;
     ++gpu_waits_avoided;
     return true;
@@ -992,8 +994,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // and the oldest one it kept goes to the quarantine when it has too many.
   void deallocate_ordered_large(std::uintptr_t address, ThreadCache& cache) noexcept;
 
-  // Makes the legacy stream wait for the work queued so far on `stream`, so
-  // that the next epoch's event covers it; failing that, waits for it here.
+  // Where seals cover only the legacy stream, makes it wait for the work
+  // queued so far on `stream`, so that the next epoch's event covers it;
+  // failing that, waits for it here.
   void order_after(cuda::CUstream stream) noexcept;
 
   bool caches_enabled() const noexcept { return options.thread_cache_size > 0; }

@@ -2,17 +2,24 @@
 //
 // The EMM interface passes no stream, so memory may be freed while queued GPU
 // work still reads or writes it. A free is tagged with the open epoch (tag());
-// seal() opens the next epoch and then records an event on the legacy default
-// stream, which completes only after all earlier work on blocking streams.
-// Once that event has completed (poll()), every tag of the sealed epoch is
-// safe. Opening the next epoch before recording means a free tagged with the
-// closed one happened before the event was recorded. When the legacy stream is
-// idle at seal() (it reads as busy while any blocking stream is busy, measured
-// on the H100), the closed epoch is safe at once and no event is recorded:
-// the common case of a host program between kernels costs one query.
+// seal() opens the next epoch and then records an event that completes once
+// the work queued before it has run. Once that event has completed (poll()),
+// every tag of the sealed epoch is safe. Opening the next epoch before
+// recording means a free tagged with the closed one happened before the event
+// was recorded.
+//
+// Which work the event covers: where the driver has cuCtxRecordEvent (CUDA
+// 12.5), all of the context's, on every stream, as cuMemFree waits for (a
+// kernel on a non-blocking stream too; probe_free_beside.cpp on the H100).
+// Elsewhere it is recorded on the legacy default stream, which completes only
+// after earlier work on blocking streams, so work on non-blocking streams is
+// not covered (the pool orders a free on such a stream after it by hand).
+// When the event has completed at once (or the legacy stream reads idle),
+// the closed epoch and every one before it are safe, with nothing to poll:
+// the common case of a host program between kernels.
 //
 // tag() and is_safe() are lock-free; seal(), poll() and retire() take the
-// epochs' own lock, so that a seal's stream query (about a microsecond) does
+// epochs' own lock, so that a seal's driver calls (about a microsecond) do
 // not hold up the owner's lock.
 #pragma once
 
@@ -20,6 +27,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <mutex>
 #include <vector>
 
 #include "cuemm/driver/cuda_api.hpp"
@@ -74,11 +82,16 @@ class ReuseEpochs {
   void retire() noexcept;
   // Seals that closed an epoch so far: one stream query each (statistics).
   std::uint64_t seals() const noexcept { return seals_.load(std::memory_order_relaxed); }
-  // Whether the legacy stream has work queued now (a stream query; it reads
-  // busy while any blocking or per-thread stream has): then cuMemFree and
-  // cuMemFreeHost would wait for all of it (Note [Growth while the GPU is
-  // busy]). False where the query fails.
-  bool legacy_stream_busy() const noexcept;
+  // Whether the GPU has work of this context queued now, on any stream where
+  // covers_every_stream(), else on the legacy stream (which reads busy while
+  // any blocking or per-thread stream is): then cuMemFree and cuMemFreeHost
+  // would wait for all of it (Note [Growth while the GPU is busy]). False
+  // where the driver's answer is an error.
+  bool gpu_busy() const noexcept;
+  // Whether seals cover work on every stream (the driver records an event for
+  // a whole context), rather than the legacy stream's. Asked of the driver
+  // once.
+  bool covers_every_stream() const noexcept;
 
  private:
   struct Sealed {
@@ -86,6 +99,8 @@ class ReuseEpochs {
     cuda::CUevent event;  // null: known complete
   };
   void seal_locked() noexcept;
+  // Every epoch through `closed` is safe: its events go back to the spares.
+  void mark_safe_through_locked(std::uint64_t closed) noexcept;
   void poll_locked(bool wait);
   // Marks the oldest sealed epoch safe once its event has completed (with
   // `wait`, waiting for it); false while it has not. sealed_ is not empty.
@@ -106,6 +121,11 @@ class ReuseEpochs {
   // sealer (16 threads of 64 MiB pairs on the H100: a third of their time).
   std::atomic<bool> sealing_{false};
   std::atomic<bool> freed_since_seal_{false};
+  // covers_every_stream()'s answer: 0 not asked yet, 1 every stream, 2 the legacy stream's.
+  mutable std::atomic<int> coverage_{0};
+  // gpu_busy()'s event, recorded for the whole context and queried at once.
+  mutable std::mutex probe_mutex_;
+  mutable cuda::CUevent probe_event_ = nullptr;
   // (Last: the class's size rounds up to its alignment, so nothing of the
   // owner's shares that line.)
 };
