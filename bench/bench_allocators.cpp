@@ -419,6 +419,26 @@ void DriverPoolStreamsWithKernels(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 
+// The pool used the same way, stream-ordered (allocate(size, stream), as RMM
+// and PyTorch call it): a free on a stream other than the default ones goes
+// to the quarantine, which the next seal's event covers (Note
+// [Stream-ordered reuse]).
+void PoolStreamOrderedStreamsWithKernels(benchmark::State& state) {
+  auto& pool = shared_manager<cuemm::PoolMemoryManager>();
+  KernelStreams& work = kernel_streams();
+  cuemm::ScopedContext scope(context());
+  const auto size = static_cast<std::size_t>(state.range(0));
+  std::size_t next = 0;
+  for (auto _ : state) {
+    const cuemm::Stream& stream = work.streams[next++ % work.streams.size()];
+    const cuemm::cuda::CUdeviceptr pointer = pool.allocate(size, stream.handle());
+    work.launch(pointer, size, stream);
+    pool.deallocate(pointer, size, stream.handle());
+  }
+  work.synchronize();
+  state.SetItemsProcessed(state.iterations());
+}
+
 // A workload of random_workload_of() with a kernel filling each new block,
 // on 4 streams in turn, through a new manager (as a program meets it, not
 // warmed by the benchmarks before): what a manager's driver calls and waits
@@ -605,6 +625,7 @@ BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::DefaultMemoryManager)->Arg(64 << 1
 BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::PoolMemoryManager)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
 BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::AsyncMemoryManager)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
 BENCHMARK(DriverPoolStreamsWithKernels)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
+BENCHMARK(PoolStreamOrderedStreamsWithKernels)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
 // Up to 64 MiB with 1 GiB live, a few passes (each launches about 5,000 kernels).
 constexpr std::size_t kNoDedicatedSegments = std::size_t{1} << 40;
 BENCHMARK_TEMPLATE(RandomSizesBesideKernels, cuemm::PoolMemoryManager)->Args({64L << 20, 1L << 30})->Iterations(2)->UseRealTime();

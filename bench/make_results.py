@@ -347,7 +347,8 @@ def main():
     raw_seals = {sz: seals.get(f"PoolRawAllocateFree/{sz}/real_time/threads:1") for sz in sizes}
     pinned_seals = {sz: seals.get(f"PinnedHostPoolAllocateFree/{sz}/real_time") for sz in (4096, 1 << 20, 64 << 20)}
     if any(v is not None for v in raw_seals.values()):
-        lines += ["Seals (a stream query each) per 1000 pairs, from the pools' statistics: the pool's raw pair, "
+        lines += ["Seals (each an event recorded for the context and queried; a stream query before CUDA 12.5) per 1000 "
+                  "pairs, from the pools' statistics: the pool's raw pair, "
                   "1 thread: " + ", ".join(f"{sz:,} B {v:.1f}" for sz, v in raw_seals.items() if v is not None) +
                   "; the pinned host pool: " +
                   ", ".join(f"{sz:,} B {v:.1f}" for sz, v in pinned_seals.items() if v is not None) + ".", ""]
@@ -356,7 +357,8 @@ def main():
     kernels = [("default manager (deferred cuMemFree)", "StreamsWithKernels<cuemm::DefaultMemoryManager>"),
                ("pool manager", "StreamsWithKernels<cuemm::PoolMemoryManager>"),
                ("async manager", "StreamsWithKernels<cuemm::AsyncMemoryManager>"),
-               ("driver's pool, on each kernel's stream", "DriverPoolStreamsWithKernels")]
+               ("driver's pool, on each kernel's stream", "DriverPoolStreamsWithKernels"),
+               ("pool manager, stream-ordered on each kernel's stream", "PoolStreamOrderedStreamsWithKernels")]
     if any(f"{name}/65536/real_time" in m for _, name in kernels):
         lines += ["## Allocation between kernels on 4 streams (C++)", "",
                   "Per allocate + kernel launch + free, ns (each stream in turn; the kernel fills the block).", "",
