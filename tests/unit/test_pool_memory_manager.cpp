@@ -361,7 +361,9 @@ TEST_F(Pool, SealsCoverTheLegacyStreamWhereTheDriverCannotRecordForTheContext) {
     other.reset();
     pool.trim();  // seals
     EXPECT_GT(simulation::call_count(refused ? "cuStreamQuery" : "cuCtxRecordEvent"), 0u);
-    if (!refused) EXPECT_EQ(simulation::call_count("cuStreamQuery"), 0u);
+    if (!refused) {
+      EXPECT_EQ(simulation::call_count("cuStreamQuery"), 0u);
+    }
     simulation::clear_faults();
   }
 }
