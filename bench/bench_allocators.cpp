@@ -384,39 +384,38 @@ KernelStreams& kernel_streams() {
   return *made;
 }
 
-template <typename Manager>
-void StreamsWithKernels(benchmark::State& state) {
-  Manager& manager = shared_manager<Manager>();
+// One allocate + launch + free a step (`step(work, stream, size)`), on the
+// kernel streams in turn, then the wait for them.
+template <typename Step>
+void on_kernel_streams(benchmark::State& state, Step&& step) {
   KernelStreams& work = kernel_streams();
   cuemm::ScopedContext scope(context());
   const auto size = static_cast<std::size_t>(state.range(0));
   std::size_t next = 0;
-  for (auto _ : state) {
-    const cuemm::Stream& stream = work.streams[next++ % work.streams.size()];
-    auto memory = manager.memalloc(size);
-    work.launch(memory->device_pointer(), size, stream);
-  }
+  for (auto _ : state) step(work, work.streams[next++ % work.streams.size()], size);
   work.synchronize();
   state.SetItemsProcessed(state.iterations());
+}
+
+template <typename Manager>
+void StreamsWithKernels(benchmark::State& state) {
+  Manager& manager = shared_manager<Manager>();
+  on_kernel_streams(state, [&](const KernelStreams& work, const cuemm::Stream& stream, std::size_t size) {
+    auto memory = manager.memalloc(size);
+    work.launch(memory->device_pointer(), size, stream);
+  });
 }
 
 // The driver's stream-ordered pool used on each kernel's own stream: the
 // stream orders reuse, so no allocator needs to wait.
 void DriverPoolStreamsWithKernels(benchmark::State& state) {
-  KernelStreams& work = kernel_streams();
-  cuemm::ScopedContext scope(context());
   const cuemm::cuda::CUmemoryPool pool = driver_pool();
-  const auto size = static_cast<std::size_t>(state.range(0));
-  std::size_t next = 0;
-  for (auto _ : state) {
-    const cuemm::Stream& stream = work.streams[next++ % work.streams.size()];
+  on_kernel_streams(state, [&](const KernelStreams& work, const cuemm::Stream& stream, std::size_t size) {
     cuemm::cuda::CUdeviceptr pointer = 0;
     CUEMM_CU(cuMemAllocFromPoolAsync, &pointer, size, pool, stream.handle());
     work.launch(pointer, size, stream);
     CUEMM_CU(cuMemFreeAsync, pointer, stream.handle());
-  }
-  work.synchronize();
-  state.SetItemsProcessed(state.iterations());
+  });
 }
 
 // The pool used the same way, stream-ordered (allocate(size, stream), as RMM
@@ -425,18 +424,11 @@ void DriverPoolStreamsWithKernels(benchmark::State& state) {
 // [Stream-ordered reuse]).
 void PoolStreamOrderedStreamsWithKernels(benchmark::State& state) {
   auto& pool = shared_manager<cuemm::PoolMemoryManager>();
-  KernelStreams& work = kernel_streams();
-  cuemm::ScopedContext scope(context());
-  const auto size = static_cast<std::size_t>(state.range(0));
-  std::size_t next = 0;
-  for (auto _ : state) {
-    const cuemm::Stream& stream = work.streams[next++ % work.streams.size()];
+  on_kernel_streams(state, [&](const KernelStreams& work, const cuemm::Stream& stream, std::size_t size) {
     const cuemm::cuda::CUdeviceptr pointer = pool.allocate(size, stream.handle());
     work.launch(pointer, size, stream);
     pool.deallocate(pointer, size, stream.handle());
-  }
-  work.synchronize();
-  state.SetItemsProcessed(state.iterations());
+  });
 }
 
 // A workload of random_workload_of() with a kernel filling each new block,

@@ -14,35 +14,17 @@
 // Build and run on the GPU machine:
 //   g++ -O2 -std=c++17 -pthread -I/usr/local/cuda/include -o /tmp/probe_free_beside bench/probes/probe_free_beside.cpp
 //     -L/usr/local/cuda/lib64/stubs -lcuda && /tmp/probe_free_beside
-#include <cuda.h>
-
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstddef>
 #include <cstdio>
 #include <thread>
 #include <vector>
 
-using Clock = std::chrono::steady_clock;
-static double us_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
-}
-static void check(CUresult r, const char* what) {
-  if (r == CUDA_SUCCESS) return;
-  const char* name = "?";
-  cuGetErrorName(r, &name);
-  std::printf("%s: %s\n", what, name);
-  std::exit(1);
-}
-#define CHECK(x) check((x), #x)
+#include "spin_kernel.hpp"
 
-static const char* kPtx = R"(.version 8.0
-.target sm_90
-.address_size 64
-.visible .entry spin(.param .u64 n) { .reg .u64 %r<5>; .reg .pred %p<2>; ld.param.u64 %r1, [n]; mov.u64 %r2, %clock64;
-L: mov.u64 %r3, %clock64; sub.u64 %r4, %r3, %r2; setp.lt.u64 %p1, %r4, %r1; @%p1 bra L; ret; }
-)";
+using probe::Clock;
+using probe::us_since;
 
 static double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -50,26 +32,8 @@ static double median(std::vector<double> v) {
 }
 
 int main() {
-  CHECK(cuInit(0));
-  CUdevice device;
-  CHECK(cuDeviceGet(&device, 0));
-  CUcontext context;
-  CHECK(cuDevicePrimaryCtxRetain(&context, device));
-  CHECK(cuCtxSetCurrent(context));
-  CUmodule module;
-  CHECK(cuModuleLoadData(&module, kPtx));
-  CUfunction spin;
-  CHECK(cuModuleGetFunction(&spin, module, "spin"));
-
-  unsigned long long iterations = 1ull << 24;
-  void* args[] = {&iterations};
-  auto start = Clock::now();
-  CHECK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, CU_STREAM_LEGACY, args, nullptr));
-  CHECK(cuCtxSynchronize());
-  const unsigned long long long_spin = static_cast<unsigned long long>(iterations * 50000.0 / us_since(start));
-  unsigned long long no_spin = 0;
-  void* short_args[] = {&no_spin};
-
+  const probe::SpinKernel kernel;
+  const CUcontext context = kernel.context;
   CUstream busy, other;
   CHECK(cuStreamCreate(&busy, CU_STREAM_NON_BLOCKING));
   CHECK(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
@@ -83,8 +47,7 @@ int main() {
     CHECK(cuMemAlloc(&spare, 64 << 20));
     CHECK(cuMemAlloc(&kept, 2 << 20));
     CHECK(cuCtxSynchronize());
-    iterations = long_spin;
-    CHECK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, busy, args, nullptr));
+    kernel.launch_fifty_ms(busy);
     std::atomic<bool> freeing{false};
     double free_us = 0;
     std::thread releaser([&] {
@@ -102,7 +65,7 @@ int main() {
     CHECK(cuMemAlloc(&fresh, 2 << 20));
     const double alloc_us = us_since(at);
     at = Clock::now();
-    CHECK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, other, short_args, nullptr));
+    kernel.launch(0, other);
     const double launch_us = us_since(at);
     at = Clock::now();
     CHECK(cuEventRecord(event, other));
@@ -162,8 +125,7 @@ int main() {
   {
     CUdeviceptr block = 0;
     CHECK(cuMemAlloc(&block, 2 << 20));
-    iterations = long_spin;
-    CHECK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, busy, args, nullptr));
+    kernel.launch_fifty_ms(busy);
     const auto at = Clock::now();
     const CUresult r = cuMemFreeAsync(block, other);
     const double us = us_since(at);
@@ -185,8 +147,7 @@ int main() {
                  {"non-blocking stream", busy}, {"per-thread stream", CU_STREAM_PER_THREAD}, {"none (idle)", nullptr}};
     auto name_of = [](CUresult r) { return r == CUDA_SUCCESS ? "idle" : r == CUDA_ERROR_NOT_READY ? "busy" : "an error"; };
     for (const Case& c : cases) {
-      iterations = long_spin;
-      if (c.stream) CHECK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, c.stream, args, nullptr));
+      if (c.stream) kernel.launch_fifty_ms(c.stream);
       const CUresult legacy = cuStreamQuery(CU_STREAM_LEGACY);
       std::vector<double> record_times, query_times;
       CUresult whole = CUDA_SUCCESS;

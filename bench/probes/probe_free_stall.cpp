@@ -8,56 +8,17 @@
 // machine (docs/pool-measurements.md has its figures):
 //   g++ -O2 -std=c++17 -I/usr/local/cuda/include -o /tmp/probe_free_stall bench/probes/probe_free_stall.cpp
 //     -L/usr/local/cuda/lib64/stubs -lcuda && /tmp/probe_free_stall
-#include <cuda.h>
-
-#include <chrono>
 #include <cstddef>
 #include <cstdio>
 #include <initializer_list>
 
-using Clock = std::chrono::steady_clock;
-static double us_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
-}
-#define CHECK(x)                                                    \
-  do {                                                              \
-    CUresult r = (x);                                               \
-    if (r) {                                                        \
-      const char* name;                                             \
-      cuGetErrorName(r, &name);                                     \
-      std::printf("%s: %s\n", #x, name);                            \
-      return 1;                                                     \
-    }                                                               \
-  } while (0)
+#include "spin_kernel.hpp"
 
-static const char* kPtx = R"(.version 8.0
-.target sm_90
-.address_size 64
-.visible .entry spin(.param .u64 n) { .reg .u64 %r<5>; .reg .pred %p<2>; ld.param.u64 %r1, [n]; mov.u64 %r2, %clock64;
-L: mov.u64 %r3, %clock64; sub.u64 %r4, %r3, %r2; setp.lt.u64 %p1, %r4, %r1; @%p1 bra L; ret; }
-)";
+using probe::Clock;
+using probe::us_since;
 
 int main() {
-  CHECK(cuInit(0));
-  CUdevice device;
-  CHECK(cuDeviceGet(&device, 0));
-  CUcontext context;
-  CHECK(cuDevicePrimaryCtxRetain(&context, device));
-  CHECK(cuCtxSetCurrent(context));
-  CUmodule module;
-  CHECK(cuModuleLoadData(&module, kPtx));
-  CUfunction spin;
-  CHECK(cuModuleGetFunction(&spin, module, "spin"));
-
-  // Calibrate: clock cycles for about 50 ms (a loop that counts is optimised away).
-  unsigned long long iterations = 1ull << 24;
-  void* args[] = {&iterations};
-  auto start = Clock::now();
-  CHECK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, CU_STREAM_LEGACY, args, nullptr));
-  CHECK(cuCtxSynchronize());
-  const double calibration_us = us_since(start);
-  iterations = static_cast<unsigned long long>(iterations * 50000.0 / calibration_us);
-  std::printf("spin kernel: %.0f us for 2^24 cycles; using %llu for about 50 ms\n", calibration_us, iterations);
+  const probe::SpinKernel kernel;
 
   CUstream blocking, non_blocking;
   CHECK(cuStreamCreate(&blocking, CU_STREAM_DEFAULT));
@@ -74,7 +35,7 @@ int main() {
         CHECK(cuMemAlloc(&spare, bytes));
         CHECK(cuCtxSynchronize());
         const auto launched = Clock::now();
-        if (c.stream) CHECK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, c.stream, args, nullptr));
+        if (c.stream) kernel.launch_fifty_ms(c.stream);
         auto at = Clock::now();
         CHECK(cuMemFree(spare));
         const double free_us = us_since(at);
@@ -115,7 +76,7 @@ int main() {
       access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
       CHECK(cuMemSetAccess(range, granularity, &access, 1));
       CHECK(cuCtxSynchronize());
-      if (c.stream) CHECK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, c.stream, args, nullptr));
+      if (c.stream) kernel.launch_fifty_ms(c.stream);
       auto at = Clock::now();
       CHECK(cuMemFreeHost(host));
       const double free_host_us = us_since(at);
@@ -137,7 +98,7 @@ int main() {
   Case query_cases[] = {{"legacy stream", CU_STREAM_LEGACY}, {"blocking stream", blocking},
                         {"non-blocking stream", non_blocking}, {"per-thread stream", CU_STREAM_PER_THREAD}};
   for (const Case& c : query_cases) {
-    CHECK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, c.stream, args, nullptr));
+    kernel.launch_fifty_ms(c.stream);
     const CUresult legacy = cuStreamQuery(CU_STREAM_LEGACY);
     CHECK(cuCtxSynchronize());
     std::printf("kernel on %-20s the legacy stream's query reads %s\n", c.name,

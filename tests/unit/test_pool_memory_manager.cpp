@@ -380,10 +380,11 @@ TEST_F(Pool, AWaitForFreedBlocksWaitsOnlyForTheEpochsItNeeds) {
   pool.initialize();
   Module module = context.load_module(cuemm::testing::test_kernels_ptx());
   Stream short_stream = context.create_stream(), long_stream = context.create_stream();
-  DeviceArray<std::uint32_t> target(32, context);
+  // Each kernel fills words of its own: the two run side by side.
+  DeviceArray<std::uint32_t> target(64, context);
   auto spin = [&](const Stream& stream, std::uint64_t nanoseconds) {
-    module.function("cuemm_spin_fill_u32")
-        .launch({1}, {32}, stream, target.device_pointer(), 1u, std::uint64_t{32}, nanoseconds);
+    const cuda::CUdeviceptr words = target.device_pointer() + (&stream == &long_stream ? 128 : 0);
+    module.function("cuemm_spin_fill_u32").launch({1}, {32}, stream, words, 1u, std::uint64_t{32}, nanoseconds);
   };
   // Nine blocks with segments of their own (the peak: 72 MiB); the free that
   // makes eight wait for the GPU seals them (allocate_dedicated()'s rotation).
