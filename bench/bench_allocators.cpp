@@ -629,6 +629,12 @@ BENCHMARK_TEMPLATE(TrainingStepsBesideKernels, cuemm::PoolMemoryManager)->Args({
 BENCHMARK_TEMPLATE(TrainingStepsBesideKernels, cuemm::PoolMemoryManager, kNoDedicatedSegments)
     ->Args({0, kTrainingRoundSizes})->Iterations(2)->UseRealTime();
 BENCHMARK_TEMPLATE(TrainingStepsBesideKernels, cuemm::AsyncMemoryManager)->Args({0, kTrainingRoundSizes})->Iterations(2)->UseRealTime();
+// Each layer's sizes its own: the sizes the pool reuses least.
+constexpr long kTrainingPerLayer = static_cast<long>(cuemm::workload::TrainingShapes::per_layer);
+BENCHMARK_TEMPLATE(TrainingStepsBesideKernels, cuemm::PoolMemoryManager)->Args({0, kTrainingPerLayer})->Iterations(2)->UseRealTime();
+BENCHMARK_TEMPLATE(TrainingStepsBesideKernels, cuemm::PoolMemoryManager, kNoDedicatedSegments)
+    ->Args({0, kTrainingPerLayer})->Iterations(2)->UseRealTime();
+BENCHMARK_TEMPLATE(TrainingStepsBesideKernels, cuemm::AsyncMemoryManager)->Args({0, kTrainingPerLayer})->Iterations(2)->UseRealTime();
 
 BENCHMARK(DriverLegacyStreamQueryAfterThreadsEnded)->Arg(1)->Arg(1000)->UseRealTime();
 

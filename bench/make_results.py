@@ -43,6 +43,10 @@ def fmt(ns):
     return f"{ns:,.0f}" if ns >= 100 else f"{ns:.1f}"
 
 
+# workload::TrainingShapes::per_layer, the benchmarks' second argument.
+PER_LAYER_SHAPES = 2
+
+
 def beside_kernels_lines(runs):
     """RandomSizesBesideKernels and TrainingStepsBesideKernels: each manager's ns per operation, and the
     pool's driver calls per operation (and, for training, the waits for the GPU it avoided)."""
@@ -66,6 +70,10 @@ def beside_kernels_lines(runs):
          "so that work is queued ahead whenever the host allocates; ns per operation over two passes, each "
          "with the wait for its kernels. Waits avoided: where the pool would have given spares back or waited "
          "for freed blocks while the GPU was busy, and grew instead (Note [Growth while the GPU is busy])."),
+        ("TrainingStepsBesideKernels", f"/0/{PER_LAYER_SHAPES}/iterations:2/real_time",
+         "## Training steps of per-layer sizes beside kernels (C++)",
+         "The same with `--shapes per-layer` (each layer's sizes its own, drawn once; seed 1): the sizes the "
+         "pool reuses least."),
     ]
     lines = []
     for benchmark, key, heading, text in workloads:
