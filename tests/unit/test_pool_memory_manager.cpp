@@ -321,6 +321,56 @@ void Pool::growth_past_the_peak_while_busy(const Stream& stream) {
   expect_it_waits(strict, 12 * kMiB);
 }
 
+// A wait forced while the GPU is busy (past the room of an eighth) doubles
+// the room for the next growth, and the GPU read idle at such a decision
+// narrows it again.
+TEST_F(Pool, TheRoomPastThePeakWidensWhileTheGpuStaysBusy) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
+  Stream stream = context.create_stream();
+  DeviceArray<std::uint32_t> words(32, context);
+  auto spin = [&] {
+    module.function("cuemm_spin_fill_u32")
+        .launch({1}, {32}, stream, words.device_pointer(), 1u, std::uint64_t{32}, std::uint64_t{300'000'000});
+  };
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  // Blocks of 8 MiB up to 128 MiB reserved, then freed: the peak, with spares
+  // that no larger request fits.
+  auto to_the_peak_with_spares = [&] {
+    std::vector<std::shared_ptr<MemoryPointer>> blocks;
+    while (pool.statistics().reserved_bytes < 128 * kMiB) blocks.push_back(pool.memalloc(8 * kMiB));
+  };
+  to_the_peak_with_spares();
+  ASSERT_EQ(pool.statistics().reserved_bytes, 128 * kMiB);
+  auto request_while_busy = [&](std::size_t bytes) {
+    spin();
+    const PoolStatistics before = pool.statistics();
+    auto block = pool.memalloc(bytes);
+    const bool waited = pool.statistics().driver_frees > before.driver_frees;
+    EXPECT_EQ(stream.query(), waited) << bytes / kMiB << " MiB: the kernel ran on after a wait, or ended without one";
+    stream.synchronize();
+    return std::make_pair(block, waited);
+  };
+  // 24 MiB past the peak is past an eighth: it waits, and the room widens.
+  auto [first, first_waited] = request_while_busy(24 * kMiB);
+  EXPECT_TRUE(first_waited);
+  EXPECT_LE(pool.statistics().reserved_bytes, 128 * kMiB);
+  // Within a quarter now: the next 24 MiB past the peak grows without a wait.
+  to_the_peak_with_spares();
+  auto [second, second_waited] = request_while_busy(24 * kMiB);
+  EXPECT_FALSE(second_waited) << "the room did not widen after a wait forced while the GPU was busy";
+  EXPECT_EQ(pool.statistics().reserved_bytes, 152 * kMiB);
+  // The GPU idle at the next such decision: the room is an eighth again.
+  second.reset();
+  auto idle = pool.memalloc(32 * kMiB);
+  EXPECT_LE(pool.statistics().reserved_bytes, 128 * kMiB);
+  idle.reset();
+  to_the_peak_with_spares();
+  auto [third, third_waited] = request_while_busy(24 * kMiB);
+  EXPECT_TRUE(third_waited) << "the room stayed wide after the GPU read idle";
+}
+
 // On a non-blocking stream, which the legacy stream does not wait for: where
 // the driver records an event for the whole context (CUDA 12.5), seals cover
 // its work too, as cuMemFree waits for it.

@@ -176,8 +176,10 @@ struct PoolOptions {
   // peak, rather than wait for a busy GPU: giving spares back waits for all
   // the GPU's queued work (cuMemFree does), as does waiting for freed blocks
   // (Note [Growth while the GPU is busy], in pool/core.hpp). Up to its peak
-  // it grows rather than wait whatever this is. 0 keeps the footprint
-  // within the peak, waiting where it must. CUEMM_POOL_BUSY_OVERSHOOT.
+  // it grows rather than wait whatever this is. A wait forced while the GPU
+  // is busy doubles it, up to twice this, until the GPU reads idle at such a
+  // decision. 0 keeps the footprint within the peak, waiting where it must.
+  // CUEMM_POOL_BUSY_OVERSHOOT.
   double busy_overshoot = 0.125;
   // Pinned and mapped host memory from a PinnedHostPool (CUEMM_PINNED_HOST_POOL=0 turns it off).
   bool pinned_host_pool = true;
