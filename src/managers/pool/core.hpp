@@ -520,13 +520,15 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     growing_while_busy = false;
     const std::size_t reserved = reserved_bytes();
     busy_overshoot = std::min(busy_overshoot, past_peak(reserved));
-    if (options.busy_overshoot == 0) return false;
+    const double room = options.busy_overshoot * busy_room_widening;
+    const bool within_room =
+        reserved + more <= peak_reserved + static_cast<std::size_t>(static_cast<double>(peak_reserved) * room);
+    if (!within_room && options.busy_overshoot == 0) return false;  // (no room to widen: no need to ask)
     if (!epochs.gpu_busy()) {
       busy_room_widening = 1;
       return false;
     }
-    const double room = options.busy_overshoot * busy_room_widening;
-    if (reserved + more > peak_reserved + static_cast<std::size_t>(static_cast<double>(peak_reserved) * room)) {
+    if (!within_room) {
       busy_room_widening = std::min(2 * busy_room_widening, kMostBusyRoomWidening);
       return false;
     }

@@ -80,7 +80,8 @@ class ReuseEpochs {
   bool poll_until_safe(std::uint64_t epoch, std::chrono::nanoseconds budget);
   // Waits for and destroys every event (the owner is going away).
   void retire() noexcept;
-  // Seals that closed an epoch so far: one stream query each (statistics).
+  // Seals that closed an epoch so far (statistics): each records an event for
+  // the context and queries it, or queries the legacy stream first.
   std::uint64_t seals() const noexcept { return seals_.load(std::memory_order_relaxed); }
   // Whether the GPU has work of this context queued now, on any stream where
   // covers_every_stream(), else on the legacy stream (which reads busy while
