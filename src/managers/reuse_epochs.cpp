@@ -80,11 +80,7 @@ bool ReuseEpochs::covers_every_stream() const noexcept {
   if (const int known = coverage_.load(std::memory_order_acquire); known != kUnknown) return known == kEveryStream;
   cuda::CUresult recorded = cuda::CUDA_ERROR_NOT_SUPPORTED;
   try {
-    ScopedContext scope(*context_);
-    if (driver::Driver::get().api().cuCtxRecordEvent) {
-      if (!probe_event_) CUEMM_CU(cuEventCreate, &probe_event_, cuda::CU_EVENT_DISABLE_TIMING);
-      recorded = CUEMM_CU_RESULT(cuCtxRecordEvent, context_->handle(), probe_event_);
-    }
+    if (driver::Driver::get().api().cuCtxRecordEvent) recorded = record_probe_locked();
   } catch (const std::exception&) {
     return false;  // (no context yet, say: the legacy stream's this time, and ask again)
   }
@@ -95,13 +91,18 @@ bool ReuseEpochs::covers_every_stream() const noexcept {
   return every;
 }
 
+cuda::CUresult ReuseEpochs::record_probe_locked() const {
+  ScopedContext scope(*context_);
+  if (!probe_event_) CUEMM_CU(cuEventCreate, &probe_event_, cuda::CU_EVENT_DISABLE_TIMING);
+  return CUEMM_CU_RESULT(cuCtxRecordEvent, context_->handle(), probe_event_);
+}
+
 bool ReuseEpochs::gpu_busy() const noexcept {
   try {
     ScopedContext scope(*context_);
     if (covers_every_stream()) {
       std::lock_guard lock(probe_mutex_);
-      if (!probe_event_) CUEMM_CU(cuEventCreate, &probe_event_, cuda::CU_EVENT_DISABLE_TIMING);
-      if (CUEMM_CU_RESULT(cuCtxRecordEvent, context_->handle(), probe_event_) == cuda::CUDA_SUCCESS)
+      if (record_probe_locked() == cuda::CUDA_SUCCESS)
         return CUEMM_CU_RESULT(cuEventQuery, probe_event_) == cuda::CUDA_ERROR_NOT_READY;
     }
     return CUEMM_CU_RESULT(cuStreamQuery, cuda::CU_STREAM_LEGACY) == cuda::CUDA_ERROR_NOT_READY;

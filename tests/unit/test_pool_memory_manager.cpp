@@ -343,32 +343,37 @@ TEST_F(Pool, TheRoomPastThePeakWidensWhileTheGpuStaysBusy) {
   };
   to_the_peak_with_spares();
   ASSERT_EQ(pool.statistics().reserved_bytes, 128 * kMiB);
-  auto request_while_busy = [&](std::size_t bytes) {
-    spin();
+  // A request while the kernel runs: whether the pool gave spares back (and
+  // so waited for the kernel).
+  auto waits_for = [&](std::shared_ptr<MemoryPointer>& block, std::size_t bytes) {
     const PoolStatistics before = pool.statistics();
-    auto block = pool.memalloc(bytes);
+    block = pool.memalloc(bytes);
     const bool waited = pool.statistics().driver_frees > before.driver_frees;
     EXPECT_EQ(stream.query(), waited) << bytes / kMiB << " MiB: the kernel ran on after a wait, or ended without one";
-    stream.synchronize();
-    return std::make_pair(block, waited);
+    return waited;
   };
   // 24 MiB past the peak is past an eighth: it waits, and the room widens.
-  auto [first, first_waited] = request_while_busy(24 * kMiB);
-  EXPECT_TRUE(first_waited);
+  std::shared_ptr<MemoryPointer> first, second, third;
+  spin();
+  EXPECT_TRUE(waits_for(first, 24 * kMiB));
   EXPECT_LE(pool.statistics().reserved_bytes, 128 * kMiB);
-  // Within a quarter now: the next 24 MiB past the peak grows without a wait.
+  // The GPU busy again before the pool decides anything (a decision that
+  // found it idle would narrow the room): within a quarter now, the next
+  // 24 MiB past the peak grows without a wait.
+  spin();
   to_the_peak_with_spares();
-  auto [second, second_waited] = request_while_busy(24 * kMiB);
-  EXPECT_FALSE(second_waited) << "the room did not widen after a wait forced while the GPU was busy";
+  EXPECT_FALSE(waits_for(second, 24 * kMiB)) << "the room did not widen after a wait forced while the GPU was busy";
   EXPECT_EQ(pool.statistics().reserved_bytes, 152 * kMiB);
+  stream.synchronize();
   // The GPU idle at the next such decision: the room is an eighth again.
   second.reset();
   auto idle = pool.memalloc(32 * kMiB);
   EXPECT_LE(pool.statistics().reserved_bytes, 128 * kMiB);
   idle.reset();
+  spin();
   to_the_peak_with_spares();
-  auto [third, third_waited] = request_while_busy(24 * kMiB);
-  EXPECT_TRUE(third_waited) << "the room stayed wide after the GPU read idle";
+  EXPECT_TRUE(waits_for(third, 24 * kMiB)) << "the room stayed wide after the GPU read idle";
+  stream.synchronize();
 }
 
 // On a non-blocking stream, which the legacy stream does not wait for: where

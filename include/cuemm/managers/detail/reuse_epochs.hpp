@@ -102,6 +102,8 @@ class ReuseEpochs {
   void seal_locked() noexcept;
   // Every epoch through `closed` is safe: its events go back to the spares.
   void mark_safe_through_locked(std::uint64_t closed) noexcept;
+  // Records probe_event_ (made at first use) for the whole context. Under probe_mutex_.
+  cuda::CUresult record_probe_locked() const;
   void poll_locked(bool wait);
   // Marks the oldest sealed epoch safe once its event has completed (with
   // `wait`, waiting for it); false while it has not. sealed_ is not empty.
