@@ -181,6 +181,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   double busy_room_widening = 1;
   static constexpr double kMostBusyRoomWidening = 2;
   bool growing_while_busy = false;
+  // Whether the room forced this request to wait: the GPU then reads idle
+  // because the pool waited, which says nothing of the program's pace.
+  bool room_forced_a_wait = false;
   std::size_t gpu_waits_avoided = 0;  // PoolStatistics'
   std::vector<std::unique_ptr<ThreadCache>> caches;
   int defer_depth = 0;
@@ -525,11 +528,12 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
         reserved + more <= peak_reserved + static_cast<std::size_t>(static_cast<double>(peak_reserved) * room);
     if (!within_room && options.busy_overshoot == 0) return false;  // (no room to widen: no need to ask)
     if (!epochs.gpu_busy()) {
-      busy_room_widening = 1;
+      if (!room_forced_a_wait) busy_room_widening = 1;
       return false;
     }
     if (!within_room) {
-      busy_room_widening = std::min(2 * busy_room_widening, kMostBusyRoomWidening);
+      if (!std::exchange(room_forced_a_wait, true))
+        busy_room_widening = std::min(2 * busy_room_widening, kMostBusyRoomWidening);
       return false;
     }
     growing_while_busy = true;

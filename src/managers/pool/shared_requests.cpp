@@ -7,7 +7,7 @@ namespace cuemm {
 std::uintptr_t PoolMemoryManager::Core::allocate_from_index(std::size_t size, ThreadCache* own, bool in_a_loop) {
   if (auto address = take_block(size)) [[likely]]
     return *address;
-  growing_while_busy = false;  // (decided for this request only)
+  growing_while_busy = room_forced_a_wait = false;  // (decided for this request only)
   // A long loop whose frees wait in the quarantine grows the pool once its
   // seals have cost about as much as a new segment (as allocate_dedicated()).
   // Only a loop (the thread's requests that reached the index were for
@@ -123,7 +123,7 @@ std::uintptr_t PoolMemoryManager::Core::allocate_dedicated(std::size_t size, boo
   if (segment == 0) throw OutOfMemory("PoolMemoryManager::allocate", size, "no device has that much memory");
   const bool recurs = options.split_spares && saw_large_size(size);
   if (auto base = dedicated.take_spare(segment)) return *base;
-  growing_while_busy = false;  // (decided for this request only)
+  growing_while_busy = room_forced_a_wait = false;  // (decided for this request only)
   // Reusing a segment freed since the last seal costs a stream query (a
   // third of a microsecond on the H100, and in Python the GIL's hand-over);
   // a new segment costs about 0.1 ms once (see RentOrBuy). Idle segments
