@@ -17,6 +17,12 @@ echo "== README (the two commands first)"
 echo "== C++ tests (ctest)"
 (cd "$build" && ctest --output-on-failure --timeout 300) || status=1
 
+echo "== the pools' tests with seals on the legacy stream (a driver before CUDA 12.5: cuCtxRecordEvent refused)"
+for suite in test_pool_memory_manager test_pinned_host_pool test_manager_conformance; do
+  CUEMM_DRIVER=sim CUEMM_SIM_FAULTS=cuCtxRecordEvent:1:801:1000000000000 "$build/bin/$suite" --gtest_brief=1 \
+    >"/tmp/cuemm-legacy-seals-$suite.txt" 2>&1 || { tail -30 "/tmp/cuemm-legacy-seals-$suite.txt"; status=1; }
+done
+
 echo "== benchmark smoke (fails only if a benchmark crashes, never on timing)"
 if [ -x "$build/bin/bench_allocators" ]; then
   # A simulated device of 128 GiB (backed lazily): the benchmarks keep one pool

@@ -91,6 +91,21 @@ inline std::string test_kernels_ptx() {
   return text.str();
 }
 
+// Whether the driver records events for a whole context (cuCtxRecordEvent,
+// CUDA 12.5), asked of it: a driver before 12.5 lacks the call, and the
+// simulated one refuses it where CUEMM_SIM_FAULTS says so (run-tests.sh runs
+// the pools' tests so, as on such a driver). The pools' seals then cover the
+// legacy stream's work only.
+inline bool context_events_work(Context& context) {
+  if (!driver::Driver::get().api().cuCtxRecordEvent) return false;
+  ScopedContext scope(context);
+  cuda::CUevent event = nullptr;
+  CUEMM_CU(cuEventCreate, &event, cuda::CU_EVENT_DISABLE_TIMING);
+  const bool recorded = CUEMM_CU_RESULT(cuCtxRecordEvent, context.handle(), event) == cuda::CUDA_SUCCESS;
+  CUEMM_CU(cuEventDestroy, event);
+  return recorded;
+}
+
 // The driver calls that start a seal of the pools' reuse epochs (simulated
 // driver): cuCtxRecordEvent where seals cover every stream, else a query of
 // the legacy stream (ReuseEpochs).
