@@ -53,6 +53,7 @@
 #include "bench_command.hpp"
 #include "best_fit_reference.hpp"
 #include "cuemm/cuemm.hpp"
+#include "cuemm/managers/detail/reuse_epochs.hpp"
 #include "random_workload.hpp"
 #include "tool_options.hpp"
 #include "util/atomic_max.hpp"
@@ -451,6 +452,16 @@ int run(std::vector<std::string> args) {
         if (j != i && device.can_access_peer(Device::get(j))) peers += (peers.empty() ? "" : ", ") + std::to_string(j);
       }
       std::printf("%s\n", peers.empty() ? "" : ("; can access the memory of device(s) " + peers).c_str());
+    }
+    // What the pools wait for before they reuse a block freed without a stream (Note [Stream-safe reuse]).
+    if (Device::count() > 0) {
+      detail::ReuseEpochs epochs(&Device::get(0).primary_context());
+      std::printf("pools reuse a freed block once %s\n",
+                  epochs.covers_every_stream()
+                      ? "the work queued before its free has run, on every stream (cuCtxRecordEvent)"
+                      : "the legacy and blocking streams' work queued before its free has run (no cuCtxRecordEvent: "
+                        "synchronise a non-blocking stream before freeing what it uses)");
+      epochs.retire();  // (its probe's event)
     }
     std::printf("manager for new contexts: %s; bundled: ", memory_manager_name().c_str());
     for (const auto& name : bundled_memory_managers()) std::printf("%s ", name.c_str());

@@ -10,6 +10,11 @@ trap 'rm -rf "$work"' EXIT
 
 "$tool" info >"$work/info.txt"
 grep -q "^device 0: " "$work/info.txt"
+grep -q "^pools reuse a freed block once the work queued before its free has run, on every stream" "$work/info.txt"
+# A driver without cuCtxRecordEvent (here the simulated one refusing it): the legacy stream's work, said so.
+if grep -q simulated "$work/info.txt"; then
+  CUEMM_SIM_FAULTS=cuCtxRecordEvent:1:801:1000000 "$tool" info | grep -q "^pools reuse a freed block once the legacy and blocking streams' work"
+fi
 "$tool" random --operations 3000 --max-size 2M --live 64M --manager pool >"$work/random.txt"
 # A pool counts its stream queries, and the driver calls that took and gave back memory
 # (one segment at least for 64 MiB live).
