@@ -7,7 +7,7 @@
 // least 4 KiB). A released block is reused only after work queued before its
 // release has completed (see ReuseEpochs). When the oldest released block of
 // the kind and size is not ready, a small block is allocated anew until 16
-// were released (then the epoch is sealed: one stream query), and a large
+// were released (then the epoch is sealed: two driver calls), and a large
 // one (1 MiB or more) is waited for, as waiting costs less than allocating.
 // Released blocks rotate, so a loop pays a seal per rotation: up to 64 small
 // ones of a kind and size within 32 MiB, and 16 large ones within 512 MiB
@@ -46,7 +46,7 @@ struct PinnedHostPoolStatistics {
   std::size_t cached_registrations = 0;
   std::size_t hits = 0;             // allocations and pins served from the caches
   std::size_t misses = 0;
-  std::size_t seals = 0;            // epochs sealed so far, a stream query each
+  std::size_t seals = 0;            // epochs sealed so far, two driver calls each (ReuseEpochs)
 };
 
 class PinnedHostPool {

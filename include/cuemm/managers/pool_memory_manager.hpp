@@ -202,8 +202,9 @@ struct PoolStatistics {
   std::size_t cached_bytes = 0;       // freed into the per-thread caches (stream-ordered frees too)
   std::size_t segments = 0;
   std::size_t free_blocks = 0;
-  // Epochs sealed so far, a stream query each (Note [Stream-safe reuse]): what
-  // the stream-less interface pays for reuse; a loop pays one per rotation.
+  // Epochs sealed so far, two driver calls each (an event recorded for the
+  // context and queried; Note [Stream-safe reuse]): what the stream-less
+  // interface pays for reuse; a loop pays one per rotation.
   std::size_t seals = 0;
   // Driver calls so far that took memory (a segment's cuMemAlloc, or an
   // expandable arena's cuMemCreate and map) and that gave it back: what a

@@ -65,7 +65,7 @@ class ReuseEpochs {
   bool try_seal() noexcept;
   // Seals the open epoch if `epoch` is still open, then marks completed
   // epochs safe. Threads that queue for the lock behind one that sealed
-  // find their tags sealed already: one stream query serves them all.
+  // find their tags sealed already: one seal serves them all.
   // (The caller checks is_safe() after.)
   void seal_through(std::uint64_t epoch) noexcept;
   // Marks completed epochs safe; with `wait`, waits for every sealed one.
