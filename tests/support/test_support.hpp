@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cuemm/cuemm.hpp"
+#include "cuemm/managers/detail/reuse_epochs.hpp"
 
 namespace cuemm::testing {
 
@@ -91,19 +92,17 @@ inline std::string test_kernels_ptx() {
   return text.str();
 }
 
-// Whether the driver records events for a whole context (cuCtxRecordEvent,
-// CUDA 12.5), asked of it: a driver before 12.5 lacks the call, and the
-// simulated one refuses it where CUEMM_SIM_FAULTS says so (run-tests.sh runs
-// the pools' tests so, as on such a driver). The pools' seals then cover the
-// legacy stream's work only.
+// Whether the pools' seals cover every stream: the driver records events for
+// a whole context (cuCtxRecordEvent, CUDA 12.5). A driver before 12.5 lacks
+// the call, and the simulated one refuses it where CUEMM_SIM_FAULTS says so
+// (run-tests.sh runs the pools' tests so, as on such a driver); the seals
+// then cover the legacy stream's work only. Asks ReuseEpochs itself, as the
+// pools do.
 inline bool context_events_work(Context& context) {
-  if (!driver::Driver::get().api().cuCtxRecordEvent) return false;
-  ScopedContext scope(context);
-  cuda::CUevent event = nullptr;
-  CUEMM_CU(cuEventCreate, &event, cuda::CU_EVENT_DISABLE_TIMING);
-  const bool recorded = CUEMM_CU_RESULT(cuCtxRecordEvent, context.handle(), event) == cuda::CUDA_SUCCESS;
-  CUEMM_CU(cuEventDestroy, event);
-  return recorded;
+  detail::ReuseEpochs epochs(&context);
+  const bool every_stream = epochs.covers_every_stream();
+  epochs.retire();  // (its probe's event)
+  return every_stream;
 }
 
 // The driver calls that start a seal of the pools' reuse epochs (simulated
