@@ -207,6 +207,9 @@ bool ReuseEpochs::wait_for_oldest() {
 }
 
 bool ReuseEpochs::poll_until_safe(std::uint64_t epoch, std::chrono::nanoseconds budget) {
+  // Safe already (a seal that found the GPU idle): no clock to read, no lock
+  // to take (60 ns of a 0.5 us seal on the H100).
+  if (is_safe(epoch)) return true;
   const auto deadline = std::chrono::steady_clock::now() + budget;
   for (;;) {
     poll(false);
