@@ -160,8 +160,15 @@ void ReuseEpochs::seal_locked() noexcept {
     std::fprintf(stderr, "cuemm: cannot record a reuse event (%s); synchronising instead\n", error.what());
     // The event may be stale (its context was reset): never reuse it.
     if (entry.event) CUEMM_CU_RESULT(cuEventDestroy, entry.event);
-    CUEMM_CU_RESULT(cuCtxSynchronize);
-    sealed_.push_back({closed, nullptr});
+    if (CUEMM_CU_RESULT(cuCtxSynchronize) == cuda::CUDA_SUCCESS) {
+      sealed_.push_back({closed, nullptr});
+      return;
+    }
+    // Not waited for either (the driver refuses both while a graph is being
+    // captured): the closed epoch's frees stay unsafe, and the next seal
+    // covers them, as its event comes after them (an epoch turns safe with
+    // any later one).
+    freed_since_seal_.store(true, std::memory_order_relaxed);
   }
 }
 

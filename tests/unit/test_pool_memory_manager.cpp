@@ -426,6 +426,29 @@ TEST_F(Pool, SealsCoverTheLegacyStreamWhereTheDriverCannotRecordForTheContext) {
   }
 }
 
+// A seal that can neither record an event nor synchronise (the driver
+// refuses both while a graph is being captured, say) leaves its frees unsafe:
+// the work queued before them may still run. The next seal that works covers
+// them. (Before, such a seal marked them safe without having waited.)
+TEST_F(Pool, ASealThatCannotWaitForTheGpuLeavesItsFreesUnsafe) {
+  CUEMM_REQUIRE_SIMULATION();  // (refuses the driver's calls)
+  ScopedContext scope(context);
+  detail::ReuseEpochs epochs(&context);
+  (void)epochs.covers_every_stream();  // (asked of the driver before the refusals)
+  const std::uint64_t freed = epochs.tag();
+  for (const char* call : {"cuCtxRecordEvent", "cuEventRecord", "cuCtxSynchronize"})
+    simulation::inject_fault(call, 1, cuda::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  simulation::inject_fault("cuStreamQuery", 1, cuda::CUDA_ERROR_NOT_READY);  // (legacy seals: the stream reads busy)
+  epochs.seal();
+  simulation::clear_faults();
+  epochs.poll(true);
+  EXPECT_FALSE(epochs.is_safe(freed));
+  epochs.seal();
+  epochs.poll(true);
+  EXPECT_TRUE(epochs.is_safe(freed));
+  epochs.retire();
+}
+
 // Where the pool must wait for freed blocks, it waits for the oldest epochs
 // only until one fits: a block freed behind a short kernel comes back while
 // a long kernel queued after it still runs (before, the wait was for all).

@@ -59,7 +59,8 @@ class ReuseEpochs {
   bool is_sealed(std::uint64_t epoch) const noexcept { return epoch < open_.load(std::memory_order_acquire); }
 
   // Closes the open epoch if anything was tagged with it. Without an event
-  // (the driver refused one) it synchronises the context instead.
+  // (the driver refused one) it synchronises the context instead; where that
+  // is refused too, the epoch turns safe only with a later seal's event.
   void seal() noexcept;
   // seal() unless another thread is sealing or polling; returns whether it ran.
   bool try_seal() noexcept;
