@@ -62,7 +62,9 @@ void ReuseEpochs::seal_through(std::uint64_t epoch) noexcept {
     if (tries >= kTriesBeforeYielding) std::this_thread::yield();
   }
   if (is_safe(epoch)) return;
-  if (!is_sealed(epoch)) {
+  // Seal unless a pending event covers `epoch` (one recorded after its
+  // frees): it may be open still, or the seal that closed it got no event.
+  if (sealed_.empty() || sealed_.back().epoch < epoch) {
     freed_since_seal_.store(true, std::memory_order_relaxed);  // `epoch` holds a free
     seal_locked();
   }

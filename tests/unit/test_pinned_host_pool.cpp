@@ -47,6 +47,24 @@ TEST_F(HostPool, ALargeBlockIsWaitedForRatherThanAllocatedAgain) {
   EXPECT_EQ(pool.statistics().misses, 1u);
 }
 
+// After a seal that could neither record an event nor synchronise (as while
+// a graph is captured), the block it left unsafe is sealed for again at the
+// next request and reused: the pool does not buy a block at every request.
+TEST_F(HostPool, AfterASealThatCouldNotWaitALoopReusesItsBlockAgain) {
+  CUEMM_REQUIRE_SIMULATION();  // (refuses the driver's calls and counts them)
+  PinnedHostPool pool(context);
+  pool.allocate(4 << 20, false, false, false).reset();
+  for (const char* call : {"cuCtxRecordEvent", "cuEventRecord", "cuCtxSynchronize"})
+    simulation::inject_fault(call, 1, cuda::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  simulation::inject_fault("cuStreamQuery", 1, cuda::CUDA_ERROR_NOT_READY);  // (legacy seals: the stream reads busy)
+  pool.allocate(4 << 20, false, false, false).reset();  // its seal fails: a second block
+  simulation::clear_faults();
+  simulation::reset_call_counts();
+  for (int i = 0; i < 20; ++i) pool.allocate(4 << 20, false, false, false).reset();
+  EXPECT_EQ(simulation::call_count("cuMemHostAlloc"), 0u);
+  EXPECT_EQ(pool.statistics().allocated_bytes, 8u << 20);
+}
+
 // A long loop of large blocks, once its seals have cost about as much as a
 // new block, rotates through a few (here up to 16 of 1 MiB) and seals once a
 // rotation rather than once a request.

@@ -428,8 +428,9 @@ TEST_F(Pool, SealsCoverTheLegacyStreamWhereTheDriverCannotRecordForTheContext) {
 
 // A seal that can neither record an event nor synchronise (the driver
 // refuses both while a graph is being captured, say) leaves its frees unsafe:
-// the work queued before them may still run. The next seal that works covers
-// them. (Before, such a seal marked them safe without having waited.)
+// the work queued before them may still run. The next seal covers them, also
+// one asked for that closed epoch. (Before, such a seal marked them safe
+// without having waited.)
 TEST_F(Pool, ASealThatCannotWaitForTheGpuLeavesItsFreesUnsafe) {
   CUEMM_REQUIRE_SIMULATION();  // (refuses the driver's calls)
   ScopedContext scope(context);
@@ -443,7 +444,8 @@ TEST_F(Pool, ASealThatCannotWaitForTheGpuLeavesItsFreesUnsafe) {
   simulation::clear_faults();
   epochs.poll(true);
   EXPECT_FALSE(epochs.is_safe(freed));
-  epochs.seal();
+  // As a pool asks for that free again: a new seal, though its epoch is closed.
+  epochs.seal_through(freed);
   epochs.poll(true);
   EXPECT_TRUE(epochs.is_safe(freed));
   epochs.retire();
