@@ -49,12 +49,12 @@ constexpr std::size_t kRotationBytes = std::size_t{32} << 20;
 // many bytes, as its seals buy them (seals_worth_a_host_block): 64 MiB pairs
 // otherwise paid a seal every 4 (212-229 ns a pair on the H100).
 constexpr std::size_t kLargeRotationBytes = std::size_t{512} << 20;
-// A stream query cost about 0.35 us on the H100, cuMemHostAlloc about 0.1 ms
-// plus 0.5 ms a MiB: a list of large blocks grows by one only once its seals
-// have cost about as much as the new block (short loops wait instead). (A
-// seal that records an event for the context and queries it costs two such
-// calls: the ratio was set for one, and a 64 MiB loop's 8 blocks then pay
-// 241 ns a pair in the host's slow mode, docs/pool-measurements.md.)
+// A seal (an event recorded for the context and queried) costs 0.5-0.6 us on
+// the H100, cuMemHostAlloc with its cuMemFreeHost 0.7-1.2 ms up to 1 MiB and
+// 28-49 ms at 64 MiB: a list of large blocks grows by one only once its
+// seals have cost about as much as the new block (short loops wait instead).
+// A 64 MiB loop's 8 blocks then pay 100-220 ns a pair, a seal every 8
+// (docs/pool-measurements.md).
 constexpr std::size_t seals_worth_a_host_block(std::size_t bytes) { return 300 + 1500 * (bytes >> 20); }
 // cuMemHostAlloc of a small block takes about 100 us: polling for a while first pays.
 constexpr std::chrono::microseconds kPollBeforeAllocating{50};
