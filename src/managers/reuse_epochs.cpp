@@ -158,8 +158,12 @@ void ReuseEpochs::seal_locked() noexcept {
     }
     sealed_.push_back(entry);
   } catch (const std::exception& error) {
-    // Without an event, wait for the device: slower, still safe.
-    std::fprintf(stderr, "cuemm: cannot record a reuse event (%s); synchronising instead\n", error.what());
+    // Without an event, wait for the device: slower, still safe. (Said
+    // once: while a graph is captured, every seal comes here.)
+    if (!said_why_unsealed_) {
+      said_why_unsealed_ = true;
+      std::fprintf(stderr, "cuemm: cannot record a reuse event (%s); synchronising instead\n", error.what());
+    }
     // The event may be stale (its context was reset): never reuse it.
     if (entry.event) CUEMM_CU_RESULT(cuEventDestroy, entry.event);
     if (CUEMM_CU_RESULT(cuCtxSynchronize) == cuda::CUDA_SUCCESS) {

@@ -438,16 +438,26 @@ TEST_F(Pool, ASealThatCannotWaitForTheGpuLeavesItsFreesUnsafe) {
   (void)epochs.covers_every_stream();  // (asked of the driver before the refusals)
   const std::uint64_t freed = epochs.tag();
   for (const char* call : {"cuCtxRecordEvent", "cuEventRecord", "cuCtxSynchronize"})
-    simulation::inject_fault(call, 1, cuda::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-  simulation::inject_fault("cuStreamQuery", 1, cuda::CUDA_ERROR_NOT_READY);  // (legacy seals: the stream reads busy)
+    simulation::inject_fault(call, 1, cuda::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, 2);
+  simulation::inject_fault("cuStreamQuery", 1, cuda::CUDA_ERROR_NOT_READY, 2);  // (legacy seals: the stream reads busy)
+  ::testing::internal::CaptureStderr();
   epochs.seal();
+  const std::uint64_t freed_later = epochs.tag();
+  epochs.seal();
+  const std::string said = ::testing::internal::GetCapturedStderr();
   simulation::clear_faults();
   epochs.poll(true);
   EXPECT_FALSE(epochs.is_safe(freed));
+  EXPECT_FALSE(epochs.is_safe(freed_later));
+  // Said once, not at every such seal (a captured graph's whole length).
+  const std::string why = "cannot record a reuse event";
+  ASSERT_NE(said.find(why), std::string::npos) << said;
+  EXPECT_EQ(said.find(why, said.find(why) + 1), std::string::npos) << said;
   // As a pool asks for that free again: a new seal, though its epoch is closed.
   epochs.seal_through(freed);
   epochs.poll(true);
   EXPECT_TRUE(epochs.is_safe(freed));
+  EXPECT_TRUE(epochs.is_safe(freed_later));
   epochs.retire();
 }
 

@@ -117,6 +117,7 @@ class ReuseEpochs {
   std::atomic<std::uint64_t> seals_{0};           // written under mutex_
   std::deque<Sealed> sealed_;  // oldest first
   std::vector<cuda::CUevent> spare_events_;
+  bool said_why_unsealed_ = false;  // a seal's failure went to stderr (once)
   // Read at every free and reuse; written once a seal.
   alignas(64) std::atomic<std::uint64_t> open_{1};
   std::atomic<std::uint64_t> safe_{1};
