@@ -1670,6 +1670,16 @@ SIM_EXPORT CUresult cuCtxRecordEvent(CUcontext context_handle, CUevent handle) {
   return CUDA_SUCCESS;
 }
 
+// The calling thread's capture mode (the simulated driver captures no graphs:
+// the mode is only kept, for cuemm's CaptureScope to be seen setting it).
+SIM_EXPORT CUresult cuThreadExchangeStreamCaptureMode(int* mode) {
+  SIM_BEGIN(cuThreadExchangeStreamCaptureMode);
+  if (!mode || *mode < 0 || *mode > 2) return CUDA_ERROR_INVALID_VALUE;
+  thread_local int thread_mode = 0;  // CU_STREAM_CAPTURE_MODE_GLOBAL
+  std::swap(*mode, thread_mode);
+  return CUDA_SUCCESS;
+}
+
 namespace {
 // Waits, without the state lock, until a context-wide record's streams have
 // reached their points, and settles it; nothing for a stream's record.

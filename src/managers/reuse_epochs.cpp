@@ -75,9 +75,13 @@ void ReuseEpochs::seal_through(std::uint64_t epoch) noexcept {
   }
 }
 
+bool ReuseEpochs::capture_under_way() const noexcept { return context_ && context_->capturing(); }
+
 bool ReuseEpochs::covers_every_stream() const noexcept {
   enum : int { kUnknown, kEveryStream, kLegacyStream };
   if (const int known = coverage_.load(std::memory_order_acquire); known != kUnknown) return known == kEveryStream;
+  // (Not asked while a graph is captured: the question itself would end it.)
+  if (capture_under_way()) return false;
   std::lock_guard lock(probe_mutex_);
   if (const int known = coverage_.load(std::memory_order_acquire); known != kUnknown) return known == kEveryStream;
   cuda::CUresult recorded = cuda::CUDA_ERROR_NOT_SUPPORTED;
@@ -100,6 +104,9 @@ cuda::CUresult ReuseEpochs::record_probe_locked() const {
 }
 
 bool ReuseEpochs::gpu_busy() const noexcept {
+  // While a graph is captured no query is made: read as busy, so that the
+  // pools grow rather than wait.
+  if (capture_under_way()) return true;
   try {
     ScopedContext scope(*context_);
     if (covers_every_stream()) {
@@ -121,6 +128,9 @@ void ReuseEpochs::mark_safe_through_locked(std::uint64_t closed) noexcept {
 }
 
 void ReuseEpochs::seal_locked() noexcept {
+  // No seal while a graph is captured (no capture survives its event): the
+  // open epoch stays open, its frees unsafe, until a seal after the capture.
+  if (capture_under_way()) return;
   if (!freed_since_seal_.exchange(false)) return;
   sealing_.store(true, std::memory_order_relaxed);
   struct Done {
@@ -192,6 +202,7 @@ void ReuseEpochs::try_poll() {
 }
 
 void ReuseEpochs::poll_locked(bool wait) {
+  if (capture_under_way()) wait = false;  // queries go through a capture (relaxed); waits do not
   while (!sealed_.empty() && retire_oldest_locked(wait)) {
   }
 }
@@ -213,7 +224,7 @@ bool ReuseEpochs::retire_oldest_locked(bool wait) {
 
 bool ReuseEpochs::wait_for_oldest() {
   std::lock_guard lock(mutex_);
-  if (sealed_.empty()) return false;
+  if (sealed_.empty() || capture_under_way()) return false;
   retire_oldest_locked(true);
   poll_locked(false);
   return true;

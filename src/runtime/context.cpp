@@ -4,6 +4,7 @@
 
 #include "cuemm/driver/driver.hpp"
 #include "cuemm/memory/registry.hpp"
+#include "cuemm/runtime/capture_scope.hpp"
 #include "cuemm/runtime/device.hpp"
 #include "cuemm/runtime/module.hpp"
 #include "cuemm/runtime/stream.hpp"
@@ -120,10 +121,22 @@ ScopedContext::ScopedContext(const Context& context) {
     CUEMM_CU(cuCtxPushCurrent, context.handle());
     pushed_ = true;
   }
+  if (context.capturing()) [[unlikely]] {
+    int mode = cuda::CU_STREAM_CAPTURE_MODE_RELAXED;
+    relaxed_ = CUEMM_CU_RESULT(cuThreadExchangeStreamCaptureMode, &mode) == cuda::CUDA_SUCCESS;
+    previous_capture_mode_ = mode;
+  }
 }
 
 ScopedContext::~ScopedContext() {
+  if (relaxed_) CUEMM_CU_RESULT(cuThreadExchangeStreamCaptureMode, &previous_capture_mode_);
   if (pushed_) CUEMM_CU_RESULT(cuCtxPopCurrent, nullptr);
 }
+
+CaptureScope::CaptureScope(Context& context) : context_(context) {
+  context_.captures_.fetch_add(1, std::memory_order_acq_rel);
+}
+
+CaptureScope::~CaptureScope() { context_.captures_.fetch_sub(1, std::memory_order_acq_rel); }
 
 }  // namespace cuemm

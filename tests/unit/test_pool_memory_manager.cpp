@@ -1,5 +1,6 @@
 // What the pool adds: suballocation, stream-safe reuse, IPC of blocks inside
 // segments, trimming, limits and its statistics.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -12,8 +13,10 @@
 #include <set>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 
 #include "cuemm/managers/detail/size_classes.hpp"
+#include "cuemm/runtime/capture_scope.hpp"
 #include "random_workload.hpp"
 #include "support/block_storm.hpp"
 #include "support/test_support.hpp"
@@ -459,6 +462,141 @@ TEST_F(Pool, ASealThatCannotWaitForTheGpuLeavesItsFreesUnsafe) {
   EXPECT_TRUE(epochs.is_safe(freed));
   EXPECT_TRUE(epochs.is_safe(freed_later));
   epochs.retire();
+}
+
+// While a CaptureScope is open, the pool (and its pinned host pool) makes
+// none of the calls that end a graph capture (bench/probes/probe_capture.cpp):
+// no seal, no wait, no synchronisation, no ordering on the legacy stream. It grows instead, its
+// calls under a relaxed capture mode; after the scope the blocks freed in
+// it are sealed and reused.
+TEST_F(Pool, WhileAGraphIsCapturedThePoolSealsNothingAndWaitsForNothing) {
+  CUEMM_REQUIRE_SIMULATION();  // (counts the driver's calls)
+  ScopedContext scope(context);
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  cuda::CUstream raw_stream = nullptr;
+  CUEMM_CU(cuStreamCreate, &raw_stream, cuda::CU_STREAM_NON_BLOCKING);
+  const Stream stream(&context, raw_stream, true);
+  // Pairs of small and large sizes, stream-less and on the stream, and a few
+  // blocks held: a workload that seals, and more of it each round.
+  auto workload = [&](int held) {
+    std::vector<std::shared_ptr<MemoryPointer>> kept;
+    for (int i = 0; i < 2000; ++i) {
+      pool.memalloc(std::size_t{256} << (i % 13)).reset();
+      pool.memhostalloc(std::size_t{4096} << (i % 9), false, false, false).reset();  // (the pinned host pool's seals too)
+      pool.deallocate(pool.allocate(std::size_t{1} << 20, stream.handle()), std::size_t{1} << 20, stream.handle());
+      if (i % 100 == 0) kept.push_back(pool.memalloc(std::size_t{3} << 20));
+    }
+    for (int i = 0; i < held; ++i) kept.push_back(pool.memalloc(std::size_t{5} << 20));
+  };
+  workload(0);
+  const std::size_t seals_before = pool.statistics().seals;
+  simulation::reset_call_counts();
+  {
+    CaptureScope capture(context);
+    workload(16);  // (past the peak: the pool grows)
+    for (const char* call : {"cuCtxRecordEvent", "cuStreamQuery", "cuEventRecord", "cuEventSynchronize",
+                             "cuCtxSynchronize", "cuStreamSynchronize", "cuStreamWaitEvent"})
+      EXPECT_EQ(simulation::call_count(call), 0u) << call << " while a graph is captured";
+    EXPECT_GT(simulation::call_count("cuMemAlloc"), 0u);
+    EXPECT_GE(simulation::call_count("cuThreadExchangeStreamCaptureMode"), 2 * simulation::call_count("cuMemAlloc"))
+        << "a driver allocation without the thread's capture mode relaxed";
+    EXPECT_EQ(pool.statistics().seals, seals_before);
+  }
+  workload(16);  // the scope's frees, sealed now, serve it
+  EXPECT_GT(pool.statistics().seals, seals_before);
+  simulation::reset_call_counts();
+  workload(16);
+  EXPECT_EQ(simulation::call_count("cuMemAlloc"), 0u) << "the blocks freed while captured were not reused after";
+  EXPECT_EQ(simulation::call_count("cuThreadExchangeStreamCaptureMode"), 0u);
+}
+
+// On the GPU: a graph captured in the global mode (which forbids allocations
+// and frees to every thread) from kernels that fill blocks of the pool,
+// while this thread and another allocate and free beside the kernels, after
+// frees that the pool would have sealed for. Announced by a CaptureScope, the
+// capture survives and the graph's launch fills the blocks; unannounced, the
+// pool ends it (the premise of the scope).
+TEST_F(Pool, AGraphCapturedWhileThePoolServesThreadsSurvivesAndRuns) {
+  const auto& api = driver::Driver::get().api();
+  if (simulation::active() || !api.cuStreamBeginCapture || !api.cuGraphInstantiate)
+    GTEST_SKIP() << "needs a driver that captures graphs (the simulated one does not)";
+  ScopedContext scope(context);
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
+  const Stream stream = context.create_stream(true);
+  auto churn = [&](int pairs) {
+    for (int i = 0; i < pairs; ++i) {
+      pool.memalloc(std::size_t{256} << (i % 13)).reset();
+      pool.memalloc(std::size_t{5} << 20).reset();
+      pool.memhostalloc(std::size_t{4096} << (i % 9), false, false, false).reset();  // (the pinned host pool)
+    }
+  };
+  constexpr int kBlocks = 24;
+  auto words_of = [](int i) { return std::size_t{1} << (10 + i % 12); };
+  std::vector<std::shared_ptr<MemoryPointer>> blocks;
+  // Captures the fills of kBlocks new blocks; returns cuStreamEndCapture's
+  // result, and in `refused` what the pool threw (the driver refuses its
+  // calls during an unannounced capture).
+  auto capture = [&](cuda::CUgraph& graph, std::atomic<int>& refused) {
+    churn(2000);  // frees not yet sealed for
+    blocks.clear();
+    CUEMM_CU(cuStreamBeginCapture, stream.handle(), cuda::CU_STREAM_CAPTURE_MODE_GLOBAL);
+    std::thread other([&] {
+      try {
+        ScopedContext other_scope(context);
+        churn(2000);
+        std::vector<std::shared_ptr<MemoryPointer>> held;
+        for (int i = 0; i < 16; ++i) held.push_back(pool.memalloc(std::size_t{7} << 20));  // (growth)
+      } catch (const CudaError&) {
+        ++refused;
+      }
+    });
+    try {
+      for (int i = 0; i < kBlocks; ++i) {
+        blocks.push_back(pool.memalloc(words_of(i) * 4));
+        module.function("cuemm_fill_u32")
+            .launch({64}, {256}, stream, blocks.back()->device_pointer(), static_cast<std::uint32_t>(i + 1),
+                    static_cast<std::uint64_t>(words_of(i)));
+        churn(50);
+      }
+    } catch (const CudaError&) {
+      ++refused;
+    }
+    other.join();
+    return CUEMM_CU_RESULT(cuStreamEndCapture, stream.handle(), &graph);
+  };
+
+  cuda::CUgraph graph = nullptr;
+  std::atomic<int> refused{0};
+  const cuda::CUresult unannounced = capture(graph, refused);
+  EXPECT_NE(unannounced, cuda::CUDA_SUCCESS) << "a capture survived the pool without a CaptureScope";
+  if (graph) CUEMM_CU(cuGraphDestroy, std::exchange(graph, nullptr));
+  refused = 0;
+  {
+    CaptureScope scope_of_capture(context);
+    const cuda::CUresult announced = capture(graph, refused);
+    ASSERT_EQ(announced, cuda::CUDA_SUCCESS) << "the pool ended an announced capture (901: invalidated)";
+  }
+  ASSERT_EQ(refused.load(), 0) << "the driver refused the pool's calls during an announced capture";
+  ASSERT_EQ(blocks.size(), std::size_t{kBlocks});
+  cuda::CUgraphExec executable = nullptr;
+  CUEMM_CU(cuGraphInstantiate, &executable, graph, 0);
+  CUEMM_CU(cuGraphLaunch, executable, stream.handle());
+  stream.synchronize();
+  for (int i = 0; i < kBlocks; ++i) {
+    std::vector<std::uint32_t> host(words_of(i));
+    CUEMM_CU(cuMemcpyDtoH, host.data(), blocks[i]->device_pointer(), words_of(i) * 4);
+    EXPECT_EQ(std::count(host.begin(), host.end(), static_cast<std::uint32_t>(i + 1)),
+              static_cast<std::ptrdiff_t>(words_of(i)))
+        << "block " << i;
+  }
+  CUEMM_CU(cuGraphExecDestroy, executable);
+  CUEMM_CU(cuGraphDestroy, graph);
+  const std::size_t seals = pool.statistics().seals;
+  churn(2000);  // and the pool goes on, sealing again
+  EXPECT_GT(pool.statistics().seals, seals);
 }
 
 // Where the pool must wait for freed blocks, it waits for the oldest epochs

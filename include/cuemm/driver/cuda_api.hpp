@@ -24,6 +24,8 @@ using CUevent = struct CUevent_st*;
 using CUmodule = struct CUmod_st*;
 using CUfunction = struct CUfunc_st*;
 using CUmemoryPool = struct CUmemPoolHandle_st*;
+using CUgraph = struct CUgraph_st*;
+using CUgraphExec = struct CUgraphExec_st*;
 
 inline constexpr std::size_t kIpcHandleSize = 64;
 struct CUipcMemHandle {
@@ -167,6 +169,10 @@ inline constexpr unsigned CU_MEM_ATTACH_HOST = 0x2;
 inline constexpr unsigned CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x1;
 inline constexpr unsigned CU_STREAM_DEFAULT = 0x0;
 inline constexpr unsigned CU_STREAM_NON_BLOCKING = 0x1;
+// CUstreamCaptureMode: what a capture forbids other calls (the driver's docs).
+inline constexpr int CU_STREAM_CAPTURE_MODE_GLOBAL = 0;
+inline constexpr int CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1;
+inline constexpr int CU_STREAM_CAPTURE_MODE_RELAXED = 2;
 inline constexpr unsigned CU_EVENT_DEFAULT = 0x0;
 inline constexpr unsigned CU_EVENT_BLOCKING_SYNC = 0x1;
 inline constexpr unsigned CU_EVENT_DISABLE_TIMING = 0x2;
@@ -247,6 +253,14 @@ inline bool is_default_stream(CUstream stream) noexcept {
   X(cuEventQuery, "cuEventQuery", (CUevent event))                                                 \
   X(cuEventSynchronize, "cuEventSynchronize", (CUevent event))                                     \
   X(cuCtxRecordEvent, "cuCtxRecordEvent", (CUcontext context, CUevent event))                      \
+  X(cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode", (int* mode))           \
+  X(cuStreamBeginCapture, "cuStreamBeginCapture_v2", (CUstream stream, int mode))                  \
+  X(cuStreamEndCapture, "cuStreamEndCapture", (CUstream stream, CUgraph* graph))                   \
+  X(cuGraphInstantiate, "cuGraphInstantiateWithFlags",                                             \
+    (CUgraphExec * exec, CUgraph graph, unsigned long long flags))                                 \
+  X(cuGraphLaunch, "cuGraphLaunch", (CUgraphExec exec, CUstream stream))                           \
+  X(cuGraphExecDestroy, "cuGraphExecDestroy", (CUgraphExec exec))                                  \
+  X(cuGraphDestroy, "cuGraphDestroy", (CUgraph graph))                                             \
   X(cuEventElapsedTime, "cuEventElapsedTime_v2|cuEventElapsedTime",                                \
     (float* milliseconds, CUevent start, CUevent end))                                             \
   X(cuModuleLoadDataEx, "cuModuleLoadDataEx",                                                      \

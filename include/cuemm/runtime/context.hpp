@@ -81,12 +81,18 @@ class Context {
   void synchronize();
   PendingDeallocations& deallocations() noexcept { return deallocations_; }
 
+  // Whether a CaptureScope of this context is open: a CUDA graph is being
+  // captured, and its managers make no call that would end the capture.
+  bool capturing() const noexcept { return captures_.load(std::memory_order_acquire) > 0; }
+
  private:
+  friend class CaptureScope;
   Device& device_;
   cuda::CUcontext handle_;
   PendingDeallocations deallocations_;
   std::unique_ptr<BaseMemoryManager> memory_manager_;
   std::atomic<std::uint64_t> generation_{0};
+  std::atomic<int> captures_{0};  // open CaptureScopes
 };
 
 // The calling thread's context: the one current in the driver, else device
@@ -95,6 +101,9 @@ Context& current_context();
 
 // Makes `context` current on this thread for the scope; no driver push when it
 // already is.
+// While the context is capturing(), the scope also relaxes the thread's
+// capture mode, so that cuemm's own allocations, frees and event queries do
+// not end a capture that forbids them to other threads (see CaptureScope).
 class ScopedContext {
  public:
   explicit ScopedContext(const Context& context);
@@ -104,6 +113,8 @@ class ScopedContext {
 
  private:
   bool pushed_ = false;
+  bool relaxed_ = false;
+  int previous_capture_mode_ = 0;
 };
 
 }  // namespace cuemm

@@ -106,7 +106,9 @@ void PoolMemoryManager::Core::deallocate_ordered_large(std::uintptr_t address, T
 
 void PoolMemoryManager::Core::order_after(cuda::CUstream stream) noexcept {
   // Seals that record for the whole context cover the stream's work already.
-  if (epochs.covers_every_stream()) return;
+  // (While a graph is captured, the legacy stream may not wait: the next
+  // seal, after the capture, covers the legacy stream's work only.)
+  if (epochs.covers_every_stream() || context->capturing()) return;
   std::lock_guard lock(mutex);  // one event: record and wait together
   try {
     ScopedContext scope(*context);

@@ -96,6 +96,9 @@ class ReuseEpochs {
   bool covers_every_stream() const noexcept;
 
  private:
+  // A graph is being captured in the context (CaptureScope): no seal, no
+  // wait, no probe, as a capture survives none of them.
+  bool capture_under_way() const noexcept;
   struct Sealed {
     std::uint64_t epoch;
     cuda::CUevent event;  // null: known complete
