@@ -30,7 +30,8 @@
   X(cuPointerGetAttribute) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle)      \
   X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery)                    \
   X(cuStreamWaitEvent) X(cuStreamAddCallback) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) \
-  X(cuEventQuery) X(cuEventSynchronize) X(cuCtxRecordEvent) X(cuThreadExchangeStreamCaptureMode) X(cuEventElapsedTime)                 \
+  X(cuEventQuery) X(cuEventSynchronize) X(cuCtxRecordEvent) X(cuThreadExchangeStreamCaptureMode)  \
+  X(cuEventElapsedTime)                                                                            \
   X(cuModuleLoadData) X(cuModuleLoadDataEx) X(cuModuleUnload) X(cuModuleGetFunction) X(cuModuleGetGlobal)             \
   X(cuLaunchKernel) X(cuFuncGetAttribute) X(cuFuncSetCacheConfig) X(cuLinkCreate)                 \
   X(cuProfilerStart) X(cuProfilerStop) X(cuMemPoolCreate) X(cuMemPoolDestroy)                    \

@@ -106,8 +106,9 @@ void PoolMemoryManager::Core::deallocate_ordered_large(std::uintptr_t address, T
 
 void PoolMemoryManager::Core::order_after(cuda::CUstream stream) noexcept {
   // Seals that record for the whole context cover the stream's work already.
-  // (While a graph is captured, the legacy stream may not wait: the next
-  // seal, after the capture, covers the legacy stream's work only.)
+  // (Not while a graph is captured, where the legacy stream may not wait:
+  // with seals on the legacy stream, such a free is then not ordered after
+  // its stream's work.)
   if (epochs.covers_every_stream() || context->capturing()) return;
   std::lock_guard lock(mutex);  // one event: record and wait together
   try {
