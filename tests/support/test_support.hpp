@@ -105,6 +105,16 @@ inline bool context_events_work(Context& context) {
   return every_stream;
 }
 
+// Makes the next `times` seals of the pools' reuse epochs fail as they do
+// while a graph is being captured (simulated driver): neither an event (for
+// the context, or on the legacy stream, which reads busy) nor the fallback
+// synchronisation. simulation::clear_faults() ends it early.
+inline void refuse_the_next_seals(std::uint64_t times) {
+  for (const char* call : {"cuCtxRecordEvent", "cuEventRecord", "cuCtxSynchronize"})
+    simulation::inject_fault(call, 1, cuda::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, times);
+  simulation::inject_fault("cuStreamQuery", 1, cuda::CUDA_ERROR_NOT_READY, times);
+}
+
 // The driver calls that start a seal of the pools' reuse epochs (simulated
 // driver): cuCtxRecordEvent where seals cover every stream, else a query of
 // the legacy stream (ReuseEpochs).

@@ -54,9 +54,7 @@ TEST_F(HostPool, AfterASealThatCouldNotWaitALoopReusesItsBlockAgain) {
   CUEMM_REQUIRE_SIMULATION();  // (refuses the driver's calls and counts them)
   PinnedHostPool pool(context);
   pool.allocate(4 << 20, false, false, false).reset();
-  for (const char* call : {"cuCtxRecordEvent", "cuEventRecord", "cuCtxSynchronize"})
-    simulation::inject_fault(call, 1, cuda::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-  simulation::inject_fault("cuStreamQuery", 1, cuda::CUDA_ERROR_NOT_READY);  // (legacy seals: the stream reads busy)
+  cuemm::testing::refuse_the_next_seals(1);
   pool.allocate(4 << 20, false, false, false).reset();  // its seal fails: a second block
   simulation::clear_faults();
   simulation::reset_call_counts();

@@ -402,9 +402,7 @@ TEST_F(Pool, AFreedBlockIsNotReusedWhileANonBlockingStreamsWorkMayStillWriteIt) 
 TEST_F(Pool, SealsCoverTheLegacyStreamWhereTheDriverCannotRecordForTheContext) {
   CUEMM_REQUIRE_SIMULATION();  // (counts the driver's calls and refuses one)
   ScopedContext scope(context);
-  cuda::CUstream raw_stream = nullptr;
-  CUEMM_CU(cuStreamCreate, &raw_stream, cuda::CU_STREAM_NON_BLOCKING);
-  const Stream stream(&context, raw_stream, true);
+  const Stream stream = context.create_stream(/*non_blocking=*/true);
   // (Where this run refuses the call throughout, only the second half applies.)
   const bool available = cuemm::testing::context_events_work(context);
   for (const bool refused : {false, true}) {
@@ -440,9 +438,7 @@ TEST_F(Pool, ASealThatCannotWaitForTheGpuLeavesItsFreesUnsafe) {
   detail::ReuseEpochs epochs(&context);
   (void)epochs.covers_every_stream();  // (asked of the driver before the refusals)
   const std::uint64_t freed = epochs.tag();
-  for (const char* call : {"cuCtxRecordEvent", "cuEventRecord", "cuCtxSynchronize"})
-    simulation::inject_fault(call, 1, cuda::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, 2);
-  simulation::inject_fault("cuStreamQuery", 1, cuda::CUDA_ERROR_NOT_READY, 2);  // (legacy seals: the stream reads busy)
+  cuemm::testing::refuse_the_next_seals(2);
   ::testing::internal::CaptureStderr();
   epochs.seal();
   const std::uint64_t freed_later = epochs.tag();
@@ -474,9 +470,7 @@ TEST_F(Pool, WhileAGraphIsCapturedThePoolSealsNothingAndWaitsForNothing) {
   ScopedContext scope(context);
   PoolMemoryManager pool(&context);
   pool.initialize();
-  cuda::CUstream raw_stream = nullptr;
-  CUEMM_CU(cuStreamCreate, &raw_stream, cuda::CU_STREAM_NON_BLOCKING);
-  const Stream stream(&context, raw_stream, true);
+  const Stream stream = context.create_stream(/*non_blocking=*/true);
   // Pairs of small and large sizes, stream-less and on the stream, and a few
   // blocks held: a workload that seals, and more of it each round.
   auto workload = [&](int held) {

@@ -64,7 +64,8 @@ class ReuseEpochs {
   void seal() noexcept;
   // seal() unless another thread is sealing or polling; returns whether it ran.
   bool try_seal() noexcept;
-  // Seals the open epoch if `epoch` is still open, then marks completed
+  // Seals the open epoch if no pending event covers `epoch` (it is still
+  // open, or the seal that closed it got no event), then marks completed
   // epochs safe. Threads that queue for the lock behind one that sealed
   // find their tags sealed already: one seal serves them all.
   // (The caller checks is_safe() after.)
