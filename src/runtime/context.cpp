@@ -1,5 +1,7 @@
 #include "cuemm/runtime/context.hpp"
 
+#include <algorithm>
+#include <cstdio>
 #include <string>
 
 #include "cuemm/driver/driver.hpp"
@@ -31,12 +33,18 @@ MemoryInfo Context::get_memory_info() { return memory_manager_->get_memory_info(
 
 std::shared_ptr<MemoryPointer> Context::memalloc(std::size_t size) {
   require_allocation_size(size, "memalloc");
-  return memory_manager_->memalloc(size);
+  std::shared_ptr<MemoryPointer> block = memory_manager_->memalloc(size);
+  if (capturing()) [[unlikely]]
+    return keep_if_captured(std::move(block));
+  return block;
 }
 
 std::shared_ptr<MemoryPointer> Context::memhostalloc(std::size_t size, bool mapped, bool portable, bool wc) {
   require_allocation_size(size, "memhostalloc");
-  return memory_manager_->memhostalloc(size, mapped, portable, wc);
+  std::shared_ptr<MemoryPointer> block = memory_manager_->memhostalloc(size, mapped, portable, wc);
+  if (capturing()) [[unlikely]]
+    return keep_if_captured(std::move(block));
+  return block;
 }
 
 std::shared_ptr<MemoryPointer> Context::mempin(std::shared_ptr<const void> owner, void* pointer, std::size_t size,
@@ -45,12 +53,18 @@ std::shared_ptr<MemoryPointer> Context::mempin(std::shared_ptr<const void> owner
   require_allocation_size(size, "mempin");
   if (mapped && !device_.can_map_host_memory())
     throw InvalidArgument("mempin: device " + std::to_string(device_.id()) + " cannot map host memory");
-  return memory_manager_->mempin(std::move(owner), pointer, size, mapped);
+  std::shared_ptr<MemoryPointer> block = memory_manager_->mempin(std::move(owner), pointer, size, mapped);
+  if (capturing()) [[unlikely]]
+    return keep_if_captured(std::move(block));
+  return block;
 }
 
 std::shared_ptr<MemoryPointer> Context::memallocmanaged(std::size_t size, bool attach_global) {
   require_allocation_size(size, "memallocmanaged");
-  return memory_manager_->memallocmanaged(size, attach_global);
+  std::shared_ptr<MemoryPointer> block = memory_manager_->memallocmanaged(size, attach_global);
+  if (capturing()) [[unlikely]]
+    return keep_if_captured(std::move(block));
+  return block;
 }
 
 IpcHandle Context::get_ipc_handle(const std::shared_ptr<MemoryPointer>& memory) {
@@ -133,10 +147,66 @@ ScopedContext::~ScopedContext() {
   if (pushed_) CUEMM_CU_RESULT(cuCtxPopCurrent, nullptr);
 }
 
+std::shared_ptr<MemoryPointer> Context::keep_if_captured(std::shared_ptr<MemoryPointer> block) {
+  std::lock_guard lock(scopes_mutex_);
+  const auto thread = std::this_thread::get_id();
+  const auto innermost = std::find_if(open_scopes_.rbegin(), open_scopes_.rend(),
+                                      [&](const CaptureScope* scope) { return scope->thread_ == thread; });
+  if (innermost != open_scopes_.rend()) (*innermost)->memory_->keep(block);
+  return block;
+}
+
 CaptureScope::CaptureScope(Context& context) : context_(context) {
+  {
+    std::lock_guard lock(context_.scopes_mutex_);
+    context_.open_scopes_.push_back(this);
+  }
   context_.captures_.fetch_add(1, std::memory_order_acq_rel);
 }
 
-CaptureScope::~CaptureScope() { context_.captures_.fetch_sub(1, std::memory_order_acq_rel); }
+CaptureScope::~CaptureScope() {
+  context_.captures_.fetch_sub(1, std::memory_order_acq_rel);
+  {
+    std::lock_guard lock(context_.scopes_mutex_);
+    std::erase(context_.open_scopes_, this);
+  }
+  // A block freed with free() during the capture went back to its manager at
+  // once: the graph's launches may write into memory that serves another.
+  if (const std::size_t early = memory_->blocks_freed_explicitly())
+    std::fprintf(stderr,
+                 "cuemm: %zu block(s) allocated during a graph capture were freed with free() before it ended; "
+                 "the graph's launches may write into memory now given to others (drop the references instead, "
+                 "and keep CaptureScope::memory() while the graph may be launched)\n",
+                 early);
+}
+
+void GraphMemory::keep(std::shared_ptr<MemoryPointer> block) {
+  std::lock_guard lock(mutex_);
+  bytes_ += block->size();
+  kept_.push_back(std::move(block));
+}
+
+std::size_t GraphMemory::blocks() const {
+  std::lock_guard lock(mutex_);
+  return kept_.size();
+}
+
+std::size_t GraphMemory::bytes() const {
+  std::lock_guard lock(mutex_);
+  return bytes_;
+}
+
+std::size_t GraphMemory::blocks_freed_by_the_program() const {
+  std::lock_guard lock(mutex_);
+  return static_cast<std::size_t>(std::count_if(kept_.begin(), kept_.end(), [](const auto& block) {
+    return block.use_count() == 1 && block->is_alive();
+  }));
+}
+
+std::size_t GraphMemory::blocks_freed_explicitly() const {
+  std::lock_guard lock(mutex_);
+  return static_cast<std::size_t>(
+      std::count_if(kept_.begin(), kept_.end(), [](const auto& block) { return !block->is_alive(); }));
+}
 
 }  // namespace cuemm

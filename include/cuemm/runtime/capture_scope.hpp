@@ -1,5 +1,5 @@
 // cuemm/runtime/capture_scope.hpp: telling the managers that a CUDA graph is
-// being captured.
+// being captured, and keeping the memory that the graph's work uses.
 //
 // No capture survives an event recorded for the whole context or a
 // synchronisation of it, which the pools' seals use (so that a freed block
@@ -8,24 +8,71 @@
 // it too (bench/probes/probe_capture.cpp). Open a scope before
 // cuStreamBeginCapture and close it after cuStreamEndCapture:
 //
+//   std::shared_ptr<cuemm::GraphMemory> memory;
 //   {
 //     cuemm::CaptureScope capture(context);
 //     cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL);
-//     auto block = context.memalloc(size);   // any thread may allocate and free
-//     ... kernels on `stream` that use `block` ...
+//     auto scratch = context.memalloc(size);   // any thread may allocate and free
+//     ... kernels on `stream` that use `scratch` ...
+//     scratch.reset();                         // kept: the graph's launches use it
 //     cuStreamEndCapture(stream, &graph);
+//     memory = capture.memory();
 //   }
+//   ... launch the graph as often as needed; destroy it, then memory.reset() ...
 //
 // Meanwhile the pools seal nothing: blocks freed during the scope are reused
-// only after it, and the pools grow rather than wait for the GPU. Their
-// driver calls run with the thread's capture mode relaxed (ScopedContext).
-// As with cuMemAlloc's memory, blocks that captured work uses must stay
-// allocated for as long as the graph may be launched.
+// only after it, and the pools grow rather than wait for the GPU. Every
+// manager's driver calls run with the thread's capture mode relaxed
+// (ScopedContext).
+//
+// A graph's launches write the addresses that its capture saw, so a block
+// that the program freed during the capture must not serve anyone else while
+// the graph may still be launched: the scope keeps every block that its own
+// thread allocates through the context (memalloc, memhostalloc, mempin,
+// memallocmanaged; not a manager's raw interface) while it is open, freed or
+// not, in its GraphMemory. Hold that as long as the graph may be launched;
+// the blocks the program has freed go back to their manager when its last
+// reference goes (after the graph's last launch was queued: the managers'
+// usual stream safety covers the launches still running). Drop references
+// rather than call MemoryPointer::free(), which releases a block at once
+// whatever keeps it (the scope reports such frees on stderr). A scope whose
+// memory() nobody took gives them back when it closes. Other threads'
+// allocations are not kept (their work is not the capture's). Blocks freed
+// during the capture are not reused within it either: the stream-less
+// interface does not say which of the capture's streams used them.
 #pragma once
 
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "cuemm/memory/memory_pointer.hpp"
 #include "cuemm/runtime/context.hpp"
 
 namespace cuemm {
+
+// The blocks that a capture's thread allocated while its CaptureScope was open.
+class GraphMemory {
+ public:
+  std::size_t blocks() const;
+  std::size_t bytes() const;
+  // Of those, the ones the program has let go: only this object keeps them.
+  std::size_t blocks_freed_by_the_program() const;
+  // Those freed with MemoryPointer::free(), which releases at once whatever
+  // keeps a reference: their memory went back to its manager (the scope says
+  // so on stderr when it closes).
+  std::size_t blocks_freed_explicitly() const;
+
+ private:
+  friend class Context;
+  void keep(std::shared_ptr<MemoryPointer> block);
+
+  mutable std::mutex mutex_;
+  std::vector<std::shared_ptr<MemoryPointer>> kept_;
+  std::size_t bytes_ = 0;
+};
 
 class CaptureScope {
  public:
@@ -34,8 +81,15 @@ class CaptureScope {
   CaptureScope(const CaptureScope&) = delete;
   CaptureScope& operator=(const CaptureScope&) = delete;
 
+  // What this scope's thread allocated through the context so far (and will
+  // until the scope closes): keep it while the graph may be launched.
+  std::shared_ptr<GraphMemory> memory() const { return memory_; }
+
  private:
+  friend class Context;
   Context& context_;
+  const std::thread::id thread_ = std::this_thread::get_id();
+  std::shared_ptr<GraphMemory> memory_ = std::make_shared<GraphMemory>();
 };
 
 }  // namespace cuemm

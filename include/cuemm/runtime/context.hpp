@@ -16,7 +16,9 @@
 #include <atomic>
 #include <cstddef>
 #include <memory>
+#include <mutex>
 #include <string_view>
+#include <vector>
 
 #include "cuemm/driver/cuda_api.hpp"
 #include "cuemm/memory/cleanup_guard.hpp"
@@ -30,6 +32,7 @@ class Device;
 class Stream;
 class Event;
 class Module;
+class CaptureScope;
 
 class Context {
  public:
@@ -87,12 +90,18 @@ class Context {
 
  private:
   friend class CaptureScope;
+  // Gives `block` to the calling thread's innermost open CaptureScope of
+  // this context, if it has one; returns it either way.
+  std::shared_ptr<MemoryPointer> keep_if_captured(std::shared_ptr<MemoryPointer> block);
+
   Device& device_;
   cuda::CUcontext handle_;
   PendingDeallocations deallocations_;
   std::unique_ptr<BaseMemoryManager> memory_manager_;
   std::atomic<std::uint64_t> generation_{0};
   std::atomic<int> captures_{0};  // open CaptureScopes
+  std::mutex scopes_mutex_;        // (taken only while captures_ > 0)
+  std::vector<CaptureScope*> open_scopes_;
 };
 
 // The calling thread's context: the one current in the driver, else device

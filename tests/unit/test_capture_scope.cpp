@@ -1,0 +1,244 @@
+// CaptureScope's GraphMemory, once for each bundled manager and the adaptors
+// (CUEMM_MEMORY_MANAGER, set by tests/CMakeLists.txt): a graph's launches
+// write the addresses its capture saw, so what the capturing thread allocated
+// during the scope serves nobody else while the graph may still run, freed or
+// not; other threads' allocations are not held.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuemm/cuemm.hpp"
+#include "support/test_support.hpp"
+
+namespace cuemm {
+namespace {
+
+const char* manager_name() {
+  const char* name = std::getenv("CUEMM_MEMORY_MANAGER");
+  return name ? name : "default";
+}
+
+bool overlap(const MemoryPointer& a, std::uintptr_t start, std::size_t size) {
+  return a.handle() < start + size && start < a.handle() + a.size();
+}
+
+std::vector<std::uint8_t> read_back(const std::shared_ptr<MemoryPointer>& memory) {
+  return DeviceArray<std::uint8_t>(memory, memory->size()).copy_to_host();
+}
+
+struct Freed {
+  std::uintptr_t address;
+  std::size_t size;
+  unsigned char pattern;
+};
+
+// Blocks of a few sizes, each filled with its own byte, half of them let go.
+std::vector<Freed> allocate_and_drop(Context& context, std::vector<std::shared_ptr<MemoryPointer>>& held) {
+  std::vector<Freed> freed;
+  for (int i = 0; i < 24; ++i) {
+    const std::size_t size = std::size_t{256} << (i % 14);  // 256 B to 2 MiB
+    auto block = context.memalloc(size);
+    const auto pattern = static_cast<unsigned char>(0x40 + i);
+    block->memset(pattern);
+    if (i % 2) {
+      freed.push_back({block->handle(), size, pattern});
+    } else {
+      held.push_back(std::move(block));
+    }
+  }
+  return freed;
+}
+
+// Allocations of the same sizes as those let go, many of each: a manager
+// that had the freed blocks back would hand them out here.
+std::vector<std::shared_ptr<MemoryPointer>> churn(Context& context, const std::vector<Freed>& like) {
+  std::vector<std::shared_ptr<MemoryPointer>> taken;
+  for (int round = 0; round < 24; ++round) {
+    for (const Freed& freed : like) {
+      auto block = context.memalloc(freed.size);
+      block->memset(0xEE);
+      if (round % 3 == 0) taken.push_back(std::move(block));  // (the rest go back at once)
+    }
+  }
+  return taken;
+}
+
+TEST(CaptureScope, WhatItsThreadFreedServesNobodyWhileItsMemoryIsHeld) {
+  Context& context = current_context();
+  SCOPED_TRACE(manager_name());
+  std::vector<std::shared_ptr<MemoryPointer>> held;
+  std::vector<Freed> freed;
+  std::shared_ptr<GraphMemory> memory;
+  {
+    CaptureScope capture(context);
+    freed = allocate_and_drop(context, held);
+    auto pinned = context.memhostalloc(4096);  // host memory that captured copies may use
+    memory = capture.memory();
+    EXPECT_EQ(memory->blocks(), 25u);
+    EXPECT_EQ(memory->blocks_freed_by_the_program(), freed.size());
+    pinned.reset();
+    EXPECT_EQ(memory->blocks_freed_by_the_program(), freed.size() + 1);
+  }
+  // Closed: nothing more is kept, whatever this thread allocates.
+  const auto taken = churn(context, freed);
+  EXPECT_EQ(memory->blocks(), 25u);
+  for (const Freed& block : freed) {
+    for (const auto& other : taken)
+      ASSERT_FALSE(overlap(*other, block.address, block.size))
+          << "a block freed during the capture (" << block.size << " bytes) served another while its GraphMemory was held";
+  }
+  // Every block's bytes are the ones written during the scope, those let go too.
+  for (std::size_t k = 0; k < held.size(); ++k) {
+    const auto bytes = read_back(held[k]);
+    EXPECT_EQ(std::count(bytes.begin(), bytes.end(), 0x40 + 2 * k), static_cast<std::ptrdiff_t>(bytes.size()));
+  }
+  {
+    ScopedContext scope(context);
+    for (const Freed& block : freed) {
+      std::vector<std::uint8_t> bytes(block.size);
+      CUEMM_CU(cuMemcpyDtoH, bytes.data(), block.address, block.size);
+      EXPECT_EQ(std::count(bytes.begin(), bytes.end(), block.pattern), static_cast<std::ptrdiff_t>(block.size))
+          << "a block freed during the capture (" << block.size << " bytes) was written by another's owner";
+    }
+  }
+  std::size_t expected_bytes = 4096;
+  for (const auto& block : held) expected_bytes += block->size();
+  for (const Freed& block : freed) expected_bytes += block.size;
+  EXPECT_EQ(memory->bytes(), expected_bytes);
+  memory.reset();  // the freed blocks go back to their manager
+  held.clear();
+  context.memory_manager().get_memory_info();  // (still consistent)
+}
+
+// The premise, with a pool: without the GraphMemory held, a block freed during
+// the capture serves a later request (which a launch of the graph would then
+// write into).
+TEST(CaptureScope, APoolHandsOutAgainWhatNoGraphMemoryKeeps) {
+  Context& context = current_context();
+  const std::string name = manager_name();
+  if (name != "pool") GTEST_SKIP() << "where blocks are reused is the pool's own (run with CUEMM_MEMORY_MANAGER=pool)";
+  std::vector<std::shared_ptr<MemoryPointer>> held;
+  std::vector<Freed> freed;
+  {
+    CaptureScope capture(context);
+    freed = allocate_and_drop(context, held);
+  }  // (nobody took its memory)
+  const auto taken = churn(context, freed);
+  std::size_t reused = 0;
+  for (const Freed& block : freed)
+    reused += std::any_of(taken.begin(), taken.end(),
+                          [&](const auto& other) { return overlap(*other, block.address, block.size); });
+  EXPECT_GT(reused, 0u) << "no block freed during the scope came back: the test above proves nothing for this pool";
+}
+
+TEST(CaptureScope, OtherThreadsAllocationsAreNotKept) {
+  Context& context = current_context();
+  SCOPED_TRACE(manager_name());
+  CaptureScope capture(context);
+  auto mine = context.memalloc(1 << 16);
+  std::thread other([&] {
+    ScopedContext scope(context);
+    for (int i = 0; i < 100; ++i) context.memalloc(std::size_t{256} << (i % 12)).reset();
+  });
+  other.join();
+  EXPECT_EQ(capture.memory()->blocks(), 1u);
+  EXPECT_EQ(capture.memory()->bytes(), std::size_t{1} << 16);
+}
+
+TEST(CaptureScope, TheInnermostScopeOfTheThreadKeeps) {
+  Context& context = current_context();
+  CaptureScope outer(context);
+  context.memalloc(512).reset();
+  {
+    CaptureScope inner(context);
+    context.memalloc(1024).reset();
+    context.memalloc(2048).reset();
+    EXPECT_EQ(inner.memory()->blocks(), 2u);
+  }
+  context.memalloc(4096).reset();
+  EXPECT_EQ(outer.memory()->blocks(), 2u);
+  EXPECT_EQ(outer.memory()->bytes(), 512u + 4096u);
+}
+
+// MemoryPointer::free() releases at once whatever keeps the pointer: the
+// scope counts such frees and says so when it closes.
+TEST(CaptureScope, AnExplicitFreeDuringTheScopeIsReported) {
+  Context& context = current_context();
+  ::testing::internal::CaptureStderr();
+  std::shared_ptr<GraphMemory> memory;
+  {
+    CaptureScope capture(context);
+    memory = capture.memory();
+    context.memalloc(1 << 12)->free();
+    context.memalloc(1 << 12).reset();
+    EXPECT_EQ(memory->blocks_freed_explicitly(), 1u);
+    EXPECT_EQ(memory->blocks_freed_by_the_program(), 1u);
+  }
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("1 block(s) allocated during a graph capture were freed with free()"), std::string::npos)
+      << said;
+}
+
+// On the GPU: a graph captured in the global mode whose work fills scratch
+// blocks that the capturing thread let go of at once. While its GraphMemory
+// is held, later requests of the same sizes get other blocks, and the graph's
+// launch leaves their bytes alone while it fills its own.
+TEST(CaptureScope, AGraphsScratchBlocksOutliveTheCaptureUntilItsMemoryGoes) {
+  const auto& api = driver::Driver::get().api();
+  if (simulation::active() || !api.cuStreamBeginCapture || !api.cuGraphInstantiate)
+    GTEST_SKIP() << "needs a driver that captures graphs (the simulated one does not)";
+  Context& context = current_context();
+  SCOPED_TRACE(manager_name());
+  ScopedContext scope(context);
+  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
+  const Stream stream = context.create_stream(/*non_blocking=*/true);
+  constexpr int kScratch = 16;
+  auto words_of = [](int i) { return std::size_t{1} << (8 + i % 10); };  // 1 KiB to 512 KiB
+  std::vector<Freed> scratch;
+  std::shared_ptr<GraphMemory> memory;
+  cuda::CUgraph graph = nullptr;
+  {
+    CaptureScope capture(context);
+    CUEMM_CU(cuStreamBeginCapture, stream.handle(), cuda::CU_STREAM_CAPTURE_MODE_GLOBAL);
+    for (int i = 0; i < kScratch; ++i) {
+      auto block = context.memalloc(words_of(i) * 4);
+      module.function("cuemm_fill_u32")
+          .launch({64}, {256}, stream, block->device_pointer(), 0xA0u + i, static_cast<std::uint64_t>(words_of(i)));
+      scratch.push_back({block->handle(), block->size(), 0});
+    }  // (each let go at once, as a temporary)
+    ASSERT_EQ(CUEMM_CU_RESULT(cuStreamEndCapture, stream.handle(), &graph), cuda::CUDA_SUCCESS)
+        << "the manager ended an announced capture";
+    memory = capture.memory();
+  }
+  EXPECT_EQ(memory->blocks_freed_by_the_program(), std::size_t{kScratch});
+  const auto taken = churn(context, scratch);  // 0xEE in every byte
+  for (const Freed& block : scratch)
+    for (const auto& other : taken) ASSERT_FALSE(overlap(*other, block.address, block.size));
+  cuda::CUgraphExec executable = nullptr;
+  CUEMM_CU(cuGraphInstantiate, &executable, graph, 0);
+  for (int launch = 0; launch < 3; ++launch) CUEMM_CU(cuGraphLaunch, executable, stream.handle());
+  stream.synchronize();
+  for (const auto& other : taken) {
+    const auto bytes = read_back(other);
+    ASSERT_EQ(std::count(bytes.begin(), bytes.end(), 0xEE), static_cast<std::ptrdiff_t>(bytes.size()))
+        << "the graph wrote into a block handed out after its capture";
+  }
+  for (int i = 0; i < kScratch; ++i) {
+    std::vector<std::uint32_t> words(words_of(i));
+    CUEMM_CU(cuMemcpyDtoH, words.data(), scratch[i].address, words.size() * 4);
+    EXPECT_EQ(std::count(words.begin(), words.end(), 0xA0u + i), static_cast<std::ptrdiff_t>(words.size()))
+        << "scratch block " << i;
+  }
+  CUEMM_CU(cuGraphExecDestroy, executable);
+  CUEMM_CU(cuGraphDestroy, graph);
+  memory.reset();  // after the graph: its blocks go back, behind its last launch
+  churn(context, scratch);
+}
+
+}  // namespace
+}  // namespace cuemm
