@@ -33,10 +33,11 @@ MemoryInfo Context::get_memory_info() { return memory_manager_->get_memory_info(
 
 std::shared_ptr<MemoryPointer> Context::memalloc(std::size_t size) {
   require_allocation_size(size, "memalloc");
-  std::shared_ptr<MemoryPointer> block = memory_manager_->memalloc(size);
-  if (capturing()) [[unlikely]]
-    return keep_if_captured(std::move(block));
-  return block;
+  if (capturing()) [[unlikely]] {
+    if (auto reused = reuse_if_captured(size)) return reused;
+    return keep_if_captured(memory_manager_->memalloc(size));
+  }
+  return memory_manager_->memalloc(size);
 }
 
 std::shared_ptr<MemoryPointer> Context::memhostalloc(std::size_t size, bool mapped, bool portable, bool wc) {
@@ -147,16 +148,27 @@ ScopedContext::~ScopedContext() {
   if (pushed_) CUEMM_CU_RESULT(cuCtxPopCurrent, nullptr);
 }
 
-std::shared_ptr<MemoryPointer> Context::keep_if_captured(std::shared_ptr<MemoryPointer> block) {
-  std::lock_guard lock(scopes_mutex_);
+CaptureScope* Context::innermost_scope_of_this_thread() {
   const auto thread = std::this_thread::get_id();
   const auto innermost = std::find_if(open_scopes_.rbegin(), open_scopes_.rend(),
                                       [&](const CaptureScope* scope) { return scope->thread_ == thread; });
-  if (innermost != open_scopes_.rend()) (*innermost)->memory_->keep(block);
+  return innermost == open_scopes_.rend() ? nullptr : *innermost;
+}
+
+std::shared_ptr<MemoryPointer> Context::keep_if_captured(std::shared_ptr<MemoryPointer> block) {
+  std::lock_guard lock(scopes_mutex_);
+  if (CaptureScope* scope = innermost_scope_of_this_thread()) scope->memory_->keep(block);
   return block;
 }
 
-CaptureScope::CaptureScope(Context& context) : context_(context) {
+std::shared_ptr<MemoryPointer> Context::reuse_if_captured(std::size_t size) {
+  std::lock_guard lock(scopes_mutex_);
+  CaptureScope* scope = innermost_scope_of_this_thread();
+  if (!scope || scope->reuse_ != CaptureScope::Reuse::in_capture_order) return nullptr;
+  return scope->memory_->reuse(size);
+}
+
+CaptureScope::CaptureScope(Context& context, Reuse reuse) : context_(context), reuse_(reuse) {
   {
     std::lock_guard lock(context_.scopes_mutex_);
     context_.open_scopes_.push_back(this);
@@ -182,8 +194,29 @@ CaptureScope::~CaptureScope() {
 
 void GraphMemory::keep(std::shared_ptr<MemoryPointer> block) {
   std::lock_guard lock(mutex_);
+  if (block->kind() == MemoryKind::Device) device_blocks_by_size_.emplace(block->size(), kept_.size());
   bytes_ += block->size();
   kept_.push_back(std::move(block));
+}
+
+std::shared_ptr<MemoryPointer> GraphMemory::reuse(std::size_t size) {
+  std::lock_guard lock(mutex_);
+  // (Only this object hands out new references to a kept block, under the
+  // lock: a count of one cannot grow meanwhile.)
+  for (auto it = device_blocks_by_size_.lower_bound(size);
+       it != device_blocks_by_size_.end() && it->first / 2 <= size; ++it) {
+    std::shared_ptr<MemoryPointer>& block = kept_[it->second];
+    if (block.use_count() == 1 && block->is_alive()) {
+      ++reuses_;
+      return block->view(0, size);
+    }
+  }
+  return nullptr;
+}
+
+std::size_t GraphMemory::reuses() const {
+  std::lock_guard lock(mutex_);
+  return reuses_;
 }
 
 std::size_t GraphMemory::blocks() const {

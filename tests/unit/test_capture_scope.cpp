@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -165,6 +166,47 @@ TEST(CaptureScope, TheInnermostScopeOfTheThreadKeeps) {
   EXPECT_EQ(outer.memory()->bytes(), 512u + 4096u);
 }
 
+// Reusing: a block let go serves the thread's next request that it holds
+// without wasting more than half; one still held, a smaller one or a host
+// block does not, nor does any after the scope.
+TEST(CaptureScope, InCaptureOrderABlockLetGoServesTheThreadsLaterRequests) {
+  Context& context = current_context();
+  SCOPED_TRACE(manager_name());
+  std::shared_ptr<GraphMemory> memory;
+  std::uintptr_t first_address = 0, held_address = 0;
+  {
+    CaptureScope capture(context, CaptureScope::Reuse::in_capture_order);
+    memory = capture.memory();
+    auto first = context.memalloc(64 << 10);
+    first_address = first->device_pointer();
+    first.reset();
+    auto again = context.memalloc(40 << 10);  // within twice: a view of the first
+    EXPECT_EQ(again->device_pointer(), first_address);
+    EXPECT_EQ(again->size(), std::size_t{40} << 10);
+    auto beside = context.memalloc(40 << 10);  // the first is taken
+    EXPECT_NE(beside->device_pointer(), first_address);
+    held_address = beside->device_pointer();
+    again.reset();
+    auto small = context.memalloc(16 << 10);  // would waste more than half of it
+    EXPECT_NE(small->device_pointer(), first_address);
+    auto pinned = context.memhostalloc(64 << 10);  // (host blocks are not reused)
+    pinned.reset();
+    auto other_thread_block = std::async(std::launch::async, [&] {
+      ScopedContext scope(context);
+      return context.memalloc(64 << 10)->device_pointer();  // (not the scope's thread: a manager's block)
+    }).get();
+    (void)other_thread_block;
+    auto third = context.memalloc(64 << 10);
+    EXPECT_EQ(third->device_pointer(), first_address);
+    EXPECT_EQ(memory->reuses(), 2u);
+    EXPECT_EQ(memory->blocks(), 4u);  // first, beside, small, pinned
+  }
+  auto after = context.memalloc(64 << 10);  // the scope is closed: the manager's
+  EXPECT_NE(after->device_pointer(), first_address);
+  EXPECT_NE(after->device_pointer(), held_address);
+  EXPECT_EQ(memory->reuses(), 2u);
+}
+
 // MemoryPointer::free() releases at once whatever keeps the pointer: the
 // scope counts such frees and says so when it closes.
 TEST(CaptureScope, AnExplicitFreeDuringTheScopeIsReported) {
@@ -238,6 +280,55 @@ TEST(CaptureScope, AGraphsScratchBlocksOutliveTheCaptureUntilItsMemoryGoes) {
   CUEMM_CU(cuGraphDestroy, graph);
   memory.reset();  // after the graph: its blocks go back, behind its last launch
   churn(context, scratch);
+}
+
+// On the GPU, reusing: each step of the capture fills a scratch block and
+// copies it into an output block, then lets the scratch go, all on one
+// stream; the steps' scratch blocks are few, and every output reads its
+// step's value after the launches.
+TEST(CaptureScope, AGraphThatReusesItsScratchBlocksInCaptureOrderComputesEveryStep) {
+  const auto& api = driver::Driver::get().api();
+  if (simulation::active() || !api.cuStreamBeginCapture || !api.cuGraphInstantiate)
+    GTEST_SKIP() << "needs a driver that captures graphs (the simulated one does not)";
+  Context& context = current_context();
+  SCOPED_TRACE(manager_name());
+  ScopedContext scope(context);
+  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
+  const Stream stream = context.create_stream(/*non_blocking=*/true);
+  constexpr int kSteps = 32;
+  constexpr std::size_t kWords = std::size_t{1} << 16;
+  std::vector<std::shared_ptr<MemoryPointer>> outputs;
+  std::shared_ptr<GraphMemory> memory;
+  cuda::CUgraph graph = nullptr;
+  {
+    CaptureScope capture(context, CaptureScope::Reuse::in_capture_order);
+    CUEMM_CU(cuStreamBeginCapture, stream.handle(), cuda::CU_STREAM_CAPTURE_MODE_GLOBAL);
+    for (int step = 0; step < kSteps; ++step) {
+      auto scratch = context.memalloc(kWords * 4 - 1024 * (step % 4));
+      module.function("cuemm_fill_u32")
+          .launch({64}, {256}, stream, scratch->device_pointer(), 0xB00u + step, static_cast<std::uint64_t>(kWords / 4));
+      outputs.push_back(context.memalloc(kWords));  // (too small to take a scratch block)
+      CUEMM_CU(cuMemcpyDtoDAsync, outputs.back()->device_pointer(), scratch->device_pointer(), kWords,
+               stream.handle());
+    }
+    ASSERT_EQ(CUEMM_CU_RESULT(cuStreamEndCapture, stream.handle(), &graph), cuda::CUDA_SUCCESS);
+    memory = capture.memory();
+  }
+  EXPECT_EQ(memory->reuses(), std::size_t{kSteps - 1}) << "each step's scratch block serves the next";
+  EXPECT_EQ(memory->blocks(), std::size_t{kSteps + 1});  // the outputs and one scratch block
+  for (const auto& output : outputs) output->memset(0);
+  cuda::CUgraphExec executable = nullptr;
+  CUEMM_CU(cuGraphInstantiate, &executable, graph, 0);
+  for (int launch = 0; launch < 3; ++launch) CUEMM_CU(cuGraphLaunch, executable, stream.handle());
+  stream.synchronize();
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<std::uint32_t> words(kWords / 4);
+    CUEMM_CU(cuMemcpyDtoH, words.data(), outputs[step]->device_pointer(), kWords);
+    EXPECT_EQ(std::count(words.begin(), words.end(), 0xB00u + step), static_cast<std::ptrdiff_t>(words.size()))
+        << "step " << step;
+  }
+  CUEMM_CU(cuGraphExecDestroy, executable);
+  CUEMM_CU(cuGraphDestroy, graph);
 }
 
 }  // namespace

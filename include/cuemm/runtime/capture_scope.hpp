@@ -37,12 +37,20 @@
 // rather than call MemoryPointer::free(), which releases a block at once
 // whatever keeps it (the scope reports such frees on stderr). A scope whose
 // memory() nobody took gives them back when it closes. Other threads'
-// allocations are not kept (their work is not the capture's). Blocks freed
-// during the capture are not reused within it either: the stream-less
-// interface does not say which of the capture's streams used them.
+// allocations are not kept (their work is not the capture's).
+//
+// Within the capture, a block let go is reused only where the program says
+// that it is safe: the stream-less interface does not say which of the
+// capture's streams used it. With CaptureScope::Reuse::in_capture_order,
+// the capture's uses of the thread's blocks are ordered as the thread let
+// them go (all on one stream, say, as PyTorch's private pools assume): a
+// later device request of the thread then takes the smallest device block
+// let go that holds it and wastes at most half of it (a view of it), so the
+// capture holds about its scratch blocks' peak rather than their sum.
 #pragma once
 
 #include <cstddef>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -64,19 +72,30 @@ class GraphMemory {
   // keeps a reference: their memory went back to its manager (the scope says
   // so on stderr when it closes).
   std::size_t blocks_freed_explicitly() const;
+  // Requests that a block let go served (CaptureScope::Reuse::in_capture_order).
+  std::size_t reuses() const;
 
  private:
   friend class Context;
   void keep(std::shared_ptr<MemoryPointer> block);
+  // A view of `size` bytes of the smallest device block let go that holds
+  // them and wastes at most half; null where none does.
+  std::shared_ptr<MemoryPointer> reuse(std::size_t size);
 
   mutable std::mutex mutex_;
   std::vector<std::shared_ptr<MemoryPointer>> kept_;
+  std::multimap<std::size_t, std::size_t> device_blocks_by_size_;  // size -> index in kept_
   std::size_t bytes_ = 0;
+  std::size_t reuses_ = 0;
 };
 
 class CaptureScope {
  public:
-  explicit CaptureScope(Context& context);
+  enum class Reuse {
+    never,             // every request of the scope's thread gets a block of its own
+    in_capture_order,  // a block let go serves the thread's later requests (see above)
+  };
+  explicit CaptureScope(Context& context, Reuse reuse = Reuse::never);
   ~CaptureScope();
   CaptureScope(const CaptureScope&) = delete;
   CaptureScope& operator=(const CaptureScope&) = delete;
@@ -88,6 +107,7 @@ class CaptureScope {
  private:
   friend class Context;
   Context& context_;
+  const Reuse reuse_;
   const std::thread::id thread_ = std::this_thread::get_id();
   std::shared_ptr<GraphMemory> memory_ = std::make_shared<GraphMemory>();
 };

@@ -93,6 +93,9 @@ class Context {
   // Gives `block` to the calling thread's innermost open CaptureScope of
   // this context, if it has one; returns it either way.
   std::shared_ptr<MemoryPointer> keep_if_captured(std::shared_ptr<MemoryPointer> block);
+  // A block that such a scope, reusing, holds for a device request of `size`; else null.
+  std::shared_ptr<MemoryPointer> reuse_if_captured(std::size_t size);
+  CaptureScope* innermost_scope_of_this_thread();  // (scopes_mutex_ held)
 
   Device& device_;
   cuda::CUcontext handle_;
