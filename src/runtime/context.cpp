@@ -168,7 +168,15 @@ std::shared_ptr<MemoryPointer> Context::reuse_if_captured(std::size_t size) {
   return scope->memory_->reuse(size);
 }
 
-CaptureScope::CaptureScope(Context& context, Reuse reuse) : context_(context), reuse_(reuse) {
+CaptureScope::CaptureScope(Context& context, Reuse reuse, std::shared_ptr<GraphMemory> shared)
+    : context_(context), reuse_(reuse), memory_(std::move(shared)) {
+  if (!memory_) {
+    memory_.reset(new GraphMemory(context));
+  } else if (&memory_->context_ != &context) {
+    throw InvalidArgument("CaptureScope: the shared GraphMemory holds blocks of another context (device " +
+                          std::to_string(memory_->context_.device().id()) + "), not this one's (device " +
+                          std::to_string(context.device().id()) + ")");
+  }
   {
     std::lock_guard lock(context_.scopes_mutex_);
     context_.open_scopes_.push_back(this);

@@ -207,6 +207,37 @@ TEST(CaptureScope, InCaptureOrderABlockLetGoServesTheThreadsLaterRequests) {
   EXPECT_EQ(memory->reuses(), 2u);
 }
 
+// A second capture that shares the first's memory takes the blocks that the
+// first let go (the graphs launched one after the other), not those still held.
+TEST(CaptureScope, ASecondCaptureReusesTheBlocksOfTheMemoryItShares) {
+  Context& context = current_context();
+  std::shared_ptr<GraphMemory> memory;
+  std::uintptr_t scratch = 0, output = 0;
+  std::shared_ptr<MemoryPointer> kept_output;
+  {
+    CaptureScope first(context, CaptureScope::Reuse::in_capture_order);
+    kept_output = context.memalloc(1 << 20);
+    output = kept_output->device_pointer();
+    scratch = context.memalloc(1 << 20)->device_pointer();  // (let go at once)
+    memory = first.memory();
+  }
+  {
+    CaptureScope second(context, CaptureScope::Reuse::in_capture_order, memory);
+    auto block = context.memalloc(1 << 20);
+    EXPECT_EQ(block->device_pointer(), scratch);
+    EXPECT_NE(context.memalloc(1 << 20)->device_pointer(), output);
+    EXPECT_EQ(second.memory(), memory);
+  }
+  EXPECT_EQ(memory->blocks(), 3u);  // the output, the scratch block, the second capture's new one
+  EXPECT_EQ(memory->reuses(), 1u);
+  // Only the same context's memory may be shared.
+  if (Device::count() > 1) {
+    Context& other = Device::get(1).primary_context();
+    EXPECT_TRUE(cuemm::testing::throws<InvalidArgument>(
+        [&] { CaptureScope wrong(other, CaptureScope::Reuse::in_capture_order, memory); }, "another context"));
+  }
+}
+
 // MemoryPointer::free() releases at once whatever keeps the pointer: the
 // scope counts such frees and says so when it closes.
 TEST(CaptureScope, AnExplicitFreeDuringTheScopeIsReported) {

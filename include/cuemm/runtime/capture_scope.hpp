@@ -47,6 +47,9 @@
 // later device request of the thread then takes the smallest device block
 // let go that holds it and wastes at most half of it (a view of it), so the
 // capture holds about its scratch blocks' peak rather than their sum.
+// Graphs that are only ever launched one after another on one stream may
+// share their memory: open the next capture's scope with the GraphMemory of
+// the one before, and its requests reuse what that graph let go.
 #pragma once
 
 #include <cstddef>
@@ -77,11 +80,15 @@ class GraphMemory {
 
  private:
   friend class Context;
+  friend class CaptureScope;
   void keep(std::shared_ptr<MemoryPointer> block);
   // A view of `size` bytes of the smallest device block let go that holds
   // them and wastes at most half; null where none does.
   std::shared_ptr<MemoryPointer> reuse(std::size_t size);
 
+  explicit GraphMemory(const Context& context) : context_(context) {}
+
+  const Context& context_;
   mutable std::mutex mutex_;
   std::vector<std::shared_ptr<MemoryPointer>> kept_;
   std::multimap<std::size_t, std::size_t> device_blocks_by_size_;  // size -> index in kept_
@@ -95,7 +102,10 @@ class CaptureScope {
     never,             // every request of the scope's thread gets a block of its own
     in_capture_order,  // a block let go serves the thread's later requests (see above)
   };
-  explicit CaptureScope(Context& context, Reuse reuse = Reuse::never);
+  // `shared`: the memory of an earlier capture of `context` to keep this
+  // one's blocks in too (and, reusing, to take blocks from); InvalidArgument
+  // if it is another context's.
+  explicit CaptureScope(Context& context, Reuse reuse = Reuse::never, std::shared_ptr<GraphMemory> shared = nullptr);
   ~CaptureScope();
   CaptureScope(const CaptureScope&) = delete;
   CaptureScope& operator=(const CaptureScope&) = delete;
@@ -109,7 +119,7 @@ class CaptureScope {
   Context& context_;
   const Reuse reuse_;
   const std::thread::id thread_ = std::this_thread::get_id();
-  std::shared_ptr<GraphMemory> memory_ = std::make_shared<GraphMemory>();
+  std::shared_ptr<GraphMemory> memory_;
 };
 
 }  // namespace cuemm
