@@ -177,6 +177,7 @@ CaptureScope::CaptureScope(Context& context, Reuse reuse, std::shared_ptr<GraphM
                           std::to_string(memory_->context_.device().id()) + "), not this one's (device " +
                           std::to_string(context.device().id()) + ")");
   }
+  explicit_frees_before_ = memory_->blocks_freed_explicitly();  // (a shared memory's, reported by its scope)
   {
     std::lock_guard lock(context_.scopes_mutex_);
     context_.open_scopes_.push_back(this);
@@ -192,7 +193,7 @@ CaptureScope::~CaptureScope() {
   }
   // A block freed with free() during the capture went back to its manager at
   // once: the graph's launches may write into memory that serves another.
-  if (const std::size_t early = memory_->blocks_freed_explicitly())
+  if (const std::size_t early = memory_->blocks_freed_explicitly() - explicit_frees_before_)
     std::fprintf(stderr,
                  "cuemm: %zu block(s) allocated during a graph capture were freed with free() before it ended; "
                  "the graph's launches may write into memory now given to others (drop the references instead, "

@@ -20,8 +20,9 @@
 //   }
 //   ... launch the graph as often as needed; destroy it, then memory.reset() ...
 //
-// Meanwhile the pools seal nothing: blocks freed during the scope are reused
-// only after it, and the pools grow rather than wait for the GPU. Every
+// Meanwhile the pools seal nothing: blocks that other threads free during
+// the scope are reused only after it, and the pools grow rather than wait
+// for the GPU. Every
 // manager's driver calls run with the thread's capture mode relaxed
 // (ScopedContext).
 //
@@ -120,6 +121,7 @@ class CaptureScope {
   const Reuse reuse_;
   const std::thread::id thread_ = std::this_thread::get_id();
   std::shared_ptr<GraphMemory> memory_;
+  std::size_t explicit_frees_before_ = 0;
 };
 
 }  // namespace cuemm
