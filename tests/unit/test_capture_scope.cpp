@@ -207,6 +207,42 @@ TEST(CaptureScope, InCaptureOrderABlockLetGoServesTheThreadsLaterRequests) {
   EXPECT_EQ(memory->reuses(), 2u);
 }
 
+// Several threads capturing at once, each in a scope of its own that
+// reuses: each keeps only what its thread allocated, and no block serves two
+// of them.
+TEST(CaptureScope, ScopesOfSeveralThreadsKeepEachTheirOwn) {
+  Context& context = current_context();
+  SCOPED_TRACE(manager_name());
+  constexpr int kThreads = 4;
+  std::vector<std::shared_ptr<GraphMemory>> memories(kThreads);
+  std::vector<std::vector<std::pair<std::uintptr_t, std::size_t>>> seen(kThreads);
+  std::vector<std::size_t> new_blocks(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      ScopedContext scope(context);
+      CaptureScope capture(context, CaptureScope::Reuse::in_capture_order);
+      std::vector<std::shared_ptr<MemoryPointer>> held;
+      for (int i = 0; i < 300; ++i) {
+        auto block = context.memalloc(std::size_t{256} << ((i * 7 + t) % 12));
+        seen[t].push_back({block->device_pointer(), block->size()});
+        if (i % 3 == 0) held.push_back(std::move(block));
+      }
+      memories[t] = capture.memory();
+      new_blocks[t] = memories[t]->blocks();
+      EXPECT_EQ(memories[t]->reuses() + memories[t]->blocks(), 300u);
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int a = 0; a < kThreads; ++a)
+    for (int b = a + 1; b < kThreads; ++b)
+      for (const auto& [address, size] : seen[a])
+        for (const auto& [other, other_size] : seen[b])
+          ASSERT_FALSE(address < other + other_size && other < address + size)
+              << "threads " << a << " and " << b << " were given the same memory while both scopes kept it";
+  for (int t = 0; t < kThreads; ++t) EXPECT_GT(memories[t]->reuses(), 0u);
+}
+
 // A second capture that shares the first's memory takes the blocks that the
 // first let go (the graphs launched one after the other), not those still held.
 TEST(CaptureScope, ASecondCaptureReusesTheBlocksOfTheMemoryItShares) {
