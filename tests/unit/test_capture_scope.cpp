@@ -216,7 +216,6 @@ TEST(CaptureScope, ScopesOfSeveralThreadsKeepEachTheirOwn) {
   constexpr int kThreads = 4;
   std::vector<std::shared_ptr<GraphMemory>> memories(kThreads);
   std::vector<std::vector<std::pair<std::uintptr_t, std::size_t>>> seen(kThreads);
-  std::vector<std::size_t> new_blocks(kThreads);
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
@@ -229,7 +228,6 @@ TEST(CaptureScope, ScopesOfSeveralThreadsKeepEachTheirOwn) {
         if (i % 3 == 0) held.push_back(std::move(block));
       }
       memories[t] = capture.memory();
-      new_blocks[t] = memories[t]->blocks();
       EXPECT_EQ(memories[t]->reuses() + memories[t]->blocks(), 300u);
     });
   }
