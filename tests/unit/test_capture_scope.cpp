@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <future>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -295,15 +296,25 @@ TEST(CaptureScope, AnExplicitFreeDuringTheScopeIsReported) {
 // blocks that the capturing thread let go of at once. While its GraphMemory
 // is held, later requests of the same sizes get other blocks, and the graph's
 // launch leaves their bytes alone while it fills its own.
-TEST(CaptureScope, AGraphsScratchBlocksOutliveTheCaptureUntilItsMemoryGoes) {
-  const auto& api = driver::Driver::get().api();
-  if (simulation::active() || !api.cuStreamBeginCapture || !api.cuGraphInstantiate)
-    GTEST_SKIP() << "needs a driver that captures graphs (the simulated one does not)";
+// The GPU's tests: a driver that captures graphs, the test kernels and a
+// non-blocking stream to capture on.
+class CaptureOnTheGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto& api = driver::Driver::get().api();
+    if (simulation::active() || !api.cuStreamBeginCapture || !api.cuGraphInstantiate)
+      GTEST_SKIP() << "needs a driver that captures graphs (the simulated one does not)";
+    module = context.load_module(cuemm::testing::test_kernels_ptx());
+    stream = context.create_stream(/*non_blocking=*/true);
+  }
   Context& context = current_context();
+  ScopedContext scope{context};
+  std::optional<Module> module;
+  std::optional<Stream> stream;
+};
+
+TEST_F(CaptureOnTheGpu, AGraphsScratchBlocksOutliveTheCaptureUntilItsMemoryGoes) {
   SCOPED_TRACE(manager_name());
-  ScopedContext scope(context);
-  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
-  const Stream stream = context.create_stream(/*non_blocking=*/true);
   constexpr int kScratch = 16;
   auto words_of = [](int i) { return std::size_t{1} << (8 + i % 10); };  // 1 KiB to 512 KiB
   std::vector<Freed> scratch;
@@ -311,14 +322,14 @@ TEST(CaptureScope, AGraphsScratchBlocksOutliveTheCaptureUntilItsMemoryGoes) {
   cuda::CUgraph graph = nullptr;
   {
     CaptureScope capture(context);
-    CUEMM_CU(cuStreamBeginCapture, stream.handle(), cuda::CU_STREAM_CAPTURE_MODE_GLOBAL);
+    CUEMM_CU(cuStreamBeginCapture, stream->handle(), cuda::CU_STREAM_CAPTURE_MODE_GLOBAL);
     for (int i = 0; i < kScratch; ++i) {
       auto block = context.memalloc(words_of(i) * 4);
-      module.function("cuemm_fill_u32")
-          .launch({64}, {256}, stream, block->device_pointer(), 0xA0u + i, static_cast<std::uint64_t>(words_of(i)));
+      module->function("cuemm_fill_u32")
+          .launch({64}, {256}, *stream, block->device_pointer(), 0xA0u + i, static_cast<std::uint64_t>(words_of(i)));
       scratch.push_back({block->handle(), block->size(), 0});
     }  // (each let go at once, as a temporary)
-    ASSERT_EQ(CUEMM_CU_RESULT(cuStreamEndCapture, stream.handle(), &graph), cuda::CUDA_SUCCESS)
+    ASSERT_EQ(CUEMM_CU_RESULT(cuStreamEndCapture, stream->handle(), &graph), cuda::CUDA_SUCCESS)
         << "the manager ended an announced capture";
     memory = capture.memory();
   }
@@ -328,8 +339,8 @@ TEST(CaptureScope, AGraphsScratchBlocksOutliveTheCaptureUntilItsMemoryGoes) {
     for (const auto& other : taken) ASSERT_FALSE(overlap(*other, block.address, block.size));
   cuda::CUgraphExec executable = nullptr;
   CUEMM_CU(cuGraphInstantiate, &executable, graph, 0);
-  for (int launch = 0; launch < 3; ++launch) CUEMM_CU(cuGraphLaunch, executable, stream.handle());
-  stream.synchronize();
+  for (int launch = 0; launch < 3; ++launch) CUEMM_CU(cuGraphLaunch, executable, stream->handle());
+  stream->synchronize();
   for (const auto& other : taken) {
     const auto bytes = read_back(other);
     ASSERT_EQ(std::count(bytes.begin(), bytes.end(), 0xEE), static_cast<std::ptrdiff_t>(bytes.size()))
@@ -351,15 +362,8 @@ TEST(CaptureScope, AGraphsScratchBlocksOutliveTheCaptureUntilItsMemoryGoes) {
 // copies it into an output block, then lets the scratch go, all on one
 // stream; the steps' scratch blocks are few, and every output reads its
 // step's value after the launches.
-TEST(CaptureScope, AGraphThatReusesItsScratchBlocksInCaptureOrderComputesEveryStep) {
-  const auto& api = driver::Driver::get().api();
-  if (simulation::active() || !api.cuStreamBeginCapture || !api.cuGraphInstantiate)
-    GTEST_SKIP() << "needs a driver that captures graphs (the simulated one does not)";
-  Context& context = current_context();
+TEST_F(CaptureOnTheGpu, AGraphThatReusesItsScratchBlocksInCaptureOrderComputesEveryStep) {
   SCOPED_TRACE(manager_name());
-  ScopedContext scope(context);
-  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
-  const Stream stream = context.create_stream(/*non_blocking=*/true);
   constexpr int kSteps = 32;
   constexpr std::size_t kWords = std::size_t{1} << 16;
   std::vector<std::shared_ptr<MemoryPointer>> outputs;
@@ -367,16 +371,16 @@ TEST(CaptureScope, AGraphThatReusesItsScratchBlocksInCaptureOrderComputesEverySt
   cuda::CUgraph graph = nullptr;
   {
     CaptureScope capture(context, CaptureScope::Reuse::in_capture_order);
-    CUEMM_CU(cuStreamBeginCapture, stream.handle(), cuda::CU_STREAM_CAPTURE_MODE_GLOBAL);
+    CUEMM_CU(cuStreamBeginCapture, stream->handle(), cuda::CU_STREAM_CAPTURE_MODE_GLOBAL);
     for (int step = 0; step < kSteps; ++step) {
       auto scratch = context.memalloc(kWords * 4 - 1024 * (step % 4));
-      module.function("cuemm_fill_u32")
-          .launch({64}, {256}, stream, scratch->device_pointer(), 0xB00u + step, static_cast<std::uint64_t>(kWords / 4));
+      module->function("cuemm_fill_u32")
+          .launch({64}, {256}, *stream, scratch->device_pointer(), 0xB00u + step, static_cast<std::uint64_t>(kWords / 4));
       outputs.push_back(context.memalloc(kWords));  // (too small to take a scratch block)
       CUEMM_CU(cuMemcpyDtoDAsync, outputs.back()->device_pointer(), scratch->device_pointer(), kWords,
-               stream.handle());
+               stream->handle());
     }
-    ASSERT_EQ(CUEMM_CU_RESULT(cuStreamEndCapture, stream.handle(), &graph), cuda::CUDA_SUCCESS);
+    ASSERT_EQ(CUEMM_CU_RESULT(cuStreamEndCapture, stream->handle(), &graph), cuda::CUDA_SUCCESS);
     memory = capture.memory();
   }
   EXPECT_EQ(memory->reuses(), std::size_t{kSteps - 1}) << "each step's scratch block serves the next";
@@ -384,8 +388,8 @@ TEST(CaptureScope, AGraphThatReusesItsScratchBlocksInCaptureOrderComputesEverySt
   for (const auto& output : outputs) output->memset(0);
   cuda::CUgraphExec executable = nullptr;
   CUEMM_CU(cuGraphInstantiate, &executable, graph, 0);
-  for (int launch = 0; launch < 3; ++launch) CUEMM_CU(cuGraphLaunch, executable, stream.handle());
-  stream.synchronize();
+  for (int launch = 0; launch < 3; ++launch) CUEMM_CU(cuGraphLaunch, executable, stream->handle());
+  stream->synchronize();
   for (int step = 0; step < kSteps; ++step) {
     std::vector<std::uint32_t> words(kWords / 4);
     CUEMM_CU(cuMemcpyDtoH, words.data(), outputs[step]->device_pointer(), kWords);
