@@ -42,10 +42,7 @@ std::shared_ptr<MemoryPointer> Context::memalloc(std::size_t size) {
 
 std::shared_ptr<MemoryPointer> Context::memhostalloc(std::size_t size, bool mapped, bool portable, bool wc) {
   require_allocation_size(size, "memhostalloc");
-  std::shared_ptr<MemoryPointer> block = memory_manager_->memhostalloc(size, mapped, portable, wc);
-  if (capturing()) [[unlikely]]
-    return keep_if_captured(std::move(block));
-  return block;
+  return keep_if_captured(memory_manager_->memhostalloc(size, mapped, portable, wc));
 }
 
 std::shared_ptr<MemoryPointer> Context::mempin(std::shared_ptr<const void> owner, void* pointer, std::size_t size,
@@ -54,18 +51,12 @@ std::shared_ptr<MemoryPointer> Context::mempin(std::shared_ptr<const void> owner
   require_allocation_size(size, "mempin");
   if (mapped && !device_.can_map_host_memory())
     throw InvalidArgument("mempin: device " + std::to_string(device_.id()) + " cannot map host memory");
-  std::shared_ptr<MemoryPointer> block = memory_manager_->mempin(std::move(owner), pointer, size, mapped);
-  if (capturing()) [[unlikely]]
-    return keep_if_captured(std::move(block));
-  return block;
+  return keep_if_captured(memory_manager_->mempin(std::move(owner), pointer, size, mapped));
 }
 
 std::shared_ptr<MemoryPointer> Context::memallocmanaged(std::size_t size, bool attach_global) {
   require_allocation_size(size, "memallocmanaged");
-  std::shared_ptr<MemoryPointer> block = memory_manager_->memallocmanaged(size, attach_global);
-  if (capturing()) [[unlikely]]
-    return keep_if_captured(std::move(block));
-  return block;
+  return keep_if_captured(memory_manager_->memallocmanaged(size, attach_global));
 }
 
 IpcHandle Context::get_ipc_handle(const std::shared_ptr<MemoryPointer>& memory) {
@@ -155,10 +146,9 @@ CaptureScope* Context::innermost_scope_of_this_thread() {
   return innermost == open_scopes_.rend() ? nullptr : *innermost;
 }
 
-std::shared_ptr<MemoryPointer> Context::keep_if_captured(std::shared_ptr<MemoryPointer> block) {
+void Context::keep_for_capture(const std::shared_ptr<MemoryPointer>& block) {
   std::lock_guard lock(scopes_mutex_);
   if (CaptureScope* scope = innermost_scope_of_this_thread()) scope->memory_->keep(block);
-  return block;
 }
 
 std::shared_ptr<MemoryPointer> Context::reuse_if_captured(std::size_t size) {

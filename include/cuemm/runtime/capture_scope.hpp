@@ -22,9 +22,8 @@
 //
 // Meanwhile the pools seal nothing: blocks that other threads free during
 // the scope are reused only after it, and the pools grow rather than wait
-// for the GPU. Every
-// manager's driver calls run with the thread's capture mode relaxed
-// (ScopedContext).
+// for the GPU. Every manager's driver calls run with the thread's capture
+// mode relaxed (ScopedContext).
 //
 // A graph's launches write the addresses that its capture saw, so a block
 // that the program freed during the capture must not serve anyone else while

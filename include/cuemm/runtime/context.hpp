@@ -92,7 +92,12 @@ class Context {
   friend class CaptureScope;
   // Gives `block` to the calling thread's innermost open CaptureScope of
   // this context, if it has one; returns it either way.
-  std::shared_ptr<MemoryPointer> keep_if_captured(std::shared_ptr<MemoryPointer> block);
+  std::shared_ptr<MemoryPointer> keep_if_captured(std::shared_ptr<MemoryPointer> block) {
+    if (capturing()) [[unlikely]]
+      keep_for_capture(block);
+    return block;
+  }
+  void keep_for_capture(const std::shared_ptr<MemoryPointer>& block);
   // A block that such a scope, reusing, holds for a device request of `size`; else null.
   std::shared_ptr<MemoryPointer> reuse_if_captured(std::size_t size);
   CaptureScope* innermost_scope_of_this_thread();  // (scopes_mutex_ held)
