@@ -193,9 +193,18 @@ CaptureScope::~CaptureScope() {
 
 void GraphMemory::keep(std::shared_ptr<MemoryPointer> block) {
   std::lock_guard lock(mutex_);
-  if (block->kind() == MemoryKind::Device) device_blocks_by_size_.emplace(block->size(), kept_.size());
-  bytes_ += block->size();
+  const std::size_t size = block->size();
+  const bool device = block->kind() == MemoryKind::Device;
   kept_.push_back(std::move(block));
+  if (device) {
+    try {
+      device_blocks_by_size_.emplace(size, kept_.size() - 1);
+    } catch (...) {
+      kept_.pop_back();  // (no index may name a block not kept)
+      throw;
+    }
+  }
+  bytes_ += size;
 }
 
 std::shared_ptr<MemoryPointer> GraphMemory::reuse(std::size_t size) {
