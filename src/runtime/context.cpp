@@ -146,9 +146,17 @@ CaptureScope* Context::innermost_scope_of_this_thread() {
   return innermost == open_scopes_.rend() ? nullptr : *innermost;
 }
 
-void Context::keep_for_capture(const std::shared_ptr<MemoryPointer>& block) {
+void Context::give_to_capture_scope(const std::shared_ptr<MemoryPointer>& block) {
   std::lock_guard lock(scopes_mutex_);
   if (CaptureScope* scope = innermost_scope_of_this_thread()) scope->memory_->keep(block);
+}
+
+bool Context::keep_for_capture(const std::function<std::shared_ptr<MemoryPointer>()>& make) {
+  std::lock_guard lock(scopes_mutex_);
+  CaptureScope* scope = innermost_scope_of_this_thread();
+  if (!scope) return false;
+  scope->memory_->keep(make());
+  return true;
 }
 
 std::shared_ptr<MemoryPointer> Context::reuse_if_captured(std::size_t size) {

@@ -273,6 +273,72 @@ TEST(CaptureScope, ASecondCaptureReusesTheBlocksOfTheMemoryItShares) {
   }
 }
 
+// The pool's raw interface (allocate and deallocate, with a stream and
+// without) has no pointer objects: its blocks from a capturing thread are
+// kept all the same, a raw free only lets go of them, and they come back to
+// the pool once the memory goes; with the record of frees too.
+TEST(CaptureScope, ThePoolsRawBlocksAreKeptToo) {
+  Context& context = current_context();
+  ScopedContext scope(context);
+  const Stream stream = context.create_stream(/*non_blocking=*/true);
+  for (const bool check_frees : {false, true}) {
+    SCOPED_TRACE(check_frees ? "with the record of frees" : "without the record");
+    PoolOptions options;
+    options.check_frees = check_frees;
+    PoolMemoryManager pool(&context, options);
+    pool.initialize();
+    std::vector<Freed> freed;
+    std::shared_ptr<GraphMemory> memory;
+    {
+      CaptureScope capture(context);
+      for (int i = 0; i < 16; ++i) {
+        const std::size_t size = std::size_t{256} << (i % 12);
+        const bool on_stream = i % 2;
+        const cuda::CUdeviceptr block = on_stream ? pool.allocate(size, stream.handle()) : pool.allocate(size);
+        const auto pattern = static_cast<unsigned char>(0x60 + i);
+        CUEMM_CU(cuMemsetD8, block, pattern, size);
+        on_stream ? pool.deallocate(block, size, stream.handle()) : pool.deallocate(block, size);
+        freed.push_back({block, size, pattern});
+      }
+      std::thread other([&] {  // (not the scope's thread: not kept)
+        ScopedContext other_scope(context);
+        pool.deallocate(pool.allocate(4096), 4096);
+      });
+      other.join();
+      memory = capture.memory();
+      EXPECT_EQ(memory->blocks(), 16u);
+      EXPECT_EQ(memory->blocks_freed_by_the_program(), 16u);
+    }
+    auto churn_raw = [&] {
+      std::vector<std::pair<cuda::CUdeviceptr, std::size_t>> taken;
+      for (int round = 0; round < 16; ++round)
+        for (const Freed& block : freed) {
+          const cuda::CUdeviceptr other = pool.allocate(block.size);
+          CUEMM_CU(cuMemsetD8, other, 0xEE, block.size);
+          taken.push_back({other, block.size});
+        }
+      for (const auto& [other, size] : taken) pool.deallocate(other, size);
+      return taken;
+    };
+    for (const auto& [other, size] : churn_raw())
+      for (const Freed& block : freed)
+        ASSERT_FALSE(other < block.address + block.size && block.address < other + size)
+            << "a raw block freed during the capture served another while its GraphMemory was held";
+    for (const Freed& block : freed) {
+      std::vector<std::uint8_t> bytes(block.size);
+      CUEMM_CU(cuMemcpyDtoH, bytes.data(), block.address, block.size);
+      EXPECT_EQ(std::count(bytes.begin(), bytes.end(), block.pattern), static_cast<std::ptrdiff_t>(block.size));
+    }
+    memory.reset();  // the pool has them back
+    pool.trim();     // (sealed: no wait for the GPU stands between them and the next requests)
+    std::size_t reused = 0;
+    for (const auto& [other, size] : churn_raw())
+      for (const Freed& block : freed) reused += other == block.address;
+    EXPECT_GT(reused, 0u) << "the blocks never came back to the pool";
+    EXPECT_EQ(pool.statistics().rejected_frees, 0u);
+  }
+}
+
 // MemoryPointer::free() releases at once whatever keeps the pointer: the
 // scope counts such frees and says so when it closes.
 TEST(CaptureScope, AnExplicitFreeDuringTheScopeIsReported) {
@@ -395,6 +461,64 @@ TEST_F(CaptureOnTheGpu, AGraphThatReusesItsScratchBlocksInCaptureOrderComputesEv
     CUEMM_CU(cuMemcpyDtoH, words.data(), outputs[step]->device_pointer(), kWords);
     EXPECT_EQ(std::count(words.begin(), words.end(), 0xB00u + step), static_cast<std::ptrdiff_t>(words.size()))
         << "step " << step;
+  }
+  CUEMM_CU(cuGraphExecDestroy, executable);
+  CUEMM_CU(cuGraphDestroy, graph);
+}
+
+// On the GPU, the pool's raw interface as RMM's and PyTorch's users call it:
+// blocks allocated and freed on the capturing stream around the kernels that
+// fill them. After the capture, the pool's raw requests of the same sizes get
+// other blocks, and the launches leave those alone.
+TEST_F(CaptureOnTheGpu, AGraphsRawStreamOrderedBlocksOutliveTheCapture) {
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  constexpr int kScratch = 16;
+  auto words_of = [](int i) { return std::size_t{1} << (8 + i % 10); };
+  std::vector<Freed> scratch;
+  std::shared_ptr<GraphMemory> memory;
+  cuda::CUgraph graph = nullptr;
+  {
+    CaptureScope capture(context);
+    CUEMM_CU(cuStreamBeginCapture, stream->handle(), cuda::CU_STREAM_CAPTURE_MODE_GLOBAL);
+    for (int i = 0; i < kScratch; ++i) {
+      const std::size_t bytes = words_of(i) * 4;
+      const cuda::CUdeviceptr block = pool.allocate(bytes, stream->handle());
+      module->function("cuemm_fill_u32")
+          .launch({64}, {256}, *stream, block, 0xC0u + i, static_cast<std::uint64_t>(words_of(i)));
+      pool.deallocate(block, bytes, stream->handle());
+      scratch.push_back({block, bytes, 0});
+    }
+    ASSERT_EQ(CUEMM_CU_RESULT(cuStreamEndCapture, stream->handle(), &graph), cuda::CUDA_SUCCESS)
+        << "the pool ended an announced capture";
+    memory = capture.memory();
+  }
+  EXPECT_EQ(memory->blocks_freed_by_the_program(), std::size_t{kScratch});
+  std::vector<std::pair<cuda::CUdeviceptr, std::size_t>> taken;
+  for (int round = 0; round < 8; ++round)
+    for (const Freed& block : scratch) {
+      const cuda::CUdeviceptr other = pool.allocate(block.size, stream->handle());
+      CUEMM_CU(cuMemsetD8, other, 0xEE, block.size);
+      taken.push_back({other, block.size});
+      for (const Freed& kept : scratch)
+        ASSERT_FALSE(other < kept.address + kept.size && kept.address < other + block.size);
+    }
+  cuda::CUgraphExec executable = nullptr;
+  CUEMM_CU(cuGraphInstantiate, &executable, graph, 0);
+  for (int launch = 0; launch < 3; ++launch) CUEMM_CU(cuGraphLaunch, executable, stream->handle());
+  stream->synchronize();
+  for (const auto& [other, size] : taken) {
+    std::vector<std::uint8_t> bytes(size);
+    CUEMM_CU(cuMemcpyDtoH, bytes.data(), other, size);
+    ASSERT_EQ(std::count(bytes.begin(), bytes.end(), 0xEE), static_cast<std::ptrdiff_t>(size))
+        << "the graph wrote into a raw block handed out after its capture";
+    pool.deallocate(other, size, stream->handle());
+  }
+  for (int i = 0; i < kScratch; ++i) {
+    std::vector<std::uint32_t> words(words_of(i));
+    CUEMM_CU(cuMemcpyDtoH, words.data(), scratch[i].address, words.size() * 4);
+    EXPECT_EQ(std::count(words.begin(), words.end(), 0xC0u + i), static_cast<std::ptrdiff_t>(words.size()))
+        << "scratch block " << i;
   }
   CUEMM_CU(cuGraphExecDestroy, executable);
   CUEMM_CU(cuGraphDestroy, graph);

@@ -119,6 +119,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "cuemm/managers/detail/tlsf_block_allocator.hpp"
@@ -284,11 +285,22 @@ class PoolMemoryManager : public HostOnlyMemoryManager, public RawDeviceAllocato
                                                        const cuda::CUstream* stream) noexcept;
   cuda::CUdeviceptr allocate_unrecorded(std::size_t size, cuda::CUstream stream);
   void deallocate_unchecked(cuda::CUdeviceptr pointer, std::size_t size, cuda::CUstream stream) noexcept;
+  // The raw interface during a graph capture (CaptureScope): a block that a
+  // capturing thread allocates is kept by its scope's GraphMemory, and its
+  // raw free only drops the program's reference to it.
+  cuda::CUdeviceptr kept_if_captured(cuda::CUdeviceptr address, std::size_t size);
+  [[gnu::noinline, gnu::cold]] void keep_captured_raw_block(cuda::CUdeviceptr address, std::size_t size);
+  // True where `pointer` was such a block (and its reference is dropped).
+  [[gnu::noinline, gnu::cold]] bool let_go_of_captured_raw_block(cuda::CUdeviceptr pointer, std::size_t size) noexcept;
 
   PoolOptions options_;
   std::shared_ptr<Core> core_;
   std::unique_ptr<detail::RawFreeChecker> free_checker_;  // with options_.check_frees
   std::atomic<std::size_t> rejected_frees_{0};
+  Context* const core_context_;  // (the context, or null: read at each raw allocation)
+  std::mutex captured_raw_mutex_;
+  std::unordered_map<cuda::CUdeviceptr, std::shared_ptr<MemoryPointer>> captured_raw_;
+  std::atomic<bool> has_captured_raw_{false};  // (read at each raw free)
 };
 
 }  // namespace cuemm

@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string_view>
@@ -87,6 +88,11 @@ class Context {
   // Whether a CaptureScope of this context is open: a CUDA graph is being
   // captured, and its managers make no call that would end the capture.
   bool capturing() const noexcept { return captures_.load(std::memory_order_acquire) > 0; }
+  // For a manager's raw interface, whose blocks have no MemoryPointer: where
+  // the calling thread has an open CaptureScope of this context, makes the
+  // block's pointer with `make` and gives it to the scope's GraphMemory;
+  // false, with nothing made, where it has none.
+  bool keep_for_capture(const std::function<std::shared_ptr<MemoryPointer>()>& make);
 
  private:
   friend class CaptureScope;
@@ -94,10 +100,10 @@ class Context {
   // this context, if it has one; returns it either way.
   std::shared_ptr<MemoryPointer> keep_if_captured(std::shared_ptr<MemoryPointer> block) {
     if (capturing()) [[unlikely]]
-      keep_for_capture(block);
+      give_to_capture_scope(block);
     return block;
   }
-  void keep_for_capture(const std::shared_ptr<MemoryPointer>& block);
+  void give_to_capture_scope(const std::shared_ptr<MemoryPointer>& block);
   // A block that such a scope, reusing, holds for a device request of `size`; else null.
   std::shared_ptr<MemoryPointer> reuse_if_captured(std::size_t size);
   CaptureScope* innermost_scope_of_this_thread();  // (scopes_mutex_ held)

@@ -27,7 +27,10 @@ PoolOptions PoolOptions::from_environment() {
 
 
 PoolMemoryManager::PoolMemoryManager(Context* context, PoolOptions options)
-    : HostOnlyMemoryManager(context), options_(options), core_(std::make_shared<Core>(context, options)) {
+    : HostOnlyMemoryManager(context),
+      options_(options),
+      core_(std::make_shared<Core>(context, options)),
+      core_context_(context) {
   if (options_.pinned_host_pool) use_pinned_host_pool();
   if (options_.check_frees) free_checker_ = std::make_unique<detail::RawFreeChecker>();
   if (options_.maximum_size && options_.maximum_size < kSegmentGranularity) {
@@ -71,6 +74,10 @@ void PoolMemoryManager::on_reset() {
   retiring->retire();
   util::keep_until_exit(std::move(retiring));
   if (free_checker_) free_checker_->forget_all();
+  std::unordered_map<cuda::CUdeviceptr, std::shared_ptr<MemoryPointer>> captured;  // (dropped outside the lock)
+  std::lock_guard lock(captured_raw_mutex_);
+  captured.swap(captured_raw_);
+  has_captured_raw_.store(false, std::memory_order_relaxed);
 }
 
 CleanupGuard PoolMemoryManager::on_defer_cleanup() {
@@ -84,15 +91,23 @@ CleanupGuard PoolMemoryManager::on_defer_cleanup() {
   });
 }
 
+inline cuda::CUdeviceptr PoolMemoryManager::kept_if_captured(cuda::CUdeviceptr address, std::size_t size) {
+  if (core_context_ && core_context_->capturing()) [[unlikely]]
+    keep_captured_raw_block(address, size);
+  return address;
+}
+
 cuda::CUdeviceptr PoolMemoryManager::allocate(std::size_t size) {
   require_allocation_size(size, "PoolMemoryManager::allocate");
   if (free_checker_) [[unlikely]]
-    return allocate_recorded(size, nullptr);
-  return core_->allocate(size, core_->size_class(size));
+    return kept_if_captured(allocate_recorded(size, nullptr), size);
+  return kept_if_captured(core_->allocate(size, core_->size_class(size)), size);
 }
 
 void PoolMemoryManager::deallocate(cuda::CUdeviceptr pointer, std::size_t size) noexcept {
   if (!pointer || !size) return;
+  if (has_captured_raw_.load(std::memory_order_relaxed)) [[unlikely]]
+    if (let_go_of_captured_raw_block(pointer, size)) return;
   // A pointer off the block granularity is no block's: cheap enough to check
   // at every free. The rest only with the record (PoolOptions::check_frees).
   if (pointer % kBlockGranularity || free_checker_) [[unlikely]]
@@ -170,8 +185,44 @@ RawDeviceAllocator::Allocation PoolMemoryManager::allocate_raw(std::size_t size)
 cuda::CUdeviceptr PoolMemoryManager::allocate(std::size_t size, cuda::CUstream stream) {
   require_allocation_size(size, "PoolMemoryManager::allocate");
   if (free_checker_) [[unlikely]]
-    return allocate_recorded(size, &stream);
-  return allocate_unrecorded(size, stream);
+    return kept_if_captured(allocate_recorded(size, &stream), size);
+  return kept_if_captured(allocate_unrecorded(size, stream), size);
+}
+
+void PoolMemoryManager::keep_captured_raw_block(cuda::CUdeviceptr address, std::size_t size) {
+  std::shared_ptr<MemoryPointer> kept;
+  Core* core = core_.get();
+  const int size_class = core->size_class(size);
+  try {
+    const bool captured = core_context_->keep_for_capture([&] {
+      // (Freed as the raw free would, once the GraphMemory goes too; the
+      // core stays until exit, see ~PoolMemoryManager.)
+      kept = std::make_shared<MemoryPointer>(core_context_, address, size, nullptr,
+                                             [core, address, size_class] { core->deallocate(address, size_class); });
+      return kept;
+    });
+    if (!captured) return;  // another thread's capture
+    std::lock_guard lock(captured_raw_mutex_);
+    captured_raw_.emplace(address, std::move(kept));
+    has_captured_raw_.store(true, std::memory_order_relaxed);
+  } catch (...) {
+    if (!kept) core->deallocate(address, size_class);  // (no pointer frees it: as if the allocation had failed)
+    throw;  // (else the pointer frees it once the GraphMemory goes)
+  }
+}
+
+bool PoolMemoryManager::let_go_of_captured_raw_block(cuda::CUdeviceptr pointer, std::size_t size) noexcept {
+  std::shared_ptr<MemoryPointer> program_reference;  // (dropped outside the lock: it may be the last)
+  {
+    std::lock_guard lock(captured_raw_mutex_);
+    const auto found = captured_raw_.find(pointer);
+    if (found == captured_raw_.end()) return false;
+    program_reference = std::move(found->second);
+    captured_raw_.erase(found);
+    if (captured_raw_.empty()) has_captured_raw_.store(false, std::memory_order_relaxed);
+  }
+  if (free_checker_) (void)free_checker_->take_back(pointer, size);  // (its record goes with the free)
+  return true;
 }
 
 cuda::CUdeviceptr PoolMemoryManager::allocate_unrecorded(std::size_t size, cuda::CUstream stream) {
@@ -184,6 +235,8 @@ cuda::CUdeviceptr PoolMemoryManager::allocate_unrecorded(std::size_t size, cuda:
 
 void PoolMemoryManager::deallocate(cuda::CUdeviceptr pointer, std::size_t size, cuda::CUstream stream) noexcept {
   if (!pointer || !size) return;
+  if (has_captured_raw_.load(std::memory_order_relaxed)) [[unlikely]]
+    if (let_go_of_captured_raw_block(pointer, size)) return;
   if (pointer % kBlockGranularity || free_checker_) [[unlikely]]
     return deallocate_checked(pointer, size, &stream);
   deallocate_unchecked(pointer, size, stream);
