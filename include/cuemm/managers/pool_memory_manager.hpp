@@ -295,12 +295,15 @@ class PoolMemoryManager : public HostOnlyMemoryManager, public RawDeviceAllocato
 
   PoolOptions options_;
   std::shared_ptr<Core> core_;
+  // Read beside core_ on the raw interface's fast path: the context (or
+  // null), asked at each allocation whether a graph is being captured, and
+  // whether any raw block is kept for a capture, asked at each free.
+  Context* const core_context_;
+  std::atomic<bool> has_captured_raw_{false};
   std::unique_ptr<detail::RawFreeChecker> free_checker_;  // with options_.check_frees
   std::atomic<std::size_t> rejected_frees_{0};
-  Context* const core_context_;  // (the context, or null: read at each raw allocation)
   std::mutex captured_raw_mutex_;
   std::unordered_map<cuda::CUdeviceptr, std::shared_ptr<MemoryPointer>> captured_raw_;
-  std::atomic<bool> has_captured_raw_{false};  // (read at each raw free)
 };
 
 }  // namespace cuemm
