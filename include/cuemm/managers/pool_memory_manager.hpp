@@ -277,21 +277,23 @@ class PoolMemoryManager : public HostOnlyMemoryManager, public RawDeviceAllocato
 
  private:
   // The raw interface's paths off its fast one (stream: null for the
-  // stream-less forms): allocate() with the record, and deallocate() when the
-  // pointer is misaligned or there is a record, which refuses and reports a
-  // free that no live block matches.
-  [[gnu::noinline]] cuda::CUdeviceptr allocate_recorded(std::size_t size, const cuda::CUstream* stream);
-  [[gnu::noinline, gnu::cold]] void deallocate_checked(cuda::CUdeviceptr pointer, std::size_t size,
-                                                       const cuda::CUstream* stream) noexcept;
+  // stream-less forms): allocate() with the record or during a capture, and
+  // deallocate() when the pointer is misaligned, there is a record (which
+  // refuses and reports a free that no live block matches), or blocks are
+  // kept for a capture.
+  [[gnu::noinline]] cuda::CUdeviceptr allocate_off_the_fast_path(std::size_t size, const cuda::CUstream* stream);
+  [[gnu::noinline, gnu::cold]] void deallocate_off_the_fast_path(cuda::CUdeviceptr pointer, std::size_t size,
+                                                                 const cuda::CUstream* stream) noexcept;
   cuda::CUdeviceptr allocate_unrecorded(std::size_t size, cuda::CUstream stream);
   void deallocate_unchecked(cuda::CUdeviceptr pointer, std::size_t size, cuda::CUstream stream) noexcept;
   // The raw interface during a graph capture (CaptureScope): a block that a
-  // capturing thread allocates is kept by its scope's GraphMemory, and its
-  // raw free only drops the program's reference to it.
-  cuda::CUdeviceptr kept_if_captured(cuda::CUdeviceptr address, std::size_t size);
+  // capturing thread allocates is kept by its scope's GraphMemory (freed at
+  // once where that fails), and its raw free only drops the program's
+  // reference to it.
+  bool capture_under_way() const noexcept;
   [[gnu::noinline, gnu::cold]] void keep_captured_raw_block(cuda::CUdeviceptr address, std::size_t size);
   // True where `pointer` was such a block (and its reference is dropped).
-  [[gnu::noinline, gnu::cold]] bool let_go_of_captured_raw_block(cuda::CUdeviceptr pointer, std::size_t size) noexcept;
+  bool let_go_of_captured_raw_block(cuda::CUdeviceptr pointer, std::size_t size) noexcept;
 
   PoolOptions options_;
   std::shared_ptr<Core> core_;

@@ -91,44 +91,52 @@ CleanupGuard PoolMemoryManager::on_defer_cleanup() {
   });
 }
 
-inline cuda::CUdeviceptr PoolMemoryManager::kept_if_captured(cuda::CUdeviceptr address, std::size_t size) {
-  if (core_context_ && core_context_->capturing()) [[unlikely]]
-    keep_captured_raw_block(address, size);
-  return address;
+inline bool PoolMemoryManager::capture_under_way() const noexcept {
+  return core_context_ && core_context_->capturing();
 }
 
 cuda::CUdeviceptr PoolMemoryManager::allocate(std::size_t size) {
   require_allocation_size(size, "PoolMemoryManager::allocate");
-  if (free_checker_) [[unlikely]]
-    return kept_if_captured(allocate_recorded(size, nullptr), size);
-  return kept_if_captured(core_->allocate(size, core_->size_class(size)), size);
+  if (free_checker_ || capture_under_way()) [[unlikely]]
+    return allocate_off_the_fast_path(size, nullptr);
+  return core_->allocate(size, core_->size_class(size));
 }
 
 void PoolMemoryManager::deallocate(cuda::CUdeviceptr pointer, std::size_t size) noexcept {
   if (!pointer || !size) return;
-  if (has_captured_raw_.load(std::memory_order_relaxed)) [[unlikely]]
-    if (let_go_of_captured_raw_block(pointer, size)) return;
   // A pointer off the block granularity is no block's: cheap enough to check
-  // at every free. The rest only with the record (PoolOptions::check_frees).
-  if (pointer % kBlockGranularity || free_checker_) [[unlikely]]
-    return deallocate_checked(pointer, size, nullptr);
+  // at every free. The rest only with the record (PoolOptions::check_frees),
+  // or while blocks are kept for a capture.
+  if (pointer % kBlockGranularity || free_checker_ || has_captured_raw_.load(std::memory_order_relaxed)) [[unlikely]]
+    return deallocate_off_the_fast_path(pointer, size, nullptr);
   core_->deallocate(pointer, core_->size_class(size));
 }
 
-cuda::CUdeviceptr PoolMemoryManager::allocate_recorded(std::size_t size, const cuda::CUstream* stream) {
+cuda::CUdeviceptr PoolMemoryManager::allocate_off_the_fast_path(std::size_t size, const cuda::CUstream* stream) {
   const cuda::CUdeviceptr address = stream ? allocate_unrecorded(size, *stream)
                                            : core_->allocate(size, core_->size_class(size));
-  try {
-    free_checker_->handed_out(address, size);
-  } catch (...) {
-    core_->deallocate(address, core_->size_class(size));  // no record, no block: as if it had failed
-    throw;
+  if (free_checker_) {
+    try {
+      free_checker_->handed_out(address, size);
+    } catch (...) {
+      core_->deallocate(address, core_->size_class(size));  // no record, no block: as if it had failed
+      throw;
+    }
+  }
+  if (capture_under_way()) {
+    try {
+      keep_captured_raw_block(address, size);  // (which frees the block where it fails)
+    } catch (...) {
+      if (free_checker_) (void)free_checker_->take_back(address, size);
+      throw;
+    }
   }
   return address;
 }
 
-void PoolMemoryManager::deallocate_checked(cuda::CUdeviceptr pointer, std::size_t size,
-                                           const cuda::CUstream* stream) noexcept {
+void PoolMemoryManager::deallocate_off_the_fast_path(cuda::CUdeviceptr pointer, std::size_t size,
+                                                     const cuda::CUstream* stream) noexcept {
+  if (has_captured_raw_.load(std::memory_order_relaxed) && let_go_of_captured_raw_block(pointer, size)) return;
   std::optional<std::string> refused;
   try {
     if (pointer % kBlockGranularity != 0)
@@ -184,9 +192,9 @@ RawDeviceAllocator::Allocation PoolMemoryManager::allocate_raw(std::size_t size)
 
 cuda::CUdeviceptr PoolMemoryManager::allocate(std::size_t size, cuda::CUstream stream) {
   require_allocation_size(size, "PoolMemoryManager::allocate");
-  if (free_checker_) [[unlikely]]
-    return kept_if_captured(allocate_recorded(size, &stream), size);
-  return kept_if_captured(allocate_unrecorded(size, stream), size);
+  if (free_checker_ || capture_under_way()) [[unlikely]]
+    return allocate_off_the_fast_path(size, &stream);
+  return allocate_unrecorded(size, stream);
 }
 
 void PoolMemoryManager::keep_captured_raw_block(cuda::CUdeviceptr address, std::size_t size) {
@@ -235,10 +243,8 @@ cuda::CUdeviceptr PoolMemoryManager::allocate_unrecorded(std::size_t size, cuda:
 
 void PoolMemoryManager::deallocate(cuda::CUdeviceptr pointer, std::size_t size, cuda::CUstream stream) noexcept {
   if (!pointer || !size) return;
-  if (has_captured_raw_.load(std::memory_order_relaxed)) [[unlikely]]
-    if (let_go_of_captured_raw_block(pointer, size)) return;
-  if (pointer % kBlockGranularity || free_checker_) [[unlikely]]
-    return deallocate_checked(pointer, size, &stream);
+  if (pointer % kBlockGranularity || free_checker_ || has_captured_raw_.load(std::memory_order_relaxed)) [[unlikely]]
+    return deallocate_off_the_fast_path(pointer, size, &stream);
   deallocate_unchecked(pointer, size, stream);
 }
 
