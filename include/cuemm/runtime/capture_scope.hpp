@@ -29,8 +29,9 @@
 // that the program freed during the capture must not serve anyone else while
 // the graph may still be launched: the scope keeps every block that its own
 // thread allocates through the context (memalloc, memhostalloc, mempin,
-// memallocmanaged; not a manager's raw interface) while it is open, freed or
-// not, in its GraphMemory. Hold that as long as the graph may be launched;
+// memallocmanaged) or through a PoolMemoryManager's raw interface, whose
+// deallocate() then only lets go, while it is open, freed or not, in its
+// GraphMemory. Hold that as long as the graph may be launched;
 // the blocks the program has freed go back to their manager when its last
 // reference goes (after the graph's last launch was queued: the managers'
 // usual stream safety covers the launches still running). Drop references
