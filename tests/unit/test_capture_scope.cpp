@@ -380,6 +380,27 @@ class CaptureOnTheGpu : public ::testing::Test {
     module = context.load_module(cuemm::testing::test_kernels_ptx());
     stream = context.create_stream(/*non_blocking=*/true);
   }
+  // The words of the i-th scratch block that a test's capture fills.
+  static std::size_t words_of(int i) { return std::size_t{1} << (8 + i % 10); }  // 1 KiB to 512 KiB
+  // Launches `graph` three times on the stream, waits, and destroys it.
+  void launch_three_times(cuda::CUgraph graph) {
+    cuda::CUgraphExec executable = nullptr;
+    CUEMM_CU(cuGraphInstantiate, &executable, graph, 0);
+    for (int launch = 0; launch < 3; ++launch) CUEMM_CU(cuGraphLaunch, executable, stream->handle());
+    stream->synchronize();
+    CUEMM_CU(cuGraphExecDestroy, executable);
+    CUEMM_CU(cuGraphDestroy, graph);
+  }
+  // Each scratch block holds `first + i` in every word, as its fill left it.
+  static void expect_filled(const std::vector<Freed>& scratch, std::uint32_t first) {
+    for (std::size_t i = 0; i < scratch.size(); ++i) {
+      std::vector<std::uint32_t> words(words_of(static_cast<int>(i)));
+      CUEMM_CU(cuMemcpyDtoH, words.data(), scratch[i].address, words.size() * 4);
+      EXPECT_EQ(std::count(words.begin(), words.end(), first + i), static_cast<std::ptrdiff_t>(words.size()))
+          << "scratch block " << i;
+    }
+  }
+
   Context& context = current_context();
   ScopedContext scope{context};
   std::optional<Module> module;
@@ -389,7 +410,6 @@ class CaptureOnTheGpu : public ::testing::Test {
 TEST_F(CaptureOnTheGpu, AGraphsScratchBlocksOutliveTheCaptureUntilItsMemoryGoes) {
   SCOPED_TRACE(manager_name());
   constexpr int kScratch = 16;
-  auto words_of = [](int i) { return std::size_t{1} << (8 + i % 10); };  // 1 KiB to 512 KiB
   std::vector<Freed> scratch;
   std::shared_ptr<GraphMemory> memory;
   cuda::CUgraph graph = nullptr;
@@ -410,23 +430,13 @@ TEST_F(CaptureOnTheGpu, AGraphsScratchBlocksOutliveTheCaptureUntilItsMemoryGoes)
   const auto taken = churn(context, scratch);  // 0xEE in every byte
   for (const Freed& block : scratch)
     for (const auto& other : taken) ASSERT_FALSE(overlap(*other, block.address, block.size));
-  cuda::CUgraphExec executable = nullptr;
-  CUEMM_CU(cuGraphInstantiate, &executable, graph, 0);
-  for (int launch = 0; launch < 3; ++launch) CUEMM_CU(cuGraphLaunch, executable, stream->handle());
-  stream->synchronize();
+  launch_three_times(graph);
   for (const auto& other : taken) {
     const auto bytes = read_back(other);
     ASSERT_EQ(std::count(bytes.begin(), bytes.end(), 0xEE), static_cast<std::ptrdiff_t>(bytes.size()))
         << "the graph wrote into a block handed out after its capture";
   }
-  for (int i = 0; i < kScratch; ++i) {
-    std::vector<std::uint32_t> words(words_of(i));
-    CUEMM_CU(cuMemcpyDtoH, words.data(), scratch[i].address, words.size() * 4);
-    EXPECT_EQ(std::count(words.begin(), words.end(), 0xA0u + i), static_cast<std::ptrdiff_t>(words.size()))
-        << "scratch block " << i;
-  }
-  CUEMM_CU(cuGraphExecDestroy, executable);
-  CUEMM_CU(cuGraphDestroy, graph);
+  expect_filled(scratch, 0xA0u);
   memory.reset();  // after the graph: its blocks go back, behind its last launch
   churn(context, scratch);
 }
@@ -459,18 +469,13 @@ TEST_F(CaptureOnTheGpu, AGraphThatReusesItsScratchBlocksInCaptureOrderComputesEv
   EXPECT_EQ(memory->reuses(), std::size_t{kSteps - 1}) << "each step's scratch block serves the next";
   EXPECT_EQ(memory->blocks(), std::size_t{kSteps + 1});  // the outputs and one scratch block
   for (const auto& output : outputs) output->memset(0);
-  cuda::CUgraphExec executable = nullptr;
-  CUEMM_CU(cuGraphInstantiate, &executable, graph, 0);
-  for (int launch = 0; launch < 3; ++launch) CUEMM_CU(cuGraphLaunch, executable, stream->handle());
-  stream->synchronize();
+  launch_three_times(graph);
   for (int step = 0; step < kSteps; ++step) {
     std::vector<std::uint32_t> words(kWords / 4);
     CUEMM_CU(cuMemcpyDtoH, words.data(), outputs[step]->device_pointer(), kWords);
     EXPECT_EQ(std::count(words.begin(), words.end(), 0xB00u + step), static_cast<std::ptrdiff_t>(words.size()))
         << "step " << step;
   }
-  CUEMM_CU(cuGraphExecDestroy, executable);
-  CUEMM_CU(cuGraphDestroy, graph);
 }
 
 // On the GPU, the pool's raw interface as RMM's and PyTorch's users call it:
@@ -481,7 +486,6 @@ TEST_F(CaptureOnTheGpu, AGraphsRawStreamOrderedBlocksOutliveTheCapture) {
   PoolMemoryManager pool(&context);
   pool.initialize();
   constexpr int kScratch = 16;
-  auto words_of = [](int i) { return std::size_t{1} << (8 + i % 10); };
   std::vector<Freed> scratch;
   std::shared_ptr<GraphMemory> memory;
   cuda::CUgraph graph = nullptr;
@@ -510,10 +514,7 @@ TEST_F(CaptureOnTheGpu, AGraphsRawStreamOrderedBlocksOutliveTheCapture) {
       for (const Freed& kept : scratch)
         ASSERT_FALSE(other < kept.address + kept.size && kept.address < other + block.size);
     }
-  cuda::CUgraphExec executable = nullptr;
-  CUEMM_CU(cuGraphInstantiate, &executable, graph, 0);
-  for (int launch = 0; launch < 3; ++launch) CUEMM_CU(cuGraphLaunch, executable, stream->handle());
-  stream->synchronize();
+  launch_three_times(graph);
   for (const auto& [other, size] : taken) {
     std::vector<std::uint8_t> bytes(size);
     CUEMM_CU(cuMemcpyDtoH, bytes.data(), other, size);
@@ -521,14 +522,7 @@ TEST_F(CaptureOnTheGpu, AGraphsRawStreamOrderedBlocksOutliveTheCapture) {
         << "the graph wrote into a raw block handed out after its capture";
     pool.deallocate(other, size, stream->handle());
   }
-  for (int i = 0; i < kScratch; ++i) {
-    std::vector<std::uint32_t> words(words_of(i));
-    CUEMM_CU(cuMemcpyDtoH, words.data(), scratch[i].address, words.size() * 4);
-    EXPECT_EQ(std::count(words.begin(), words.end(), 0xC0u + i), static_cast<std::ptrdiff_t>(words.size()))
-        << "scratch block " << i;
-  }
-  CUEMM_CU(cuGraphExecDestroy, executable);
-  CUEMM_CU(cuGraphDestroy, graph);
+  expect_filled(scratch, 0xC0u);
 }
 
 }  // namespace
