@@ -146,11 +146,6 @@ CaptureScope* Context::innermost_scope_of_this_thread() {
   return innermost == open_scopes_.rend() ? nullptr : *innermost;
 }
 
-void Context::give_to_capture_scope(const std::shared_ptr<MemoryPointer>& block) {
-  std::lock_guard lock(scopes_mutex_);
-  if (CaptureScope* scope = innermost_scope_of_this_thread()) scope->memory_->keep(block);
-}
-
 bool Context::keep_for_capture(const std::function<std::shared_ptr<MemoryPointer>()>& make) {
   std::lock_guard lock(scopes_mutex_);
   CaptureScope* scope = innermost_scope_of_this_thread();
@@ -220,7 +215,7 @@ std::shared_ptr<MemoryPointer> GraphMemory::reuse(std::size_t size) {
   // (Only this object hands out new references to a kept block, under the
   // lock: a count of one cannot grow meanwhile.)
   for (auto it = device_blocks_by_size_.lower_bound(size);
-       it != device_blocks_by_size_.end() && it->first / 2 <= size; ++it) {
+       it != device_blocks_by_size_.end() && it->first - size <= size; ++it) {
     std::shared_ptr<MemoryPointer>& block = kept_[it->second];
     if (block.use_count() == 1 && block->is_alive()) {
       ++reuses_;

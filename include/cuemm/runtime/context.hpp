@@ -100,10 +100,9 @@ class Context {
   // this context, if it has one; returns it either way.
   std::shared_ptr<MemoryPointer> keep_if_captured(std::shared_ptr<MemoryPointer> block) {
     if (capturing()) [[unlikely]]
-      give_to_capture_scope(block);
+      keep_for_capture([&] { return block; });
     return block;
   }
-  void give_to_capture_scope(const std::shared_ptr<MemoryPointer>& block);
   // A block that such a scope, reusing, holds for a device request of `size`; else null.
   std::shared_ptr<MemoryPointer> reuse_if_captured(std::size_t size);
   CaptureScope* innermost_scope_of_this_thread();  // (scopes_mutex_ held)
@@ -114,7 +113,7 @@ class Context {
   std::unique_ptr<BaseMemoryManager> memory_manager_;
   std::atomic<std::uint64_t> generation_{0};
   std::atomic<int> captures_{0};  // open CaptureScopes
-  std::mutex scopes_mutex_;        // (taken only while captures_ > 0)
+  std::mutex scopes_mutex_;        // (taken as scopes open and close, and by requests while captures_ > 0)
   std::vector<CaptureScope*> open_scopes_;
 };
 
