@@ -47,6 +47,20 @@ const std::map<std::string, EmulatedKernel>& registry() {
           fill_u32(parameter<std::uint32_t*>(p, 0), parameter<std::uint32_t>(p, 1),
                    parameter<std::uint64_t>(p, 2));
         }}},
+      // cuemm_held_fill_u32(const volatile uint32_t* gate, uint32_t* out,
+      //                     uint32_t value, uint64_t count, uint64_t most_ns):
+      // busy until *gate is non-zero or most_ns pass, then fills.
+      {"cuemm_held_fill_u32",
+       {{8, 8, 4, 8, 8},
+        [](const auto& p) {
+          const auto* gate = parameter<const std::uint32_t*>(p, 0);
+          const auto deadline =
+              std::chrono::steady_clock::now() + std::chrono::nanoseconds(parameter<std::uint64_t>(p, 4));
+          while (__atomic_load_n(gate, __ATOMIC_ACQUIRE) == 0 && std::chrono::steady_clock::now() < deadline)
+            std::this_thread::sleep_for(std::chrono::microseconds(20));
+          fill_u32(parameter<std::uint32_t*>(p, 1), parameter<std::uint32_t>(p, 2),
+                   parameter<std::uint64_t>(p, 3));
+        }}},
   };
   return kernels;
 }

@@ -5,13 +5,17 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -92,6 +96,80 @@ inline std::string test_kernels_ptx() {
   return text.str();
 }
 
+// A kernel held on `stream` until the test lets it go, then filling `count`
+// words at `out` with `value`: the GPU reads busy for as long as a test
+// needs, however slowly a loaded machine runs the test's steps. (A kernel
+// that spins for a fixed time may end before them: on a CI machine a 300 ms
+// one ended before the pool's decision that it was there for.) It ends by
+// itself after kMostHeld, so that a failing test cannot hang.
+class HeldKernel {
+ public:
+  static constexpr std::chrono::seconds kMostHeld{30};
+
+  HeldKernel(Context& context, const Stream& stream, cuda::CUdeviceptr out = 0, std::uint32_t value = 0,
+             std::uint64_t count = 0)
+      : stream_(stream) {
+    ScopedContext scope(context);
+    // The gate straight from the driver, so that no manager under test sees it.
+    CUEMM_CU(cuMemHostAlloc, &gate_, sizeof(std::uint32_t),
+             cuda::CU_MEMHOSTALLOC_DEVICEMAP | cuda::CU_MEMHOSTALLOC_PORTABLE);
+    *static_cast<volatile std::uint32_t*>(gate_) = 0;
+    cuda::CUdeviceptr gate_address = 0;
+    CUEMM_CU(cuMemHostGetDevicePointer, &gate_address, gate_, 0u);
+    const Module module = context.load_module(test_kernels_ptx());
+    module.function("cuemm_held_fill_u32")
+        .launch({1}, {32}, stream, gate_address, out, value, count,
+                std::uint64_t{std::chrono::nanoseconds(kMostHeld).count()});
+  }
+  ~HeldKernel() {
+    let_go();
+    try {
+      stream_.synchronize();
+      CUEMM_CU(cuMemFreeHost, gate_);
+    } catch (const std::exception& error) {
+      ADD_FAILURE() << "a held kernel did not end: " << error.what();
+    }
+  }
+  HeldKernel(const HeldKernel&) = delete;
+  HeldKernel& operator=(const HeldKernel&) = delete;
+
+  void let_go() noexcept { __atomic_store_n(static_cast<std::uint32_t*>(gate_), 1u, __ATOMIC_RELEASE); }
+  bool finished() const { return stream_.query(); }
+
+  // Runs `call`, letting the kernel go `delay` after the call began: a call
+  // that waits for the kernel then returns once it has finished, and one that
+  // does not returns with the kernel still held. Whether the kernel had
+  // finished when `call` returned; it is let go either way.
+  template <typename Call>
+  bool waited_for_by(Call&& call, std::chrono::milliseconds delay = std::chrono::milliseconds(250)) {
+    std::mutex mutex;
+    std::condition_variable returned;
+    bool done = false;
+    std::thread letting_go([&] {
+      std::unique_lock lock(mutex);
+      returned.wait_for(lock, delay, [&] { return done; });
+      let_go();
+    });
+    struct JoinOnExit {
+      std::function<void()> join;
+      ~JoinOnExit() { join(); }
+    } join_on_exit{[&] {
+      {
+        std::lock_guard lock(mutex);
+        done = true;
+      }
+      returned.notify_one();
+      letting_go.join();
+    }};
+    std::forward<Call>(call)();
+    return finished();
+  }
+
+ private:
+  const Stream& stream_;
+  void* gate_ = nullptr;
+};
+
 // Whether the pools' seals cover every stream: the driver records events for
 // a whole context (cuCtxRecordEvent, CUDA 12.5). A driver before 12.5 lacks
 // the call, and the simulated one refuses it where CUEMM_SIM_FAULTS says so
@@ -122,11 +200,11 @@ inline std::uint64_t seal_calls() {
   return simulation::call_count("cuCtxRecordEvent") + simulation::call_count("cuStreamQuery");
 }
 
-// The stream-safety race every pooling manager must win: a long kernel writes
-// 7 into A on one stream (a non-blocking one with `non_blocking`), A is
-// released while it still runs, and B of the same size is allocated and
-// written with 9 from the host on another stream. `count` 32-bit words each
-// (the default: 1 MiB).
+// The stream-safety race every pooling manager must win: a held kernel
+// (one on a non-blocking stream with `non_blocking`) is to write 7 into A, A
+// is released, and B of the same size is allocated and written with 9 from
+// the host on another stream; only then is the kernel let go, unless the
+// manager waited for it. `count` 32-bit words each (the default: 1 MiB).
 struct ReuseRace {
   bool b_intact;  // B still holds the nines once the kernel has finished
   cuda::CUdeviceptr a;
@@ -134,21 +212,22 @@ struct ReuseRace {
 };
 inline ReuseRace run_reuse_race(Context& context, BaseMemoryManager& manager, std::uint64_t count = 1 << 18,
                                 bool non_blocking = false) {
-  constexpr std::uint64_t kSpinNanoseconds = 100'000'000;
-  Module module = context.load_module(test_kernels_ptx());
   Stream kernel_stream = context.create_stream(non_blocking);
   Stream copy_stream = context.create_stream();
   auto a = manager.memalloc(count * 4);
   const auto a_address = a->device_pointer();
-  module.function("cuemm_spin_fill_u32").launch({64}, {256}, kernel_stream, a_address, 7u, count, kSpinNanoseconds);
-  a.reset();
-  auto b = manager.memalloc(count * 4);
-  std::vector<std::uint32_t> nines(count, 9u);
-  DeviceArray<std::uint32_t> b_array(b, count);
-  b_array.copy_to_device(nines, copy_stream);
-  copy_stream.synchronize();
-  kernel_stream.synchronize();
-  return {b_array.copy_to_host() == nines, a_address, b->device_pointer()};
+  std::shared_ptr<MemoryPointer> b;
+  const std::vector<std::uint32_t> nines(count, 9u);
+  {
+    HeldKernel kernel(context, kernel_stream, a_address, 7u, count);
+    a.reset();
+    kernel.waited_for_by([&] {
+      b = manager.memalloc(count * 4);
+      DeviceArray<std::uint32_t>(b, count).copy_to_device(nines, copy_stream);
+      copy_stream.synchronize();
+    });
+  }
+  return {DeviceArray<std::uint32_t>(b, count).copy_to_host() == nines, a_address, b->device_pointer()};
 }
 
 // What a RecordingManager saw, shared so tests can read it after the context

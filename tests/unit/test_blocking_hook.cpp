@@ -2,7 +2,6 @@
 // before cuemm may block, and only then: every driver call and every wait for
 // a contended lock runs it; a block from a thread's cache does not.
 #include <atomic>
-#include <chrono>
 #include <thread>
 
 #include "support/test_support.hpp"
@@ -56,22 +55,29 @@ TEST(BlockingHook, RunsBeforeWaitingForAContendedMutexOnly) {
   mutex.unlock();
   EXPECT_EQ(hook.calls, 0);
 
-  std::atomic<bool> held{false}, release{false};
+  // The holder lets go once the hook has run: no clock decides whether the
+  // lock is still held when this thread asks for it.
+  std::atomic<bool> held{false};
+  struct ReleasingHook final : BlockingHook {
+    std::atomic<bool> release{false};
+    int calls = 0;
+    void before_blocking() noexcept override {
+      ++calls;
+      release = true;
+    }
+  } releasing;
+  ScopedBlockingHook releasing_scope(releasing);
   std::thread holder([&] {
     std::lock_guard lock(mutex);
     held = true;
-    while (!release) std::this_thread::yield();
+    while (!releasing.release) std::this_thread::yield();
   });
   while (!held) std::this_thread::yield();
-  std::thread releaser([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    release = true;
-  });
   mutex.lock();  // waits for the holder
-  EXPECT_EQ(hook.calls, 1);
+  EXPECT_EQ(releasing.calls, 1);
   mutex.unlock();
   holder.join();
-  releaser.join();
+  EXPECT_EQ(hook.calls, 0) << "an outer scope's hook ran";
 }
 
 // What the bridge relies on: a pool allocation served from the thread's

@@ -6,6 +6,7 @@
 
 using namespace cuemm;
 using cuemm::testing::caught;
+using cuemm::testing::HeldKernel;
 
 TEST(Driver, LoadsOnceAndSaysWhichDriver) {
   const auto& driver = driver::Driver::get();
@@ -96,7 +97,6 @@ TEST(Driver, SimulatedFreesWaitForQueuedWorkOnAnyStreamAndAllocationsDoNot) {
   CUEMM_REQUIRE_SIMULATION();
   Context& context = current_context();
   ScopedContext scope(context);
-  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
   Stream stream = context.create_stream(/*non_blocking=*/true);
   constexpr std::uint64_t kCount = 32;
   cuda::CUdeviceptr words = 0, device = 0, more = 0;
@@ -104,17 +104,19 @@ TEST(Driver, SimulatedFreesWaitForQueuedWorkOnAnyStreamAndAllocationsDoNot) {
   CUEMM_CU(cuMemAlloc, &words, kCount * 4);
   CUEMM_CU(cuMemAlloc, &device, 1 << 20);
   CUEMM_CU(cuMemHostAlloc, &host, 1 << 20, 0u);
-  auto spin = [&] {
-    module.function("cuemm_spin_fill_u32").launch({1}, {32}, stream, words, 7u, kCount, std::uint64_t{300'000'000});
-  };
-  spin();
-  CUEMM_CU(cuMemAlloc, &more, 1 << 20);
-  EXPECT_FALSE(stream.query()) << "cuMemAlloc waited for the kernel";
-  CUEMM_CU(cuMemFree, device);
-  EXPECT_TRUE(stream.query()) << "cuMemFree returned with the kernel queued";
-  spin();
-  CUEMM_CU(cuMemFreeHost, host);
-  EXPECT_TRUE(stream.query()) << "cuMemFreeHost returned with the kernel queued";
+  {
+    HeldKernel kernel(context, stream, words, 7u, kCount);
+    EXPECT_FALSE(kernel.waited_for_by([&] { CUEMM_CU(cuMemAlloc, &more, 1 << 20); })) << "cuMemAlloc waited for the kernel";
+  }
+  {
+    HeldKernel kernel(context, stream, words, 7u, kCount);
+    EXPECT_TRUE(kernel.waited_for_by([&] { CUEMM_CU(cuMemFree, device); })) << "cuMemFree returned with the kernel queued";
+  }
+  {
+    HeldKernel kernel(context, stream, words, 7u, kCount);
+    EXPECT_TRUE(kernel.waited_for_by([&] { CUEMM_CU(cuMemFreeHost, host); }))
+        << "cuMemFreeHost returned with the kernel queued";
+  }
   CUEMM_CU(cuMemFree, more);
   CUEMM_CU(cuMemFree, words);
 }
@@ -137,27 +139,27 @@ TEST(Driver, AnEventRecordedForTheContextWaitsForWorkOnEveryStream) {
   DeviceArray<std::uint32_t> words(kCount, context);
   cuda::CUevent event = nullptr;
   CUEMM_CU(cuEventCreate, &event, cuda::CU_EVENT_DISABLE_TIMING);
-  auto spin = [&] {
-    module.function("cuemm_spin_fill_u32")
-        .launch({1}, {32}, busy, words.device_pointer(), 7u, kCount, std::uint64_t{300'000'000});
-  };
-  spin();
-  CUEMM_CU(cuCtxRecordEvent, context.handle(), event);
-  EXPECT_EQ(CUEMM_CU_RESULT(cuStreamQuery, cuda::CU_STREAM_LEGACY), cuda::CUDA_SUCCESS)
-      << "the legacy stream read busy for a kernel on a non-blocking stream";
-  EXPECT_EQ(CUEMM_CU_RESULT(cuEventQuery, event), cuda::CUDA_ERROR_NOT_READY);
-  CUEMM_CU(cuEventSynchronize, event);
-  EXPECT_TRUE(busy.query()) << "cuEventSynchronize returned with the kernel queued";
-  EXPECT_EQ(CUEMM_CU_RESULT(cuEventQuery, event), cuda::CUDA_SUCCESS);
+  {
+    HeldKernel kernel(context, busy, words.device_pointer(), 7u, kCount);
+    CUEMM_CU(cuCtxRecordEvent, context.handle(), event);
+    EXPECT_EQ(CUEMM_CU_RESULT(cuStreamQuery, cuda::CU_STREAM_LEGACY), cuda::CUDA_SUCCESS)
+        << "the legacy stream read busy for a kernel on a non-blocking stream";
+    EXPECT_EQ(CUEMM_CU_RESULT(cuEventQuery, event), cuda::CUDA_ERROR_NOT_READY);
+    EXPECT_TRUE(kernel.waited_for_by([&] { CUEMM_CU(cuEventSynchronize, event); }))
+        << "cuEventSynchronize returned with the kernel queued";
+    EXPECT_EQ(CUEMM_CU_RESULT(cuEventQuery, event), cuda::CUDA_SUCCESS);
+  }
 
   // Another stream made to wait for it runs only after the kernel: its fill of
   // 9 lands last.
-  spin();
-  CUEMM_CU(cuCtxRecordEvent, context.handle(), event);
-  CUEMM_CU(cuStreamWaitEvent, waiting.handle(), event, 0u);
-  module.function("cuemm_fill_u32").launch({1}, {32}, waiting, words.device_pointer(), 9u, kCount);
-  waiting.synchronize();
-  EXPECT_TRUE(busy.query()) << "the waiting stream ran before the kernel had finished";
+  {
+    HeldKernel kernel(context, busy, words.device_pointer(), 7u, kCount);
+    CUEMM_CU(cuCtxRecordEvent, context.handle(), event);
+    CUEMM_CU(cuStreamWaitEvent, waiting.handle(), event, 0u);
+    module.function("cuemm_fill_u32").launch({1}, {32}, waiting, words.device_pointer(), 9u, kCount);
+    EXPECT_TRUE(kernel.waited_for_by([&] { waiting.synchronize(); }))
+        << "the waiting stream ran before the kernel had finished";
+  }
   EXPECT_EQ(words.copy_to_host(), std::vector<std::uint32_t>(kCount, 9u));
 
   // With nothing queued it has completed at once.

@@ -179,20 +179,19 @@ TEST_F(HostPool, TheCacheEvictsOnlyOnceTheGpuIsIdle) {
   PinnedHostPoolOptions options;
   options.maximum_cached_bytes = 1 << 20;
   PinnedHostPool pool(context, options);
-  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
   Stream stream = context.create_stream();
   DeviceArray<std::uint32_t> target(32, context);
-  module.function("cuemm_spin_fill_u32")
-      .launch({1}, {32}, stream, target.device_pointer(), 1u, std::uint64_t{32}, std::uint64_t{300'000'000});
   auto take_and_release = [&] {
     std::vector<std::shared_ptr<MemoryPointer>> blocks;
     for (int i = 0; i < 9; ++i) blocks.push_back(pool.allocate(128 << 10, false, false, false));
   };
-  take_and_release();  // 1.125 MiB released while the kernel runs
-  EXPECT_FALSE(stream.query()) << "the pool waited for the kernel";
+  {
+    cuemm::testing::HeldKernel kernel(context, stream, target.device_pointer(), 1u, 32);
+    // 1.125 MiB released while the kernel runs.
+    EXPECT_FALSE(kernel.waited_for_by(take_and_release)) << "the pool waited for the kernel";
+  }
   EXPECT_GT(pool.statistics().allocated_bytes, 1u << 20);
   EXPECT_LE(pool.statistics().allocated_bytes, (1u << 20) + (128u << 10));
-  stream.synchronize();
   take_and_release();
   EXPECT_LE(pool.statistics().allocated_bytes, 1u << 20);
 }

@@ -23,6 +23,7 @@
 
 using namespace cuemm;
 using cuemm::testing::caught;
+using cuemm::testing::HeldKernel;
 using cuemm::testing::throws;
 
 namespace {
@@ -274,12 +275,6 @@ TEST_F(Pool, GrowthPastThePeakDoesNotWaitForTheGpuWhileItIsBusy) {
 
 void Pool::growth_past_the_peak_while_busy(const Stream& stream) {
   constexpr std::size_t kMiB = std::size_t{1} << 20;
-  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
-  auto spin = [&](PoolMemoryManager& pool, std::shared_ptr<MemoryPointer>& target) {
-    target = pool.memalloc(8 * kMiB);
-    module.function("cuemm_spin_fill_u32")
-        .launch({1}, {32}, stream, target->device_pointer(), 1u, std::uint64_t{32}, std::uint64_t{300'000'000});
-  };
   auto at_peak_with_spares = [&](PoolMemoryManager& pool) {
     pool.initialize();
     std::vector<std::shared_ptr<MemoryPointer>> blocks;
@@ -291,15 +286,17 @@ void Pool::growth_past_the_peak_while_busy(const Stream& stream) {
   PoolMemoryManager pool(&context);
   const PoolStatistics at_peak = at_peak_with_spares(pool);
   ASSERT_EQ(at_peak.reserved_bytes, 128 * kMiB);
-  std::shared_ptr<MemoryPointer> target;
-  spin(pool, target);
-  auto busy = pool.memalloc(12 * kMiB);  // no freed block holds it: 12 MiB past the peak
+  auto target = pool.memalloc(8 * kMiB);
+  std::shared_ptr<MemoryPointer> busy;
+  {
+    HeldKernel kernel(context, stream, target->device_pointer(), 1u, 32);
+    // No freed block holds it: 12 MiB past the peak.
+    EXPECT_FALSE(kernel.waited_for_by([&] { busy = pool.memalloc(12 * kMiB); })) << "the pool waited for the kernel";
+  }
   const PoolStatistics grown = pool.statistics();
   EXPECT_EQ(grown.driver_frees, at_peak.driver_frees) << "a spare went back (cuMemFree) while the kernel ran";
   EXPECT_GE(grown.gpu_waits_avoided, 1u);
   EXPECT_EQ(grown.reserved_bytes, 140 * kMiB);
-  EXPECT_EQ(stream.query(), false) << "the pool waited for the kernel";
-  stream.synchronize();
   // Idle: past the peak again, the spares go back.
   auto idle = pool.memalloc(14 * kMiB);
   const PoolStatistics after = pool.statistics();
@@ -311,12 +308,13 @@ void Pool::growth_past_the_peak_while_busy(const Stream& stream) {
   auto expect_it_waits = [&](PoolOptions options, std::size_t request) {
     PoolMemoryManager other(&context, options);
     const PoolStatistics other_peak = at_peak_with_spares(other);
-    spin(other, target);
-    auto waited = other.memalloc(request);
+    auto other_target = other.memalloc(8 * kMiB);
+    std::shared_ptr<MemoryPointer> waited;
+    HeldKernel kernel(context, stream, other_target->device_pointer(), 1u, 32);
+    EXPECT_TRUE(kernel.waited_for_by([&] { waited = other.memalloc(request); })) << request;
     EXPECT_GT(other.statistics().driver_frees, other_peak.driver_frees) << request;
     EXPECT_EQ(other.statistics().gpu_waits_avoided, 0u) << request;
     EXPECT_LE(other.statistics().reserved_bytes, 128 * kMiB) << request;
-    stream.synchronize();
   };
   expect_it_waits(PoolOptions{}, 24 * kMiB);  // past an eighth
   PoolOptions strict;
@@ -329,13 +327,8 @@ void Pool::growth_past_the_peak_while_busy(const Stream& stream) {
 // narrows it again.
 TEST_F(Pool, TheRoomPastThePeakWidensWhileTheGpuStaysBusy) {
   constexpr std::size_t kMiB = std::size_t{1} << 20;
-  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
   Stream stream = context.create_stream();
   DeviceArray<std::uint32_t> words(32, context);
-  auto spin = [&] {
-    module.function("cuemm_spin_fill_u32")
-        .launch({1}, {32}, stream, words.device_pointer(), 1u, std::uint64_t{32}, std::uint64_t{300'000'000});
-  };
   PoolMemoryManager pool(&context);
   pool.initialize();
   // Blocks of 8 MiB up to 128 MiB reserved, then freed: the peak, with spares
@@ -346,37 +339,42 @@ TEST_F(Pool, TheRoomPastThePeakWidensWhileTheGpuStaysBusy) {
   };
   to_the_peak_with_spares();
   ASSERT_EQ(pool.statistics().reserved_bytes, 128 * kMiB);
-  // A request while the kernel runs: whether the pool gave spares back (and
-  // so waited for the kernel).
-  auto waits_for = [&](std::shared_ptr<MemoryPointer>& block, std::size_t bytes) {
+  // A request while a kernel is held: whether the pool waited for it (gave
+  // spares back or waited for freed blocks) rather than grow beside it.
+  auto waits_for = [&](HeldKernel& kernel, std::shared_ptr<MemoryPointer>& block, std::size_t bytes) {
     const PoolStatistics before = pool.statistics();
-    block = pool.memalloc(bytes);
-    const bool waited = pool.statistics().driver_frees > before.driver_frees;
-    EXPECT_EQ(stream.query(), waited) << bytes / kMiB << " MiB: the kernel ran on after a wait, or ended without one";
+    const bool waited = kernel.waited_for_by([&] { block = pool.memalloc(bytes); });
+    EXPECT_EQ(pool.statistics().gpu_waits_avoided == before.gpu_waits_avoided, waited)
+        << bytes / kMiB << " MiB: the pool grew beside the kernel and waited for it too, or did neither";
     return waited;
   };
-  // 24 MiB past the peak is past an eighth: it waits, and the room widens.
   std::shared_ptr<MemoryPointer> first, second, third;
-  spin();
-  EXPECT_TRUE(waits_for(first, 24 * kMiB));
+  {
+    // 24 MiB past the peak is past an eighth: it waits, and the room widens.
+    HeldKernel kernel(context, stream, words.device_pointer(), 1u, 32);
+    EXPECT_TRUE(waits_for(kernel, first, 24 * kMiB));
+  }
   EXPECT_LE(pool.statistics().reserved_bytes, 128 * kMiB);
-  // The GPU busy again before the pool decides anything (a decision that
-  // found it idle would narrow the room): within a quarter now, the next
-  // 24 MiB past the peak grows without a wait.
-  spin();
-  to_the_peak_with_spares();
-  EXPECT_FALSE(waits_for(second, 24 * kMiB)) << "the room did not widen after a wait forced while the GPU was busy";
-  EXPECT_EQ(pool.statistics().reserved_bytes, 152 * kMiB);
-  stream.synchronize();
+  {
+    // The GPU busy again before the pool decides anything (a decision that
+    // found it idle would narrow the room): within a quarter now, the next
+    // 24 MiB past the peak grows without a wait.
+    HeldKernel kernel(context, stream, words.device_pointer(), 1u, 32);
+    to_the_peak_with_spares();
+    EXPECT_FALSE(waits_for(kernel, second, 24 * kMiB))
+        << "the room did not widen after a wait forced while the GPU was busy";
+    EXPECT_EQ(pool.statistics().reserved_bytes, 152 * kMiB);
+  }
   // The GPU idle at the next such decision: the room is an eighth again.
   second.reset();
   auto idle = pool.memalloc(32 * kMiB);
   EXPECT_LE(pool.statistics().reserved_bytes, 128 * kMiB);
   idle.reset();
-  spin();
-  to_the_peak_with_spares();
-  EXPECT_TRUE(waits_for(third, 24 * kMiB)) << "the room stayed wide after the GPU read idle";
-  stream.synchronize();
+  {
+    HeldKernel kernel(context, stream, words.device_pointer(), 1u, 32);
+    to_the_peak_with_spares();
+    EXPECT_TRUE(waits_for(kernel, third, 24 * kMiB)) << "the room stayed wide after the GPU read idle";
+  }
 }
 
 // On a non-blocking stream, which the legacy stream does not wait for: where
@@ -607,27 +605,24 @@ TEST_F(Pool, AWaitForFreedBlocksWaitsOnlyForTheEpochsItNeeds) {
   Stream short_stream = context.create_stream(), long_stream = context.create_stream();
   // Each kernel fills words of its own: the two run side by side.
   DeviceArray<std::uint32_t> target(64, context);
-  auto spin = [&](const Stream& stream, std::uint64_t nanoseconds) {
-    const cuda::CUdeviceptr words = target.device_pointer() + (&stream == &long_stream ? 128 : 0);
-    module.function("cuemm_spin_fill_u32").launch({1}, {32}, stream, words, 1u, std::uint64_t{32}, nanoseconds);
-  };
   // Nine blocks with segments of their own (the peak: 72 MiB); the free that
   // makes eight wait for the GPU seals them (allocate_dedicated()'s rotation).
   std::vector<std::shared_ptr<MemoryPointer>> blocks;
   for (int i = 0; i < 9; ++i) blocks.push_back(pool.memalloc(8 * kMiB));
   std::set<std::uintptr_t> behind_short;
-  spin(short_stream, 50'000'000);
+  module.function("cuemm_spin_fill_u32")
+      .launch({1}, {32}, short_stream, target.device_pointer(), 1u, std::uint64_t{32}, std::uint64_t{50'000'000});
   for (int i = 0; i < 8; ++i) {
     behind_short.insert(blocks[i]->device_pointer());
     blocks[i].reset();
   }
-  spin(long_stream, 2'000'000'000);
+  HeldKernel long_kernel(context, long_stream, target.device_pointer() + 128, 1u, 32);
   blocks[8].reset();  // behind both
-  auto again = pool.memalloc(8 * kMiB);
+  std::shared_ptr<MemoryPointer> again;
+  EXPECT_FALSE(long_kernel.waited_for_by([&] { again = pool.memalloc(8 * kMiB); }))
+      << "the pool waited for the held kernel, which the block it took was not behind";
   EXPECT_TRUE(behind_short.count(again->device_pointer()));
-  EXPECT_FALSE(long_stream.query()) << "the pool waited for the long kernel, which the block it took was not behind";
   EXPECT_EQ(pool.statistics().reserved_bytes, 72 * kMiB);
-  long_stream.synchronize();
 }
 
 // A loop of pairs of the largest class reuses its thread's ring, sealed a
