@@ -108,7 +108,7 @@ class HeldKernel {
 
   HeldKernel(Context& context, const Stream& stream, cuda::CUdeviceptr out = 0, std::uint32_t value = 0,
              std::uint64_t count = 0)
-      : stream_(stream) {
+      : stream_(stream), module_(context.load_module(test_kernels_ptx())) {
     ScopedContext scope(context);
     // The gate straight from the driver, so that no manager under test sees it.
     CUEMM_CU(cuMemHostAlloc, &gate_, sizeof(std::uint32_t),
@@ -116,8 +116,7 @@ class HeldKernel {
     *static_cast<volatile std::uint32_t*>(gate_) = 0;
     cuda::CUdeviceptr gate_address = 0;
     CUEMM_CU(cuMemHostGetDevicePointer, &gate_address, gate_, 0u);
-    const Module module = context.load_module(test_kernels_ptx());
-    module.function("cuemm_held_fill_u32")
+    module_.function("cuemm_held_fill_u32")
         .launch({1}, {32}, stream, gate_address, out, value, count,
                 std::uint64_t{std::chrono::nanoseconds(kMostHeld).count()});
   }
@@ -167,6 +166,9 @@ class HeldKernel {
 
  private:
   const Stream& stream_;
+  // Kept until the kernel has ended: unloading a module whose kernel runs
+  // waited for the kernel on the H100 (and so for the whole kMostHeld).
+  Module module_;
   void* gate_ = nullptr;
 };
 
