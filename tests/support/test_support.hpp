@@ -101,7 +101,9 @@ inline std::string test_kernels_ptx() {
 // needs, however slowly a loaded machine runs the test's steps. (A kernel
 // that spins for a fixed time may end before them: on a CI machine a 300 ms
 // one ended before the pool's decision that it was there for.) It ends by
-// itself after kMostHeld, so that a failing test cannot hang.
+// itself after kMostHeld, so that a failing test cannot hang. Look up the
+// kernels to launch while one is held before it: a driver that loads kernels
+// lazily (CUDA 12.2's default) may wait for the GPU to load one.
 class HeldKernel {
  public:
   static constexpr std::chrono::seconds kMostHeld{30};

@@ -151,12 +151,14 @@ TEST(Driver, AnEventRecordedForTheContextWaitsForWorkOnEveryStream) {
   }
 
   // Another stream made to wait for it runs only after the kernel: its fill of
-  // 9 lands last.
+  // 9 lands last. (The fill is looked up first: a driver that loads kernels
+  // lazily may wait for the GPU to load it.)
+  const Function fill = module.function("cuemm_fill_u32");
   {
     HeldKernel kernel(context, busy, words.device_pointer(), 7u, kCount);
     CUEMM_CU(cuCtxRecordEvent, context.handle(), event);
     CUEMM_CU(cuStreamWaitEvent, waiting.handle(), event, 0u);
-    module.function("cuemm_fill_u32").launch({1}, {32}, waiting, words.device_pointer(), 9u, kCount);
+    fill.launch({1}, {32}, waiting, words.device_pointer(), 9u, kCount);
     EXPECT_TRUE(kernel.waited_for_by([&] { waiting.synchronize(); }))
         << "the waiting stream ran before the kernel had finished";
   }
