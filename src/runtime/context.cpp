@@ -161,6 +161,17 @@ std::shared_ptr<MemoryPointer> Context::reuse_if_captured(std::size_t size) {
   return scope->memory_->reuse(size);
 }
 
+void Context::let_go_for_capture(cuda::CUdeviceptr address, cuda::CUstream stream) {
+  std::lock_guard lock(scopes_mutex_);
+  if (CaptureScope* scope = innermost_scope_of_this_thread()) scope->memory_->let_go_on(address, stream);
+}
+
+std::shared_ptr<MemoryPointer> Context::reuse_for_capture(std::size_t size, cuda::CUstream stream) {
+  std::lock_guard lock(scopes_mutex_);
+  CaptureScope* scope = innermost_scope_of_this_thread();
+  return scope ? scope->memory_->reuse(size, &stream) : nullptr;
+}
+
 CaptureScope::CaptureScope(Context& context, Reuse reuse, std::shared_ptr<GraphMemory> shared)
     : context_(context), reuse_(reuse), memory_(std::move(shared)) {
   if (!memory_) {
@@ -198,31 +209,46 @@ void GraphMemory::keep(std::shared_ptr<MemoryPointer> block) {
   std::lock_guard lock(mutex_);
   const std::size_t size = block->size();
   const bool device = block->kind() == MemoryKind::Device;
+  const std::uintptr_t address = block->handle();
   kept_.push_back(std::move(block));
   if (device) {
+    const std::size_t index = kept_.size() - 1;
+    auto by_size = device_blocks_by_size_.end();
     try {
-      device_blocks_by_size_.emplace(size, kept_.size() - 1);
+      by_size = device_blocks_by_size_.emplace(size, index);
+      device_block_at_[address] = index;
     } catch (...) {
-      kept_.pop_back();  // (no index may name a block not kept)
+      // (No index may name a block not kept.)
+      if (by_size != device_blocks_by_size_.end()) device_blocks_by_size_.erase(by_size);
+      kept_.pop_back();
       throw;
     }
   }
   bytes_ += size;
 }
 
-std::shared_ptr<MemoryPointer> GraphMemory::reuse(std::size_t size) {
+std::shared_ptr<MemoryPointer> GraphMemory::reuse(std::size_t size, const cuda::CUstream* stream) {
   std::lock_guard lock(mutex_);
   // (Only this object hands out new references to a kept block, under the
   // lock: a count of one cannot grow meanwhile.)
   for (auto it = device_blocks_by_size_.lower_bound(size);
        it != device_blocks_by_size_.end() && it->first - size <= size; ++it) {
     std::shared_ptr<MemoryPointer>& block = kept_[it->second];
-    if (block.use_count() == 1 && block->is_alive()) {
-      ++reuses_;
-      return block->view(0, size);
-    }
+    if (block.use_count() != 1 || !block->is_alive()) continue;
+    const auto freed_on = let_go_on_.find(it->second);
+    if (stream && (freed_on == let_go_on_.end() || freed_on->second != *stream)) continue;
+    auto view = block->view(0, size);
+    if (freed_on != let_go_on_.end()) let_go_on_.erase(freed_on);  // (its next free says where it goes)
+    ++reuses_;
+    return view;
   }
   return nullptr;
+}
+
+void GraphMemory::let_go_on(std::uintptr_t address, cuda::CUstream stream) {
+  std::lock_guard lock(mutex_);
+  if (const auto found = device_block_at_.find(address); found != device_block_at_.end())
+    let_go_on_[found->second] = stream;
 }
 
 std::size_t GraphMemory::reuses() const {

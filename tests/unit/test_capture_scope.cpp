@@ -298,8 +298,8 @@ TEST(CaptureScope, ThePoolsRawBlocksAreKeptToo) {
     std::shared_ptr<GraphMemory> memory;
     {
       CaptureScope capture(context);
-      for (int i = 0; i < 16; ++i) {
-        const std::size_t size = std::size_t{256} << (i % 12);
+      for (int i = 0; i < 12; ++i) {  // (each larger than those let go before: none is reused)
+        const std::size_t size = std::size_t{256} << i;
         const bool on_stream = i % 2;
         const cuda::CUdeviceptr block = on_stream ? pool.allocate(size, stream.handle()) : pool.allocate(size);
         const auto pattern = static_cast<unsigned char>(0x60 + i);
@@ -313,8 +313,9 @@ TEST(CaptureScope, ThePoolsRawBlocksAreKeptToo) {
       });
       other.join();
       memory = capture.memory();
-      EXPECT_EQ(memory->blocks(), 16u);
-      EXPECT_EQ(memory->blocks_freed_by_the_program(), 16u);
+      EXPECT_EQ(memory->blocks(), 12u);
+      EXPECT_EQ(memory->blocks_freed_by_the_program(), 12u);
+      EXPECT_EQ(memory->reuses(), 0u);
     }
     auto churn_raw = [&] {
       std::vector<std::pair<cuda::CUdeviceptr, std::size_t>> taken;
@@ -342,6 +343,61 @@ TEST(CaptureScope, ThePoolsRawBlocksAreKeptToo) {
     for (const auto& [other, size] : churn_raw())
       for (const Freed& block : freed) reused += other == block.address;
     EXPECT_GT(reused, 0u) << "the blocks never came back to the pool";
+    EXPECT_EQ(pool.statistics().rejected_frees, 0u);
+  }
+}
+
+// A stream-ordered raw free during the capture lets the thread's later
+// requests on the same stream take the block again, as stream order makes
+// safe (the graph's work on that stream runs in capture order); requests on
+// another stream, stream-less ones, other threads' and those that would
+// waste more than half of it do not, nor does a block let go without a stream.
+TEST(CaptureScope, ThePoolsRawBlocksLetGoOnAStreamServeItsLaterRequests) {
+  constexpr std::size_t kKiB = 1024;
+  Context& context = current_context();
+  ScopedContext scope(context);
+  const Stream first = context.create_stream(/*non_blocking=*/true);
+  const Stream second = context.create_stream(/*non_blocking=*/true);
+  for (const bool check_frees : {false, true}) {
+    SCOPED_TRACE(check_frees ? "with the record of frees" : "without the record");
+    PoolOptions options;
+    options.check_frees = check_frees;
+    PoolMemoryManager pool(&context, options);
+    pool.initialize();
+    std::shared_ptr<GraphMemory> memory;
+    cuda::CUdeviceptr a = 0;
+    {
+      CaptureScope capture(context);
+      a = pool.allocate(1024 * kKiB, first.handle());
+      pool.deallocate(a, 1024 * kKiB, first.handle());
+      const cuda::CUdeviceptr on_second = pool.allocate(1024 * kKiB, second.handle());
+      EXPECT_NE(on_second, a) << "a block let go on one stream served another stream";
+      const cuda::CUdeviceptr stream_less = pool.allocate(1024 * kKiB);
+      EXPECT_NE(stream_less, a) << "a block let go on a stream served a stream-less request";
+      const cuda::CUdeviceptr too_small = pool.allocate(256 * kKiB, first.handle());
+      EXPECT_NE(too_small, a) << "a request of a quarter of the block took it";
+      cuda::CUdeviceptr from_another_thread = 0;
+      std::thread([&] {
+        ScopedContext other_scope(context);
+        from_another_thread = pool.allocate(1024 * kKiB, first.handle());
+      }).join();
+      EXPECT_NE(from_another_thread, a) << "another thread's request took the capture's block";
+      const cuda::CUdeviceptr again = pool.allocate(768 * kKiB, first.handle());
+      EXPECT_EQ(again, a) << "the block let go on the stream did not serve its next request there";
+      EXPECT_NE(pool.allocate(768 * kKiB, first.handle()), a) << "a block the program holds served again";
+      pool.deallocate(again, 768 * kKiB, first.handle());
+      EXPECT_EQ(pool.allocate(1024 * kKiB, first.handle()), a) << "a block reused once was not reused again";
+      // Let go without a stream: kept, not reused.
+      const cuda::CUdeviceptr b = pool.allocate(2048 * kKiB, first.handle());
+      pool.deallocate(b, 2048 * kKiB);
+      EXPECT_NE(pool.allocate(2048 * kKiB, first.handle()), b) << "a block let go without a stream was reused";
+      pool.deallocate(from_another_thread, 1024 * kKiB, first.handle());
+      memory = capture.memory();
+      EXPECT_EQ(memory->reuses(), 2u);
+      // a, on_second, stream_less, too_small, the other block of 768 KiB, b and the last 2 MiB.
+      EXPECT_EQ(memory->blocks(), 7u);
+    }
+    // (The blocks the program still holds go back with the pool.)
     EXPECT_EQ(pool.statistics().rejected_frees, 0u);
   }
 }
@@ -485,7 +541,7 @@ TEST_F(CaptureOnTheGpu, AGraphThatReusesItsScratchBlocksInCaptureOrderComputesEv
 TEST_F(CaptureOnTheGpu, AGraphsRawStreamOrderedBlocksOutliveTheCapture) {
   PoolMemoryManager pool(&context);
   pool.initialize();
-  constexpr int kScratch = 16;
+  constexpr int kScratch = 10;  // (sizes that grow: none takes a block let go before)
   std::vector<Freed> scratch;
   std::shared_ptr<GraphMemory> memory;
   cuda::CUgraph graph = nullptr;
@@ -523,6 +579,50 @@ TEST_F(CaptureOnTheGpu, AGraphsRawStreamOrderedBlocksOutliveTheCapture) {
     pool.deallocate(other, size, stream->handle());
   }
   expect_filled(scratch, 0xC0u);
+}
+
+// On the GPU, raw and reusing: each step allocates a scratch block on the
+// capturing stream, fills it, copies it into an output block and frees it on
+// that stream; the next step's scratch block is the same one, and every
+// output reads its step's value after the launches.
+TEST_F(CaptureOnTheGpu, AGraphThatReusesItsRawBlocksOnItsStreamComputesEveryStep) {
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  constexpr int kSteps = 32;
+  constexpr std::size_t kWords = std::size_t{1} << 16;
+  const Function fill = module->function("cuemm_fill_u32");
+  std::vector<cuda::CUdeviceptr> outputs, scratch_blocks;
+  std::shared_ptr<GraphMemory> memory;
+  cuda::CUgraph graph = nullptr;
+  {
+    CaptureScope capture(context);
+    CUEMM_CU(cuStreamBeginCapture, stream->handle(), cuda::CU_STREAM_CAPTURE_MODE_GLOBAL);
+    for (int step = 0; step < kSteps; ++step) {
+      const std::size_t bytes = kWords * 4 - 1024 * (step % 4);
+      const cuda::CUdeviceptr scratch = pool.allocate(bytes, stream->handle());
+      fill.launch({64}, {256}, *stream, scratch, 0xD00u + step, static_cast<std::uint64_t>(kWords / 4));
+      outputs.push_back(pool.allocate(kWords, stream->handle()));  // (too small to take the scratch block)
+      CUEMM_CU(cuMemcpyDtoDAsync, outputs.back(), scratch, kWords, stream->handle());
+      pool.deallocate(scratch, bytes, stream->handle());
+      scratch_blocks.push_back(scratch);
+    }
+    ASSERT_EQ(CUEMM_CU_RESULT(cuStreamEndCapture, stream->handle(), &graph), cuda::CUDA_SUCCESS)
+        << "the pool ended an announced capture";
+    memory = capture.memory();
+  }
+  EXPECT_EQ(memory->reuses(), std::size_t{kSteps - 1}) << "each step's scratch block serves the next";
+  EXPECT_EQ(std::count(scratch_blocks.begin(), scratch_blocks.end(), scratch_blocks.front()),
+            std::ptrdiff_t{kSteps});
+  EXPECT_EQ(memory->blocks(), std::size_t{kSteps + 1});  // the outputs and one scratch block
+  for (const cuda::CUdeviceptr output : outputs) CUEMM_CU(cuMemsetD8, output, 0, kWords);
+  launch_three_times(graph);
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<std::uint32_t> words(kWords / 4);
+    CUEMM_CU(cuMemcpyDtoH, words.data(), outputs[step], kWords);
+    EXPECT_EQ(std::count(words.begin(), words.end(), 0xD00u + step), static_cast<std::ptrdiff_t>(words.size()))
+        << "step " << step;
+    pool.deallocate(outputs[step], kWords, stream->handle());
+  }
 }
 
 }  // namespace

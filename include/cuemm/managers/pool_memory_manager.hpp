@@ -289,11 +289,18 @@ class PoolMemoryManager : public HostOnlyMemoryManager, public RawDeviceAllocato
   // The raw interface during a graph capture (CaptureScope): a block that a
   // capturing thread allocates is kept by its scope's GraphMemory (freed at
   // once where that fails), and its raw free only drops the program's
-  // reference to it.
+  // reference to it. A stream-ordered free lets the thread's later requests
+  // on that stream take the block again (stream order makes it safe, as
+  // for the driver's graph allocations): reused_captured_raw_block().
   bool capture_under_way() const noexcept;
   [[gnu::noinline, gnu::cold]] void keep_captured_raw_block(cuda::CUdeviceptr address, std::size_t size);
-  // True where `pointer` was such a block (and its reference is dropped).
-  bool let_go_of_captured_raw_block(cuda::CUdeviceptr pointer, std::size_t size) noexcept;
+  // A block let go on `stream` during the thread's capture that holds
+  // `size` bytes, now the program's again; 0 where none.
+  cuda::CUdeviceptr reused_captured_raw_block(std::size_t size, cuda::CUstream stream);
+  // True where `pointer` was such a block (and its reference is dropped);
+  // `stream`: that of a stream-ordered free.
+  bool let_go_of_captured_raw_block(cuda::CUdeviceptr pointer, std::size_t size,
+                                    const cuda::CUstream* stream) noexcept;
 
   PoolOptions options_;
   std::shared_ptr<Core> core_;

@@ -47,7 +47,12 @@
 // them go (all on one stream, say, as PyTorch's private pools assume): a
 // later device request of the thread then takes the smallest device block
 // let go that holds it and wastes at most half of it (a view of it), so the
-// capture holds about its scratch blocks' peak rather than their sum.
+// capture holds about its scratch blocks' peak rather than their sum. A
+// stream-ordered free says which stream used a block: a block that the
+// thread frees through a pool's raw interface on a stream serves its later
+// requests on that stream in either mode (stream order puts the graph's
+// later work there after the block's last use, as for the driver's own graph
+// allocations); a request on another stream or without one does not take it.
 // Graphs that are only ever launched one after another on one stream may
 // share their memory: open the next capture's scope with the GraphMemory of
 // the one before, and its requests reuse what that graph let go.
@@ -58,6 +63,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "cuemm/memory/memory_pointer.hpp"
@@ -84,8 +90,13 @@ class GraphMemory {
   friend class CaptureScope;
   void keep(std::shared_ptr<MemoryPointer> block);
   // A view of `size` bytes of the smallest device block let go that holds
-  // them and wastes at most half; null where none does.
-  std::shared_ptr<MemoryPointer> reuse(std::size_t size);
+  // them and wastes at most half; with `stream`, of one let go on that
+  // stream only (let_go_on). Null where none does.
+  std::shared_ptr<MemoryPointer> reuse(std::size_t size, const cuda::CUstream* stream = nullptr);
+  // Notes that the kept device block at `address` is being let go on
+  // `stream` by a stream-ordered free (nothing where no block kept here
+  // starts there).
+  void let_go_on(std::uintptr_t address, cuda::CUstream stream);
 
   explicit GraphMemory(const Context& context) : context_(context) {}
 
@@ -93,6 +104,8 @@ class GraphMemory {
   mutable std::mutex mutex_;
   std::vector<std::shared_ptr<MemoryPointer>> kept_;
   std::multimap<std::size_t, std::size_t> device_blocks_by_size_;  // size -> index in kept_
+  std::unordered_map<std::uintptr_t, std::size_t> device_block_at_;  // address -> index in kept_
+  std::unordered_map<std::size_t, cuda::CUstream> let_go_on_;        // index in kept_ -> stream of its free
   std::size_t bytes_ = 0;
   std::size_t reuses_ = 0;
 };

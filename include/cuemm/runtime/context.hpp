@@ -93,6 +93,15 @@ class Context {
   // block's pointer with `make` and gives it to the scope's GraphMemory;
   // false, with nothing made, where it has none.
   bool keep_for_capture(const std::function<std::shared_ptr<MemoryPointer>()>& make);
+  // For a stream-ordered raw interface: its free of the kept block at
+  // `address` on `stream`, by a thread with an open scope, which may then
+  // give the block to the thread's later requests on that stream
+  // (reuse_for_capture), as stream order makes safe. Call before letting go.
+  void let_go_for_capture(cuda::CUdeviceptr address, cuda::CUstream stream);
+  // A view of `size` bytes of a block that the calling thread let go on
+  // `stream` within its innermost open scope's memory (the smallest that
+  // holds them, wasting at most half); null where none.
+  std::shared_ptr<MemoryPointer> reuse_for_capture(std::size_t size, cuda::CUstream stream);
 
  private:
   friend class CaptureScope;

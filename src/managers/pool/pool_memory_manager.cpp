@@ -113,6 +113,9 @@ void PoolMemoryManager::deallocate(cuda::CUdeviceptr pointer, std::size_t size) 
 }
 
 cuda::CUdeviceptr PoolMemoryManager::allocate_off_the_fast_path(std::size_t size, const cuda::CUstream* stream) {
+  if (stream && capture_under_way()) {
+    if (const cuda::CUdeviceptr reused = reused_captured_raw_block(size, *stream)) return reused;
+  }
   const cuda::CUdeviceptr address = stream ? allocate_unrecorded(size, *stream)
                                            : core_->allocate(size, core_->size_class(size));
   if (free_checker_) {
@@ -136,7 +139,8 @@ cuda::CUdeviceptr PoolMemoryManager::allocate_off_the_fast_path(std::size_t size
 
 void PoolMemoryManager::deallocate_off_the_fast_path(cuda::CUdeviceptr pointer, std::size_t size,
                                                      const cuda::CUstream* stream) noexcept {
-  if (has_captured_raw_.load(std::memory_order_relaxed) && let_go_of_captured_raw_block(pointer, size)) return;
+  if (has_captured_raw_.load(std::memory_order_relaxed) && let_go_of_captured_raw_block(pointer, size, stream))
+    return;
   std::optional<std::string> refused;
   try {
     if (pointer % kBlockGranularity != 0)
@@ -219,7 +223,24 @@ void PoolMemoryManager::keep_captured_raw_block(cuda::CUdeviceptr address, std::
   }
 }
 
-bool PoolMemoryManager::let_go_of_captured_raw_block(cuda::CUdeviceptr pointer, std::size_t size) noexcept {
+cuda::CUdeviceptr PoolMemoryManager::reused_captured_raw_block(std::size_t size, cuda::CUstream stream) {
+  std::shared_ptr<MemoryPointer> view = core_context_->reuse_for_capture(size, stream);
+  if (!view) return 0;
+  const cuda::CUdeviceptr address = view->device_pointer();
+  if (free_checker_) free_checker_->handed_out(address, size);  // (on failure the view goes: let go again)
+  try {
+    std::lock_guard lock(captured_raw_mutex_);
+    captured_raw_.emplace(address, std::move(view));
+    has_captured_raw_.store(true, std::memory_order_relaxed);
+  } catch (...) {
+    if (free_checker_) (void)free_checker_->take_back(address, size);
+    throw;
+  }
+  return address;
+}
+
+bool PoolMemoryManager::let_go_of_captured_raw_block(cuda::CUdeviceptr pointer, std::size_t size,
+                                                      const cuda::CUstream* stream) noexcept {
   std::shared_ptr<MemoryPointer> program_reference;  // (dropped outside the lock: it may be the last)
   {
     std::lock_guard lock(captured_raw_mutex_);
@@ -228,6 +249,13 @@ bool PoolMemoryManager::let_go_of_captured_raw_block(cuda::CUdeviceptr pointer, 
     program_reference = std::move(found->second);
     captured_raw_.erase(found);
     if (captured_raw_.empty()) has_captured_raw_.store(false, std::memory_order_relaxed);
+  }
+  if (stream && capture_under_way()) {
+    try {
+      core_context_->let_go_for_capture(pointer, *stream);  // (before the reference goes)
+    } catch (const std::exception&) {
+      // Not noted: the block is kept and not reused, as after a stream-less free.
+    }
   }
   if (free_checker_) (void)free_checker_->take_back(pointer, size);  // (its record goes with the free)
   return true;
