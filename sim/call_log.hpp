@@ -44,7 +44,9 @@
   X(cuMemPoolExportPointer)                                                    \
   X(cuMemPoolImportPointer)                                                     \
   X(cuMemExportToShareableHandle)                                              \
-  X(cuMemImportFromShareableHandle)
+  X(cuMemImportFromShareableHandle)                                            \
+  X(cuStreamBeginCapture) X(cuStreamEndCapture)         \
+  X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy)
 
 namespace cuemm::sim {
 

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuemm/driver/cuda_api.hpp"
@@ -109,6 +110,22 @@ struct Context {
   std::set<std::shared_ptr<SimStream>> streams;  // created and per-thread streams
 };
 
+// A stream capture under way (cuStreamBeginCapture): the work queued on the
+// stream is kept for a graph instead of run.
+struct Capture {
+  int mode = 0;  // CU_STREAM_CAPTURE_MODE_*
+  std::thread::id thread;
+  bool invalidated = false;
+  std::vector<SimStream::Operation> operations;
+};
+
+// A captured graph (CUgraph), or one instantiated (CUgraphExec): its
+// operations, run in order on the stream it is launched on.
+struct Graph {
+  Context* context = nullptr;
+  std::vector<SimStream::Operation> operations;
+};
+
 struct State {
   std::mutex mutex;
   bool initialized = false;
@@ -124,6 +141,9 @@ struct State {
   std::map<MemoryPool*, std::unique_ptr<MemoryPool>> pools;
   std::map<std::uintptr_t, std::size_t> reservations;  // cuMemAddressReserve: base -> bytes
   std::map<std::uint64_t, PhysicalMemory> physical;    // cuMemCreate handles
+  std::map<SimStream*, Capture> captures;              // by capturing stream
+  std::map<Graph*, std::unique_ptr<Graph>> graphs;
+  std::map<Graph*, std::unique_ptr<Graph>> executables;
   std::uint64_t next_physical_handle = 1;
   std::uint64_t next_allocation_id = 1;
 

@@ -218,6 +218,9 @@ void destroy_resources(std::unique_lock<std::mutex>& lock, State& s, Context* co
     it = next;
   }
   std::erase_if(s.events, [&](const auto& entry) { return entry.second->context == context; });
+  std::erase_if(s.captures, [&](const auto& entry) { return entry.first->context() == context; });
+  std::erase_if(s.graphs, [&](const auto& entry) { return entry.second->context == context; });
+  std::erase_if(s.executables, [&](const auto& entry) { return entry.second->context == context; });
   for (auto it = s.modules.begin(); it != s.modules.end();) {
     if (it->second->context == context) {
       for (auto& function : it->second->functions) s.functions.erase(function.second.get());
@@ -286,6 +289,96 @@ bool would_run_at_once(const std::shared_ptr<SimStream>& stream) {
   return true;
 }
 
+// --- Stream capture --------------------------------------------------------------
+// Work queued on a capturing stream is kept for its graph instead of run.
+// What a capture under way makes of other calls follows the H100
+// (bench/probes/probe_capture.cpp; docs/pool-measurements.md): a call that
+// the capture forbids is refused and ends (invalidates) it. The simulated
+// driver captures one stream's work: events recorded on a capturing stream
+// (which would join other streams to it) and stream-ordered allocations on
+// it are refused.
+
+thread_local int thread_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;  // cuThreadExchangeStreamCaptureMode
+
+enum class DuringCapture {
+  potentially_unsafe,   // cuMemAlloc, cuMemFree, cuEventQuery, cuEventSynchronize
+  legacy_stream_query,  // cuStreamQuery and cuStreamSynchronize of the legacy stream
+  legacy_stream_work,   // work queued on the legacy stream
+  whole_context,        // cuCtxRecordEvent, cuCtxSynchronize: refused in every mode
+};
+
+// CUDA_SUCCESS where the call may go on; else the error, every capture that
+// forbids it invalidated. `context`: the legacy stream's, for its rules.
+CUresult check_captures(State& s, DuringCapture call, const Context* context = nullptr) {
+  CUresult result = CUDA_SUCCESS;
+  const auto self = std::this_thread::get_id();
+  for (auto& [stream, capture] : s.captures) {
+    const bool beside_legacy = stream->blocking() && stream->context() == context;
+    CUresult refused = CUDA_SUCCESS;
+    switch (call) {
+      case DuringCapture::whole_context:
+        refused = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        break;
+      case DuringCapture::legacy_stream_work:
+        if (beside_legacy) refused = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+        break;
+      case DuringCapture::legacy_stream_query:
+        if (beside_legacy) {
+          refused = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+          break;
+        }
+        [[fallthrough]];
+      case DuringCapture::potentially_unsafe:
+        // The thread's own capture forbids it unless one of the two is
+        // relaxed; another thread's, where both are global.
+        if (thread_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED || capture.mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+          break;
+        if (capture.thread == self ||
+            (capture.mode == CU_STREAM_CAPTURE_MODE_GLOBAL && thread_capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL))
+          refused = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        break;
+    }
+    if (refused != CUDA_SUCCESS) {
+      capture.invalidated = true;
+      if (result == CUDA_SUCCESS) result = refused;
+    }
+  }
+  return result;
+}
+
+Capture* capture_of(State& s, const std::shared_ptr<SimStream>& stream) {
+  const auto found = s.captures.find(stream.get());
+  return found == s.captures.end() ? nullptr : &found->second;
+}
+
+// Queues `operation` on `stream`, or keeps it for the stream's capture; work
+// on the legacy stream first meets the captures' rules.
+CUresult queue_or_capture(State& s, const std::shared_ptr<SimStream>& stream, SimStream::Operation operation) {
+  if (Capture* capture = capture_of(s, stream)) {
+    capture->operations.push_back(std::move(operation));
+    return CUDA_SUCCESS;
+  }
+  if (stream == stream->context()->legacy && !s.captures.empty()) {
+    if (const CUresult refused = check_captures(s, DuringCapture::legacy_stream_work, stream->context()))
+      return refused;
+  }
+  submit(stream, std::move(operation));
+  return CUDA_SUCCESS;
+}
+
+// A query or synchronisation of `stream`: of a capturing stream it is refused
+// and ends the capture; of the legacy stream it meets the captures' rules.
+CUresult check_stream_use(State& s, const std::shared_ptr<SimStream>& stream) {
+  if (s.captures.empty()) return CUDA_SUCCESS;
+  if (Capture* capture = capture_of(s, stream)) {
+    capture->invalidated = true;
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  if (stream == stream->context()->legacy)
+    return check_captures(s, DuringCapture::legacy_stream_query, stream->context());
+  return CUDA_SUCCESS;
+}
+
 // Runs an operation on the legacy stream and waits for it: the synchronous
 // copies and memsets.
 CUresult run_synchronously(State& s, std::unique_lock<std::mutex>& lock, CUdeviceptr memory,
@@ -298,6 +391,9 @@ CUresult run_synchronously(State& s, std::unique_lock<std::mutex>& lock, CUdevic
     context = allocation->context;
   }
   auto stream = context->legacy;
+  if (!s.captures.empty()) {
+    if (const CUresult refused = check_captures(s, DuringCapture::legacy_stream_work, context)) return refused;
+  }
   const auto ticket = submit(stream, std::move(operation));
   lock.unlock();
   stream->wait_for(ticket);
@@ -308,8 +404,7 @@ CUresult run_on_stream(State& s, CUstream handle, SimStream::Operation operation
   CUresult error = CUDA_SUCCESS;
   auto stream = resolve_stream(s, handle, &error);
   if (!stream) return error;
-  submit(stream, std::move(operation));
-  return CUDA_SUCCESS;
+  return queue_or_capture(s, stream, std::move(operation));
 }
 
 // Device-accessible memory: device, managed, opened IPC, and page-locked host
@@ -706,6 +801,7 @@ SIM_EXPORT CUresult cuCtxGetDevice(CUdevice* out) {
 SIM_EXPORT CUresult cuCtxSynchronize() {
   SIM_BEGIN(cuCtxSynchronize);
   SIM_CONTEXT();
+  if (const CUresult refused = check_captures(s, DuringCapture::whole_context)) return refused;
   synchronize_context(lock, context);
   return CUDA_SUCCESS;
 }
@@ -737,6 +833,7 @@ SIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* pointer, std::size_t size) {
   SIM_BEGIN(cuMemAlloc);
   SIM_CONTEXT();
   if (!pointer || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (const CUresult refused = check_captures(s, DuringCapture::potentially_unsafe)) return refused;
   return allocate_device_memory(s, context, size, AllocationKind::Device, 0, pointer);
 }
 
@@ -756,6 +853,7 @@ SIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr pointer) {
   if (it == s.allocations.end() || (it->second.kind != AllocationKind::Device &&
                                     it->second.kind != AllocationKind::Managed && !it->second.pool_import))
     return CUDA_ERROR_INVALID_VALUE;
+  if (const CUresult refused = check_captures(s, DuringCapture::potentially_unsafe)) return refused;
   Context* context = it->second.context;
   // cuMemFree waits for the device, as on a GPU: pending work may still use it.
   synchronize_context(lock, context);
@@ -1097,7 +1195,9 @@ SIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* pointer, std::size_t si
   MemoryPool* pool = find_pool(s, handle);
   if (!pointer || size == 0 || !pool) return CUDA_ERROR_INVALID_VALUE;
   CUresult error = CUDA_SUCCESS;
-  if (!resolve_stream(s, stream_handle, &error)) return error;
+  const auto stream = resolve_stream(s, stream_handle, &error);
+  if (!stream) return error;
+  if (capture_of(s, stream)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;  // (see Stream capture)
   if (pool->device != context->device->ordinal) return CUDA_ERROR_INVALID_DEVICE;
   if (pool->imported_fd >= 0) return CUDA_ERROR_INVALID_VALUE;  // imported pools hand out nothing
   // Allocated at once: at least as ordered as the stream asks. A real pool
@@ -1125,6 +1225,7 @@ SIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr pointer, CUstream stream_handle) 
   CUresult error = CUDA_SUCCESS;
   auto stream = resolve_stream(s, stream_handle, &error);
   if (!stream) return error;
+  if (capture_of(s, stream)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;  // (see Stream capture)
   auto release = [](State& state_now, std::map<std::uintptr_t, Allocation>::iterator found) {
     if (MemoryPool* pool = found->second.pool) {
       pool->used -= found->second.arena_size;
@@ -1569,6 +1670,7 @@ SIM_EXPORT CUresult cuStreamDestroy_v2(CUstream handle) {
   auto it = s.streams.find(reinterpret_cast<SimStream*>(handle));
   if (it == s.streams.end()) return CUDA_ERROR_INVALID_HANDLE;
   auto stream = it->second;
+  s.captures.erase(stream.get());
   s.streams.erase(it);
   stream->context()->streams.erase(stream);
   lock.unlock();
@@ -1581,6 +1683,7 @@ SIM_EXPORT CUresult cuStreamSynchronize(CUstream handle) {
   CUresult error = CUDA_SUCCESS;
   auto stream = resolve_stream(s, handle, &error);
   if (!stream) return error;
+  if (const CUresult refused = check_stream_use(s, stream)) return refused;
   // A marker on the stream carries the legacy-stream dependencies with it.
   const auto ticket = submit(stream, nullptr);
   lock.unlock();
@@ -1593,6 +1696,7 @@ SIM_EXPORT CUresult cuStreamQuery(CUstream handle) {
   CUresult error = CUDA_SUCCESS;
   auto stream = resolve_stream(s, handle, &error);
   if (!stream) return error;
+  if (const CUresult refused = check_stream_use(s, stream)) return refused;
   if (!stream->is_complete(stream->last_ticket())) return CUDA_ERROR_NOT_READY;
   // The legacy default stream reads as busy while any blocking stream is, as
   // its ordering implies (measured on the H100: busy for a kernel on a
@@ -1638,6 +1742,15 @@ SIM_EXPORT CUresult cuEventRecord(CUevent handle, CUstream stream_handle) {
   SIM_BEGIN(cuEventRecord);
   auto event = find_event(s, handle);
   if (!event) return CUDA_ERROR_INVALID_HANDLE;
+  if (!s.captures.empty()) {
+    CUresult error = CUDA_SUCCESS;
+    const auto stream = resolve_stream(s, stream_handle, &error);
+    if (!stream) return error;
+    if (Capture* capture = capture_of(s, stream)) {  // (see Stream capture)
+      capture->invalidated = true;
+      return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+  }
   std::uint64_t generation;
   {
     std::lock_guard event_lock(event->mutex);
@@ -1659,6 +1772,7 @@ SIM_EXPORT CUresult cuCtxRecordEvent(CUcontext context_handle, CUevent handle) {
   SIM_BEGIN(cuCtxRecordEvent);
   Context* context = reinterpret_cast<Context*>(context_handle);
   if (!is_live(s, context)) return CUDA_ERROR_INVALID_CONTEXT;
+  if (const CUresult refused = check_captures(s, DuringCapture::whole_context)) return refused;
   auto event = find_event(s, handle);
   if (!event || event->context != context) return CUDA_ERROR_INVALID_HANDLE;
   std::vector<SimStream::Dependency> points;
@@ -1670,13 +1784,12 @@ SIM_EXPORT CUresult cuCtxRecordEvent(CUcontext context_handle, CUevent handle) {
   return CUDA_SUCCESS;
 }
 
-// The calling thread's capture mode (the simulated driver captures no graphs:
-// the mode is only kept, for cuemm's CaptureScope to be seen setting it).
+// The calling thread's capture mode: which calls the captures under way
+// forbid it (check_captures).
 SIM_EXPORT CUresult cuThreadExchangeStreamCaptureMode(int* mode) {
   SIM_BEGIN(cuThreadExchangeStreamCaptureMode);
   if (!mode || *mode < 0 || *mode > 2) return CUDA_ERROR_INVALID_VALUE;
-  thread_local int thread_mode = 0;  // CU_STREAM_CAPTURE_MODE_GLOBAL
-  std::swap(*mode, thread_mode);
+  std::swap(*mode, thread_capture_mode);
   return CUDA_SUCCESS;
 }
 
@@ -1700,6 +1813,7 @@ SIM_EXPORT CUresult cuEventQuery(CUevent handle) {
   SIM_BEGIN(cuEventQuery);
   auto event = find_event(s, handle);
   if (!event) return CUDA_ERROR_INVALID_HANDLE;
+  if (const CUresult refused = check_captures(s, DuringCapture::potentially_unsafe)) return refused;
   std::lock_guard event_lock(event->mutex);
   event->settle_context_record();
   return event->completed >= event->recorded ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
@@ -1709,6 +1823,7 @@ SIM_EXPORT CUresult cuEventSynchronize(CUevent handle) {
   SIM_BEGIN(cuEventSynchronize);
   auto event = find_event(s, handle);
   if (!event) return CUDA_ERROR_INVALID_HANDLE;
+  if (const CUresult refused = check_captures(s, DuringCapture::potentially_unsafe)) return refused;
   lock.unlock();
   std::uint64_t target;
   {
@@ -1726,6 +1841,15 @@ SIM_EXPORT CUresult cuStreamWaitEvent(CUstream stream_handle, CUevent handle, un
   (void)flags;
   auto event = find_event(s, handle);
   if (!event) return CUDA_ERROR_INVALID_HANDLE;
+  if (!s.captures.empty()) {
+    CUresult error = CUDA_SUCCESS;
+    const auto stream = resolve_stream(s, stream_handle, &error);
+    if (!stream) return error;
+    if (Capture* capture = capture_of(s, stream)) {  // (see Stream capture)
+      capture->invalidated = true;
+      return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+  }
   std::uint64_t target;
   {
     std::lock_guard event_lock(event->mutex);
@@ -1736,6 +1860,81 @@ SIM_EXPORT CUresult cuStreamWaitEvent(CUstream stream_handle, CUevent handle, un
     std::unique_lock event_lock(event->mutex);
     event->done.wait(event_lock, [&] { return event->completed >= target; });
   });
+}
+
+// --- Graphs: captured from one stream (see Stream capture) ------------------------
+
+SIM_EXPORT CUresult cuStreamBeginCapture_v2(CUstream handle, int mode) {
+  SIM_BEGIN(cuStreamBeginCapture);
+  if (mode < CU_STREAM_CAPTURE_MODE_GLOBAL || mode > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
+  CUresult error = CUDA_SUCCESS;
+  const auto stream = resolve_stream(s, handle, &error);
+  if (!stream) return error;
+  if (stream == stream->context()->legacy) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  if (capture_of(s, stream)) return CUDA_ERROR_ILLEGAL_STATE;
+  Capture& capture = s.captures[stream.get()];
+  capture.mode = mode;
+  capture.thread = std::this_thread::get_id();
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuStreamEndCapture(CUstream handle, CUgraph* out) {
+  SIM_BEGIN(cuStreamEndCapture);
+  if (!out) return CUDA_ERROR_INVALID_VALUE;
+  CUresult error = CUDA_SUCCESS;
+  const auto stream = resolve_stream(s, handle, &error);
+  if (!stream) return error;
+  const auto found = s.captures.find(stream.get());
+  if (found == s.captures.end()) return CUDA_ERROR_ILLEGAL_STATE;
+  Capture& capture = found->second;
+  if (capture.mode != CU_STREAM_CAPTURE_MODE_RELAXED && capture.thread != std::this_thread::get_id())
+    return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+  *out = nullptr;
+  if (capture.invalidated) {
+    s.captures.erase(found);
+    return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  }
+  auto graph = std::make_unique<Graph>();
+  graph->context = stream->context();
+  graph->operations = std::move(capture.operations);
+  s.captures.erase(found);
+  *out = reinterpret_cast<CUgraph>(graph.get());
+  s.graphs.emplace(graph.get(), std::move(graph));
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec* out, CUgraph handle, unsigned long long flags) {
+  SIM_BEGIN(cuGraphInstantiate);
+  const auto found = s.graphs.find(reinterpret_cast<Graph*>(handle));
+  if (!out || found == s.graphs.end() || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  auto executable = std::make_unique<Graph>(*found->second);
+  *out = reinterpret_cast<CUgraphExec>(executable.get());
+  s.executables.emplace(executable.get(), std::move(executable));
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuGraphLaunch(CUgraphExec handle, CUstream stream_handle) {
+  SIM_BEGIN(cuGraphLaunch);
+  const auto found = s.executables.find(reinterpret_cast<Graph*>(handle));
+  if (found == s.executables.end()) return CUDA_ERROR_INVALID_VALUE;
+  CUresult error = CUDA_SUCCESS;
+  const auto stream = resolve_stream(s, stream_handle, &error);
+  if (!stream) return error;
+  if (stream->context() != found->second->context) return CUDA_ERROR_INVALID_CONTEXT;
+  // (A copy of the operations: the executable may be destroyed while its launch is queued.)
+  return queue_or_capture(s, stream, [operations = found->second->operations] {
+    for (const auto& operation : operations) operation();
+  });
+}
+
+SIM_EXPORT CUresult cuGraphExecDestroy(CUgraphExec handle) {
+  SIM_BEGIN(cuGraphExecDestroy);
+  return s.executables.erase(reinterpret_cast<Graph*>(handle)) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+SIM_EXPORT CUresult cuGraphDestroy(CUgraph handle) {
+  SIM_BEGIN(cuGraphDestroy);
+  return s.graphs.erase(reinterpret_cast<Graph*>(handle)) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 namespace {
@@ -1883,8 +2082,7 @@ SIM_EXPORT CUresult cuLaunchKernel(CUfunction handle, unsigned, unsigned, unsign
       return CUDA_ERROR_ILLEGAL_ADDRESS;
     }
   }
-  submit(queue, [kernel, copies = std::move(copies)] { kernel->run(copies); });
-  return CUDA_SUCCESS;
+  return queue_or_capture(s, queue, [kernel, copies = std::move(copies)] { kernel->run(copies); });
 }
 
 SIM_EXPORT CUresult cuFuncGetAttribute(int* value, int attribute, CUfunction handle) {

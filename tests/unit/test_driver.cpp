@@ -1,5 +1,6 @@
 // The driver layer: errors carry the code, its name and the call.
 #include <atomic>
+#include <functional>
 #include <thread>
 
 #include "support/test_support.hpp"
@@ -207,4 +208,109 @@ TEST(Driver, ASimulatedStreamOrderedFreeWaitsOnlyForQueuedWork) {
   EXPECT_EQ(simulation::device_bytes_in_use(context.device().id()), in_use_with_words);
   CUEMM_CU(cuMemFree, words);
   CUEMM_CU(cuMemPoolDestroy, pool);
+}
+
+// What a capture under way makes of the calls that the pools make, as the
+// H100's driver does (bench/probes/probe_capture.cpp, docs/pool-measurements.md)
+// and the simulated one must: refused calls end the capture. And captured
+// work runs at the graph's launches, not at its capture.
+TEST(Driver, ACaptureRefusesAndEndsOnTheCallsTheH100Refuses) {
+  const auto& api = driver::Driver::get().api();
+  if (!api.cuStreamBeginCapture || !api.cuGraphInstantiate || !api.cuThreadExchangeStreamCaptureMode)
+    GTEST_SKIP() << "needs a driver that captures graphs (CUDA 11.4)";
+  Context& context = current_context();
+  ScopedContext scope(context);
+  const Stream non_blocking = context.create_stream(/*non_blocking=*/true);
+  const Stream blocking = context.create_stream(/*non_blocking=*/false);
+  cuda::CUevent event = nullptr;
+  CUEMM_CU(cuEventCreate, &event, cuda::CU_EVENT_DISABLE_TIMING);
+  CUEMM_CU(cuEventRecord, event, non_blocking.handle());
+  non_blocking.synchronize();
+  std::vector<cuda::CUdeviceptr> allocated;
+  const auto allocate = [&] {
+    cuda::CUdeviceptr block = 0;
+    const cuda::CUresult result = CUEMM_CU_RESULT(cuMemAlloc, &block, std::size_t{2} << 20);
+    if (result == cuda::CUDA_SUCCESS) allocated.push_back(block);
+    return result;
+  };
+  struct Outcome {
+    bool call_succeeded;
+    bool capture_survived;
+  };
+  // `call` between the begin and the end of a capture on `stream` in `mode`,
+  // from this thread or another, with the caller's own mode relaxed or not.
+  enum class Caller { capturing_thread, another_thread, relaxed_capturing_thread };
+  const auto during = [&](const Stream& stream, int mode, const std::function<cuda::CUresult()>& call,
+                          Caller caller = Caller::capturing_thread) {
+    CUEMM_CU(cuStreamBeginCapture, stream.handle(), mode);
+    cuda::CUresult result = cuda::CUDA_SUCCESS;
+    if (caller == Caller::another_thread) {
+      std::thread([&] {
+        ScopedContext other_scope(context);
+        result = call();
+      }).join();
+    } else if (caller == Caller::relaxed_capturing_thread) {
+      int previous = cuda::CU_STREAM_CAPTURE_MODE_RELAXED;
+      CUEMM_CU(cuThreadExchangeStreamCaptureMode, &previous);
+      result = call();
+      CUEMM_CU(cuThreadExchangeStreamCaptureMode, &previous);
+    } else {
+      result = call();
+    }
+    cuda::CUgraph graph = nullptr;
+    const cuda::CUresult ended = CUEMM_CU_RESULT(cuStreamEndCapture, stream.handle(), &graph);
+    if (graph) CUEMM_CU(cuGraphDestroy, graph);
+    return Outcome{result == cuda::CUDA_SUCCESS, ended == cuda::CUDA_SUCCESS};
+  };
+  constexpr int kGlobal = cuda::CU_STREAM_CAPTURE_MODE_GLOBAL;
+  constexpr int kThreadLocal = cuda::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+  constexpr int kRelaxed = cuda::CU_STREAM_CAPTURE_MODE_RELAXED;
+  auto expect = [](Outcome outcome, bool succeeds, bool survives, const char* what) {
+    EXPECT_EQ(outcome.call_succeeded, succeeds) << what;
+    EXPECT_EQ(outcome.capture_survived, survives) << what;
+  };
+  expect(during(non_blocking, kGlobal, allocate), false, false, "cuMemAlloc in a global capture");
+  expect(during(non_blocking, kGlobal, allocate, Caller::another_thread), false, false,
+         "cuMemAlloc from another thread in a global capture");
+  expect(during(non_blocking, kThreadLocal, allocate, Caller::another_thread), true, true,
+         "cuMemAlloc from another thread in a thread-local capture");
+  expect(during(non_blocking, kThreadLocal, allocate), false, false, "cuMemAlloc in a thread-local capture");
+  expect(during(non_blocking, kRelaxed, allocate), true, true, "cuMemAlloc in a relaxed capture");
+  expect(during(non_blocking, kGlobal, allocate, Caller::relaxed_capturing_thread), true, true,
+         "cuMemAlloc relaxed in a global capture");
+  const auto query_event = [&] { return CUEMM_CU_RESULT(cuEventQuery, event); };
+  expect(during(non_blocking, kGlobal, query_event), false, false, "cuEventQuery in a global capture");
+  expect(during(non_blocking, kGlobal, query_event, Caller::relaxed_capturing_thread), true, true,
+         "cuEventQuery relaxed in a global capture");
+  const auto record_for_context = [&] { return CUEMM_CU_RESULT(cuCtxRecordEvent, context.handle(), event); };
+  if (api.cuCtxRecordEvent) {
+    expect(during(non_blocking, kRelaxed, record_for_context, Caller::relaxed_capturing_thread), false, false,
+           "cuCtxRecordEvent in a relaxed capture");
+  }
+  const auto record_on_legacy = [&] { return CUEMM_CU_RESULT(cuEventRecord, event, cuda::CU_STREAM_LEGACY); };
+  expect(during(non_blocking, kGlobal, record_on_legacy), true, true,
+         "cuEventRecord on the legacy stream beside a non-blocking stream's capture");
+  expect(during(blocking, kRelaxed, record_on_legacy, Caller::relaxed_capturing_thread), false, false,
+         "cuEventRecord on the legacy stream beside a blocking stream's capture");
+  for (const cuda::CUdeviceptr block : allocated) CUEMM_CU(cuMemFree, block);
+
+  // A fill captured, then launched twice: nothing at the capture.
+  constexpr std::uint64_t kCount = 64;
+  DeviceArray<std::uint32_t> words(kCount, context);
+  CUEMM_CU(cuMemsetD32, words.device_pointer(), 0u, kCount);
+  const Module module = context.load_module(cuemm::testing::test_kernels_ptx());
+  const Function add = module.function("cuemm_add_u32");
+  cuda::CUgraph graph = nullptr;
+  CUEMM_CU(cuStreamBeginCapture, non_blocking.handle(), kGlobal);
+  add.launch({1}, {64}, non_blocking, words.device_pointer(), 5u, kCount);
+  CUEMM_CU(cuStreamEndCapture, non_blocking.handle(), &graph);
+  EXPECT_EQ(words.copy_to_host(), std::vector<std::uint32_t>(kCount, 0u)) << "the capture ran the kernel";
+  cuda::CUgraphExec executable = nullptr;
+  CUEMM_CU(cuGraphInstantiate, &executable, graph, 0);
+  for (int launch = 0; launch < 2; ++launch) CUEMM_CU(cuGraphLaunch, executable, non_blocking.handle());
+  non_blocking.synchronize();
+  EXPECT_EQ(words.copy_to_host(), std::vector<std::uint32_t>(kCount, 10u)) << "two launches did not add twice";
+  CUEMM_CU(cuGraphExecDestroy, executable);
+  CUEMM_CU(cuGraphDestroy, graph);
+  CUEMM_CU(cuEventDestroy, event);
 }
