@@ -421,13 +421,10 @@ TEST(CaptureScope, AnExplicitFreeDuringTheScopeIsReported) {
       << said;
 }
 
-// On the GPU: a graph captured in the global mode whose work fills scratch
-// blocks that the capturing thread let go of at once. While its GraphMemory
-// is held, later requests of the same sizes get other blocks, and the graph's
-// launch leaves their bytes alone while it fills its own.
-// The GPU's tests: a driver that captures graphs, the test kernels and a
-// non-blocking stream to capture on.
-class CaptureOnTheGpu : public ::testing::Test {
+// Graphs captured and launched (on the GPU, and on the simulated driver,
+// which captures one stream's work): a driver that captures graphs, the test
+// kernels and a non-blocking stream to capture on.
+class CapturedGraph : public ::testing::Test {
  protected:
   void SetUp() override {
     const auto& api = driver::Driver::get().api();
@@ -463,7 +460,11 @@ class CaptureOnTheGpu : public ::testing::Test {
   std::optional<Stream> stream;
 };
 
-TEST_F(CaptureOnTheGpu, AGraphsScratchBlocksOutliveTheCaptureUntilItsMemoryGoes) {
+// A graph captured in the global mode whose work fills scratch
+// blocks that the capturing thread let go of at once. While its GraphMemory
+// is held, later requests of the same sizes get other blocks, and the graph's
+// launch leaves their bytes alone while it fills its own.
+TEST_F(CapturedGraph, AGraphsScratchBlocksOutliveTheCaptureUntilItsMemoryGoes) {
   SCOPED_TRACE(manager_name());
   constexpr int kScratch = 16;
   std::vector<Freed> scratch;
@@ -497,11 +498,11 @@ TEST_F(CaptureOnTheGpu, AGraphsScratchBlocksOutliveTheCaptureUntilItsMemoryGoes)
   churn(context, scratch);
 }
 
-// On the GPU, reusing: each step of the capture fills a scratch block and
+// Reusing: each step of the capture fills a scratch block and
 // copies it into an output block, then lets the scratch go, all on one
 // stream; the steps' scratch blocks are few, and every output reads its
 // step's value after the launches.
-TEST_F(CaptureOnTheGpu, AGraphThatReusesItsScratchBlocksInCaptureOrderComputesEveryStep) {
+TEST_F(CapturedGraph, AGraphThatReusesItsScratchBlocksInCaptureOrderComputesEveryStep) {
   SCOPED_TRACE(manager_name());
   constexpr int kSteps = 32;
   constexpr std::size_t kWords = std::size_t{1} << 16;
@@ -534,11 +535,11 @@ TEST_F(CaptureOnTheGpu, AGraphThatReusesItsScratchBlocksInCaptureOrderComputesEv
   }
 }
 
-// On the GPU, the pool's raw interface as RMM's and PyTorch's users call it:
+// The pool's raw interface as RMM's and PyTorch's users call it:
 // blocks allocated and freed on the capturing stream around the kernels that
 // fill them. After the capture, the pool's raw requests of the same sizes get
 // other blocks, and the launches leave those alone.
-TEST_F(CaptureOnTheGpu, AGraphsRawStreamOrderedBlocksOutliveTheCapture) {
+TEST_F(CapturedGraph, AGraphsRawStreamOrderedBlocksOutliveTheCapture) {
   PoolMemoryManager pool(&context);
   pool.initialize();
   constexpr int kScratch = 10;  // (sizes that grow: none takes a block let go before)
@@ -581,11 +582,11 @@ TEST_F(CaptureOnTheGpu, AGraphsRawStreamOrderedBlocksOutliveTheCapture) {
   expect_filled(scratch, 0xC0u);
 }
 
-// On the GPU, raw and reusing: each step allocates a scratch block on the
+// Raw and reusing: each step allocates a scratch block on the
 // capturing stream, fills it, copies it into an output block and frees it on
 // that stream; the next step's scratch block is the same one, and every
 // output reads its step's value after the launches.
-TEST_F(CaptureOnTheGpu, AGraphThatReusesItsRawBlocksOnItsStreamComputesEveryStep) {
+TEST_F(CapturedGraph, AGraphThatReusesItsRawBlocksOnItsStreamComputesEveryStep) {
   PoolMemoryManager pool(&context);
   pool.initialize();
   constexpr int kSteps = 32;

@@ -503,7 +503,7 @@ TEST_F(Pool, WhileAGraphIsCapturedThePoolSealsNothingAndWaitsForNothing) {
   EXPECT_EQ(simulation::call_count("cuThreadExchangeStreamCaptureMode"), 0u);
 }
 
-// On the GPU: a graph captured in the global mode (which forbids allocations
+// A graph captured in the global mode (which forbids allocations
 // and frees to every thread) from kernels that fill blocks of the pool,
 // while this thread and another allocate and free beside the kernels, after
 // frees that the pool would have sealed for. Announced by a CaptureScope, the
