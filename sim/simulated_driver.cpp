@@ -366,6 +366,20 @@ CUresult queue_or_capture(State& s, const std::shared_ptr<SimStream>& stream, Si
   return CUDA_SUCCESS;
 }
 
+// An event recorded or waited for on a capturing stream: refused here (the
+// simulated capture keeps one stream's work), and the capture ended.
+CUresult refuse_events_on_a_capture(State& s, CUstream handle) {
+  if (s.captures.empty()) return CUDA_SUCCESS;
+  CUresult error = CUDA_SUCCESS;
+  const auto stream = resolve_stream(s, handle, &error);
+  if (!stream) return error;
+  if (Capture* capture = capture_of(s, stream)) {
+    capture->invalidated = true;
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  return CUDA_SUCCESS;
+}
+
 // A query or synchronisation of `stream`: of a capturing stream it is refused
 // and ends the capture; of the legacy stream it meets the captures' rules.
 CUresult check_stream_use(State& s, const std::shared_ptr<SimStream>& stream) {
@@ -1742,15 +1756,7 @@ SIM_EXPORT CUresult cuEventRecord(CUevent handle, CUstream stream_handle) {
   SIM_BEGIN(cuEventRecord);
   auto event = find_event(s, handle);
   if (!event) return CUDA_ERROR_INVALID_HANDLE;
-  if (!s.captures.empty()) {
-    CUresult error = CUDA_SUCCESS;
-    const auto stream = resolve_stream(s, stream_handle, &error);
-    if (!stream) return error;
-    if (Capture* capture = capture_of(s, stream)) {  // (see Stream capture)
-      capture->invalidated = true;
-      return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    }
-  }
+  if (const CUresult refused = refuse_events_on_a_capture(s, stream_handle)) return refused;
   std::uint64_t generation;
   {
     std::lock_guard event_lock(event->mutex);
@@ -1841,15 +1847,7 @@ SIM_EXPORT CUresult cuStreamWaitEvent(CUstream stream_handle, CUevent handle, un
   (void)flags;
   auto event = find_event(s, handle);
   if (!event) return CUDA_ERROR_INVALID_HANDLE;
-  if (!s.captures.empty()) {
-    CUresult error = CUDA_SUCCESS;
-    const auto stream = resolve_stream(s, stream_handle, &error);
-    if (!stream) return error;
-    if (Capture* capture = capture_of(s, stream)) {  // (see Stream capture)
-      capture->invalidated = true;
-      return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    }
-  }
+  if (const CUresult refused = refuse_events_on_a_capture(s, stream_handle)) return refused;
   std::uint64_t target;
   {
     std::lock_guard event_lock(event->mutex);
