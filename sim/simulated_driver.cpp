@@ -358,7 +358,7 @@ CUresult queue_or_capture(State& s, const std::shared_ptr<SimStream>& stream, Si
     capture->operations.push_back(std::move(operation));
     return CUDA_SUCCESS;
   }
-  if (stream == stream->context()->legacy && !s.captures.empty()) {
+  if (stream == stream->context()->legacy) {
     if (const CUresult refused = check_captures(s, DuringCapture::legacy_stream_work, stream->context()))
       return refused;
   }
@@ -366,31 +366,30 @@ CUresult queue_or_capture(State& s, const std::shared_ptr<SimStream>& stream, Si
   return CUDA_SUCCESS;
 }
 
-// An event recorded or waited for on a capturing stream: refused here (the
-// simulated capture keeps one stream's work), and the capture ended.
+// Refuses a call that a capturing `stream` does not take, ending its capture:
+// a query or synchronisation of it, and here (which captures one stream's
+// work) events and stream-ordered allocations on it.
+CUresult refuse_on_a_capturing_stream(State& s, const std::shared_ptr<SimStream>& stream) {
+  Capture* capture = capture_of(s, stream);
+  if (!capture) return CUDA_SUCCESS;
+  capture->invalidated = true;
+  return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
+// An event recorded or waited for on the stream `handle` names.
 CUresult refuse_events_on_a_capture(State& s, CUstream handle) {
   if (s.captures.empty()) return CUDA_SUCCESS;
   CUresult error = CUDA_SUCCESS;
   const auto stream = resolve_stream(s, handle, &error);
-  if (!stream) return error;
-  if (Capture* capture = capture_of(s, stream)) {
-    capture->invalidated = true;
-    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-  }
-  return CUDA_SUCCESS;
+  return stream ? refuse_on_a_capturing_stream(s, stream) : error;
 }
 
-// A query or synchronisation of `stream`: of a capturing stream it is refused
-// and ends the capture; of the legacy stream it meets the captures' rules.
+// A query or synchronisation of `stream`; of the legacy stream it meets the
+// captures' rules.
 CUresult check_stream_use(State& s, const std::shared_ptr<SimStream>& stream) {
-  if (s.captures.empty()) return CUDA_SUCCESS;
-  if (Capture* capture = capture_of(s, stream)) {
-    capture->invalidated = true;
-    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-  }
-  if (stream == stream->context()->legacy)
-    return check_captures(s, DuringCapture::legacy_stream_query, stream->context());
-  return CUDA_SUCCESS;
+  if (const CUresult refused = refuse_on_a_capturing_stream(s, stream)) return refused;
+  if (stream != stream->context()->legacy) return CUDA_SUCCESS;
+  return check_captures(s, DuringCapture::legacy_stream_query, stream->context());
 }
 
 // Runs an operation on the legacy stream and waits for it: the synchronous
@@ -405,9 +404,7 @@ CUresult run_synchronously(State& s, std::unique_lock<std::mutex>& lock, CUdevic
     context = allocation->context;
   }
   auto stream = context->legacy;
-  if (!s.captures.empty()) {
-    if (const CUresult refused = check_captures(s, DuringCapture::legacy_stream_work, context)) return refused;
-  }
+  if (const CUresult refused = check_captures(s, DuringCapture::legacy_stream_work, context)) return refused;
   const auto ticket = submit(stream, std::move(operation));
   lock.unlock();
   stream->wait_for(ticket);
@@ -1211,7 +1208,7 @@ SIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* pointer, std::size_t si
   CUresult error = CUDA_SUCCESS;
   const auto stream = resolve_stream(s, stream_handle, &error);
   if (!stream) return error;
-  if (capture_of(s, stream)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;  // (see Stream capture)
+  if (const CUresult refused = refuse_on_a_capturing_stream(s, stream)) return refused;
   if (pool->device != context->device->ordinal) return CUDA_ERROR_INVALID_DEVICE;
   if (pool->imported_fd >= 0) return CUDA_ERROR_INVALID_VALUE;  // imported pools hand out nothing
   // Allocated at once: at least as ordered as the stream asks. A real pool
@@ -1239,7 +1236,7 @@ SIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr pointer, CUstream stream_handle) 
   CUresult error = CUDA_SUCCESS;
   auto stream = resolve_stream(s, stream_handle, &error);
   if (!stream) return error;
-  if (capture_of(s, stream)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;  // (see Stream capture)
+  if (const CUresult refused = refuse_on_a_capturing_stream(s, stream)) return refused;
   auto release = [](State& state_now, std::map<std::uintptr_t, Allocation>::iterator found) {
     if (MemoryPool* pool = found->second.pool) {
       pool->used -= found->second.arena_size;
