@@ -297,6 +297,8 @@ class PoolMemoryManager : public HostOnlyMemoryManager, public RawDeviceAllocato
   // A block let go on `stream` during the thread's capture that holds
   // `size` bytes, now the program's again; 0 where none.
   cuda::CUdeviceptr reused_captured_raw_block(std::size_t size, cuda::CUstream stream);
+  // The program's reference to a kept block at `address`, until its raw free.
+  void hold_for_the_program(cuda::CUdeviceptr address, const std::shared_ptr<MemoryPointer>& block);
   // True where `pointer` was such a block (and its reference is dropped);
   // `stream`: that of a stream-ordered free.
   bool let_go_of_captured_raw_block(cuda::CUdeviceptr pointer, std::size_t size,

@@ -214,9 +214,7 @@ void PoolMemoryManager::keep_captured_raw_block(cuda::CUdeviceptr address, std::
       return kept;
     });
     if (!captured) return;  // another thread's capture
-    std::lock_guard lock(captured_raw_mutex_);
-    captured_raw_.emplace(address, std::move(kept));
-    has_captured_raw_.store(true, std::memory_order_relaxed);
+    hold_for_the_program(address, kept);
   } catch (...) {
     if (!kept) core->deallocate(address, size_class);  // (no pointer frees it: as if the allocation had failed)
     throw;  // (else the pointer frees it once the GraphMemory goes)
@@ -229,14 +227,18 @@ cuda::CUdeviceptr PoolMemoryManager::reused_captured_raw_block(std::size_t size,
   const cuda::CUdeviceptr address = view->device_pointer();
   if (free_checker_) free_checker_->handed_out(address, size);  // (on failure the view goes: let go again)
   try {
-    std::lock_guard lock(captured_raw_mutex_);
-    captured_raw_.emplace(address, std::move(view));
-    has_captured_raw_.store(true, std::memory_order_relaxed);
+    hold_for_the_program(address, view);
   } catch (...) {
     if (free_checker_) (void)free_checker_->take_back(address, size);
     throw;
   }
   return address;
+}
+
+void PoolMemoryManager::hold_for_the_program(cuda::CUdeviceptr address, const std::shared_ptr<MemoryPointer>& block) {
+  std::lock_guard lock(captured_raw_mutex_);
+  captured_raw_.emplace(address, block);  // (a copy: where this throws, the caller's reference stands)
+  has_captured_raw_.store(true, std::memory_order_relaxed);
 }
 
 bool PoolMemoryManager::let_go_of_captured_raw_block(cuda::CUdeviceptr pointer, std::size_t size,
