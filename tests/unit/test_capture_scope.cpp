@@ -280,6 +280,20 @@ TEST(CaptureScope, ASecondCaptureReusesTheBlocksOfTheMemoryItShares) {
   }
 }
 
+// Runs `test` on a new pool, without and then with the record of frees
+// (PoolOptions::check_frees), which takes the raw interface's other path.
+template <typename Test>
+void with_and_without_the_record_of_frees(Context& context, Test&& test) {
+  for (const bool check_frees : {false, true}) {
+    SCOPED_TRACE(check_frees ? "with the record of frees" : "without the record");
+    PoolOptions options;
+    options.check_frees = check_frees;
+    PoolMemoryManager pool(&context, options);
+    pool.initialize();
+    test(pool);
+  }
+}
+
 // The pool's raw interface (allocate and deallocate, with a stream and
 // without) has no pointer objects: its blocks from a capturing thread are
 // kept all the same, a raw free only lets go of them, and they come back to
@@ -288,12 +302,7 @@ TEST(CaptureScope, ThePoolsRawBlocksAreKeptToo) {
   Context& context = current_context();
   ScopedContext scope(context);
   const Stream stream = context.create_stream(/*non_blocking=*/true);
-  for (const bool check_frees : {false, true}) {
-    SCOPED_TRACE(check_frees ? "with the record of frees" : "without the record");
-    PoolOptions options;
-    options.check_frees = check_frees;
-    PoolMemoryManager pool(&context, options);
-    pool.initialize();
+  with_and_without_the_record_of_frees(context, [&](PoolMemoryManager& pool) {
     std::vector<Freed> freed;
     std::shared_ptr<GraphMemory> memory;
     {
@@ -344,7 +353,7 @@ TEST(CaptureScope, ThePoolsRawBlocksAreKeptToo) {
       for (const Freed& block : freed) reused += other == block.address;
     EXPECT_GT(reused, 0u) << "the blocks never came back to the pool";
     EXPECT_EQ(pool.statistics().rejected_frees, 0u);
-  }
+  });
 }
 
 // A stream-ordered raw free during the capture lets the thread's later
@@ -358,12 +367,7 @@ TEST(CaptureScope, ThePoolsRawBlocksLetGoOnAStreamServeItsLaterRequests) {
   ScopedContext scope(context);
   const Stream first = context.create_stream(/*non_blocking=*/true);
   const Stream second = context.create_stream(/*non_blocking=*/true);
-  for (const bool check_frees : {false, true}) {
-    SCOPED_TRACE(check_frees ? "with the record of frees" : "without the record");
-    PoolOptions options;
-    options.check_frees = check_frees;
-    PoolMemoryManager pool(&context, options);
-    pool.initialize();
+  with_and_without_the_record_of_frees(context, [&](PoolMemoryManager& pool) {
     std::shared_ptr<GraphMemory> memory;
     cuda::CUdeviceptr a = 0;
     {
@@ -399,7 +403,7 @@ TEST(CaptureScope, ThePoolsRawBlocksLetGoOnAStreamServeItsLaterRequests) {
     }
     // (The blocks the program still holds go back with the pool.)
     EXPECT_EQ(pool.statistics().rejected_frees, 0u);
-  }
+  });
 }
 
 // MemoryPointer::free() releases at once whatever keeps the pointer: the
