@@ -45,7 +45,7 @@
   X(cuMemPoolImportPointer)                                                     \
   X(cuMemExportToShareableHandle)                                              \
   X(cuMemImportFromShareableHandle)                                            \
-  X(cuStreamBeginCapture) X(cuStreamEndCapture)         \
+  X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamIsCapturing)         \
   X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy)
 
 namespace cuemm::sim {

@@ -1898,6 +1898,19 @@ SIM_EXPORT CUresult cuStreamEndCapture(CUstream handle, CUgraph* out) {
   return CUDA_SUCCESS;
 }
 
+SIM_EXPORT CUresult cuStreamIsCapturing(CUstream handle, int* status) {
+  SIM_BEGIN(cuStreamIsCapturing);
+  if (!status) return CUDA_ERROR_INVALID_VALUE;
+  CUresult error = CUDA_SUCCESS;
+  const auto stream = resolve_stream(s, handle, &error);
+  if (!stream) return error;
+  const auto found = s.captures.find(stream.get());
+  *status = found == s.captures.end()     ? CU_STREAM_CAPTURE_STATUS_NONE
+            : found->second.invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                                        : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  return CUDA_SUCCESS;
+}
+
 SIM_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec* out, CUgraph handle, unsigned long long flags) {
   SIM_BEGIN(cuGraphInstantiate);
   const auto found = s.graphs.find(reinterpret_cast<Graph*>(handle));

@@ -14,6 +14,7 @@
 #include "cuemm/runtime/context.hpp"
 #include "cuemm/runtime/device.hpp"
 #include "cuemm/runtime/device_array.hpp"
+#include "cuemm/runtime/graph.hpp"
 #include "cuemm/runtime/module.hpp"
 #include "cuemm/runtime/stream.hpp"
 #include "cuemm/driver/simulation.hpp"

@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <future>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -628,6 +630,187 @@ TEST_F(CapturedGraph, AGraphThatReusesItsRawBlocksOnItsStreamComputesEveryStep) 
         << "step " << step;
     pool.deallocate(outputs[step], kWords, stream->handle());
   }
+}
+
+
+// --- capture_graph: the capture, its scope and its memory in one call ---
+
+// The status of the capture on `stream` (CU_STREAM_CAPTURE_STATUS_*).
+int capture_status(const Stream& stream) {
+  int status = -1;
+  CUEMM_CU(cuStreamIsCapturing, stream.handle(), &status);
+  return status;
+}
+
+// Scratch blocks that the recording lets go of at once stay the Graph's: its
+// launches compute every output, later requests land elsewhere while it
+// lives, and its memory goes with it.
+TEST_F(CapturedGraph, ACapturedGraphHoldsItsScratchBlocksAndComputesOnEveryLaunch) {
+  SCOPED_TRACE(manager_name());
+  constexpr int kSteps = 12;
+  const Function fill = module->function("cuemm_fill_u32");
+  const Function add = module->function("cuemm_add_u32");
+  std::vector<std::shared_ptr<MemoryPointer>> outputs;
+  for (int i = 0; i < kSteps; ++i) outputs.push_back(context.memalloc(words_of(i) * 4));
+  std::vector<Freed> scratch;
+  Graph graph = capture_graph(*stream, [&](const Stream& recording) {
+    EXPECT_TRUE(context.capturing());
+    for (int i = 0; i < kSteps; ++i) {
+      auto block = context.memalloc(words_of(i) * 4);
+      const auto words = static_cast<std::uint64_t>(words_of(i));
+      fill.launch({64}, {256}, recording, block->device_pointer(), 0xB00u + i, words);
+      add.launch({64}, {256}, recording, block->device_pointer(), 1u, words);
+      CUEMM_CU(cuMemcpyDtoDAsync, outputs[i]->device_pointer(), block->device_pointer(), words * 4, recording.handle());
+      scratch.push_back({block->handle(), block->size(), 0});
+    }  // (each let go at once)
+  });
+  EXPECT_FALSE(context.capturing());
+  EXPECT_EQ(capture_status(*stream), cuda::CU_STREAM_CAPTURE_STATUS_NONE);
+  ASSERT_TRUE(graph.memory());
+  EXPECT_EQ(graph.memory()->blocks(), std::size_t{kSteps});
+  EXPECT_EQ(graph.memory()->blocks_freed_by_the_program(), std::size_t{kSteps});
+  const auto taken = churn(context, scratch);
+  for (const Freed& block : scratch)
+    for (const auto& other : taken)
+      ASSERT_FALSE(overlap(*other, block.address, block.size))
+          << "a scratch block (" << block.size << " bytes) served another request while its Graph lived";
+  for (int launch = 0; launch < 3; ++launch) {
+    for (const auto& output : outputs) output->memset(0);
+    graph.launch(*stream);
+    stream->synchronize();
+    for (int i = 0; i < kSteps; ++i) {
+      const auto bytes = read_back(outputs[i]);
+      std::vector<std::uint32_t> words(bytes.size() / 4);
+      std::memcpy(words.data(), bytes.data(), bytes.size());
+      ASSERT_EQ(std::count(words.begin(), words.end(), 0xB01u + i), static_cast<std::ptrdiff_t>(words.size()))
+          << "launch " << launch << ", output " << i;
+    }
+  }
+  // Moved, the graph still runs; its memory goes with its last holder.
+  std::weak_ptr<GraphMemory> memory = graph.memory();
+  {
+    Graph moved = std::move(graph);
+    EXPECT_THROW(graph.launch(*stream), StateError);  // NOLINT(bugprone-use-after-move): the case under test
+    moved.launch(*stream);
+    stream->synchronize();
+  }
+  EXPECT_TRUE(memory.expired()) << "the Graph's memory outlived it";
+  context.memory_manager().get_memory_info();  // (still consistent)
+}
+
+// CaptureOptions: a recording that reuses its scratch blocks in capture
+// order, and a second graph that shares the first one's memory.
+TEST_F(CapturedGraph, GraphsLaunchedInTurnMayReuseAndShareTheirMemory) {
+  SCOPED_TRACE(manager_name());
+  constexpr int kSteps = 16;
+  constexpr std::size_t kWords = std::size_t{1} << 14;
+  const Function fill = module->function("cuemm_fill_u32");
+  std::vector<std::shared_ptr<MemoryPointer>> outputs;
+  for (int i = 0; i < 2 * kSteps; ++i) outputs.push_back(context.memalloc(kWords * 4));
+  auto steps = [&](int first) {
+    return [&, first](const Stream& recording) {
+      for (int i = first; i < first + kSteps; ++i) {
+        auto scratch = context.memalloc(kWords * 4 - 256 * (i % 3));
+        fill.launch({64}, {256}, recording, scratch->device_pointer(), 0xC00u + i, static_cast<std::uint64_t>(kWords / 2));
+        CUEMM_CU(cuMemcpyDtoDAsync, outputs[i]->device_pointer(), scratch->device_pointer(), kWords * 2,
+                 recording.handle());
+      }
+    };
+  };
+  CaptureOptions options;
+  options.reuse = CaptureScope::Reuse::in_capture_order;
+  const Graph first = capture_graph(*stream, steps(0), options);
+  EXPECT_EQ(first.memory()->reuses(), std::size_t{kSteps - 1}) << "each step's scratch block serves the next";
+  options.shared_memory = first.memory();
+  const Graph second = capture_graph(*stream, steps(kSteps), options);
+  EXPECT_EQ(second.memory(), first.memory());
+  EXPECT_EQ(first.memory()->reuses(), std::size_t{2 * kSteps - 1}) << "the second graph reused the first one's block";
+  EXPECT_EQ(first.memory()->blocks(), 1u);
+  for (int launch = 0; launch < 2; ++launch) {
+    for (const auto& output : outputs) output->memset(0);
+    first.launch(*stream);
+    second.launch(*stream);
+    stream->synchronize();
+    for (int i = 0; i < 2 * kSteps; ++i) {
+      std::vector<std::uint32_t> words(kWords / 2);
+      CUEMM_CU(cuMemcpyDtoH, words.data(), outputs[i]->device_pointer(), kWords * 2);
+      ASSERT_EQ(std::count(words.begin(), words.end(), 0xC00u + i), static_cast<std::ptrdiff_t>(words.size()))
+          << "launch " << launch << ", step " << i;
+    }
+  }
+}
+
+// An exception from the recording ends the capture before it propagates:
+// the stream takes work again, the scope is closed, and nothing leaks.
+TEST_F(CapturedGraph, AnExceptionWhileRecordingEndsTheCaptureAndPropagates) {
+  SCOPED_TRACE(manager_name());
+  const Function fill = module->function("cuemm_fill_u32");
+  auto block = context.memalloc(4096);
+  std::weak_ptr<MemoryPointer> scratch;
+  try {
+    capture_graph(*stream, [&](const Stream& recording) {
+      auto temporary = context.memalloc(8192);
+      scratch = temporary;
+      fill.launch({4}, {256}, recording, temporary->device_pointer(), 7u, std::uint64_t{2048});
+      throw std::runtime_error("the recording failed");
+    });
+    FAIL() << "capture_graph swallowed the recording's exception";
+  } catch (const std::runtime_error& error) {
+    EXPECT_STREQ(error.what(), "the recording failed");
+  }
+  EXPECT_FALSE(context.capturing());
+  EXPECT_EQ(capture_status(*stream), cuda::CU_STREAM_CAPTURE_STATUS_NONE);
+  EXPECT_TRUE(scratch.expired()) << "the failed capture's block was kept";
+  fill.launch({4}, {256}, *stream, block->device_pointer(), 0x5A5Au, std::uint64_t{1024});
+  stream->synchronize();
+  std::vector<std::uint32_t> words(1024);
+  CUEMM_CU(cuMemcpyDtoH, words.data(), block->device_pointer(), 4096);
+  EXPECT_EQ(std::count(words.begin(), words.end(), 0x5A5Au), 1024);
+}
+
+// A call that the capture forbids ends it; capture_graph says so rather
+// than hand back a graph, and leaves the stream usable.
+TEST_F(CapturedGraph, ACaptureThatAForbiddenCallEndedIsAClearError) {
+  SCOPED_TRACE(manager_name());
+  try {
+    capture_graph(*stream, [&](const Stream&) {
+      EXPECT_NE(CUEMM_CU_RESULT(cuCtxSynchronize), cuda::CUDA_SUCCESS) << "the driver let a capture synchronise";
+    });
+    FAIL() << "capture_graph returned a graph from an ended capture";
+  } catch (const CudaError& error) {
+    EXPECT_EQ(error.code(), cuda::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    EXPECT_NE(std::string(error.what()).find("forbids"), std::string::npos) << error.what();
+  }
+  EXPECT_FALSE(context.capturing());
+  EXPECT_EQ(capture_status(*stream), cuda::CU_STREAM_CAPTURE_STATUS_NONE);
+  stream->synchronize();
+}
+
+// The driver does not capture the legacy default stream: an error that says
+// so, before anything begins. The per-thread default stream captures.
+TEST_F(CapturedGraph, TheLegacyStreamIsRefusedAndThePerThreadStreamCaptures) {
+  SCOPED_TRACE(manager_name());
+  for (const Stream& legacy : {Stream(), Stream::legacy_default()}) {
+    try {
+      capture_graph(legacy, [](const Stream&) { ADD_FAILURE() << "recorded on the legacy stream"; });
+      FAIL() << "the legacy stream was captured";
+    } catch (const InvalidArgument& error) {
+      EXPECT_NE(std::string(error.what()).find("legacy default stream"), std::string::npos) << error.what();
+    }
+    EXPECT_FALSE(context.capturing());
+  }
+  const Stream per_thread = Stream::per_thread_default();
+  auto output = context.memalloc(4096);
+  const Function fill = module->function("cuemm_fill_u32");
+  const Graph graph = capture_graph(per_thread, [&](const Stream& recording) {
+    fill.launch({4}, {256}, recording, output->device_pointer(), 0x77u, std::uint64_t{1024});
+  });
+  output->memset(0);
+  graph.launch(per_thread);
+  per_thread.synchronize();
+  std::vector<std::uint32_t> words(1024);
+  CUEMM_CU(cuMemcpyDtoH, words.data(), output->device_pointer(), 4096);
+  EXPECT_EQ(std::count(words.begin(), words.end(), 0x77u), 1024);
 }
 
 }  // namespace

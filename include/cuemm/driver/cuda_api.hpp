@@ -177,6 +177,10 @@ inline constexpr unsigned CU_STREAM_NON_BLOCKING = 0x1;
 inline constexpr int CU_STREAM_CAPTURE_MODE_GLOBAL = 0;
 inline constexpr int CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1;
 inline constexpr int CU_STREAM_CAPTURE_MODE_RELAXED = 2;
+// CUstreamCaptureStatus (cuStreamIsCapturing).
+inline constexpr int CU_STREAM_CAPTURE_STATUS_NONE = 0;
+inline constexpr int CU_STREAM_CAPTURE_STATUS_ACTIVE = 1;
+inline constexpr int CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2;
 inline constexpr unsigned CU_EVENT_DEFAULT = 0x0;
 inline constexpr unsigned CU_EVENT_BLOCKING_SYNC = 0x1;
 inline constexpr unsigned CU_EVENT_DISABLE_TIMING = 0x2;
@@ -260,6 +264,7 @@ inline bool is_default_stream(CUstream stream) noexcept {
   X(cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode", (int* mode))           \
   X(cuStreamBeginCapture, "cuStreamBeginCapture_v2", (CUstream stream, int mode))                  \
   X(cuStreamEndCapture, "cuStreamEndCapture", (CUstream stream, CUgraph* graph))                   \
+  X(cuStreamIsCapturing, "cuStreamIsCapturing", (CUstream stream, int* status))                    \
   X(cuGraphInstantiate, "cuGraphInstantiateWithFlags",                                             \
     (CUgraphExec * exec, CUgraph graph, unsigned long long flags))                                 \
   X(cuGraphLaunch, "cuGraphLaunch", (CUgraphExec exec, CUstream stream))                           \
