@@ -110,13 +110,22 @@ struct Context {
   std::set<std::shared_ptr<SimStream>> streams;  // created and per-thread streams
 };
 
-// A stream capture under way (cuStreamBeginCapture): the work queued on the
-// stream is kept for a graph instead of run.
+// A stream capture under way (cuStreamBeginCapture): the work queued on its
+// streams is kept for a graph instead of run. Other streams join it by
+// waiting for an event recorded on one of its streams, and must be joined
+// back (the origin, or another of its streams, waits for an event recorded
+// after their last work) before it ends. Its operations are kept in the
+// order they were queued, which respects every dependency among them: a
+// graph's launch runs them in that order.
 struct Capture {
   int mode = 0;  // CU_STREAM_CAPTURE_MODE_*
   std::thread::id thread;
+  SimStream* origin = nullptr;
   bool invalidated = false;
   std::vector<SimStream::Operation> operations;
+  // Streams besides the origin whose latest work has not been joined back:
+  // the number of operations captured up to and including it.
+  std::map<SimStream*, std::size_t> unjoined;
 };
 
 // A captured graph (CUgraph), or one instantiated (CUgraphExec): its
@@ -141,7 +150,7 @@ struct State {
   std::map<MemoryPool*, std::unique_ptr<MemoryPool>> pools;
   std::map<std::uintptr_t, std::size_t> reservations;  // cuMemAddressReserve: base -> bytes
   std::map<std::uint64_t, PhysicalMemory> physical;    // cuMemCreate handles
-  std::map<SimStream*, Capture> captures;              // by capturing stream
+  std::map<SimStream*, std::shared_ptr<Capture>> captures;  // by stream: its origin and the streams joined to it
   std::map<Graph*, std::unique_ptr<Graph>> graphs;
   std::map<Graph*, std::unique_ptr<Graph>> executables;
   std::uint64_t next_physical_handle = 1;

@@ -293,10 +293,12 @@ bool would_run_at_once(const std::shared_ptr<SimStream>& stream) {
 // Work queued on a capturing stream is kept for its graph instead of run.
 // What a capture under way makes of other calls follows the H100
 // (bench/probes/probe_capture.cpp; docs/pool-measurements.md): a call that
-// the capture forbids is refused and ends (invalidates) it. The simulated
-// driver captures one stream's work: events recorded on a capturing stream
-// (which would join other streams to it) and stream-ordered allocations on
-// it are refused.
+// the capture forbids is refused and ends (invalidates) it. An event
+// recorded on a capturing stream forks the capture to the streams that wait
+// for it, and joins them back where a stream of the capture waits for an
+// event recorded on them (Capture). Stream-ordered allocations on a capturing
+// stream (the driver's graph memory nodes) are refused, as are waits there
+// for events recorded outside the capture.
 
 thread_local int thread_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;  // cuThreadExchangeStreamCaptureMode
 
@@ -312,7 +314,8 @@ enum class DuringCapture {
 CUresult check_captures(State& s, DuringCapture call, const Context* context = nullptr) {
   CUresult result = CUDA_SUCCESS;
   const auto self = std::this_thread::get_id();
-  for (auto& [stream, capture] : s.captures) {
+  for (auto& [stream, shared] : s.captures) {
+    Capture& capture = *shared;
     const bool beside_legacy = stream->blocking() && stream->context() == context;
     CUresult refused = CUDA_SUCCESS;
     switch (call) {
@@ -348,14 +351,20 @@ CUresult check_captures(State& s, DuringCapture call, const Context* context = n
 
 Capture* capture_of(State& s, const std::shared_ptr<SimStream>& stream) {
   const auto found = s.captures.find(stream.get());
-  return found == s.captures.end() ? nullptr : &found->second;
+  return found == s.captures.end() ? nullptr : found->second.get();
 }
+
+// The capture under way that `event` was last recorded in; null where it was
+// recorded outside one, or its capture has ended (only the map of captures
+// under way owns them). Call with the event's mutex held.
+std::shared_ptr<Capture> live_capture_of(const SimEvent& event) { return event.capture.lock(); }
 
 // Queues `operation` on `stream`, or keeps it for the stream's capture; work
 // on the legacy stream first meets the captures' rules.
 CUresult queue_or_capture(State& s, const std::shared_ptr<SimStream>& stream, SimStream::Operation operation) {
   if (Capture* capture = capture_of(s, stream)) {
     capture->operations.push_back(std::move(operation));
+    if (stream.get() != capture->origin) capture->unjoined[stream.get()] = capture->operations.size();
     return CUDA_SUCCESS;
   }
   if (stream == stream->context()->legacy) {
@@ -367,21 +376,12 @@ CUresult queue_or_capture(State& s, const std::shared_ptr<SimStream>& stream, Si
 }
 
 // Refuses a call that a capturing `stream` does not take, ending its capture:
-// a query or synchronisation of it, and here (which captures one stream's
-// work) events and stream-ordered allocations on it.
+// a query or synchronisation of it, and here stream-ordered allocations on it.
 CUresult refuse_on_a_capturing_stream(State& s, const std::shared_ptr<SimStream>& stream) {
   Capture* capture = capture_of(s, stream);
   if (!capture) return CUDA_SUCCESS;
   capture->invalidated = true;
   return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-}
-
-// An event recorded or waited for on the stream `handle` names.
-CUresult refuse_events_on_a_capture(State& s, CUstream handle) {
-  if (s.captures.empty()) return CUDA_SUCCESS;
-  CUresult error = CUDA_SUCCESS;
-  const auto stream = resolve_stream(s, handle, &error);
-  return stream ? refuse_on_a_capturing_stream(s, stream) : error;
 }
 
 // A query or synchronisation of `stream`; of the legacy stream it meets the
@@ -1753,12 +1753,23 @@ SIM_EXPORT CUresult cuEventRecord(CUevent handle, CUstream stream_handle) {
   SIM_BEGIN(cuEventRecord);
   auto event = find_event(s, handle);
   if (!event) return CUDA_ERROR_INVALID_HANDLE;
-  if (const CUresult refused = refuse_events_on_a_capture(s, stream_handle)) return refused;
+  CUresult error = CUDA_SUCCESS;
+  const auto stream = resolve_stream(s, stream_handle, &error);
+  if (!stream) return error;
+  if (Capture* capture = capture_of(s, stream)) {
+    // A point in the capture for other streams to fork from or join at; nothing runs for it.
+    std::lock_guard event_lock(event->mutex);
+    event->capture = s.captures.at(stream.get());
+    event->captured_on = stream.get();
+    event->captured_at = capture->operations.size();
+    return CUDA_SUCCESS;
+  }
   std::uint64_t generation;
   {
     std::lock_guard event_lock(event->mutex);
     generation = ++event->recorded;
     event->context_points.clear();
+    event->capture.reset();
   }
   return run_on_stream(s, stream_handle, [event, generation] {
     std::lock_guard event_lock(event->mutex);
@@ -1818,6 +1829,7 @@ SIM_EXPORT CUresult cuEventQuery(CUevent handle) {
   if (!event) return CUDA_ERROR_INVALID_HANDLE;
   if (const CUresult refused = check_captures(s, DuringCapture::potentially_unsafe)) return refused;
   std::lock_guard event_lock(event->mutex);
+  if (live_capture_of(*event)) return CUDA_ERROR_CAPTURED_EVENT;
   event->settle_context_record();
   return event->completed >= event->recorded ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
@@ -1827,12 +1839,13 @@ SIM_EXPORT CUresult cuEventSynchronize(CUevent handle) {
   auto event = find_event(s, handle);
   if (!event) return CUDA_ERROR_INVALID_HANDLE;
   if (const CUresult refused = check_captures(s, DuringCapture::potentially_unsafe)) return refused;
-  lock.unlock();
   std::uint64_t target;
   {
     std::lock_guard event_lock(event->mutex);
+    if (live_capture_of(*event)) return CUDA_ERROR_CAPTURED_EVENT;
     target = event->recorded;
   }
+  lock.unlock();
   await_context_record(event, target);
   std::unique_lock event_lock(event->mutex);
   event->done.wait(event_lock, [&] { return event->completed >= target; });
@@ -1844,12 +1857,42 @@ SIM_EXPORT CUresult cuStreamWaitEvent(CUstream stream_handle, CUevent handle, un
   (void)flags;
   auto event = find_event(s, handle);
   if (!event) return CUDA_ERROR_INVALID_HANDLE;
-  if (const CUresult refused = refuse_events_on_a_capture(s, stream_handle)) return refused;
+  CUresult error = CUDA_SUCCESS;
+  const auto stream = resolve_stream(s, stream_handle, &error);
+  if (!stream) return error;
+  std::shared_ptr<Capture> captured;
+  SimStream* captured_on = nullptr;
+  std::size_t captured_at = 0;
   std::uint64_t target;
   {
     std::lock_guard event_lock(event->mutex);
+    captured = live_capture_of(*event);
+    captured_on = event->captured_on;
+    captured_at = event->captured_at;
     target = event->recorded;
   }
+  Capture* mine = capture_of(s, stream);
+  if (captured) {
+    if (mine && mine != captured.get()) {
+      mine->invalidated = true;  // (two captures may not depend on each other)
+      return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+    }
+    if (stream == stream->context()->legacy) {
+      captured->invalidated = true;
+      return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    }
+    if (!mine) s.captures[stream.get()] = captured;  // a fork: the stream joins the capture
+    // The stream now depends on the capture's work up to the event; what it
+    // waited for is joined into it. A stream besides the origin must itself
+    // be joined back later.
+    if (captured_on != stream.get()) {
+      const auto waited = captured->unjoined.find(captured_on);
+      if (waited != captured->unjoined.end() && waited->second <= captured_at) captured->unjoined.erase(waited);
+    }
+    if (stream.get() != captured->origin) captured->unjoined[stream.get()] = captured->operations.size();
+    return CUDA_SUCCESS;
+  }
+  if (const CUresult refused = refuse_on_a_capturing_stream(s, stream)) return refused;  // an event from outside it
   return run_on_stream(s, stream_handle, [event, target] {
     await_context_record(event, target);
     std::unique_lock event_lock(event->mutex);
@@ -1857,7 +1900,7 @@ SIM_EXPORT CUresult cuStreamWaitEvent(CUstream stream_handle, CUevent handle, un
   });
 }
 
-// --- Graphs: captured from one stream (see Stream capture) ------------------------
+// --- Graphs: captured from streams (see Stream capture) ----------------------------
 
 SIM_EXPORT CUresult cuStreamBeginCapture_v2(CUstream handle, int mode) {
   SIM_BEGIN(cuStreamBeginCapture);
@@ -1867,9 +1910,11 @@ SIM_EXPORT CUresult cuStreamBeginCapture_v2(CUstream handle, int mode) {
   if (!stream) return error;
   if (stream == stream->context()->legacy) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   if (capture_of(s, stream)) return CUDA_ERROR_ILLEGAL_STATE;
-  Capture& capture = s.captures[stream.get()];
-  capture.mode = mode;
-  capture.thread = std::this_thread::get_id();
+  auto capture = std::make_shared<Capture>();
+  capture->mode = mode;
+  capture->thread = std::this_thread::get_id();
+  capture->origin = stream.get();
+  s.captures[stream.get()] = std::move(capture);
   return CUDA_SUCCESS;
 }
 
@@ -1881,18 +1926,18 @@ SIM_EXPORT CUresult cuStreamEndCapture(CUstream handle, CUgraph* out) {
   if (!stream) return error;
   const auto found = s.captures.find(stream.get());
   if (found == s.captures.end()) return CUDA_ERROR_ILLEGAL_STATE;
-  Capture& capture = found->second;
-  if (capture.mode != CU_STREAM_CAPTURE_MODE_RELAXED && capture.thread != std::this_thread::get_id())
+  const std::shared_ptr<Capture> capture = found->second;
+  if (capture->origin != stream.get()) return CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
+  if (capture->mode != CU_STREAM_CAPTURE_MODE_RELAXED && capture->thread != std::this_thread::get_id())
     return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
   *out = nullptr;
-  if (capture.invalidated) {
-    s.captures.erase(found);
-    return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-  }
+  // Ends for every stream of it, whatever the outcome.
+  std::erase_if(s.captures, [&](const auto& entry) { return entry.second == capture; });
+  if (capture->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  if (!capture->unjoined.empty()) return CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
   auto graph = std::make_unique<Graph>();
   graph->context = stream->context();
-  graph->operations = std::move(capture.operations);
-  s.captures.erase(found);
+  graph->operations = std::move(capture->operations);
   *out = reinterpret_cast<CUgraph>(graph.get());
   s.graphs.emplace(graph.get(), std::move(graph));
   return CUDA_SUCCESS;
@@ -1905,9 +1950,9 @@ SIM_EXPORT CUresult cuStreamIsCapturing(CUstream handle, int* status) {
   const auto stream = resolve_stream(s, handle, &error);
   if (!stream) return error;
   const auto found = s.captures.find(stream.get());
-  *status = found == s.captures.end()     ? CU_STREAM_CAPTURE_STATUS_NONE
-            : found->second.invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
-                                        : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  *status = found == s.captures.end()      ? CU_STREAM_CAPTURE_STATUS_NONE
+            : found->second->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                                         : CU_STREAM_CAPTURE_STATUS_ACTIVE;
   return CUDA_SUCCESS;
 }
 

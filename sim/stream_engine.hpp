@@ -116,6 +116,8 @@ class SimStream {
 // An event completes when the stream reaches the point where it was recorded;
 // one recorded for a whole context (cuCtxRecordEvent), once every stream has
 // reached the point where it stood at the record.
+struct Capture;
+
 struct SimEvent {
   explicit SimEvent(Context* context, unsigned flags) : context(context), flags(flags) {}
   Context* context;
@@ -125,6 +127,11 @@ struct SimEvent {
   std::uint64_t recorded = 0;   // generation of the latest record
   std::uint64_t completed = 0;  // generation the stream has reached
   std::chrono::steady_clock::time_point time{};
+  // Last recorded on a capturing stream: the capture, the stream and how
+  // many operations the capture held then (a wait for it joins that point).
+  std::weak_ptr<Capture> capture;
+  SimStream* captured_on = nullptr;
+  std::size_t captured_at = 0;
   // A context-wide record's generation and the streams' points it waits for
   // (no stream runs an operation for it: whoever looks settles it).
   std::uint64_t context_generation = 0;

@@ -813,5 +813,54 @@ TEST_F(CapturedGraph, TheLegacyStreamIsRefusedAndThePerThreadStreamCaptures) {
   EXPECT_EQ(std::count(words.begin(), words.end(), 0x77u), 1024);
 }
 
+// A graph captured on two streams (the second forked through an event and
+// joined back): a raw block let go on one stream serves that stream's later
+// request, never the other stream's, whose work may run beside it.
+TEST_F(CapturedGraph, AGraphOfTwoStreamsReusesRawBlocksOnlyOnTheStreamThatLetThemGo) {
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  const Stream side = context.create_stream(/*non_blocking=*/true);
+  const Event fork = context.create_event(/*timing=*/false);
+  const Event join = context.create_event(/*timing=*/false);
+  constexpr std::size_t kWords = std::size_t{1} << 16;
+  constexpr std::size_t kBytes = kWords * 4;
+  const Function fill = module->function("cuemm_fill_u32");
+  std::vector<cuda::CUdeviceptr> outputs;
+  for (int i = 0; i < 3; ++i) outputs.push_back(pool.allocate(kBytes, stream->handle()));
+  cuda::CUdeviceptr on_origin = 0, on_side = 0, again_on_origin = 0;
+  // Fills a raw block on `on`, copies it into the output `i` and lets the block go there.
+  auto step = [&](const Stream& on, int i) {
+    const cuda::CUdeviceptr scratch = pool.allocate(kBytes, on.handle());
+    fill.launch({64}, {256}, on, scratch, 0xE00u + i, static_cast<std::uint64_t>(kWords));
+    CUEMM_CU(cuMemcpyDtoDAsync, outputs[i], scratch, kBytes, on.handle());
+    pool.deallocate(scratch, kBytes, on.handle());
+    return scratch;
+  };
+  const Graph graph = capture_graph(*stream, [&](const Stream& recording) {
+    on_origin = step(recording, 0);
+    fork.record(recording);
+    side.wait_event(fork);
+    on_side = step(side, 1);
+    again_on_origin = step(recording, 2);
+    join.record(side);
+    recording.wait_event(join);
+  });
+  EXPECT_NE(on_side, on_origin) << "a block let go on one stream of the capture served another";
+  EXPECT_EQ(again_on_origin, on_origin) << "a block let go on a stream did not serve its next request";
+  EXPECT_EQ(graph.memory()->reuses(), 1u);
+  for (int launch = 0; launch < 3; ++launch) {
+    for (const cuda::CUdeviceptr output : outputs) CUEMM_CU(cuMemsetD8, output, 0, kBytes);
+    graph.launch(*stream);
+    stream->synchronize();
+    for (int i = 0; i < 3; ++i) {
+      std::vector<std::uint32_t> words(kWords);
+      CUEMM_CU(cuMemcpyDtoH, words.data(), outputs[i], kBytes);
+      ASSERT_EQ(std::count(words.begin(), words.end(), 0xE00u + i), static_cast<std::ptrdiff_t>(kWords))
+          << "launch " << launch << ", output " << i;
+    }
+  }
+  for (const cuda::CUdeviceptr output : outputs) pool.deallocate(output, kBytes, stream->handle());
+}
+
 }  // namespace
 }  // namespace cuemm

@@ -314,3 +314,79 @@ TEST(Driver, ACaptureRefusesAndEndsOnTheCallsTheH100Refuses) {
   CUEMM_CU(cuGraphDestroy, graph);
   CUEMM_CU(cuEventDestroy, event);
 }
+
+// A capture that forks to a second stream through an event and joins it back
+// through another, as multi-stream graphs are captured: the second stream
+// belongs to the capture between the two, the capture ends only once every
+// stream is joined back (and only on its first stream), an event recorded in
+// it is no event to query, and the graph runs both streams' work in order.
+TEST(Driver, ACaptureForksToAStreamThatWaitsForItsEventAndEndsOnceJoined) {
+  const auto& api = driver::Driver::get().api();
+  if (!api.cuStreamBeginCapture || !api.cuGraphInstantiate || !api.cuStreamIsCapturing)
+    GTEST_SKIP() << "needs a driver that captures graphs (CUDA 11.4)";
+  Context& context = current_context();
+  ScopedContext scope(context);
+  const Stream origin = context.create_stream(/*non_blocking=*/true);
+  const Stream side = context.create_stream(/*non_blocking=*/true);
+  cuda::CUevent fork = nullptr, join = nullptr;
+  CUEMM_CU(cuEventCreate, &fork, cuda::CU_EVENT_DISABLE_TIMING);
+  CUEMM_CU(cuEventCreate, &join, cuda::CU_EVENT_DISABLE_TIMING);
+  const auto status = [](const Stream& stream) {
+    int value = -1;
+    CUEMM_CU(cuStreamIsCapturing, stream.handle(), &value);
+    return value;
+  };
+  constexpr std::uint64_t kCount = 256;
+  DeviceArray<std::uint32_t> first(kCount, context), second(kCount, context), copied(kCount, context);
+  for (const auto* words : {&first, &second, &copied}) CUEMM_CU(cuMemsetD32, words->device_pointer(), 0u, kCount);
+  const Module module = context.load_module(cuemm::testing::test_kernels_ptx());
+  const Function add = module.function("cuemm_add_u32");
+  const Function fill = module.function("cuemm_fill_u32");
+  const auto fork_to_side = [&] {
+    CUEMM_CU(cuStreamBeginCapture, origin.handle(), cuda::CU_STREAM_CAPTURE_MODE_GLOBAL);
+    add.launch({1}, {256}, origin, first.device_pointer(), 3u, kCount);
+    CUEMM_CU(cuEventRecord, fork, origin.handle());
+    EXPECT_EQ(status(side), cuda::CU_STREAM_CAPTURE_STATUS_NONE);
+    CUEMM_CU(cuStreamWaitEvent, side.handle(), fork, 0);
+    EXPECT_EQ(status(side), cuda::CU_STREAM_CAPTURE_STATUS_ACTIVE) << "waiting for a captured event did not fork";
+    fill.launch({1}, {256}, side, second.device_pointer(), 7u, kCount);
+  };
+
+  // Not joined back: no graph, and neither stream captures any longer.
+  fork_to_side();
+  cuda::CUgraph graph = nullptr;
+  EXPECT_EQ(CUEMM_CU_RESULT(cuStreamEndCapture, origin.handle(), &graph), cuda::CUDA_ERROR_STREAM_CAPTURE_UNJOINED);
+  EXPECT_EQ(graph, nullptr);
+  EXPECT_EQ(status(origin), cuda::CU_STREAM_CAPTURE_STATUS_NONE);
+  EXPECT_EQ(status(side), cuda::CU_STREAM_CAPTURE_STATUS_NONE);
+
+  // Joined back: the capture ends on its first stream only.
+  fork_to_side();
+  {
+    int relaxed = cuda::CU_STREAM_CAPTURE_MODE_RELAXED;
+    CUEMM_CU(cuThreadExchangeStreamCaptureMode, &relaxed);
+    EXPECT_NE(CUEMM_CU_RESULT(cuEventQuery, fork), cuda::CUDA_SUCCESS) << "a captured event was queried";
+    CUEMM_CU(cuThreadExchangeStreamCaptureMode, &relaxed);
+  }
+  EXPECT_NE(CUEMM_CU_RESULT(cuStreamEndCapture, side.handle(), &graph), cuda::CUDA_SUCCESS)
+      << "a capture ended on a stream that it forked to";
+  CUEMM_CU(cuEventRecord, join, side.handle());
+  CUEMM_CU(cuStreamWaitEvent, origin.handle(), join, 0);
+  CUEMM_CU(cuMemcpyDtoDAsync, copied.device_pointer(), second.device_pointer(), kCount * 4, origin.handle());
+  ASSERT_EQ(CUEMM_CU_RESULT(cuStreamEndCapture, origin.handle(), &graph), cuda::CUDA_SUCCESS);
+  EXPECT_EQ(status(side), cuda::CU_STREAM_CAPTURE_STATUS_NONE);
+  EXPECT_EQ(first.copy_to_host(), std::vector<std::uint32_t>(kCount, 0u)) << "the capture ran its work";
+  EXPECT_EQ(copied.copy_to_host(), std::vector<std::uint32_t>(kCount, 0u)) << "the capture ran its work";
+
+  cuda::CUgraphExec executable = nullptr;
+  CUEMM_CU(cuGraphInstantiate, &executable, graph, 0);
+  for (int launch = 0; launch < 2; ++launch) CUEMM_CU(cuGraphLaunch, executable, origin.handle());
+  origin.synchronize();
+  EXPECT_EQ(first.copy_to_host(), std::vector<std::uint32_t>(kCount, 6u)) << "the first stream's work";
+  EXPECT_EQ(copied.copy_to_host(), std::vector<std::uint32_t>(kCount, 7u))
+      << "the copy after the join did not see the second stream's fill";
+  CUEMM_CU(cuGraphExecDestroy, executable);
+  CUEMM_CU(cuGraphDestroy, graph);
+  CUEMM_CU(cuEventDestroy, fork);
+  CUEMM_CU(cuEventDestroy, join);
+}
