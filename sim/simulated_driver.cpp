@@ -296,9 +296,10 @@ bool would_run_at_once(const std::shared_ptr<SimStream>& stream) {
 // the capture forbids is refused and ends (invalidates) it. An event
 // recorded on a capturing stream forks the capture to the streams that wait
 // for it, and joins them back where a stream of the capture waits for an
-// event recorded on them (Capture). Stream-ordered allocations on a capturing
-// stream (the driver's graph memory nodes) are refused, as are waits there
-// for events recorded outside the capture.
+// event recorded on them (Capture; bench/probes/probe_capture_fork.cpp, whose
+// H100 results Driver.ACaptureForksToAStreamThatWaitsForItsEventAndEndsOnceJoined
+// holds this driver to). Stream-ordered allocations on a capturing stream
+// (the driver's graph memory nodes) are refused.
 
 thread_local int thread_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;  // cuThreadExchangeStreamCaptureMode
 
@@ -1829,7 +1830,10 @@ SIM_EXPORT CUresult cuEventQuery(CUevent handle) {
   if (!event) return CUDA_ERROR_INVALID_HANDLE;
   if (const CUresult refused = check_captures(s, DuringCapture::potentially_unsafe)) return refused;
   std::lock_guard event_lock(event->mutex);
-  if (live_capture_of(*event)) return CUDA_ERROR_CAPTURED_EVENT;
+  if (const auto captured = live_capture_of(*event)) {  // (a point in a capture, not an event yet)
+    captured->invalidated = true;
+    return CUDA_ERROR_CAPTURED_EVENT;
+  }
   event->settle_context_record();
   return event->completed >= event->recorded ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
@@ -1842,7 +1846,10 @@ SIM_EXPORT CUresult cuEventSynchronize(CUevent handle) {
   std::uint64_t target;
   {
     std::lock_guard event_lock(event->mutex);
-    if (live_capture_of(*event)) return CUDA_ERROR_CAPTURED_EVENT;
+    if (const auto captured = live_capture_of(*event)) {
+      captured->invalidated = true;
+      return CUDA_ERROR_CAPTURED_EVENT;
+    }
     target = event->recorded;
   }
   lock.unlock();
@@ -1882,17 +1889,24 @@ SIM_EXPORT CUresult cuStreamWaitEvent(CUstream stream_handle, CUevent handle, un
       return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
     }
     if (!mine) s.captures[stream.get()] = captured;  // a fork: the stream joins the capture
-    // The stream now depends on the capture's work up to the event; what it
-    // waited for is joined into it. A stream besides the origin must itself
-    // be joined back later.
-    if (captured_on != stream.get()) {
-      const auto waited = captured->unjoined.find(captured_on);
-      if (waited != captured->unjoined.end() && waited->second <= captured_at) captured->unjoined.erase(waited);
+    // The stream now depends on the capture's work up to the event: work
+    // that the event's stream had not had joined back is joined into this
+    // one, which must be joined back in turn unless it is the origin. (A
+    // fork whose stream captures nothing needs no join.)
+    const auto waited = captured->unjoined.find(captured_on);
+    if (captured_on != stream.get() && waited != captured->unjoined.end() && waited->second <= captured_at) {
+      if (stream.get() != captured->origin) {
+        std::size_t& own = captured->unjoined[stream.get()];
+        own = std::max(own, waited->second);
+      }
+      captured->unjoined.erase(waited);
     }
-    if (stream.get() != captured->origin) captured->unjoined[stream.get()] = captured->operations.size();
     return CUDA_SUCCESS;
   }
-  if (const CUresult refused = refuse_on_a_capturing_stream(s, stream)) return refused;  // an event from outside it
+  if (Capture* capture = capture_of(s, stream)) {  // an event from outside the capture
+    capture->invalidated = true;
+    return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+  }
   return run_on_stream(s, stream_handle, [event, target] {
     await_context_record(event, target);
     std::unique_lock event_lock(event->mutex);
@@ -1927,7 +1941,10 @@ SIM_EXPORT CUresult cuStreamEndCapture(CUstream handle, CUgraph* out) {
   const auto found = s.captures.find(stream.get());
   if (found == s.captures.end()) return CUDA_ERROR_ILLEGAL_STATE;
   const std::shared_ptr<Capture> capture = found->second;
-  if (capture->origin != stream.get()) return CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
+  if (capture->origin != stream.get()) {
+    capture->invalidated = true;
+    return CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
+  }
   if (capture->mode != CU_STREAM_CAPTURE_MODE_RELAXED && capture->thread != std::this_thread::get_id())
     return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
   *out = nullptr;

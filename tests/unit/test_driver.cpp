@@ -316,10 +316,13 @@ TEST(Driver, ACaptureRefusesAndEndsOnTheCallsTheH100Refuses) {
 }
 
 // A capture that forks to a second stream through an event and joins it back
-// through another, as multi-stream graphs are captured: the second stream
-// belongs to the capture between the two, the capture ends only once every
-// stream is joined back (and only on its first stream), an event recorded in
-// it is no event to query, and the graph runs both streams' work in order.
+// through another, as multi-stream graphs are captured, held to what the H100
+// does (bench/probes/probe_capture_fork.cpp): the second stream belongs to the
+// capture from its wait on; work captured there must be joined back before the
+// capture ends, and the capture ends only on its first stream; an event
+// recorded in it is no event to query; a wait there for an event from before
+// the capture crosses its boundary. Each of those mistakes ends the capture.
+// And the graph runs both streams' work in order.
 TEST(Driver, ACaptureForksToAStreamThatWaitsForItsEventAndEndsOnceJoined) {
   const auto& api = driver::Driver::get().api();
   if (!api.cuStreamBeginCapture || !api.cuGraphInstantiate || !api.cuStreamIsCapturing)
@@ -328,13 +331,21 @@ TEST(Driver, ACaptureForksToAStreamThatWaitsForItsEventAndEndsOnceJoined) {
   ScopedContext scope(context);
   const Stream origin = context.create_stream(/*non_blocking=*/true);
   const Stream side = context.create_stream(/*non_blocking=*/true);
-  cuda::CUevent fork = nullptr, join = nullptr;
-  CUEMM_CU(cuEventCreate, &fork, cuda::CU_EVENT_DISABLE_TIMING);
-  CUEMM_CU(cuEventCreate, &join, cuda::CU_EVENT_DISABLE_TIMING);
+  cuda::CUevent fork = nullptr, join = nullptr, before = nullptr;
+  for (cuda::CUevent* event : {&fork, &join, &before}) CUEMM_CU(cuEventCreate, event, cuda::CU_EVENT_DISABLE_TIMING);
+  CUEMM_CU(cuEventRecord, before, side.handle());
+  side.synchronize();
   const auto status = [](const Stream& stream) {
     int value = -1;
     CUEMM_CU(cuStreamIsCapturing, stream.handle(), &value);
     return value;
+  };
+  const auto relaxed = [](const std::function<cuda::CUresult()>& call) {
+    int mode = cuda::CU_STREAM_CAPTURE_MODE_RELAXED;
+    CUEMM_CU(cuThreadExchangeStreamCaptureMode, &mode);
+    const cuda::CUresult result = call();
+    CUEMM_CU(cuThreadExchangeStreamCaptureMode, &mode);
+    return result;
   };
   constexpr std::uint64_t kCount = 256;
   DeviceArray<std::uint32_t> first(kCount, context), second(kCount, context), copied(kCount, context);
@@ -342,42 +353,72 @@ TEST(Driver, ACaptureForksToAStreamThatWaitsForItsEventAndEndsOnceJoined) {
   const Module module = context.load_module(cuemm::testing::test_kernels_ptx());
   const Function add = module.function("cuemm_add_u32");
   const Function fill = module.function("cuemm_fill_u32");
-  const auto fork_to_side = [&] {
+  const auto work_on_side = [&] { fill.launch({1}, {256}, side, second.device_pointer(), 7u, kCount); };
+  const auto join_back = [&] {
+    EXPECT_EQ(CUEMM_CU_RESULT(cuEventRecord, join, side.handle()), cuda::CUDA_SUCCESS);
+    EXPECT_EQ(CUEMM_CU_RESULT(cuStreamWaitEvent, origin.handle(), join, 0), cuda::CUDA_SUCCESS);
+  };
+  // A capture on `origin` forked to `side`, then `body`; the result of its end
+  // on `origin`, both streams no longer capturing after it, and its graph.
+  cuda::CUgraph graph = nullptr;
+  const auto capture_forked = [&](const std::function<void()>& body) {
     CUEMM_CU(cuStreamBeginCapture, origin.handle(), cuda::CU_STREAM_CAPTURE_MODE_GLOBAL);
     add.launch({1}, {256}, origin, first.device_pointer(), 3u, kCount);
     CUEMM_CU(cuEventRecord, fork, origin.handle());
     EXPECT_EQ(status(side), cuda::CU_STREAM_CAPTURE_STATUS_NONE);
     CUEMM_CU(cuStreamWaitEvent, side.handle(), fork, 0);
     EXPECT_EQ(status(side), cuda::CU_STREAM_CAPTURE_STATUS_ACTIVE) << "waiting for a captured event did not fork";
-    fill.launch({1}, {256}, side, second.device_pointer(), 7u, kCount);
+    body();
+    const cuda::CUresult ended = CUEMM_CU_RESULT(cuStreamEndCapture, origin.handle(), &graph);
+    EXPECT_EQ(status(origin), cuda::CU_STREAM_CAPTURE_STATUS_NONE);
+    EXPECT_EQ(status(side), cuda::CU_STREAM_CAPTURE_STATUS_NONE);
+    if (ended != cuda::CUDA_SUCCESS) EXPECT_EQ(graph, nullptr);
+    if (ended == cuda::CUDA_SUCCESS && graph) CUEMM_CU(cuGraphDestroy, graph);
+    return ended;
   };
+  EXPECT_EQ(capture_forked([] {}), cuda::CUDA_SUCCESS) << "a fork that captured nothing needs no join";
+  EXPECT_EQ(capture_forked(work_on_side), cuda::CUDA_ERROR_STREAM_CAPTURE_UNJOINED);
+  EXPECT_EQ(capture_forked([&] {
+              work_on_side();
+              join_back();
+              work_on_side();
+            }),
+            cuda::CUDA_ERROR_STREAM_CAPTURE_UNJOINED)
+      << "work after the join";
+  EXPECT_EQ(capture_forked([&] {
+              work_on_side();
+              cuda::CUgraph none = nullptr;
+              EXPECT_EQ(CUEMM_CU_RESULT(cuStreamEndCapture, side.handle(), &none),
+                        cuda::CUDA_ERROR_STREAM_CAPTURE_UNMATCHED);
+              EXPECT_EQ(status(origin), cuda::CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+            }),
+            cuda::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
+      << "an end on the forked stream";
+  EXPECT_EQ(capture_forked([&] {
+              EXPECT_EQ(relaxed([&] { return CUEMM_CU_RESULT(cuEventQuery, fork); }), cuda::CUDA_ERROR_CAPTURED_EVENT);
+            }),
+            cuda::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
+      << "a query of a captured event";
+  EXPECT_EQ(capture_forked([&] {
+              EXPECT_EQ(CUEMM_CU_RESULT(cuStreamWaitEvent, origin.handle(), before, 0),
+                        cuda::CUDA_ERROR_STREAM_CAPTURE_ISOLATION);
+            }),
+            cuda::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
+      << "a wait for an event from before the capture";
 
-  // Not joined back: no graph, and neither stream captures any longer.
-  fork_to_side();
-  cuda::CUgraph graph = nullptr;
-  EXPECT_EQ(CUEMM_CU_RESULT(cuStreamEndCapture, origin.handle(), &graph), cuda::CUDA_ERROR_STREAM_CAPTURE_UNJOINED);
-  EXPECT_EQ(graph, nullptr);
-  EXPECT_EQ(status(origin), cuda::CU_STREAM_CAPTURE_STATUS_NONE);
-  EXPECT_EQ(status(side), cuda::CU_STREAM_CAPTURE_STATUS_NONE);
-
-  // Joined back: the capture ends on its first stream only.
-  fork_to_side();
-  {
-    int relaxed = cuda::CU_STREAM_CAPTURE_MODE_RELAXED;
-    CUEMM_CU(cuThreadExchangeStreamCaptureMode, &relaxed);
-    EXPECT_NE(CUEMM_CU_RESULT(cuEventQuery, fork), cuda::CUDA_SUCCESS) << "a captured event was queried";
-    CUEMM_CU(cuThreadExchangeStreamCaptureMode, &relaxed);
-  }
-  EXPECT_NE(CUEMM_CU_RESULT(cuStreamEndCapture, side.handle(), &graph), cuda::CUDA_SUCCESS)
-      << "a capture ended on a stream that it forked to";
-  CUEMM_CU(cuEventRecord, join, side.handle());
-  CUEMM_CU(cuStreamWaitEvent, origin.handle(), join, 0);
+  // Joined back: the copy after the join sees the side's fill.
+  CUEMM_CU(cuStreamBeginCapture, origin.handle(), cuda::CU_STREAM_CAPTURE_MODE_GLOBAL);
+  add.launch({1}, {256}, origin, first.device_pointer(), 3u, kCount);
+  CUEMM_CU(cuEventRecord, fork, origin.handle());
+  CUEMM_CU(cuStreamWaitEvent, side.handle(), fork, 0);
+  work_on_side();
+  join_back();
   CUEMM_CU(cuMemcpyDtoDAsync, copied.device_pointer(), second.device_pointer(), kCount * 4, origin.handle());
   ASSERT_EQ(CUEMM_CU_RESULT(cuStreamEndCapture, origin.handle(), &graph), cuda::CUDA_SUCCESS);
   EXPECT_EQ(status(side), cuda::CU_STREAM_CAPTURE_STATUS_NONE);
+  origin.synchronize();
   EXPECT_EQ(first.copy_to_host(), std::vector<std::uint32_t>(kCount, 0u)) << "the capture ran its work";
   EXPECT_EQ(copied.copy_to_host(), std::vector<std::uint32_t>(kCount, 0u)) << "the capture ran its work";
-
   cuda::CUgraphExec executable = nullptr;
   CUEMM_CU(cuGraphInstantiate, &executable, graph, 0);
   for (int launch = 0; launch < 2; ++launch) CUEMM_CU(cuGraphLaunch, executable, origin.handle());
@@ -387,6 +428,5 @@ TEST(Driver, ACaptureForksToAStreamThatWaitsForItsEventAndEndsOnceJoined) {
       << "the copy after the join did not see the second stream's fill";
   CUEMM_CU(cuGraphExecDestroy, executable);
   CUEMM_CU(cuGraphDestroy, graph);
-  CUEMM_CU(cuEventDestroy, fork);
-  CUEMM_CU(cuEventDestroy, join);
+  for (cuda::CUevent event : {fork, join, before}) CUEMM_CU(cuEventDestroy, event);
 }
