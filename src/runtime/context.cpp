@@ -139,25 +139,32 @@ ScopedContext::~ScopedContext() {
   if (pushed_) CUEMM_CU_RESULT(cuCtxPopCurrent, nullptr);
 }
 
-CaptureScope* Context::innermost_scope_of_this_thread() {
+CaptureScope* Context::innermost_scope_of_this_thread(bool* as_member) {
   const auto thread = std::this_thread::get_id();
-  const auto innermost = std::find_if(open_scopes_.rbegin(), open_scopes_.rend(),
-                                      [&](const CaptureScope* scope) { return scope->thread_ == thread; });
-  return innermost == open_scopes_.rend() ? nullptr : *innermost;
+  for (auto it = open_scopes_.rbegin(); it != open_scopes_.rend(); ++it) {
+    const bool member = std::find(scope_members_.begin(), scope_members_.end(), std::make_pair(thread, (*it)->id_)) !=
+                        scope_members_.end();
+    if ((*it)->thread_ != thread && !member) continue;
+    if (as_member) *as_member = (*it)->thread_ != thread;
+    return *it;
+  }
+  return nullptr;
 }
 
 bool Context::keep_for_capture(const std::function<std::shared_ptr<MemoryPointer>()>& make) {
   std::lock_guard lock(scopes_mutex_);
-  CaptureScope* scope = innermost_scope_of_this_thread();
+  bool member = false;
+  CaptureScope* scope = innermost_scope_of_this_thread(&member);
   if (!scope) return false;
-  scope->memory_->keep(make());
+  scope->memory_->keep(make(), /*ordered=*/!member);
   return true;
 }
 
 std::shared_ptr<MemoryPointer> Context::reuse_if_captured(std::size_t size) {
   std::lock_guard lock(scopes_mutex_);
-  CaptureScope* scope = innermost_scope_of_this_thread();
-  if (!scope || scope->reuse_ != CaptureScope::Reuse::in_capture_order) return nullptr;
+  bool member = false;
+  CaptureScope* scope = innermost_scope_of_this_thread(&member);
+  if (!scope || member || scope->reuse_ != CaptureScope::Reuse::in_capture_order) return nullptr;
   return scope->memory_->reuse(size);
 }
 
@@ -184,9 +191,30 @@ CaptureScope::CaptureScope(Context& context, Reuse reuse, std::shared_ptr<GraphM
   explicit_frees_before_ = memory_->blocks_freed_explicitly();  // (a shared memory's, reported by its scope)
   {
     std::lock_guard lock(context_.scopes_mutex_);
+    id_ = context_.next_scope_id_++;
     context_.open_scopes_.push_back(this);
   }
   context_.captures_.fetch_add(1, std::memory_order_acq_rel);
+}
+
+CaptureScope* CaptureScope::of_this_thread(Context& context) {
+  std::lock_guard lock(context.scopes_mutex_);
+  const auto thread = std::this_thread::get_id();
+  const auto innermost = std::find_if(context.open_scopes_.rbegin(), context.open_scopes_.rend(),
+                                      [&](const CaptureScope* scope) { return scope->thread_ == thread; });
+  return innermost == context.open_scopes_.rend() ? nullptr : *innermost;
+}
+
+CaptureScope::Member::Member(CaptureScope& scope) : context_(scope.context_), scope_(scope.id_) {
+  std::lock_guard lock(context_.scopes_mutex_);
+  context_.scope_members_.emplace_back(thread_, scope_);
+}
+
+CaptureScope::Member::~Member() {
+  std::lock_guard lock(context_.scopes_mutex_);
+  // (Gone already where its scope closed first.)
+  const auto entry = std::find(context_.scope_members_.begin(), context_.scope_members_.end(), std::make_pair(thread_, scope_));
+  if (entry != context_.scope_members_.end()) context_.scope_members_.erase(entry);
 }
 
 CaptureScope::~CaptureScope() {
@@ -194,6 +222,7 @@ CaptureScope::~CaptureScope() {
   {
     std::lock_guard lock(context_.scopes_mutex_);
     std::erase(context_.open_scopes_, this);
+    std::erase_if(context_.scope_members_, [&](const auto& member) { return member.second == id_; });
   }
   // A block freed with free() during the capture went back to its manager at
   // once: the graph's launches may write into memory that serves another.
@@ -205,11 +234,12 @@ CaptureScope::~CaptureScope() {
                  early);
 }
 
-void GraphMemory::keep(std::shared_ptr<MemoryPointer> block) {
+void GraphMemory::keep(std::shared_ptr<MemoryPointer> block, bool ordered) {
   std::lock_guard lock(mutex_);
   const std::size_t size = block->size();
   const bool device = block->kind() == MemoryKind::Device;
   const std::uintptr_t address = block->handle();
+  ordered_.reserve(kept_.size() + 1);  // (so that the push_back below cannot throw)
   kept_.push_back(std::move(block));
   if (device) {
     const std::size_t index = kept_.size() - 1;
@@ -224,6 +254,7 @@ void GraphMemory::keep(std::shared_ptr<MemoryPointer> block) {
       throw;
     }
   }
+  ordered_.push_back(ordered);
   bytes_ += size;
 }
 
@@ -237,6 +268,7 @@ std::shared_ptr<MemoryPointer> GraphMemory::reuse(std::size_t size, const cuda::
     if (block.use_count() != 1 || !block->is_alive()) continue;
     const auto freed_on = let_go_on_.find(it->second);
     if (stream && (freed_on == let_go_on_.end() || freed_on->second != *stream)) continue;
+    if (!stream && !ordered_[it->second]) continue;  // (a member thread's: nothing orders it)
     auto view = block->view(0, size);
     if (freed_on != let_go_on_.end()) let_go_on_.erase(freed_on);  // (its next free says where it goes)
     ++reuses_;

@@ -161,6 +161,81 @@ TEST(CaptureScope, OtherThreadsAllocationsAreNotKept) {
   EXPECT_EQ(capture.memory()->bytes(), std::size_t{1} << 16);
 }
 
+// A thread that records into the same capture joins its scope with a
+// Member: its blocks are kept too, the ones it let go serve nobody while the
+// memory is held (no stream-less request of the scope's thread, nor of its
+// own: nothing orders their work), and their bytes stay as it left them.
+TEST(CaptureScope, AMemberThreadsBlocksAreKeptAndServeNoStreamLessRequest) {
+  Context& context = current_context();
+  SCOPED_TRACE(manager_name());
+  std::vector<Freed> by_member;
+  std::shared_ptr<GraphMemory> memory;
+  {
+    CaptureScope capture(context, CaptureScope::Reuse::in_capture_order);
+    EXPECT_EQ(CaptureScope::of_this_thread(context), &capture);
+    std::thread member_thread([&] {
+      EXPECT_EQ(CaptureScope::of_this_thread(context), nullptr) << "another thread's scope read as its own";
+      const CaptureScope::Member member(capture);
+      ScopedContext current(context);
+      for (int i = 0; i < 12; ++i) {  // each size twice: the second request may not take the first block
+        auto block = context.memalloc(std::size_t{4096} << (i / 2));
+        const auto pattern = static_cast<unsigned char>(0x30 + i);
+        block->memset(pattern);
+        by_member.push_back({block->handle(), block->size(), pattern});
+      }
+    });
+    member_thread.join();
+    std::thread([&] {
+      ScopedContext current(context);
+      context.memalloc(4096).reset();  // no member: its own
+    }).join();
+    memory = capture.memory();
+    EXPECT_EQ(memory->blocks(), by_member.size());
+    for (const Freed& block : by_member) {
+      auto mine = context.memalloc(block.size);  // (let go at once: ordered, so the next one of its size may take it)
+      ASSERT_FALSE(overlap(*mine, block.address, block.size))
+          << "a member thread's block (" << block.size << " bytes) served the scope's thread";
+    }
+    EXPECT_EQ(memory->blocks(), by_member.size() + 6) << "the scope's thread's own blocks are kept and reused";
+  }
+  for (std::size_t i = 0; i < by_member.size(); i += 2)
+    EXPECT_NE(by_member[i].address, by_member[i + 1].address) << "a member's request took the block it let go";
+  const auto taken = churn(context, by_member);
+  for (const Freed& block : by_member)
+    for (const auto& other : taken)
+      ASSERT_FALSE(overlap(*other, block.address, block.size))
+          << "a member thread's block (" << block.size << " bytes) served another while its GraphMemory was held";
+  ScopedContext current(context);
+  for (const Freed& block : by_member) {
+    std::vector<std::uint8_t> bytes(block.size);
+    CUEMM_CU(cuMemcpyDtoH, bytes.data(), block.address, block.size);
+    EXPECT_EQ(std::count(bytes.begin(), bytes.end(), block.pattern), static_cast<std::ptrdiff_t>(block.size));
+  }
+}
+
+// A Member that outlives its scope: the thread's allocations are its own
+// again, and the Member ends without harm.
+TEST(CaptureScope, AMemberThatOutlivesItsScopeKeepsNothingMore) {
+  Context& context = current_context();
+  std::optional<CaptureScope> capture(std::in_place, context);
+  const auto memory = capture->memory();
+  std::promise<void> joined, closed;
+  std::thread member_thread([&] {
+    const CaptureScope::Member member(*capture);
+    ScopedContext current(context);
+    context.memalloc(512).reset();
+    joined.set_value();
+    closed.get_future().wait();
+    context.memalloc(1024).reset();
+  });
+  joined.get_future().wait();
+  capture.reset();
+  closed.set_value();
+  member_thread.join();
+  EXPECT_EQ(memory->blocks(), 1u);
+  EXPECT_EQ(memory->bytes(), 512u);
+}
+
 TEST(CaptureScope, TheInnermostScopeOfTheThreadKeeps) {
   Context& context = current_context();
   CaptureScope outer(context);
@@ -860,6 +935,58 @@ TEST_F(CapturedGraph, AGraphOfTwoStreamsReusesRawBlocksOnlyOnTheStreamThatLetThe
     }
   }
   for (const cuda::CUdeviceptr output : outputs) pool.deallocate(output, kBytes, stream->handle());
+}
+
+// A capture that a second thread records into, on a stream forked from it:
+// with a Member of the recording's scope, that thread's scratch blocks are
+// the graph's too, and later requests do not get them while it lives.
+TEST_F(CapturedGraph, AThreadThatRecordsIntoTheCaptureAsAMemberHasItsScratchKept) {
+  SCOPED_TRACE(manager_name());
+  const Stream side = context.create_stream(/*non_blocking=*/true);
+  const Event fork = context.create_event(/*timing=*/false);
+  const Event join = context.create_event(/*timing=*/false);
+  constexpr int kSteps = 6;
+  const Function fill = module->function("cuemm_fill_u32");
+  std::vector<std::shared_ptr<MemoryPointer>> outputs;
+  for (int i = 0; i < kSteps; ++i) outputs.push_back(context.memalloc(words_of(i) * 4));
+  std::vector<Freed> scratch;
+  const Graph graph = capture_graph(*stream, [&](const Stream& recording) {
+    fork.record(recording);
+    side.wait_event(fork);
+    CaptureScope* scope = CaptureScope::of_this_thread(context);
+    ASSERT_NE(scope, nullptr);
+    std::thread worker([&] {
+      const CaptureScope::Member member(*scope);
+      ScopedContext current(context);
+      for (int i = 0; i < kSteps; ++i) {
+        auto block = context.memalloc(words_of(i) * 4);
+        const auto words = static_cast<std::uint64_t>(words_of(i));
+        fill.launch({64}, {256}, side, block->device_pointer(), 0xF00u + i, words);
+        CUEMM_CU(cuMemcpyDtoDAsync, outputs[i]->device_pointer(), block->device_pointer(), words * 4, side.handle());
+        scratch.push_back({block->handle(), block->size(), 0});
+      }
+    });
+    worker.join();
+    join.record(side);
+    recording.wait_event(join);
+  });
+  EXPECT_EQ(graph.memory()->blocks(), std::size_t{kSteps});
+  const auto taken = churn(context, scratch);
+  for (const Freed& block : scratch)
+    for (const auto& other : taken)
+      ASSERT_FALSE(overlap(*other, block.address, block.size))
+          << "the worker's scratch block (" << block.size << " bytes) served another request while its Graph lived";
+  for (int launch = 0; launch < 2; ++launch) {
+    for (const auto& output : outputs) output->memset(0);
+    graph.launch(*stream);
+    stream->synchronize();
+    for (int i = 0; i < kSteps; ++i) {
+      std::vector<std::uint32_t> words(words_of(i));
+      CUEMM_CU(cuMemcpyDtoH, words.data(), outputs[i]->device_pointer(), words.size() * 4);
+      ASSERT_EQ(std::count(words.begin(), words.end(), 0xF00u + i), static_cast<std::ptrdiff_t>(words.size()))
+          << "launch " << launch << ", output " << i;
+    }
+  }
 }
 
 }  // namespace

@@ -38,7 +38,9 @@
 // rather than call MemoryPointer::free(), which releases a block at once
 // whatever keeps it (the scope reports such frees on stderr). A scope whose
 // memory() nobody took gives them back when it closes. Other threads'
-// allocations are not kept (their work is not the capture's).
+// allocations are not kept (their work is not the capture's), unless such a
+// thread records into the capture too and says so with a CaptureScope::Member
+// (below): its blocks are then kept as well.
 //
 // Within the capture, a block let go is reused only where the program says
 // that it is safe: the stream-less interface does not say which of the
@@ -48,17 +50,21 @@
 // later device request of the thread then takes the smallest device block
 // let go that holds it and wastes at most half of it (a view of it), so the
 // capture holds about its scratch blocks' peak rather than their sum. A
-// stream-ordered free says which stream used a block: a block that the
-// thread frees through a pool's raw interface on a stream serves its later
-// requests on that stream in either mode (stream order puts the graph's
-// later work there after the block's last use, as for the driver's own graph
-// allocations); a request on another stream or without one does not take it.
+// member thread's blocks serve no stream-less request (nothing orders its
+// work after the scope's thread's), and its own stream-less requests take
+// none. A stream-ordered free says which stream used a block: a block that a
+// thread of the scope frees through a pool's raw interface on a stream
+// serves the scope's later requests on that stream in either mode (stream
+// order puts the graph's later work there after the block's last use, as for
+// the driver's own graph allocations); a request on another stream or
+// without one does not take it.
 // Graphs that are only ever launched one after another on one stream may
 // share their memory: open the next capture's scope with the GraphMemory of
 // the one before, and its requests reuse what that graph let go.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -88,7 +94,9 @@ class GraphMemory {
  private:
   friend class Context;
   friend class CaptureScope;
-  void keep(std::shared_ptr<MemoryPointer> block);
+  // `ordered`: let go in the order of the scope's own thread's work (so that
+  // a stream-less request of it may take it), not a member thread's.
+  void keep(std::shared_ptr<MemoryPointer> block, bool ordered = true);
   // A view of `size` bytes of the smallest device block let go that holds
   // them and wastes at most half; with `stream`, of one let go on that
   // stream only (let_go_on). Null where none does.
@@ -106,6 +114,7 @@ class GraphMemory {
   std::multimap<std::size_t, std::size_t> device_blocks_by_size_;  // size -> index in kept_
   std::unordered_map<std::uintptr_t, std::size_t> device_block_at_;  // address -> index in kept_
   std::unordered_map<std::size_t, cuda::CUstream> let_go_on_;        // index in kept_ -> stream of its free
+  std::vector<bool> ordered_;                                        // by index in kept_: see keep()
   std::size_t bytes_ = 0;
   std::size_t reuses_ = 0;
 };
@@ -128,11 +137,34 @@ class CaptureScope {
   // until the scope closes): keep it while the graph may be launched.
   std::shared_ptr<GraphMemory> memory() const { return memory_; }
 
+  // The innermost scope of `context` that the calling thread opened; null
+  // where it has none open (capture_graph's recording has one: pass it to the
+  // threads that record with it).
+  static CaptureScope* of_this_thread(Context& context);
+
+  // While it lives, what the calling thread allocates through the scope's
+  // context is the scope's too: for a thread that records work into the same
+  // capture (on a stream forked from it). Ends with the scope at the latest,
+  // after which the thread's allocations are its own again.
+  class Member {
+   public:
+    explicit Member(CaptureScope& scope);
+    ~Member();
+    Member(const Member&) = delete;
+    Member& operator=(const Member&) = delete;
+
+   private:
+    Context& context_;
+    const std::uint64_t scope_;
+    const std::thread::id thread_ = std::this_thread::get_id();
+  };
+
  private:
   friend class Context;
   Context& context_;
   const Reuse reuse_;
   const std::thread::id thread_ = std::this_thread::get_id();
+  std::uint64_t id_ = 0;  // (members name it: a later scope may have this one's address)
   std::shared_ptr<GraphMemory> memory_;
   std::size_t explicit_frees_before_ = 0;
 };

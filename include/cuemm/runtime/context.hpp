@@ -19,6 +19,8 @@
 #include <memory>
 #include <mutex>
 #include <string_view>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "cuemm/driver/cuda_api.hpp"
@@ -114,7 +116,9 @@ class Context {
   }
   // A block that such a scope, reusing, holds for a device request of `size`; else null.
   std::shared_ptr<MemoryPointer> reuse_if_captured(std::size_t size);
-  CaptureScope* innermost_scope_of_this_thread();  // (scopes_mutex_ held)
+  // The innermost open scope that the calling thread opened or is a member
+  // of (`as_member` says which); null where none. (scopes_mutex_ held)
+  CaptureScope* innermost_scope_of_this_thread(bool* as_member = nullptr);
 
   Device& device_;
   cuda::CUcontext handle_;
@@ -124,6 +128,8 @@ class Context {
   std::atomic<int> captures_{0};  // open CaptureScopes
   std::mutex scopes_mutex_;        // (taken as scopes open and close, and by requests while captures_ > 0)
   std::vector<CaptureScope*> open_scopes_;
+  std::vector<std::pair<std::thread::id, std::uint64_t>> scope_members_;  // a member thread, its scope's id
+  std::uint64_t next_scope_id_ = 1;
 };
 
 // The calling thread's context: the one current in the driver, else device

@@ -11,7 +11,10 @@
 // capture_graph is a CaptureScope (capture_scope.hpp) around the driver's
 // capture, so the managers know of it: the pools seal nothing and wait for
 // nothing while it runs, and what the recording thread allocates stays the
-// graph's while the Graph lives. Nothing is left to get wrong: the memory
+// graph's while the Graph lives. Another thread that records into the same
+// capture (on a stream forked from it) holds a
+// CaptureScope::Member(*CaptureScope::of_this_thread(context)), taken by the
+// recording, for its blocks to be the graph's too. Nothing is left to get wrong: the memory
 // goes with the graph, and an exception thrown while recording ends the
 // capture (the stream can be used again) before it propagates.
 //
