@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <future>
 #include <optional>
 #include <stdexcept>
@@ -535,6 +534,31 @@ class CapturedGraph : public ::testing::Test {
     }
   }
 
+  // Requests of the scratch blocks' sizes while the graph lives: none gets one.
+  void expect_kept(const std::vector<Freed>& scratch) {
+    const auto taken = churn(context, scratch);
+    for (const Freed& block : scratch)
+      for (const auto& other : taken)
+        ASSERT_FALSE(overlap(*other, block.address, block.size))
+            << "a scratch block (" << block.size << " bytes) served another request while its Graph lived";
+  }
+  // Launches `graph` on the stream `launches` times, each onto zeroed
+  // outputs, after which output i holds `first + i` in every word.
+  void expect_launches_fill(const Graph& graph, const std::vector<std::shared_ptr<MemoryPointer>>& outputs,
+                            std::uint32_t first, int launches) {
+    for (int launch = 0; launch < launches; ++launch) {
+      for (const auto& output : outputs) output->memset(0);
+      graph.launch(*stream);
+      stream->synchronize();
+      for (std::size_t i = 0; i < outputs.size(); ++i) {
+        std::vector<std::uint32_t> words(outputs[i]->size() / 4);
+        CUEMM_CU(cuMemcpyDtoH, words.data(), outputs[i]->device_pointer(), words.size() * 4);
+        ASSERT_EQ(std::count(words.begin(), words.end(), first + i), static_cast<std::ptrdiff_t>(words.size()))
+            << "launch " << launch << ", output " << i;
+      }
+    }
+  }
+
   Context& context = current_context();
   ScopedContext scope{context};
   std::optional<Module> module;
@@ -744,23 +768,8 @@ TEST_F(CapturedGraph, ACapturedGraphHoldsItsScratchBlocksAndComputesOnEveryLaunc
   ASSERT_TRUE(graph.memory());
   EXPECT_EQ(graph.memory()->blocks(), std::size_t{kSteps});
   EXPECT_EQ(graph.memory()->blocks_freed_by_the_program(), std::size_t{kSteps});
-  const auto taken = churn(context, scratch);
-  for (const Freed& block : scratch)
-    for (const auto& other : taken)
-      ASSERT_FALSE(overlap(*other, block.address, block.size))
-          << "a scratch block (" << block.size << " bytes) served another request while its Graph lived";
-  for (int launch = 0; launch < 3; ++launch) {
-    for (const auto& output : outputs) output->memset(0);
-    graph.launch(*stream);
-    stream->synchronize();
-    for (int i = 0; i < kSteps; ++i) {
-      const auto bytes = read_back(outputs[i]);
-      std::vector<std::uint32_t> words(bytes.size() / 4);
-      std::memcpy(words.data(), bytes.data(), bytes.size());
-      ASSERT_EQ(std::count(words.begin(), words.end(), 0xB01u + i), static_cast<std::ptrdiff_t>(words.size()))
-          << "launch " << launch << ", output " << i;
-    }
-  }
+  expect_kept(scratch);
+  expect_launches_fill(graph, outputs, 0xB01u, 3);
   // Moved, the graph still runs; its memory goes with its last holder.
   std::weak_ptr<GraphMemory> memory = graph.memory();
   {
@@ -970,23 +979,9 @@ TEST_F(CapturedGraph, AThreadThatRecordsIntoTheCaptureAsAMemberHasItsScratchKept
     join.record(side);
     recording.wait_event(join);
   });
-  EXPECT_EQ(graph.memory()->blocks(), std::size_t{kSteps});
-  const auto taken = churn(context, scratch);
-  for (const Freed& block : scratch)
-    for (const auto& other : taken)
-      ASSERT_FALSE(overlap(*other, block.address, block.size))
-          << "the worker's scratch block (" << block.size << " bytes) served another request while its Graph lived";
-  for (int launch = 0; launch < 2; ++launch) {
-    for (const auto& output : outputs) output->memset(0);
-    graph.launch(*stream);
-    stream->synchronize();
-    for (int i = 0; i < kSteps; ++i) {
-      std::vector<std::uint32_t> words(words_of(i));
-      CUEMM_CU(cuMemcpyDtoH, words.data(), outputs[i]->device_pointer(), words.size() * 4);
-      ASSERT_EQ(std::count(words.begin(), words.end(), 0xF00u + i), static_cast<std::ptrdiff_t>(words.size()))
-          << "launch " << launch << ", output " << i;
-    }
-  }
+  EXPECT_EQ(graph.memory()->blocks(), std::size_t{kSteps}) << "the worker's scratch blocks";
+  expect_kept(scratch);
+  expect_launches_fill(graph, outputs, 0xF00u, 2);
 }
 
 }  // namespace
