@@ -984,5 +984,52 @@ TEST_F(CapturedGraph, AThreadThatRecordsIntoTheCaptureAsAMemberHasItsScratchKept
   expect_launches_fill(graph, outputs, 0xF00u, 2);
 }
 
+// Bad input: no recording, another context's memory to share, a launch on
+// another device's stream. Each is an error that names what was wrong, and
+// none leaves a capture under way.
+TEST_F(CapturedGraph, BadInputIsAClearErrorAndLeavesNoCaptureBehind) {
+  try {
+    capture_graph(*stream, nullptr);
+    FAIL() << "a capture without a recording";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("no recording"), std::string::npos) << error.what();
+  }
+  EXPECT_EQ(capture_status(*stream), cuda::CU_STREAM_CAPTURE_STATUS_NONE);
+  if (Device::count() < 2) GTEST_SKIP() << "the other cases need two devices";
+  Context& other = Device::get(1).primary_context();
+  other.prepare_for_use();
+  CaptureOptions options;
+  {
+    CaptureScope elsewhere(other);
+    options.shared_memory = elsewhere.memory();
+  }
+  try {
+    capture_graph(*stream, [](const Stream&) { ADD_FAILURE() << "recorded"; }, options);
+    FAIL() << "a capture shared another context's memory";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("another context (device 1)"), std::string::npos) << error.what();
+  }
+  EXPECT_EQ(capture_status(*stream), cuda::CU_STREAM_CAPTURE_STATUS_NONE);
+  EXPECT_FALSE(context.capturing());
+  const Graph graph = capture_graph(*stream, [&](const Stream& recording) {
+    context.memalloc(4096)->memset(1, std::nullopt, &recording);
+  });
+  std::optional<Stream> other_stream;
+  {
+    ScopedContext on_other(other);
+    other_stream = other.create_stream();
+  }
+  try {
+    graph.launch(*other_stream);
+    FAIL() << "a graph launched on another device's stream";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("the stream is of device 1's context, the graph of device 0's"),
+              std::string::npos)
+        << error.what();
+  }
+  graph.launch(*stream);
+  stream->synchronize();
+}
+
 }  // namespace
 }  // namespace cuemm
