@@ -1,7 +1,10 @@
 #include "cuemm/runtime/graph.hpp"
 
+#include <algorithm>
+#include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "cuemm/driver/driver.hpp"
 #include "cuemm/error.hpp"
@@ -37,11 +40,48 @@ std::string device_of(const Context* context) {
 
 }  // namespace
 
+struct Graph::Launches {
+  std::mutex mutex;
+  std::vector<std::pair<cuda::CUstream, Event>> after_latest;
+};
+
 Graph::Graph(Context& context, cuda::CUgraph graph, cuda::CUgraphExec executable, std::shared_ptr<GraphMemory> memory)
     : memory_(std::move(memory)),
       graph_(&context, graph, [](void* handle) { CUEMM_CU(cuGraphDestroy, static_cast<cuda::CUgraph>(handle)); }),
       executable_(&context, executable,
-                  [](void* handle) { CUEMM_CU(cuGraphExecDestroy, static_cast<cuda::CUgraphExec>(handle)); }) {}
+                  [](void* handle) { CUEMM_CU(cuGraphExecDestroy, static_cast<cuda::CUgraphExec>(handle)); }),
+      generation_(context.generation()),
+      launches_(std::make_unique<Launches>()) {}
+
+Graph::Graph(Graph&&) noexcept = default;
+
+Graph::~Graph() { order_the_legacy_stream_after_launches(); }
+
+Graph& Graph::operator=(Graph&& other) noexcept {
+  if (this != &other) {
+    order_the_legacy_stream_after_launches();
+    memory_ = std::move(other.memory_);
+    graph_ = std::move(other.graph_);
+    executable_ = std::move(other.executable_);
+    generation_ = other.generation_;
+    launches_ = std::move(other.launches_);
+  }
+  return *this;
+}
+
+void Graph::order_the_legacy_stream_after_launches() noexcept {
+  Context* context = this->context();
+  if (!launches_ || !context || context->generation() != generation_) return;
+  std::lock_guard lock(launches_->mutex);
+  if (launches_->after_latest.empty()) return;
+  try {
+    ScopedContext scope(*context);
+    for (const auto& [stream, event] : launches_->after_latest)
+      CUEMM_CU_RESULT(cuStreamWaitEvent, cuda::CU_STREAM_LEGACY, event.handle(), 0);
+  } catch (...) {
+    // (The context could not be made current: nothing more can be ordered.)
+  }
+}
 
 void Graph::launch(const Stream& stream) const {
   Context* context = this->context();
@@ -51,6 +91,17 @@ void Graph::launch(const Stream& stream) const {
                           "'s context, the graph of " + device_of(context) + "'s");
   ScopedContext scope(*context);
   CUEMM_CU(cuGraphLaunch, executable(), stream.handle());
+  if (cuda::is_default_stream(stream.handle())) return;  // (the legacy stream is ordered after those)
+  // So that the graph's memory goes back after this launch (~Graph).
+  std::lock_guard lock(launches_->mutex);
+  auto& after_latest = launches_->after_latest;
+  auto found = std::find_if(after_latest.begin(), after_latest.end(),
+                            [&](const auto& entry) { return entry.first == stream.handle(); });
+  if (found == after_latest.end()) {
+    after_latest.emplace_back(stream.handle(), context->create_event(/*timing=*/false));
+    found = after_latest.end() - 1;
+  }
+  found->second.record(stream);
 }
 
 Graph capture_graph(const Stream& stream, const std::function<void(const Stream&)>& record,

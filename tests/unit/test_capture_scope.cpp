@@ -1031,5 +1031,33 @@ TEST_F(CapturedGraph, BadInputIsAClearErrorAndLeavesNoCaptureBehind) {
   stream->synchronize();
 }
 
+// A Graph dropped while its launch on a non-blocking stream still waits to
+// run: its scratch blocks go back to their manager, and a block allocated
+// then and written on the legacy stream is written only after the launch
+// (the Graph ordered the legacy stream after it), so the launch's late fill
+// never lands in it, under every manager.
+TEST_F(CapturedGraph, AGraphDroppedWhileItsLaunchWaitsLeavesLaterBlocksAlone) {
+  SCOPED_TRACE(manager_name());
+  constexpr std::size_t kBytes = std::size_t{1} << 20;
+  const Function fill = module->function("cuemm_fill_u32");
+  std::optional<Graph> graph = capture_graph(*stream, [&](const Stream& recording) {
+    auto scratch = context.memalloc(kBytes);
+    fill.launch({64}, {256}, recording, scratch->device_pointer(), 0xABCDu, static_cast<std::uint64_t>(kBytes / 4));
+  });
+  cuemm::testing::HeldKernel held(context, *stream);  // the launch waits behind it
+  graph->launch(*stream);
+  std::shared_ptr<MemoryPointer> later;
+  const bool waited = held.waited_for_by([&] {
+    graph.reset();  // the scratch block goes back to the manager
+    later = context.memalloc(kBytes);
+    later->memset(0x11);  // on the legacy stream, and waits for it
+  });
+  EXPECT_TRUE(waited) << "the legacy stream was not ordered after the dropped graph's launch";
+  stream->synchronize();
+  const auto bytes = read_back(later);
+  EXPECT_EQ(std::count(bytes.begin(), bytes.end(), 0x11), static_cast<std::ptrdiff_t>(bytes.size()))
+      << "the dropped graph's launch wrote into a block allocated after it";
+}
+
 }  // namespace
 }  // namespace cuemm

@@ -18,13 +18,16 @@
 // goes with the graph, and an exception thrown while recording ends the
 // capture (the stream can be used again) before it propagates.
 //
-// When the Graph goes, its blocks go back to their managers as a stream-less
-// free, whose usual stream safety covers launches still running: the pools'
-// seals cover every stream, and Numba's default frees wait for the GPU. The
-// async manager orders its frees on the legacy stream only: under it, wait
-// for a non-blocking stream's launches before dropping their graph.
+// When the Graph goes, its blocks go back to their managers as stream-less
+// frees, which are safe for work queued on the legacy stream and the streams
+// it waits for; so the Graph first makes the legacy stream wait for its
+// latest launch on every other stream it was launched on (an event recorded
+// after each such launch), and launches still running are covered under
+// every manager: the async manager's frees, ordered on the legacy stream,
+// and a pool's seals before CUDA 12.5 come after them.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 
@@ -53,8 +56,9 @@ struct CaptureOptions {
 
 class Graph {
  public:
-  Graph(Graph&&) noexcept = default;
-  Graph& operator=(Graph&&) noexcept = default;
+  Graph(Graph&&) noexcept;
+  Graph& operator=(Graph&& other) noexcept;
+  ~Graph();
   Graph(const Graph&) = delete;
   Graph& operator=(const Graph&) = delete;
 
@@ -69,11 +73,17 @@ class Graph {
  private:
   friend Graph capture_graph(const Stream&, const std::function<void(const Stream&)>&, const CaptureOptions&);
   Graph(Context& context, cuda::CUgraph graph, cuda::CUgraphExec executable, std::shared_ptr<GraphMemory> memory);
+  // Makes the legacy stream wait for the latest launch on each other stream.
+  void order_the_legacy_stream_after_launches() noexcept;
 
   // Declared first, so released last: the handles' releases are queued before the blocks go.
   std::shared_ptr<GraphMemory> memory_;
   detail::ContextOwnedHandle graph_;
   detail::ContextOwnedHandle executable_;
+  std::uint64_t generation_ = 0;  // the context's, at the capture (a device reset since destroyed the events)
+  // An event recorded after the latest launch on each stream other than the default ones.
+  struct Launches;
+  std::unique_ptr<Launches> launches_;
 };
 
 // Captures the work that `record` queues on `stream` into a graph, with the
