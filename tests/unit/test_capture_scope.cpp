@@ -1034,8 +1034,9 @@ TEST_F(CapturedGraph, BadInputIsAClearErrorAndLeavesNoCaptureBehind) {
 // A Graph dropped while its launch on a non-blocking stream still waits to
 // run: its scratch blocks go back to their manager, and a block allocated
 // then and written on the legacy stream is written only after the launch
-// (the Graph ordered the legacy stream after it), so the launch's late fill
-// never lands in it, under every manager.
+// (the Graph ordered the legacy stream after it: its queue ends once the
+// launch has), so the launch's late fill never lands in it, under every
+// manager.
 TEST_F(CapturedGraph, AGraphDroppedWhileItsLaunchWaitsLeavesLaterBlocksAlone) {
   SCOPED_TRACE(manager_name());
   constexpr std::size_t kBytes = std::size_t{1} << 20;
@@ -1050,7 +1051,8 @@ TEST_F(CapturedGraph, AGraphDroppedWhileItsLaunchWaitsLeavesLaterBlocksAlone) {
   const bool waited = held.waited_for_by([&] {
     graph.reset();  // the scratch block goes back to the manager
     later = context.memalloc(kBytes);
-    later->memset(0x11);  // on the legacy stream, and waits for it
+    later->memset(0x11);                        // on the legacy stream
+    Stream::legacy_default().synchronize();     // (a memset of device memory may return before it ran)
   });
   EXPECT_TRUE(waited) << "the legacy stream was not ordered after the dropped graph's launch";
   stream->synchronize();
