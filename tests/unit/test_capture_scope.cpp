@@ -547,7 +547,7 @@ class CapturedGraph : public ::testing::Test {
   void expect_launches_fill(const Graph& graph, const std::vector<std::shared_ptr<MemoryPointer>>& outputs,
                             std::uint32_t first, int launches) {
     for (int launch = 0; launch < launches; ++launch) {
-      for (const auto& output : outputs) output->memset(0);
+      for (const auto& output : outputs) output->memset(0, std::nullopt, &*stream);  // (ordered before the launch)
       graph.launch(*stream);
       stream->synchronize();
       for (std::size_t i = 0; i < outputs.size(); ++i) {
@@ -630,7 +630,7 @@ TEST_F(CapturedGraph, AGraphThatReusesItsScratchBlocksInCaptureOrderComputesEver
   }
   EXPECT_EQ(memory->reuses(), std::size_t{kSteps - 1}) << "each step's scratch block serves the next";
   EXPECT_EQ(memory->blocks(), std::size_t{kSteps + 1});  // the outputs and one scratch block
-  for (const auto& output : outputs) output->memset(0);
+  for (const auto& output : outputs) output->memset(0, std::nullopt, &*stream);  // (ordered before the launches)
   launch_three_times(graph);
   for (int step = 0; step < kSteps; ++step) {
     std::vector<std::uint32_t> words(kWords / 4);
@@ -720,7 +720,7 @@ TEST_F(CapturedGraph, AGraphThatReusesItsRawBlocksOnItsStreamComputesEveryStep) 
   EXPECT_EQ(std::count(scratch_blocks.begin(), scratch_blocks.end(), scratch_blocks.front()),
             std::ptrdiff_t{kSteps});
   EXPECT_EQ(memory->blocks(), std::size_t{kSteps + 1});  // the outputs and one scratch block
-  for (const cuda::CUdeviceptr output : outputs) CUEMM_CU(cuMemsetD8, output, 0, kWords);
+  for (const cuda::CUdeviceptr output : outputs) CUEMM_CU(cuMemsetD8Async, output, 0, kWords, stream->handle());
   launch_three_times(graph);
   for (int step = 0; step < kSteps; ++step) {
     std::vector<std::uint32_t> words(kWords / 4);
@@ -811,7 +811,7 @@ TEST_F(CapturedGraph, GraphsLaunchedInTurnMayReuseAndShareTheirMemory) {
   EXPECT_EQ(first.memory()->reuses(), std::size_t{2 * kSteps - 1}) << "the second graph reused the first one's block";
   EXPECT_EQ(first.memory()->blocks(), 1u);
   for (int launch = 0; launch < 2; ++launch) {
-    for (const auto& output : outputs) output->memset(0);
+    for (const auto& output : outputs) output->memset(0, std::nullopt, &*stream);
     first.launch(*stream);
     second.launch(*stream);
     stream->synchronize();
@@ -933,7 +933,7 @@ TEST_F(CapturedGraph, AGraphOfTwoStreamsReusesRawBlocksOnlyOnTheStreamThatLetThe
   EXPECT_EQ(again_on_origin, on_origin) << "a block let go on a stream did not serve its next request";
   EXPECT_EQ(graph.memory()->reuses(), 1u);
   for (int launch = 0; launch < 3; ++launch) {
-    for (const cuda::CUdeviceptr output : outputs) CUEMM_CU(cuMemsetD8, output, 0, kBytes);
+    for (const cuda::CUdeviceptr output : outputs) CUEMM_CU(cuMemsetD8Async, output, 0, kBytes, stream->handle());
     graph.launch(*stream);
     stream->synchronize();
     for (int i = 0; i < 3; ++i) {

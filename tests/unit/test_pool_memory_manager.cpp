@@ -1229,8 +1229,13 @@ TEST_F(Pool, ThreadsSharingTwoPoolsGiveEachBlockBackToItsOwnPool) {
           std::shared_ptr<MemoryPointer> oldest = std::move(mine.front());
           mine.erase(mine.begin());
           std::uint32_t words[2] = {};
-          CUEMM_CU(cuMemcpyDtoH, &words[0], oldest->device_pointer(), 4);
-          CUEMM_CU(cuMemcpyDtoH, &words[1], oldest->device_pointer() + oldest->size() - 4, 4);
+          {
+            // In the block's own context, whose legacy stream its memset went to (a memset of
+            // device memory may return before it ran, and another context's stream is not ordered after it).
+            ScopedContext owner(*oldest->context());
+            CUEMM_CU(cuMemcpyDtoH, &words[0], oldest->device_pointer(), 4);
+            CUEMM_CU(cuMemcpyDtoH, &words[1], oldest->device_pointer() + oldest->size() - 4, 4);
+          }
           if (words[0] != words[1] || words[0] / 100000 != t) corrupted.fetch_add(1);
           std::lock_guard lock(mutex);
           if (random() % 2) handed_over.push_back(std::move(oldest));
