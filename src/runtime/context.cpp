@@ -213,8 +213,9 @@ CaptureScope::Member::Member(CaptureScope& scope) : context_(scope.context_), sc
 CaptureScope::Member::~Member() {
   std::lock_guard lock(context_.scopes_mutex_);
   // (Gone already where its scope closed first.)
-  const auto entry = std::find(context_.scope_members_.begin(), context_.scope_members_.end(), std::make_pair(thread_, scope_));
-  if (entry != context_.scope_members_.end()) context_.scope_members_.erase(entry);
+  auto& members = context_.scope_members_;
+  const auto entry = std::find(members.begin(), members.end(), std::make_pair(thread_, scope_));
+  if (entry != members.end()) members.erase(entry);
 }
 
 CaptureScope::~CaptureScope() {

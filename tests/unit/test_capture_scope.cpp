@@ -795,7 +795,8 @@ TEST_F(CapturedGraph, GraphsLaunchedInTurnMayReuseAndShareTheirMemory) {
     return [&, first](const Stream& recording) {
       for (int i = first; i < first + kSteps; ++i) {
         auto scratch = context.memalloc(kWords * 4 - 256 * (i % 3));
-        fill.launch({64}, {256}, recording, scratch->device_pointer(), 0xC00u + i, static_cast<std::uint64_t>(kWords / 2));
+        fill.launch({64}, {256}, recording, scratch->device_pointer(), 0xC00u + i,
+                    static_cast<std::uint64_t>(kWords / 2));
         CUEMM_CU(cuMemcpyDtoDAsync, outputs[i]->device_pointer(), scratch->device_pointer(), kWords * 2,
                  recording.handle());
       }
