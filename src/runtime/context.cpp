@@ -139,11 +139,11 @@ ScopedContext::~ScopedContext() {
   if (pushed_) CUEMM_CU_RESULT(cuCtxPopCurrent, nullptr);
 }
 
-CaptureScope* Context::innermost_scope_of_this_thread(bool* as_member) {
+CaptureScope* Context::innermost_scope_of_this_thread(bool* as_member, bool memberships) {
   const auto thread = std::this_thread::get_id();
   for (auto it = open_scopes_.rbegin(); it != open_scopes_.rend(); ++it) {
-    const bool member = std::find(scope_members_.begin(), scope_members_.end(), std::make_pair(thread, (*it)->id_)) !=
-                        scope_members_.end();
+    const bool member = memberships && std::find(scope_members_.begin(), scope_members_.end(),
+                                                 std::make_pair(thread, (*it)->id_)) != scope_members_.end();
     if ((*it)->thread_ != thread && !member) continue;
     if (as_member) *as_member = (*it)->thread_ != thread;
     return *it;
@@ -199,10 +199,7 @@ CaptureScope::CaptureScope(Context& context, Reuse reuse, std::shared_ptr<GraphM
 
 CaptureScope* CaptureScope::of_this_thread(Context& context) {
   std::lock_guard lock(context.scopes_mutex_);
-  const auto thread = std::this_thread::get_id();
-  const auto innermost = std::find_if(context.open_scopes_.rbegin(), context.open_scopes_.rend(),
-                                      [&](const CaptureScope* scope) { return scope->thread_ == thread; });
-  return innermost == context.open_scopes_.rend() ? nullptr : *innermost;
+  return context.innermost_scope_of_this_thread(nullptr, /*memberships=*/false);
 }
 
 CaptureScope::Member::Member(CaptureScope& scope) : context_(scope.context_), scope_(scope.id_) {

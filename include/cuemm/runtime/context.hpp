@@ -116,9 +116,10 @@ class Context {
   }
   // A block that such a scope, reusing, holds for a device request of `size`; else null.
   std::shared_ptr<MemoryPointer> reuse_if_captured(std::size_t size);
-  // The innermost open scope that the calling thread opened or is a member
-  // of (`as_member` says which); null where none. (scopes_mutex_ held)
-  CaptureScope* innermost_scope_of_this_thread(bool* as_member = nullptr);
+  // The innermost open scope that the calling thread opened or, with
+  // `memberships`, is a member of (`as_member` says which); null where none.
+  // (scopes_mutex_ held)
+  CaptureScope* innermost_scope_of_this_thread(bool* as_member = nullptr, bool memberships = true);
 
   Device& device_;
   cuda::CUcontext handle_;
