@@ -18,10 +18,12 @@ ContextOwnedHandle& ContextOwnedHandle::operator=(ContextOwnedHandle&& other) no
   return *this;
 }
 
+bool ContextOwnedHandle::stale() const noexcept { return context_ && context_->generation() != generation_; }
+
 void ContextOwnedHandle::release() noexcept {
   void* handle = std::exchange(handle_, nullptr);
   const Destroy destroy = std::exchange(destroy_, nullptr);
-  if (!handle || !destroy || !context_ || context_->generation() != generation_) return;
+  if (!handle || !destroy || !context_ || stale()) return;
   Context* context = context_;
   context->deallocations().add([context, handle, destroy] {
     ScopedContext scope(*context);

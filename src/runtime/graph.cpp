@@ -50,7 +50,6 @@ Graph::Graph(Context& context, cuda::CUgraph graph, cuda::CUgraphExec executable
       graph_(&context, graph, [](void* handle) { CUEMM_CU(cuGraphDestroy, static_cast<cuda::CUgraph>(handle)); }),
       executable_(&context, executable,
                   [](void* handle) { CUEMM_CU(cuGraphExecDestroy, static_cast<cuda::CUgraphExec>(handle)); }),
-      generation_(context.generation()),
       launches_(std::make_unique<Launches>()) {}
 
 Graph::Graph(Graph&&) noexcept = default;
@@ -63,7 +62,6 @@ Graph& Graph::operator=(Graph&& other) noexcept {
     memory_ = std::move(other.memory_);
     graph_ = std::move(other.graph_);
     executable_ = std::move(other.executable_);
-    generation_ = other.generation_;
     launches_ = std::move(other.launches_);
   }
   return *this;
@@ -71,7 +69,8 @@ Graph& Graph::operator=(Graph&& other) noexcept {
 
 void Graph::order_the_legacy_stream_after_launches() noexcept {
   Context* context = this->context();
-  if (!launches_ || !context || context->generation() != generation_) return;
+  // (Not after a device reset, which destroyed the events with the graph.)
+  if (!launches_ || !context || executable_.stale()) return;
   std::lock_guard lock(launches_->mutex);
   if (launches_->after_latest.empty()) return;
   try {

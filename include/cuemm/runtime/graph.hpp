@@ -14,9 +14,10 @@
 // graph's while the Graph lives. Another thread that records into the same
 // capture (on a stream forked from it) holds a
 // CaptureScope::Member(*CaptureScope::of_this_thread(context)), taken by the
-// recording, for its blocks to be the graph's too. Nothing is left to get wrong: the memory
-// goes with the graph, and an exception thrown while recording ends the
-// capture (the stream can be used again) before it propagates.
+// recording, for its blocks to be the graph's too. Nothing is left to get
+// wrong: the memory goes with the graph, and an exception thrown while
+// recording ends the capture (the stream can be used again) before it
+// propagates.
 //
 // When the Graph goes, its blocks go back to their managers as stream-less
 // frees, which are safe for work queued on the legacy stream and the streams
@@ -27,7 +28,6 @@
 // and a pool's seals before CUDA 12.5 come after them.
 #pragma once
 
-#include <cstdint>
 #include <functional>
 #include <memory>
 
@@ -80,7 +80,6 @@ class Graph {
   std::shared_ptr<GraphMemory> memory_;
   detail::ContextOwnedHandle graph_;
   detail::ContextOwnedHandle executable_;
-  std::uint64_t generation_ = 0;  // the context's, at the capture (a device reset since destroyed the events)
   // An event recorded after the latest launch on each stream other than the default ones.
   struct Launches;
   std::unique_ptr<Launches> launches_;

@@ -37,6 +37,8 @@ class ContextOwnedHandle {
 
   Context* context() const noexcept { return context_; }
   void* get() const noexcept { return handle_; }
+  // Whether the context was reset since the handle was made (the reset destroyed it).
+  bool stale() const noexcept;
 
  private:
   void release() noexcept;
