@@ -40,11 +40,14 @@ class SimStream {
   bool blocking() const { return (flags_ & 0x1u) == 0; }
 
   // Queues an operation that first waits for every dependency. Returns the
-  // operation's ticket.
-  std::uint64_t enqueue(Operation operation, std::vector<Dependency> dependencies = {}) {
+  // operation's ticket. A `marker` (an event's record) runs once its ticket
+  // counts as complete, so that whoever sees it run finds the stream's work up
+  // to it complete, as on a GPU (else a query of the stream right after a
+  // wait for the event could still read it busy).
+  std::uint64_t enqueue(Operation operation, std::vector<Dependency> dependencies = {}, bool marker = false) {
     std::unique_lock lock(mutex_);
     if (!worker_.joinable()) worker_ = std::thread([this] { run(); });
-    queue_.push_back({std::move(operation), std::move(dependencies)});
+    queue_.push_back({std::move(operation), std::move(dependencies), marker});
     const std::uint64_t ticket = ++enqueued_;
     wake_.notify_all();
     return ticket;
@@ -79,6 +82,7 @@ class SimStream {
   struct Queued {
     Operation operation;
     std::vector<Dependency> dependencies;
+    bool marker = false;
   };
 
   void run() {
@@ -92,12 +96,13 @@ class SimStream {
         queue_.pop_front();
       }
       for (auto& dependency : next.dependencies) dependency.stream->wait_for(dependency.ticket);
-      if (next.operation) next.operation();
+      if (next.operation && !next.marker) next.operation();
       {
         std::lock_guard lock(mutex_);
         ++completed_;
       }
       done_.notify_all();
+      if (next.operation && next.marker) next.operation();
     }
   }
 
@@ -113,9 +118,11 @@ class SimStream {
   std::thread worker_;
 };
 
-// An event completes when the stream reaches the point where it was recorded;
-// one recorded for a whole context (cuCtxRecordEvent), once every stream has
-// reached the point where it stood at the record.
+// An event completes when its stream reaches the point where it was
+// recorded; one recorded for a whole context (cuCtxRecordEvent), once every
+// stream has reached the point where it stood at the record. Either way the
+// event reads its streams' tickets, so that it and they never disagree (a
+// stream's query right after a wait for its event reads idle).
 struct Capture;
 
 struct SimEvent {
@@ -132,20 +139,21 @@ struct SimEvent {
   std::weak_ptr<Capture> capture;
   SimStream* captured_on = nullptr;
   std::size_t captured_at = 0;
-  // A context-wide record's generation and the streams' points it waits for
-  // (no stream runs an operation for it: whoever looks settles it).
-  std::uint64_t context_generation = 0;
-  std::vector<SimStream::Dependency> context_points;
+  // The latest record's generation and the streams' points it waits for:
+  // one for a stream's record (whose marker on the stream settles it once
+  // reached), every stream's for a context-wide one (whoever looks settles it).
+  std::uint64_t points_generation = 0;
+  std::vector<SimStream::Dependency> points;
 
-  // Completes a context-wide record whose streams have all reached their
+  // Completes the latest record once its streams have all reached their
   // points. Call with `mutex` held.
-  void settle_context_record() {
-    if (context_generation == 0 || context_generation != recorded || completed >= recorded) return;
-    for (const auto& point : context_points)
+  void settle() {
+    if (points_generation == 0 || points_generation != recorded || completed >= recorded) return;
+    for (const auto& point : points)
       if (!point.stream->is_complete(point.ticket)) return;
     completed = recorded;
     time = std::chrono::steady_clock::now();
-    context_points.clear();
+    points.clear();
     done.notify_all();
   }
 };

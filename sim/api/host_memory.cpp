@@ -1,0 +1,140 @@
+// sim/api/host_memory.cpp: the simulated driver's page-locked host memory:
+// allocated, registered, pointer attributes.
+#include "../driver_internals.hpp"
+
+using namespace cuemm::sim;
+
+namespace {
+CUresult host_alloc(Fn entry, void** pointer, std::size_t size, unsigned flags) {
+  SIM_BEGIN_AS(entry);
+  SIM_CONTEXT();
+  if (!pointer || size == 0 || (flags & ~0x7u)) return CUDA_ERROR_INVALID_VALUE;
+  const std::size_t length = cuemm::util::round_up(size, page_size());
+  void* memory = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (memory == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  Allocation allocation;
+  allocation.base = reinterpret_cast<std::uintptr_t>(memory);
+  allocation.size = size;
+  allocation.kind = AllocationKind::PinnedHost;
+  allocation.context = context;
+  allocation.device = context->device->ordinal;
+  allocation.flags = flags;
+  allocation.mapping_size = length;
+  s.allocations.emplace(allocation.base, allocation);
+  *pointer = memory;
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+SIM_EXPORT CUresult cuMemHostAlloc(void** pointer, std::size_t size, unsigned flags) {
+  return host_alloc(Fn::cuMemHostAlloc, pointer, size, flags);
+}
+SIM_EXPORT CUresult cuMemAllocHost_v2(void** pointer, std::size_t size) {
+  return host_alloc(Fn::cuMemAllocHost, pointer, size, 0);
+}
+
+SIM_EXPORT CUresult cuMemFreeHost(void* pointer) {
+  SIM_BEGIN(cuMemFreeHost);
+  auto it = s.allocations.find(reinterpret_cast<std::uintptr_t>(pointer));
+  if (it == s.allocations.end() || it->second.kind != AllocationKind::PinnedHost)
+    return CUDA_ERROR_INVALID_VALUE;
+  // It waits for the device, as cuMemFree does (measured on the H100: 50 ms
+  // behind a 50 ms kernel on any stream; bench/probes/probe_free_stall.cpp).
+  synchronize_context(lock, it->second.context);
+  it = s.allocations.find(reinterpret_cast<std::uintptr_t>(pointer));  // (unlocked meanwhile)
+  if (it == s.allocations.end()) return CUDA_ERROR_INVALID_VALUE;
+  release_allocation(s, it);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemHostRegister_v2(void* pointer, std::size_t size, unsigned flags) {
+  SIM_BEGIN(cuMemHostRegister);
+  SIM_CONTEXT();
+  if (!pointer || size == 0 || (flags & ~0xFu)) return CUDA_ERROR_INVALID_VALUE;
+  const auto base = reinterpret_cast<std::uintptr_t>(pointer);
+  // Overlap with anything already page-locked: check both neighbours.
+  auto next = s.allocations.lower_bound(base);
+  if (next != s.allocations.end() && next->first < base + size)
+    return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  if (s.find(base)) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  Allocation allocation;
+  allocation.base = base;
+  allocation.size = size;
+  allocation.kind = AllocationKind::RegisteredHost;
+  allocation.context = context;
+  allocation.device = context->device->ordinal;
+  allocation.flags = flags;
+  s.allocations.emplace(base, allocation);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemHostUnregister(void* pointer) {
+  SIM_BEGIN(cuMemHostUnregister);
+  auto it = s.allocations.find(reinterpret_cast<std::uintptr_t>(pointer));
+  if (it == s.allocations.end() || it->second.kind != AllocationKind::RegisteredHost)
+    return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  release_allocation(s, it);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* device_pointer, void* host_pointer,
+                                                 unsigned flags) {
+  SIM_BEGIN(cuMemHostGetDevicePointer);
+  if (!device_pointer || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  Allocation* allocation = s.find(reinterpret_cast<std::uintptr_t>(host_pointer));
+  // With unified addressing every cuMemHostAlloc block is mapped; registered
+  // memory only when registered with DEVICEMAP.
+  const bool mapped = allocation && (allocation->kind == AllocationKind::PinnedHost ||
+                                     (allocation->kind == AllocationKind::RegisteredHost &&
+                                      (allocation->flags & CU_MEMHOSTREGISTER_DEVICEMAP)));
+  if (!mapped) return CUDA_ERROR_INVALID_VALUE;
+  *device_pointer = reinterpret_cast<CUdeviceptr>(host_pointer);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemHostGetFlags(unsigned* flags, void* pointer) {
+  SIM_BEGIN(cuMemHostGetFlags);
+  Allocation* allocation = s.find(reinterpret_cast<std::uintptr_t>(pointer));
+  if (!flags || !allocation || allocation->kind != AllocationKind::PinnedHost)
+    return CUDA_ERROR_INVALID_VALUE;
+  *flags = allocation->flags;
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuPointerGetAttribute(void* data, int attribute, CUdeviceptr pointer) {
+  SIM_BEGIN(cuPointerGetAttribute);
+  if (!data) return CUDA_ERROR_INVALID_VALUE;
+  Allocation* allocation = s.find(pointer);
+  if (!allocation) return CUDA_ERROR_INVALID_VALUE;
+  const bool host = allocation->kind == AllocationKind::PinnedHost ||
+                    allocation->kind == AllocationKind::RegisteredHost;
+  switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+      *static_cast<CUcontext*>(data) = reinterpret_cast<CUcontext>(allocation->context);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      *static_cast<unsigned*>(data) = host ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+      *static_cast<CUdeviceptr*>(data) = pointer;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+      *static_cast<int*>(data) = allocation->kind == AllocationKind::Managed ? 1 : 0;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+      *static_cast<int*>(data) = allocation->device;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+      *static_cast<CUdeviceptr*>(data) = allocation->base;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+      *static_cast<std::size_t*>(data) = allocation->size;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+      *static_cast<int*>(data) = 1;
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
