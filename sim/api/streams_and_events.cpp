@@ -119,6 +119,7 @@ SIM_EXPORT CUresult cuEventRecord(CUevent handle, CUstream stream_handle) {
         if (generation <= event->completed) return;
         event->completed = generation;
         event->time = std::chrono::steady_clock::now();
+        if (event->points_generation == generation) event->points.clear();  // (nor keep the stream)
         event->done.notify_all();
       }, /*marker=*/true))
     return queued;
