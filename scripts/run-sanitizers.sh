@@ -7,6 +7,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build_root=${BUILD_ROOT:-/tmp/cuemm-sanitizers}
+mkdir -p "$build_root"
 "$root/scripts/setup.sh"
 summary=()
 status=0
