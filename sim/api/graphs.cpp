@@ -55,6 +55,13 @@ SIM_EXPORT CUresult cuStreamIsCapturing(CUstream handle, int* status) {
   CUresult error = CUDA_SUCCESS;
   const auto stream = resolve_stream(s, handle, &error);
   if (!stream) return error;
+  // Of the legacy stream, beside a blocking stream's capture: the error that
+  // work there would meet, the capture left intact (as CUDA documents, and
+  // the H100 does: Driver.ACaptureRefusesAndEndsOnTheCallsTheH100Refuses).
+  if (stream == stream->context()->legacy) {
+    for (const auto& [capturing, capture] : s.captures)
+      if (capturing->blocking() && capturing->context() == stream->context()) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+  }
   const auto found = s.captures.find(stream.get());
   *status = found == s.captures.end()      ? CU_STREAM_CAPTURE_STATUS_NONE
             : found->second->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED

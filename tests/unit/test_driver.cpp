@@ -292,6 +292,22 @@ TEST(Driver, ACaptureRefusesAndEndsOnTheCallsTheH100Refuses) {
          "cuEventRecord on the legacy stream beside a non-blocking stream's capture");
   expect(during(blocking, kRelaxed, record_on_legacy, Caller::relaxed_capturing_thread), false, false,
          "cuEventRecord on the legacy stream beside a blocking stream's capture");
+  // Whether the legacy stream is capturing: beside a blocking stream's
+  // capture the error its work would meet, and the capture goes on.
+  if (api.cuStreamIsCapturing) {
+    cuda::CUresult answer = cuda::CUDA_SUCCESS;
+    int legacy_status = -1;
+    const auto ask_legacy = [&] {
+      answer = CUEMM_CU_RESULT(cuStreamIsCapturing, cuda::CU_STREAM_LEGACY, &legacy_status);
+      return answer;
+    };
+    expect(during(blocking, kGlobal, ask_legacy), false, true,
+           "cuStreamIsCapturing of the legacy stream beside a blocking stream's capture");
+    EXPECT_EQ(answer, cuda::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    expect(during(non_blocking, kGlobal, ask_legacy), true, true,
+           "cuStreamIsCapturing of the legacy stream beside a non-blocking stream's capture");
+    EXPECT_EQ(legacy_status, cuda::CU_STREAM_CAPTURE_STATUS_NONE);
+  }
   for (const cuda::CUdeviceptr block : allocated) CUEMM_CU(cuMemFree, block);
 
   // A fill captured, then launched twice: nothing at the capture.
@@ -372,7 +388,9 @@ TEST(Driver, ACaptureForksToAStreamThatWaitsForItsEventAndEndsOnceJoined) {
     const cuda::CUresult ended = CUEMM_CU_RESULT(cuStreamEndCapture, origin.handle(), &graph);
     EXPECT_EQ(status(origin), cuda::CU_STREAM_CAPTURE_STATUS_NONE);
     EXPECT_EQ(status(side), cuda::CU_STREAM_CAPTURE_STATUS_NONE);
-    if (ended != cuda::CUDA_SUCCESS) EXPECT_EQ(graph, nullptr);
+    if (ended != cuda::CUDA_SUCCESS) {
+      EXPECT_EQ(graph, nullptr);
+    }
     if (ended == cuda::CUDA_SUCCESS && graph) CUEMM_CU(cuGraphDestroy, graph);
     return ended;
   };
