@@ -14,9 +14,10 @@
 //   CUEMM_SIM_PEER_ACCESS  1 lets devices map each other's memory (default 0)
 //   CUEMM_SIM_FAULTS       fault injection, see call_log.hpp
 //
-// What it does not do: execute PTX (see kernels.hpp), link modules, or keep an
-// exported block alive after its owner frees it while another process has it
-// open (on a GPU the driver would).
+// What it does not do: execute PTX (see kernels.hpp), link modules, capture
+// stream-ordered allocations (graph memory nodes: refused on a capturing
+// stream), or keep an exported block alive after its owner frees it while
+// another process has it open (on a GPU the driver would).
 #pragma once
 
 #include <fcntl.h>
