@@ -169,3 +169,9 @@ CUresult check_stream_use(State& s, const std::shared_ptr<SimStream>& stream);
 #define SIM_DEVICE(ordinal)                       \
   Device* device = device_at(s, ordinal);         \
   if (!device) return CUDA_ERROR_INVALID_DEVICE
+
+// `variable`: the stream `handle` names (resolve_stream), or the call returns its error.
+#define SIM_STREAM(variable, handle)                                     \
+  CUresult variable##_error = CUDA_SUCCESS;                              \
+  auto variable = resolve_stream(s, handle, &variable##_error);          \
+  if (!variable) return variable##_error

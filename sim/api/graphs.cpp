@@ -8,9 +8,7 @@ using namespace cuemm::sim;
 SIM_EXPORT CUresult cuStreamBeginCapture_v2(CUstream handle, int mode) {
   SIM_BEGIN(cuStreamBeginCapture);
   if (mode < CU_STREAM_CAPTURE_MODE_GLOBAL || mode > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
-  CUresult error = CUDA_SUCCESS;
-  const auto stream = resolve_stream(s, handle, &error);
-  if (!stream) return error;
+  SIM_STREAM(stream, handle);
   if (stream == stream->context()->legacy) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   if (capture_of(s, stream)) return CUDA_ERROR_ILLEGAL_STATE;
   auto capture = std::make_shared<Capture>();
@@ -24,9 +22,7 @@ SIM_EXPORT CUresult cuStreamBeginCapture_v2(CUstream handle, int mode) {
 SIM_EXPORT CUresult cuStreamEndCapture(CUstream handle, CUgraph* out) {
   SIM_BEGIN(cuStreamEndCapture);
   if (!out) return CUDA_ERROR_INVALID_VALUE;
-  CUresult error = CUDA_SUCCESS;
-  const auto stream = resolve_stream(s, handle, &error);
-  if (!stream) return error;
+  SIM_STREAM(stream, handle);
   const auto found = s.captures.find(stream.get());
   if (found == s.captures.end()) return CUDA_ERROR_ILLEGAL_STATE;
   const std::shared_ptr<Capture> capture = found->second;
@@ -52,9 +48,7 @@ SIM_EXPORT CUresult cuStreamEndCapture(CUstream handle, CUgraph* out) {
 SIM_EXPORT CUresult cuStreamIsCapturing(CUstream handle, int* status) {
   SIM_BEGIN(cuStreamIsCapturing);
   if (!status) return CUDA_ERROR_INVALID_VALUE;
-  CUresult error = CUDA_SUCCESS;
-  const auto stream = resolve_stream(s, handle, &error);
-  if (!stream) return error;
+  SIM_STREAM(stream, handle);
   // Of the legacy stream, beside a blocking stream's capture: the error that
   // work there would meet, the capture left intact (as CUDA documents, and
   // the H100 does: Driver.ACaptureRefusesAndEndsOnTheCallsTheH100Refuses).
@@ -83,9 +77,7 @@ SIM_EXPORT CUresult cuGraphLaunch(CUgraphExec handle, CUstream stream_handle) {
   SIM_BEGIN(cuGraphLaunch);
   const auto found = s.executables.find(reinterpret_cast<Graph*>(handle));
   if (found == s.executables.end()) return CUDA_ERROR_INVALID_VALUE;
-  CUresult error = CUDA_SUCCESS;
-  const auto stream = resolve_stream(s, stream_handle, &error);
-  if (!stream) return error;
+  SIM_STREAM(stream, stream_handle);
   if (stream->context() != found->second->context) return CUDA_ERROR_INVALID_CONTEXT;
   // (A copy of the operations: the executable may be destroyed while its launch is queued.)
   return queue_or_capture(s, stream, [operations = found->second->operations] {

@@ -105,9 +105,7 @@ SIM_EXPORT CUresult cuLaunchKernel(CUfunction handle, unsigned, unsigned, unsign
     return CUDA_ERROR_NOT_SUPPORTED;
   }
   if (!params && !kernel->parameter_sizes.empty()) return CUDA_ERROR_INVALID_VALUE;
-  CUresult error = CUDA_SUCCESS;
-  const auto queue = resolve_stream(s, stream, &error);
-  if (!queue) return error;
+  SIM_STREAM(queue, stream);
   const int device = queue->context()->device->ordinal;
   // Parameters are copied now: the caller may reuse its storage at once.
   std::vector<std::vector<char>> copies;

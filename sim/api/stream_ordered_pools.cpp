@@ -107,9 +107,7 @@ SIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* pointer, std::size_t si
   SIM_CONTEXT();
   MemoryPool* pool = find_pool(s, handle);
   if (!pointer || size == 0 || !pool) return CUDA_ERROR_INVALID_VALUE;
-  CUresult error = CUDA_SUCCESS;
-  const auto stream = resolve_stream(s, stream_handle, &error);
-  if (!stream) return error;
+  SIM_STREAM(stream, stream_handle);
   if (const CUresult refused = refuse_on_a_capturing_stream(s, stream)) return refused;
   if (pool->device != context->device->ordinal) return CUDA_ERROR_INVALID_DEVICE;
   if (pool->imported_fd >= 0) return CUDA_ERROR_INVALID_VALUE;  // imported pools hand out nothing
@@ -135,9 +133,7 @@ SIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr pointer, CUstream stream_handle) 
   SIM_BEGIN(cuMemFreeAsync);
   auto it = s.allocations.find(pointer);
   if (it == s.allocations.end() || it->second.kind != AllocationKind::Device) return CUDA_ERROR_INVALID_VALUE;
-  CUresult error = CUDA_SUCCESS;
-  auto stream = resolve_stream(s, stream_handle, &error);
-  if (!stream) return error;
+  SIM_STREAM(stream, stream_handle);
   if (const CUresult refused = refuse_on_a_capturing_stream(s, stream)) return refused;
   auto release = [](State& state_now, std::map<std::uintptr_t, Allocation>::iterator found) {
     if (MemoryPool* pool = found->second.pool) {

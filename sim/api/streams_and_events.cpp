@@ -30,9 +30,7 @@ SIM_EXPORT CUresult cuStreamDestroy_v2(CUstream handle) {
 
 SIM_EXPORT CUresult cuStreamSynchronize(CUstream handle) {
   SIM_BEGIN(cuStreamSynchronize);
-  CUresult error = CUDA_SUCCESS;
-  auto stream = resolve_stream(s, handle, &error);
-  if (!stream) return error;
+  SIM_STREAM(stream, handle);
   if (const CUresult refused = check_stream_use(s, stream)) return refused;
   // A marker on the stream carries the legacy-stream dependencies with it.
   const auto ticket = submit(stream, nullptr);
@@ -43,9 +41,7 @@ SIM_EXPORT CUresult cuStreamSynchronize(CUstream handle) {
 
 SIM_EXPORT CUresult cuStreamQuery(CUstream handle) {
   SIM_BEGIN(cuStreamQuery);
-  CUresult error = CUDA_SUCCESS;
-  auto stream = resolve_stream(s, handle, &error);
-  if (!stream) return error;
+  SIM_STREAM(stream, handle);
   if (const CUresult refused = check_stream_use(s, stream)) return refused;
   if (!stream->is_complete(stream->last_ticket())) return CUDA_ERROR_NOT_READY;
   // The legacy default stream reads as busy while any blocking stream is, as
@@ -92,9 +88,7 @@ SIM_EXPORT CUresult cuEventRecord(CUevent handle, CUstream stream_handle) {
   SIM_BEGIN(cuEventRecord);
   auto event = find_event(s, handle);
   if (!event) return CUDA_ERROR_INVALID_HANDLE;
-  CUresult error = CUDA_SUCCESS;
-  const auto stream = resolve_stream(s, stream_handle, &error);
-  if (!stream) return error;
+  SIM_STREAM(stream, stream_handle);
   if (Capture* capture = capture_of(s, stream)) {
     // A point in the capture for other streams to fork from or join at; nothing runs for it.
     std::lock_guard event_lock(event->mutex);
@@ -216,9 +210,7 @@ SIM_EXPORT CUresult cuStreamWaitEvent(CUstream stream_handle, CUevent handle, un
   (void)flags;
   auto event = find_event(s, handle);
   if (!event) return CUDA_ERROR_INVALID_HANDLE;
-  CUresult error = CUDA_SUCCESS;
-  const auto stream = resolve_stream(s, stream_handle, &error);
-  if (!stream) return error;
+  SIM_STREAM(stream, stream_handle);
   std::shared_ptr<Capture> captured;
   SimStream* captured_on = nullptr;
   std::size_t captured_at = 0;
