@@ -277,11 +277,11 @@ bool memset_returns_early(State& s, CUdeviceptr memory) {
                         allocation->kind == AllocationKind::VirtualMapping);
 }
 
-CUresult run_on_stream(State& s, CUstream handle, SimStream::Operation operation, bool marker) {
+CUresult run_on_stream(State& s, CUstream handle, SimStream::Operation operation) {
   CUresult error = CUDA_SUCCESS;
   auto stream = resolve_stream(s, handle, &error);
   if (!stream) return error;
-  return queue_or_capture(s, stream, std::move(operation), marker);
+  return queue_or_capture(s, stream, std::move(operation));
 }
 
 Allocation* map_exported_memory(State& s, Context* context, int fd, std::uint64_t arena_offset, std::uint64_t size,

@@ -119,7 +119,7 @@ CUresult run_synchronously(State& s, std::unique_lock<std::mutex>& lock, CUdevic
 // Whether a "synchronous" memset of `memory` returns before it ran.
 bool memset_returns_early(State& s, CUdeviceptr memory);
 // Queues `operation` on the stream `handle` names, or keeps it for its capture.
-CUresult run_on_stream(State& s, CUstream handle, SimStream::Operation operation, bool marker = false);
+CUresult run_on_stream(State& s, CUstream handle, SimStream::Operation operation);
 
 // --- Stream capture (capture_rules.cpp) ---
 extern thread_local int thread_capture_mode;  // cuThreadExchangeStreamCaptureMode

@@ -32,7 +32,7 @@ SIM_EXPORT CUresult cuStreamSynchronize(CUstream handle) {
   SIM_BEGIN(cuStreamSynchronize);
   SIM_STREAM(stream, handle);
   if (const CUresult refused = check_stream_use(s, stream)) return refused;
-  // A marker on the stream carries the legacy-stream dependencies with it.
+  // An empty operation on the stream carries the legacy-stream dependencies with it.
   const auto ticket = submit(stream, nullptr);
   lock.unlock();
   stream->wait_for(ticket);
@@ -108,7 +108,7 @@ SIM_EXPORT CUresult cuEventRecord(CUevent handle, CUstream stream_handle) {
   // wait for the event never ends before the stream reads idle up to it.
   // (It completes its own generation, for whoever waits for that one after
   // the event was recorded again.)
-  if (const CUresult queued = run_on_stream(s, stream_handle, [event, generation] {
+  if (const CUresult queued = queue_or_capture(s, stream, [event, generation] {
         std::lock_guard event_lock(event->mutex);
         if (generation <= event->completed) return;
         event->completed = generation;
