@@ -1,0 +1,209 @@
+// The expandable pool: one range of addresses, mapped page by page.
+#include "pool_test.hpp"
+
+using namespace cuemm;
+using cuemm::testing::Pool;
+using cuemm::testing::throws;
+
+// The expandable pool on a device without virtual memory management: refused
+// at initialize with an error that names the device, the option and what to
+// use instead, and again at a request rather than a crash. The pool without
+// it serves that device.
+TEST_F(Pool, AnExpandablePoolOnADeviceWithoutVirtualMemoryIsRefusedWithAClearError) {
+  CUEMM_REQUIRE_SIMULATION();
+  const int device = context.device().id();
+  const cuemm::testing::SimulatedDeviceAttribute lacking(
+      device, cuda::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0);
+  PoolOptions options;
+  options.expandable = true;
+  PoolMemoryManager expandable(&context, options);
+  EXPECT_TRUE(throws<CudaError>([&] { expandable.initialize(); }, "device " + std::to_string(device),
+                                "no virtual memory management", "CUEMM_POOL_EXPANDABLE=1", "without it"));
+  EXPECT_TRUE(throws<CudaError>([&] { expandable.memalloc(1 << 20); }, "no virtual memory management"));
+  EXPECT_EQ(expandable.statistics().reserved_bytes, 0u);
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  EXPECT_NE(pool.memalloc(1 << 20)->device_pointer(), 0u);
+}
+
+// Note [Expandable arena]: growth maps memory right after the free end, so a
+// block too large for the free end alone spans it and the new memory.
+TEST_F(Pool, AnExpandablePoolGrowsItsOneRangeByWhatIsMissing) {
+  PoolOptions options;
+  options.expandable = true;
+  options.thread_cache_size = 0;  // every block from the index
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  auto first = pool.memalloc(1536 << 10);
+  const std::size_t reserved = pool.statistics().reserved_bytes;
+  EXPECT_EQ(reserved, 2u << 20) << "grew by more than one 2 MiB page for 1.5 MiB";
+  auto second = pool.memalloc(2 << 20);  // needs the free 0.5 MiB at the end and one more page
+  auto values = std::vector<std::uint32_t>((2 << 20) / 4, 7u);
+  DeviceArray<std::uint32_t>(second, values.size()).copy_to_device(values);
+  EXPECT_EQ(DeviceArray<std::uint32_t>(second, values.size()).copy_to_host(), values);
+  EXPECT_EQ(second->device_pointer(), first->device_pointer() + (1536 << 10));
+  EXPECT_EQ(pool.statistics().segments, 1u);
+  EXPECT_EQ(pool.statistics().reserved_bytes, 4u << 20);
+  second.reset();
+  EXPECT_EQ(pool.trim(), 2u << 20) << "the free end's whole mapping was not unmapped";
+  first.reset();
+  EXPECT_EQ(pool.trim(), 2u << 20);
+  EXPECT_EQ(pool.statistics().reserved_bytes, 0u);
+  auto again = pool.memalloc(4096);  // grows from nothing again
+  EXPECT_EQ(pool.statistics().reserved_bytes, 2u << 20);
+}
+
+// A free end that begins exactly where a mapping begins goes whole, with the
+// mappings under it (the random workload up to 64 MiB with 256 MiB live,
+// seed 5, met this at a new peak and failed the allocation).
+TEST_F(Pool, AnExpandablePoolGivesBackAFreeEndThatBeginsAtAMapping) {
+  PoolOptions options;
+  options.expandable = true;
+  options.thread_cache_size = 0;
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  auto first = pool.memalloc(2 << 20);   // the first mapping, whole
+  auto second = pool.memalloc(2 << 20);  // the second
+  second.reset();
+  EXPECT_EQ(pool.trim(), 2u << 20);
+  EXPECT_EQ(pool.statistics().reserved_bytes, 2u << 20);
+  auto again = pool.memalloc(2 << 20);  // the arena grows again from there
+  EXPECT_EQ(again->device_pointer(), first->device_pointer() + (2 << 20));
+}
+
+// Note [Expandable arena]: the handle of an arena block names the mappings
+// under it (here two: the block spans the first mapping's end), each offered
+// once as a descriptor. A segment of its own keeps the driver's handle.
+TEST_F(Pool, AnExpandablePoolsHandleNamesTheMappingsUnderTheBlock) {
+  PoolOptions options;
+  options.expandable = true;
+  options.thread_cache_size = 0;  // every block from the index
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  auto first = pool.memalloc(1536 << 10);
+  auto second = pool.memalloc(2 << 20);  // 0.5 MiB of the first mapping, 1.5 MiB of the next
+  ASSERT_EQ(second->device_pointer(), first->device_pointer() + (1536 << 10));
+  IpcHandle handle = pool.get_ipc_handle(second);
+  EXPECT_FALSE(handle.has_driver_handle());
+  ASSERT_TRUE(handle.mapped_export());
+  const MappedExport& exported = *handle.mapped_export();
+  EXPECT_EQ(exported.pid, getpid());
+  ASSERT_EQ(exported.pieces.size(), 2u);
+  EXPECT_EQ(exported.pieces[0].size, 2u << 20);
+  EXPECT_EQ(exported.pieces[1].size, 2u << 20);
+  EXPECT_NE(exported.pieces[0].token, exported.pieces[1].token);
+  EXPECT_EQ(handle.offset(), 1536u << 10);
+  EXPECT_EQ(handle.size(), 2u << 20);
+
+  IpcHandle rebuilt = IpcHandle::from_bytes(handle.to_bytes());
+  ASSERT_TRUE(rebuilt.mapped_export());
+  EXPECT_EQ(rebuilt.mapped_export()->pid, exported.pid);
+  ASSERT_EQ(rebuilt.mapped_export()->pieces.size(), 2u);
+  EXPECT_EQ(rebuilt.mapped_export()->pieces[1].token, exported.pieces[1].token);
+  EXPECT_EQ(rebuilt.offset(), handle.offset());
+  EXPECT_THROW(rebuilt.open(context), StateError);  // this process exported it
+
+  // A view inside the first mapping: one piece, offered once already.
+  IpcHandle inner = pool.get_ipc_handle(first->view(4096, 8192));
+  ASSERT_TRUE(inner.mapped_export());
+  ASSERT_EQ(inner.mapped_export()->pieces.size(), 1u);
+  EXPECT_EQ(inner.mapped_export()->pieces[0].token, exported.pieces[0].token);
+  EXPECT_EQ(inner.offset(), 4096u);
+
+  auto large = pool.memalloc(options.dedicated_size);  // a segment of its own: the driver's handle
+  IpcHandle driver_handle = pool.get_ipc_handle(large);
+  EXPECT_TRUE(driver_handle.has_driver_handle());
+  EXPECT_EQ(driver_handle.offset(), 0u);
+}
+
+// Note [Pages given back]: a block that the free space cannot hold takes
+// new pages past the peak only after the free pages are unmapped; pages
+// unmapped under the free space are mapped again for a block that lands there.
+TEST_F(Pool, AnExpandablePoolUnmapsFreePagesRatherThanPassItsPeak) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  for (const bool deferred : {false, true}) {
+    SCOPED_TRACE(deferred ? "within defer_cleanup()" : "unguarded");
+    PoolMemoryManager pool(&context, arena_only());
+    pool.initialize();
+    auto first = pool.memalloc(8 * kMiB);
+    auto second = pool.memalloc(2 * kMiB);
+    ASSERT_EQ(pool.statistics().reserved_bytes, 10 * kMiB);
+    first.reset();  // 8 MiB of mapped free space before `second`
+    const std::size_t frees = pool.statistics().driver_frees;
+    std::optional<CleanupGuard> guard;
+    if (deferred) guard.emplace(pool.defer_cleanup());
+    auto larger = pool.memalloc(10 * kMiB);  // past the end of the range
+    if (deferred) {
+      // Nothing goes back to the driver while cleanup is deferred.
+      EXPECT_EQ(pool.statistics().reserved_bytes, 20 * kMiB);
+      EXPECT_EQ(pool.statistics().driver_frees, frees);
+      continue;
+    }
+    EXPECT_EQ(pool.statistics().reserved_bytes, 12 * kMiB) << "the free pages stayed mapped past the peak";
+    EXPECT_EQ(pool.statistics().driver_frees, frees + 4);
+    const std::vector<std::uint32_t> values(10 * kMiB / 4, 3u);
+    DeviceArray<std::uint32_t>(larger, values.size()).copy_to_device(values);
+    EXPECT_EQ(DeviceArray<std::uint32_t>(larger, values.size()).copy_to_host(), values);
+
+    // The unmapped hole takes a block again: its pages are mapped for it.
+    auto again = pool.memalloc(8 * kMiB);
+    EXPECT_EQ(again->device_pointer(), second->device_pointer() - 8 * kMiB);
+    EXPECT_EQ(pool.statistics().reserved_bytes, 20 * kMiB);
+    const std::vector<std::uint32_t> more(8 * kMiB / 4, 9u);
+    DeviceArray<std::uint32_t>(again, more.size()).copy_to_device(more);
+    EXPECT_EQ(DeviceArray<std::uint32_t>(again, more.size()).copy_to_host(), more);
+    {
+      IpcHandle handle = pool.get_ipc_handle(again);  // (which keeps the block while it lives)
+      ASSERT_TRUE(handle.mapped_export());
+      EXPECT_EQ(handle.mapped_export()->pieces.size(), 4u);
+    }
+
+    // trim() unmaps every free page, inside the range as at its end.
+    again.reset();
+    EXPECT_EQ(pool.trim(), 8 * kMiB);
+    EXPECT_EQ(pool.statistics().reserved_bytes, 12 * kMiB);
+    // Every mapped byte is in a block now: the pool adds nothing to the
+    // driver's free memory (its free addresses are no memory).
+    std::size_t driver_free = 0, total = 0;
+    CUEMM_CU(cuMemGetInfo, &driver_free, &total);
+    EXPECT_EQ(pool.get_memory_info().free, driver_free);
+  }
+}
+
+// A free block whose pages are mapped serves a request before the best
+// fit whose pages are not: no driver call now, and no unmapping later.
+TEST_F(Pool, AnExpandablePoolPrefersMappedFreeSpaceToUnmappedPages) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  PoolMemoryManager pool(&context, arena_only());
+  pool.initialize();
+  auto first = pool.memalloc(8 * kMiB);
+  auto second = pool.memalloc(2 * kMiB);
+  first.reset();
+  auto larger = pool.memalloc(10 * kMiB);  // first's pages are unmapped for it
+  ASSERT_EQ(pool.statistics().reserved_bytes, 12 * kMiB);
+  const cuda::CUdeviceptr mapped_free = larger->device_pointer();
+  larger.reset();  // 10 MiB free and mapped; the 8 MiB hole is the best fit
+  const std::size_t mappings = pool.statistics().driver_allocations;
+  auto again = pool.memalloc(8 * kMiB);
+  EXPECT_EQ(again->device_pointer(), mapped_free);
+  EXPECT_EQ(pool.statistics().driver_allocations, mappings) << "mapped pages beside mapped free space";
+  EXPECT_EQ(pool.statistics().reserved_bytes, 12 * kMiB);
+}
+
+TEST_F(Pool, AnExpandablePoolRefusesToShareWhatItHasNotMapped) {
+  PoolOptions options;
+  options.expandable = true;
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  auto block = pool.memalloc(4096);
+  // The block's start, but 1 GiB long: beyond what the arena has mapped.
+  auto beyond = std::make_shared<MemoryPointer>(&context, block->device_pointer(), std::size_t{1} << 30);
+  EXPECT_TRUE(
+      throws<InvalidArgument>([&] { pool.get_ipc_handle(beyond); }, "is not mapped memory of the pool's arena"));
+  // No bytes, just past the mapped end (the arena's first block is at its start).
+  auto past_the_end = std::make_shared<MemoryPointer>(
+      &context, block->device_pointer() + pool.statistics().reserved_bytes, std::size_t{0});
+  EXPECT_THROW(pool.get_ipc_handle(past_the_end), InvalidArgument);
+  IpcHandle still = pool.get_ipc_handle(block);  // and the pool still shares
+  EXPECT_TRUE(still.mapped_export());
+}
