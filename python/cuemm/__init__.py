@@ -84,7 +84,9 @@ def _bridges():
 def statistics(device=None):
     """Counts of what cuemm handed out to Numba on `device` (default: the current one);
     with the pool manager, also its own figures under "pool" (reserved bytes, seals, and
-    the driver calls that took and gave back memory)."""
+    the driver calls that took and gave back memory); with a manager that pools pinned
+    host memory (pool, async), that pool's under "pinned_host_pool" (bytes allocated and
+    cached, hits, misses, and seals: waits for the GPU's queued work before reuse)."""
     bridge = _bridge_for(device)
     return bridge.statistics()
 

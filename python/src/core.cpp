@@ -355,6 +355,26 @@ class Bridge {
       figures["gpu_waits_avoided"] = p.gpu_waits_avoided;
       out["pool"] = figures;
     }
+    // The pinned host pool that the pool and async managers use (seals: how
+    // often a released block had to wait for the GPU's queued work).
+    if (auto* host_only = find_adaptor<HostOnlyMemoryManager>(*manager_)) {
+      const std::optional<PinnedHostPoolStatistics> h = [&]() -> std::optional<PinnedHostPoolStatistics> {
+        py::gil_scoped_release unlocked;  // takes the host pool's lock
+        PinnedHostPool* host_pool = host_only->pinned_host_pool();
+        if (!host_pool) return std::nullopt;
+        return host_pool->statistics();
+      }();
+      if (h) {
+        py::dict figures;
+        figures["allocated_bytes"] = h->allocated_bytes;
+        figures["cached_bytes"] = h->cached_bytes;
+        figures["cached_registrations"] = h->cached_registrations;
+        figures["hits"] = h->hits;
+        figures["misses"] = h->misses;
+        figures["seals"] = h->seals;
+        out["pinned_host_pool"] = figures;
+      }
+    }
     return out;
   }
 

@@ -102,6 +102,31 @@ def test_pinned_mapped_and_pinned_ranges(run_python):
     """, **PLUGIN)
 
 
+def test_the_pinned_host_pools_figures_count_its_reuse(run_python):
+    run_python("""
+        import numpy as np
+        from numba import cuda
+        import cuemm
+        for _ in range(200):
+            p = cuda.pinned_array(4096, dtype=np.uint8)
+            del p
+        figures = cuemm.statistics()["pinned_host_pool"]
+        # One block bought, then reused (a few more while its first seals were pending).
+        assert figures["misses"] >= 1 and figures["hits"] >= 150, figures
+        assert figures["hits"] + figures["misses"] == 200, figures
+        assert figures["cached_bytes"] == figures["allocated_bytes"] >= 4096, figures  # all released, all kept
+        assert figures["seals"] >= 1, figures  # a released block waits for the GPU's queued work before reuse
+    """, NUMBA_CUDA_MEMORY_MANAGER="cuemm", CUEMM_MEMORY_MANAGER="pool")
+    # The default manager pools no pinned memory: no such figures.
+    run_python("""
+        import numpy as np
+        from numba import cuda
+        import cuemm
+        p = cuda.pinned_array(4096, dtype=np.uint8)
+        assert "pinned_host_pool" not in cuemm.statistics(), cuemm.statistics()
+    """, NUMBA_CUDA_MEMORY_MANAGER="cuemm", CUEMM_MEMORY_MANAGER="default")
+
+
 def test_a_mapped_pointer_is_numbas_mapped_memory_in_one_object(run_python):
     run_python(PLAIN_POINTERS + """
         import numpy as np
