@@ -152,6 +152,52 @@ TYPED_TEST(Conformance, ImpossibleSizesAreOutOfMemoryNamingTheSize) {
   EXPECT_TRUE(this->holds(memory, values));
 }
 
+// A manager that filled the device (or its cap) gives that memory back for
+// reuse once its blocks are freed, whatever caches and segments hold them:
+// one block of most of it then fits (flush-and-retry, and the pools'
+// release of what they keep on out-of-memory). Small blocks first, so that
+// the pools' rings and shared segments hold some of it; then large ones
+// until out of memory.
+TYPED_TEST(Conformance, AfterFillingTheDeviceOneBlockOfMostOfItFitsOnceAllAreFreed) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  constexpr std::size_t kLarge = 256 * kMiB;
+  std::vector<std::shared_ptr<MemoryPointer>> blocks;
+  std::size_t held = 0;
+  for (int i = 0; i < 512; ++i, held += kMiB) blocks.push_back(this->manager->memalloc(kMiB));
+  for (;;) {
+    try {
+      blocks.push_back(this->manager->memalloc(kLarge));
+      held += kLarge;
+    } catch (const OutOfMemory& error) {
+      EXPECT_NE(std::string(error.what()).find(std::to_string(kLarge)), std::string::npos) << error.what();
+      break;
+    }
+    ASSERT_LT(blocks.size(), 100000u) << "never out of memory";
+  }
+  ASSERT_GT(held, 512 * kMiB) << "no large block fitted at all";
+  const std::size_t count = blocks.size();
+  blocks.clear();
+  const std::size_t most = held / 4 * 3 / (2 * kMiB) * (2 * kMiB);
+  std::shared_ptr<MemoryPointer> one;
+  try {
+    one = this->manager->memalloc(most);
+  } catch (const std::exception& error) {
+    FAIL() << "after " << count << " blocks of " << held << " bytes in all were freed, one of " << most
+           << " bytes did not fit: " << error.what();
+  }
+  // Its first and last pages are the device's (the rest is too large to copy here).
+  const std::vector<std::uint32_t> values(1024, 7);
+  DeviceArray<std::uint32_t>(one->view(0, 4096), values.size()).copy_to_device(values);
+  DeviceArray<std::uint32_t>(one->view(most - 4096, most), values.size()).copy_to_device(values);
+  EXPECT_EQ(DeviceArray<std::uint32_t>(one->view(most - 4096, most), values.size()).copy_to_host(), values);
+  one.reset();
+  this->flush();
+  // And the manager serves small blocks as before.
+  auto memory = this->manager->memalloc(kMiB);
+  const auto contents = this->fill(memory, 11);
+  EXPECT_TRUE(this->holds(memory, contents));
+}
+
 TYPED_TEST(Conformance, BlocksAreDistinctAndKeepTheirContents) {
   std::mt19937 random(2);
   std::vector<std::shared_ptr<MemoryPointer>> blocks;
