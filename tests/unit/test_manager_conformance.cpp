@@ -198,6 +198,61 @@ TYPED_TEST(Conformance, AfterFillingTheDeviceOneBlockOfMostOfItFitsOnceAllAreFre
   EXPECT_TRUE(this->holds(memory, contents));
 }
 
+// Threads that run the device out of memory together: each gets blocks of
+// random sizes until out of memory (the only error allowed), then all free
+// them. No thread hangs, and the manager serves one block of most of what
+// they held, then small blocks that keep their contents.
+TYPED_TEST(Conformance, ThreadsThatRunTheDeviceOutOfMemoryTogetherLeaveItConsistent) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  constexpr int kThreads = 8;
+  std::vector<std::vector<std::shared_ptr<MemoryPointer>>> held(kThreads);
+  std::vector<std::size_t> bytes(kThreads, 0);
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 random(100 + t);
+      try {
+        for (int misses = 0; misses < 3;) {
+          const std::size_t size = (1 + random() % 512) * kMiB - random() % 4096;
+          try {
+            held[t].push_back(this->manager->memalloc(size));
+            bytes[t] += size;
+          } catch (const OutOfMemory&) {
+            ++misses;
+          }
+        }
+      } catch (const std::exception& error) {
+        errors[t] = error.what();
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  std::size_t total = 0;
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(errors[t], "") << "thread " << t;
+    total += bytes[t];
+  }
+  ASSERT_GT(total, 512 * kMiB);
+  held.clear();
+  this->flush();
+  const std::size_t most = total / 4 * 3 / (2 * kMiB) * (2 * kMiB);
+  try {
+    auto one = this->manager->memalloc(most);
+  } catch (const std::exception& error) {
+    FAIL() << "after " << total << " bytes held by " << kThreads << " threads were freed, one block of " << most
+           << " bytes did not fit: " << error.what();
+  }
+  this->flush();
+  std::vector<std::shared_ptr<MemoryPointer>> small;
+  std::vector<std::vector<std::uint32_t>> contents;
+  for (std::uint32_t i = 0; i < 16; ++i) {
+    small.push_back(this->manager->memalloc(4096 * (i + 1)));
+    contents.push_back(this->fill(small.back(), i));
+  }
+  for (std::size_t i = 0; i < small.size(); ++i) EXPECT_TRUE(this->holds(small[i], contents[i])) << "block " << i;
+}
+
 TYPED_TEST(Conformance, BlocksAreDistinctAndKeepTheirContents) {
   std::mt19937 random(2);
   std::vector<std::shared_ptr<MemoryPointer>> blocks;
