@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# numba-cuda's whole cudapy test package (and its documentation examples),
+# numba-cuda's whole cudapy test package (and its other packages: documentation
+# examples, benchmarks, nocuda, nrt),
 # with and without the cuemm plugin, beyond the selection that gpu-check.sh
 # runs: tests/numba/compare_numba_cuda_suite.py on the GPU machine. The whole
 # takes longer than one command there may run (10 minutes), so it runs in
@@ -33,7 +34,13 @@ if not 1 <= part <= parts:
     sys.exit(f"part {part} of {parts} does not exist")
 names = sorted(f"numba.cuda.tests.cudapy.{name[:-3]}" for name in os.listdir(os.path.dirname(cudapy.__file__))
                if name.startswith("test_") and name.endswith(".py"))
-names = [name for name in names if name not in DEFAULT_MODULES] + ["numba.cuda.tests.doc_examples"]
+# With the other test packages (documentation examples, benchmarks, nocuda, nrt, ...: what this
+# numba-cuda has), but the simulator's (cudasim: no GPU) and the helpers (support, data).
+import pkgutil
+import numba.cuda.tests as tests
+others = sorted(f"numba.cuda.tests.{m.name}" for m in pkgutil.iter_modules(tests.__path__)
+                if m.ispkg and m.name not in {"cudadrv", "cudapy", "cudasim", "support", "data"})
+names = [name for name in names if name not in DEFAULT_MODULES] + others
 print(" ".join(names[part - 1::parts]))
 PYTHON
 )
