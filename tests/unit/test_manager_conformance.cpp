@@ -96,6 +96,20 @@ class Conformance : public ::testing::Test {
   static bool holds(const std::shared_ptr<MemoryPointer>& memory, const std::vector<std::uint32_t>& values) {
     return DeviceArray<std::uint32_t>(memory, values.size()).copy_to_host() == values;
   }
+  // One block of three quarters of `held` bytes, which were all freed (as
+  // `freed` says): the manager must have given back what it kept of them.
+  // Null, the failure reported, where it did not fit.
+  std::shared_ptr<MemoryPointer> three_quarters_of(std::size_t held, const std::string& freed) {
+    constexpr std::size_t kPage = std::size_t{2} << 20;
+    const std::size_t most = held / 4 * 3 / kPage * kPage;
+    try {
+      return manager->memalloc(most);
+    } catch (const std::exception& error) {
+      ADD_FAILURE() << "after " << freed << " were freed, one block of " << most << " bytes did not fit: "
+                    << error.what();
+      return nullptr;
+    }
+  }
 
   Context& context = current_context();
   std::unique_ptr<BaseMemoryManager> manager;
@@ -175,21 +189,15 @@ TYPED_TEST(Conformance, AfterFillingTheDeviceOneBlockOfMostOfItFitsOnceAllAreFre
     ASSERT_LT(blocks.size(), 100000u) << "never out of memory";
   }
   ASSERT_GT(held, 512 * kMiB) << "no large block fitted at all";
-  const std::size_t count = blocks.size();
+  const std::string freed = std::to_string(blocks.size()) + " blocks of " + std::to_string(held) + " bytes in all";
   blocks.clear();
-  const std::size_t most = held / 4 * 3 / (2 * kMiB) * (2 * kMiB);
-  std::shared_ptr<MemoryPointer> one;
-  try {
-    one = this->manager->memalloc(most);
-  } catch (const std::exception& error) {
-    FAIL() << "after " << count << " blocks of " << held << " bytes in all were freed, one of " << most
-           << " bytes did not fit: " << error.what();
-  }
+  std::shared_ptr<MemoryPointer> one = this->three_quarters_of(held, freed);
+  ASSERT_TRUE(one);
   // Its first and last pages are the device's (the rest is too large to copy here).
-  const std::vector<std::uint32_t> values(1024, 7);
-  DeviceArray<std::uint32_t>(one->view(0, 4096), values.size()).copy_to_device(values);
-  DeviceArray<std::uint32_t>(one->view(most - 4096, most), values.size()).copy_to_device(values);
-  EXPECT_EQ(DeviceArray<std::uint32_t>(one->view(most - 4096, most), values.size()).copy_to_host(), values);
+  for (const std::size_t start : {std::size_t{0}, one->size() - 4096}) {
+    const auto values = this->fill(one->view(start, start + 4096), static_cast<std::uint32_t>(start));
+    EXPECT_TRUE(this->holds(one->view(start, start + 4096), values)) << "at " << start;
+  }
   one.reset();
   this->flush();
   // And the manager serves small blocks as before.
@@ -236,13 +244,8 @@ TYPED_TEST(Conformance, ThreadsThatRunTheDeviceOutOfMemoryTogetherLeaveItConsist
   ASSERT_GT(total, 512 * kMiB);
   held.clear();
   this->flush();
-  const std::size_t most = total / 4 * 3 / (2 * kMiB) * (2 * kMiB);
-  try {
-    auto one = this->manager->memalloc(most);
-  } catch (const std::exception& error) {
-    FAIL() << "after " << total << " bytes held by " << kThreads << " threads were freed, one block of " << most
-           << " bytes did not fit: " << error.what();
-  }
+  EXPECT_TRUE(this->three_quarters_of(total, std::to_string(total) + " bytes of " + std::to_string(kThreads) +
+                                                 " threads"));
   this->flush();
   std::vector<std::shared_ptr<MemoryPointer>> small;
   std::vector<std::vector<std::uint32_t>> contents;
