@@ -466,6 +466,25 @@ int run(std::vector<std::string> args) {
     std::printf("manager for new contexts: %s; bundled: ", memory_manager_name().c_str());
     for (const auto& name : bundled_memory_managers()) std::printf("%s ", name.c_str());
     std::printf("\nadaptors: %s\n", adaptors_from_environment().empty() ? "none" : adaptors_from_environment().c_str());
+    // The options a bundled pool takes from the environment (a bad value is an error here too).
+    const auto yes_no = [](bool on) { return on ? "yes" : "no"; };
+    if (memory_manager_name() == "pool") {
+      const PoolOptions pool = PoolOptions::from_environment();
+      std::printf("pool options: initial size %s; maximum size %s; thread caches %s; segments of their own "
+                  "from %s; expandable %s; split spares %s; past its peak while the GPU is busy by up to %.3f of "
+                  "it; pinned host pool %s\n",
+                  describe_bytes(pool.initial_size).c_str(),
+                  pool.maximum_size ? describe_bytes(pool.maximum_size).c_str() : "the device's",
+                  pool.thread_cache_size ? (describe_bytes(pool.thread_cache_size) + " each").c_str() : "off",
+                  describe_bytes(pool.dedicated_size).c_str(), yes_no(pool.expandable), yes_no(pool.split_spares),
+                  pool.busy_overshoot, yes_no(pool.pinned_host_pool));
+    } else if (memory_manager_name() == "async") {
+      const AsyncOptions async = AsyncOptions::from_environment();
+      std::printf("async options: release threshold %s; exportable %s; pinned host pool %s\n",
+                  async.release_threshold == UINT64_MAX ? "none (keeps every freed byte)"
+                                                        : describe_bytes(async.release_threshold).c_str(),
+                  yes_no(async.exportable), yes_no(async.pinned_host_pool));
+    }
     return 0;
   }
   if (command == "replay" || command == "random") {

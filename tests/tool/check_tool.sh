@@ -15,6 +15,16 @@ grep -q "^pools reuse a freed block once the work queued before its free has run
 if grep -q simulated "$work/info.txt"; then
   CUEMM_SIM_FAULTS=cuCtxRecordEvent:1:801:1000000 "$tool" info | grep -q "^pools reuse a freed block once the legacy and blocking streams' work"
 fi
+# The options a bundled manager takes from the environment, as it would use them; a bad one is an error.
+CUEMM_MEMORY_MANAGER=pool CUEMM_POOL_MAXIMUM_SIZE=8G CUEMM_POOL_THREAD_CACHE_SIZE=0 CUEMM_POOL_EXPANDABLE=1 "$tool" info |
+  grep -q "^pool options: initial size 0 bytes; maximum size 8.00 GiB (8589934592 bytes); thread caches off; .*; expandable yes;"
+CUEMM_MEMORY_MANAGER=async CUEMM_ASYNC_RELEASE_THRESHOLD=1G CUEMM_ASYNC_EXPORTABLE=1 "$tool" info |
+  grep -q "^async options: release threshold 1.00 GiB (1073741824 bytes); exportable yes;"
+if CUEMM_MEMORY_MANAGER=pool CUEMM_POOL_MAXIMUM_SIZE=lots "$tool" info >"$work/bad.txt" 2>&1; then
+  echo "cuemm info took CUEMM_POOL_MAXIMUM_SIZE=lots" >&2
+  exit 1
+fi
+grep -q "CUEMM_POOL_MAXIMUM_SIZE must be a byte count" "$work/bad.txt"
 "$tool" random --operations 3000 --max-size 2M --live 64M --manager pool >"$work/random.txt"
 # A pool counts its stream queries, and the driver calls that took and gave back memory
 # (one segment at least for 64 MiB live).
