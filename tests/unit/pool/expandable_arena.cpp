@@ -29,9 +29,7 @@ TEST_F(Pool, AnExpandablePoolOnADeviceWithoutVirtualMemoryIsRefusedWithAClearErr
 // Note [Expandable arena]: growth maps memory right after the free end, so a
 // block too large for the free end alone spans it and the new memory.
 TEST_F(Pool, AnExpandablePoolGrowsItsOneRangeByWhatIsMissing) {
-  PoolOptions options;
-  options.expandable = true;
-  options.thread_cache_size = 0;  // every block from the index
+  const PoolOptions options = arena_without_caches();
   PoolMemoryManager pool(&context, options);
   pool.initialize();
   auto first = pool.memalloc(1536 << 10);
@@ -75,9 +73,7 @@ TEST_F(Pool, AnExpandablePoolGivesBackAFreeEndThatBeginsAtAMapping) {
 // under it (here two: the block spans the first mapping's end), each offered
 // once as a descriptor. A segment of its own keeps the driver's handle.
 TEST_F(Pool, AnExpandablePoolsHandleNamesTheMappingsUnderTheBlock) {
-  PoolOptions options;
-  options.expandable = true;
-  options.thread_cache_size = 0;  // every block from the index
+  const PoolOptions options = arena_without_caches();
   PoolMemoryManager pool(&context, options);
   pool.initialize();
   auto first = pool.memalloc(1536 << 10);

@@ -101,12 +101,17 @@ class Pool : public ::testing::Test {
       check(pool);
     }
   }
-  // An expandable pool whose every block up to 64 MiB comes from the
-  // arena's index (no thread caches, no segments of their own).
-  static PoolOptions arena_only() {
+  // An expandable pool without thread caches: every block below the
+  // dedicated size comes from the arena's index.
+  static PoolOptions arena_without_caches() {
     PoolOptions options;
     options.expandable = true;
     options.thread_cache_size = 0;
+    return options;
+  }
+  // The same with every block up to 64 MiB in the arena (no segments of their own).
+  static PoolOptions arena_only() {
+    PoolOptions options = arena_without_caches();
     options.dedicated_size = std::size_t{64} << 20;
     return options;
   }
