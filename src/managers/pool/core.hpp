@@ -67,6 +67,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   static constexpr auto kOrderedLargeCapacity = detail::kOrderedLargeCapacity;
 
   static constexpr std::size_t kMinimumGrowth = std::size_t{8} << 20;
+  // No device holds more; growth for larger requests fails at once, before
+  // rounding them to pages would wrap past 2^64.
+  static constexpr std::size_t kLargestGrowth = std::size_t{1} << 62;
   // Note [Small blocks apart]: segments of room for 4 of the request, in
   // whole pages, up to kLargestSmallSegment.
   static constexpr std::size_t kLargestSmallSegment = std::size_t{4} << 20;

@@ -5,6 +5,7 @@
 namespace cuemm {
 
 std::optional<detail::TlsfBlockAllocator::Region> PoolMemoryManager::Core::grow_shared(std::size_t size) {
+  if (size > kLargestGrowth) return std::nullopt;  // (its rounding would wrap; no device holds it)
   const std::size_t wanted = util::round_up(size, kSegmentGranularity);
   // Growing by a 32nd of the shared segments keeps them few while
   // reserving little more than is needed. At least 8 MiB, or room for 4 of
@@ -123,6 +124,7 @@ std::optional<detail::TlsfBlockAllocator::Region> PoolMemoryManager::Core::move_
 }
 
 bool PoolMemoryManager::Core::grow_arena(std::size_t size) {
+  if (size > kLargestGrowth) return false;  // (its rounding would wrap; no device holds it)
   ScopedContext scope(*context);
   if (!arena) arena = std::make_unique<detail::ExpandableArena>(context->device().id());
   if (!arena->reserved()) {

@@ -103,26 +103,32 @@ TEST_F(Pool, TheMaximumSizeIsAnOutOfMemoryNamingIt) {
   EXPECT_NO_THROW(pool.memalloc(40 << 20)) << "the freed block did not come back";
 }
 
-// Through every interface and in either layout, sizes whose rounding would
-// wrap past 2^64 are out of memory that names them, and nothing is held after.
+// Through every interface and in either layout, with segments of their own
+// for large blocks or every block in the shared segments (or the arena),
+// sizes whose rounding would wrap past 2^64 are out of memory that names
+// them, and nothing is held after.
 TEST_F(Pool, SizesNearTwoToThe64AreOutOfMemoryInEveryInterface) {
   const std::size_t max = std::numeric_limits<std::size_t>::max();
-  in_both_layouts(PoolOptions{}, [&](PoolMemoryManager& pool) {
-    for (const std::size_t size : {max, max - 255, max - (std::size_t{2} << 20), std::size_t{1} << 63}) {
-      SCOPED_TRACE(size);
-      const std::vector<std::function<void()>> calls = {
-          [&] { pool.allocate(size); }, [&] { pool.allocate(size, cuda::CU_STREAM_PER_THREAD); },
-          [&] { pool.memalloc(size); }};
-      for (const auto& call : calls) {
-        const auto error = caught<OutOfMemory>(call);
-        ASSERT_TRUE(error);
-        EXPECT_EQ(error->requested(), size);
+  PoolOptions all_shared;
+  all_shared.dedicated_size = max;
+  for (const PoolOptions& options : {PoolOptions{}, all_shared}) {
+    in_both_layouts(options, [&](PoolMemoryManager& pool) {
+      for (const std::size_t size : {max, max - 255, max - (std::size_t{2} << 20), std::size_t{1} << 63}) {
+        SCOPED_TRACE(size);
+        const std::vector<std::function<void()>> calls = {
+            [&] { pool.allocate(size); }, [&] { pool.allocate(size, cuda::CU_STREAM_PER_THREAD); },
+            [&] { pool.memalloc(size); }};
+        for (const auto& call : calls) {
+          const auto error = caught<OutOfMemory>(call);
+          ASSERT_TRUE(error);
+          EXPECT_EQ(error->requested(), size);
+        }
       }
-    }
-    EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
-    const cuda::CUdeviceptr block = pool.allocate(4096);
-    pool.deallocate(block, 4096);
-  });
+      EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
+      const cuda::CUdeviceptr block = pool.allocate(4096);
+      pool.deallocate(block, 4096);
+    });
+  }
 }
 
 // At its maximum, a pool serves a request from a free block that fits it
@@ -198,6 +204,27 @@ TEST_F(Pool, AnInitialSizeIsReservedAtInitialize) {
   bad.initial_size = 4 << 20;
   bad.maximum_size = 2 << 20;
   EXPECT_THROW(PoolMemoryManager(&context, bad), InvalidArgument);
+}
+
+// An initial size no device holds, up to one whose rounding to pages would
+// wrap past 2^64, fails initialize() as out of memory naming it, in either
+// layout, and leaves nothing reserved.
+TEST_F(Pool, AnInitialSizeNoDeviceHoldsIsOutOfMemoryAtInitialize) {
+  const std::size_t max = std::numeric_limits<std::size_t>::max();
+  const std::size_t total = context.get_memory_info().total;
+  for (const std::size_t size : {total + (std::size_t{2} << 20), std::size_t{1} << 63, max - 255, max}) {
+    for (const bool expandable : {false, true}) {
+      SCOPED_TRACE(std::to_string(size) + (expandable ? " expandable" : " segments"));
+      PoolOptions options;
+      options.initial_size = size;
+      options.expandable = expandable;
+      PoolMemoryManager pool(&context, options);
+      const auto error = caught<OutOfMemory>([&] { pool.initialize(); });
+      ASSERT_TRUE(error);
+      EXPECT_EQ(error->requested(), size);
+      EXPECT_EQ(pool.statistics().reserved_bytes, 0u);
+    }
+  }
 }
 
 // The memory reserved up front serves every size: small segments are carved
