@@ -168,13 +168,13 @@ std::shared_ptr<MemoryPointer> AsyncMemoryManager::memalloc(std::size_t size) {
 }
 
 IpcHandle AsyncMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer>& memory) {
+  require_device_memory_to_export(memory);  // (what is wrong with the memory first, as every manager says)
   if (!options_.exportable) {
     throw NotSupported(
         "get_ipc_handle: the stream-ordered pool (CUEMM_MEMORY_MANAGER=async) was not created exportable, and the "
         "driver cannot export its memory with cuIpcGetMemHandle; create it exportable (CUEMM_ASYNC_EXPORTABLE=1, "
         "or AsyncOptions::exportable) or use CUEMM_MEMORY_MANAGER=pool");
   }
-  require_device_memory_to_export(memory);
   const cuda::CUdeviceptr address = memory->device_pointer();
   cuda::CUdeviceptr base = 0;
   {

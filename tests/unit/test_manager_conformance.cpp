@@ -10,6 +10,7 @@
 #include "support/test_support.hpp"
 
 using namespace cuemm;
+using cuemm::testing::throws;
 
 namespace {
 
@@ -272,6 +273,19 @@ TYPED_TEST(Conformance, FreedMemoryIsReused) {
   this->flush();
   const MemoryInfo info = this->manager->get_memory_info();
   EXPECT_GT(info.free, info.total / 2) << "2000 freed MiB were not given back for reuse";
+}
+
+// An IPC handle of memory that cannot be exported is refused for what is
+// wrong with the memory, under every manager (the async manager's own
+// limits come after): only device memory, and only while it lives.
+TYPED_TEST(Conformance, AnIpcHandleOfPinnedOrFreedMemoryIsRefusedSayingWhy) {
+  auto pinned = this->manager->memhostalloc(4096, false, false, false);
+  EXPECT_TRUE(throws<InvalidArgument>([&] { this->manager->get_ipc_handle(pinned); }, "only device memory",
+                                      "pinned memory"));
+  auto freed = this->manager->memalloc(4096);
+  freed->free();
+  EXPECT_TRUE(throws<StateError>([&] { this->manager->get_ipc_handle(freed); }, "already freed", "4096 bytes"));
+  EXPECT_TRUE(throws<InvalidArgument>([&] { this->manager->get_ipc_handle(nullptr); }, "null"));
 }
 
 TYPED_TEST(Conformance, MemoryInfoIsReal) {
