@@ -10,6 +10,7 @@
 #include "cuemm/runtime/device.hpp"
 #include "cuemm/runtime/module.hpp"
 #include "cuemm/runtime/stream.hpp"
+#include "callback_failures.hpp"
 
 namespace cuemm {
 
@@ -106,6 +107,7 @@ Module Context::load_module(std::string_view image) {
 void Context::synchronize() {
   ScopedContext scope(*this);
   CUEMM_CU(cuCtxSynchronize);
+  detail::rethrow_callback_failure_of_context(handle_);
 }
 
 Context& current_context() {

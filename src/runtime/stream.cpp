@@ -5,6 +5,7 @@
 
 #include "cuemm/driver/driver.hpp"
 #include "cuemm/runtime/context.hpp"
+#include "callback_failures.hpp"
 
 namespace cuemm {
 namespace {
@@ -21,15 +22,32 @@ void in_context_of(Context* context, Call&& call) {
   }
 }
 
+// The stream a callback added now is kept under (callback_failures.hpp).
+detail::CallbackStream callback_stream(Context* context, cuda::CUstream handle) {
+  cuda::CUcontext current = nullptr;
+  if (context) {
+    current = context->handle();
+  } else {
+    CUEMM_CU(cuCtxGetCurrent, &current);
+  }
+  return {current, handle};
+}
+
 }  // namespace
 
 Stream::Stream(Context* context, cuda::CUstream handle, bool owned)
     : handle_(context, handle,
-              owned ? [](void* stream) { CUEMM_CU(cuStreamDestroy, static_cast<cuda::CUstream>(stream)); }
+              owned ? [](void* stream) {
+                detail::forget_callback_failures(static_cast<cuda::CUstream>(stream));
+                CUEMM_CU(cuStreamDestroy, static_cast<cuda::CUstream>(stream));
+              }
                     : detail::ContextOwnedHandle::Destroy{}) {}
 
 void Stream::synchronize() const {
-  in_context_of(context(), [&] { CUEMM_CU(cuStreamSynchronize, handle()); });
+  in_context_of(context(), [&] {
+    CUEMM_CU(cuStreamSynchronize, handle());
+    if (detail::callback_failures_kept()) detail::rethrow_callback_failure(callback_stream(context(), handle()));
+  });
 }
 
 bool Stream::query() const {
@@ -45,12 +63,23 @@ void Stream::wait_event(const Event& event) const {
 }
 
 void Stream::add_callback(std::function<void()> callback) const {
-  auto owned = std::make_unique<std::function<void()>>(std::move(callback));
-  auto trampoline = [](cuda::CUstream, cuda::CUresult, void* data) {
-    std::unique_ptr<std::function<void()>> function(static_cast<std::function<void()>*>(data));
-    (*function)();
+  struct Pending {
+    std::function<void()> callback;
+    detail::CallbackStream where;
   };
-  in_context_of(context(), [&] { CUEMM_CU(cuStreamAddCallback, handle(), trampoline, owned.get(), 0); });
+  auto owned = std::make_unique<Pending>(std::move(callback), detail::CallbackStream{});
+  auto trampoline = [](cuda::CUstream, cuda::CUresult, void* data) {
+    std::unique_ptr<Pending> pending(static_cast<Pending*>(data));
+    try {
+      pending->callback();
+    } catch (...) {
+      detail::record_callback_failure(pending->where, std::current_exception());
+    }
+  };
+  in_context_of(context(), [&] {
+    owned->where = callback_stream(context(), handle());
+    CUEMM_CU(cuStreamAddCallback, handle(), trampoline, owned.get(), 0);
+  });
   owned.release();  // the trampoline owns it now
 }
 

@@ -163,6 +163,38 @@ TEST_F(Runtime, StreamCallbacksRunAfterEarlierWork) {
   EXPECT_TRUE(stream.query());
 }
 
+// A callback runs on a driver thread, where an exception would end the
+// program: it comes out of the stream's next synchronize() instead, once,
+// and the stream works on.
+TEST_F(Runtime, WhatAStreamCallbackThrowsComesOutOfTheStreamsSynchronize) {
+  Stream stream = context.create_stream();
+  stream.add_callback([] { throw std::runtime_error("the first callback failed"); });
+  stream.add_callback([] { throw std::runtime_error("the second callback failed"); });
+  std::atomic<bool> ran{false};
+  stream.add_callback([&] { ran = true; });
+  const auto error = caught<std::runtime_error>([&] { stream.synchronize(); });
+  ASSERT_TRUE(error) << "the callback's exception was lost";
+  EXPECT_STREQ(error->what(), "the first callback failed");
+  EXPECT_TRUE(ran) << "a callback after the one that threw did not run";
+  EXPECT_NO_THROW(stream.synchronize()) << "a failure came out twice";
+  ran = false;
+  stream.add_callback([&] { ran = true; });
+  EXPECT_NO_THROW(stream.synchronize());
+  EXPECT_TRUE(ran);
+}
+
+// A default stream's callback failure comes out of the context's
+// synchronize(), and not out of another stream's.
+TEST_F(Runtime, WhatADefaultStreamsCallbackThrowsComesOutOfTheContextsSynchronize) {
+  Stream other = context.create_stream();
+  Stream().add_callback([] { throw std::invalid_argument("a default stream's callback failed"); });
+  EXPECT_NO_THROW(other.synchronize());
+  const auto error = caught<std::invalid_argument>([&] { context.synchronize(); });
+  ASSERT_TRUE(error);
+  EXPECT_STREQ(error->what(), "a default stream's callback failed");
+  EXPECT_NO_THROW(context.synchronize());
+}
+
 TEST_F(Runtime, AMissingKernelIsNamed) {
   Module module = context.load_module(cuemm::testing::test_kernels_ptx());
   const auto error = caught<CudaError>([&] { module.function("no_such_kernel"); });

@@ -39,7 +39,8 @@ class Stream {
   bool query() const;
   void wait_event(const Event& event) const;
   // Runs `callback` on a driver thread once all earlier work has completed.
-  // It must not call the driver.
+  // It must not call the driver. What it throws comes out of this stream's
+  // next synchronize() (or its context's), the first of them only.
   void add_callback(std::function<void()> callback) const;
 
  private:
