@@ -3,6 +3,11 @@
 // unmapped hole, read-only pages, unaligned and overlapping ranges. The
 // simulated driver answers as the library given runs it, so running this
 // against libcuda.so.1 and libcuemm_simdriver.so side by side compares them.
+// H100 (driver of CUDA 13, 2026-11-27): 0 for two pages, one byte into them,
+// a read-only page with CU_MEMHOSTREGISTER_READ_ONLY, the second page beside
+// a registered first and the stack; 712 (already registered) for an overlap;
+// 801 (not supported) for 2^63 bytes; 1 (invalid value) for the rest. The
+// simulated driver answers the same, but 1 for 2^63 bytes.
 // Build and run (either machine):
 //   g++ -O2 -std=c++17 -o /tmp/probe_host_register bench/probes/probe_host_register.cpp -ldl
 //   /tmp/probe_host_register libcuda.so.1; /tmp/probe_host_register build/lib/libcuemm_simdriver.so

@@ -24,6 +24,30 @@ CUresult host_alloc(Fn entry, void** pointer, std::size_t size, unsigned flags) 
   *pointer = memory;
   return CUDA_SUCCESS;
 }
+
+// Whether [base, base + size) lies in the process's mappings, readable, and
+// writable unless `read_only` (CU_MEMHOSTREGISTER_READ_ONLY). The H100's
+// driver refuses the others with CUDA_ERROR_INVALID_VALUE
+// (bench/probes/probe_host_register.cpp): past a mapping's end, across an
+// unmapped hole, read-only or inaccessible pages.
+bool registrable(std::uintptr_t base, std::size_t size, bool read_only) {
+  std::FILE* maps = std::fopen("/proc/self/maps", "r");
+  if (!maps) return true;  // (nothing to check against)
+  std::uintptr_t covered = base;  // everything below it is checked
+  const std::uintptr_t end = base + size;
+  char line[512];
+  while (covered < end && std::fgets(line, sizeof line, maps)) {
+    unsigned long start = 0, stop = 0;
+    char permissions[5] = {};
+    if (std::sscanf(line, "%lx-%lx %4s", &start, &stop, permissions) != 3) continue;
+    if (stop <= covered) continue;
+    if (start > covered) break;  // a hole (the lines are in address order)
+    if (permissions[0] != 'r' || (!read_only && permissions[1] != 'w')) break;
+    covered = stop;
+  }
+  std::fclose(maps);
+  return covered >= end;
+}
 }  // namespace
 
 SIM_EXPORT CUresult cuMemHostAlloc(void** pointer, std::size_t size, unsigned flags) {
@@ -52,6 +76,7 @@ SIM_EXPORT CUresult cuMemHostRegister_v2(void* pointer, std::size_t size, unsign
   SIM_CONTEXT();
   if (!pointer || size == 0 || (flags & ~0xFu)) return CUDA_ERROR_INVALID_VALUE;
   const auto base = reinterpret_cast<std::uintptr_t>(pointer);
+  if (size > UINTPTR_MAX - base || !registrable(base, size, flags & 0x8u)) return CUDA_ERROR_INVALID_VALUE;
   // Overlap with anything already page-locked: check both neighbours.
   auto next = s.allocations.lower_bound(base);
   if (next != s.allocations.end() && next->first < base + size)

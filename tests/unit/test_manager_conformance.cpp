@@ -1,5 +1,8 @@
 // What every memory manager and adaptor must do, instantiated for each one: a
 // new manager gets every test by being added to ManagerTypes.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <limits>
 #include <optional>
 #include <random>
@@ -286,6 +289,29 @@ TYPED_TEST(Conformance, AnIpcHandleOfPinnedOrFreedMemoryIsRefusedSayingWhy) {
   freed->free();
   EXPECT_TRUE(throws<StateError>([&] { this->manager->get_ipc_handle(freed); }, "already freed", "4096 bytes"));
   EXPECT_TRUE(throws<InvalidArgument>([&] { this->manager->get_ipc_handle(nullptr); }, "null"));
+}
+
+// Host memory that cannot be page-locked (past the end of its mapping, or
+// 2^64-1 bytes of it) is a driver error naming the size, under every
+// manager (the pools' pinned caches included), and the manager still pins
+// what can be.
+TYPED_TEST(Conformance, PinningPastTheEndOfAMappingIsAnErrorNamingTheSize) {
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  void* mapped = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mapped, MAP_FAILED);
+  ASSERT_EQ(munmap(static_cast<char*>(mapped) + page, page), 0);  // (its second page gone)
+  for (const bool pinned_mapped : {false, true}) {
+    for (const std::size_t size : {2 * page, std::numeric_limits<std::size_t>::max()}) {
+      SCOPED_TRACE(std::to_string(size) + (pinned_mapped ? " mapped" : ""));
+      EXPECT_TRUE(throws<CudaError>([&] { this->manager->mempin(nullptr, mapped, size, pinned_mapped); },
+                                    std::to_string(size)));
+    }
+    auto pinned = this->manager->mempin(nullptr, mapped, page, pinned_mapped);
+    EXPECT_EQ(pinned->size(), page);
+    pinned->free();
+    this->flush();  // (Numba's manager unpins in its deferred queue)
+  }
+  munmap(mapped, page);
 }
 
 TYPED_TEST(Conformance, MemoryInfoIsReal) {
