@@ -7,7 +7,10 @@
 // a read-only page with CU_MEMHOSTREGISTER_READ_ONLY, the second page beside
 // a registered first and the stack; 712 (already registered) for an overlap;
 // 801 (not supported) for 2^63 bytes; 1 (invalid value) for the rest. The
-// simulated driver answers the same, but 1 for 2^63 bytes.
+// simulated driver answers the same, but 1 for 2^63 bytes. Zero bytes:
+// cuMemHostAlloc succeeds with a null pointer (mapped or not), which
+// cuMemFreeHost takes, as it takes nullptr; cuMemAlloc and cuMemAllocManaged
+// answer 1. The simulated driver too.
 // Build and run (either machine):
 //   g++ -O2 -std=c++17 -o /tmp/probe_host_register bench/probes/probe_host_register.cpp -ldl
 //   /tmp/probe_host_register libcuda.so.1; /tmp/probe_host_register build/lib/libcuemm_simdriver.so
@@ -18,6 +21,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 
 using CUresult = int;
 using Init = CUresult (*)(unsigned);
@@ -26,6 +30,10 @@ using Retain = CUresult (*)(void**, int);
 using SetCurrent = CUresult (*)(void*);
 using Register = CUresult (*)(void*, std::size_t, unsigned);
 using Unregister = CUresult (*)(void*);
+using HostAlloc = CUresult (*)(void**, std::size_t, unsigned);
+using FreeHost = CUresult (*)(void*);
+using Alloc = CUresult (*)(unsigned long long*, std::size_t);
+using AllocManaged = CUresult (*)(unsigned long long*, std::size_t, unsigned);
 
 int main(int argc, char** argv) {
   const char* path = argc > 1 ? argv[1] : "libcuda.so.1";
@@ -88,5 +96,22 @@ int main(int argc, char** argv) {
   attempt("4 KiB of the stack", on_stack, sizeof on_stack);
   attempt("null, one page", nullptr, page);
   attempt("two pages, size 0", two_pages, 0);
+
+  // Zero bytes from the allocating calls.
+  auto host_alloc = reinterpret_cast<HostAlloc>(get("cuMemHostAlloc"));
+  auto free_host = reinterpret_cast<FreeHost>(get("cuMemFreeHost"));
+  auto alloc = reinterpret_cast<Alloc>(get("cuMemAlloc_v2"));
+  auto alloc_managed = reinterpret_cast<AllocManaged>(get("cuMemAllocManaged"));
+  for (const unsigned flags : {0u, 2u}) {
+    void* host = reinterpret_cast<void*>(1);
+    const CUresult result = host_alloc(&host, 0, flags);
+    std::printf("%-58s %d (pointer %s)\n", flags ? "cuMemHostAlloc of 0 bytes, mapped" : "cuMemHostAlloc of 0 bytes",
+                result, host ? "not null" : "null");
+    if (result == 0) std::printf("%-58s %d\n", "  cuMemFreeHost of it", free_host(host));
+  }
+  std::printf("%-58s %d\n", "cuMemFreeHost(nullptr)", free_host(nullptr));
+  unsigned long long block = 0;
+  std::printf("%-58s %d\n", "cuMemAlloc of 0 bytes", alloc(&block, 0));
+  std::printf("%-58s %d\n", "cuMemAllocManaged of 0 bytes", alloc_managed(&block, 0, 1));
   return 0;
 }

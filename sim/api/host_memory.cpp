@@ -8,7 +8,11 @@ namespace {
 CUresult host_alloc(Fn entry, void** pointer, std::size_t size, unsigned flags) {
   SIM_BEGIN_AS(entry);
   SIM_CONTEXT();
-  if (!pointer || size == 0 || (flags & ~0x7u)) return CUDA_ERROR_INVALID_VALUE;
+  if (!pointer || (flags & ~0x7u)) return CUDA_ERROR_INVALID_VALUE;
+  if (size == 0) {  // (the H100's driver: success and a null pointer, which cuMemFreeHost takes)
+    *pointer = nullptr;
+    return CUDA_SUCCESS;
+  }
   const std::size_t length = cuemm::util::round_up(size, page_size());
   void* memory = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (memory == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -59,6 +63,7 @@ SIM_EXPORT CUresult cuMemAllocHost_v2(void** pointer, std::size_t size) {
 
 SIM_EXPORT CUresult cuMemFreeHost(void* pointer) {
   SIM_BEGIN(cuMemFreeHost);
+  if (!pointer) return CUDA_SUCCESS;
   auto it = s.allocations.find(reinterpret_cast<std::uintptr_t>(pointer));
   if (it == s.allocations.end() || it->second.kind != AllocationKind::PinnedHost)
     return CUDA_ERROR_INVALID_VALUE;
@@ -76,7 +81,8 @@ SIM_EXPORT CUresult cuMemHostRegister_v2(void* pointer, std::size_t size, unsign
   SIM_CONTEXT();
   if (!pointer || size == 0 || (flags & ~0xFu)) return CUDA_ERROR_INVALID_VALUE;
   const auto base = reinterpret_cast<std::uintptr_t>(pointer);
-  if (size > UINTPTR_MAX - base || !registrable(base, size, flags & 0x8u)) return CUDA_ERROR_INVALID_VALUE;
+  const bool read_only = flags & CU_MEMHOSTREGISTER_READ_ONLY;
+  if (size > UINTPTR_MAX - base || !registrable(base, size, read_only)) return CUDA_ERROR_INVALID_VALUE;
   // Overlap with anything already page-locked: check both neighbours.
   auto next = s.allocations.lower_bound(base);
   if (next != s.allocations.end() && next->first < base + size)

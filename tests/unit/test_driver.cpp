@@ -1,4 +1,7 @@
 // The driver layer: errors carry the code, its name and the call.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <functional>
 #include <thread>
@@ -28,6 +31,45 @@ TEST(Driver, ErrorsNameTheCodeAndTheCall) {
   EXPECT_STREQ(oom.what(),
                "[CUDA_ERROR_OUT_OF_MEMORY] Call to cuMemAlloc results in CUDA_ERROR_OUT_OF_MEMORY "
                "(requested 3.00 GiB (3221225472 bytes))");
+}
+
+// What the H100's driver answers for host ranges it cannot page-lock and for
+// zero-byte allocations (bench/probes/probe_host_register.cpp); the
+// simulated driver must answer the same, so this runs on both.
+TEST(Driver, HostRegistrationAndZeroBytesAnswerAsTheH100sDriverDoes) {
+  ScopedContext scope(current_context());
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  auto* mapped = static_cast<char*>(mmap(nullptr, 3 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(mapped, MAP_FAILED);
+  ASSERT_EQ(munmap(mapped + page, page), 0);  // a hole between the first page and the third
+  auto* read_only = static_cast<char*>(mmap(nullptr, page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(read_only, MAP_FAILED);
+  auto registered = [](void* pointer, std::size_t size, unsigned flags) {
+    const cuda::CUresult result = CUEMM_CU_RESULT(cuMemHostRegister, pointer, size, flags);
+    if (result == cuda::CUDA_SUCCESS) CUEMM_CU(cuMemHostUnregister, pointer);
+    return result;
+  };
+  EXPECT_EQ(registered(mapped, page, 0), cuda::CUDA_SUCCESS);
+  EXPECT_EQ(registered(mapped + 1, 100, 0), cuda::CUDA_SUCCESS) << "an unaligned range within a page";
+  EXPECT_EQ(registered(mapped, 3 * page, 0), cuda::CUDA_ERROR_INVALID_VALUE) << "across the hole";
+  EXPECT_EQ(registered(mapped, SIZE_MAX, 0), cuda::CUDA_ERROR_INVALID_VALUE) << "a size that wraps";
+  EXPECT_EQ(registered(read_only, page, 0), cuda::CUDA_ERROR_INVALID_VALUE) << "read-only, not registered so";
+  EXPECT_EQ(registered(read_only, page, cuda::CU_MEMHOSTREGISTER_READ_ONLY), cuda::CUDA_SUCCESS);
+  EXPECT_EQ(registered(mapped, 0, 0), cuda::CUDA_ERROR_INVALID_VALUE);
+  munmap(mapped, page);
+  munmap(mapped + 2 * page, page);
+  munmap(read_only, page);
+
+  for (const unsigned flags : {0u, unsigned{cuda::CU_MEMHOSTALLOC_DEVICEMAP}}) {
+    int dummy = 0;
+    void* host = &dummy;  // (not null before: the call must write null)
+    EXPECT_EQ(CUEMM_CU_RESULT(cuMemHostAlloc, &host, 0, flags), cuda::CUDA_SUCCESS);
+    EXPECT_EQ(host, nullptr);
+    EXPECT_EQ(CUEMM_CU_RESULT(cuMemFreeHost, host), cuda::CUDA_SUCCESS);
+  }
+  cuda::CUdeviceptr device = 0;
+  EXPECT_EQ(CUEMM_CU_RESULT(cuMemAlloc, &device, 0), cuda::CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(CUEMM_CU_RESULT(cuMemAllocManaged, &device, 0, cuda::CU_MEM_ATTACH_GLOBAL), cuda::CUDA_ERROR_INVALID_VALUE);
 }
 
 TEST(Driver, AFailingCallThrowsItsResult) {

@@ -172,6 +172,7 @@ inline constexpr unsigned CU_MEMHOSTALLOC_DEVICEMAP = 0x02;
 inline constexpr unsigned CU_MEMHOSTALLOC_WRITECOMBINED = 0x04;
 inline constexpr unsigned CU_MEMHOSTREGISTER_PORTABLE = 0x01;
 inline constexpr unsigned CU_MEMHOSTREGISTER_DEVICEMAP = 0x02;
+inline constexpr unsigned CU_MEMHOSTREGISTER_READ_ONLY = 0x08;
 inline constexpr unsigned CU_MEM_ATTACH_GLOBAL = 0x1;
 inline constexpr unsigned CU_MEM_ATTACH_HOST = 0x2;
 inline constexpr unsigned CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x1;
