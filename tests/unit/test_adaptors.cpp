@@ -485,6 +485,35 @@ TEST_F(Adaptors, TheLogCanGoToAFile) {
   EXPECT_THROW(LoggingAdaptor(&context, pool(), std::string("/nonexistent/dir/log.csv")), InvalidArgument);
 }
 
+// A context, and so its manager and adaptors, lives until the process ends:
+// a program that exits with its log open still finds every row in the file
+// (in a child process of its own, which exits so).
+TEST(LoggingAtExit, AProgramThatExitsWithItsLogOpenFindsEveryRowInIt) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // (a fresh process: no fork of a driver in use)
+  const std::string path = ::testing::TempDir() + "/cuemm_log_at_exit.csv";
+  std::remove(path.c_str());
+  EXPECT_EXIT(
+      {
+        Context& context = current_context();
+        auto* logged = new LoggingAdaptor(&context, std::make_unique<PoolMemoryManager>(&context), path);
+        logged->initialize();
+        logged->memalloc(4096).reset();
+        new std::shared_ptr<MemoryPointer>(logged->memalloc(8192));  // (still held at exit)
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(0), "");
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  const auto lines = lines_of(text.str());
+  ASSERT_EQ(lines.size(), 4u) << text.str();
+  EXPECT_EQ(lines[0], LoggingAdaptor::header());
+  EXPECT_EQ(lines[1].rfind("Alloc,", 0), 0u);
+  EXPECT_EQ(lines[2].rfind("Free,", 0), 0u);
+  EXPECT_NE(lines[3].find(",8192,"), std::string::npos) << lines[3];
+  std::remove(path.c_str());
+}
+
 TEST_F(Adaptors, TrackingListsOutstandingAllocationsAndReportsLeaksAtReset) {
   std::ostringstream report;
   TrackingAdaptor tracked(&context, pool(), &report);

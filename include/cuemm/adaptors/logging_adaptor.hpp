@@ -10,7 +10,9 @@
 // asked for (it costs a driver call per event), else 0.
 //
 // To the file named by CUEMM_LOG_FILE (with CUEMM_ADAPTORS=log), to a path, or
-// to any std::ostream. Lines are written whole under a lock.
+// to any std::ostream. Lines are written whole under a lock. A log to a file
+// is flushed when the adaptor goes, by flush(), and at exit (contexts, and so
+// their managers, live until the process ends).
 #pragma once
 
 #include <iosfwd>
@@ -41,6 +43,7 @@ class LoggingAdaptor : public ManagerAdaptor {
  private:
   struct Log;
   LoggingAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream, std::shared_ptr<Log> log);
+  static void flush_at_exit(const std::shared_ptr<Log>& log);
   std::shared_ptr<Log> log_;
 };
 
