@@ -3,14 +3,13 @@
 #include <cinttypes>
 #include <cstdio>
 #include <fstream>
-#include <cstdlib>
 #include <mutex>
-#include <vector>
 
 #include "cuemm/error.hpp"
 #include "cuemm/runtime/context.hpp"
 #include "cuemm/runtime/device.hpp"
 #include "cuemm/threading/blocking_hook.hpp"
+#include "util/at_exit.hpp"
 
 namespace cuemm {
 
@@ -69,33 +68,6 @@ struct LoggingAdaptor::Log : AllocationObserver {
   void reset() noexcept override { current = 0; }
 };
 
-// The logs written to files, flushed once more at exit: a context, and so its
-// manager and adaptors, lives until the process ends (never destroyed, as the
-// driver may be gone by then), so a program that never resets would
-// otherwise leave the rows of its last buffer, or a short log whole, unwritten.
-void LoggingAdaptor::flush_at_exit(const std::shared_ptr<Log>& log) {
-  struct Logs {
-    std::mutex mutex;
-    std::vector<std::weak_ptr<Log>> logs;
-  };
-  static auto* all = new Logs;  // (never destroyed: the handler below runs during exit)
-  static std::once_flag registered;
-  std::call_once(registered, [] {
-    std::atexit([] {
-      std::lock_guard lock(all->mutex);
-      for (const auto& weak : all->logs) {
-        if (auto open = weak.lock()) {
-          std::lock_guard log_lock(open->mutex);
-          if (open->out) open->out->flush();
-        }
-      }
-    });
-  });
-  std::lock_guard lock(all->mutex);
-  std::erase_if(all->logs, [](const auto& weak) { return weak.expired(); });
-  all->logs.push_back(log);
-}
-
 namespace {
 LoggingOptions with_environment(LoggingOptions options) {
   if (const char* text = std::getenv("CUEMM_LOG_MEMORY_INFO"); text && std::string(text) == "1")
@@ -111,7 +83,10 @@ LoggingAdaptor::LoggingAdaptor(Context* context, std::unique_ptr<BaseMemoryManag
         if (!*file) throw InvalidArgument("cannot open the allocation log '" + path + "' for writing");
         auto log = std::make_shared<Log>(file.get(), with_environment(options));
         log->file = std::move(file);
-        flush_at_exit(log);
+        util::at_exit_while_alive<Log>(log, [](Log& open) {  // (its adaptor lives until exit)
+          std::lock_guard lock(open.mutex);
+          if (open.out) open.out->flush();
+        });
         return log;
       }()) {}
 

@@ -9,6 +9,7 @@
 
 #include "cuemm/error.hpp"
 #include "cuemm/threading/blocking_hook.hpp"
+#include "util/at_exit.hpp"
 
 namespace cuemm {
 
@@ -73,7 +74,11 @@ struct TrackingAdaptor::Table : AllocationObserver {
 };
 
 TrackingAdaptor::TrackingAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream, std::ostream* report)
-    : TrackingAdaptor(context, std::move(upstream), std::make_shared<Table>(report)) {}
+    : TrackingAdaptor(context, std::move(upstream), std::make_shared<Table>(report)) {
+  // The adaptor lives until exit with its context: the report it would give
+  // when destroyed comes at exit. (To stderr only: a stream given may be gone.)
+  if (context && !report) util::at_exit_while_alive<Table>(table_, [](Table& table) { table.print(); });
+}
 
 TrackingAdaptor::TrackingAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream,
                                  std::shared_ptr<Table> table)

@@ -488,7 +488,7 @@ TEST_F(Adaptors, TheLogCanGoToAFile) {
 // A context, and so its manager and adaptors, lives until the process ends:
 // a program that exits with its log open still finds every row in the file
 // (in a child process of its own, which exits so).
-TEST(LoggingAtExit, AProgramThatExitsWithItsLogOpenFindsEveryRowInIt) {
+TEST(AdaptorsAtExit, AProgramThatExitsWithItsLogOpenFindsEveryRowInIt) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");  // (a fresh process: no fork of a driver in use)
   const std::string path = ::testing::TempDir() + "/cuemm_log_at_exit.csv";
   std::remove(path.c_str());
@@ -512,6 +512,22 @@ TEST(LoggingAtExit, AProgramThatExitsWithItsLogOpenFindsEveryRowInIt) {
   EXPECT_EQ(lines[2].rfind("Free,", 0), 0u);
   EXPECT_NE(lines[3].find(",8192,"), std::string::npos) << lines[3];
   std::remove(path.c_str());
+}
+
+// The same for the leak report: an adaptor reporting to stderr that lives
+// until exit reports there what is still held then, and only that.
+TEST(AdaptorsAtExit, AProgramThatExitsHoldingMemoryGetsItsLeakReport) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        Context& context = current_context();
+        auto* tracked = new TrackingAdaptor(&context, std::make_unique<PoolMemoryManager>(&context));
+        tracked->initialize();
+        tracked->memalloc(4096).reset();
+        new std::shared_ptr<MemoryPointer>(tracked->memalloc(12345));  // (still held at exit)
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(0), "1 allocation\\(s\\) outstanding, 12\\.06 KiB \\(12345 bytes\\)");
 }
 
 TEST_F(Adaptors, TrackingListsOutstandingAllocationsAndReportsLeaksAtReset) {

@@ -43,7 +43,6 @@ class LoggingAdaptor : public ManagerAdaptor {
  private:
   struct Log;
   LoggingAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream, std::shared_ptr<Log> log);
-  static void flush_at_exit(const std::shared_ptr<Log>& log);
   std::shared_ptr<Log> log_;
 };
 

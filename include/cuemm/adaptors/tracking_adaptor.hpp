@@ -2,8 +2,10 @@
 //
 // Keeps each live allocation with its size, kind, time and call site (see
 // ScopedCallSite). reset() and the adaptor's destruction print a leak report
-// of what is still outstanding (to stderr, or the stream given), and
-// outstanding() lists it at any time. A map under a lock: a debugging tool.
+// of what is still outstanding (to stderr, or the stream given), and so does
+// the process's exit for an adaptor reporting to stderr (contexts, and their
+// adaptors, live until then); outstanding() lists it at any time. A map
+// under a lock: a debugging tool.
 #pragma once
 
 #include <iosfwd>
