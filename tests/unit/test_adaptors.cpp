@@ -491,7 +491,7 @@ TEST_F(Adaptors, TheLogCanGoToAFile) {
 // (in a child process of its own, which exits so), once: not again from a
 // child it forked.
 TEST(AdaptorsAtExit, AProgramThatExitsWithItsLogOpenFindsEveryRowInIt) {
-  GTEST_FLAG_SET(death_test_style, "threadsafe");  // (a fresh process: no fork of a driver in use)
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // (a fresh process, not a fork of this one and its driver)
   const std::string path = ::testing::TempDir() + "/cuemm_log_at_exit.csv";
   std::remove(path.c_str());
   EXPECT_EXIT(
