@@ -106,7 +106,14 @@ void Event::wait(const Stream& stream) const { stream.wait_event(*this); }
 
 float Event::elapsed_time(const Event& start, const Event& end) {
   float milliseconds = 0;
-  in_context_of(start.context(), [&] { CUEMM_CU(cuEventElapsedTime, &milliseconds, start.handle(), end.handle()); });
+  cuda::CUresult result = cuda::CUDA_SUCCESS;
+  in_context_of(start.context(), [&] {
+    result = CUEMM_CU_RESULT(cuEventElapsedTime, &milliseconds, start.handle(), end.handle());
+  });
+  if (result == cuda::CUDA_ERROR_INVALID_HANDLE)  // (what the driver answers for both, without saying which)
+    throw CudaError(result, "cuEventElapsedTime",
+                    "an event made without timing (create_event(false)) or not yet recorded has no time");
+  driver::check(result, "cuEventElapsedTime");
   return milliseconds;
 }
 

@@ -163,6 +163,25 @@ TEST_F(Runtime, StreamCallbacksRunAfterEarlierWork) {
   EXPECT_TRUE(stream.query());
 }
 
+// The driver answers "invalid handle" for an event without timing and for
+// one not recorded; the error says what that means.
+TEST_F(Runtime, TheElapsedTimeOfEventsThatHaveNoneSaysWhy) {
+  Event timed = context.create_event();
+  Event untimed = context.create_event(/*timing=*/false);
+  Event unrecorded = context.create_event();
+  timed.record();
+  untimed.record();
+  timed.synchronize();
+  untimed.synchronize();
+  for (const Event* other : {&untimed, &unrecorded}) {
+    const auto error = caught<CudaError>([&] { Event::elapsed_time(timed, *other); });
+    ASSERT_TRUE(error);
+    EXPECT_EQ(error->code_name(), "CUDA_ERROR_INVALID_HANDLE");
+    EXPECT_NE(std::string(error->what()).find("without timing"), std::string::npos) << error->what();
+  }
+  EXPECT_GE(Event::elapsed_time(timed, timed), 0.0f);
+}
+
 // A callback runs on a driver thread, where an exception would end the
 // program: it comes out of the stream's next synchronize() instead, once,
 // and the stream works on.
