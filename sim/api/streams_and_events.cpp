@@ -266,7 +266,14 @@ CUresult elapsed_time(float* milliseconds, CUevent start_handle, CUevent end_han
   auto end = find_event(s, end_handle);
   if (!start || !end) return CUDA_ERROR_INVALID_HANDLE;
   if ((start->flags | end->flags) & CU_EVENT_DISABLE_TIMING) return CUDA_ERROR_INVALID_HANDLE;
-  std::scoped_lock event_locks(start->mutex, end->mutex);
+  // (One event may be both: a time of zero, and its mutex locked once.)
+  std::unique_lock start_lock(start->mutex, std::defer_lock);
+  std::unique_lock end_lock(end->mutex, std::defer_lock);
+  if (end == start) {
+    start_lock.lock();
+  } else {
+    std::lock(start_lock, end_lock);
+  }
   if (start->recorded == 0 || end->recorded == 0) return CUDA_ERROR_INVALID_HANDLE;
   start->settle();
   end->settle();
