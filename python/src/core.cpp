@@ -268,7 +268,8 @@ class Bridge {
   }
   py::object mempin(py::object owner, std::uintptr_t pointer, long long size, bool mapped) {
     if (pointer == 0) throw InvalidArgument("mempin: the pointer is null");
-    auto held = hold_python_object(std::move(owner));
+    // (None owns nothing: such a pin is not cached past its release.)
+    auto held = owner.is_none() ? nullptr : hold_python_object(std::move(owner));
     return wrap(call({}, [&] {
       return manager_->mempin(held, reinterpret_cast<void*>(pointer), checked_size(size, "mempin"), mapped);
     }));

@@ -521,7 +521,10 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
         delete registration;
         return;
       }
-      if (!state.closed && registration->size <= state.options.registration_cache_bytes) {
+      // Only with an owner that keeps the memory: without one, the caller may
+      // unmap it next, and a later mapping at the same addresses, pinned
+      // again, would find the old pages' registration.
+      if (!state.closed && registration->owner && registration->size <= state.options.registration_cache_bytes) {
         try {
           const RegistrationKey key{reinterpret_cast<std::uintptr_t>(registration->pointer), registration->size,
                                     registration->mapped};

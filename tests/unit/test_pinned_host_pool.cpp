@@ -1,5 +1,7 @@
 // The pinned host pool: cached reuse, kinds kept apart, stream-safe reuse,
 // pinned ranges, trimming, and memory that outlives the pool.
+#include <sys/mman.h>
+
 #include <cstring>
 #include <optional>
 #include <random>
@@ -211,6 +213,34 @@ TEST_F(HostPool, PinningTheSameRangeAgainReusesTheRegistration) {
   pool.trim();
   EXPECT_EQ(simulation::call_count("cuMemHostUnregister"), 1u);
   EXPECT_EQ(buffer.use_count(), 1);
+}
+
+// A range pinned without an owner may be unmapped once released, and a new
+// mapping may land at its addresses: its registration is undone at release,
+// and pinning the new mapping registers it anew (whose bytes copies read).
+TEST_F(HostPool, ARangePinnedWithoutAnOwnerIsNotCachedPastItsRelease) {
+  PinnedHostPool pool(context);
+  const std::size_t size = std::size_t{1} << 20;
+  void* first = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(first, MAP_FAILED);
+  pool.pin(nullptr, first, size, false).reset();
+  EXPECT_EQ(pool.statistics().cached_registrations, 0u) << "a registration without an owner was kept";
+  ASSERT_EQ(munmap(first, size), 0);
+  void* second = mmap(first, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(second, MAP_FAILED);
+  std::memset(second, 0x5a, size);
+  const std::size_t misses = pool.statistics().misses;
+  auto pinned = pool.pin(nullptr, second, size, false);
+  EXPECT_EQ(pool.statistics().misses, misses + 1) << "the new mapping was not registered anew";
+  auto device = device_array<unsigned char>(size);
+  device.copy_to_device(std::span<const unsigned char>(static_cast<unsigned char*>(second), size));
+  EXPECT_EQ(device.copy_to_host(), std::vector<unsigned char>(size, 0x5a));
+  pinned.reset();
+  munmap(second, size);
+  // With an owner, the registration is kept (and the owner with it).
+  auto buffer = std::make_shared<std::vector<char>>(size);
+  pool.pin(buffer, buffer->data(), size, false).reset();
+  EXPECT_EQ(pool.statistics().cached_registrations, 1u);
 }
 
 TEST_F(HostPool, AnOverlappingRangeEvictsCachedRegistrations) {

@@ -21,7 +21,9 @@
 // Pinning (mempin) of caller memory is cached too: a released registration is
 // kept, with its owner alive, so pinning the same range again is free. At most
 // `registration_cache_bytes` of registrations are kept (the least recently
-// used go first); trim() gives up all of them.
+// used go first); trim() gives up all of them. A range pinned without an owner
+// is unregistered at its release: nothing keeps that memory mapped, and a
+// registration kept past its unmapping would be of pages no longer there.
 //
 // Used by any HostOnlyMemoryManager that asks for it (the pool manager does).
 // Thread-safe. Blocks handed out stay valid after the pool goes.
