@@ -89,6 +89,7 @@ SIM_EXPORT CUresult cuEventRecord(CUevent handle, CUstream stream_handle) {
   auto event = find_event(s, handle);
   if (!event) return CUDA_ERROR_INVALID_HANDLE;
   SIM_STREAM(stream, stream_handle);
+  if (stream->context() != event->context) return CUDA_ERROR_INVALID_HANDLE;  // (the driver's documented answer)
   if (Capture* capture = capture_of(s, stream)) {
     // A point in the capture for other streams to fork from or join at; nothing runs for it.
     std::lock_guard event_lock(event->mutex);

@@ -1,10 +1,12 @@
 #include "cuemm/runtime/stream.hpp"
 
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "cuemm/driver/driver.hpp"
 #include "cuemm/runtime/context.hpp"
+#include "cuemm/runtime/device.hpp"
 #include "callback_failures.hpp"
 
 namespace cuemm {
@@ -87,6 +89,13 @@ Event::Event(Context* context, cuda::CUevent handle)
     : handle_(context, handle, [](void* event) { CUEMM_CU(cuEventDestroy, static_cast<cuda::CUevent>(event)); }) {}
 
 void Event::record(const Stream& stream) const {
+  // (The driver answers only "invalid handle"; waits, not records, may cross contexts.)
+  if (stream.context() && context() && stream.context() != context()) {
+    throw InvalidArgument("Event::record: the event is of device " + std::to_string(context()->device().id()) +
+                          "'s context and the stream of device " + std::to_string(stream.context()->device().id()) +
+                          "'s; an event records a stream of its own context (another context's stream may wait "
+                          "for it: Stream::wait_event)");
+  }
   in_context_of(context(), [&] { CUEMM_CU(cuEventRecord, handle(), stream.handle()); });
 }
 

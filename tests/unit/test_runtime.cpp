@@ -182,6 +182,19 @@ TEST_F(Runtime, TheElapsedTimeOfEventsThatHaveNoneSaysWhy) {
   EXPECT_GE(Event::elapsed_time(timed, timed), 0.0f);
 }
 
+// An event records streams of its own context only (the driver's answer is a
+// bare "invalid handle"); another device's stream may still wait for it.
+TEST_F(Runtime, AnEventRecordsOnlyStreamsOfItsOwnContextAndOthersWaitForIt) {
+  if (Device::count() < 2) GTEST_SKIP() << "needs two devices (the simulated driver gives two with CUEMM_SIM_DEVICES=2)";
+  Context& other = Device::get(1).primary_context();
+  Event event = context.create_event();
+  Stream foreign = other.create_stream();
+  EXPECT_TRUE(throws<InvalidArgument>([&] { event.record(foreign); }, "device 0's context", "device 1's"));
+  event.record();
+  EXPECT_NO_THROW(foreign.wait_event(event));
+  EXPECT_NO_THROW(foreign.synchronize());
+}
+
 // A callback runs on a driver thread, where an exception would end the
 // program: it comes out of the stream's next synchronize() instead, once,
 // and the stream works on.
