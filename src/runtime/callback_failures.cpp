@@ -47,9 +47,8 @@ void rethrow_first(Matches&& matches) {
 void record_callback_failure(CallbackStream where, std::exception_ptr failure) noexcept {
   Failures& all = failures();
   std::lock_guard lock(all.mutex);
-  const bool kept_already = std::any_of(all.kept.begin(), all.kept.end(), [&](const Kept& kept) {
-    return kept.where.context == where.context && kept.where.stream == where.stream;
-  });
+  const bool kept_already =
+      std::any_of(all.kept.begin(), all.kept.end(), [&](const Kept& kept) { return kept.where == where; });
   if (kept_already) return;
   try {
     all.kept.push_back({where, std::move(failure)});
@@ -62,7 +61,7 @@ void record_callback_failure(CallbackStream where, std::exception_ptr failure) n
 bool callback_failures_kept() noexcept { return failures().any.load(std::memory_order_acquire); }
 
 void rethrow_callback_failure(CallbackStream where) {
-  rethrow_first([&](const CallbackStream& kept) { return kept.context == where.context && kept.stream == where.stream; });
+  rethrow_first([&](const CallbackStream& kept) { return kept == where; });
 }
 
 void rethrow_callback_failure_of_context(cuda::CUcontext context) {

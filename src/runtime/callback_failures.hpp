@@ -18,6 +18,7 @@ namespace cuemm::detail {
 struct CallbackStream {
   cuda::CUcontext context = nullptr;
   cuda::CUstream stream = nullptr;
+  bool operator==(const CallbackStream&) const = default;
 };
 
 // Keeps `failure` for `where` (only the first until it is rethrown; later
