@@ -1,5 +1,7 @@
 #include "cuemm/adaptors/limiting_adaptor.hpp"
 
+#include <algorithm>
+
 #include "cuemm/error.hpp"
 
 namespace cuemm {
@@ -43,5 +45,13 @@ LimitingAdaptor::LimitingAdaptor(Context* context, std::unique_ptr<BaseMemoryMan
 
 std::size_t LimitingAdaptor::limit() const noexcept { return cap_->limit; }
 std::size_t LimitingAdaptor::in_use() const noexcept { return cap_->in_use.load(); }
+
+MemoryInfo LimitingAdaptor::get_memory_info() {
+  MemoryInfo info = ManagerAdaptor::get_memory_info();
+  const std::size_t used = std::min(cap_->in_use.load(), cap_->limit);
+  info.total = std::min(info.total, cap_->limit);
+  info.free = std::min({info.free, cap_->limit - used, info.total});
+  return info;
+}
 
 }  // namespace cuemm

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <thread>
 
@@ -566,6 +567,29 @@ TEST_F(Adaptors, TheLimitRefusesWithTheRequestTheUseAndTheCap) {
   auto host = limited.memhostalloc(8 << 20, false, false, false);  // host memory is not capped
   held.reset();
   EXPECT_NO_THROW(limited.memalloc(9 << 20));
+}
+
+// Programs size their work by memory info (Numba's get_memory_info, a
+// batch that fills what is free): under a cap it must be the cap's.
+TEST_F(Adaptors, MemoryInfoUnderALimitIsTheCapsView) {
+  LimitingAdaptor limited(&context, pool(), 10 << 20);
+  limited.initialize();
+  const MemoryInfo device = limited.upstream().get_memory_info();
+  ASSERT_GT(device.total, std::size_t{10} << 20);
+  EXPECT_EQ(limited.get_memory_info().total, std::size_t{10} << 20);
+  EXPECT_EQ(limited.get_memory_info().free, std::size_t{10} << 20);
+  auto held = limited.memalloc(6 << 20);
+  auto host = limited.memhostalloc(1 << 20, false, false, false);  // not counted
+  EXPECT_EQ(limited.get_memory_info().free, std::size_t{4} << 20);
+  EXPECT_NO_THROW(limited.memalloc(limited.get_memory_info().free)) << "what it says is free is served";
+  held.reset();
+  EXPECT_EQ(limited.get_memory_info().free, std::size_t{10} << 20);
+
+  // A cap above the device changes nothing.
+  LimitingAdaptor loose(&context, pool(), std::numeric_limits<std::size_t>::max());
+  loose.initialize();
+  EXPECT_EQ(loose.get_memory_info().total, device.total);
+  EXPECT_LE(loose.get_memory_info().free, device.total);
 }
 
 TEST_F(Adaptors, TheLimitHoldsUnderRacingThreads) {
