@@ -539,3 +539,22 @@ def test_an_exportable_async_pools_blocks_open_in_another_process(run_python, tm
         cuemm.use_cuemm_for_numba("async", exportable=True)
     """, check="assert isinstance(handle._ipc_handle, CuemmIpcHandle), type(handle._ipc_handle)")
     assert "child ok" in out
+
+
+def test_a_limit_is_what_numba_sees_as_memory(run_python):
+    run_python("""
+        from numba import cuda
+        context = cuda.current_context()
+        free, total = context.get_memory_info()
+        assert total == 64 << 20 and free == 64 << 20, (free, total)
+        held = cuda.device_array(40 << 20, dtype="u1")
+        free, total = context.get_memory_info()
+        assert free == 24 << 20, free
+        try:
+            cuda.device_array(free + 1, dtype="u1")
+        except MemoryError as error:
+            assert "limit" in str(error), error
+        else:
+            raise AssertionError("an array past the limit was allocated")
+        rest = cuda.device_array(free, dtype="u1")  # what it says is free is served
+    """, CUEMM_ADAPTORS="limit", CUEMM_LIMIT="64M", **PLUGIN)
