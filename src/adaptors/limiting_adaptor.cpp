@@ -27,10 +27,18 @@ struct LimitingAdaptor::Cap : AllocationObserver {
     } while (!in_use.compare_exchange_weak(before, before + size));
   }
   void allocation_failed(MemoryKind kind, std::size_t size) noexcept override {
-    if (counted(kind)) in_use.fetch_sub(size);
+    if (counted(kind)) give_back(size);
   }
   void released(const AllocationRecord& record) noexcept override {
-    if (counted(record.kind)) in_use.fetch_sub(record.size);
+    if (counted(record.kind)) give_back(record.size);
+  }
+  // Never below 0: a release that races a reset() on another thread (within
+  // a few instructions of it) may find its bytes forgotten already, and a
+  // wrapped count would refuse every request after.
+  void give_back(std::size_t size) noexcept {
+    std::size_t before = in_use.load();
+    while (!in_use.compare_exchange_weak(before, before - std::min(before, size))) {
+    }
   }
   void reset() noexcept override { in_use = 0; }
   bool wants_times_and_call_sites() const noexcept override { return false; }

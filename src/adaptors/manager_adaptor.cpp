@@ -145,6 +145,11 @@ std::shared_ptr<MemoryPointer> make_observed(Shared* shared, AllocationObserver&
 template <typename Allocate>
 auto ManagerAdaptor::allocate_observed(MemoryKind kind, std::size_t size, Allocate&& allocate)
     -> Observed<decltype(allocate())> {
+  // The generation before the observer counts it: a reset() while the
+  // upstream allocates (on another thread) then forgets this block's count
+  // with the others', and its later release is not reported either. Read
+  // after, the release was reported too, and a cap's count wrapped below 0.
+  const std::uint64_t generation = shared_->generation.load(std::memory_order_relaxed);
   observer().before_allocation(kind, size);
   const bool detailed = observer().wants_times_and_call_sites();
   const double start = detailed ? adaptor_clock() : 0.0;
@@ -160,8 +165,7 @@ auto ManagerAdaptor::allocate_observed(MemoryKind kind, std::size_t size, Alloca
   AllocationRecord record{made.kind, made.address, size, start, detailed ? adaptor_clock() : 0.0,
                           detailed ? ScopedCallSite::current() : std::string()};
   observer().allocated(record);
-  return {std::move(upstream), {made.kind, made.address, size}, shared_->generation.load(std::memory_order_relaxed),
-          detailed};
+  return {std::move(upstream), {made.kind, made.address, size}, generation, detailed};
 }
 
 template <typename Allocate>

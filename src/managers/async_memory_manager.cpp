@@ -136,10 +136,17 @@ void AsyncMemoryManager::on_reset() {
       std::fprintf(stderr, "cuemm async: releasing %s during reset failed: %s\n", util::hex_address(pointer).c_str(),
                    CudaError(result, "cuMemFreeAsync").what());
   }
-  // The frees have run, and the pool's memory goes back with it (a device's
-  // reset would leave its handle stale).
+  // The frees have run: the pool's memory goes back to the driver. The pool
+  // itself is kept, never used again by this manager, as another thread's
+  // request may have read its handle just before the reset (a destroyed
+  // pool's handle is a dangling one to the driver). Its threshold of 0
+  // gives back at the next synchronization whatever such a request takes.
   CUEMM_CU(cuCtxSynchronize);
-  if (pool) CUEMM_CU(cuMemPoolDestroy, pool);
+  if (pool) {
+    std::uint64_t nothing_kept = 0;
+    CUEMM_CU(cuMemPoolSetAttribute, pool, cuda::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &nothing_kept);
+    CUEMM_CU(cuMemPoolTrimTo, pool, 0);
+  }
 }
 
 std::shared_ptr<MemoryPointer> AsyncMemoryManager::memalloc(std::size_t size) {

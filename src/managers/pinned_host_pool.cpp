@@ -205,21 +205,25 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
   State(Context& context_, PinnedHostPoolOptions options_)
       : context(&context_), options(options_), epochs(&context_) {}
 
-  static void free_block(Block* block) noexcept {
+  static void free_host(Context& context, void* host) noexcept {
     try {
-      ScopedContext scope(*block->state->context);
-      CUEMM_CU(cuMemFreeHost, block->host);
+      ScopedContext scope(context);
+      CUEMM_CU(cuMemFreeHost, host);
     } catch (const std::exception& error) {
       std::fprintf(stderr, "cuemm pinned host pool: freeing a block failed: %s\n", error.what());
     }
   }
-  static void unregister(Registration* registration) noexcept {
+  static void free_block(Block* block) noexcept { free_host(*block->state->context, block->host); }
+  static void unregister_range(Context& context, void* pointer) noexcept {
     try {
-      ScopedContext scope(*registration->state->context);
-      CUEMM_CU(cuMemHostUnregister, registration->pointer);
+      ScopedContext scope(context);
+      CUEMM_CU(cuMemHostUnregister, pointer);
     } catch (const std::exception& error) {
       std::fprintf(stderr, "cuemm pinned host pool: unregistering failed: %s\n", error.what());
     }
+  }
+  static void unregister(Registration* registration) noexcept {
+    unregister_range(*registration->state->context, registration->pointer);
   }
 
   // Gives the memory of records no pointer names back to the driver, and
@@ -679,8 +683,9 @@ std::size_t PinnedHostPool::trim() {
 void PinnedHostPool::release_everything() {
   State& state = *state_;
   State::Leftovers leftovers;
-  std::vector<State::Block*> blocks;
-  std::vector<State::Registration*> registrations;
+  // The memory, not the records: once marked dead, a record is deleted by
+  // its pointer's release, which another thread may run meanwhile.
+  std::vector<void*> blocks, ranges;
   {
     std::lock_guard lock(state.mutex);
     state.closed = true;
@@ -689,19 +694,20 @@ void PinnedHostPool::release_everything() {
     for (State::Block* block = state.handed_out; block; block = block->next_out) {
       if (block->dead) continue;  // (an earlier call freed it)
       block->dead = true;
-      blocks.push_back(block);
+      blocks.push_back(block->host);
       state.counters.allocated_bytes -= block->bytes;
     }
     for (State::Registration* registration : state.pinned_out) {
+      if (registration->dead) continue;
       registration->dead = true;
-      registrations.push_back(registration);
+      ranges.push_back(registration->pointer);
     }
   }
   leftovers.discard();
   trim();
   // Handed-out records stay (their pointers still name them); only the memory goes.
-  for (State::Block* block : blocks) State::free_block(block);
-  for (State::Registration* registration : registrations) State::unregister(registration);
+  for (void* host : blocks) State::free_host(*state.context, host);
+  for (void* range : ranges) State::unregister_range(*state.context, range);
 }
 
 PinnedHostPoolStatistics PinnedHostPool::statistics() const {

@@ -7,6 +7,7 @@
 #include "cuemm/driver/driver.hpp"
 #include "cuemm/runtime/context.hpp"
 #include "cuemm/runtime/device.hpp"
+#include "util/keep_until_exit.hpp"
 
 namespace cuemm {
 
@@ -74,9 +75,14 @@ void HostOnlyMemoryManager::adopt(std::uintptr_t address, const std::shared_ptr<
 void HostOnlyMemoryManager::use_pinned_host_pool(PinnedHostPoolOptions options) { host_pool_options_ = options; }
 
 PinnedHostPool* HostOnlyMemoryManager::pinned_host_pool() {
+  if (PinnedHostPool* pool = current_host_pool_.load(std::memory_order_acquire)) [[likely]]
+    return pool;
   if (!host_pool_options_ || !has_context()) return nullptr;
   std::lock_guard lock(host_pool_mutex_);
-  if (!host_pool_) host_pool_ = std::make_shared<PinnedHostPool>(context(), *host_pool_options_);
+  if (!host_pool_) {
+    host_pool_ = std::make_shared<PinnedHostPool>(context(), *host_pool_options_);
+    current_host_pool_.store(host_pool_.get(), std::memory_order_release);
+  }
   return host_pool_.get();
 }
 
@@ -120,8 +126,12 @@ void HostOnlyMemoryManager::reset() {
   {
     std::lock_guard lock(host_pool_mutex_);
     host_pool = std::move(host_pool_);  // the next host allocation makes a fresh pool
+    current_host_pool_.store(nullptr, std::memory_order_release);
   }
-  if (host_pool) host_pool->release_everything();
+  if (host_pool) {
+    host_pool->release_everything();
+    util::keep_until_exit(std::move(host_pool));  // other threads' requests may still be under way in it
+  }
   on_reset();
 }
 

@@ -3,6 +3,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <limits>
 #include <optional>
 #include <random>
@@ -337,6 +339,61 @@ TYPED_TEST(Conformance, ResetReleasesEverythingAndTheManagerWorksAfter) {
   this->flush();
   auto memory = this->manager->memalloc(4096);
   auto values = this->fill(memory, 9);
+  EXPECT_TRUE(this->holds(memory, values));
+}
+
+// A reset from one thread while others allocate and free (a library that
+// resets its context while another's threads still work): no crash, no
+// hang, no block handed out twice at once, and once all is released and
+// reset again nothing is left behind.
+TYPED_TEST(Conformance, AResetWhileOtherThreadsAllocateLeavesItConsistent) {
+  this->manager->reset();
+  this->flush();
+  const std::uint64_t baseline = simulation::active() ? simulation::device_bytes_in_use(0) : 0;
+  std::atomic<bool> done{false};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      ScopedContext scope(this->context);
+      std::mt19937 random(t);
+      std::vector<std::shared_ptr<MemoryPointer>> mine;
+      for (int step = 0; step < 400; ++step) {
+        try {
+          const unsigned draw = random() % 10;
+          const std::size_t size = draw < 6 ? 256 + random() % 65536 : draw < 9 ? (1 << 20) + random() % (3 << 20)
+                                                                                : (8 << 20) + random() % (8 << 20);
+          if (draw == 0) {
+            mine.push_back(this->manager->memhostalloc(4096 + random() % 8192, false, false, false));
+          } else {
+            mine.push_back(this->manager->memalloc(size));
+          }
+          if (mine.size() > 8) mine.erase(mine.begin() + random() % mine.size());
+        } catch (const std::exception& error) {
+          if (failures++ < 3) ADD_FAILURE() << "thread " << t << ": " << error.what();
+        }
+      }
+      mine.clear();
+    });
+  }
+  std::thread resetter([&] {
+    ScopedContext scope(this->context);
+    for (int i = 0; i < 20 && !done; ++i) {
+      this->manager->reset();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  for (auto& thread : threads) thread.join();
+  done = true;
+  resetter.join();
+  EXPECT_EQ(failures.load(), 0);
+  this->manager->reset();
+  this->flush();
+  if (simulation::active()) {
+    EXPECT_EQ(simulation::device_bytes_in_use(0), baseline) << "memory of the racing blocks was left behind";
+  }
+  auto memory = this->manager->memalloc(1 << 20);
+  auto values = this->fill(memory, 3);
   EXPECT_TRUE(this->holds(memory, values));
 }
 

@@ -16,9 +16,12 @@
 // says how to get one (NotSupported).
 //
 // reset() releases every block, held or not (their pointers read as dead and
-// their finalizers do nothing after), waits for the device and destroys the
+// their finalizers do nothing after), waits for the device and trims the
 // pool, whose memory goes back to the driver; the next allocation makes a new
-// pool. So a device's reset (Device::reset()) leaves no stale handle behind.
+// pool. The old one is never used again (not destroyed: another thread's
+// request may be under way in it, and gives back what it took at the next
+// synchronization). So a device's reset (Device::reset()) leaves no stale
+// handle behind.
 // Thread-safe.
 #pragma once
 

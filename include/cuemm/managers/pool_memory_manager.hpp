@@ -120,6 +120,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "cuemm/managers/detail/tlsf_block_allocator.hpp"
@@ -284,8 +285,9 @@ class PoolMemoryManager : public HostOnlyMemoryManager, public RawDeviceAllocato
   [[gnu::noinline]] cuda::CUdeviceptr allocate_off_the_fast_path(std::size_t size, const cuda::CUstream* stream);
   [[gnu::noinline, gnu::cold]] void deallocate_off_the_fast_path(cuda::CUdeviceptr pointer, std::size_t size,
                                                                  const cuda::CUstream* stream) noexcept;
-  cuda::CUdeviceptr allocate_unrecorded(std::size_t size, cuda::CUstream stream);
-  void deallocate_unchecked(cuda::CUdeviceptr pointer, std::size_t size, cuda::CUstream stream) noexcept;
+  static cuda::CUdeviceptr allocate_unrecorded(Core& core, std::size_t size, cuda::CUstream stream);
+  static void deallocate_unchecked(Core& core, cuda::CUdeviceptr pointer, std::size_t size,
+                                   cuda::CUstream stream) noexcept;
   // The raw interface during a graph capture (CaptureScope): a block that a
   // capturing thread allocates is kept by its scope's GraphMemory (freed at
   // once where that fails), and its raw free only drops the program's
@@ -304,8 +306,19 @@ class PoolMemoryManager : public HostOnlyMemoryManager, public RawDeviceAllocato
   bool let_go_of_captured_raw_block(cuda::CUdeviceptr pointer, std::size_t size,
                                     const cuda::CUstream* stream) noexcept;
 
+  // The core that serves requests. Requests read it without a lock while a
+  // reset() may replace it (Note [Resets under way], in pool/core.hpp):
+  // cores are never deleted, so the pointer stays valid.
+  Core& core() const noexcept { return *current_core_.load(std::memory_order_acquire); }
+  // Runs `allocate` (on a core, returning an address) on the current core,
+  // and again on the new one where a reset retired the core meanwhile.
+  template <typename Allocate>
+  std::pair<Core*, std::uintptr_t> on_current_core(Allocate&& allocate);
+
   PoolOptions options_;
-  std::shared_ptr<Core> core_;
+  std::shared_ptr<Core> core_;  // owns the current core; replaced under reset_mutex_
+  std::atomic<Core*> current_core_;
+  std::mutex reset_mutex_;
   // Read beside core_ on the raw interface's fast path: the context (or
   // null), asked at each allocation whether a graph is being captured, and
   // whether any raw block is kept for a capture, asked at each free.

@@ -18,6 +18,7 @@
 // blocks still held included, as Numba's reset frees all host memory.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -61,7 +62,9 @@ class HostOnlyMemoryManager : public BaseMemoryManager {
   PendingDeallocations& deallocations() noexcept { return tracker_->pending; }
   // Allocations made through this manager and not yet released.
   std::size_t live_allocations() const;
-  // The pinned host pool, or null when this manager does not use one.
+  // The pinned host pool, or null when this manager does not use one. Valid
+  // while the manager lives: a pool that a reset() replaced, which other
+  // threads may still be using, is kept until exit.
   PinnedHostPool* pinned_host_pool();
 
  protected:
@@ -102,7 +105,8 @@ class HostOnlyMemoryManager : public BaseMemoryManager {
   DeallocationPolicy policy_;
   std::optional<PinnedHostPoolOptions> host_pool_options_;
   BlockingAwareMutex host_pool_mutex_;
-  std::shared_ptr<PinnedHostPool> host_pool_;
+  std::shared_ptr<PinnedHostPool> host_pool_;  // made at the first host request (under host_pool_mutex_)
+  std::atomic<PinnedHostPool*> current_host_pool_{nullptr};  // host_pool_, read without the lock
   std::shared_ptr<Tracker> tracker_;
   bool capacity_known_ = false;
 };

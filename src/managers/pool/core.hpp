@@ -209,6 +209,18 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
 
   Core(Context* context_, PoolOptions options_) : context(context_), options(options_) {}
 
+  // Thrown instead of growing a retired core: a reset() from another thread
+  // retired it while this request was under way, and its memory is gone.
+  // PoolMemoryManager catches it and asks the new core (Note [Resets under
+  // way]). Not a std::exception, so that nothing on the way mistakes it.
+  struct Retired {};
+  // Every growth calls this first, under `mutex` (as retire() sets
+  // `retired`): a retired core's new segment would never be freed.
+  void refuse_growth_if_retired() const {
+    if (retired.load(std::memory_order_relaxed)) [[unlikely]]
+      throw Retired{};
+  }
+
   // --- under `mutex` ---
 
   void quarantine_block(std::uintptr_t address, std::size_t size, std::uint64_t epoch,

@@ -30,6 +30,7 @@ PoolMemoryManager::PoolMemoryManager(Context* context, PoolOptions options)
     : HostOnlyMemoryManager(context),
       options_(options),
       core_(std::make_shared<Core>(context, options)),
+      current_core_(core_.get()),
       core_context_(context) {
   if (options_.pinned_host_pool) use_pinned_host_pool();
   if (options_.check_frees) free_checker_ = std::make_unique<detail::RawFreeChecker>();
@@ -51,7 +52,7 @@ PoolMemoryManager::PoolMemoryManager(Context* context, PoolOptions options)
 }
 
 PoolMemoryManager::~PoolMemoryManager() {
-  core_->retire();
+  core().retire();
   util::keep_until_exit(core_);  // pointers that outlive the manager still free into it
 }
 
@@ -60,17 +61,49 @@ void PoolMemoryManager::on_initialize() {
   if (options_.expandable && has_context()) detail::ExpandableArena::require_support(context().device().id());
   if (has_context()) {
     const std::size_t share = context().device().total_memory() / Core::kDeviceFractionOfHeldRotationBudget;
-    core_->held_rotation_budget.store(std::min(Core::kLargestHeldRotationBudget, share), std::memory_order_relaxed);
+    core().held_rotation_budget.store(std::min(Core::kLargestHeldRotationBudget, share), std::memory_order_relaxed);
   }
-  std::lock_guard lock(core_->mutex);
-  if (options_.initial_size && core_->blocks.region_bytes() == 0 && !core_->grow_initially(options_.initial_size)) {
-    throw OutOfMemory("PoolMemoryManager::initialize", options_.initial_size, "the initial pool does not fit");
+  if (!options_.initial_size) return;
+  on_current_core([&](Core& core) -> std::uintptr_t {
+    std::lock_guard lock(core.mutex);
+    if (core.blocks.region_bytes() == 0 && !core.grow_initially(options_.initial_size))
+      throw OutOfMemory("PoolMemoryManager::initialize", options_.initial_size, "the initial pool does not fit");
+    return 0;
+  });
+}
+
+// Note [Resets under way]
+// reset() may come from one thread while others allocate and free (a
+// library resets its context while another's threads still work). The new
+// core replaces the old one in current_core_, and the old one is retired:
+// its memory goes back to the driver, its caches are emptied, and frees into
+// it are ignored. A request that had already read the old core finds
+// nothing left in it and would grow it; retired cores refuse to grow
+// (Core::Retired, under the core's lock, which retire() holds too), and the
+// request goes to the new core. A request that finished on the old core just
+// before it was retired got memory that the reset freed, as every block
+// handed out before a reset does.
+template <typename Allocate>
+std::pair<PoolMemoryManager::Core*, std::uintptr_t> PoolMemoryManager::on_current_core(Allocate&& allocate) {
+  for (;;) {
+    Core* core = &this->core();
+    try {
+      return {core, allocate(*core)};
+    } catch (const Core::Retired&) {
+      // (The next core is in current_core_ before the old one is retired.)
+    }
   }
 }
 
 void PoolMemoryManager::on_reset() {
-  auto retiring = std::exchange(core_, std::make_shared<Core>(has_context() ? &context() : nullptr, options_));
-  core_->held_rotation_budget.store(retiring->held_rotation_budget.load());
+  std::shared_ptr<Core> retiring;
+  {
+    std::lock_guard lock(reset_mutex_);  // (two resets at once retire one core each)
+    auto next = std::make_shared<Core>(has_context() ? &context() : nullptr, options_);
+    next->held_rotation_budget.store(core_->held_rotation_budget.load());
+    retiring = std::exchange(core_, std::move(next));
+    current_core_.store(core_.get(), std::memory_order_release);
+  }
   retiring->retire();
   util::keep_until_exit(std::move(retiring));
   if (free_checker_) free_checker_->forget_all();
@@ -81,11 +114,12 @@ void PoolMemoryManager::on_reset() {
 }
 
 CleanupGuard PoolMemoryManager::on_defer_cleanup() {
+  Core* core = &this->core();  // (kept until exit, as every core)
   {
-    std::lock_guard lock(core_->mutex);
-    ++core_->defer_depth;
+    std::lock_guard lock(core->mutex);
+    ++core->defer_depth;
   }
-  return CleanupGuard([core = core_] {
+  return CleanupGuard([core] {
     std::lock_guard lock(core->mutex);
     --core->defer_depth;
   });
@@ -99,7 +133,7 @@ cuda::CUdeviceptr PoolMemoryManager::allocate(std::size_t size) {
   require_allocation_size(size, "PoolMemoryManager::allocate");
   if (free_checker_ || capture_under_way()) [[unlikely]]
     return allocate_off_the_fast_path(size, nullptr);
-  return core_->allocate(size, core_->size_class(size));
+  return on_current_core([size](Core& core) { return core.allocate(size, core.size_class(size)); }).second;
 }
 
 void PoolMemoryManager::deallocate(cuda::CUdeviceptr pointer, std::size_t size) noexcept {
@@ -109,20 +143,24 @@ void PoolMemoryManager::deallocate(cuda::CUdeviceptr pointer, std::size_t size) 
   // or while blocks are kept for a capture.
   if (pointer % kBlockGranularity || free_checker_ || has_captured_raw_.load(std::memory_order_relaxed)) [[unlikely]]
     return deallocate_off_the_fast_path(pointer, size, nullptr);
-  core_->deallocate(pointer, core_->size_class(size));
+  Core& core = this->core();
+  core.deallocate(pointer, core.size_class(size));
 }
 
 cuda::CUdeviceptr PoolMemoryManager::allocate_off_the_fast_path(std::size_t size, const cuda::CUstream* stream) {
   if (stream && capture_under_way()) {
     if (const cuda::CUdeviceptr reused = reused_captured_raw_block(size, *stream)) return reused;
   }
-  const cuda::CUdeviceptr address = stream ? allocate_unrecorded(size, *stream)
-                                           : core_->allocate(size, core_->size_class(size));
+  const auto served = on_current_core([&](Core& core) {
+    return stream ? allocate_unrecorded(core, size, *stream) : core.allocate(size, core.size_class(size));
+  });
+  Core* const core = served.first;
+  const cuda::CUdeviceptr address = served.second;
   if (free_checker_) {
     try {
       free_checker_->handed_out(address, size);
     } catch (...) {
-      core_->deallocate(address, core_->size_class(size));  // no record, no block: as if it had failed
+      core->deallocate(address, core->size_class(size));  // no record, no block: as if it had failed
       throw;
     }
   }
@@ -156,17 +194,20 @@ void PoolMemoryManager::deallocate_off_the_fast_path(cuda::CUdeviceptr pointer, 
                  util::hex_address(pointer).c_str(), size, stream ? ", stream" : "", refused->c_str());
     return;
   }
+  Core& core = this->core();
   if (stream)
-    deallocate_unchecked(pointer, size, *stream);
+    deallocate_unchecked(core, pointer, size, *stream);
   else
-    core_->deallocate(pointer, core_->size_class(size));
+    core.deallocate(pointer, core.size_class(size));
 }
 
 std::shared_ptr<MemoryPointer> PoolMemoryManager::memalloc(std::size_t size) {
   require_allocation_size(size, "memalloc");
-  Core* core = core_.get();
-  const int size_class = core->size_class(size);
-  const std::uintptr_t address = with_flush_and_retry([&] { return core->allocate(size, size_class); });
+  const int size_class = this->core().size_class(size);  // (the same in every core)
+  const auto served = on_current_core(
+      [&](Core& core) { return with_flush_and_retry([&] { return core.allocate(size, size_class); }); });
+  Core* const core = served.first;
+  const std::uintptr_t address = served.second;
   // The finalizer keeps the size class in the address's low bits (blocks are
   // 256-byte aligned) so that its closure fits std::function's inline storage.
   const std::uintptr_t tagged = address | static_cast<std::uintptr_t>(size_class + 1);
@@ -182,9 +223,11 @@ std::shared_ptr<MemoryPointer> PoolMemoryManager::memalloc(std::size_t size) {
 
 RawDeviceAllocator::Allocation PoolMemoryManager::allocate_raw(std::size_t size) {
   require_allocation_size(size, "memalloc");
-  Core* core = core_.get();
-  const int size_class = core->size_class(size);
-  const std::uintptr_t address = with_flush_and_retry([&] { return core->allocate(size, size_class); });
+  const int size_class = this->core().size_class(size);
+  const auto served = on_current_core(
+      [&](Core& core) { return with_flush_and_retry([&] { return core.allocate(size, size_class); }); });
+  Core* const core = served.first;
+  const std::uintptr_t address = served.second;
   // The core stays until exit (see ~PoolMemoryManager); once retired it ignores frees.
   const Releaser releaser{[](void* state, std::uintptr_t freed, std::size_t bytes) noexcept {
                             Core* owner = static_cast<Core*>(state);
@@ -198,12 +241,12 @@ cuda::CUdeviceptr PoolMemoryManager::allocate(std::size_t size, cuda::CUstream s
   require_allocation_size(size, "PoolMemoryManager::allocate");
   if (free_checker_ || capture_under_way()) [[unlikely]]
     return allocate_off_the_fast_path(size, &stream);
-  return allocate_unrecorded(size, stream);
+  return on_current_core([&](Core& core) { return allocate_unrecorded(core, size, stream); }).second;
 }
 
 void PoolMemoryManager::keep_captured_raw_block(cuda::CUdeviceptr address, std::size_t size) {
   std::shared_ptr<MemoryPointer> kept;
-  Core* core = core_.get();
+  Core* core = &this->core();
   const int size_class = core->size_class(size);
   try {
     const bool captured = core_context_->keep_for_capture([&] {
@@ -263,27 +306,27 @@ bool PoolMemoryManager::let_go_of_captured_raw_block(cuda::CUdeviceptr pointer, 
   return true;
 }
 
-cuda::CUdeviceptr PoolMemoryManager::allocate_unrecorded(std::size_t size, cuda::CUstream stream) {
-  const int size_class = core_->size_class(size);
+cuda::CUdeviceptr PoolMemoryManager::allocate_unrecorded(Core& core, std::size_t size, cuda::CUstream stream) {
+  const int size_class = core.size_class(size);
   // The default streams' work is what the legacy stream's events cover, so a
   // thread may reuse its frees on them at once (Note [Stream-ordered reuse]);
   // a block for any other stream is one that every stream may use.
-  return cuda::is_default_stream(stream) ? core_->allocate_ordered(size, size_class) : core_->allocate(size, size_class);
+  return cuda::is_default_stream(stream) ? core.allocate_ordered(size, size_class) : core.allocate(size, size_class);
 }
 
 void PoolMemoryManager::deallocate(cuda::CUdeviceptr pointer, std::size_t size, cuda::CUstream stream) noexcept {
   if (!pointer || !size) return;
   if (pointer % kBlockGranularity || free_checker_ || has_captured_raw_.load(std::memory_order_relaxed)) [[unlikely]]
     return deallocate_off_the_fast_path(pointer, size, &stream);
-  deallocate_unchecked(pointer, size, stream);
+  deallocate_unchecked(core(), pointer, size, stream);
 }
 
-void PoolMemoryManager::deallocate_unchecked(cuda::CUdeviceptr pointer, std::size_t size,
+void PoolMemoryManager::deallocate_unchecked(Core& core, cuda::CUdeviceptr pointer, std::size_t size,
                                              cuda::CUstream stream) noexcept {
-  const int size_class = core_->size_class(size);
-  if (cuda::is_default_stream(stream)) return core_->deallocate_ordered(pointer, size_class);
-  core_->order_after(stream);
-  core_->deallocate(pointer, size_class);
+  const int size_class = core.size_class(size);
+  if (cuda::is_default_stream(stream)) return core.deallocate_ordered(pointer, size_class);
+  core.order_after(stream);
+  core.deallocate(pointer, size_class);
 }
 
 IpcHandle PoolMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer>& memory) {
@@ -291,11 +334,12 @@ IpcHandle PoolMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer>
   if (options_.expandable) {
     // The arena's memory has no cuIpcGetMemHandle: the handle names the
     // mappings under the block (Note [Expandable arena]).
-    std::lock_guard lock(core_->mutex);
-    if (core_->arena && core_->arena->contains(memory->device_pointer())) {
+    Core& core = this->core();
+    std::lock_guard lock(core.mutex);
+    if (core.arena && core.arena->contains(memory->device_pointer())) {
       ScopedContext scope(context());
       std::size_t offset = 0;
-      MappedExport exported = core_->arena->share(memory->device_pointer(), memory->size(), offset);
+      MappedExport exported = core.arena->share(memory->device_pointer(), memory->size(), offset);
       return IpcHandle(memory, std::move(exported), memory->size(), context().device().identity(), offset);
     }
   }
@@ -306,39 +350,42 @@ IpcHandle PoolMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer>
 
 MemoryInfo PoolMemoryManager::get_memory_info() {
   MemoryInfo info = driver_memory_info(context());
-  std::lock_guard lock(core_->mutex);
+  Core& core = this->core();
+  std::lock_guard lock(core.mutex);
   // (The arena's free space counts where its pages are mapped.)
-  const std::size_t free_in_index = core_->arena ? core_->arena->mapped_bytes() - core_->blocks.allocated_bytes()
-                                                 : core_->blocks.free_bytes();
-  info.free += free_in_index + core_->small_blocks.free_bytes() + core_->recurring.free_bytes() + core_->dedicated.spare_bytes() +
-               core_->quarantined_bytes + core_->cached_bytes();
+  const std::size_t free_in_index = core.arena ? core.arena->mapped_bytes() - core.blocks.allocated_bytes()
+                                                 : core.blocks.free_bytes();
+  info.free += free_in_index + core.small_blocks.free_bytes() + core.recurring.free_bytes() + core.dedicated.spare_bytes() +
+               core.quarantined_bytes + core.cached_bytes();
   return info;
 }
 
 std::size_t PoolMemoryManager::trim() {
-  std::lock_guard lock(core_->mutex);
-  if (core_->defer_depth > 0) return 0;
-  core_->flush_caches();
-  core_->seal();
-  core_->reclaim(true);
-  return core_->release_free_segments();
+  Core& core = this->core();
+  std::lock_guard lock(core.mutex);
+  if (core.defer_depth > 0 || core.retired) return 0;  // (a reset under way gives it all back)
+  core.flush_caches();
+  core.seal();
+  core.reclaim(true);
+  return core.release_free_segments();
 }
 
 PoolStatistics PoolMemoryManager::statistics() const {
-  std::lock_guard lock(core_->mutex);
+  const Core& core = this->core();
+  std::lock_guard lock(core.mutex);
   PoolStatistics statistics;
-  statistics.reserved_bytes = core_->reserved_bytes();
-  statistics.quarantined_bytes = core_->quarantined_bytes;
-  statistics.cached_bytes = core_->cached_bytes();
-  statistics.in_use_bytes = core_->in_use_bytes(statistics.cached_bytes);  // (one reading of the caches for both)
-  statistics.segments = core_->segment_count();
-  statistics.free_blocks = core_->blocks.free_blocks() + core_->small_blocks.free_blocks() +
-                           core_->recurring.free_blocks() + core_->dedicated.spare_count();
-  statistics.seals = core_->epochs.seals();
-  statistics.driver_allocations = core_->driver_allocations;
-  statistics.spares_taken_over = core_->spares_taken_over;
-  statistics.gpu_waits_avoided = core_->gpu_waits_avoided;
-  statistics.driver_frees = core_->driver_frees;
+  statistics.reserved_bytes = core.reserved_bytes();
+  statistics.quarantined_bytes = core.quarantined_bytes;
+  statistics.cached_bytes = core.cached_bytes();
+  statistics.in_use_bytes = core.in_use_bytes(statistics.cached_bytes);  // (one reading of the caches for both)
+  statistics.segments = core.segment_count();
+  statistics.free_blocks = core.blocks.free_blocks() + core.small_blocks.free_blocks() +
+                           core.recurring.free_blocks() + core.dedicated.spare_count();
+  statistics.seals = core.epochs.seals();
+  statistics.driver_allocations = core.driver_allocations;
+  statistics.spares_taken_over = core.spares_taken_over;
+  statistics.gpu_waits_avoided = core.gpu_waits_avoided;
+  statistics.driver_frees = core.driver_frees;
   statistics.rejected_frees = rejected_frees_.load(std::memory_order_relaxed);
   return statistics;
 }

@@ -30,6 +30,7 @@ std::optional<detail::TlsfBlockAllocator::Region> PoolMemoryManager::Core::grow_
 
 std::optional<detail::TlsfBlockAllocator::Region> PoolMemoryManager::Core::add_new_segment(
     detail::TlsfBlockAllocator& index, std::size_t wanted, std::size_t segment) {
+  refuse_growth_if_retired();
   if (options.maximum_size) {
     const std::size_t room = options.maximum_size > reserved_bytes() ? options.maximum_size - reserved_bytes() : 0;
     if (room < wanted) return std::nullopt;
@@ -124,6 +125,7 @@ std::optional<detail::TlsfBlockAllocator::Region> PoolMemoryManager::Core::move_
 }
 
 bool PoolMemoryManager::Core::grow_arena(std::size_t size) {
+  refuse_growth_if_retired();
   if (size > kLargestGrowth) return false;  // (its rounding would wrap; no device holds it)
   ScopedContext scope(*context);
   if (!arena) arena = std::make_unique<detail::ExpandableArena>(context->device().id());
@@ -202,6 +204,7 @@ bool PoolMemoryManager::Core::map_pages_under(std::uintptr_t address, std::size_
     unmap_free_pages(reserved_bytes() + at_most - options.maximum_size);
     if (reserved_bytes() + at_most > options.maximum_size) return false;
   }
+  refuse_growth_if_retired();
   ScopedContext scope(*context);
   std::size_t mapped = 0;
   if (!arena->commit(offset, bytes, mapped)) return false;

@@ -100,6 +100,7 @@ std::uintptr_t PoolMemoryManager::Core::allocate_from_index(std::size_t size, Th
 }
 
 std::optional<std::uintptr_t> PoolMemoryManager::Core::new_dedicated_segment(std::size_t segment) {
+  refuse_growth_if_retired();
   if (options.maximum_size && reserved_bytes() + segment > options.maximum_size) return std::nullopt;
   ScopedContext scope(*context);
   cuda::CUdeviceptr base = 0;
