@@ -260,7 +260,8 @@ class PoolMemoryManager : public HostOnlyMemoryManager, public RawDeviceAllocato
   void deallocate(cuda::CUdeviceptr pointer, std::size_t size, cuda::CUstream stream) noexcept;
 
   IpcHandle get_ipc_handle(const std::shared_ptr<MemoryPointer>& memory) override;
-  // Driver free memory plus the pool's free bytes; the device total.
+  // Driver free memory plus the pool's free bytes; the device total. Under a
+  // maximum size, at most what the maximum leaves, and at most the maximum.
   MemoryInfo get_memory_info() override;
 
   // Returns every entirely free segment to the driver (after reclaiming

@@ -354,9 +354,17 @@ MemoryInfo PoolMemoryManager::get_memory_info() {
   std::lock_guard lock(core.mutex);
   // (The arena's free space counts where its pages are mapped.)
   const std::size_t free_in_index = core.arena ? core.arena->mapped_bytes() - core.blocks.allocated_bytes()
-                                                 : core.blocks.free_bytes();
-  info.free += free_in_index + core.small_blocks.free_bytes() + core.recurring.free_bytes() + core.dedicated.spare_bytes() +
-               core.quarantined_bytes + core.cached_bytes();
+                                               : core.blocks.free_bytes();
+  const std::size_t free_in_pool = free_in_index + core.small_blocks.free_bytes() + core.recurring.free_bytes() +
+                                   core.dedicated.spare_bytes() + core.quarantined_bytes + core.cached_bytes();
+  info.free += free_in_pool;
+  // Under a maximum, what it leaves: programs size their work by this.
+  if (const std::size_t maximum = options_.maximum_size) {
+    const std::size_t reserved = core.reserved_bytes();
+    const std::size_t servable = maximum > reserved ? maximum - reserved + free_in_pool : free_in_pool;
+    info.total = std::min(info.total, maximum);
+    info.free = std::min({info.free, servable, info.total});
+  }
   return info;
 }
 

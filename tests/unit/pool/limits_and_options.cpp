@@ -75,6 +75,27 @@ TEST_F(Pool, MemoryInfoCountsThePoolsFreeBytes) {
   EXPECT_GE(info.free + (1 << 20), driver.free) << "the pool's free space is missing";
 }
 
+// Under a maximum, memory info is what the maximum leaves: a program that
+// sizes its work by it (Numba's get_memory_info) must not plan for the device.
+TEST_F(Pool, MemoryInfoUnderAMaximumIsWhatTheMaximumLeaves) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  PoolOptions options;
+  options.maximum_size = 64 * kMiB;
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  ASSERT_GT(context.get_memory_info().total, 64 * kMiB);
+  EXPECT_EQ(pool.get_memory_info().total, 64 * kMiB);
+  EXPECT_EQ(pool.get_memory_info().free, 64 * kMiB);
+  auto held = pool.memalloc(40 * kMiB);
+  const std::size_t free = pool.get_memory_info().free;
+  EXPECT_LE(free, 24 * kMiB);
+  EXPECT_GE(free, 20 * kMiB) << "the pool's own free bytes within the maximum are missing";
+  EXPECT_NO_THROW(pool.memalloc(free / 2));
+  held.reset();
+  pool.trim();
+  EXPECT_EQ(pool.get_memory_info().free, 64 * kMiB);
+}
+
 TEST_F(Pool, TrimReturnsEmptySegmentsButNotUnderDeferCleanup) {
   PoolMemoryManager pool(&context);
   pool.initialize();
