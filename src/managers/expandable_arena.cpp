@@ -177,7 +177,7 @@ void ExpandableArena::release() noexcept {
   CUEMM_CU_RESULT(cuMemAddressFree, base_, reserved_);
   base_ = 0;
   reserved_ = 0;
-  pages_.clear();
+  std::vector<Page>().swap(pages_);  // (its storage too: a retired pool's arena is kept until exit)
 }
 
 }  // namespace cuemm::detail

@@ -295,6 +295,8 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
 
   // For util::ThreadSlots.
   std::uint64_t thread_slots_id() const noexcept { return thread_slots_id_; }
+  // A closed pool (released or gone) keeps nothing in fronts.
+  bool thread_slots_retired() const noexcept { return closed.load(std::memory_order_acquire); }
   Front* make_thread_slot() {
     auto made = std::make_unique<Front>();
     std::lock_guard lock(mutex);

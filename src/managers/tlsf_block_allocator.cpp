@@ -36,12 +36,12 @@ void TlsfBlockAllocator::recycle(Block* block) noexcept { spare_nodes_.push_back
 
 void TlsfBlockAllocator::insert_free(Block* block) noexcept {
   const Index index = index_of(block->size);
-  Block*& head = free_lists_[index.first][index.second];
+  Block*& first = head(index.first, index.second);
   block->free = true;
   block->previous_free = nullptr;
-  block->next_free = head;
-  if (head) head->previous_free = block;
-  head = block;
+  block->next_free = first;
+  if (first) first->previous_free = block;
+  first = block;
   first_level_bitmap_ |= std::uint64_t{1} << index.first;
   second_level_bitmaps_[index.first] |= 1u << index.second;
   ++free_count_;
@@ -52,10 +52,10 @@ void TlsfBlockAllocator::remove_free(Block* block) noexcept {
   if (block->previous_free) {
     block->previous_free->next_free = block->next_free;
   } else {
-    free_lists_[index.first][index.second] = block->next_free;
+    head(index.first, index.second) = block->next_free;
   }
   if (block->next_free) block->next_free->previous_free = block->previous_free;
-  if (!free_lists_[index.first][index.second]) {
+  if (!head(index.first, index.second)) {
     second_level_bitmaps_[index.first] &= ~(1u << index.second);
     if (!second_level_bitmaps_[index.first]) first_level_bitmap_ &= ~(std::uint64_t{1} << index.first);
   }
@@ -75,6 +75,7 @@ void TlsfBlockAllocator::add_region(std::uintptr_t base, std::size_t size) {
   if (size < granularity_ || base % granularity_ || size % granularity_)
     throw std::invalid_argument("TlsfBlockAllocator: a region must be a non-empty multiple of the granularity");
   regions_.reserve(regions_.size() + 1);
+  if (!free_lists_) free_lists_ = std::make_unique<Block*[]>(kFirstLevels * kSecondLevels);  // (all null)
   Block* block = new_block();
   Block* sentinel;
   try {
@@ -246,8 +247,7 @@ std::vector<TlsfBlockAllocator::Region> TlsfBlockAllocator::take_all_regions() {
   node_chunks_.clear();
   first_level_bitmap_ = 0;
   for (auto& bitmap : second_level_bitmaps_) bitmap = 0;
-  for (auto& lists : free_lists_)
-    for (auto& head : lists) head = nullptr;
+  free_lists_.reset();
   region_bytes_ = free_bytes_ = free_count_ = 0;
   return taken;
 }
@@ -257,7 +257,7 @@ std::size_t TlsfBlockAllocator::largest_free_block() const {
   const int first = 63 - std::countl_zero(first_level_bitmap_);
   const int second = 31 - std::countl_zero(second_level_bitmaps_[first]);
   std::size_t largest = 0;
-  for (Block* block = free_lists_[first][second]; block; block = block->next_free)
+  for (Block* block = head(first, second); block; block = block->next_free)
     largest = std::max(largest, block->size);
   return largest;
 }

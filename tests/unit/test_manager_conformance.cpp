@@ -1,5 +1,6 @@
 // What every memory manager and adaptor must do, instantiated for each one: a
 // new manager gets every test by being added to ManagerTypes.
+#include <malloc.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -395,6 +396,27 @@ TYPED_TEST(Conformance, AResetWhileOtherThreadsAllocateLeavesItConsistent) {
   auto memory = this->manager->memalloc(1 << 20);
   auto values = this->fill(memory, 3);
   EXPECT_TRUE(this->holds(memory, values));
+}
+
+// A program that resets often (a test suite that closes its context per
+// test, a service per job) must not grow: what a reset keeps (a pool's
+// retired core, kept until exit for pointers that outlive it) stays small.
+// Heap bytes in use, not resident memory, so that nothing else counts.
+TYPED_TEST(Conformance, ResetsKeepLittleHostMemory) {
+  constexpr int kResets = 300;
+  constexpr std::size_t kMostPerReset = 24 << 10;
+  auto one_round = [&] {
+    this->manager->memalloc(1000).reset();
+    this->manager->memalloc(3 << 20).reset();
+    this->manager->memhostalloc(4096, false, false, false).reset();
+    this->manager->reset();
+  };
+  for (int i = 0; i < 20; ++i) one_round();  // (what the first rounds make once)
+  const std::size_t before = mallinfo2().uordblks;
+  for (int i = 0; i < kResets; ++i) one_round();
+  const std::size_t after = mallinfo2().uordblks;
+  const std::size_t per_reset = after > before ? (after - before) / kResets : 0;
+  EXPECT_LE(per_reset, kMostPerReset) << "each reset kept " << per_reset << " bytes of host memory";
 }
 
 // Once a peer has enabled access, its kernels use the blocks as they would

@@ -748,6 +748,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   void forget_cache(ThreadCache* cache) noexcept;
   // For util::ThreadSlots (a finished thread's cache goes back through forget_cache).
   std::uint64_t thread_slots_id() const noexcept { return thread_slots_id_; }
+  bool thread_slots_retired() const noexcept { return retired.load(std::memory_order_acquire); }
   ThreadCache* make_thread_slot();
   void thread_slot_done(ThreadCache* cache) noexcept { forget_cache(cache); }
 

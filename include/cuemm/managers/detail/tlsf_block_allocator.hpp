@@ -115,7 +115,7 @@ class TlsfBlockAllocator {
       if (!(first_level_bitmap_ >> first & 1)) continue;
       for (int second = kSecondLevels - 1; second >= 0; --second) {
         if (!(second_level_bitmaps_[first] >> second & 1)) continue;
-        for (const Block* block = free_lists_[first][second]; block; block = block->next_free)
+        for (const Block* block = head(first, second); block; block = block->next_free)
           if (block->size >= at_least && !visit(block->address, block->size)) return;
       }
     }
@@ -162,10 +162,11 @@ class TlsfBlockAllocator {
   // were passed over.
   template <class Accept>
   Block* find_free(std::size_t wanted, Accept accept, int looks) const {
+    if (!free_lists_) return nullptr;  // no regions
     const Index above = index_of_rounded_up(wanted);
     const Index own = index_of(wanted);
     const bool own_list_apart = own.first != above.first || own.second != above.second;
-    Block* rest_of_own = own_list_apart ? free_lists_[own.first][own.second] : nullptr;
+    Block* rest_of_own = own_list_apart ? head(own.first, own.second) : nullptr;
     if (rest_of_own) {
       Block* smallest = nullptr;
       for (int i = 0; rest_of_own && i < kOwnListFirstLooks; ++i) {
@@ -181,7 +182,7 @@ class TlsfBlockAllocator {
       std::uint32_t seconds = second_level_bitmaps_[first] & (~0u << above.second);
       for (;;) {
         for (; seconds; seconds &= seconds - 1) {
-          for (Block* block = free_lists_[first][std::countr_zero(seconds)]; block; block = block->next_free) {
+          for (Block* block = head(first, std::countr_zero(seconds)); block; block = block->next_free) {
             if (accept(block->address, wanted)) return block;  // (every block of these lists holds it)
             if (--looks <= 0) return nullptr;
           }
@@ -210,7 +211,11 @@ class TlsfBlockAllocator {
   std::size_t granularity_;
   std::uint64_t first_level_bitmap_ = 0;
   std::uint32_t second_level_bitmaps_[kFirstLevels] = {};
-  Block* free_lists_[kFirstLevels][kSecondLevels] = {};
+  // Each list's first block, kSecondLevels per first level. Made with the
+  // first region and dropped with the last (take_all_regions()): a retired
+  // pool core, kept until exit, then keeps no 8 KiB of empty lists.
+  std::unique_ptr<Block*[]> free_lists_;
+  Block*& head(int first, int second) const noexcept { return free_lists_[first * kSecondLevels + second]; }
   std::unordered_map<std::uintptr_t, Block*> allocated_;
   std::vector<Bounds> regions_;
   std::vector<std::unique_ptr<Block[]>> node_chunks_;
