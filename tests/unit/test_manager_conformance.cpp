@@ -419,6 +419,21 @@ TYPED_TEST(Conformance, ResetsKeepLittleHostMemory) {
   EXPECT_LE(per_reset, kMostPerReset) << "each reset kept " << per_reset << " bytes of host memory";
 }
 
+// Numba makes an instance without a context to read its interface version.
+// Such an instance allocates nothing, and says why, rather than crash.
+TYPED_TEST(Conformance, AnInstanceWithoutAContextAllocatesNothingAndSaysWhy) {
+  auto probe = TypeParam::make(nullptr);
+  EXPECT_EQ(probe->interface_version(), kMemoryManagerInterfaceVersion);
+  EXPECT_TRUE(throws<StateError>([&] { probe->memalloc(100); }, "no context"));
+  EXPECT_TRUE(throws<StateError>([&] { probe->memhostalloc(4096, false, false, false); }, "no context"));
+  if (auto* pool = find_adaptor<PoolMemoryManager>(*probe)) {
+    EXPECT_TRUE(throws<StateError>([&] { pool->allocate(256); }, "no context"));
+    EXPECT_TRUE(throws<StateError>([&] { pool->allocate(256, cuda::CUstream{}); }, "no context"));
+    EXPECT_EQ(pool->trim(), 0u);
+  }
+  EXPECT_NO_THROW(probe->reset());
+}
+
 // Once a peer has enabled access, its kernels use the blocks as they would
 // cuMemAlloc's (Note [Peer access] in src/driver/peer_access.hpp): small,
 // class-sized and large enough for a segment of its own.

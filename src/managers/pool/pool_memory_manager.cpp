@@ -85,6 +85,8 @@ void PoolMemoryManager::on_initialize() {
 // handed out before a reset does.
 template <typename Allocate>
 std::pair<PoolMemoryManager::Core*, std::uintptr_t> PoolMemoryManager::on_current_core(Allocate&& allocate) {
+  if (!core_context_) [[unlikely]]
+    (void)context();  // (throws: an instance made without a context, to read its version, allocates nothing)
   for (;;) {
     Core* core = &this->core();
     try {
@@ -369,6 +371,7 @@ MemoryInfo PoolMemoryManager::get_memory_info() {
 }
 
 std::size_t PoolMemoryManager::trim() {
+  if (!core_context_) return 0;  // (made without a context: it never held anything)
   Core& core = this->core();
   std::lock_guard lock(core.mutex);
   if (core.defer_depth > 0 || core.retired) return 0;  // (a reset under way gives it all back)
