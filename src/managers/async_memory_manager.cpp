@@ -125,6 +125,13 @@ void AsyncMemoryManager::on_reset() {
     std::lock_guard lock(blocks_->mutex);
     live.swap(blocks_->live);
   }
+  // Alone: no request is using the pool's handle while it goes (Note [The
+  // pool's users]).
+  std::unique_lock alone(pool_use_, std::defer_lock);
+  if (!alone.try_lock()) {
+    before_blocking();
+    alone.lock();
+  }
   std::lock_guard lock(mutex_);
   const cuda::CUmemoryPool pool = pool_.exchange(nullptr);  // the next allocation makes a new one
   pool_token_ = 0;
@@ -136,29 +143,42 @@ void AsyncMemoryManager::on_reset() {
       std::fprintf(stderr, "cuemm async: releasing %s during reset failed: %s\n", util::hex_address(pointer).c_str(),
                    CudaError(result, "cuMemFreeAsync").what());
   }
-  // The frees have run: the pool's memory goes back to the driver. The pool
-  // itself is kept, never used again by this manager, as another thread's
-  // request may have read its handle just before the reset (a destroyed
-  // pool's handle is a dangling one to the driver). Its threshold of 0
-  // gives back at the next synchronization whatever such a request takes.
+  // The frees have run, and the pool's memory goes back with it (a device's
+  // reset would leave its handle stale; a pool kept costs the driver 400 KB
+  // of host memory, measured on the H100).
   CUEMM_CU(cuCtxSynchronize);
-  if (pool) {
-    std::uint64_t nothing_kept = 0;
-    CUEMM_CU(cuMemPoolSetAttribute, pool, cuda::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &nothing_kept);
-    CUEMM_CU(cuMemPoolTrimTo, pool, 0);
+  if (pool) CUEMM_CU(cuMemPoolDestroy, pool);
+}
+
+// Note [The pool's users]
+// reset() may come from one thread while others allocate. A request reads
+// the pool's handle and then calls the driver with it; were the pool
+// destroyed in between, the handle would dangle (and the driver may give
+// the next pool the same one). So requests that use the handle hold
+// pool_use_ shared, and reset() takes it alone to take the pool away. The
+// cost, one atomic update a request, is small beside the driver's call.
+std::shared_lock<std::shared_mutex> AsyncMemoryManager::using_pool() const {
+  std::shared_lock use(pool_use_, std::defer_lock);
+  if (!use.try_lock()) {
+    before_blocking();
+    use.lock();
   }
+  return use;
 }
 
 std::shared_ptr<MemoryPointer> AsyncMemoryManager::memalloc(std::size_t size) {
   require_allocation_size(size, "memalloc");
-  cuda::CUmemoryPool pool = this->pool();
   Context* ctx = &context();
   ScopedContext scope(*ctx);
-  const cuda::CUdeviceptr pointer = with_flush_and_retry([&] {
-    cuda::CUdeviceptr allocated = 0;
-    CUEMM_CU_ALLOC(size, cuMemAllocFromPoolAsync, &allocated, size, pool, cuda::CU_STREAM_LEGACY);
-    return allocated;
-  });
+  const cuda::CUdeviceptr pointer = [&] {
+    const auto use = using_pool();
+    const cuda::CUmemoryPool pool = this->pool();
+    return with_flush_and_retry([&] {
+      cuda::CUdeviceptr allocated = 0;
+      CUEMM_CU_ALLOC(size, cuMemAllocFromPoolAsync, &allocated, size, pool, cuda::CU_STREAM_LEGACY);
+      return allocated;
+    });
+  }();
   Blocks* blocks = blocks_.get();
   std::shared_ptr<MemoryPointer> memory;
   try {
@@ -196,6 +216,7 @@ IpcHandle AsyncMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer
                           ") is not within a block of this manager's stream-ordered pool");
   }
   Context& ctx = context();
+  const auto use = using_pool();
   const cuda::CUmemoryPool pool = this->pool();
   ScopedContext scope(ctx);
   PoolExport exported;
@@ -219,6 +240,7 @@ IpcHandle AsyncMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer
 
 AsyncStatistics AsyncMemoryManager::statistics() const {
   AsyncStatistics statistics;
+  const auto use = using_pool();
   if (cuda::CUmemoryPool pool = pool_.load()) {
     ScopedContext scope(context());
     CUEMM_CU(cuMemPoolGetAttribute, pool, cuda::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &statistics.reserved_bytes);

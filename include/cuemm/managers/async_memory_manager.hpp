@@ -16,12 +16,10 @@
 // says how to get one (NotSupported).
 //
 // reset() releases every block, held or not (their pointers read as dead and
-// their finalizers do nothing after), waits for the device and trims the
+// their finalizers do nothing after), waits for the device and destroys the
 // pool, whose memory goes back to the driver; the next allocation makes a new
-// pool. The old one is never used again (not destroyed: another thread's
-// request may be under way in it, and gives back what it took at the next
-// synchronization). So a device's reset (Device::reset()) leaves no stale
-// handle behind.
+// pool. So a device's reset (Device::reset()) leaves no stale handle behind.
+// Requests on other threads meanwhile wait for it, then use the new pool.
 // Thread-safe.
 #pragma once
 
@@ -29,6 +27,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 
 #include "cuemm/memory/host_only_memory_manager.hpp"
 #include "cuemm/threading/blocking_hook.hpp"
@@ -67,7 +66,10 @@ class AsyncMemoryManager : public HostOnlyMemoryManager {
 
  private:
   cuda::CUmemoryPool pool();
+  // Held shared while a request uses the pool's handle (Note [The pool's users]).
+  std::shared_lock<std::shared_mutex> using_pool() const;
   AsyncOptions options_;
+  mutable std::shared_mutex pool_use_;
   BlockingAwareMutex mutex_;
   std::atomic<cuda::CUmemoryPool> pool_{nullptr};
   // Names the pool's descriptor to other processes once exported (under mutex_; 0: not yet).
