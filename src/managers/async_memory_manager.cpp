@@ -120,17 +120,17 @@ cuda::CUmemoryPool AsyncMemoryManager::pool() {
 void AsyncMemoryManager::on_initialize() { pool(); }
 
 void AsyncMemoryManager::on_reset() {
-  std::map<cuda::CUdeviceptr, Blocks::Live> live;
-  {
-    std::lock_guard lock(blocks_->mutex);
-    live.swap(blocks_->live);
-  }
-  // Alone: no request is using the pool's handle while it goes (Note [The
-  // pool's users]).
+  // Alone: no request is using the pool's handle while it goes, and every
+  // block it handed out is recorded (Note [The pool's users]).
   std::unique_lock alone(pool_use_, std::defer_lock);
   if (!alone.try_lock()) {
     before_blocking();
     alone.lock();
+  }
+  std::map<cuda::CUdeviceptr, Blocks::Live> live;
+  {
+    std::lock_guard lock(blocks_->mutex);
+    live.swap(blocks_->live);
   }
   std::lock_guard lock(mutex_);
   const cuda::CUmemoryPool pool = pool_.exchange(nullptr);  // the next allocation makes a new one
@@ -155,8 +155,10 @@ void AsyncMemoryManager::on_reset() {
 // the pool's handle and then calls the driver with it; were the pool
 // destroyed in between, the handle would dangle (and the driver may give
 // the next pool the same one). So requests that use the handle hold
-// pool_use_ shared, and reset() takes it alone to take the pool away. The
-// cost, one atomic update a request, is small beside the driver's call.
+// pool_use_ shared, and reset() takes it alone to take the pool away. They
+// hold it until the block is recorded, so that reset() frees every block of
+// the pool before it destroys it. The cost, one atomic update a request, is
+// small beside the driver's call.
 std::shared_lock<std::shared_mutex> AsyncMemoryManager::using_pool() const {
   std::shared_lock use(pool_use_, std::defer_lock);
   if (!use.try_lock()) {
@@ -170,15 +172,13 @@ std::shared_ptr<MemoryPointer> AsyncMemoryManager::memalloc(std::size_t size) {
   require_allocation_size(size, "memalloc");
   Context* ctx = &context();
   ScopedContext scope(*ctx);
-  const cuda::CUdeviceptr pointer = [&] {
-    const auto use = using_pool();
-    const cuda::CUmemoryPool pool = this->pool();
-    return with_flush_and_retry([&] {
-      cuda::CUdeviceptr allocated = 0;
-      CUEMM_CU_ALLOC(size, cuMemAllocFromPoolAsync, &allocated, size, pool, cuda::CU_STREAM_LEGACY);
-      return allocated;
-    });
-  }();
+  const auto use = using_pool();  // (until the block is recorded)
+  const cuda::CUmemoryPool pool = this->pool();
+  const cuda::CUdeviceptr pointer = with_flush_and_retry([&] {
+    cuda::CUdeviceptr allocated = 0;
+    CUEMM_CU_ALLOC(size, cuMemAllocFromPoolAsync, &allocated, size, pool, cuda::CU_STREAM_LEGACY);
+    return allocated;
+  });
   Blocks* blocks = blocks_.get();
   std::shared_ptr<MemoryPointer> memory;
   try {
