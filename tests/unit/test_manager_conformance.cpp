@@ -424,13 +424,17 @@ TYPED_TEST(Conformance, ResetsKeepLittleHostMemory) {
 TYPED_TEST(Conformance, AnInstanceWithoutAContextAllocatesNothingAndSaysWhy) {
   auto probe = TypeParam::make(nullptr);
   EXPECT_EQ(probe->interface_version(), kMemoryManagerInterfaceVersion);
-  EXPECT_TRUE(throws<StateError>([&] { probe->memalloc(100); }, "no context"));
+  for (const std::size_t size : {std::size_t{100}, std::size_t{3} << 20, std::size_t{64} << 20})
+    EXPECT_TRUE(throws<StateError>([&] { probe->memalloc(size); }, "no context")) << size;
   EXPECT_TRUE(throws<StateError>([&] { probe->memhostalloc(4096, false, false, false); }, "no context"));
   if (auto* pool = find_adaptor<PoolMemoryManager>(*probe)) {
     EXPECT_TRUE(throws<StateError>([&] { pool->allocate(256); }, "no context"));
     EXPECT_TRUE(throws<StateError>([&] { pool->allocate(256, cuda::CUstream{}); }, "no context"));
     EXPECT_EQ(pool->trim(), 0u);
   }
+  PoolOptions initially;
+  initially.initial_size = std::size_t{64} << 20;
+  EXPECT_TRUE(throws<StateError>([&] { PoolMemoryManager(nullptr, initially).initialize(); }, "no context"));
   EXPECT_NO_THROW(probe->reset());
 }
 

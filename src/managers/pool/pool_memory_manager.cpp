@@ -64,6 +64,7 @@ void PoolMemoryManager::on_initialize() {
     core().held_rotation_budget.store(std::min(Core::kLargestHeldRotationBudget, share), std::memory_order_relaxed);
   }
   if (!options_.initial_size) return;
+  if (!core_context_) (void)context();  // (throws: an instance made to read its version allocates nothing)
   on_current_core([&](Core& core) -> std::uintptr_t {
     std::lock_guard lock(core.mutex);
     if (core.blocks.region_bytes() == 0 && !core.grow_initially(options_.initial_size))
@@ -85,14 +86,16 @@ void PoolMemoryManager::on_initialize() {
 // handed out before a reset does.
 template <typename Allocate>
 std::pair<PoolMemoryManager::Core*, std::uintptr_t> PoolMemoryManager::on_current_core(Allocate&& allocate) {
-  if (!core_context_) [[unlikely]]
-    (void)context();  // (throws: an instance made without a context, to read its version, allocates nothing)
-  for (;;) {
-    Core* core = &this->core();
+  Core* core = &this->core();
+  try {
+    return {core, allocate(*core)};
+  } catch (const Core::Retired&) {
+  }
+  for (;;) {  // (the next core is in current_core_ before the old one is retired)
+    core = &this->core();
     try {
       return {core, allocate(*core)};
     } catch (const Core::Retired&) {
-      // (The next core is in current_core_ before the old one is retired.)
     }
   }
 }
@@ -133,7 +136,7 @@ inline bool PoolMemoryManager::capture_under_way() const noexcept {
 
 cuda::CUdeviceptr PoolMemoryManager::allocate(std::size_t size) {
   require_allocation_size(size, "PoolMemoryManager::allocate");
-  if (free_checker_ || capture_under_way()) [[unlikely]]
+  if (free_checker_ || !core_context_ || core_context_->capturing()) [[unlikely]]
     return allocate_off_the_fast_path(size, nullptr);
   return on_current_core([size](Core& core) { return core.allocate(size, core.size_class(size)); }).second;
 }
@@ -150,6 +153,7 @@ void PoolMemoryManager::deallocate(cuda::CUdeviceptr pointer, std::size_t size) 
 }
 
 cuda::CUdeviceptr PoolMemoryManager::allocate_off_the_fast_path(std::size_t size, const cuda::CUstream* stream) {
+  if (!core_context_) (void)context();  // (throws: an instance made to read its version allocates nothing)
   if (stream && capture_under_way()) {
     if (const cuda::CUdeviceptr reused = reused_captured_raw_block(size, *stream)) return reused;
   }
@@ -205,6 +209,8 @@ void PoolMemoryManager::deallocate_off_the_fast_path(cuda::CUdeviceptr pointer, 
 
 std::shared_ptr<MemoryPointer> PoolMemoryManager::memalloc(std::size_t size) {
   require_allocation_size(size, "memalloc");
+  if (!core_context_) [[unlikely]]
+    (void)context();  // (throws: an instance made to read its version allocates nothing)
   const int size_class = this->core().size_class(size);  // (the same in every core)
   const auto served = on_current_core(
       [&](Core& core) { return with_flush_and_retry([&] { return core.allocate(size, size_class); }); });
@@ -225,6 +231,8 @@ std::shared_ptr<MemoryPointer> PoolMemoryManager::memalloc(std::size_t size) {
 
 RawDeviceAllocator::Allocation PoolMemoryManager::allocate_raw(std::size_t size) {
   require_allocation_size(size, "memalloc");
+  if (!core_context_) [[unlikely]]
+    (void)context();
   const int size_class = this->core().size_class(size);
   const auto served = on_current_core(
       [&](Core& core) { return with_flush_and_retry([&] { return core.allocate(size, size_class); }); });
@@ -241,7 +249,7 @@ RawDeviceAllocator::Allocation PoolMemoryManager::allocate_raw(std::size_t size)
 
 cuda::CUdeviceptr PoolMemoryManager::allocate(std::size_t size, cuda::CUstream stream) {
   require_allocation_size(size, "PoolMemoryManager::allocate");
-  if (free_checker_ || capture_under_way()) [[unlikely]]
+  if (free_checker_ || !core_context_ || core_context_->capturing()) [[unlikely]]
     return allocate_off_the_fast_path(size, &stream);
   return on_current_core([&](Core& core) { return allocate_unrecorded(core, size, stream); }).second;
 }
