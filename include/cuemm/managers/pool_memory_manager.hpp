@@ -311,8 +311,9 @@ class PoolMemoryManager : public HostOnlyMemoryManager, public RawDeviceAllocato
   // reset() may replace it (Note [Resets under way], in pool/core.hpp):
   // cores are never deleted, so the pointer stays valid.
   Core& core() const noexcept { return *current_core_.load(std::memory_order_acquire); }
-  // Runs `allocate` (on a core, returning an address) on the current core,
-  // and again on the new one where a reset retired the core meanwhile.
+  // Runs `allocate` (on a core, returning an address) on the current core;
+  // returns the core that served it (a successor where a reset retired that
+  // core meanwhile) and the address.
   template <typename Allocate>
   std::pair<Core*, std::uintptr_t> on_current_core(Allocate&& allocate);
 

@@ -211,9 +211,18 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
 
   // Thrown instead of growing a retired core: a reset() from another thread
   // retired it while this request was under way, and its memory is gone.
-  // PoolMemoryManager catches it and asks the new core (Note [Resets under
-  // way]). Not a std::exception, so that nothing on the way mistakes it.
+  // The slow paths catch it and ask the successor (Note [Resets under way]).
+  // Not a std::exception, so that nothing on the way mistakes it.
   struct Retired {};
+  // The core that replaced this one at a reset (null until then, and for
+  // a core retired by the manager's end).
+  std::atomic<Core*> successor{nullptr};
+  // The core that last served a request of this thread in its successor's
+  // place; cleared by callers that need the serving core (memalloc's
+  // finalizer frees into it).
+  [[gnu::tls_model("initial-exec")]] static inline thread_local Core* forwarded_to = nullptr;
+  // A request this retired core could not serve, to its successor.
+  [[gnu::noinline, gnu::cold]] std::uintptr_t forward(std::size_t size, int size_class, bool ordered);
   // Every growth calls this first, under `mutex` (as retire() sets
   // `retired`): a retired core's new segment would never be freed.
   void refuse_growth_if_retired() const {
@@ -821,7 +830,14 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     return block;
   }
 
-  [[gnu::noinline]] std::uintptr_t allocate_otherwise(std::size_t size, int size_class);
+  [[gnu::noinline]] std::uintptr_t allocate_otherwise(std::size_t size, int size_class) {
+    try {
+      return allocate_otherwise_here(size, size_class);
+    } catch (const Retired&) {
+      return forward(size, size_class, false);
+    }
+  }
+  std::uintptr_t allocate_otherwise_here(std::size_t size, int size_class);
 
   // --- large blocks in the thread caches (Note [Large blocks in the thread caches]) ---
 
@@ -981,7 +997,14 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     return allocate_ordered_otherwise(size, size_class);
   }
 
-  [[gnu::noinline]] std::uintptr_t allocate_ordered_otherwise(std::size_t size, int size_class);
+  [[gnu::noinline]] std::uintptr_t allocate_ordered_otherwise(std::size_t size, int size_class) {
+    try {
+      return allocate_ordered_otherwise_here(size, size_class);
+    } catch (const Retired&) {
+      return forward(size, size_class, true);
+    }
+  }
+  std::uintptr_t allocate_ordered_otherwise_here(std::size_t size, int size_class);
 
   // Before the pool grows past its peak for a request of class `kept` (-1:
   // beyond the classes): the blocks that `own` keeps from its stream-ordered

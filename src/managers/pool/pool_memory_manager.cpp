@@ -65,12 +65,17 @@ void PoolMemoryManager::on_initialize() {
   }
   if (!options_.initial_size) return;
   if (!core_context_) (void)context();  // (throws: an instance made to read its version allocates nothing)
-  on_current_core([&](Core& core) -> std::uintptr_t {
-    std::lock_guard lock(core.mutex);
-    if (core.blocks.region_bytes() == 0 && !core.grow_initially(options_.initial_size))
-      throw OutOfMemory("PoolMemoryManager::initialize", options_.initial_size, "the initial pool does not fit");
-    return 0;
-  });
+  for (;;) {
+    Core& core = this->core();
+    try {
+      std::lock_guard lock(core.mutex);
+      if (core.blocks.region_bytes() == 0 && !core.grow_initially(options_.initial_size))
+        throw OutOfMemory("PoolMemoryManager::initialize", options_.initial_size, "the initial pool does not fit");
+      return;
+    } catch (const Core::Retired&) {
+      // (a reset meanwhile: the new core is current)
+    }
+  }
 }
 
 // Note [Resets under way]
@@ -80,26 +85,22 @@ void PoolMemoryManager::on_initialize() {
 // its memory goes back to the driver, its caches are emptied, and frees into
 // it are ignored. A request that had already read the old core finds
 // nothing left in it and would grow it; retired cores refuse to grow
-// (Core::Retired, under the core's lock, which retire() holds too), and the
-// request goes to the new core. A request that finished on the old core just
-// before it was retired got memory that the reset freed, as every block
-// handed out before a reset does.
+// (Core::Retired, under the core's lock, which retire() holds too), and
+// the slow paths hand the request to the core's successor, so the raw
+// interface's fast path stays a tail call with no handler of its own.
+// memalloc's finalizer must free into the core that served, which
+// Core::forwarded_to names where that was a successor. A request that
+// finished on the old core just before it was retired got memory that the
+// reset freed, as every block handed out before a reset does.
 template <typename Allocate>
 std::pair<PoolMemoryManager::Core*, std::uintptr_t> PoolMemoryManager::on_current_core(Allocate&& allocate) {
   Core* core = &this->core();
-  try {
-    return {core, allocate(*core)};
-  } catch (const Core::Retired&) {
-  }
-  for (;;) {  // (the next core is in current_core_ before the old one is retired)
-    core = &this->core();
-    try {
-      return {core, allocate(*core)};
-    } catch (const Core::Retired&) {
-    }
-  }
+  Core::forwarded_to = nullptr;
+  const std::uintptr_t address = allocate(*core);
+  if (Core* server = std::exchange(Core::forwarded_to, nullptr)) [[unlikely]]
+    core = server;  // (a reset retired `core` meanwhile: its successor served)
+  return {core, address};
 }
-
 void PoolMemoryManager::on_reset() {
   std::shared_ptr<Core> retiring;
   {
@@ -107,6 +108,7 @@ void PoolMemoryManager::on_reset() {
     auto next = std::make_shared<Core>(has_context() ? &context() : nullptr, options_);
     next->held_rotation_budget.store(core_->held_rotation_budget.load());
     retiring = std::exchange(core_, std::move(next));
+    retiring->successor.store(core_.get(), std::memory_order_release);  // (before it refuses anything)
     current_core_.store(core_.get(), std::memory_order_release);
   }
   retiring->retire();
@@ -138,7 +140,8 @@ cuda::CUdeviceptr PoolMemoryManager::allocate(std::size_t size) {
   require_allocation_size(size, "PoolMemoryManager::allocate");
   if (free_checker_ || !core_context_ || core_context_->capturing()) [[unlikely]]
     return allocate_off_the_fast_path(size, nullptr);
-  return on_current_core([size](Core& core) { return core.allocate(size, core.size_class(size)); }).second;
+  Core& core = this->core();
+  return core.allocate(size, core.size_class(size));  // (a retired core's slow paths ask its successor)
 }
 
 void PoolMemoryManager::deallocate(cuda::CUdeviceptr pointer, std::size_t size) noexcept {
@@ -251,7 +254,7 @@ cuda::CUdeviceptr PoolMemoryManager::allocate(std::size_t size, cuda::CUstream s
   require_allocation_size(size, "PoolMemoryManager::allocate");
   if (free_checker_ || !core_context_ || core_context_->capturing()) [[unlikely]]
     return allocate_off_the_fast_path(size, &stream);
-  return on_current_core([&](Core& core) { return allocate_unrecorded(core, size, stream); }).second;
+  return allocate_unrecorded(core(), size, stream);
 }
 
 void PoolMemoryManager::keep_captured_raw_block(cuda::CUdeviceptr address, std::size_t size) {

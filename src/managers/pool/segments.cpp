@@ -274,6 +274,13 @@ std::size_t PoolMemoryManager::Core::shrink_arena() {
   return before - arena->mapped_bytes();
 }
 
+std::uintptr_t PoolMemoryManager::Core::forward(std::size_t size, int size_class, bool ordered) {
+  Core* next = successor.load(std::memory_order_acquire);
+  if (!next) throw StateError("the pool was destroyed while this request was under way");
+  forwarded_to = next;
+  return ordered ? next->allocate_ordered(size, size_class) : next->allocate(size, size_class);
+}
+
 void PoolMemoryManager::Core::retire() noexcept {
   std::lock_guard lock(mutex);
   retired = true;

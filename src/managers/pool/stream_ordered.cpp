@@ -4,7 +4,7 @@
 
 namespace cuemm {
 
-std::uintptr_t PoolMemoryManager::Core::allocate_ordered_otherwise(std::size_t size, int size_class) {
+std::uintptr_t PoolMemoryManager::Core::allocate_ordered_otherwise_here(std::size_t size, int size_class) {
   ThreadCache* own = caches_enabled() ? cache_of_this_thread() : nullptr;
   if (!own) return allocate(size, size_class);
   ThreadCache& cache = *own;

@@ -25,7 +25,7 @@ void PoolMemoryManager::Core::forget_cache(ThreadCache* cache) noexcept {
   caches.erase(it);
 }
 
-std::uintptr_t PoolMemoryManager::Core::allocate_otherwise(std::size_t size, int size_class) {
+std::uintptr_t PoolMemoryManager::Core::allocate_otherwise_here(std::size_t size, int size_class) {
   if (size_class < 0) {
     ThreadCache* own = caches_enabled() ? cache_of_this_thread() : nullptr;
     if (own) return allocate_large(size, *own);
