@@ -223,6 +223,15 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   [[gnu::tls_model("initial-exec")]] static inline thread_local Core* forwarded_to = nullptr;
   // A request this retired core could not serve, to its successor.
   [[gnu::noinline, gnu::cold]] std::uintptr_t forward(std::size_t size, int size_class, bool ordered);
+  // serve(), or where it met Retired, forward() (the slow paths' entries).
+  template <typename Serve>
+  std::uintptr_t serve_or_forward(std::size_t size, int size_class, bool ordered, Serve&& serve) {
+    try {
+      return serve();
+    } catch (const Retired&) {
+      return forward(size, size_class, ordered);
+    }
+  }
   // Every growth calls this first, under `mutex` (as retire() sets
   // `retired`): a retired core's new segment would never be freed.
   void refuse_growth_if_retired() const {
@@ -831,11 +840,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   }
 
   [[gnu::noinline]] std::uintptr_t allocate_otherwise(std::size_t size, int size_class) {
-    try {
-      return allocate_otherwise_here(size, size_class);
-    } catch (const Retired&) {
-      return forward(size, size_class, false);
-    }
+    return serve_or_forward(size, size_class, false, [&] { return allocate_otherwise_here(size, size_class); });
   }
   std::uintptr_t allocate_otherwise_here(std::size_t size, int size_class);
 
@@ -998,11 +1003,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   }
 
   [[gnu::noinline]] std::uintptr_t allocate_ordered_otherwise(std::size_t size, int size_class) {
-    try {
-      return allocate_ordered_otherwise_here(size, size_class);
-    } catch (const Retired&) {
-      return forward(size, size_class, true);
-    }
+    return serve_or_forward(size, size_class, true, [&] { return allocate_ordered_otherwise_here(size, size_class); });
   }
   std::uintptr_t allocate_ordered_otherwise_here(std::size_t size, int size_class);
 
