@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "cuemm/error.hpp"
+#include "cuemm/memory/default_memory_manager.hpp"
 
 namespace cuemm {
 
@@ -55,11 +56,8 @@ std::size_t LimitingAdaptor::limit() const noexcept { return cap_->limit; }
 std::size_t LimitingAdaptor::in_use() const noexcept { return cap_->in_use.load(); }
 
 MemoryInfo LimitingAdaptor::get_memory_info() {
-  MemoryInfo info = ManagerAdaptor::get_memory_info();
   const std::size_t used = std::min(cap_->in_use.load(), cap_->limit);
-  info.total = std::min(info.total, cap_->limit);
-  info.free = std::min({info.free, cap_->limit - used, info.total});
-  return info;
+  return within_cap(ManagerAdaptor::get_memory_info(), cap_->limit, cap_->limit - used);
 }
 
 }  // namespace cuemm

@@ -1,5 +1,7 @@
 #include "cuemm/memory/default_memory_manager.hpp"
 
+#include <algorithm>
+
 #include "cuemm/driver/driver.hpp"
 #include "cuemm/runtime/context.hpp"
 #include "cuemm/runtime/device.hpp"
@@ -32,6 +34,12 @@ MemoryInfo driver_memory_info(Context& context) {
   ScopedContext scope(context);
   MemoryInfo info;
   CUEMM_CU(cuMemGetInfo, &info.free, &info.total);
+  return info;
+}
+
+MemoryInfo within_cap(MemoryInfo info, std::size_t cap, std::size_t left) {
+  info.total = std::min(info.total, cap);
+  info.free = std::min({info.free, left, info.total});
   return info;
 }
 

@@ -35,5 +35,9 @@ cuda::CUdeviceptr allocation_base_to_export(Context& context, const std::shared_
 
 // The driver's free and total device memory, as seen from `context`.
 MemoryInfo driver_memory_info(Context& context);
+// `info` as a manager held to `cap` bytes reports it, `left` of them still to
+// be had (programs size their work by it): total at most the cap, free at
+// most what is left.
+MemoryInfo within_cap(MemoryInfo info, std::size_t cap, std::size_t left);
 
 }  // namespace cuemm
