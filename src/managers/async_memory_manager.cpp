@@ -122,11 +122,7 @@ void AsyncMemoryManager::on_initialize() { pool(); }
 void AsyncMemoryManager::on_reset() {
   // Alone: no request is using the pool's handle while it goes, and every
   // block it handed out is recorded (Note [The pool's users]).
-  std::unique_lock alone(pool_use_, std::defer_lock);
-  if (!alone.try_lock()) {
-    before_blocking();
-    alone.lock();
-  }
+  std::lock_guard alone(pool_use_);
   std::map<cuda::CUdeviceptr, Blocks::Live> live;
   {
     std::lock_guard lock(blocks_->mutex);
@@ -159,20 +155,12 @@ void AsyncMemoryManager::on_reset() {
 // hold it until the block is recorded, so that reset() frees every block of
 // the pool before it destroys it. The cost, one atomic update a request, is
 // small beside the driver's call.
-std::shared_lock<std::shared_mutex> AsyncMemoryManager::using_pool() const {
-  std::shared_lock use(pool_use_, std::defer_lock);
-  if (!use.try_lock()) {
-    before_blocking();
-    use.lock();
-  }
-  return use;
-}
 
 std::shared_ptr<MemoryPointer> AsyncMemoryManager::memalloc(std::size_t size) {
   require_allocation_size(size, "memalloc");
   Context* ctx = &context();
   ScopedContext scope(*ctx);
-  const auto use = using_pool();  // (until the block is recorded)
+  std::shared_lock use(pool_use_);  // (until the block is recorded)
   const cuda::CUmemoryPool pool = this->pool();
   const cuda::CUdeviceptr pointer = with_flush_and_retry([&] {
     cuda::CUdeviceptr allocated = 0;
@@ -216,7 +204,7 @@ IpcHandle AsyncMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer
                           ") is not within a block of this manager's stream-ordered pool");
   }
   Context& ctx = context();
-  const auto use = using_pool();
+  std::shared_lock use(pool_use_);
   const cuda::CUmemoryPool pool = this->pool();
   ScopedContext scope(ctx);
   PoolExport exported;
@@ -240,7 +228,7 @@ IpcHandle AsyncMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer
 
 AsyncStatistics AsyncMemoryManager::statistics() const {
   AsyncStatistics statistics;
-  const auto use = using_pool();
+  std::shared_lock use(pool_use_);
   if (cuda::CUmemoryPool pool = pool_.load()) {
     ScopedContext scope(context());
     CUEMM_CU(cuMemPoolGetAttribute, pool, cuda::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &statistics.reserved_bytes);

@@ -27,7 +27,6 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <shared_mutex>
 
 #include "cuemm/memory/host_only_memory_manager.hpp"
 #include "cuemm/threading/blocking_hook.hpp"
@@ -66,10 +65,9 @@ class AsyncMemoryManager : public HostOnlyMemoryManager {
 
  private:
   cuda::CUmemoryPool pool();
-  // Held shared while a request uses the pool's handle (Note [The pool's users]).
-  std::shared_lock<std::shared_mutex> using_pool() const;
   AsyncOptions options_;
-  mutable std::shared_mutex pool_use_;
+  // Held shared while a request uses the pool's handle (Note [The pool's users]).
+  mutable BlockingAwareSharedMutex pool_use_;
   BlockingAwareMutex mutex_;
   std::atomic<cuda::CUmemoryPool> pool_{nullptr};
   // Names the pool's descriptor to other processes once exported (under mutex_; 0: not yet).

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <mutex>
+#include <shared_mutex>
 
 namespace cuemm {
 
@@ -63,6 +64,30 @@ class BlockingAwareMutex {
 
  private:
   std::mutex mutex_;
+};
+
+// The same for a std::shared_mutex, either way it is taken.
+class BlockingAwareSharedMutex {
+ public:
+  void lock() {
+    if (mutex_.try_lock()) [[likely]]
+      return;
+    before_blocking();
+    mutex_.lock();
+  }
+  bool try_lock() { return mutex_.try_lock(); }
+  void unlock() { mutex_.unlock(); }
+  void lock_shared() {
+    if (mutex_.try_lock_shared()) [[likely]]
+      return;
+    before_blocking();
+    mutex_.lock_shared();
+  }
+  bool try_lock_shared() { return mutex_.try_lock_shared(); }
+  void unlock_shared() { mutex_.unlock_shared(); }
+
+ private:
+  std::shared_mutex mutex_;
 };
 
 }  // namespace cuemm
