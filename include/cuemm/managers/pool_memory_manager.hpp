@@ -316,6 +316,11 @@ class PoolMemoryManager : public HostOnlyMemoryManager, public RawDeviceAllocato
   // core meanwhile) and the address.
   template <typename Allocate>
   std::pair<Core*, std::uintptr_t> on_current_core(Allocate&& allocate);
+  // StateError for an instance made without a context (to read its version).
+  void refuse_without_a_context() const;
+  // memalloc's and allocate_raw()'s block, whose holder frees it into the
+  // core returned (Numba's retry after a flush included).
+  std::pair<Core*, std::uintptr_t> allocate_for_a_holder(std::size_t size, int size_class);
 
   PoolOptions options_;
   std::shared_ptr<Core> core_;  // owns the current core; replaced under reset_mutex_

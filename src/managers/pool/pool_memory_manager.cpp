@@ -64,7 +64,7 @@ void PoolMemoryManager::on_initialize() {
     core().held_rotation_budget.store(std::min(Core::kLargestHeldRotationBudget, share), std::memory_order_relaxed);
   }
   if (!options_.initial_size) return;
-  if (!core_context_) (void)context();  // (throws: an instance made to read its version allocates nothing)
+  refuse_without_a_context();
   for (;;) {
     Core& core = this->core();
     try {
@@ -92,6 +92,11 @@ void PoolMemoryManager::on_initialize() {
 // Core::forwarded_to names where that was a successor. A request that
 // finished on the old core just before it was retired got memory that the
 // reset freed, as every block handed out before a reset does.
+void PoolMemoryManager::refuse_without_a_context() const {
+  if (!core_context_) [[unlikely]]
+    (void)context();  // (throws: an instance made to read its version allocates nothing)
+}
+
 template <typename Allocate>
 std::pair<PoolMemoryManager::Core*, std::uintptr_t> PoolMemoryManager::on_current_core(Allocate&& allocate) {
   Core* core = &this->core();
@@ -156,7 +161,7 @@ void PoolMemoryManager::deallocate(cuda::CUdeviceptr pointer, std::size_t size) 
 }
 
 cuda::CUdeviceptr PoolMemoryManager::allocate_off_the_fast_path(std::size_t size, const cuda::CUstream* stream) {
-  if (!core_context_) (void)context();  // (throws: an instance made to read its version allocates nothing)
+  refuse_without_a_context();
   if (stream && capture_under_way()) {
     if (const cuda::CUdeviceptr reused = reused_captured_raw_block(size, *stream)) return reused;
   }
@@ -210,15 +215,17 @@ void PoolMemoryManager::deallocate_off_the_fast_path(cuda::CUdeviceptr pointer, 
     core.deallocate(pointer, core.size_class(size));
 }
 
-std::shared_ptr<MemoryPointer> PoolMemoryManager::memalloc(std::size_t size) {
+std::pair<PoolMemoryManager::Core*, std::uintptr_t> PoolMemoryManager::allocate_for_a_holder(std::size_t size,
+                                                                                             int size_class) {
   require_allocation_size(size, "memalloc");
-  if (!core_context_) [[unlikely]]
-    (void)context();  // (throws: an instance made to read its version allocates nothing)
-  const int size_class = this->core().size_class(size);  // (the same in every core)
-  const auto served = on_current_core(
+  refuse_without_a_context();
+  return on_current_core(
       [&](Core& core) { return with_flush_and_retry([&] { return core.allocate(size, size_class); }); });
-  Core* const core = served.first;
-  const std::uintptr_t address = served.second;
+}
+
+std::shared_ptr<MemoryPointer> PoolMemoryManager::memalloc(std::size_t size) {
+  const int size_class = this->core().size_class(size);  // (the same in every core)
+  const auto [core, address] = allocate_for_a_holder(size, size_class);
   // The finalizer keeps the size class in the address's low bits (blocks are
   // 256-byte aligned) so that its closure fits std::function's inline storage.
   const std::uintptr_t tagged = address | static_cast<std::uintptr_t>(size_class + 1);
@@ -233,14 +240,7 @@ std::shared_ptr<MemoryPointer> PoolMemoryManager::memalloc(std::size_t size) {
 }
 
 RawDeviceAllocator::Allocation PoolMemoryManager::allocate_raw(std::size_t size) {
-  require_allocation_size(size, "memalloc");
-  if (!core_context_) [[unlikely]]
-    (void)context();
-  const int size_class = this->core().size_class(size);
-  const auto served = on_current_core(
-      [&](Core& core) { return with_flush_and_retry([&] { return core.allocate(size, size_class); }); });
-  Core* const core = served.first;
-  const std::uintptr_t address = served.second;
+  const auto [core, address] = allocate_for_a_holder(size, this->core().size_class(size));
   // The core stays until exit (see ~PoolMemoryManager); once retired it ignores frees.
   const Releaser releaser{[](void* state, std::uintptr_t freed, std::size_t bytes) noexcept {
                             Core* owner = static_cast<Core*>(state);
@@ -371,12 +371,9 @@ MemoryInfo PoolMemoryManager::get_memory_info() {
   const std::size_t free_in_pool = free_in_index + core.small_blocks.free_bytes() + core.recurring.free_bytes() +
                                    core.dedicated.spare_bytes() + core.quarantined_bytes + core.cached_bytes();
   info.free += free_in_pool;
-  // Under a maximum, what it leaves: programs size their work by this.
   if (const std::size_t maximum = options_.maximum_size) {
     const std::size_t reserved = core.reserved_bytes();
-    const std::size_t servable = maximum > reserved ? maximum - reserved + free_in_pool : free_in_pool;
-    info.total = std::min(info.total, maximum);
-    info.free = std::min({info.free, servable, info.total});
+    return within_cap(info, maximum, maximum > reserved ? maximum - reserved + free_in_pool : free_in_pool);
   }
   return info;
 }
