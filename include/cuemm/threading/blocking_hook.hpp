@@ -49,9 +49,10 @@ class ScopedBlockingHook {
 // Runs this thread's hook, if it has one: call before anything that may wait.
 void before_blocking() noexcept;
 
-// A std::mutex that runs the thread's hook before it waits for another
-// thread to unlock it.
-class BlockingAwareMutex {
+// A mutex that runs the thread's hook before it waits for another thread to
+// unlock it.
+template <typename Mutex>
+class BasicBlockingAwareMutex {
  public:
   void lock() {
     if (mutex_.try_lock()) [[likely]]
@@ -62,21 +63,15 @@ class BlockingAwareMutex {
   bool try_lock() { return mutex_.try_lock(); }
   void unlock() { mutex_.unlock(); }
 
- private:
-  std::mutex mutex_;
+ protected:
+  Mutex mutex_;
 };
 
+using BlockingAwareMutex = BasicBlockingAwareMutex<std::mutex>;
+
 // The same for a std::shared_mutex, either way it is taken.
-class BlockingAwareSharedMutex {
+class BlockingAwareSharedMutex : public BasicBlockingAwareMutex<std::shared_mutex> {
  public:
-  void lock() {
-    if (mutex_.try_lock()) [[likely]]
-      return;
-    before_blocking();
-    mutex_.lock();
-  }
-  bool try_lock() { return mutex_.try_lock(); }
-  void unlock() { mutex_.unlock(); }
   void lock_shared() {
     if (mutex_.try_lock_shared()) [[likely]]
       return;
@@ -85,9 +80,6 @@ class BlockingAwareSharedMutex {
   }
   bool try_lock_shared() { return mutex_.try_lock_shared(); }
   void unlock_shared() { mutex_.unlock_shared(); }
-
- private:
-  std::shared_mutex mutex_;
 };
 
 }  // namespace cuemm
