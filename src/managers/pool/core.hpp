@@ -221,14 +221,20 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // place; cleared by callers that need the serving core (memalloc's
   // finalizer frees into it).
   [[gnu::tls_model("initial-exec")]] static inline thread_local Core* forwarded_to = nullptr;
-  // A request this retired core could not serve, to its successor.
+  // A request this retired core could not serve, to the newest core: one
+  // successor at a time, a thread that fell behind resets made in a loop
+  // never caught up, and recursed until its stack ran out. Tries again, in
+  // a loop, where a reset retired that one too meanwhile.
   [[gnu::noinline, gnu::cold]] std::uintptr_t forward(std::size_t size, int size_class, bool ordered);
+  // Whether this thread is in forward(): Retired then goes to its loop.
+  [[gnu::tls_model("initial-exec")]] static inline thread_local bool forwarding = false;
   // serve(), or where it met Retired, forward() (the slow paths' entries).
   template <typename Serve>
   std::uintptr_t serve_or_forward(std::size_t size, int size_class, bool ordered, Serve&& serve) {
     try {
       return serve();
     } catch (const Retired&) {
+      if (forwarding) throw;
       return forward(size, size_class, ordered);
     }
   }

@@ -86,8 +86,9 @@ void PoolMemoryManager::on_initialize() {
 // it are ignored. A request that had already read the old core finds
 // nothing left in it and would grow it; retired cores refuse to grow
 // (Core::Retired, under the core's lock, which retire() holds too), and
-// the slow paths hand the request to the core's successor, so the raw
-// interface's fast path stays a tail call with no handler of its own.
+// the slow paths hand the request to the newest core (again, in a loop,
+// where a reset retires that one too), so the raw interface's fast path
+// stays a tail call with no handler of its own.
 // memalloc's finalizer must free into the core that served, which
 // Core::forwarded_to names where that was a successor. A request that
 // finished on the old core just before it was retired got memory that the

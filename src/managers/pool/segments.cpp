@@ -275,10 +275,21 @@ std::size_t PoolMemoryManager::Core::shrink_arena() {
 }
 
 std::uintptr_t PoolMemoryManager::Core::forward(std::size_t size, int size_class, bool ordered) {
-  Core* next = successor.load(std::memory_order_acquire);
-  if (!next) throw StateError("the pool was destroyed while this request was under way");
-  forwarded_to = next;
-  return ordered ? next->allocate_ordered(size, size_class) : next->allocate(size, size_class);
+  struct Forwarding {
+    Forwarding() noexcept { forwarding = true; }
+    ~Forwarding() { forwarding = false; }
+  } forwarding_scope;
+  for (Core* retired_core = this;;) {
+    Core* next = retired_core->successor.load(std::memory_order_acquire);
+    if (!next) throw StateError("the pool was destroyed while this request was under way");
+    while (Core* newer = next->successor.load(std::memory_order_acquire)) next = newer;
+    forwarded_to = next;
+    try {
+      return ordered ? next->allocate_ordered(size, size_class) : next->allocate(size, size_class);
+    } catch (const Retired&) {
+      retired_core = next;
+    }
+  }
 }
 
 void PoolMemoryManager::Core::retire() noexcept {
