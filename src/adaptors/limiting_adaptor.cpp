@@ -33,9 +33,9 @@ struct LimitingAdaptor::Cap : AllocationObserver {
   void released(const AllocationRecord& record) noexcept override {
     if (counted(record.kind)) give_back(record.size);
   }
-  // Never below 0: a release that races a reset() on another thread (within
-  // a few instructions of it) may find its bytes forgotten already, and a
-  // wrapped count would refuse every request after.
+  // Never below 0, whatever happens: a wrapped count would refuse every
+  // request after. (A release never finds its bytes forgotten by a reset:
+  // Note [Counting across a reset].)
   void give_back(std::size_t size) noexcept {
     std::size_t before = in_use.load();
     while (!in_use.compare_exchange_weak(before, before - std::min(before, size))) {

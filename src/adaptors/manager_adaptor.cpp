@@ -1,10 +1,14 @@
 #include "cuemm/adaptors/manager_adaptor.hpp"
 
 #include <chrono>
+#include <exception>
+#include <mutex>
 #include <type_traits>
 
 #include "cuemm/error.hpp"
+#include "cuemm/threading/blocking_hook.hpp"
 #include "cuemm/memory/detail/recycling_allocator.hpp"
+#include "threading/section_gate.hpp"
 #include "util/keep_until_exit.hpp"
 
 namespace cuemm {
@@ -22,11 +26,29 @@ double adaptor_clock() noexcept {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - origin).count();
 }
 
-// Read by every release, written only by reset() and the destructor: on a
-// cache line of its own, so that it stays shared between the threads' caches.
+// Note [Counting across a reset]
+// reset() may come from one thread while others allocate and free. The
+// observer counts an allocation, and a release, in a section of `gate`
+// (detail::SectionGate), each with the generation it read there, and
+// reset() forgets the counts with the gate closed: so a count, and the
+// generation its block is tagged with, fall wholly before the reset or
+// wholly after it. A block counted before is forgotten with the rest, and
+// its release is not reported; one counted after is released as any other.
+// An allocation is asked of the observer (before_allocation, which a limit
+// counts) and reported (allocated) in two sections, the upstream's work
+// between them: where a reset came between, its count was forgotten, and it
+// is asked again, in the reset's generation. Without this, a count made
+// while a reset forgot the others stayed for good: a block in use forever
+// for the statistics, bytes of the limit never given back.
+//
+// Read by every allocation and release, written only by reset() and the
+// destructor: on a cache line of its own, so that it stays shared between
+// the threads' caches.
 struct alignas(64) ManagerAdaptor::Shared {
   std::shared_ptr<AllocationObserver> observer;
   std::atomic<std::uint64_t> generation{0};  // bumped by reset() and when the adaptor goes
+  detail::SectionGate gate;                  // closed by reset() while the observer forgets
+  BlockingAwareMutex resetting;              // one reset() at a time closes the gate
 };
 
 ManagerAdaptor::ManagerAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream,
@@ -55,8 +77,14 @@ using detail::ObservedBlock;
 // Gives the memory back to the upstream (`let_go`) and reports its release
 // (unless a reset() gave it back meanwhile); with `detailed`, timed and with
 // the call site.
+template <typename Shared>
+void report_release(Shared& shared, const AllocationRecord& record, std::uint64_t generation) noexcept {
+  detail::SectionGate::Section section(shared.gate);
+  if (shared.generation.load(std::memory_order_relaxed) == generation) shared.observer->released(record);
+}
+
 template <typename Shared, typename LetGo>
-void release_and_report(const Shared& shared, LetGo&& let_go, const ObservedBlock& block, std::uint64_t generation,
+void release_and_report(Shared& shared, LetGo&& let_go, const ObservedBlock& block, std::uint64_t generation,
                         bool detailed) noexcept {
   AllocationRecord record = block.release_record();
   if (detailed) record.start = adaptor_clock();
@@ -65,7 +93,7 @@ void release_and_report(const Shared& shared, LetGo&& let_go, const ObservedBloc
     record.end = adaptor_clock();
     record.call_site = ScopedCallSite::current();
   }
-  if (shared.generation.load(std::memory_order_relaxed) == generation) shared.observer->released(record);
+  report_release(shared, record, generation);
 }
 
 // What an adaptor's pointer holds of the upstream's allocation, and how it
@@ -128,29 +156,35 @@ class ObservedPointer final : public Base {
 // do (at allocation rate). If making it fails, the upstream's allocation is
 // given back and its release reported.
 template <typename Base, typename Shared, typename Held, typename... BaseArguments>
-std::shared_ptr<MemoryPointer> make_observed(Shared* shared, AllocationObserver& observer, std::uint64_t generation,
-                                             bool detailed, Held&& held, const ObservedBlock& block,
-                                             BaseArguments&&... base) {
+std::shared_ptr<MemoryPointer> make_observed(Shared* shared, std::uint64_t generation, bool detailed, Held&& held,
+                                             const ObservedBlock& block, BaseArguments&&... base) {
   try {
     return detail::make_recycled<ObservedPointer<Base, Shared, std::remove_cvref_t<Held>>>(
         shared, generation, detailed, std::move(held), block, std::forward<BaseArguments>(base)...);
   } catch (...) {
     held.let_go(block);  // still here: making the pointer failed before its member took it
-    observer.released(block.release_record());
+    report_release(*shared, block.release_record(), generation);
     throw;
   }
+}
+
+// Gives back what the upstream returned, where the observer refused it after all.
+void give_back_upstream(std::shared_ptr<MemoryPointer>& memory, const ObservedBlock&) noexcept { memory.reset(); }
+void give_back_upstream(RawDeviceAllocator::Allocation& allocation, const ObservedBlock& block) noexcept {
+  UpstreamBlock{allocation.releaser}.let_go(block);
 }
 }  // namespace
 
 template <typename Allocate>
 auto ManagerAdaptor::allocate_observed(MemoryKind kind, std::size_t size, Allocate&& allocate)
     -> Observed<decltype(allocate())> {
-  // The generation before the observer counts it: a reset() while the
-  // upstream allocates (on another thread) then forgets this block's count
-  // with the others', and its later release is not reported either. Read
-  // after, the release was reported too, and a cap's count wrapped below 0.
-  const std::uint64_t generation = shared_->generation.load(std::memory_order_relaxed);
-  observer().before_allocation(kind, size);
+  // Two sections, the upstream's work between them (Note [Counting across a reset]).
+  std::uint64_t generation;
+  {
+    detail::SectionGate::Section section(shared_->gate);
+    generation = shared_->generation.load(std::memory_order_relaxed);
+    observer().before_allocation(kind, size);
+  }
   const bool detailed = observer().wants_times_and_call_sites();
   const double start = detailed ? adaptor_clock() : 0.0;
   decltype(allocate()) upstream{};
@@ -159,13 +193,31 @@ auto ManagerAdaptor::allocate_observed(MemoryKind kind, std::size_t size, Alloca
     upstream = allocate();
     made = made_by(upstream);
   } catch (...) {
-    observer().allocation_failed(kind, size);
+    detail::SectionGate::Section section(shared_->gate);
+    if (shared_->generation.load(std::memory_order_relaxed) == generation) observer().allocation_failed(kind, size);
     throw;
   }
   AllocationRecord record{made.kind, made.address, size, start, detailed ? adaptor_clock() : 0.0,
                           detailed ? ScopedCallSite::current() : std::string()};
-  observer().allocated(record);
-  return {std::move(upstream), {made.kind, made.address, size}, generation, detailed};
+  const ObservedBlock block{made.kind, made.address, size};
+  std::exception_ptr refused;
+  {
+    detail::SectionGate::Section section(shared_->gate);
+    if (const std::uint64_t now = shared_->generation.load(std::memory_order_relaxed); now != generation) {
+      try {
+        observer().before_allocation(kind, size);  // (a reset forgot its count)
+        generation = now;
+      } catch (...) {
+        refused = std::current_exception();
+      }
+    }
+    if (!refused) observer().allocated(record);
+  }
+  if (refused) {
+    give_back_upstream(upstream, block);
+    std::rethrow_exception(refused);
+  }
+  return {std::move(upstream), block, generation, detailed};
 }
 
 template <typename Allocate>
@@ -177,20 +229,20 @@ std::shared_ptr<MemoryPointer> ManagerAdaptor::observe(MemoryKind kind, std::siz
   UpstreamPointer held{std::move(upstream)};
   switch (block.kind) {
     case MemoryKind::Device:
-      return make_observed<MemoryPointer>(shared_.get(), observer(), generation, detailed, std::move(held),
+      return make_observed<MemoryPointer>(shared_.get(), generation, detailed, std::move(held),
                                           block, context, handle, size);
     case MemoryKind::Mapped:
-      return make_observed<MappedMemory>(shared_.get(), observer(), generation, detailed, std::move(held),
+      return make_observed<MappedMemory>(shared_.get(), generation, detailed, std::move(held),
                                          block, context, host, handle, size);
     case MemoryKind::Pinned:
-      return make_observed<PinnedMemory>(shared_.get(), observer(), generation, detailed, std::move(held),
+      return make_observed<PinnedMemory>(shared_.get(), generation, detailed, std::move(held),
                                          block, context, host, size);
     case MemoryKind::Managed:
-      return make_observed<ManagedMemory>(shared_.get(), observer(), generation, detailed, std::move(held),
+      return make_observed<ManagedMemory>(shared_.get(), generation, detailed, std::move(held),
                                           block, context, handle, size);
   }
   held.let_go(block);
-  observer().released(block.release_record());
+  report_release(*shared_, block.release_record(), generation);
   throw StateError("unknown memory kind");
 }
 
@@ -203,7 +255,7 @@ std::shared_ptr<MemoryPointer> ManagerAdaptor::memalloc(std::size_t size) {
 std::shared_ptr<MemoryPointer> ManagerAdaptor::observe_raw(std::size_t size) {
   auto [allocation, block, generation, detailed] =
       allocate_observed(MemoryKind::Device, size, [&] { return raw_upstream_->allocate_raw(size); });
-  return make_observed<MemoryPointer>(shared_.get(), observer(), generation, detailed,
+  return make_observed<MemoryPointer>(shared_.get(), generation, detailed,
                                       UpstreamBlock{allocation.releaser}, block, &context(), block.address, size);
 }
 
@@ -254,8 +306,13 @@ IpcHandle ManagerAdaptor::get_ipc_handle(const std::shared_ptr<MemoryPointer>& m
 }
 
 void ManagerAdaptor::reset() {
-  shared_->generation.fetch_add(1);
-  observer().reset();
+  {
+    std::lock_guard lock(shared_->resetting);
+    shared_->gate.close_and_drain();
+    shared_->generation.fetch_add(1);
+    observer().reset();
+    shared_->gate.open();
+  }
   upstream_->reset();
 }
 
