@@ -45,9 +45,25 @@ struct AsyncMemoryManager::Blocks {
   };
   BlockingAwareMutex mutex;
   std::map<cuda::CUdeviceptr, Live> live;
+  // Held shared while a request or a release uses the pool (Note [The pool's users]).
+  BlockingAwareSharedMutex pool_use;
+  // Held by reset() while it waits for pool_use: glibc's lock lets readers
+  // in while a writer waits, and threads whose requests and releases always
+  // overlap kept a reset waiting for seconds (H100, resets in a loop).
+  BlockingAwareMutex turnstile;
+
+  std::shared_lock<BlockingAwareSharedMutex> use() {
+    { std::lock_guard pass(turnstile); }
+    return std::shared_lock(pool_use);
+  }
+  std::unique_lock<BlockingAwareSharedMutex> alone() {
+    std::lock_guard hold(turnstile);
+    return std::unique_lock(pool_use);
+  }
 
   // A block's finalizer: back to the pool, unless reset() released it already.
   void release(cuda::CUdeviceptr pointer) {
+    const auto use = this->use();  // (until its free is queued)
     {
       std::lock_guard lock(mutex);
       if (live.erase(pointer) == 0) return;
@@ -122,7 +138,7 @@ void AsyncMemoryManager::on_initialize() { pool(); }
 void AsyncMemoryManager::on_reset() {
   // Alone: no request is using the pool's handle while it goes, and every
   // block it handed out is recorded (Note [The pool's users]).
-  std::lock_guard alone(pool_use_);
+  const auto alone = blocks_->alone();
   std::map<cuda::CUdeviceptr, Blocks::Live> live;
   {
     std::lock_guard lock(blocks_->mutex);
@@ -151,16 +167,20 @@ void AsyncMemoryManager::on_reset() {
 // the pool's handle and then calls the driver with it; were the pool
 // destroyed in between, the handle would dangle (and the driver may give
 // the next pool the same one). So requests that use the handle hold
-// pool_use_ shared, and reset() takes it alone to take the pool away. They
-// hold it until the block is recorded, so that reset() frees every block of
-// the pool before it destroys it. The cost, one atomic update a request, is
-// small beside the driver's call.
+// Blocks::pool_use shared, and reset() takes it alone to take the pool away.
+// They hold it until the block is recorded, so that reset() frees every
+// block of the pool before it destroys it; and a release holds it from
+// taking its block off the record until its free is queued, or reset()
+// destroyed the pool with that block still out, and the driver crashed in
+// a later cuMemAllocFromPoolAsync (H100, resets in a loop beside four
+// allocating threads). The cost, one atomic update a request and a release,
+// is small beside the driver's call.
 
 std::shared_ptr<MemoryPointer> AsyncMemoryManager::memalloc(std::size_t size) {
   require_allocation_size(size, "memalloc");
   Context* ctx = &context();
   ScopedContext scope(*ctx);
-  std::shared_lock use(pool_use_);  // (until the block is recorded)
+  const auto use = blocks_->use();  // (until the block is recorded)
   const cuda::CUmemoryPool pool = this->pool();
   const cuda::CUdeviceptr pointer = with_flush_and_retry([&] {
     cuda::CUdeviceptr allocated = 0;
@@ -204,7 +224,7 @@ IpcHandle AsyncMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer
                           ") is not within a block of this manager's stream-ordered pool");
   }
   Context& ctx = context();
-  std::shared_lock use(pool_use_);
+  const auto use = blocks_->use();
   const cuda::CUmemoryPool pool = this->pool();
   ScopedContext scope(ctx);
   PoolExport exported;
@@ -228,7 +248,7 @@ IpcHandle AsyncMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer
 
 AsyncStatistics AsyncMemoryManager::statistics() const {
   AsyncStatistics statistics;
-  std::shared_lock use(pool_use_);
+  const auto use = blocks_->use();
   if (cuda::CUmemoryPool pool = pool_.load()) {
     ScopedContext scope(context());
     CUEMM_CU(cuMemPoolGetAttribute, pool, cuda::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &statistics.reserved_bytes);

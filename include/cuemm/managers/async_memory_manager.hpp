@@ -66,13 +66,12 @@ class AsyncMemoryManager : public HostOnlyMemoryManager {
  private:
   cuda::CUmemoryPool pool();
   AsyncOptions options_;
-  // Held shared while a request uses the pool's handle (Note [The pool's users]).
-  mutable BlockingAwareSharedMutex pool_use_;
   BlockingAwareMutex mutex_;
   std::atomic<cuda::CUmemoryPool> pool_{nullptr};
   // Names the pool's descriptor to other processes once exported (under mutex_; 0: not yet).
   std::uint64_t pool_token_ = 0;
-  // The blocks not yet released, by start (reset() and get_ipc_handle() need them).
+  // The blocks not yet released, by start (reset() and get_ipc_handle() need
+  // them), and the lock of the pool's users (Note [The pool's users]).
   struct Blocks;
   std::shared_ptr<Blocks> blocks_;
 };
