@@ -21,6 +21,7 @@
 #include "cuemm/memory/detail/recycling_allocator.hpp"
 #include "cuemm/runtime/context.hpp"
 #include "cuemm/threading/blocking_hook.hpp"
+#include "driver/mapped_host_memory.hpp"
 #include "threading/owner_biased_lock.hpp"
 #include "util/owned_counter.hpp"
 #include "util/round_up.hpp"
@@ -67,20 +68,6 @@ std::size_t host_block_size(std::size_t size) {
   const std::size_t power = std::size_t{1} << (std::bit_width(size - 1) - 1);
   const std::size_t step = power / 4;
   return util::round_up(size, step);
-}
-
-// The device address of mapped host memory that was just allocated or
-// registered; when the driver cannot give one, `undo` gives that memory back
-// before the error is thrown.
-template <typename Undo>
-cuda::CUdeviceptr mapped_device_pointer(void* host, Undo&& undo) {
-  cuda::CUdeviceptr device = 0;
-  const cuda::CUresult result = CUEMM_CU_RESULT(cuMemHostGetDevicePointer, &device, host, 0);
-  if (result != cuda::CUDA_SUCCESS) {
-    undo();
-    driver::check(result, "cuMemHostGetDevicePointer");
-  }
-  return device;
 }
 
 // The pointer handed out for page-locked host memory: MappedMemory when it is
@@ -603,7 +590,7 @@ std::shared_ptr<MemoryPointer> PinnedHostPool::allocate(std::size_t size, bool m
       throw CudaError(result, "cuMemHostAlloc",
                       "requested " + describe_bytes(size) + " in a pinned block of " + describe_bytes(bytes));
     const cuda::CUdeviceptr device =
-        mapped ? mapped_device_pointer(host, [&] { CUEMM_CU_RESULT(cuMemFreeHost, host); }) : 0;
+        mapped ? driver::mapped_device_pointer(host, [&] { CUEMM_CU_RESULT(cuMemFreeHost, host); }) : 0;
     block = new State::Block{state_, host, device, bytes, flags};
     std::lock_guard lock(state_->mutex);
     state_->counters.allocated_bytes += bytes;
@@ -650,7 +637,7 @@ std::shared_ptr<MemoryPointer> PinnedHostPool::pin(std::shared_ptr<const void> o
     }
     if (result != cuda::CUDA_SUCCESS) driver::throw_allocation_error(result, "cuMemHostRegister", size);
     const cuda::CUdeviceptr device =
-        mapped ? mapped_device_pointer(pointer, [&] { CUEMM_CU_RESULT(cuMemHostUnregister, pointer); }) : 0;
+        mapped ? driver::mapped_device_pointer(pointer, [&] { CUEMM_CU_RESULT(cuMemHostUnregister, pointer); }) : 0;
     registration = new State::Registration{state_, owner, pointer, size, mapped, device, {}};
     std::lock_guard lock(state.mutex);
     state.pinned_out.insert(registration);

@@ -7,6 +7,7 @@
 #include "cuemm/driver/driver.hpp"
 #include "cuemm/runtime/context.hpp"
 #include "cuemm/runtime/device.hpp"
+#include "driver/mapped_host_memory.hpp"
 #include "util/keep_until_exit.hpp"
 
 namespace cuemm {
@@ -171,11 +172,15 @@ std::shared_ptr<MemoryPointer> HostOnlyMemoryManager::memhostalloc(std::size_t s
     CUEMM_CU_ALLOC(size, cuMemHostAlloc, &allocated, size, flags);
     return allocated;
   });
+  // The device address before the record: a reset() from another thread
+  // releases what is recorded, and the driver then knows no such address.
+  const cuda::CUdeviceptr device =
+      mapped ? driver::mapped_device_pointer(pointer, [&] { CUEMM_CU_RESULT(cuMemFreeHost, pointer); }) : 0;
   const auto address = reinterpret_cast<std::uintptr_t>(pointer);
   Finalizer finalizer = track(address, size, [pointer] { CUEMM_CU(cuMemFreeHost, pointer); });
   auto memory = make_tracked(
       [&]() -> std::shared_ptr<MemoryPointer> {
-        if (mapped) return std::make_shared<MappedMemory>(&ctx, pointer, size, nullptr, finalizer);
+        if (mapped) return std::make_shared<MappedMemory>(&ctx, pointer, device, size, nullptr, finalizer);
         return std::make_shared<PinnedMemory>(&ctx, pointer, size, nullptr, finalizer);
       },
       [&] { finalizer(); deallocations().flush_all(); });
@@ -196,11 +201,13 @@ std::shared_ptr<MemoryPointer> HostOnlyMemoryManager::mempin(std::shared_ptr<con
     CUEMM_CU_ALLOC(size, cuMemHostRegister, pointer, size, flags);
     return 0;
   });
+  const cuda::CUdeviceptr device =
+      mapped ? driver::mapped_device_pointer(pointer, [&] { CUEMM_CU_RESULT(cuMemHostUnregister, pointer); }) : 0;
   const auto address = reinterpret_cast<std::uintptr_t>(pointer);
   Finalizer finalizer = track(address, size, [pointer] { CUEMM_CU(cuMemHostUnregister, pointer); });
   auto memory = make_tracked(
       [&]() -> std::shared_ptr<MemoryPointer> {
-        if (mapped) return std::make_shared<MappedMemory>(&ctx, pointer, size, owner, finalizer);
+        if (mapped) return std::make_shared<MappedMemory>(&ctx, pointer, device, size, owner, finalizer);
         return std::make_shared<PinnedMemory>(&ctx, pointer, size, owner, finalizer);
       },
       [&] { finalizer(); deallocations().flush_all(); });

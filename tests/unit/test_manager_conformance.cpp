@@ -472,7 +472,11 @@ TYPED_TEST(Conformance, ResetsInALoopBesideAllocatingThreads) {
         try {
           const unsigned draw = random() % 8;
           const std::size_t size = draw < 5 ? 256 + random() % 8192 : (1 << 20) + random() % (6 << 20);
-          mine.push_back(this->manager->memalloc(size));
+          if (draw == 0) {
+            mine.push_back(this->manager->memhostalloc(4096 + random() % 65536, random() % 2, false, false));
+          } else {
+            mine.push_back(this->manager->memalloc(size));
+          }
           if (mine.size() > 4) mine.erase(mine.begin() + random() % mine.size());
         } catch (const std::exception& error) {
           if (failures++ < 3) ADD_FAILURE() << "thread " << t << ": " << error.what();
