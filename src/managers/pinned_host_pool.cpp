@@ -674,7 +674,11 @@ void PinnedHostPool::release_everything() {
   State::Leftovers leftovers;
   // The memory, not the records: once marked dead, a record is deleted by
   // its pointer's release, which another thread may run meanwhile.
-  std::vector<void*> blocks, ranges;
+  std::vector<void*> blocks;
+  // With their owners: a dead record's release may delete it before the
+  // range is unregistered below, and an owner dropped then would free
+  // memory that a new buffer, pinned in turn, finds still registered.
+  std::vector<std::pair<void*, std::shared_ptr<const void>>> ranges;
   {
     std::lock_guard lock(state.mutex);
     state.closed = true;
@@ -689,14 +693,14 @@ void PinnedHostPool::release_everything() {
     for (State::Registration* registration : state.pinned_out) {
       if (registration->dead) continue;
       registration->dead = true;
-      ranges.push_back(registration->pointer);
+      ranges.emplace_back(registration->pointer, registration->owner);
     }
   }
   leftovers.discard();
   trim();
   // Handed-out records stay (their pointers still name them); only the memory goes.
   for (void* host : blocks) State::free_host(*state.context, host);
-  for (void* range : ranges) State::unregister_range(*state.context, range);
+  for (const auto& [range, owner] : ranges) State::unregister_range(*state.context, range);
 }
 
 PinnedHostPoolStatistics PinnedHostPool::statistics() const {

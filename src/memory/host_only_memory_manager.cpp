@@ -198,13 +198,23 @@ std::shared_ptr<MemoryPointer> HostOnlyMemoryManager::mempin(std::shared_ptr<con
   const unsigned flags = mapped ? cuda::CU_MEMHOSTREGISTER_DEVICEMAP : 0u;
   ScopedContext scope(ctx);
   with_flush_and_retry([&] {
-    CUEMM_CU_ALLOC(size, cuMemHostRegister, pointer, size, flags);
+    cuda::CUresult result = CUEMM_CU_RESULT(cuMemHostRegister, pointer, size, flags);
+    // An earlier pin of the range (or of one it overlaps) whose unregister
+    // waits in the deferred queue: its owner may be gone and the allocator
+    // have given its memory to this one. (A pin, its release, the buffer
+    // freed and a new one pinned at the same address failed every time.)
+    if (result == cuda::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED && deallocations().flush() > 0)
+      result = CUEMM_CU_RESULT(cuMemHostRegister, pointer, size, flags);
+    if (result != cuda::CUDA_SUCCESS) driver::throw_allocation_error(result, "cuMemHostRegister", size);
     return 0;
   });
   const cuda::CUdeviceptr device =
       mapped ? driver::mapped_device_pointer(pointer, [&] { CUEMM_CU_RESULT(cuMemHostUnregister, pointer); }) : 0;
   const auto address = reinterpret_cast<std::uintptr_t>(pointer);
-  Finalizer finalizer = track(address, size, [pointer] { CUEMM_CU(cuMemHostUnregister, pointer); });
+  // The unregister waits in the deferred queue, and keeps the owner, so that
+  // its memory is not freed, and given to a new buffer that is pinned in
+  // turn, while the driver still holds the range registered.
+  Finalizer finalizer = track(address, size, [pointer, owner] { CUEMM_CU(cuMemHostUnregister, pointer); });
   auto memory = make_tracked(
       [&]() -> std::shared_ptr<MemoryPointer> {
         if (mapped) return std::make_shared<MappedMemory>(&ctx, pointer, device, size, owner, finalizer);

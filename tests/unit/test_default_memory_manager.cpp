@@ -149,6 +149,23 @@ TEST_F(DefaultManager, MempinPinsAnyRegionOnceAndUnpinsOnRelease) {
   EXPECT_EQ(mapped->device_pointer(), reinterpret_cast<cuda::CUdeviceptr>(unaligned));
 }
 
+// A range pinned, released and pinned again before the deferred frees
+// flushed (a buffer freed and a new one at its address, as malloc reuses
+// it): the unregister still waits in the queue, so the first try is
+// refused; the queue is flushed and the pin retried. It failed every time.
+TEST_F(DefaultManager, ARangePinnedAgainBeforeItsUnpinRanIsPinned) {
+  auto buffer = std::make_shared<std::vector<char>>(3 * 4096);
+  char* start = buffer->data() + 1;
+  context.mempin(buffer, start, 4096).reset();
+  ASSERT_GT(manager->deallocations().pending_count(), 0u) << "the unpin did not wait in the queue";
+  std::shared_ptr<MemoryPointer> again;
+  ASSERT_NO_THROW(again = context.mempin(buffer, start, 4096, /*mapped=*/true));
+  EXPECT_EQ(again->host_pointer(), reinterpret_cast<std::uintptr_t>(start));
+  EXPECT_EQ(manager->deallocations().pending_count(), 0u);
+  // Pinning a range that is pinned now is still refused, by name.
+  EXPECT_TRUE(throws<CudaError>([&] { context.mempin(buffer, start, 4096); }, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED"));
+}
+
 TEST_F(DefaultManager, ManagedMemoryIsReachableFromHostAndDevice) {
   auto managed = context.memallocmanaged(1 << 16);
   EXPECT_EQ(managed->kind(), MemoryKind::Managed);
