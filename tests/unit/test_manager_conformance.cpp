@@ -138,6 +138,21 @@ class Conformance : public ::testing::Test {
     }
   }
 
+  // After threads raced resets and released every block: the adaptors count
+  // nothing in use, nothing stays with the driver past `device_baseline`
+  // (bytes in use before; simulated driver), and a new block works.
+  void expect_consistent_after_racing_resets(std::uint64_t device_baseline) {
+    expect_adaptors_count_nothing_in_use("after the resets, every block released");
+    manager->reset();
+    flush();
+    if (simulation::active()) {
+      EXPECT_EQ(simulation::device_bytes_in_use(0), device_baseline) << "memory of the racing blocks was left behind";
+    }
+    auto memory = manager->memalloc(1 << 20);
+    auto values = fill(memory, 3);
+    EXPECT_TRUE(holds(memory, values));
+  }
+
   Context& context = current_context();
   std::unique_ptr<BaseMemoryManager> manager;
 };
@@ -408,15 +423,7 @@ TYPED_TEST(Conformance, AResetWhileOtherThreadsAllocateLeavesItConsistent) {
   done = true;
   resetter.join();
   EXPECT_EQ(failures.load(), 0);
-  this->expect_adaptors_count_nothing_in_use("after the race, every block released");
-  this->manager->reset();
-  this->flush();
-  if (simulation::active()) {
-    EXPECT_EQ(simulation::device_bytes_in_use(0), baseline) << "memory of the racing blocks was left behind";
-  }
-  auto memory = this->manager->memalloc(1 << 20);
-  auto values = this->fill(memory, 3);
-  EXPECT_TRUE(this->holds(memory, values));
+  this->expect_consistent_after_racing_resets(baseline);
 }
 
 // Runs `work` on a thread of `stack_bytes` of stack, and joins it.
@@ -533,15 +540,7 @@ TYPED_TEST(Conformance, ResetsInALoopBesideAllocatingThreads) {
   resetting = false;
   for (auto& thread : threads) thread->join();
   EXPECT_EQ(failures.load(), 0);
-  this->expect_adaptors_count_nothing_in_use("after the resets, every block released");
-  this->manager->reset();
-  this->flush();
-  if (simulation::active()) {
-    EXPECT_EQ(simulation::device_bytes_in_use(0), baseline) << "memory of the racing blocks was left behind";
-  }
-  auto memory = this->manager->memalloc(1 << 20);
-  auto values = this->fill(memory, 5);
-  EXPECT_TRUE(this->holds(memory, values));
+  this->expect_consistent_after_racing_resets(baseline);
 }
 
 // A program that resets often (a test suite that closes its context per
