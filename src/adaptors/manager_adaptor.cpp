@@ -74,15 +74,16 @@ AllocationObserver& ManagerAdaptor::observer() const noexcept { return *shared_-
 namespace {
 using detail::ObservedBlock;
 
-// Gives the memory back to the upstream (`let_go`) and reports its release
-// (unless a reset() gave it back meanwhile); with `detailed`, timed and with
-// the call site.
+// Reports a release to the observer, unless a reset() gave the memory back
+// meanwhile (Note [Counting across a reset]).
 template <typename Shared>
 void report_release(Shared& shared, const AllocationRecord& record, std::uint64_t generation) noexcept {
   detail::SectionGate::Section section(shared.gate);
   if (shared.generation.load(std::memory_order_relaxed) == generation) shared.observer->released(record);
 }
 
+// Gives the memory back to the upstream (`let_go`) and reports its release;
+// with `detailed`, timed and with the call site.
 template <typename Shared, typename LetGo>
 void release_and_report(Shared& shared, LetGo&& let_go, const ObservedBlock& block, std::uint64_t generation,
                         bool detailed) noexcept {
