@@ -39,6 +39,14 @@ inline bool process_barrier_available() noexcept {
 // where that is unavailable, a full fence on this thread only (owners then
 // use full fences too).
 void process_barrier() noexcept;
+// The fence of the side that process_barrier()'s caller pays for: the
+// compiler's only, where the process barrier reaches this thread.
+inline void light_fence() noexcept {
+  if (process_barrier_available()) [[likely]]
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+  else
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+}
 }  // namespace detail
 
 class OwnerBiasedLock {
@@ -102,7 +110,7 @@ class OwnerBiasedLock {
   // runs one on the owner's CPU.
   void lock_as_owner() noexcept {
     owner_inside_.store(true, std::memory_order_relaxed);
-    light_fence();
+    detail::light_fence();
     if (visitor_inside_.load(std::memory_order_acquire)) [[unlikely]]
       wait_for_the_visitor();
   }
@@ -127,7 +135,7 @@ class OwnerBiasedLock {
       before_blocking();
       while (visitor_inside_.load(std::memory_order_acquire)) std::this_thread::yield();
       owner_inside_.store(true, std::memory_order_relaxed);
-      light_fence();
+      detail::light_fence();
     } while (visitor_inside_.load(std::memory_order_acquire));
   }
   void lock_as_visitor() {
@@ -136,12 +144,6 @@ class OwnerBiasedLock {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     detail::process_barrier();
     while (owner_inside_.load(std::memory_order_acquire)) std::this_thread::yield();  // held only briefly
-  }
-  static void light_fence() noexcept {
-    if (detail::process_barrier_available()) [[likely]]
-      std::atomic_signal_fence(std::memory_order_seq_cst);
-    else
-      std::atomic_thread_fence(std::memory_order_seq_cst);
   }
 
   std::atomic<bool> owner_inside_{false};

@@ -48,7 +48,6 @@ struct SectionGate::Registration {
 };
 
 SectionGate::ThreadState& SectionGate::register_this_thread() noexcept {
-  (void)process_barrier_available();  // (probed before the first fence)
   try {
     thread_local Registration registration;
     this_thread_ = registration.state;
@@ -64,7 +63,7 @@ void SectionGate::wait_until_open(ThreadState& state) noexcept {
     before_blocking();
     while (closed_.load(std::memory_order_acquire)) std::this_thread::yield();
     state.sequence.store(state.sequence.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-    fence();
+    light_fence();
   } while (closed_.load(std::memory_order_acquire));
 }
 

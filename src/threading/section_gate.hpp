@@ -38,7 +38,7 @@ class SectionGate {
     explicit Section(SectionGate& gate) noexcept : state_(this_thread_ ? *this_thread_ : register_this_thread()) {
       const std::uint64_t outside = state_.sequence.load(std::memory_order_relaxed);
       state_.sequence.store(outside + 1, std::memory_order_relaxed);
-      fence();
+      light_fence();  // (the closer's process barrier runs ours)
       if (gate.closed_.load(std::memory_order_acquire)) [[unlikely]]
         gate.wait_until_open(state_);
     }
@@ -65,12 +65,7 @@ class SectionGate {
   // The calling thread's state: null until its first section registers it.
   [[gnu::tls_model("initial-exec")]] static inline thread_local ThreadState* this_thread_ = nullptr;
   [[gnu::noinline]] static ThreadState& register_this_thread() noexcept;
-  static void fence() noexcept {
-    if (process_barrier_state.load(std::memory_order_relaxed) == 1) [[likely]]
-      std::atomic_signal_fence(std::memory_order_seq_cst);  // (the closer's barrier runs ours)
-    else
-      std::atomic_thread_fence(std::memory_order_seq_cst);
-  }
+
   // Leaves the section entered, waits for the gate to open, enters again.
   [[gnu::noinline]] void wait_until_open(ThreadState& state) noexcept;
 
