@@ -45,25 +45,13 @@ struct AsyncMemoryManager::Blocks {
   };
   BlockingAwareMutex mutex;
   std::map<cuda::CUdeviceptr, Live> live;
-  // Held shared while a request or a release uses the pool (Note [The pool's users]).
+  // Held shared while a request or a release uses the pool (Note [The
+  // pool's users]); a reset() that waits for it goes before later requests.
   BlockingAwareSharedMutex pool_use;
-  // Held by reset() while it waits for pool_use: glibc's lock lets readers
-  // in while a writer waits, and threads whose requests and releases always
-  // overlap kept a reset waiting for seconds (H100, resets in a loop).
-  BlockingAwareMutex turnstile;
-
-  std::shared_lock<BlockingAwareSharedMutex> use() {
-    { std::lock_guard pass(turnstile); }
-    return std::shared_lock(pool_use);
-  }
-  std::unique_lock<BlockingAwareSharedMutex> alone() {
-    std::lock_guard hold(turnstile);
-    return std::unique_lock(pool_use);
-  }
 
   // A block's finalizer: back to the pool, unless reset() released it already.
   void release(cuda::CUdeviceptr pointer) {
-    const auto use = this->use();  // (until its free is queued)
+    std::shared_lock use(pool_use);  // (until its free is queued)
     {
       std::lock_guard lock(mutex);
       if (live.erase(pointer) == 0) return;
@@ -138,7 +126,7 @@ void AsyncMemoryManager::on_initialize() { pool(); }
 void AsyncMemoryManager::on_reset() {
   // Alone: no request is using the pool's handle while it goes, and every
   // block it handed out is recorded (Note [The pool's users]).
-  const auto alone = blocks_->alone();
+  std::lock_guard alone(blocks_->pool_use);
   std::map<cuda::CUdeviceptr, Blocks::Live> live;
   {
     std::lock_guard lock(blocks_->mutex);
@@ -180,7 +168,7 @@ std::shared_ptr<MemoryPointer> AsyncMemoryManager::memalloc(std::size_t size) {
   require_allocation_size(size, "memalloc");
   Context* ctx = &context();
   ScopedContext scope(*ctx);
-  const auto use = blocks_->use();  // (until the block is recorded)
+  std::shared_lock use(blocks_->pool_use);  // (until the block is recorded)
   const cuda::CUmemoryPool pool = this->pool();
   const cuda::CUdeviceptr pointer = with_flush_and_retry([&] {
     cuda::CUdeviceptr allocated = 0;
@@ -224,7 +212,7 @@ IpcHandle AsyncMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer
                           ") is not within a block of this manager's stream-ordered pool");
   }
   Context& ctx = context();
-  const auto use = blocks_->use();
+  std::shared_lock use(blocks_->pool_use);
   const cuda::CUmemoryPool pool = this->pool();
   ScopedContext scope(ctx);
   PoolExport exported;
@@ -248,7 +236,7 @@ IpcHandle AsyncMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer
 
 AsyncStatistics AsyncMemoryManager::statistics() const {
   AsyncStatistics statistics;
-  const auto use = blocks_->use();
+  std::shared_lock use(blocks_->pool_use);
   if (cuda::CUmemoryPool pool = pool_.load()) {
     ScopedContext scope(context());
     CUEMM_CU(cuMemPoolGetAttribute, pool, cuda::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &statistics.reserved_bytes);

@@ -69,10 +69,20 @@ class BasicBlockingAwareMutex {
 
 using BlockingAwareMutex = BasicBlockingAwareMutex<std::mutex>;
 
-// The same for a std::shared_mutex, either way it is taken.
+// The same for a std::shared_mutex, either way it is taken; a writer that
+// waits goes before readers that come after it. (glibc's lock lets readers in
+// while a writer waits: threads whose shared holds always overlapped kept
+// the async manager's reset waiting for seconds on the H100.) Readers pass a
+// turnstile that a waiting writer holds, so the shared side is not
+// recursive: a thread that holds it must not take it again.
 class BlockingAwareSharedMutex : public BasicBlockingAwareMutex<std::shared_mutex> {
  public:
+  void lock() {
+    std::lock_guard hold(turnstile_);
+    BasicBlockingAwareMutex::lock();
+  }
   void lock_shared() {
+    { std::lock_guard pass(turnstile_); }
     if (mutex_.try_lock_shared()) [[likely]]
       return;
     before_blocking();
@@ -80,6 +90,9 @@ class BlockingAwareSharedMutex : public BasicBlockingAwareMutex<std::shared_mute
   }
   bool try_lock_shared() { return mutex_.try_lock_shared(); }
   void unlock_shared() { mutex_.unlock_shared(); }
+
+ private:
+  BasicBlockingAwareMutex<std::mutex> turnstile_;
 };
 
 }  // namespace cuemm
