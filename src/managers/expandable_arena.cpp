@@ -123,7 +123,7 @@ bool ExpandableArena::committed(std::size_t offset, std::size_t bytes) const noe
 std::size_t ExpandableArena::unmap_pages(std::size_t first, std::size_t end) noexcept {
   std::size_t unmapped = 0;
   for (std::size_t page = first; page < end; ++page) {
-    if (!pages_[page].handle) continue;
+    if (!pages_[page].handle || pages_[page].assemblies) continue;  // (Note [Assembled blocks])
     unmap_page(page);
     ++unmapped;
   }
@@ -136,33 +136,165 @@ std::size_t ExpandableArena::decommit(std::size_t offset, std::size_t bytes) noe
 }
 
 MappedExport ExpandableArena::share(std::uintptr_t address, std::size_t bytes, std::size_t& offset_in_first) {
+  if (auto block = assembled_at(address); block != assembled_.end()) return share_assembled(block, address, bytes, offset_in_first);
   // (Its start must lie in a mapped page even for 0 bytes: that page is the first piece.)
   if (!base_ || address < base_ || address - base_ >= extent_ || bytes > extent_ - (address - base_) ||
       !committed(address - base_, bytes)) {
     throw InvalidArgument("get_ipc_handle: " + util::hex_address(address) + " (" + describe_bytes(bytes) +
                           ") is not mapped memory of the pool's arena");
   }
-  if (!shareable_) {
-    throw NotSupported("get_ipc_handle: device " + std::to_string(device_) +
-                       " cannot share the pool's expandable arena (no POSIX file descriptor handles for "
-                       "cuMemCreate); blocks of a segment of their own, or a pool without the option, can be");
-  }
+  refuse_to_share_unless_shareable();
   const std::size_t start = address - base_;
   const std::size_t end = util::round_up(start + std::max<std::size_t>(bytes, 1), granularity_) / granularity_;
   MappedExport exported;
   exported.pid = static_cast<std::int32_t>(getpid());
   offset_in_first = start % granularity_;
-  for (std::size_t page = start / granularity_; page < end; ++page) {
-    Page& shared = pages_[page];
-    if (shared.offered == 0) {
-      int descriptor = -1;
-      CUEMM_CU(cuMemExportToShareableHandle, &descriptor, shared.handle,
-               cuda::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-      shared.offered = offer_descriptor(descriptor);
-    }
-    exported.pieces.push_back({shared.offered, granularity_});
-  }
+  for (std::size_t page = start / granularity_; page < end; ++page) exported.pieces.push_back({offered(pages_[page]), granularity_});
   return exported;
+}
+
+void ExpandableArena::refuse_to_share_unless_shareable() const {
+  if (!shareable_) {
+    throw NotSupported("get_ipc_handle: device " + std::to_string(device_) +
+                       " cannot share the pool's expandable arena (no POSIX file descriptor handles for "
+                       "cuMemCreate); blocks of a segment of their own, or a pool without the option, can be");
+  }
+}
+
+std::uint64_t ExpandableArena::offered(Page& page) {
+  if (page.offered == 0) {
+    int descriptor = -1;
+    CUEMM_CU(cuMemExportToShareableHandle, &descriptor, page.handle, cuda::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    page.offered = offer_descriptor(descriptor);
+  }
+  return page.offered;
+}
+
+MappedExport ExpandableArena::share_assembled(std::map<cuda::CUdeviceptr, AssembledBlock>::const_iterator found,
+                                              std::uintptr_t address, std::size_t bytes, std::size_t& offset_in_first) {
+  AssembledBlock& block = assembled_.at(found->first);
+  const std::size_t start = address - block.reservation;
+  if (bytes > block.pages() * granularity_ - start) {
+    throw InvalidArgument("get_ipc_handle: " + util::hex_address(address) + " (" + describe_bytes(bytes) +
+                          ") runs past the assembled block at " + util::hex_address(found->first));
+  }
+  refuse_to_share_unless_shareable();
+  std::vector<Page*> in_order;
+  if (block.tail_page) in_order.push_back(&pages_[*block.tail_page]);
+  for (Page& own : block.own) in_order.push_back(&own);
+  if (block.head_page) in_order.push_back(&pages_[*block.head_page]);
+  MappedExport exported;
+  exported.pid = static_cast<std::int32_t>(getpid());
+  offset_in_first = start % granularity_;
+  const std::size_t end = util::round_up(start + std::max<std::size_t>(bytes, 1), granularity_) / granularity_;
+  for (std::size_t page = start / granularity_; page < end; ++page) exported.pieces.push_back({offered(*in_order[page]), granularity_});
+  return exported;
+}
+
+std::optional<cuda::CUdeviceptr> ExpandableArena::assemble(const Assembly& assembly) {
+  auto range_page = [&](const std::optional<std::size_t>& offset, const char* end) -> std::optional<std::size_t> {
+    if (!offset) return std::nullopt;
+    if (*offset % granularity_ || *offset >= extent_ || !pages_[*offset / granularity_].handle) {
+      throw InvalidArgument("ExpandableArena::assemble: the " + std::string(end) + " page at offset " +
+                            std::to_string(*offset) + " is not a mapped page of the range");
+    }
+    return *offset / granularity_;
+  };
+  AssembledBlock block;
+  block.tail_page = range_page(assembly.tail_page, "tail's");
+  block.head_page = range_page(assembly.head_page, "head's");
+  if (block.tail_page && block.tail_page == block.head_page)
+    throw InvalidArgument("ExpandableArena::assemble: its tail and head are one page, at offset " +
+                          std::to_string(*assembly.tail_page));
+  if (assembly.tail_from >= granularity_ || (assembly.tail_from && !block.tail_page))
+    throw InvalidArgument("ExpandableArena::assemble: a tail from byte " + std::to_string(assembly.tail_from) +
+                          " of " + (block.tail_page ? "a " + std::to_string(granularity_) + "-byte page" : "no page"));
+  const std::size_t pages = block.tail_page.has_value() + assembly.own_pages + block.head_page.has_value();
+  if (pages == 0) throw InvalidArgument("ExpandableArena::assemble: a block of no pages");
+  block.first_offset = assembly.tail_from;
+  block.own.reserve(assembly.own_pages);
+  // (The record's node first, so that nothing can fail once the driver has mapped.)
+  std::map<cuda::CUdeviceptr, AssembledBlock> staging;
+  auto record = staging.extract(staging.try_emplace(0).first);
+  const cuda::CUmemAllocationProp wanted = properties();
+  std::size_t mapped_pages = 0;  // mapped at the block's addresses, in order
+  auto undo = [&] {
+    if (block.reservation) {
+      if (mapped_pages) CUEMM_CU_RESULT(cuMemUnmap, block.reservation, mapped_pages * granularity_);
+      CUEMM_CU_RESULT(cuMemAddressFree, block.reservation, pages * granularity_);
+    }
+    for (Page& own : block.own) CUEMM_CU_RESULT(cuMemRelease, own.handle);
+  };
+  auto map_next = [&](cuda::CUmemGenericAllocationHandle handle) {
+    const driver::MappingResult mapped =
+        driver::map_read_write(block.reservation + mapped_pages * granularity_, granularity_, handle, access_);
+    if (mapped) ++mapped_pages;
+    return mapped;
+  };
+  driver::MappingResult so_far;  // (true while every call succeeded)
+  if (const cuda::CUresult reserved = CUEMM_CU_RESULT(cuMemAddressReserve, &block.reservation, pages * granularity_,
+                                                      granularity_, 0, 0);
+      reserved != cuda::CUDA_SUCCESS) {
+    block.reservation = 0;
+    so_far = {reserved, "cuMemAddressReserve"};
+  }
+  if (so_far && block.tail_page) so_far = map_next(pages_[*block.tail_page].handle);
+  for (std::size_t i = 0; so_far && i < assembly.own_pages; ++i) {
+    cuda::CUmemGenericAllocationHandle handle = 0;
+    if (const cuda::CUresult created = CUEMM_CU_RESULT(cuMemCreate, &handle, granularity_, &wanted, 0);
+        created != cuda::CUDA_SUCCESS) {
+      so_far = {created, "cuMemCreate"};
+      break;
+    }
+    block.own.push_back({handle, 0, 0});
+    so_far = map_next(handle);
+  }
+  if (so_far && block.head_page) so_far = map_next(pages_[*block.head_page].handle);
+  if (!so_far) {
+    undo();
+    if (so_far.result == cuda::CUDA_ERROR_OUT_OF_MEMORY) return std::nullopt;
+    driver::throw_allocation_error(so_far.result, so_far.call, pages * granularity_);
+  }
+  const cuda::CUdeviceptr address = block.reservation + block.first_offset;
+  if (block.tail_page) ++pages_[*block.tail_page].assemblies;
+  if (block.head_page) ++pages_[*block.head_page].assemblies;
+  own_pages_ += block.own.size();
+  record.key() = address;
+  record.mapped() = std::move(block);
+  assembled_.insert(std::move(record));
+  return address;
+}
+
+void ExpandableArena::unmap_assembled(AssembledBlock& block) noexcept {
+  for (Page& own : block.own)
+    if (own.offered) withdraw_descriptor(std::exchange(own.offered, 0));  // importers keep what they mapped
+  CUEMM_CU_RESULT(cuMemUnmap, block.reservation, block.pages() * granularity_);
+  CUEMM_CU_RESULT(cuMemAddressFree, block.reservation, block.pages() * granularity_);
+  for (Page& own : block.own) CUEMM_CU_RESULT(cuMemRelease, own.handle);
+  own_pages_ -= block.own.size();
+  if (block.tail_page) --pages_[*block.tail_page].assemblies;
+  if (block.head_page) --pages_[*block.head_page].assemblies;
+}
+
+bool ExpandableArena::disassemble(cuda::CUdeviceptr address) noexcept {
+  auto block = assembled_.find(address);
+  if (block == assembled_.end()) return false;
+  unmap_assembled(block->second);
+  assembled_.erase(block);
+  return true;
+}
+
+std::map<cuda::CUdeviceptr, ExpandableArena::AssembledBlock>::const_iterator ExpandableArena::assembled_at(
+    std::uintptr_t address) const noexcept {
+  auto after = assembled_.upper_bound(address);
+  if (after == assembled_.begin()) return assembled_.end();
+  const auto block = std::prev(after);
+  const AssembledBlock& found = block->second;
+  return address < found.reservation + found.pages() * granularity_ ? block : assembled_.end();
+}
+
+bool ExpandableArena::in_assembled_block(std::uintptr_t address) const noexcept {
+  return assembled_at(address) != assembled_.end();
 }
 
 std::size_t ExpandableArena::shrink_to(std::size_t offset) noexcept {
@@ -172,6 +304,8 @@ std::size_t ExpandableArena::shrink_to(std::size_t offset) noexcept {
 }
 
 void ExpandableArena::release() noexcept {
+  for (auto& [address, block] : assembled_) unmap_assembled(block);
+  assembled_.clear();
   if (!base_) return;
   shrink_to(0);
   CUEMM_CU_RESULT(cuMemAddressFree, base_, reserved_);
