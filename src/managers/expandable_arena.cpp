@@ -136,7 +136,8 @@ std::size_t ExpandableArena::decommit(std::size_t offset, std::size_t bytes) noe
 }
 
 MappedExport ExpandableArena::share(std::uintptr_t address, std::size_t bytes, std::size_t& offset_in_first) {
-  if (auto block = assembled_at(address); block != assembled_.end()) return share_assembled(block, address, bytes, offset_in_first);
+  if (auto block = assembled_at(address); block != assembled_.end())
+    return share_assembled(block, address, bytes, offset_in_first);
   // (Its start must lie in a mapped page even for 0 bytes: that page is the first piece.)
   if (!base_ || address < base_ || address - base_ >= extent_ || bytes > extent_ - (address - base_) ||
       !committed(address - base_, bytes)) {
@@ -149,7 +150,8 @@ MappedExport ExpandableArena::share(std::uintptr_t address, std::size_t bytes, s
   MappedExport exported;
   exported.pid = static_cast<std::int32_t>(getpid());
   offset_in_first = start % granularity_;
-  for (std::size_t page = start / granularity_; page < end; ++page) exported.pieces.push_back({offered(pages_[page]), granularity_});
+  for (std::size_t page = start / granularity_; page < end; ++page)
+    exported.pieces.push_back({offered(pages_[page]), granularity_});
   return exported;
 }
 
@@ -164,7 +166,8 @@ void ExpandableArena::refuse_to_share_unless_shareable() const {
 std::uint64_t ExpandableArena::offered(Page& page) {
   if (page.offered == 0) {
     int descriptor = -1;
-    CUEMM_CU(cuMemExportToShareableHandle, &descriptor, page.handle, cuda::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    CUEMM_CU(cuMemExportToShareableHandle, &descriptor, page.handle, cuda::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+             0);
     page.offered = offer_descriptor(descriptor);
   }
   return page.offered;
@@ -187,7 +190,8 @@ MappedExport ExpandableArena::share_assembled(std::map<cuda::CUdeviceptr, Assemb
   exported.pid = static_cast<std::int32_t>(getpid());
   offset_in_first = start % granularity_;
   const std::size_t end = util::round_up(start + std::max<std::size_t>(bytes, 1), granularity_) / granularity_;
-  for (std::size_t page = start / granularity_; page < end; ++page) exported.pieces.push_back({offered(*in_order[page]), granularity_});
+  for (std::size_t page = start / granularity_; page < end; ++page)
+    exported.pieces.push_back({offered(*in_order[page]), granularity_});
   return exported;
 }
 
@@ -307,7 +311,8 @@ void ExpandableArena::release() noexcept {
   for (auto& [address, block] : assembled_) unmap_assembled(block);
   assembled_.clear();
   if (!base_) return;
-  shrink_to(0);
+  unmap_pages(0, pages_.size());  // (a page under an assembled block may lie past a cut)
+  extent_ = 0;
   CUEMM_CU_RESULT(cuMemAddressFree, base_, reserved_);
   base_ = 0;
   reserved_ = 0;

@@ -138,6 +138,23 @@ TEST_F(AssembledBlocks, WhatCannotBeAssembledIsRefusedSayingWhy) {
   EXPECT_EQ(arena.mapped_bytes(), mapped_before);
 }
 
+// Releasing the arena (a pool's reset) unmaps its assembled blocks first,
+// then every page of the range, and frees what they hold of the device.
+TEST_F(AssembledBlocks, ReleasingTheArenaUnmapsItsAssembledBlocksToo) {
+  const std::uint64_t mappings_before = simulation::active()
+      ? simulation::live_allocations(simulation::AllocationKind::VirtualMapping) : 0;
+  const auto block = arena.assemble({0, kPage / 2, 1, 2 * kPage});
+  ASSERT_TRUE(block);
+  arena.release();
+  EXPECT_EQ(arena.assembled_blocks(), 0u);
+  EXPECT_EQ(arena.mapped_bytes(), 0u);
+  EXPECT_FALSE(arena.in_assembled_block(*block));
+  if (simulation::active()) {
+    EXPECT_EQ(simulation::live_allocations(simulation::AllocationKind::VirtualMapping), mappings_before - 2)
+        << "the range's two pages and the block's three mappings are gone";
+  }
+}
+
 // A failure at any step leaves nothing mapped, reserved or created: out of
 // memory says so (nullopt), another error throws naming its call.
 TEST_F(AssembledBlocks, AFailureAtAnyCallLeavesNothingBehind) {

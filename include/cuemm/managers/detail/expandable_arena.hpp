@@ -77,11 +77,11 @@ class ExpandableArena {
   bool commit(std::size_t offset, std::size_t bytes, std::size_t& mapped);
   // Whether every page under [offset, offset + bytes) is mapped.
   bool committed(std::size_t offset, std::size_t bytes) const noexcept;
-  // Unmaps the mapped pages that lie wholly inside [offset, offset + bytes);
-  // returns how many.
+  // Unmaps the mapped pages that lie wholly inside [offset, offset + bytes),
+  // but those under assembled blocks; returns how many.
   std::size_t decommit(std::size_t offset, std::size_t bytes) noexcept;
   // Cuts the range at `offset` (a multiple of granularity()), unmapping the
-  // pages after it; returns how many.
+  // pages after it but those under assembled blocks; returns how many.
   std::size_t shrink_to(std::size_t offset) noexcept;
   // Unmaps everything and frees the addresses (assembled blocks first).
   void release() noexcept;
