@@ -127,6 +127,52 @@ std::uintptr_t TlsfBlockAllocator::carve(Block* block, std::size_t wanted) {
   return block->address;
 }
 
+bool TlsfBlockAllocator::allocate_at(std::uintptr_t address, std::size_t size, int looks) {
+  const std::size_t wanted = rounded_size(size);
+  if (wanted < size || wanted == 0 || address % granularity_ || !free_lists_) return false;
+  Block* block = nullptr;
+  for_each_free_block_node(wanted, [&](Block* candidate) {
+    if (candidate->address <= address && address - candidate->address <= candidate->size &&
+        wanted <= candidate->address + candidate->size - address)
+      block = candidate;
+    return !block && --looks > 0;
+  });
+  if (!block) return false;
+  if (address == block->address) {
+    carve(block, wanted);
+    return true;
+  }
+  // The free block keeps its node and its front; the block taken and the
+  // free space after it get nodes of their own. (Everything that can fail first.)
+  const std::uintptr_t end = block->address + block->size;
+  Block* taken = new_block();
+  Block* back = nullptr;
+  try {
+    if (end > address + wanted) back = new_block();
+    allocated_.emplace(address, taken);
+  } catch (...) {
+    recycle(taken);
+    if (back) recycle(back);
+    throw;
+  }
+  remove_free(block);
+  Block* after = block->next_in_memory;  // (a region's sentinel at least)
+  *taken = Block{address, wanted, block, after, nullptr, nullptr, false};
+  block->next_in_memory = taken;
+  block->size = address - block->address;
+  if (back) {
+    *back = Block{address + wanted, end - address - wanted, taken, after, nullptr, nullptr, false};
+    taken->next_in_memory = back;
+    after->previous_in_memory = back;
+    insert_free(back);
+  } else {
+    after->previous_in_memory = taken;
+  }
+  insert_free(block);
+  free_bytes_ -= wanted;
+  return true;
+}
+
 std::size_t TlsfBlockAllocator::deallocate(std::uintptr_t address) {
   auto it = allocated_.find(address);
   if (it == allocated_.end()) return 0;

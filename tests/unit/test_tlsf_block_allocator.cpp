@@ -306,3 +306,52 @@ TEST(TlsfBlockAllocator, ARegionShrinksToTheStartOfItsFreeEnd) {
   allocator.deallocate(*next);
   EXPECT_THROW(allocator.shrink_region(kBase, kBase), std::invalid_argument) << "an empty region";
 }
+
+// A block at an address the owner chose: at a free block's start, inside
+// it, at its end; the free space around it stays free and merges again.
+TEST(TlsfBlockAllocator, ABlockCanBeTakenAtAChosenAddressInAFreeBlock) {
+  TlsfBlockAllocator allocator(256);
+  const std::size_t region = std::size_t{1} << 20;
+  allocator.add_region(kBase, region);
+  const auto first = allocator.allocate(4096);  // [0, 4096)
+  ASSERT_EQ(first, std::optional<std::uintptr_t>(kBase));
+  // Inside the free block [4096, 1 MiB): a front and a back stay free.
+  ASSERT_TRUE(allocator.allocate_at(kBase + 65536, 1000, 8));
+  EXPECT_EQ(allocator.block_size(kBase + 65536), 1024u) << "rounded to the granularity";
+  EXPECT_EQ(allocator.allocated_bytes(), 4096u + 1024u);
+  EXPECT_EQ(allocator.free_blocks(), 2u);
+  EXPECT_FALSE(allocator.allocate_at(kBase + 65536, 256, 8)) << "taken already";
+  EXPECT_FALSE(allocator.allocate_at(kBase + 65536 - 256, 512, 8)) << "overlaps the block taken";
+  EXPECT_FALSE(allocator.allocate_at(kBase + 100, 256, 8)) << "not aligned";
+  EXPECT_FALSE(allocator.allocate_at(kBase + region - 256, 512, 8)) << "past the region";
+  // At the end of the front's free space, and at the very end of the region.
+  ASSERT_TRUE(allocator.allocate_at(kBase + 65536 - 512, 512, 8));
+  ASSERT_TRUE(allocator.allocate_at(kBase + region - 512, 512, 8));
+  EXPECT_EQ(allocator.free_blocks(), 2u);
+  // At a free block's start.
+  ASSERT_TRUE(allocator.allocate_at(kBase + 4096, 256, 8));
+  EXPECT_EQ(allocator.allocated_bytes(), 4096u + 1024u + 512u + 512u + 256u);
+  for (const std::uintptr_t address :
+       {kBase, kBase + 65536, kBase + 65536 - 512, kBase + region - 512, kBase + 4096})
+    EXPECT_GT(allocator.deallocate(address), 0u) << std::hex << address;
+  EXPECT_EQ(allocator.free_blocks(), 1u) << "everything merged again";
+  EXPECT_EQ(allocator.largest_free_block(), region);
+  EXPECT_EQ(allocator.take_free_regions().size(), 1u);
+}
+
+// The look stops after `looks` free blocks, so that it stays bounded.
+TEST(TlsfBlockAllocator, ABlockAtAChosenAddressIsLookedForAmongABoundedNumberOfFreeBlocks) {
+  TlsfBlockAllocator allocator(256);
+  allocator.add_region(kBase, std::size_t{1} << 20);
+  std::vector<std::uintptr_t> kept;
+  for (int i = 0; i < 64; ++i) {
+    kept.push_back(*allocator.allocate(4096));
+    (void)allocator.allocate(4096);  // freed below: 64 free holes of 4 KiB between kept blocks
+  }
+  for (int i = 0; i < 64; ++i) allocator.deallocate(kept[i] + 4096);
+  const std::uintptr_t hole = kept[10] + 4096;
+  EXPECT_TRUE(allocator.allocate_at(hole, 4096, 100));
+  allocator.deallocate(hole);
+  EXPECT_FALSE(allocator.allocate_at(hole, 4096, 1)) << "the first free block looked at is the hole freed last";
+  EXPECT_TRUE(allocator.allocate_at(kept[63] + 4096, 4096, 1));
+}

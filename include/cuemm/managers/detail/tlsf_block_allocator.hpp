@@ -71,6 +71,12 @@ class TlsfBlockAllocator {
   // has at most `largest` bytes: a hole too small for other requests is put to
   // use, and larger free space is left to them. Nullopt otherwise.
   std::optional<std::uintptr_t> allocate_in_hole(std::size_t size, std::size_t largest);
+  // Allocates exactly [address, address + size) (size rounded up to the
+  // granularity), where that lies in one free block among the first `looks`
+  // free blocks that could hold it, larger lists first (as
+  // for_each_free_block() visits them); false, changing nothing, otherwise.
+  // For an owner that chose the place itself (Note [Assembled blocks]).
+  bool allocate_at(std::uintptr_t address, std::size_t size, int looks);
   // Frees a block from allocate(); returns its size, or 0 for an address that
   // is not an allocated block (nothing changes then).
   std::size_t deallocate(std::uintptr_t address);
@@ -110,15 +116,7 @@ class TlsfBlockAllocator {
   // may hold such blocks are walked. visit() must not change the allocator.
   template <class Visit>
   void for_each_free_block(std::size_t at_least, Visit visit) const {
-    const int lowest = at_least == 0 ? 0 : index_of(at_least).first;
-    for (int first = kFirstLevels - 1; first >= lowest; --first) {
-      if (!(first_level_bitmap_ >> first & 1)) continue;
-      for (int second = kSecondLevels - 1; second >= 0; --second) {
-        if (!(second_level_bitmaps_[first] >> second & 1)) continue;
-        for (const Block* block = head(first, second); block; block = block->next_free)
-          if (block->size >= at_least && !visit(block->address, block->size)) return;
-      }
-    }
+    for_each_free_block_node(at_least, [&](const Block* block) { return visit(block->address, block->size); });
   }
 
  private:
@@ -200,6 +198,20 @@ class TlsfBlockAllocator {
       if (--looks <= 0) return nullptr;
     }
     return nullptr;
+  }
+  // for_each_free_block() over the nodes themselves.
+  template <class Visit>
+  void for_each_free_block_node(std::size_t at_least, Visit visit) const {
+    if (!free_lists_) return;
+    const int lowest = at_least == 0 ? 0 : index_of(at_least).first;
+    for (int first = kFirstLevels - 1; first >= lowest; --first) {
+      if (!(first_level_bitmap_ >> first & 1)) continue;
+      for (int second = kSecondLevels - 1; second >= 0; --second) {
+        if (!(second_level_bitmaps_[first] >> second & 1)) continue;
+        for (Block* block = head(first, second); block; block = block->next_free)
+          if (block->size >= at_least && !visit(block)) return;
+      }
+    }
   }
   static constexpr int kOwnListFirstLooks = 8;
   static constexpr int kOwnListLooks = 32;  // a bound, so that allocation stays O(1)
