@@ -368,6 +368,7 @@ void print(const ReplayReport& report, const std::string& name, const std::strin
     std::printf("; %zu seal(s), %zu driver allocation(s), %zu driver free(s)", report.pool->seals,
                 report.pool->driver_allocations, report.pool->driver_frees);
     if (report.pool->spares_taken_over) std::printf(", %zu spare(s) taken over", report.pool->spares_taken_over);
+    if (report.pool->blocks_assembled) std::printf(", %zu block(s) assembled", report.pool->blocks_assembled);
     if (report.pool->gpu_waits_avoided)
       std::printf(", %zu wait(s) for the GPU avoided", report.pool->gpu_waits_avoided);
   }

@@ -45,6 +45,15 @@ struct ExpandablePool {
     return std::make_unique<PoolMemoryManager>(context, options);
   }
 };
+// The same, assembling blocks from pages' free ends at its peak (Note [Assembled blocks]).
+struct AssemblingPool {
+  static std::unique_ptr<BaseMemoryManager> make(Context* context) {
+    PoolOptions options = PoolOptions::from_environment();
+    options.expandable = true;
+    options.assemble_blocks = true;
+    return std::make_unique<PoolMemoryManager>(context, options);
+  }
+};
 // The pool that splits spares for recurring large sizes at its peak (Note [Recurring large sizes]).
 struct SplitSparesPool {
   static std::unique_ptr<BaseMemoryManager> make(Context* context) {
@@ -158,7 +167,7 @@ class Conformance : public ::testing::Test {
 };
 
 using ManagerTypes = ::testing::Types<Plain<DefaultMemoryManager>, Plain<PoolMemoryManager>, ExpandablePool,
-                                      SplitSparesPool, Plain<AsyncMemoryManager>, StatisticsOverPool,
+                                      AssemblingPool, SplitSparesPool, Plain<AsyncMemoryManager>, StatisticsOverPool,
                                       LoggingOverDefault, TrackingOverPool, LimitingOverStatisticsOverPool>;
 TYPED_TEST_SUITE(Conformance, ManagerTypes);
 

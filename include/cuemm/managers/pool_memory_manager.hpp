@@ -159,6 +159,14 @@ struct PoolOptions {
   // back]). Their IPC handles are cuemm's own (no cuIpcGetMemHandle), which
   // only cuemm opens. CUEMM_POOL_EXPANDABLE=1.
   bool expandable = false;
+  // With `expandable`: where mapping a request's pages would take the pool
+  // near its peak footprint (within 1/32 of it) or past it, the free end of
+  // one mapped page and the free start of another (with new pages between,
+  // for a larger block) make the block instead, mapped again at addresses of
+  // its own (Note [Assembled blocks]). Less memory at the peak, for a driver
+  // call or more per block so made (about a cuMemAlloc's cost each). For
+  // programs short of memory. CUEMM_POOL_ASSEMBLE_BLOCKS=1.
+  bool assemble_blocks = false;
   // At the pool's peak, a request for a segment of its own whose exact size
   // was asked for before is carved from a spare segment (best fit, in an
   // index of such spares) rather than the spares going back to the driver
@@ -219,6 +227,9 @@ struct PoolStatistics {
   // would otherwise have grown past the pool's peak (Note [Dedicated
   // segments]): growth that cost neither memory nor a driver call.
   std::size_t spares_taken_over = 0;
+  // With PoolOptions::assemble_blocks: blocks made so far of the free ends of
+  // mapped pages (Note [Assembled blocks]), each instead of mapping more pages.
+  std::size_t blocks_assembled = 0;
   // Waits for the GPU's queued work that the pool did not make: where it
   // would have given spares back (cuMemFree waits for all of it) or waited
   // for freed blocks, it grew instead, within its peak or

@@ -154,6 +154,21 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   detail::TlsfBlockAllocator recurring{kBlockGranularity};
   std::unordered_set<std::size_t> large_sizes_seen;
   std::unique_ptr<detail::ExpandableArena> arena;  // with options.expandable (Note [Expandable arena])
+  // With options.assemble_blocks: the blocks assembled from the free ends of
+  // the arena's pages (Note [Assembled blocks]), by address, and the pieces of
+  // them that `blocks` holds allocated meanwhile.
+  struct AssembledBlock {
+    std::size_t bytes;        // as the index rounds requests
+    std::uintptr_t tail;      // its piece at a page's free end (0: none)
+    std::uintptr_t head;      // its piece at a page's free start (0: none)
+    std::size_t own_bytes;    // the rest: the bytes of its own pages it uses
+    std::size_t own_pages;
+  };
+  std::unordered_map<std::uintptr_t, AssembledBlock> assembled;
+  std::size_t assembled_own_bytes = 0;  // of all of them
+  std::size_t blocks_assembled = 0;     // PoolStatistics'
+  // Free blocks that a request near the peak looks at for pages' free ends.
+  static constexpr int kAssemblyLooks = 64;
   detail::ReuseEpochs epochs{context};
   struct Quarantined {
     std::uintptr_t address;
@@ -291,6 +306,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // stay allocated there for good: an experiment that gave such blocks to
   // the threads lost 245 MiB that way.)
   void deallocate_in_index(std::uintptr_t address) {
+    if (!assembled.empty() && give_back_assembled(address)) return;
     if (recurring.allocated_blocks() && recurring.deallocate(address)) {
       return_whole_recurring_regions();
       return;
@@ -632,6 +648,21 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // driver or the maximum has no room.
   bool map_pages_under(std::uintptr_t address, std::size_t bytes);
 
+  // With options.assemble_blocks, where the best fit's `new_pages` would take
+  // the pool within a 32nd of its peak footprint or past it: a block of
+  // `bytes` made of a mapped page's free end and another's free start, with
+  // fewer new pages between (Note [Assembled blocks]). Nullopt if no pair of
+  // the free blocks it looks at saves a page, or the driver has no room.
+  std::optional<std::uintptr_t> assemble_block(std::size_t bytes, std::size_t new_pages);
+  // An assembled block's pieces go back to the index, its own pages and
+  // addresses to the driver; false if `address` is no assembled block.
+  bool give_back_assembled(std::uintptr_t address) noexcept;
+
+  // Before mapping up to `at_most` more bytes in the arena: where that would
+  // pass the pool's peak, gives free pages (and spares) back first; false if
+  // it would pass the pool's maximum even so.
+  bool make_room_to_map(std::size_t at_most);
+
   // Unmaps the arena's pages that lie wholly in free blocks, largest blocks
   // first, until `bytes` are unmapped or none is left; returns the bytes.
   std::size_t unmap_free_pages(std::size_t bytes);
@@ -746,7 +777,8 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // to another's may be read in both, so the figure stops at 0.
   std::size_t in_use_bytes(std::size_t cached) const noexcept {
     const std::size_t allocated = blocks.allocated_bytes() - carved_small_bytes + small_blocks.allocated_bytes() +
-                                  recurring.allocated_bytes() + dedicated.bytes() - dedicated.spare_bytes();
+                                  recurring.allocated_bytes() + dedicated.bytes() - dedicated.spare_bytes() +
+                                  assembled_own_bytes;
     return allocated > quarantined_bytes + cached ? allocated - quarantined_bytes - cached : 0;
   }
 

@@ -13,6 +13,8 @@ PoolOptions PoolOptions::from_environment() {
   options.dedicated_size =
       util::byte_size_from_environment("CUEMM_POOL_DEDICATED_SIZE").value_or(options.dedicated_size);
   options.expandable = util::flag_from_environment("CUEMM_POOL_EXPANDABLE").value_or(options.expandable);
+  options.assemble_blocks =
+      util::flag_from_environment("CUEMM_POOL_ASSEMBLE_BLOCKS").value_or(options.assemble_blocks);
   options.split_spares = util::flag_from_environment("CUEMM_POOL_SPLIT_SPARES").value_or(options.split_spares);
   options.small_blocks_apart =
       util::flag_from_environment("CUEMM_POOL_SMALL_BLOCKS_APART").value_or(options.small_blocks_apart);
@@ -350,7 +352,8 @@ IpcHandle PoolMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer>
     // mappings under the block (Note [Expandable arena]).
     Core& core = this->core();
     std::lock_guard lock(core.mutex);
-    if (core.arena && core.arena->contains(memory->device_pointer())) {
+    if (core.arena && (core.arena->contains(memory->device_pointer()) ||
+                       core.arena->in_assembled_block(memory->device_pointer()))) {
       ScopedContext scope(context());
       std::size_t offset = 0;
       MappedExport exported = core.arena->share(memory->device_pointer(), memory->size(), offset);
@@ -367,8 +370,10 @@ MemoryInfo PoolMemoryManager::get_memory_info() {
   Core& core = this->core();
   std::lock_guard lock(core.mutex);
   // (The arena's free space counts where its pages are mapped.)
-  const std::size_t free_in_index = core.arena ? core.arena->mapped_bytes() - core.blocks.allocated_bytes()
-                                               : core.blocks.free_bytes();
+  // (Assembled blocks' own pages hold no free space the index could hand out.)
+  const std::size_t free_in_index =
+      core.arena ? core.arena->mapped_bytes() - core.arena->assembled_page_bytes() - core.blocks.allocated_bytes()
+                 : core.blocks.free_bytes();
   const std::size_t free_in_pool = free_in_index + core.small_blocks.free_bytes() + core.recurring.free_bytes() +
                                    core.dedicated.spare_bytes() + core.quarantined_bytes + core.cached_bytes();
   info.free += free_in_pool;
@@ -404,6 +409,7 @@ PoolStatistics PoolMemoryManager::statistics() const {
   statistics.seals = core.epochs.seals();
   statistics.driver_allocations = core.driver_allocations;
   statistics.spares_taken_over = core.spares_taken_over;
+  statistics.blocks_assembled = core.blocks_assembled;
   statistics.gpu_waits_avoided = core.gpu_waits_avoided;
   statistics.driver_frees = core.driver_frees;
   statistics.rejected_frees = rejected_frees_.load(std::memory_order_relaxed);

@@ -17,6 +17,9 @@ void PoolMemoryManager::Core::quarantine_block(std::uintptr_t address, std::size
 }
 
 auto PoolMemoryManager::Core::block_at(std::uintptr_t address) const -> BlockAt {
+  if (!assembled.empty()) {
+    if (const auto block = assembled.find(address); block != assembled.end()) return {block->second.bytes, false};
+  }
   if (const std::size_t segment = dedicated.size_of(address)) return {segment, true};
   if (recurring.allocated_blocks()) {
     if (const std::size_t bytes = recurring.block_size(address)) return {bytes, false};

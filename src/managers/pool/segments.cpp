@@ -175,6 +175,19 @@ std::optional<std::uintptr_t> PoolMemoryManager::Core::grow_and_take(std::size_t
   std::optional<std::uintptr_t> address = blocks.allocate(size);  // the best fit, mapped or not
   if (!address && grow(size)) address = blocks.allocate(size);
   if (!address) return std::nullopt;
+  if (options.assemble_blocks) {
+    const std::size_t bytes = blocks.block_size(*address);
+    const std::size_t page = arena->granularity();
+    const std::size_t offset = *address - arena->base();
+    std::size_t new_pages = 0;
+    for (std::size_t at = offset / page * page; at < offset + bytes; at += page) new_pages += !arena->committed(at, 1);
+    if (new_pages && passes_peak(new_pages * page + peak_reserved / 32)) {
+      blocks.deallocate(*address);  // (the same best fit comes back below if nothing is assembled)
+      if (const auto assembled_block = assemble_block(bytes, new_pages)) return assembled_block;
+      address = blocks.allocate(size);
+      if (!address) return std::nullopt;
+    }
+  }
   try {
     if (map_pages_under(*address, blocks.block_size(*address))) return address;
   } catch (...) {
@@ -190,7 +203,128 @@ bool PoolMemoryManager::Core::map_pages_under(std::uintptr_t address, std::size_
   if (arena->committed(offset, bytes)) [[likely]]
     return true;
   const std::size_t page = arena->granularity();
-  const std::size_t at_most = (util::round_up(offset + bytes, page) - offset / page * page);
+  if (!make_room_to_map(util::round_up(offset + bytes, page) - offset / page * page)) return false;
+  refuse_growth_if_retired();
+  ScopedContext scope(*context);
+  std::size_t mapped = 0;
+  if (!arena->commit(offset, bytes, mapped)) return false;
+  driver_allocations += mapped;
+  raise_peak_after_growth();
+  return true;
+}
+
+std::optional<std::uintptr_t> PoolMemoryManager::Core::assemble_block(std::size_t bytes, std::size_t new_pages) {
+  const std::size_t page = arena->granularity();
+  const std::uintptr_t base = arena->base();
+  // A tail: a free block's first bytes to the end of their mapped page; a
+  // head: a mapped page's first bytes, the end of a free block. (A model of
+  // RMM's workload picked the pair that maps the fewest new pages, then
+  // leaves the least of the head: docs/pool-measurements.md.)
+  struct End {
+    std::uintptr_t address;
+    std::size_t length;
+  };
+  std::vector<End> tails, heads;
+  int looks = kAssemblyLooks;
+  blocks.for_each_free_block(0, [&](std::uintptr_t begin, std::size_t length) {
+    const std::size_t from = begin - base, to = from + length;
+    if (from % page && to >= (from / page + 1) * page && arena->committed(from / page * page, 1))
+      tails.push_back({begin, (from / page + 1) * page - from});
+    if (to % page && from <= to / page * page && arena->committed(to / page * page, 1))
+      heads.push_back({base + to / page * page, to % page});
+    return --looks > 0;
+  });
+  const End* tail = nullptr;
+  const End* head = nullptr;
+  std::size_t fewest = new_pages, least_left = SIZE_MAX;
+  auto consider = [&](const End* a_tail, const End* a_head) {
+    const std::size_t from_tail = a_tail ? a_tail->length : 0;
+    if (from_tail > bytes) return;
+    const std::size_t rest = bytes - from_tail, last = rest % page;
+    std::size_t pages = rest / page, left = 0;
+    if (a_head) {
+      if (last == 0 || a_head->length < last) return;
+      if (a_tail && a_tail->address / page == a_head->address / page) return;
+      left = a_head->length - last;
+    } else if (last) {
+      ++pages;
+    }
+    if (pages < fewest || (pages == fewest && (tail || head) && left < least_left))
+      tail = a_tail, head = a_head, fewest = pages, least_left = left;
+  };
+  for (const End& one : tails) consider(&one, nullptr);
+  for (const End& one : heads) consider(nullptr, &one);
+  for (const End& one : tails)
+    for (const End& other : heads) consider(&one, &other);
+  if (!tail && !head) return std::nullopt;
+  // Its two ends are taken out of the index while it lives.
+  // (Copies: making room below may reclaim blocks, which changes the index.)
+  const std::optional<End> tail_end = tail ? std::optional<End>(*tail) : std::nullopt;
+  const std::optional<End> head_end = head ? std::optional<End>(*head) : std::nullopt;
+  tail = tail_end ? &*tail_end : nullptr;
+  head = head_end ? &*head_end : nullptr;
+  const std::size_t from_tail = tail ? tail->length : 0;
+  const std::size_t head_bytes = head ? (bytes - from_tail) % page : 0;
+  if (tail && !blocks.allocate_at(tail->address, tail->length, kAssemblyLooks)) return std::nullopt;
+  if (head && !blocks.allocate_at(head->address, head_bytes, kAssemblyLooks)) {
+    if (tail) blocks.deallocate(tail->address);
+    return std::nullopt;
+  }
+  auto give_back_ends = [&] {
+    if (tail) blocks.deallocate(tail->address);
+    if (head) blocks.deallocate(head->address);
+  };
+  std::optional<cuda::CUdeviceptr> address;
+  try {
+    // Its own pages pass the peak only once free pages are given back, as a
+    // best fit's would (Note [Pages given back]).
+    if (!make_room_to_map(fewest * page)) {
+      give_back_ends();
+      return std::nullopt;
+    }
+    refuse_growth_if_retired();
+    assembled.reserve(assembled.size() + 1);
+    ScopedContext scope(*context);
+    detail::ExpandableArena::Assembly assembly;
+    if (tail) assembly.tail_page = (tail->address - base) / page * page, assembly.tail_from = (tail->address - base) % page;
+    assembly.own_pages = fewest;
+    if (head) assembly.head_page = head->address - base;
+    address = arena->assemble(assembly);
+  } catch (...) {
+    give_back_ends();
+    throw;
+  }
+  if (!address) {
+    give_back_ends();
+    return std::nullopt;
+  }
+  const std::size_t own_bytes = bytes - from_tail - head_bytes;
+  assembled.emplace(*address, AssembledBlock{bytes, tail ? tail->address : 0, head ? head->address : 0, own_bytes,
+                                             fewest});  // (room reserved above)
+  assembled_own_bytes += own_bytes;
+  driver_allocations += fewest;
+  ++blocks_assembled;
+  raise_peak_after_growth();
+  return *address;
+}
+
+bool PoolMemoryManager::Core::give_back_assembled(std::uintptr_t address) noexcept {
+  const auto found = assembled.find(address);
+  if (found == assembled.end()) return false;
+  const AssembledBlock block = found->second;
+  assembled.erase(found);
+  {
+    ScopedContext scope(*context);
+    arena->disassemble(address);
+  }
+  if (block.tail) blocks.deallocate(block.tail);
+  if (block.head) blocks.deallocate(block.head);
+  assembled_own_bytes -= block.own_bytes;
+  driver_frees += block.own_pages;
+  return true;
+}
+
+bool PoolMemoryManager::Core::make_room_to_map(std::size_t at_most) {
   if (passes_peak(at_most) && defer_depth == 0) {
     // Frees waiting for the GPU may have finished: their pages count too.
     if (quarantined_bytes) {
@@ -204,12 +338,6 @@ bool PoolMemoryManager::Core::map_pages_under(std::uintptr_t address, std::size_
     unmap_free_pages(reserved_bytes() + at_most - options.maximum_size);
     if (reserved_bytes() + at_most > options.maximum_size) return false;
   }
-  refuse_growth_if_retired();
-  ScopedContext scope(*context);
-  std::size_t mapped = 0;
-  if (!arena->commit(offset, bytes, mapped)) return false;
-  driver_allocations += mapped;
-  raise_peak_after_growth();
   return true;
 }
 

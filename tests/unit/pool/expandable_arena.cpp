@@ -203,3 +203,87 @@ TEST_F(Pool, AnExpandablePoolRefusesToShareWhatItHasNotMapped) {
   IpcHandle still = pool.get_ipc_handle(block);  // and the pool still shares
   EXPECT_TRUE(still.mapped_export());
 }
+
+// Note [Assembled blocks]: at its peak, a block that no free space holds is
+// made of the free end of one mapped page and the free start of another,
+// mapped again at addresses of its own, rather than new pages; its pieces go
+// back to the free space once it is freed.
+TEST_F(Pool, AnAssemblingPoolMakesABlockOfTwoPagesFreeEndsRatherThanPassItsPeak) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  PoolOptions options = arena_only();
+  options.assemble_blocks = true;
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  // Eight blocks of 1 MiB over four pages; the second and the fifth freed:
+  // [1, 2) MiB is the free end of page 0, [4, 5) the free start of page 2.
+  std::vector<std::shared_ptr<MemoryPointer>> blocks;
+  for (int i = 0; i < 8; ++i) blocks.push_back(pool.memalloc(kMiB));
+  const cuda::CUdeviceptr base = blocks[0]->device_pointer();
+  for (int i = 1; i < 8; ++i) ASSERT_EQ(blocks[i]->device_pointer(), base + i * kMiB);
+  for (int i = 0; i < 8; ++i) CUEMM_CU(cuMemsetD8, blocks[i]->device_pointer(), static_cast<unsigned char>(i + 1), kMiB);
+  blocks[1].reset();
+  blocks[4].reset();
+  ASSERT_EQ(pool.statistics().reserved_bytes, 8 * kMiB);
+  const std::size_t allocations = pool.statistics().driver_allocations;
+
+  auto assembled = pool.memalloc(3 * kMiB / 2);
+  EXPECT_EQ(pool.statistics().blocks_assembled, 1u);
+  EXPECT_EQ(pool.statistics().reserved_bytes, 8 * kMiB) << "no new page";
+  EXPECT_EQ(pool.statistics().driver_allocations, allocations);
+  EXPECT_EQ(pool.statistics().in_use_bytes, 6 * kMiB + 3 * kMiB / 2);
+  const cuda::CUdeviceptr at = assembled->device_pointer();
+  EXPECT_TRUE(at < base || at >= base + 8 * kMiB) << "at addresses of its own";
+  EXPECT_EQ(at % (2 * kMiB), kMiB) << "where the free end lies in its page";
+  CUEMM_CU(cuMemsetD8, assembled->device_pointer(), 0x77, 3 * kMiB / 2);
+  EXPECT_EQ(DeviceArray<std::uint8_t>(assembled, 3 * kMiB / 2).copy_to_host(),
+            std::vector<std::uint8_t>(3 * kMiB / 2, 0x77));
+  for (const int kept : {0, 2, 3, 5, 6, 7}) {
+    EXPECT_EQ(DeviceArray<std::uint8_t>(blocks[kept], kMiB).copy_to_host(),
+              std::vector<std::uint8_t>(kMiB, static_cast<std::uint8_t>(kept + 1)))
+        << "block " << kept << " beside the pieces";
+  }
+  // Nothing else is placed on its pieces meanwhile: another block goes elsewhere.
+  auto other = pool.memalloc(kMiB / 2);
+  EXPECT_TRUE(other->device_pointer() + kMiB / 2 <= base + kMiB || other->device_pointer() >= base + 2 * kMiB)
+      << "not on the tail [1, 2) MiB";
+  EXPECT_TRUE(other->device_pointer() + kMiB / 2 <= base + 4 * kMiB ||
+              other->device_pointer() >= base + 4 * kMiB + kMiB / 2)
+      << "not on the head [4, 4.5) MiB";
+  other.reset();
+  {
+    IpcHandle handle = pool.get_ipc_handle(assembled);
+    ASSERT_TRUE(handle.mapped_export());
+    EXPECT_EQ(handle.mapped_export()->pieces.size(), 2u);
+    EXPECT_EQ(handle.offset(), kMiB);
+  }
+
+  // Freed, its pieces are free space again: both holes take a block of 1 MiB.
+  assembled.reset();
+  EXPECT_EQ(pool.trim(), 0u) << "the pages under its pieces hold other blocks";
+  auto again = pool.memalloc(kMiB);
+  auto and_again = pool.memalloc(kMiB);
+  const std::set<cuda::CUdeviceptr> refilled{again->device_pointer(), and_again->device_pointer()};
+  EXPECT_EQ(refilled, (std::set<cuda::CUdeviceptr>{base + kMiB, base + 4 * kMiB}));
+  EXPECT_EQ(pool.statistics().in_use_bytes, 8 * kMiB);
+  EXPECT_EQ(pool.statistics().reserved_bytes, 8 * kMiB);
+}
+
+// Below its peak the pool maps pages for the best fit, as without the option.
+TEST_F(Pool, AnAssemblingPoolAssemblesNothingBelowItsPeak) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  PoolOptions options = arena_only();
+  options.assemble_blocks = true;
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  std::vector<std::shared_ptr<MemoryPointer>> blocks;
+  for (int i = 0; i < 8; ++i) blocks.push_back(pool.memalloc(kMiB));
+  auto large = pool.memalloc(32 * kMiB);
+  large.reset();  // the peak: 40 MiB
+  pool.trim();
+  blocks[1].reset();
+  blocks[4].reset();
+  auto placed = pool.memalloc(3 * kMiB / 2);
+  EXPECT_EQ(pool.statistics().blocks_assembled, 0u);
+  EXPECT_GE(placed->device_pointer(), blocks[0]->device_pointer());
+  EXPECT_LT(placed->device_pointer(), blocks[0]->device_pointer() + 64 * kMiB) << "in the arena's range";
+}

@@ -108,6 +108,8 @@ class ExpandableArena {
   // Whether `address` lies in an assembled block's addresses.
   bool in_assembled_block(std::uintptr_t address) const noexcept;
   std::size_t assembled_blocks() const noexcept { return assembled_.size(); }
+  // The assembled blocks' own pages, in bytes (counted in mapped_bytes() too).
+  std::size_t assembled_page_bytes() const noexcept { return own_pages_ * granularity_; }
 
   // The pages that hold [address, address + bytes), each offered to other
   // processes as a descriptor (from its first share until it is unmapped),
