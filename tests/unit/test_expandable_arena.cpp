@@ -33,8 +33,10 @@ class AssembledBlocks : public ::testing::Test {
     fill(arena.base() + 2 * kPage, kPage, 0xBBBBBBBB);
   }
 
+  // (Waits for the memset: the arena unmaps without waiting for queued work, as the driver does.)
   static void fill(cuda::CUdeviceptr address, std::size_t bytes, std::uint32_t word) {
     CUEMM_CU(cuMemsetD32, address, word, bytes / 4);
+    CUEMM_CU(cuCtxSynchronize);
   }
   static ::testing::AssertionResult holds(cuda::CUdeviceptr address, std::size_t bytes, std::uint32_t word) {
     std::vector<std::uint32_t> words(bytes / 4);
