@@ -180,7 +180,8 @@ std::optional<std::uintptr_t> PoolMemoryManager::Core::grow_and_take(std::size_t
     const std::size_t page = arena->granularity();
     const std::size_t offset = *address - arena->base();
     std::size_t new_pages = 0;
-    for (std::size_t at = offset / page * page; at < offset + bytes; at += page) new_pages += !arena->committed(at, 1);
+    for (std::size_t at = offset / page * page; at < offset + bytes; at += page)
+      new_pages += !arena->committed(at, 1);
     if (new_pages && passes_peak(new_pages * page + peak_reserved / 32)) {
       blocks.deallocate(*address);  // (the same best fit comes back below if nothing is assembled)
       if (const auto assembled_block = assemble_block(bytes, new_pages)) return assembled_block;
@@ -257,12 +258,8 @@ std::optional<std::uintptr_t> PoolMemoryManager::Core::assemble_block(std::size_
   for (const End& one : tails)
     for (const End& other : heads) consider(&one, &other);
   if (!tail && !head) return std::nullopt;
-  // Its two ends are taken out of the index while it lives.
-  // (Copies: making room below may reclaim blocks, which changes the index.)
-  const std::optional<End> tail_end = tail ? std::optional<End>(*tail) : std::nullopt;
-  const std::optional<End> head_end = head ? std::optional<End>(*head) : std::nullopt;
-  tail = tail_end ? &*tail_end : nullptr;
-  head = head_end ? &*head_end : nullptr;
+  // Its two ends are taken out of the index while it lives (first: making
+  // room below may reclaim blocks into the index).
   const std::size_t from_tail = tail ? tail->length : 0;
   const std::size_t head_bytes = head ? (bytes - from_tail) % page : 0;
   if (tail && !blocks.allocate_at(tail->address, tail->length, kAssemblyLooks)) return std::nullopt;
@@ -286,7 +283,10 @@ std::optional<std::uintptr_t> PoolMemoryManager::Core::assemble_block(std::size_
     assembled.reserve(assembled.size() + 1);
     ScopedContext scope(*context);
     detail::ExpandableArena::Assembly assembly;
-    if (tail) assembly.tail_page = (tail->address - base) / page * page, assembly.tail_from = (tail->address - base) % page;
+    if (tail) {
+      assembly.tail_page = (tail->address - base) / page * page;
+      assembly.tail_from = (tail->address - base) % page;
+    }
     assembly.own_pages = fewest;
     if (head) assembly.head_page = head->address - base;
     address = arena->assemble(assembly);
@@ -439,7 +439,9 @@ void PoolMemoryManager::Core::retire() noexcept {
     if (ordering_event) CUEMM_CU_RESULT(cuEventDestroy, std::exchange(ordering_event, nullptr));
     for (const auto& region : blocks.take_all_regions())
       if (!arena) CUEMM_CU_RESULT(cuMemFree, region.base);
-    if (arena) arena->release();
+    if (arena) arena->release();  // (its assembled blocks too)
+    assembled.clear();
+    assembled_own_bytes = 0;
     for (const auto& region : recurring.take_all_regions()) CUEMM_CU_RESULT(cuMemFree, region.base);
     for (const auto& region : small_blocks.take_all_regions())
       if (!carved_small_segments.count(region.base)) CUEMM_CU_RESULT(cuMemFree, region.base);

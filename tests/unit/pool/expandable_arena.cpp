@@ -220,7 +220,8 @@ TEST_F(Pool, AnAssemblingPoolMakesABlockOfTwoPagesFreeEndsRatherThanPassItsPeak)
   for (int i = 0; i < 8; ++i) blocks.push_back(pool.memalloc(kMiB));
   const cuda::CUdeviceptr base = blocks[0]->device_pointer();
   for (int i = 1; i < 8; ++i) ASSERT_EQ(blocks[i]->device_pointer(), base + i * kMiB);
-  for (int i = 0; i < 8; ++i) CUEMM_CU(cuMemsetD8, blocks[i]->device_pointer(), static_cast<unsigned char>(i + 1), kMiB);
+  for (int i = 0; i < 8; ++i)
+    CUEMM_CU(cuMemsetD8, blocks[i]->device_pointer(), static_cast<unsigned char>(i + 1), kMiB);
   blocks[1].reset();
   blocks[4].reset();
   ASSERT_EQ(pool.statistics().reserved_bytes, 8 * kMiB);
