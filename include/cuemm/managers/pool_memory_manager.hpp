@@ -160,12 +160,13 @@ struct PoolOptions {
   // only cuemm opens. CUEMM_POOL_EXPANDABLE=1.
   bool expandable = false;
   // With `expandable`: where mapping a request's pages would take the pool
-  // near its peak footprint (within 1/32 of it) or past it, the free end of
-  // one mapped page and the free start of another (with new pages between,
-  // for a larger block) make the block instead, mapped again at addresses of
-  // its own (Note [Assembled blocks]). Less memory at the peak, for a driver
-  // call or more per block so made (about a cuMemAlloc's cost each). For
-  // programs short of memory. CUEMM_POOL_ASSEMBLE_BLOCKS=1.
+  // near its peak footprint (within 1/32 of it) or past it, a block larger
+  // than half a page is made of the free end of one mapped page and the free
+  // start of another (with new pages between, for a larger block), mapped
+  // again at addresses of its own (Note [Assembled blocks]). Less memory at
+  // the peak for more driver calls: on the H100, RMM's workload up to 4 MiB
+  // with 128 MiB live read 1.244 -> 1.168 reserved over live, 8 -> 26 us an
+  // operation. For programs short of memory. CUEMM_POOL_ASSEMBLE_BLOCKS=1.
   bool assemble_blocks = false;
   // At the pool's peak, a request for a segment of its own whose exact size
   // was asked for before is carved from a spare segment (best fit, in an

@@ -650,7 +650,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
 
   // With options.assemble_blocks, where the best fit's `new_pages` would take
   // the pool within a 32nd of its peak footprint or past it: a block of
-  // `bytes` made of a mapped page's free end and another's free start, with
+  // `bytes` (more than half a page) made of a mapped page's free end and another's free start, with
   // fewer new pages between (Note [Assembled blocks]). Nullopt if no pair of
   // the free blocks it looks at saves a page, or the driver has no room.
   std::optional<std::uintptr_t> assemble_block(std::size_t bytes, std::size_t new_pages);

@@ -182,7 +182,12 @@ std::optional<std::uintptr_t> PoolMemoryManager::Core::grow_and_take(std::size_t
     std::size_t new_pages = 0;
     for (std::size_t at = offset / page * page; at < offset + bytes; at += page)
       new_pages += !arena->committed(at, 1);
-    if (new_pages && passes_peak(new_pages * page + peak_reserved / 32)) {
+    // (Blocks of half a page or less are not assembled: their holes lie
+    // within a page, and the free ends they would take are what a later
+    // request placed whole needs. RMM's workload up to 1 MiB with 512 MiB
+    // live, simulated, seeds 1-8: 1.116 either way, its worst seed 1.224
+    // with them, 1.143 without; up to 4 MiB 1.160 and 1.164 with 128 MiB.)
+    if (new_pages && bytes > page / 2 && passes_peak(new_pages * page + peak_reserved / 32)) {
       blocks.deallocate(*address);  // (the same best fit comes back below if nothing is assembled)
       if (const auto assembled_block = assemble_block(bytes, new_pages)) return assembled_block;
       address = blocks.allocate(size);
