@@ -56,14 +56,15 @@ fragmentation_workloads=("--max-size 64M --live 4G" "--max-size 64M --live 1G" "
   "--max-size 256K --live 64M --threads 8" "--pattern training")
 # The pool's variants by number (and the best fit's, a reference without device memory), as labelled.
 labels=("pool" "pool (expandable)" "pool (expandable; no thread caches)" "best fit (reference)" "pool (split spares)"
-  "pool (stream-ordered)")
+  "pool (stream-ordered)" "pool (expandable; assembled blocks)")
 # `cuemm random` with the arguments after the variant, as labels[variant] says.
 random_variant() {
-  local variant=$1 settings=(CUEMM_POOL_EXPANDABLE=$(($1 == 1 || $1 == 2))) manager=pool
+  local variant=$1 settings=(CUEMM_POOL_EXPANDABLE=$(($1 == 1 || $1 == 2 || $1 == 6))) manager=pool
   shift
   [ "$variant" = 2 ] && settings+=(CUEMM_POOL_THREAD_CACHE_SIZE=0)
   [ "$variant" = 3 ] && manager=best-fit
   [ "$variant" = 4 ] && settings+=(CUEMM_POOL_SPLIT_SPARES=1)
+  [ "$variant" = 6 ] && settings+=(CUEMM_POOL_ASSEMBLE_BLOCKS=1)
   local ordered=()
   [ "$variant" = 5 ] && ordered=(--stream-ordered)
   env "${settings[@]}" CUEMM_DRIVER=cuda "$build/bin/cuemm" random "$@" "${ordered[@]}" --manager $manager
@@ -139,6 +140,8 @@ fragmentation_seeds() {
     # a program short of memory: README); the best-fit reference's take a moment.
     batches=("0 1")
     case "$workload" in *"--live 512M") batches+=("2") ;; *per-layer) batches+=("4") ;; esac
+    # Blocks assembled from pages' free ends near the peak, where sizes reach 4 MiB (Note [Assembled blocks]).
+    case "$workload" in *"4M --live 512M" | *"4M --live 128M") batches+=("6") ;; esac
     # Through allocate(size, stream), as RMM and PyTorch call the pool.
     case "$workload" in *"4M --live 512M" | *"64M --live 256M" | *inference) batches+=("5") ;; esac
     batches+=("3")
