@@ -210,9 +210,7 @@ TEST_F(Pool, AnExpandablePoolRefusesToShareWhatItHasNotMapped) {
 // back to the free space once it is freed.
 TEST_F(Pool, AnAssemblingPoolMakesABlockOfTwoPagesFreeEndsRatherThanPassItsPeak) {
   constexpr std::size_t kMiB = std::size_t{1} << 20;
-  PoolOptions options = arena_only();
-  options.assemble_blocks = true;
-  PoolMemoryManager pool(&context, options);
+  PoolMemoryManager pool(&context, assembling_arena());
   pool.initialize();
   // Eight blocks of 1 MiB over four pages; the second and the fifth freed:
   // [1, 2) MiB is the free end of page 0, [4, 5) the free start of page 2.
@@ -272,9 +270,7 @@ TEST_F(Pool, AnAssemblingPoolMakesABlockOfTwoPagesFreeEndsRatherThanPassItsPeak)
 // Below its peak the pool maps pages for the best fit, as without the option.
 TEST_F(Pool, AnAssemblingPoolAssemblesNothingBelowItsPeak) {
   constexpr std::size_t kMiB = std::size_t{1} << 20;
-  PoolOptions options = arena_only();
-  options.assemble_blocks = true;
-  PoolMemoryManager pool(&context, options);
+  PoolMemoryManager pool(&context, assembling_arena());
   pool.initialize();
   std::vector<std::shared_ptr<MemoryPointer>> blocks;
   for (int i = 0; i < 8; ++i) blocks.push_back(pool.memalloc(kMiB));

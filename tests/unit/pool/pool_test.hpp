@@ -115,6 +115,12 @@ class Pool : public ::testing::Test {
     options.dedicated_size = std::size_t{64} << 20;
     return options;
   }
+  // The same, assembling blocks near its peak (Note [Assembled blocks]).
+  static PoolOptions assembling_arena() {
+    PoolOptions options = arena_only();
+    options.assemble_blocks = true;
+    return options;
+  }
 };
 
 }  // namespace cuemm::testing
