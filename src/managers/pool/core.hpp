@@ -162,7 +162,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     std::uintptr_t tail;      // its piece at a page's free end (0: none)
     std::uintptr_t head;      // its piece at a page's free start (0: none)
     std::size_t own_bytes;    // the rest: the bytes of its own pages it uses
-    std::size_t own_pages;
+    std::size_t own_pages;    // (counted in driver_frees when they go)
   };
   std::unordered_map<std::uintptr_t, AssembledBlock> assembled;
   std::size_t assembled_own_bytes = 0;  // of all of them
@@ -650,9 +650,10 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
 
   // With options.assemble_blocks, where the best fit's `new_pages` would take
   // the pool within a 32nd of its peak footprint or past it: a block of
-  // `bytes` (more than half a page) made of a mapped page's free end and another's free start, with
-  // fewer new pages between (Note [Assembled blocks]). Nullopt if no pair of
-  // the free blocks it looks at saves a page, or the driver has no room.
+  // `bytes` (more than half a page) made of a mapped page's free end and
+  // another's free start, with fewer new pages between (Note [Assembled
+  // blocks]). Nullopt if no pair of the free blocks it looks at saves a
+  // page, or the driver has no room.
   std::optional<std::uintptr_t> assemble_block(std::size_t bytes, std::size_t new_pages);
   // An assembled block's pieces go back to the index, its own pages and
   // addresses to the driver; false if `address` is no assembled block.
