@@ -353,6 +353,7 @@ class Bridge {
       figures["driver_allocations"] = p.driver_allocations;
       figures["driver_frees"] = p.driver_frees;
       figures["spares_taken_over"] = p.spares_taken_over;
+      figures["blocks_assembled"] = p.blocks_assembled;
       figures["gpu_waits_avoided"] = p.gpu_waits_avoided;
       out["pool"] = figures;
     }

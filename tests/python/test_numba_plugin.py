@@ -27,6 +27,31 @@ def test_import_needs_no_numba(run_python):
     assert "pool" in out and "async" in out
 
 
+def test_the_expandable_pool_assembles_blocks_for_numba(run_python):
+    # Eight arrays of 1 MiB over four pages, the second and the fifth freed:
+    # an array of 1.5 MiB is made of those two holes, not of a new page.
+    run_python("""
+        import gc
+        import numpy as np
+        from numba import cuda
+        import cuemm
+        mib = 1 << 20
+        arrays = [cuda.to_device(np.full(mib // 4, i, dtype=np.float32)) for i in range(8)]
+        del arrays[4], arrays[1]
+        gc.collect()
+        cuda.current_context().deallocations.clear()
+        before = cuemm.statistics()["pool"]
+        made = cuda.to_device(np.arange(3 * mib // 8, dtype=np.float32))
+        after = cuemm.statistics()["pool"]
+        assert after["blocks_assembled"] == before["blocks_assembled"] + 1, after
+        assert after["reserved_bytes"] == before["reserved_bytes"], (before, after)
+        assert (made.copy_to_host() == np.arange(3 * mib // 8, dtype=np.float32)).all()
+        for kept, value in zip(arrays, (0, 2, 3, 5, 6, 7)):
+            assert (kept.copy_to_host() == value).all(), value
+    """, **PLUGIN, CUEMM_MEMORY_MANAGER="pool", CUEMM_POOL_EXPANDABLE=1, CUEMM_POOL_ASSEMBLE_BLOCKS=1,
+               CUEMM_POOL_THREAD_CACHE_SIZE=0, CUEMM_POOL_DEDICATED_SIZE="64M")
+
+
 def test_bad_choices_are_clear_errors(run_python):
     run_python("""
         import cuemm
