@@ -34,6 +34,7 @@ _OPTION_VARIABLES = {
         "thread_cache_size": "CUEMM_POOL_THREAD_CACHE_SIZE",
         "dedicated_size": "CUEMM_POOL_DEDICATED_SIZE",
         "expandable": "CUEMM_POOL_EXPANDABLE",
+        "assemble_blocks": "CUEMM_POOL_ASSEMBLE_BLOCKS",
         "pinned_host_pool": "CUEMM_PINNED_HOST_POOL",
     },
     "async": {"release_threshold": "CUEMM_ASYNC_RELEASE_THRESHOLD", "exportable": "CUEMM_ASYNC_EXPORTABLE"},
@@ -51,8 +52,9 @@ def use_cuemm_for_numba(manager=None, *, log=False, **options):
     """Makes Numba allocate through cuemm's `manager` ("pool", "async" or "default").
 
     Options are the manager's (pool: initial_size, maximum_size, thread_cache_size,
-    dedicated_size, expandable, pinned_host_pool; async: release_threshold) and, for any manager, adaptors,
-    limit and log_file; sizes may be numbers or strings such as "512M". log=True
+    dedicated_size, expandable, assemble_blocks, pinned_host_pool; async:
+    release_threshold) and, for any manager, adaptors, limit and log_file;
+    sizes may be numbers or strings such as "512M". log=True
     keeps a CSV log in memory for write_log() and plot(). Call it before Numba
     creates a context (before the first allocation or kernel launch).
     """

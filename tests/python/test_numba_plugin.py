@@ -33,8 +33,10 @@ def test_the_expandable_pool_assembles_blocks_for_numba(run_python):
     run_python("""
         import gc
         import numpy as np
-        from numba import cuda
         import cuemm
+        cuemm.use_cuemm_for_numba("pool", expandable=True, assemble_blocks=True, thread_cache_size=0,
+                                  dedicated_size="64M")
+        from numba import cuda
         mib = 1 << 20
         arrays = [cuda.to_device(np.full(mib // 4, i, dtype=np.float32)) for i in range(8)]
         del arrays[4], arrays[1]
@@ -48,8 +50,7 @@ def test_the_expandable_pool_assembles_blocks_for_numba(run_python):
         assert (made.copy_to_host() == np.arange(3 * mib // 8, dtype=np.float32)).all()
         for kept, value in zip(arrays, (0, 2, 3, 5, 6, 7)):
             assert (kept.copy_to_host() == value).all(), value
-    """, **PLUGIN, CUEMM_MEMORY_MANAGER="pool", CUEMM_POOL_EXPANDABLE=1, CUEMM_POOL_ASSEMBLE_BLOCKS=1,
-               CUEMM_POOL_THREAD_CACHE_SIZE=0, CUEMM_POOL_DEDICATED_SIZE="64M")
+    """)
 
 
 def test_bad_choices_are_clear_errors(run_python):
