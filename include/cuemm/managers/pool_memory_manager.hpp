@@ -160,14 +160,15 @@ struct PoolOptions {
   // only cuemm opens. CUEMM_POOL_EXPANDABLE=1.
   bool expandable = false;
   // With `expandable`: where mapping a request's pages would take the pool
-  // near its peak footprint (within 1/32 of it) or past it, a block larger
-  // than half a page is made of the free end of one mapped page and the free
-  // start of another (with new pages between, for a larger block), mapped
-  // again at addresses of its own (Note [Assembled blocks]). Less memory at
-  // the peak for more driver calls: on the H100, RMM's workload up to 4 MiB
-  // with 128 MiB live read 1.246 -> 1.156 reserved over live (seeds 1-8),
-  // 2.0 -> 4.2 us an operation (seed 1: 246 blocks assembled, 110 us each
-  // and 78 to undo). For programs short of memory. CUEMM_POOL_ASSEMBLE_BLOCKS=1.
+  // near its peak footprint (within a quarter of it) or past it, a block
+  // larger than half a page is made of the free end of one mapped page and
+  // the free start of another (with new pages between, for a larger block),
+  // mapped again at addresses of its own (Note [Assembled blocks]); near the
+  // peak, requests also take their good fit rather than a larger block whose
+  // pages are mapped. Less memory at the peak for more driver calls (RMM's
+  // workload up to 4 MiB with 128 MiB live, simulated: 1.235 -> 1.13
+  // reserved over live; README, "Assembled blocks", has the H100's figures).
+  // For programs short of memory. CUEMM_POOL_ASSEMBLE_BLOCKS=1.
   bool assemble_blocks = false;
   // At the pool's peak, a request for a segment of its own whose exact size
   // was asked for before is carved from a spare segment (best fit, in an

@@ -169,6 +169,8 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   std::size_t blocks_assembled = 0;     // PoolStatistics'
   // Free blocks that a request near the peak looks at for pages' free ends.
   static constexpr int kAssemblyLooks = 64;
+  // Near the peak means within this fraction of it, or past it.
+  static constexpr std::size_t kAssemblySlackDivisor = 4;
   detail::ReuseEpochs epochs{context};
   struct Quarantined {
     std::uintptr_t address;
@@ -283,6 +285,12 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   }
   // Whether taking `more` bytes from the driver would take the pool past its peak footprint.
   bool passes_peak(std::size_t more) const noexcept { return reserved_bytes() + more > peak_reserved; }
+  // With options.assemble_blocks: whether taking `more` would take the pool
+  // near its peak, where it places blocks for footprint rather than for
+  // fewer driver calls (Note [Assembled blocks]).
+  bool assembles_near_peak(std::size_t more) const noexcept {
+    return options.assemble_blocks && passes_peak(more + peak_reserved / kAssemblySlackDivisor);
+  }
 
   // The bytes of the block handed out at `address` (0 if none), and whether
   // it has a segment of its own.
@@ -648,8 +656,8 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // driver or the maximum has no room.
   bool map_pages_under(std::uintptr_t address, std::size_t bytes);
 
-  // With options.assemble_blocks, where the best fit's `new_pages` would take
-  // the pool within a 32nd of its peak footprint or past it: a block of
+  // Where the best fit's `new_pages` would take the pool near its peak
+  // (assembles_near_peak()): a block of
   // `bytes` (more than half a page) made of a mapped page's free end and
   // another's free start, with fewer new pages between (Note [Assembled
   // blocks]). Nullopt if no pair of the free blocks it looks at saves a

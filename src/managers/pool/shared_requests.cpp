@@ -83,6 +83,16 @@ std::uintptr_t PoolMemoryManager::Core::allocate_from_index(std::size_t size, Th
       give_back_ordered_blocks(*own, detail::size_class_of(size))) {
     if (auto address = take_block(size)) return *address;
   }
+  // Near the peak, where blocks may be assembled, the caller's own safe
+  // cached blocks go back before a request above the classes maps pages:
+  // merged with their neighbours they may hold it, or give assembly free
+  // ends. (RMM's workload up to 4 MiB with 128 MiB live: 1.134 -> 1.126
+  // mean, seeds over 1.15 3/32 -> 0/32; not for the classes' requests,
+  // whose loops then thrashed: up to 1 MiB 1.116 -> 1.132.)
+  if (own && size > detail::kLargestCachedSize && assembles_near_peak(size) && bytes_cached_by(*own)) {
+    return_safe_cached_blocks(*own, size);
+    if (auto address = take_block(size)) return *address;
+  }
   if (auto address = grow_and_take(size)) return *address;
   flush_caches();
   seal();
