@@ -64,12 +64,12 @@ bool ExpandableArena::extend(std::size_t bytes) {
   return true;
 }
 
-ExpandableArena::PageMapping ExpandableArena::map_page(std::size_t page) {
+ExpandableArena::PageMapping ExpandableArena::map_page_without_access(std::size_t page) {
   const cuda::CUmemAllocationProp wanted = properties();
   cuda::CUmemGenericAllocationHandle handle = 0;
   const cuda::CUresult created = CUEMM_CU_RESULT(cuMemCreate, &handle, granularity_, &wanted, 0);
   if (created != cuda::CUDA_SUCCESS) return {created, "cuMemCreate"};
-  const driver::MappingResult mapped = driver::map_read_write(base_ + page * granularity_, granularity_, handle, access_);
+  const driver::MappingResult mapped = driver::map_without_access(base_ + page * granularity_, granularity_, handle);
   if (!mapped) {
     CUEMM_CU_RESULT(cuMemRelease, handle);
     return {mapped.result, mapped.call};
@@ -79,12 +79,12 @@ ExpandableArena::PageMapping ExpandableArena::map_page(std::size_t page) {
   return {};
 }
 
-void ExpandableArena::unmap_page(std::size_t page) noexcept {
-  Page& unmapped = pages_[page];
-  if (unmapped.offered) withdraw_descriptor(std::exchange(unmapped.offered, 0));  // importers keep what they mapped
-  CUEMM_CU_RESULT(cuMemUnmap, base_ + page * granularity_, granularity_);
-  CUEMM_CU_RESULT(cuMemRelease, std::exchange(unmapped.handle, 0));
-  --mapped_pages_;
+void ExpandableArena::unmap_run(std::size_t first, std::size_t end) noexcept {
+  for (std::size_t page = first; page < end; ++page)
+    if (pages_[page].offered) withdraw_descriptor(std::exchange(pages_[page].offered, 0));  // importers keep theirs
+  CUEMM_CU_RESULT(cuMemUnmap, base_ + first * granularity_, (end - first) * granularity_);
+  for (std::size_t page = first; page < end; ++page) CUEMM_CU_RESULT(cuMemRelease, std::exchange(pages_[page].handle, 0));
+  mapped_pages_ -= end - first;
 }
 
 bool ExpandableArena::commit(std::size_t offset, std::size_t bytes, std::size_t& mapped) {
@@ -92,25 +92,35 @@ bool ExpandableArena::commit(std::size_t offset, std::size_t bytes, std::size_t&
   if (bytes == 0) return true;
   const std::size_t first = offset / granularity_;
   const std::size_t end = std::min(util::round_up(offset + bytes, granularity_), extent_) / granularity_;
-  std::vector<std::size_t> done;
+  // Runs of pages this call maps, [begin, end) each: granted a run at a time.
+  std::vector<std::pair<std::size_t, std::size_t>> runs;
+  runs.reserve(end > first ? (end - first + 1) / 2 : 0);
   auto undo = [&] {
-    for (const std::size_t page : done) unmap_page(page);
+    for (const auto& [run_first, run_end] : runs) unmap_run(run_first, run_end);
     mapped = 0;
   };
-  done.reserve(end > first ? end - first : 0);
+  PageMapping failed;
   for (std::size_t page = first; page < end; ++page) {
     if (pages_[page].handle) continue;
-    const PageMapping result = map_page(page);
-    if (result.result == cuda::CUDA_SUCCESS) {
-      done.push_back(page);
-      ++mapped;
-      continue;
+    failed = map_page_without_access(page);
+    if (failed.result != cuda::CUDA_SUCCESS) break;
+    if (!runs.empty() && runs.back().second == page) {
+      ++runs.back().second;
+    } else {
+      runs.emplace_back(page, page + 1);
     }
-    undo();
-    if (result.result == cuda::CUDA_ERROR_OUT_OF_MEMORY) return false;
-    driver::throw_allocation_error(result.result, result.call, granularity_);
+    ++mapped;
   }
-  return true;
+  for (std::size_t i = 0; i < runs.size() && failed.result == cuda::CUDA_SUCCESS; ++i) {
+    const auto [run_first, run_end] = runs[i];
+    const driver::MappingResult granted =
+        driver::grant_read_write(base_ + run_first * granularity_, (run_end - run_first) * granularity_, access_);
+    if (!granted) failed = {granted.result, granted.call};
+  }
+  if (failed.result == cuda::CUDA_SUCCESS) return true;
+  undo();
+  if (failed.result == cuda::CUDA_ERROR_OUT_OF_MEMORY) return false;
+  driver::throw_allocation_error(failed.result, failed.call, granularity_);
 }
 
 bool ExpandableArena::committed(std::size_t offset, std::size_t bytes) const noexcept {
@@ -122,10 +132,18 @@ bool ExpandableArena::committed(std::size_t offset, std::size_t bytes) const noe
 
 std::size_t ExpandableArena::unmap_pages(std::size_t first, std::size_t end) noexcept {
   std::size_t unmapped = 0;
-  for (std::size_t page = first; page < end; ++page) {
-    if (!pages_[page].handle || pages_[page].assemblies) continue;  // (Note [Assembled blocks])
-    unmap_page(page);
-    ++unmapped;
+  for (std::size_t page = first; page < end;) {
+    // (Pages under assembled blocks stay: Note [Assembled blocks].)
+    auto goes = [&](std::size_t at) { return pages_[at].handle && !pages_[at].assemblies; };
+    if (!goes(page)) {
+      ++page;
+      continue;
+    }
+    std::size_t run_end = page + 1;
+    while (run_end < end && goes(run_end)) ++run_end;
+    unmap_run(page, run_end);
+    unmapped += run_end - page;
+    page = run_end;
   }
   return unmapped;
 }
@@ -231,7 +249,7 @@ std::optional<cuda::CUdeviceptr> ExpandableArena::assemble(const Assembly& assem
   };
   auto map_next = [&](cuda::CUmemGenericAllocationHandle handle) {
     const driver::MappingResult mapped =
-        driver::map_read_write(block.reservation + mapped_pages * granularity_, granularity_, handle, access_);
+        driver::map_without_access(block.reservation + mapped_pages * granularity_, granularity_, handle);
     if (mapped) ++mapped_pages;
     return mapped;
   };
@@ -254,6 +272,7 @@ std::optional<cuda::CUdeviceptr> ExpandableArena::assemble(const Assembly& assem
     so_far = map_next(handle);
   }
   if (so_far && block.head_page) so_far = map_next(pages_[*block.head_page].handle);
+  if (so_far) so_far = driver::grant_read_write(block.reservation, pages * granularity_, access_);  // (once a block)
   if (!so_far) {
     undo();
     if (so_far.result == cuda::CUDA_ERROR_OUT_OF_MEMORY) return std::nullopt;

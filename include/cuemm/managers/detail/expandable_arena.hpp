@@ -150,10 +150,13 @@ class ExpandableArena {
     cuda::CUresult result = cuda::CUDA_SUCCESS;
     const char* call = nullptr;  // the driver call that failed
   };
-  // Maps one page with an allocation of its own.
-  PageMapping map_page(std::size_t page);
-  void unmap_page(std::size_t page) noexcept;
-  // Unmaps the mapped pages among [first, end); returns how many.
+  // Maps one page with an allocation of its own, not yet accessible: pages
+  // side by side are granted together (one cuMemSetAccess a run of them).
+  PageMapping map_page_without_access(std::size_t page);
+  // Unmaps [first, end), all mapped, with one cuMemUnmap.
+  void unmap_run(std::size_t first, std::size_t end) noexcept;
+  // Unmaps the mapped pages among [first, end) but those under assembled
+  // blocks, a run of them side by side at a time; returns how many.
   std::size_t unmap_pages(std::size_t first, std::size_t end) noexcept;
 
   int device_;
