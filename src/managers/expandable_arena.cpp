@@ -130,6 +130,13 @@ bool ExpandableArena::committed(std::size_t offset, std::size_t bytes) const noe
   return true;
 }
 
+std::size_t ExpandableArena::unmapped_pages(std::size_t offset, std::size_t bytes) const noexcept {
+  const std::size_t end = std::min(util::round_up(offset + bytes, granularity_), extent_) / granularity_;
+  std::size_t unmapped = 0;
+  for (std::size_t page = offset / granularity_; page < end; ++page) unmapped += !pages_[page].handle;
+  return unmapped;
+}
+
 std::size_t ExpandableArena::unmap_pages(std::size_t first, std::size_t end) noexcept {
   std::size_t unmapped = 0;
   for (std::size_t page = first; page < end;) {

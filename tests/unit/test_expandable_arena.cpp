@@ -202,9 +202,12 @@ TEST_F(AssembledBlocks, PagesSideBySideAreGrantedAndUnmappedARunAtATime) {
   ASSERT_TRUE(arena.extend(4 * kPage));  // pages 4-7
   const std::size_t mapped_before = arena.mapped_bytes();
   if (simulation::active()) simulation::reset_call_counts();
+  EXPECT_EQ(arena.unmapped_pages(kPage, 7 * kPage), 6u);
+  EXPECT_EQ(arena.unmapped_pages(kPage / 2, kPage), 1u) << "page 0 mapped, page 1 not";
   std::size_t mapped = 0;
   ASSERT_TRUE(arena.commit(kPage, 7 * kPage, mapped));  // maps 1 and 3-7 (0 and 2 are mapped)
   EXPECT_EQ(mapped, 6u);
+  EXPECT_EQ(arena.unmapped_pages(0, 8 * kPage), 0u);
   EXPECT_EQ(arena.mapped_bytes(), mapped_before + 6 * kPage);
   if (simulation::active()) {
     EXPECT_EQ(simulation::call_count("cuMemMap"), 6u);

@@ -189,10 +189,7 @@ std::optional<std::uintptr_t> PoolMemoryManager::Core::grow_and_take(std::size_t
   if (options.assemble_blocks) {
     const std::size_t bytes = blocks.block_size(*address);
     const std::size_t page = arena->granularity();
-    const std::size_t offset = *address - arena->base();
-    std::size_t new_pages = 0;
-    for (std::size_t at = offset / page * page; at < offset + bytes; at += page)
-      new_pages += !arena->committed(at, 1);
+    const std::size_t new_pages = arena->unmapped_pages(*address - arena->base(), bytes);
     // (Blocks of half a page or less are not assembled: their holes lie
     // within a page, and the free ends they would take are what a later
     // request placed whole needs. RMM's workload up to 1 MiB with 512 MiB
@@ -221,6 +218,11 @@ bool PoolMemoryManager::Core::map_pages_under(std::uintptr_t address, std::size_
   const std::size_t offset = address - arena->base();
   if (arena->committed(offset, bytes)) [[likely]]
     return true;
+  // Room for the block's whole span of pages, not only those it maps: at
+  // the peak that gives a free page or so more back, which later requests
+  // may map again, but placed them tighter (simulated, RMM's workload up to
+  // 4 MiB with 512 MiB live, seeds 1-8: room for the new pages only made 6%
+  // fewer page mappings, and took the worst seed from 1.148 to 1.159-1.170).
   const std::size_t page = arena->granularity();
   if (!make_room_to_map(util::round_up(offset + bytes, page) - offset / page * page)) return false;
   refuse_growth_if_retired();

@@ -267,6 +267,45 @@ TEST_F(Pool, AnAssemblingPoolMakesABlockOfTwoPagesFreeEndsRatherThanPassItsPeak)
   EXPECT_EQ(pool.statistics().reserved_bytes, 8 * kMiB);
 }
 
+// Near its peak, an assembling pool places a request at its good fit, mapping
+// the page that fit needs, where the expandable pool alone takes a larger
+// free block whose pages are mapped: that larger hole's free ends are what
+// later blocks are assembled from, and it stays whole for a request of its size.
+TEST_F(Pool, AnAssemblingPoolNearItsPeakTakesTheGoodFitOverALargerMappedBlock) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  for (const bool assembling : {false, true}) {
+    SCOPED_TRACE(assembling ? "assembling" : "expandable only");
+    PoolMemoryManager pool(&context, assembling ? assembling_arena() : arena_only());
+    pool.initialize();
+    // [0, 5.5) [5.5, 8) [8, 9) [9, 12.5) [12.5, 14) MiB: seven pages, the peak.
+    auto a = pool.memalloc(11 * kMiB / 2);
+    auto b = pool.memalloc(5 * kMiB / 2);
+    auto c = pool.memalloc(kMiB);
+    auto d = pool.memalloc(7 * kMiB / 2);
+    auto e = pool.memalloc(3 * kMiB / 2);
+    const cuda::CUdeviceptr base = a->device_pointer();
+    ASSERT_EQ(d->device_pointer(), base + 9 * kMiB);
+    ASSERT_EQ(pool.statistics().reserved_bytes, 14 * kMiB);
+    b.reset();  // [5.5, 8): page 3, [6, 8), goes back to the driver
+    pool.trim();
+    ASSERT_EQ(pool.statistics().reserved_bytes, 12 * kMiB);
+    d.reset();  // [9, 12.5): its pages stay mapped (they hold c and e too, and page 5 until a trim)
+    CUEMM_CU(cuCtxSynchronize);
+    auto placed = pool.memalloc(5 * kMiB / 2);
+    if (assembling) {
+      EXPECT_EQ(placed->device_pointer(), base + 11 * kMiB / 2) << "the good fit, its page mapped again";
+      EXPECT_LE(pool.statistics().reserved_bytes, 14 * kMiB) << "within its peak";
+      EXPECT_EQ(pool.statistics().blocks_assembled, 0u) << "no pair of free ends saves that page";
+      auto whole = pool.memalloc(7 * kMiB / 2);
+      EXPECT_EQ(whole->device_pointer(), base + 9 * kMiB) << "the larger hole stayed whole";
+      EXPECT_EQ(pool.statistics().reserved_bytes, 14 * kMiB);
+    } else {
+      EXPECT_EQ(placed->device_pointer(), base + 9 * kMiB) << "a mapped block: no driver call";
+      EXPECT_EQ(pool.statistics().reserved_bytes, 12 * kMiB);
+    }
+  }
+}
+
 // Below its peak the pool maps pages for the best fit, as without the option.
 TEST_F(Pool, AnAssemblingPoolAssemblesNothingBelowItsPeak) {
   constexpr std::size_t kMiB = std::size_t{1} << 20;

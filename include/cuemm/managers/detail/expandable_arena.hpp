@@ -77,6 +77,8 @@ class ExpandableArena {
   bool commit(std::size_t offset, std::size_t bytes, std::size_t& mapped);
   // Whether every page under [offset, offset + bytes) is mapped.
   bool committed(std::size_t offset, std::size_t bytes) const noexcept;
+  // How many pages under [offset, offset + bytes) are not mapped (what commit() would map).
+  std::size_t unmapped_pages(std::size_t offset, std::size_t bytes) const noexcept;
   // Unmaps the mapped pages that lie wholly inside [offset, offset + bytes),
   // but those under assembled blocks; returns how many.
   std::size_t decommit(std::size_t offset, std::size_t bytes) noexcept;
