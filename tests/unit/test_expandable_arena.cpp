@@ -218,7 +218,11 @@ TEST_F(AssembledBlocks, PagesSideBySideAreGrantedAndUnmappedARunAtATime) {
   EXPECT_TRUE(holds(arena.base() + kPage, 7 * kPage, 0x5A5A5A5A));
   EXPECT_TRUE(holds(arena.base(), kPage, 0xAAAAAAAA)) << "page 0 was mapped before and keeps its bytes";
   if (simulation::active()) simulation::reset_call_counts();
+  std::size_t free_before = 0, free_after = 0, total = 0;
+  CUEMM_CU(cuMemGetInfo, &free_before, &total);
   EXPECT_EQ(arena.decommit(3 * kPage, 5 * kPage), 5u);
+  CUEMM_CU(cuMemGetInfo, &free_after, &total);
+  EXPECT_GE(free_after, free_before + 5 * kPage) << "the device has the five pages back: one unmap freed them all";
   if (simulation::active()) {
     EXPECT_EQ(simulation::call_count("cuMemUnmap"), 1u) << "pages 3-7 side by side";
     EXPECT_EQ(simulation::call_count("cuMemRelease"), 5u);
