@@ -306,6 +306,32 @@ TEST_F(Pool, AnAssemblingPoolNearItsPeakTakesTheGoodFitOverALargerMappedBlock) {
   }
 }
 
+// Near its peak, before a large request maps pages, the requesting thread's
+// safe cached blocks go back to the free space, where they may merge with a
+// free neighbour into a block that holds the request.
+TEST_F(Pool, AnAssemblingPoolNearItsPeakReturnsTheThreadsCachedBlocksBeforeMappingPages) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  PoolOptions options = assembling_arena();
+  options.thread_cache_size = PoolOptions{}.thread_cache_size;  // with the thread caches
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  // [0, 1) [1, 2.5) [2.5, 8) MiB: four pages, the peak.
+  auto a = pool.memalloc(kMiB);
+  auto b = pool.memalloc(3 * kMiB / 2);
+  auto c = pool.memalloc(11 * kMiB / 2);
+  const cuda::CUdeviceptr base = a->device_pointer();
+  ASSERT_EQ(c->device_pointer(), base + 5 * kMiB / 2);
+  ASSERT_EQ(pool.statistics().reserved_bytes, 8 * kMiB);
+  a.reset();  // a block of the size classes: into this thread's cache
+  b.reset();
+  CUEMM_CU(cuCtxSynchronize);
+  ASSERT_GT(pool.statistics().cached_bytes, 0u);
+  auto placed = pool.memalloc(5 * kMiB / 2);  // more than this thread caches
+  EXPECT_EQ(placed->device_pointer(), base) << "the cached block and its free neighbour, merged";
+  EXPECT_EQ(pool.statistics().reserved_bytes, 8 * kMiB) << "no page mapped";
+  EXPECT_EQ(pool.statistics().blocks_assembled, 0u);
+}
+
 // Below its peak the pool maps pages for the best fit, as without the option.
 TEST_F(Pool, AnAssemblingPoolAssemblesNothingBelowItsPeak) {
   constexpr std::size_t kMiB = std::size_t{1} << 20;
