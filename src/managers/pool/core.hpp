@@ -644,6 +644,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // pages are mapped already. Nullopt when the index has none that fits
   // (the best fit has unmapped pages, say: grow_and_take() maps them).
   std::optional<std::uintptr_t> take_block(std::size_t size);
+  // In the arena: a free block whose pages are mapped, among kMappedLooks
+  // that hold `size` (not only the good fit); nullopt if none.
+  std::optional<std::uintptr_t> take_mapped_block(std::size_t size);
 
   // A block that may cost memory: the pool grows for it (in the arena, the
   // pages under the best fit are mapped, after the range grows if no free

@@ -176,6 +176,11 @@ std::optional<std::uintptr_t> PoolMemoryManager::Core::take_block(std::size_t si
     blocks.deallocate(*address);
     return std::nullopt;
   }
+  return take_mapped_block(size);
+}
+
+std::optional<std::uintptr_t> PoolMemoryManager::Core::take_mapped_block(std::size_t size) {
+  const std::uintptr_t base = arena->base();
   return blocks.allocate_where(
       size, [&](std::uintptr_t address, std::size_t bytes) { return arena->committed(address - base, bytes); },
       kMappedLooks);

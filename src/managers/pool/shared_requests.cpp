@@ -43,6 +43,12 @@ std::uintptr_t PoolMemoryManager::Core::allocate_from_index(std::size_t size, Th
   // index runs dry makes busy threads thrash; measured, 16 threads at 64 KiB
   // went from 16 ns to 1.1 us a pair.)
   if (quarantined_bytes >= size && !grows_rather_than_waits(std::max(size, kMinimumGrowth))) {
+    // Near its peak the assembling pool takes the good fit or nothing
+    // (take_block()): rather than wait for the GPU, a larger free block
+    // whose pages are mapped serves, as without the option.
+    if (arena && assembles_near_peak(0)) {
+      if (auto address = take_mapped_block(size)) return *address;
+    }
     seal();
     if (auto address = wait_for_freed([&] { return take_block(size); })) return *address;
   }

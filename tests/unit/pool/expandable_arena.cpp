@@ -2,6 +2,7 @@
 #include "pool_test.hpp"
 
 using namespace cuemm;
+using cuemm::testing::HeldKernel;
 using cuemm::testing::Pool;
 using cuemm::testing::throws;
 
@@ -304,6 +305,42 @@ TEST_F(Pool, AnAssemblingPoolNearItsPeakTakesTheGoodFitOverALargerMappedBlock) {
       EXPECT_EQ(pool.statistics().reserved_bytes, 12 * kMiB);
     }
   }
+}
+
+// Near its peak the assembling pool takes the good fit or nothing, but where
+// it would then wait for the GPU to reuse a freed block, a larger free block
+// whose pages are mapped serves rather than the wait.
+TEST_F(Pool, AnAssemblingPoolNearItsPeakTakesAMappedBlockRatherThanWaitForTheGpu) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  PoolOptions options = assembling_arena();
+  options.busy_overshoot = 0;  // at its peak, it would wait for freed blocks rather than grow
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  // [0, 5.5) [5.5, 8) [8, 9) [9, 11.75) [11.75, 14) [14, 17) [17, 18) MiB: nine pages, the peak.
+  auto a = pool.memalloc(11 * kMiB / 2);
+  auto b = pool.memalloc(5 * kMiB / 2);
+  auto c = pool.memalloc(kMiB);
+  auto d = pool.memalloc(11 * kMiB / 4);
+  auto e = pool.memalloc(9 * kMiB / 4);
+  auto g = pool.memalloc(3 * kMiB);
+  auto h = pool.memalloc(kMiB);
+  const cuda::CUdeviceptr base = a->device_pointer();
+  ASSERT_EQ(h->device_pointer(), base + 17 * kMiB);
+  b.reset();  // page 3, [6, 8), goes back to the driver: [5.5, 8) is the good fit of 2.5 MiB, unmapped
+  pool.trim();
+  d.reset();  // [9, 11.75): mapped (its pages hold c and e too), free once safe
+  pool.trim();
+  ASSERT_EQ(pool.statistics().reserved_bytes, 16 * kMiB);
+  Stream stream = context.create_stream();  // (blocking: the pool's seals see its work)
+  std::shared_ptr<MemoryPointer> placed;
+  {
+    HeldKernel kernel(context, stream, h->device_pointer(), 1u, 32);
+    g.reset();  // 3 MiB waiting for the kernel
+    EXPECT_FALSE(kernel.waited_for_by([&] { placed = pool.memalloc(5 * kMiB / 2); }))
+        << "the pool waited for the kernel";
+  }
+  EXPECT_EQ(placed->device_pointer(), base + 9 * kMiB) << "the mapped free block";
+  EXPECT_EQ(pool.statistics().reserved_bytes, 16 * kMiB);
 }
 
 // Near its peak, before a large request maps pages, the requesting thread's
