@@ -17,24 +17,6 @@ struct MappingResult {
   explicit operator bool() const noexcept { return result == cuda::CUDA_SUCCESS; }
 };
 
-// Maps `bytes` of `handle` at `address` with `access` (read_write_access_with_peers()).
-// On failure nothing is left mapped; `handle` stays the caller's either way.
-// (Pages mapped side by side may instead be mapped with map_without_access()
-// and granted in one grant_read_write(): one cuMemSetAccess, not one a page.)
-inline MappingResult map_read_write(cuda::CUdeviceptr address, std::size_t bytes,
-                                    cuda::CUmemGenericAllocationHandle handle,
-                                    const std::vector<cuda::CUmemAccessDesc>& access) noexcept {
-  if (const cuda::CUresult mapped = CUEMM_CU_RESULT(cuMemMap, address, bytes, 0, handle, 0);
-      mapped != cuda::CUDA_SUCCESS)
-    return {mapped, "cuMemMap"};
-  if (const cuda::CUresult allowed = CUEMM_CU_RESULT(cuMemSetAccess, address, bytes, access.data(), access.size());
-      allowed != cuda::CUDA_SUCCESS) {
-    CUEMM_CU_RESULT(cuMemUnmap, address, bytes);
-    return {allowed, "cuMemSetAccess"};
-  }
-  return {};
-}
-
 // Maps `bytes` of `handle` at `address`, not yet accessible; `handle` stays the caller's.
 inline MappingResult map_without_access(cuda::CUdeviceptr address, std::size_t bytes,
                                         cuda::CUmemGenericAllocationHandle handle) noexcept {
@@ -44,13 +26,28 @@ inline MappingResult map_without_access(cuda::CUdeviceptr address, std::size_t b
   return {};
 }
 
-// Grants `access` to [address, address + bytes), which may span several
-// mappings side by side. On failure the caller unmaps them.
+// Grants `access` (read_write_access_with_peers()) to [address, address +
+// bytes), which may span several mappings side by side: pages mapped with
+// map_without_access() get one cuMemSetAccess, not one a page. On failure
+// the caller unmaps them.
 inline MappingResult grant_read_write(cuda::CUdeviceptr address, std::size_t bytes,
                                       const std::vector<cuda::CUmemAccessDesc>& access) noexcept {
   if (const cuda::CUresult allowed = CUEMM_CU_RESULT(cuMemSetAccess, address, bytes, access.data(), access.size());
       allowed != cuda::CUDA_SUCCESS)
     return {allowed, "cuMemSetAccess"};
+  return {};
+}
+
+// Both for one mapping. On failure nothing is left mapped; `handle` stays
+// the caller's either way.
+inline MappingResult map_read_write(cuda::CUdeviceptr address, std::size_t bytes,
+                                    cuda::CUmemGenericAllocationHandle handle,
+                                    const std::vector<cuda::CUmemAccessDesc>& access) noexcept {
+  if (const MappingResult mapped = map_without_access(address, bytes, handle); !mapped) return mapped;
+  if (const MappingResult granted = grant_read_write(address, bytes, access); !granted) {
+    CUEMM_CU_RESULT(cuMemUnmap, address, bytes);
+    return granted;
+  }
   return {};
 }
 

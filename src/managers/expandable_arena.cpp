@@ -138,10 +138,10 @@ std::size_t ExpandableArena::unmapped_pages(std::size_t offset, std::size_t byte
 }
 
 std::size_t ExpandableArena::unmap_pages(std::size_t first, std::size_t end) noexcept {
+  // (Pages under assembled blocks stay: Note [Assembled blocks].)
+  auto goes = [&](std::size_t at) { return pages_[at].handle && !pages_[at].assemblies; };
   std::size_t unmapped = 0;
   for (std::size_t page = first; page < end;) {
-    // (Pages under assembled blocks stay: Note [Assembled blocks].)
-    auto goes = [&](std::size_t at) { return pages_[at].handle && !pages_[at].assemblies; };
     if (!goes(page)) {
       ++page;
       continue;

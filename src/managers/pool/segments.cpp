@@ -158,13 +158,6 @@ bool PoolMemoryManager::Core::grow_arena(std::size_t size) {
 std::optional<std::uintptr_t> PoolMemoryManager::Core::take_block(std::size_t size) {
   if (!arena) [[likely]]
     return (is_small(size) ? small_blocks : blocks).allocate(size);
-  // Not only the best fit: a free block a little larger whose pages are
-  // mapped costs no driver call, where the best fit's would cost a
-  // mapping now and an unmapping later. (Simulated, seeds 1-8: pages
-  // mapped up to 4 MiB with 512 MiB and 128 MiB live 4,565 -> 3,331 and
-  // 2,607 -> 1,819; per-layer training 4,708 -> 4,517; the footprint within
-  // 0.015 of taking the best fit only.)
-  const std::uintptr_t base = arena->base();
   if (assembles_near_peak(0)) {
     // Near the peak, the good fit or nothing: a larger mapped block split
     // here would take the free ends that an assembled block is made of.
@@ -172,7 +165,7 @@ std::optional<std::uintptr_t> PoolMemoryManager::Core::take_block(std::size_t si
     // four times each, with the two rules below: 1.162 (max 1.188) -> 1.126
     // (max 1.141) reserved over live.)
     const std::optional<std::uintptr_t> address = blocks.allocate(size);
-    if (!address || arena->committed(*address - base, blocks.block_size(*address))) return address;
+    if (!address || arena->committed(*address - arena->base(), blocks.block_size(*address))) return address;
     blocks.deallocate(*address);
     return std::nullopt;
   }
@@ -180,6 +173,12 @@ std::optional<std::uintptr_t> PoolMemoryManager::Core::take_block(std::size_t si
 }
 
 std::optional<std::uintptr_t> PoolMemoryManager::Core::take_mapped_block(std::size_t size) {
+  // Not only the best fit: a free block a little larger whose pages are
+  // mapped costs no driver call, where the best fit's would cost a
+  // mapping now and an unmapping later. (Simulated, seeds 1-8: pages
+  // mapped up to 4 MiB with 512 MiB and 128 MiB live 4,565 -> 3,331 and
+  // 2,607 -> 1,819; per-layer training 4,708 -> 4,517; the footprint within
+  // 0.015 of taking the best fit only.)
   const std::uintptr_t base = arena->base();
   return blocks.allocate_where(
       size, [&](std::uintptr_t address, std::size_t bytes) { return arena->committed(address - base, bytes); },
