@@ -279,18 +279,13 @@ TEST_F(Pool, AnAssemblingPoolNearItsPeakTakesTheGoodFitOverALargerMappedBlock) {
     PoolMemoryManager pool(&context, assembling ? assembling_arena() : arena_only());
     pool.initialize();
     // [0, 5.5) [5.5, 8) [8, 9) [9, 12.5) [12.5, 14) MiB: seven pages, the peak.
-    auto a = pool.memalloc(11 * kMiB / 2);
-    auto b = pool.memalloc(5 * kMiB / 2);
-    auto c = pool.memalloc(kMiB);
-    auto d = pool.memalloc(7 * kMiB / 2);
-    auto e = pool.memalloc(3 * kMiB / 2);
-    const cuda::CUdeviceptr base = a->device_pointer();
-    ASSERT_EQ(d->device_pointer(), base + 9 * kMiB);
+    auto blocks = lay_out(pool, {11 * kMiB / 2, 5 * kMiB / 2, kMiB, 7 * kMiB / 2, 3 * kMiB / 2});
+    const cuda::CUdeviceptr base = blocks[0]->device_pointer();
     ASSERT_EQ(pool.statistics().reserved_bytes, 14 * kMiB);
-    b.reset();  // [5.5, 8): page 3, [6, 8), goes back to the driver
+    blocks[1].reset();  // [5.5, 8): page 3, [6, 8), goes back to the driver
     pool.trim();
     ASSERT_EQ(pool.statistics().reserved_bytes, 12 * kMiB);
-    d.reset();  // [9, 12.5): its pages stay mapped (they hold c and e too, and page 5 until a trim)
+    blocks[3].reset();  // [9, 12.5): its pages stay mapped (they hold its neighbours too, and page 5 until a trim)
     CUEMM_CU(cuCtxSynchronize);
     auto placed = pool.memalloc(5 * kMiB / 2);
     if (assembling) {
@@ -317,25 +312,18 @@ TEST_F(Pool, AnAssemblingPoolNearItsPeakTakesAMappedBlockRatherThanWaitForTheGpu
   PoolMemoryManager pool(&context, options);
   pool.initialize();
   // [0, 5.5) [5.5, 8) [8, 9) [9, 11.75) [11.75, 14) [14, 17) [17, 18) MiB: nine pages, the peak.
-  auto a = pool.memalloc(11 * kMiB / 2);
-  auto b = pool.memalloc(5 * kMiB / 2);
-  auto c = pool.memalloc(kMiB);
-  auto d = pool.memalloc(11 * kMiB / 4);
-  auto e = pool.memalloc(9 * kMiB / 4);
-  auto g = pool.memalloc(3 * kMiB);
-  auto h = pool.memalloc(kMiB);
-  const cuda::CUdeviceptr base = a->device_pointer();
-  ASSERT_EQ(h->device_pointer(), base + 17 * kMiB);
-  b.reset();  // page 3, [6, 8), goes back to the driver: [5.5, 8) is the good fit of 2.5 MiB, unmapped
+  auto blocks = lay_out(pool, {11 * kMiB / 2, 5 * kMiB / 2, kMiB, 11 * kMiB / 4, 9 * kMiB / 4, 3 * kMiB, kMiB});
+  const cuda::CUdeviceptr base = blocks[0]->device_pointer();
+  blocks[1].reset();  // page 3, [6, 8), goes back to the driver: [5.5, 8) is the good fit of 2.5 MiB, unmapped
   pool.trim();
-  d.reset();  // [9, 11.75): mapped (its pages hold c and e too), free once safe
+  blocks[3].reset();  // [9, 11.75): mapped (its pages hold its neighbours too), free once safe
   pool.trim();
   ASSERT_EQ(pool.statistics().reserved_bytes, 16 * kMiB);
   Stream stream = context.create_stream();  // (blocking: the pool's seals see its work)
   std::shared_ptr<MemoryPointer> placed;
   {
-    HeldKernel kernel(context, stream, h->device_pointer(), 1u, 32);
-    g.reset();  // 3 MiB waiting for the kernel
+    HeldKernel kernel(context, stream, blocks[6]->device_pointer(), 1u, 32);
+    blocks[5].reset();  // 3 MiB waiting for the kernel
     EXPECT_FALSE(kernel.waited_for_by([&] { placed = pool.memalloc(5 * kMiB / 2); }))
         << "the pool waited for the kernel";
   }
@@ -353,14 +341,11 @@ TEST_F(Pool, AnAssemblingPoolNearItsPeakReturnsTheThreadsCachedBlocksBeforeMappi
   PoolMemoryManager pool(&context, options);
   pool.initialize();
   // [0, 1) [1, 2.5) [2.5, 8) MiB: four pages, the peak.
-  auto a = pool.memalloc(kMiB);
-  auto b = pool.memalloc(3 * kMiB / 2);
-  auto c = pool.memalloc(11 * kMiB / 2);
-  const cuda::CUdeviceptr base = a->device_pointer();
-  ASSERT_EQ(c->device_pointer(), base + 5 * kMiB / 2);
+  auto blocks = lay_out(pool, {kMiB, 3 * kMiB / 2, 11 * kMiB / 2});
+  const cuda::CUdeviceptr base = blocks[0]->device_pointer();
   ASSERT_EQ(pool.statistics().reserved_bytes, 8 * kMiB);
-  a.reset();  // a block of the size classes: into this thread's cache
-  b.reset();
+  blocks[0].reset();  // a block of the size classes: into this thread's cache
+  blocks[1].reset();
   CUEMM_CU(cuCtxSynchronize);
   ASSERT_GT(pool.statistics().cached_bytes, 0u);
   auto placed = pool.memalloc(5 * kMiB / 2);  // more than this thread caches

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <initializer_list>
 #include <future>
 #include <limits>
 #include <latch>
@@ -35,6 +36,22 @@ inline std::string hex_of(cuda::CUdeviceptr pointer) {
 class Pool : public ::testing::Test {
  protected:
   Context& context = current_context();
+  // Blocks of `sizes`, in order, from an expandable pool that has given out
+  // nothing yet: each must lie right after the one before, from the arena's
+  // start (the layouts that the arena's cases free holes in).
+  static std::vector<std::shared_ptr<MemoryPointer>> lay_out(PoolMemoryManager& pool,
+                                                             std::initializer_list<std::size_t> sizes) {
+    std::vector<std::shared_ptr<MemoryPointer>> blocks;
+    for (const std::size_t size : sizes) {
+      blocks.push_back(pool.memalloc(size));
+      if (blocks.size() > 1) {
+        const MemoryPointer& before = *blocks[blocks.size() - 2];
+        EXPECT_EQ(blocks.back()->device_pointer(), before.device_pointer() + before.size())
+            << "block " << blocks.size() - 1 << " is not where the layout needs it";
+      }
+    }
+    return blocks;
+  }
   // `count` blocks of `size` held at once, then all released (into the thread's cache).
   static void hold_then_release(PoolMemoryManager& pool, int count, std::size_t size) {
     std::vector<std::shared_ptr<MemoryPointer>> blocks;
