@@ -129,6 +129,9 @@ def fragmentation_lines(path):
     lines += ["", "## Fragmentation: `cuemm random` (RMM-style random allocations and frees; "
               "`--pattern training`: sizes that change between phases; with `--shapes per-layer`, each layer's "
               "sizes its own)", "",
+              "Peak reserved is what the manager holds from the driver: the pool's count of its segments, the "
+              "reserved bytes of the async manager's driver pool (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`), and for "
+              "the default manager what the device's free memory lost since the start (its runs go alone).", "",
               "| workload | manager | ns per operation | driver allocations / frees | peak live | peak reserved "
               "| reserved / live |",
               "|---|---|---|---|---|---|---|"]

@@ -107,25 +107,25 @@ fragmentation_singles() {
     for manager in "$@"; do fragmentation_single "$workload" "$manager"; done
   done
 }
-# The pool counts its own reserved bytes and the best fit computes them, so these may run beside other
-# GPU work; the async and default managers' are read from the device's free memory
-# (fragmentation_alone), which another process would change.
+# The pool and the async manager's driver pool count their own reserved bytes and the best fit
+# computes them, so these may run beside other GPU work; the default manager's are read from the
+# device's free memory (fragmentation_alone), which another process would change.
 fragmentation_runs() {
   rm -rf "$fragmentation_parts" && mkdir -p "$fragmentation_parts"
   {
     if [ -n "${fragmentation_beside:-}" ]; then
-      echo "# The pool's runs and the best fit's went beside $fragmentation_beside, which time nothing, on the cores they leave idle (so that a full check has time for them): their ns per operation may read a little higher than alone. The async and default managers' runs, whose reserved bytes are read from the device's free memory, ran alone after the benchmarks."
+      echo "# The pool's runs and the best fit's went beside $fragmentation_beside, which time nothing, on the cores they leave idle (so that a full check has time for them): their ns per operation may read a little higher than alone. The default manager's runs, whose reserved bytes are read from the device's free memory, ran alone after the suites."
     fi
     if [ "${CUEMM_GPU_FRAGMENTATION_ONLY:-0}" = 1 ]; then
       echo "# From a run of its own (\`CUEMM_GPU_FRAGMENTATION_ONLY=1\`) of commit \`${CUEMM_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null)}\`, $(date -u +%F), on $(head -1 "$logs/gpu.txt")."
     fi
   } >"$fragmentation_parts/notes"
-  fragmentation_singles 0 3 4
+  fragmentation_singles 0 1 3 4
   fragmentation_seeds >"$fragmentation_parts/seeds" 2>&1
-  # Beside nothing, the async and default managers' runs too.
+  # Beside nothing, the default manager's runs too.
   [ -z "${fragmentation_beside:-}" ] && fragmentation_alone
 }
-fragmentation_alone() { fragmentation_singles 1 2; }
+fragmentation_alone() { fragmentation_singles 2; }
 # The parts in the table's order: notes, each workload's runs by manager, the seeds.
 assemble_fragmentation() {
   local workload manager
@@ -285,8 +285,8 @@ if [ "${CUEMM_GPU_FRAGMENTATION_ONLY:-0}" != 1 ]; then
     phase_done example+pytest+pip
     # The fragmentation runs (below) measure memory, not time: the pool's and the best fit's go
     # beside numba-cuda's suites, which time nothing either, rather than after the benchmarks,
-    # where slow hosts left them no time inside the device's 10 minutes (the async and default
-    # managers' runs, which read the device's free memory, come after the benchmarks).
+    # where slow hosts left them no time inside the device's 10 minutes (the default manager's
+    # runs, which read the device's free memory, come right after the suites).
     if [ "${CUEMM_GPU_TESTS_ONLY:-0}" != 1 ]; then
       fragmentation_beside="numba-cuda's test suites"
       fragmentation_runs >"$logs/fragmentation-runs.log" 2>&1 &
@@ -327,10 +327,14 @@ if [ "${CUEMM_GPU_FRAGMENTATION_ONLY:-0}" != 1 ]; then
     else
       phase_done numba-cuda-suites
     fi
-    # The replay of the suite's log (seconds) while nothing else runs (the async and default
-    # managers' reserved bytes are read from the device's free memory): at the end, the deadline
-    # left it out of the runs of ee3060c's successors.
-    [ "${CUEMM_GPU_TESTS_ONLY:-0}" != 1 ] && replay_suite_log >"$logs/replay.txt" 2>&1
+    # The replay of the suite's log (seconds), then the default manager's fragmentation runs
+    # (about 20 s), while nothing else runs: the default manager's reserved bytes are read from
+    # the device's free memory. After the benchmarks, the deadline left them out of most runs.
+    if [ "${CUEMM_GPU_TESTS_ONLY:-0}" != 1 ]; then
+      replay_suite_log >"$logs/replay.txt" 2>&1
+      fragmentation_alone
+      phase_done replay+default-fragmentation
+    fi
     # CUEMM_GPU_TESTS_ONLY=1: the checks above, without the benchmarks (a machine whose timings are not reported).
     [ "${CUEMM_GPU_TESTS_ONLY:-0}" = 1 ] && finish
     # Two rounds of separate processes (about 40 s less than three: the run of
@@ -378,15 +382,10 @@ else
   phase_done build
 fi
 
-# The replay of numba-cuda's log where it has not run yet (after the suites, above), then the
-# fragmentation runs, unless they already ran beside numba-cuda's suites (above): then those that
-# must run alone.
+# The replay of numba-cuda's log and the fragmentation runs where they have not run yet (beside
+# and after numba-cuda's suites, above).
 [ -f "$logs/replay.txt" ] || replay_suite_log >"$logs/replay.txt" 2>&1
-if [ -n "${fragmentation_pid:-}" ]; then
-  fragmentation_alone
-else
-  fragmentation_runs >"$logs/fragmentation-runs.log" 2>&1
-fi
+[ -n "${fragmentation_pid:-}" ] || fragmentation_runs >"$logs/fragmentation-runs.log" 2>&1
 { assemble_fragmentation; cat "$logs/replay.txt"; } >"$logs/bench_fragmentation.txt" 2>&1
 fragmentation_summary
 phase_done fragmentation

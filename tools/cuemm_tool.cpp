@@ -31,8 +31,9 @@
 //                                            ns per allocate+free pair (bench_command.cpp)
 //
 // replay and random report the time, peak live bytes, peak reserved bytes (what
-// the manager holds from the driver: the pool's segments, else the driver's
-// used memory since the start) and their ratio, the fragmentation overhead.
+// the manager holds from the driver: the pool's segments, the async manager's
+// driver pool's reserved bytes, else the driver's used memory since the start)
+// and their ratio, the fragmentation overhead.
 // `--manager best-fit` reports, for reference, what an ideal best fit would
 // reserve (best_fit_reference.hpp).
 #include <algorithm>
@@ -225,9 +226,14 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
   if (options.stream_ordered && !pool)
     throw InvalidArgument("--stream-ordered replays through the pool's allocate(size, stream), which manager '" +
                           manager_name + "' does not have");
+  // The pool and the driver's stream-ordered pool count their own reserved
+  // bytes, which other processes on the device leave alone; the default
+  // manager's are what the device's free memory lost since the start.
+  auto* stream_ordered_pool = find_adaptor<AsyncMemoryManager>(*manager);
   const MemoryInfo start = driver_memory_info(context);
   auto reserved_now = [&] {
     if (pool) return pool->statistics().reserved_bytes;
+    if (stream_ordered_pool) return static_cast<std::size_t>(stream_ordered_pool->statistics().reserved_bytes);
     const MemoryInfo now = driver_memory_info(context);
     return start.free > now.free ? start.free - now.free : std::size_t{0};
   };
