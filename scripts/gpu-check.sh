@@ -114,21 +114,14 @@ fragmentation_runs() {
   rm -rf "$fragmentation_parts" && mkdir -p "$fragmentation_parts"
   {
     if [ -n "${fragmentation_beside:-}" ]; then
-      echo "# The pool's, the async manager's and the best fit's runs went beside $fragmentation_beside, which time nothing, and beside the seeds' runs below, on the cores those leave idle (so that a full check has time for them): their ns per operation may read higher than alone. The default manager's runs, whose reserved bytes are read from the device's free memory, ran alone after the suites."
-    else
-      echo "# The pool's, the async manager's and the best fit's runs went beside the seeds' runs below, on the cores those leave idle: their ns per operation may read higher than alone. The default manager's runs, whose reserved bytes are read from the device's free memory, ran alone after them."
+      echo "# The pool's runs and the best fit's went beside $fragmentation_beside, which time nothing, on the cores they leave idle (so that a full check has time for them): their ns per operation may read a little higher than alone. The default manager's runs, whose reserved bytes are read from the device's free memory, ran alone after the suites."
     fi
     if [ "${CUEMM_GPU_FRAGMENTATION_ONLY:-0}" = 1 ]; then
       echo "# From a run of its own (\`CUEMM_GPU_FRAGMENTATION_ONLY=1\`) of commit \`${CUEMM_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null)}\`, $(date -u +%F), on $(head -1 "$logs/gpu.txt")."
     fi
   } >"$fragmentation_parts/notes"
-  # The single runs (one process at a time) beside the seeds' batches, which keep the other cores
-  # busy: each part measures memory, and both together take the time of the longer. (The seeds
-  # run in a subshell of their own, whose waits for their batches do not wait for the singles.)
-  fragmentation_singles 0 1 3 4 &
-  local singles=$!
-  (fragmentation_seeds) >"$fragmentation_parts/seeds" 2>&1
-  wait "$singles"
+  fragmentation_singles 0 1 3 4
+  fragmentation_seeds >"$fragmentation_parts/seeds" 2>&1
   # Beside nothing, the default manager's runs too.
   [ -z "${fragmentation_beside:-}" ] && fragmentation_alone
 }
