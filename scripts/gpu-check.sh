@@ -114,7 +114,7 @@ fragmentation_runs() {
   rm -rf "$fragmentation_parts" && mkdir -p "$fragmentation_parts"
   {
     if [ -n "${fragmentation_beside:-}" ]; then
-      echo "# The pool's runs and the best fit's went beside $fragmentation_beside, which time nothing, on the cores they leave idle (so that a full check has time for them): their ns per operation may read a little higher than alone. The default manager's runs, whose reserved bytes are read from the device's free memory, ran alone after the suites."
+      echo "# The pool's, the async manager's and the best fit's runs went beside $fragmentation_beside, which time nothing, on the cores they leave idle (so that a full check has time for them): their ns per operation may read a little higher than alone. The default manager's runs, whose reserved bytes are read from the device's free memory, ran alone after the suites."
     fi
     if [ "${CUEMM_GPU_FRAGMENTATION_ONLY:-0}" = 1 ]; then
       echo "# From a run of its own (\`CUEMM_GPU_FRAGMENTATION_ONLY=1\`) of commit \`${CUEMM_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null)}\`, $(date -u +%F), on $(head -1 "$logs/gpu.txt")."
@@ -271,6 +271,17 @@ if [ "${CUEMM_GPU_FRAGMENTATION_ONLY:-0}" != 1 ]; then
   summary+=("gtest cases: $(grep -hoE '^[0-9]+: \[  PASSED  \] [0-9]+' "$logs/ctest.log" | awk '{s+=$NF} END {print s+0}') passed, $(grep -cE '^[0-9]+: \[  SKIPPED \] [A-Za-z].* \([0-9]+ ms\)' "$logs/ctest.log") skipped, $(grep -cE '^[0-9]+: \[  FAILED  \] [A-Za-z].* \([0-9]+ ms\)' "$logs/ctest.log") failed")
   phase_done build+ctest
 
+  # The fragmentation runs (below) measure memory, not time: the pool's, the async manager's and
+  # the best fit's go beside the example, pytest and numba-cuda's suites, which time nothing and
+  # assert nothing about the device's free memory (ctest's tests do), rather than after the
+  # benchmarks, where slow hosts left them no time inside the device's 10 minutes (the default
+  # manager's runs, which read the device's free memory, come right after the suites).
+  if [ $python_checks = 1 ] && [ "${CUEMM_GPU_TESTS_ONLY:-0}" != 1 ]; then
+    fragmentation_beside="the example, pytest and numba-cuda's test suites"
+    fragmentation_runs >"$logs/fragmentation-runs.log" 2>&1 &
+    fragmentation_pid=$!
+  fi
+
   CUEMM_DRIVER=cuda "$build/bin/zeros_to_device" >"$logs/example.log" 2>&1
   example_status=$?
   cat "$logs/example.log"
@@ -283,15 +294,6 @@ if [ "${CUEMM_GPU_FRAGMENTATION_ONLY:-0}" != 1 ]; then
     wait "$pip_pid"
     summary+=("pip install . (scikit-build-core): exit $? ($(tail -1 "$logs/pip.log"))")
     phase_done example+pytest+pip
-    # The fragmentation runs (below) measure memory, not time: the pool's and the best fit's go
-    # beside numba-cuda's suites, which time nothing either, rather than after the benchmarks,
-    # where slow hosts left them no time inside the device's 10 minutes (the default manager's
-    # runs, which read the device's free memory, come right after the suites).
-    if [ "${CUEMM_GPU_TESTS_ONLY:-0}" != 1 ]; then
-      fragmentation_beside="numba-cuda's test suites"
-      fragmentation_runs >"$logs/fragmentation-runs.log" 2>&1 &
-      fragmentation_pid=$!
-    fi
     # Under cuemm every process of the suite logs its allocations (for the replay below).
     suite_logs=/tmp/cuemm-suite-logs
     rm -rf "$suite_logs" && mkdir -p "$suite_logs"
