@@ -227,7 +227,7 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
     throw InvalidArgument("--stream-ordered replays through the pool's allocate(size, stream), which manager '" +
                           manager_name + "' does not have");
   // The pool and the driver's stream-ordered pool count their own reserved
-  // bytes, which other processes on the device leave alone; the default
+  // bytes, which other processes on the device leave alone; any other
   // manager's are what the device's free memory lost since the start.
   auto* stream_ordered_pool = find_adaptor<AsyncMemoryManager>(*manager);
   const MemoryInfo start = driver_memory_info(context);
