@@ -59,8 +59,8 @@ bool ensure_arena(Device& device) {
   return true;
 }
 
-CUresult allocate_device_memory(State& s, Context* context, std::size_t size, AllocationKind kind,
-                                unsigned flags, CUdeviceptr* pointer) {
+CUresult place_device_memory(State& s, Context* context, std::size_t size, AllocationKind kind,
+                             unsigned flags, CUdeviceptr* pointer) {
   Device& device = *context->device;
   if (!ensure_arena(device)) return CUDA_ERROR_OUT_OF_MEMORY;
   const std::size_t rounded = cuemm::util::round_up(size, kDeviceAlignment);
@@ -77,10 +77,47 @@ CUresult allocate_device_memory(State& s, Context* context, std::size_t size, Al
   allocation.arena_offset = *offset;
   allocation.arena_size = rounded;
   allocation.id = s.next_allocation_id++;
-  device.used += rounded;
   s.allocations.emplace(allocation.base, allocation);
   *pointer = allocation.base;
   return CUDA_SUCCESS;
+}
+
+CUresult allocate_device_memory(State& s, Context* context, std::size_t size, AllocationKind kind,
+                                unsigned flags, CUdeviceptr* pointer) {
+  Device& device = *context->device;
+  const std::size_t rounded = cuemm::util::round_up(size, kDeviceAlignment);
+  if (rounded < size || !make_room(s, device, rounded)) return CUDA_ERROR_OUT_OF_MEMORY;
+  const CUresult result = place_device_memory(s, context, size, kind, flags, pointer);
+  if (result == CUDA_SUCCESS) device.used += rounded;
+  return result;
+}
+
+bool make_room(State& s, Device& device, std::size_t bytes, const MemoryPool* except) {
+  if (device.capacity - device.used >= bytes) return true;
+  for (auto& [key, pool] : s.pools) {
+    if (pool->device == device.ordinal && pool.get() != except && pool->imported_fd < 0) trim_pool(s, *pool, 0);
+  }
+  return device.capacity - device.used >= bytes;
+}
+
+void trim_pool(State& s, MemoryPool& pool, std::uint64_t keep) {
+  const std::uint64_t floor = std::max(keep, cuemm::util::round_up(pool.used, 2u << 20));
+  if (floor >= pool.reserved) return;
+  s.devices[pool.device]->used -= pool.reserved - floor;
+  pool.reserved = floor;
+}
+
+void forget_pool_if_done(State& s, MemoryPool* pool) {
+  if (!pool->destroyed || pool->used != 0) return;
+  if (pool->imported_fd >= 0) close(pool->imported_fd);
+  s.devices[pool->device]->used -= pool->reserved;
+  s.pools.erase(pool);
+}
+
+void release_past_thresholds(State& s, int device) {
+  for (auto& [key, pool] : s.pools) {
+    if (pool->device == device && pool->imported_fd < 0) trim_pool(s, *pool, pool->release_threshold);
+  }
 }
 
 // Gives the memory of a cuMemCreate handle back (an imported one's stays the exporter's).
@@ -105,6 +142,17 @@ void release_allocation(State& s, std::map<std::uintptr_t, Allocation>::iterator
     case AllocationKind::Device:
     case AllocationKind::Managed: {
       Device& device = *s.devices[allocation.device];
+      // A stream-ordered pool keeps the bytes (until destroyed: then they go).
+      if (MemoryPool* pool = allocation.pool) {
+        pool->used -= allocation.arena_size;
+        if (pool->destroyed) {
+          pool->reserved -= allocation.arena_size;
+          device.used -= allocation.arena_size;
+          forget_pool_if_done(s, pool);
+        }
+      } else {
+        device.used -= allocation.arena_size;
+      }
       // Give large blocks' pages back to the host: a freed 4 GiB block must
       // not keep 4 GiB of RAM.
       if (allocation.arena_size >= kPunchThreshold) {
@@ -117,7 +165,6 @@ void release_allocation(State& s, std::map<std::uintptr_t, Allocation>::iterator
         }
       }
       device.ranges->release(allocation.arena_offset, allocation.arena_size);
-      device.used -= allocation.arena_size;
       break;
     }
     case AllocationKind::PinnedHost:

@@ -86,6 +86,22 @@ void synchronize_context(std::unique_lock<std::mutex>& lock, Context* context);
 bool ensure_arena(Device& device);
 CUresult allocate_device_memory(State& s, Context* context, std::size_t size, AllocationKind kind,
                                 unsigned flags, CUdeviceptr* pointer);
+// Addresses in the device arena and the allocation's record, for memory whose
+// bytes are already counted against the device (a stream-ordered pool's).
+CUresult place_device_memory(State& s, Context* context, std::size_t size, AllocationKind kind,
+                             unsigned flags, CUdeviceptr* pointer);
+// Whether `bytes` more fit the device's capacity, once the stream-ordered
+// pools other than `except` have given back the memory they keep, as the
+// H100's driver takes it back for an allocation that would run out.
+bool make_room(State& s, Device& device, std::size_t bytes, const MemoryPool* except = nullptr);
+// Gives a stream-ordered pool's kept memory back to its device down to
+// `keep` bytes reserved (never below the bytes of its blocks, page-rounded).
+void trim_pool(State& s, MemoryPool& pool, std::uint64_t keep);
+// Forgets a destroyed pool once its last block is freed.
+void forget_pool_if_done(State& s, MemoryPool* pool);
+// What a synchronisation does to the device's pools: each keeps at most
+// its release threshold.
+void release_past_thresholds(State& s, int device);
 // Gives the memory of a cuMemCreate handle back (an imported one's stays the exporter's).
 void release_physical(State& s, std::map<std::uint64_t, PhysicalMemory>::iterator it);
 // Returns the allocation's memory to where it came from and forgets it.

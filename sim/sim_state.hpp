@@ -63,13 +63,20 @@ struct PhysicalMemory {
   bool imported = false;  // cuMemImportFromShareableHandle: another process's memory
 };
 
-// A stream-ordered pool. The simulation keeps no memory in it: its blocks
-// come from the device arena and go back to it when their free runs.
+// A stream-ordered pool. It reserves device memory in steps of 32 MiB and
+// keeps what its blocks free (counted against the device) until a
+// synchronisation trims it to the release threshold, cuMemPoolTrimTo trims
+// it, or another allocation on the device would run out without it: what
+// bench/probes/probe_pool_reserve.cpp measured on the H100. Its kept bytes
+// are a count, not places: a block's addresses come from the device arena,
+// so any kept bytes serve any request (the H100's pool remaps its pages),
+// and the arena's freed pages go back to the host as a cuMemFree's do.
 struct MemoryPool {
   int device = 0;
   int handle_types = 0;
   std::uint64_t release_threshold = 0;
   std::uint64_t used = 0, used_high = 0;
+  std::uint64_t reserved = 0, reserved_high = 0;  // used, and the freed bytes kept
   bool destroyed = false;  // forgotten once its last block is freed
   int imported_fd = -1;    // imported (cuMemPoolImportFromShareableHandle): the exporter's device memory
   bool exported = false;   // cuMemPoolExportToShareableHandle has run: its blocks may be exported

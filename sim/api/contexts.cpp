@@ -130,7 +130,9 @@ SIM_EXPORT CUresult cuCtxSynchronize() {
   SIM_BEGIN(cuCtxSynchronize);
   SIM_CONTEXT();
   if (const CUresult refused = check_captures(s, DuringCapture::whole_context)) return refused;
+  const int device = context->device->ordinal;
   synchronize_context(lock, context);
+  release_past_thresholds(s, device);
   return CUDA_SUCCESS;
 }
 

@@ -34,8 +34,11 @@ SIM_EXPORT CUresult cuStreamSynchronize(CUstream handle) {
   if (const CUresult refused = check_stream_use(s, stream)) return refused;
   // An empty operation on the stream carries the legacy-stream dependencies with it.
   const auto ticket = submit(stream, nullptr);
+  const int device = stream->context()->device->ordinal;
   lock.unlock();
   stream->wait_for(ticket);
+  lock.lock();
+  release_past_thresholds(s, device);  // as the driver's pools do at a synchronisation
   return CUDA_SUCCESS;
 }
 
@@ -199,10 +202,15 @@ SIM_EXPORT CUresult cuEventSynchronize(CUevent handle) {
     }
     target = event->recorded;
   }
+  const int device = event->context->device->ordinal;
   lock.unlock();
   await_record(event, target);
-  std::unique_lock event_lock(event->mutex);
-  event->done.wait(event_lock, [&] { return event->completed >= target; });
+  {
+    std::unique_lock event_lock(event->mutex);
+    event->done.wait(event_lock, [&] { return event->completed >= target; });
+  }
+  lock.lock();
+  release_past_thresholds(s, device);
   return CUDA_SUCCESS;
 }
 

@@ -78,7 +78,7 @@ SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, std::size_
     return CUDA_ERROR_INVALID_VALUE;  // (Linux has no other handle type)
   Device& device = *s.devices[properties->location.id];
   if (!supports_virtual_memory(device)) return CUDA_ERROR_NOT_SUPPORTED;
-  if (!ensure_arena(device)) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (!ensure_arena(device) || !make_room(s, device, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
   auto offset = device.ranges->allocate_aligned(bytes, kVirtualGranularity);  // mmap wants page offsets
   if (!offset) return CUDA_ERROR_OUT_OF_MEMORY;
   PhysicalMemory physical{device.ordinal, *offset, bytes};

@@ -237,42 +237,120 @@ TEST(Driver, AStreamWaitedForThroughItsLastEventReadsIdle) {
   CUEMM_CU(cuEventDestroy, event);
 }
 
-// A stream-ordered free on an idle stream gives the block back at once, as
-// the driver's pool hands it to the stream's next allocation; on a stream
-// with work queued, only once that work has run. (Deferred always, replays
-// without GPU work read every block freed since the stream's worker last ran
-// as still in use.)
-TEST(Driver, ASimulatedStreamOrderedFreeWaitsOnlyForQueuedWork) {
-  CUEMM_REQUIRE_SIMULATION();
-  Context& context = current_context();
-  ScopedContext scope(context);
+namespace {
+cuda::CUmemoryPool make_stream_ordered_pool(const Context& context, std::uint64_t release_threshold) {
   cuda::CUmemPoolProps properties{};
   properties.alloc_type = cuda::CU_MEM_ALLOCATION_TYPE_PINNED;
   properties.location = {cuda::CU_MEM_LOCATION_TYPE_DEVICE, context.device().id()};
   cuda::CUmemoryPool pool = nullptr;
   CUEMM_CU(cuMemPoolCreate, &pool, &properties);
-  const std::uint64_t in_use_before = simulation::device_bytes_in_use(context.device().id());
+  CUEMM_CU(cuMemPoolSetAttribute, pool, cuda::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &release_threshold);
+  return pool;
+}
+
+std::uint64_t pool_attribute(cuda::CUmemoryPool pool, int attribute) {
+  std::uint64_t value = 0;
+  CUEMM_CU(cuMemPoolGetAttribute, pool, attribute, &value);
+  return value;
+}
+std::uint64_t reserved_bytes(cuda::CUmemoryPool pool) {
+  return pool_attribute(pool, cuda::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+}
+std::uint64_t used_bytes(cuda::CUmemoryPool pool) {
+  return pool_attribute(pool, cuda::CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
+}
+}  // namespace
+
+// A stream-ordered free on an idle stream gives the block back to its pool
+// at once, as the driver's pool hands it to the stream's next allocation; on
+// a stream with work queued, only once that work has run. (Deferred always,
+// replays without GPU work read every block freed since the stream's worker
+// last ran as still in use.)
+TEST(Driver, ASimulatedStreamOrderedFreeWaitsOnlyForQueuedWork) {
+  CUEMM_REQUIRE_SIMULATION();
+  Context& context = current_context();
+  ScopedContext scope(context);
+  const cuda::CUmemoryPool pool = make_stream_ordered_pool(context, UINT64_MAX);
   constexpr std::size_t kBytes = std::size_t{4} << 20;
   cuda::CUdeviceptr block = 0;
   CUEMM_CU(cuMemAllocFromPoolAsync, &block, kBytes, pool, cuda::CUstream{});
-  EXPECT_GE(simulation::device_bytes_in_use(context.device().id()), in_use_before + kBytes);
+  EXPECT_EQ(used_bytes(pool), kBytes);
   CUEMM_CU(cuMemFreeAsync, block, cuda::CUstream{});
-  EXPECT_EQ(simulation::device_bytes_in_use(context.device().id()), in_use_before);
+  EXPECT_EQ(used_bytes(pool), 0u);
 
   // Behind a kernel that runs for a while, the free waits for it.
   constexpr std::uint64_t kCount = 1024;
   cuda::CUdeviceptr words = 0;
   CUEMM_CU(cuMemAlloc, &words, kCount * 4);
-  const std::uint64_t in_use_with_words = simulation::device_bytes_in_use(context.device().id());
   Module module = context.load_module(cuemm::testing::test_kernels_ptx());
   CUEMM_CU(cuMemAllocFromPoolAsync, &block, kBytes, pool, cuda::CUstream{});
   module.function("cuemm_spin_fill_u32").launch({1}, {256}, Stream::legacy_default(), words, 7u, kCount,
                                                 std::uint64_t{50'000'000});
   CUEMM_CU(cuMemFreeAsync, block, cuda::CUstream{});
-  EXPECT_GE(simulation::device_bytes_in_use(context.device().id()), in_use_with_words + kBytes);
+  EXPECT_EQ(used_bytes(pool), kBytes);
   CUEMM_CU(cuStreamSynchronize, cuda::CUstream{});
-  EXPECT_EQ(simulation::device_bytes_in_use(context.device().id()), in_use_with_words);
+  EXPECT_EQ(used_bytes(pool), 0u);
   CUEMM_CU(cuMemFree, words);
+  CUEMM_CU(cuMemPoolDestroy, pool);
+}
+
+// What a stream-ordered pool keeps of the memory its blocks free, as the
+// H100's driver keeps it (bench/probes/probe_pool_reserve.cpp): reserved
+// memory counts against the device; a synchronisation trims it to the
+// release threshold, cuMemPoolTrimTo to what it is asked to keep; and an
+// allocation elsewhere that would run out without it takes it back. The
+// simulated driver must do the same (the async manager's memory info and
+// statistics read it), so this runs on both.
+TEST(Driver, AStreamOrderedPoolKeepsFreedMemoryUpToItsReleaseThreshold) {
+  Context& context = current_context();
+  ScopedContext scope(context);
+  const cuda::CUstream stream = cuda::CU_STREAM_LEGACY;
+  constexpr std::uint64_t kMiB = 1 << 20, kBlock = 256 * kMiB;
+  for (const std::uint64_t threshold : {std::uint64_t{0}, 4 * kBlock, std::uint64_t{UINT64_MAX}}) {
+    SCOPED_TRACE("release threshold " + std::to_string(threshold));
+    const cuda::CUmemoryPool pool = make_stream_ordered_pool(context, threshold);
+    cuda::CUdeviceptr blocks[4];
+    for (auto& block : blocks) CUEMM_CU(cuMemAllocFromPoolAsync, &block, kBlock, pool, stream);
+    CUEMM_CU(cuStreamSynchronize, stream);
+    EXPECT_GE(reserved_bytes(pool), 4 * kBlock);
+    const std::uint64_t free_with_blocks = driver_memory_info(context).free;
+    for (auto& block : blocks) CUEMM_CU(cuMemFreeAsync, block, stream);
+    CUEMM_CU(cuStreamSynchronize, stream);
+    EXPECT_EQ(used_bytes(pool), 0u);
+    if (threshold == 0) {
+      EXPECT_EQ(reserved_bytes(pool), 0u) << "a synchronisation gives back what passes the threshold";
+      EXPECT_GE(driver_memory_info(context).free, free_with_blocks + 4 * kBlock);
+    } else {
+      EXPECT_GE(reserved_bytes(pool), 4 * kBlock) << "kept up to the threshold";
+      EXPECT_LE(driver_memory_info(context).free, free_with_blocks + kMiB) << "kept memory counts against the device";
+      // Kept memory serves the pool's next block without taking more.
+      const std::uint64_t reserved = reserved_bytes(pool);
+      CUEMM_CU(cuMemAllocFromPoolAsync, &blocks[0], 2 * kBlock, pool, stream);
+      EXPECT_EQ(reserved_bytes(pool), reserved);
+      CUEMM_CU(cuMemFreeAsync, blocks[0], stream);
+      CUEMM_CU(cuStreamSynchronize, stream);
+      CUEMM_CU(cuMemPoolTrimTo, pool, kBlock);
+      EXPECT_GE(reserved_bytes(pool), kBlock) << "trimmed, it keeps at least what it was asked to keep";
+      EXPECT_LT(reserved_bytes(pool), 2 * kBlock);
+      CUEMM_CU(cuMemPoolTrimTo, pool, std::size_t{0});
+      EXPECT_EQ(reserved_bytes(pool), 0u);
+    }
+    CUEMM_CU(cuMemPoolDestroy, pool);
+  }
+
+  // A cuMemAlloc larger than the device's free memory takes back what a pool keeps.
+  const cuda::CUmemoryPool pool = make_stream_ordered_pool(context, UINT64_MAX);
+  const std::uint64_t kept = driver_memory_info(context).free / 4 * 3 / (2 * kMiB) * (2 * kMiB);
+  cuda::CUdeviceptr block = 0;
+  CUEMM_CU(cuMemAllocFromPoolAsync, &block, kept, pool, stream);
+  CUEMM_CU(cuMemFreeAsync, block, stream);
+  CUEMM_CU(cuStreamSynchronize, stream);
+  ASSERT_GE(reserved_bytes(pool), kept);
+  const std::uint64_t asked = driver_memory_info(context).free + kept / 2;
+  cuda::CUdeviceptr other = 0;
+  CUEMM_CU(cuMemAlloc, &other, asked);
+  EXPECT_LT(reserved_bytes(pool), kept / 2 + 1) << "the pool gave back what the allocation needed";
+  CUEMM_CU(cuMemFree, other);
   CUEMM_CU(cuMemPoolDestroy, pool);
 }
 
