@@ -245,6 +245,19 @@ AsyncStatistics AsyncMemoryManager::statistics() const {
   return statistics;
 }
 
+std::uint64_t AsyncMemoryManager::trim() {
+  std::shared_lock use(blocks_->pool_use);
+  const cuda::CUmemoryPool pool = pool_.load();
+  if (!pool) return 0;
+  ScopedContext scope(context());
+  CUEMM_CU(cuStreamSynchronize, cuda::CU_STREAM_LEGACY);
+  std::uint64_t before = 0, after = 0;
+  CUEMM_CU(cuMemPoolGetAttribute, pool, cuda::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &before);
+  CUEMM_CU(cuMemPoolTrimTo, pool, std::size_t{0});
+  CUEMM_CU(cuMemPoolGetAttribute, pool, cuda::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &after);
+  return before > after ? before - after : 0;
+}
+
 MemoryInfo AsyncMemoryManager::get_memory_info() {
   MemoryInfo info = driver_memory_info(context());
   const AsyncStatistics statistics = this->statistics();

@@ -130,11 +130,30 @@ TEST_F(Async, MemoryInfoCountsThePoolsUnusedBytes) {
   EXPECT_EQ(info.total, device.total);
   EXPECT_EQ(info.free - device.free, statistics.reserved_bytes);
   EXPECT_LE(info.free, info.total);
-  // (The simulated driver's pool keeps no memory: its blocks go back to the
-  // device when freed, sim/sim_state.hpp.)
-  if (!simulation::active()) {
-    EXPECT_GE(statistics.reserved_bytes, kBlock);
-  }
+  EXPECT_GE(statistics.reserved_bytes, kBlock) << "the release threshold is at its maximum";
+}
+
+// The threshold reaches the driver's pool, and trim() gives back the rest.
+TEST_F(Async, TheReleaseThresholdAndTrimGiveMemoryBack) {
+  constexpr std::size_t kBlock = std::size_t{64} << 20;
+  AsyncOptions keeps_nothing;
+  keeps_nothing.release_threshold = 0;
+  AsyncMemoryManager frugal(&context, keeps_nothing);
+  frugal.initialize();
+  { auto block = frugal.memalloc(kBlock); }
+  context.synchronize();
+  EXPECT_EQ(frugal.statistics().reserved_bytes, 0u) << "a synchronisation gives back what passes the threshold";
+
+  AsyncMemoryManager keeper(&context);
+  keeper.initialize();
+  auto held = keeper.memalloc(kBlock);
+  { auto block = keeper.memalloc(kBlock); }
+  const std::uint64_t free_before = driver_memory_info(context).free;
+  const std::uint64_t given_back = keeper.trim();
+  EXPECT_GE(given_back, kBlock) << "the freed block's memory, once its free has run";
+  EXPECT_GE(driver_memory_info(context).free, free_before + given_back);
+  EXPECT_GE(keeper.statistics().reserved_bytes, kBlock) << "the live block's memory stays";
+  EXPECT_EQ(keeper.statistics().used_bytes, kBlock);
 }
 
 TEST_F(Async, TheReleaseThresholdComesFromTheEnvironment) {
