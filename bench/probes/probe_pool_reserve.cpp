@@ -8,6 +8,8 @@
 //  4. A pool's kept memory against cuMemAlloc and against another pool: does
 //     the driver take it back for them, or do they run out of memory?
 //  5. A pool whose kept memory is in pieces: does a larger request reuse it?
+//  6. cuMemGetAddressRange of a pool's block (exportable or not, before and
+//     after its allocation ran, at its start and inside it).
 // Build and run on the GPU machine:
 //   g++ -O2 -std=c++17 -I/usr/local/cuda/include -o /tmp/probe_pool_reserve bench/probes/probe_pool_reserve.cpp
 //     -L/usr/local/cuda/lib64/stubs -lcuda && /tmp/probe_pool_reserve
@@ -199,6 +201,32 @@ int main() {
                 (unsigned long long)(ask / kMiB), name(result), (unsigned long long)(reserved(pool) / kMiB));
     if (result == CUDA_SUCCESS) CK(cuMemFreeAsync(large, stream));
     for (std::size_t i = 1; i < blocks.size(); i += 2) CK(cuMemFreeAsync(blocks[i], stream));
+    CK(cuStreamSynchronize(stream));
+    CK(cuMemPoolDestroy(pool));
+  }
+  std::printf("6. cuMemGetAddressRange of pool blocks (base: the block's start, 0 or other):\n");
+  for (int exportable = 0; exportable < 2; ++exportable) {
+    CUmemPoolProps properties{};
+    properties.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    properties.location = {CU_MEM_LOCATION_TYPE_DEVICE, device};
+    properties.handleTypes = exportable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
+    CUmemoryPool pool;
+    CK(cuMemPoolCreate(&pool, &properties));
+    for (std::uint64_t size : {std::uint64_t{80}, std::uint64_t{4096}, kMiB, 64 * kMiB}) {
+      CUdeviceptr block;
+      CK(cuMemAllocFromPoolAsync(&block, size, pool, stream));
+      for (int after_sync = 0; after_sync < 2; ++after_sync) {
+        if (after_sync) CK(cuStreamSynchronize(stream));
+        const CUdeviceptr asked = block + (after_sync && size > 8 ? 8 : 0);
+        CUdeviceptr base = 1;
+        size_t length = 1;
+        const CUresult result = cuMemGetAddressRange(&base, &length, asked);
+        std::printf("   exportable %d, %8llu B, %s: %s, base %s, size %zu\n", exportable, (unsigned long long)size,
+                    after_sync ? "synchronised, 8 B inside" : "queued, at its start", name(result),
+                    base == block ? "its start" : base == 0 ? "0" : "other", length);
+      }
+      CK(cuMemFreeAsync(block, stream));
+    }
     CK(cuStreamSynchronize(stream));
     CK(cuMemPoolDestroy(pool));
   }

@@ -51,10 +51,9 @@ SIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, std::size_t* size
   SIM_BEGIN(cuMemGetAddressRange);
   Allocation* allocation = s.find(pointer);
   if (!allocation) return CUDA_ERROR_NOT_FOUND;
-  // Memory of a stream-ordered pool: success with 0 and 0, as the H100's
-  // driver (580) answers.
-  const bool pooled = allocation->pool != nullptr;
-  if (base) *base = pooled ? 0 : allocation->base;
-  if (size) *size = pooled ? 0 : allocation->size;
+  // A stream-ordered pool's block answers its own start and size, as on the
+  // H100 (bench/probes/probe_pool_reserve.cpp, part 6).
+  if (base) *base = allocation->base;
+  if (size) *size = allocation->size;
   return CUDA_SUCCESS;
 }

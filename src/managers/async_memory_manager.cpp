@@ -30,7 +30,9 @@ AsyncOptions AsyncOptions::from_environment() {
 // then do nothing: the EMM interface's reset clears all of a context's
 // memory, and a device's reset destroys it, after which the driver may give
 // the same address to a new block. get_ipc_handle() finds a block's start
-// here, which cuMemGetAddressRange does not give for pool memory. The
+// here, without asking the driver (an H100 run once read 0, 0 from
+// cuMemGetAddressRange for pool memory, though the probe of 2026-11-27,
+// bench/probes/probe_pool_reserve.cpp, reads each block's range). The
 // finalizers reach it by a raw pointer (so that their closures fit
 // std::function's inline storage: no allocation), and it is kept until exit,
 // as they may outlive the manager. (HostOnlyMemoryManager::track() keeps such
