@@ -1,6 +1,9 @@
 // The stream-ordered pool manager: its own driver pool, ordered reuse, the
 // release threshold, and a clear refusal of IPC.
+#include <atomic>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "support/test_support.hpp"
 
@@ -145,6 +148,7 @@ TEST_F(Async, TheReleaseThresholdAndTrimGiveMemoryBack) {
   EXPECT_EQ(frugal.statistics().reserved_bytes, 0u) << "a synchronisation gives back what passes the threshold";
 
   AsyncMemoryManager keeper(&context);
+  EXPECT_EQ(keeper.trim(), 0u) << "before its pool exists";
   keeper.initialize();
   auto held = keeper.memalloc(kBlock);
   { auto block = keeper.memalloc(kBlock); }
@@ -154,6 +158,40 @@ TEST_F(Async, TheReleaseThresholdAndTrimGiveMemoryBack) {
   EXPECT_GE(driver_memory_info(context).free, free_before + given_back);
   EXPECT_GE(keeper.statistics().reserved_bytes, kBlock) << "the live block's memory stays";
   EXPECT_EQ(keeper.statistics().used_bytes, kBlock);
+}
+
+// trim() from one thread while four others allocate, write, read back and
+// free: no block loses its contents, and every byte comes back.
+TEST_F(Async, TrimWhileOtherThreadsAllocateKeepsEveryBlock) {
+  AsyncMemoryManager manager(&context);
+  manager.initialize();
+  std::atomic<int> corrupted{0}, running{4};
+  std::vector<std::thread> threads;
+  for (std::uint32_t t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      ScopedContext scope(context);
+      for (std::uint32_t step = 0; step < 200; ++step) {
+        const std::size_t count = (1 + (step * 7 + t) % 64) * 1024;
+        std::vector<std::uint32_t> values(count, t << 16 | step), back(count);
+        auto block = manager.memalloc(count * 4);
+        CUEMM_CU(cuMemcpyHtoD, block->device_pointer(), values.data(), count * 4);
+        CUEMM_CU(cuMemcpyDtoH, back.data(), block->device_pointer(), count * 4);
+        if (back != values) corrupted.fetch_add(1);
+      }
+      running.fetch_sub(1);
+    });
+  }
+  std::uint64_t trims = 0;
+  while (running.load() > 0) {
+    manager.trim();
+    ++trims;
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(corrupted, 0);
+  EXPECT_GT(trims, 0u);
+  manager.trim();
+  EXPECT_EQ(manager.statistics().used_bytes, 0u);
+  EXPECT_EQ(manager.statistics().reserved_bytes, 0u) << "trim() left memory in the pool";
 }
 
 TEST_F(Async, TheReleaseThresholdComesFromTheEnvironment) {
