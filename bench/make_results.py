@@ -272,6 +272,8 @@ def main():
     measured = numba.get("environment") or versions()
 
     m = medians(runs)
+    # (gpu-check.sh runs two where a slow host left too little time for three.)
+    repetitions = max((run.get("repetitions", 0) for r in runs for run in r["benchmarks"]), default=0) or 3
     commit = args.commit or checked_out_commit()
     lines = [
         "# cuemm benchmark results",
@@ -286,7 +288,8 @@ def main():
         f"cupy {measured['cupy']}; torch {measured['torch']}",
         f"- Google Benchmark run date: {allocators['context'].get('date')}",
         "",
-        "Reproduce: `bash scripts/gpu-check.sh` on the GPU machine (see README). Times are medians of 3 repetitions,",
+        "Reproduce: `bash scripts/gpu-check.sh` on the GPU machine (see README). Times are medians of "
+        f"{repetitions} repetitions,",
         "in nanoseconds per allocate+free pair; with several threads, the time is wall time divided by all pairs",
         "of all threads (so lower is better and 16 threads ideally divide it by 16).",
         "",

@@ -6,10 +6,15 @@ raw IPC handles without their offset (docs/ipc-offsets.md), which run again
 with CUEMM_POOL_DEDICATED_SIZE=0 and must pass there.
 
 Usage: compare_numba_cuda_suite.py PYTHONPATH_OF_CUEMM [test modules...]
-(default modules: the selection of ../shared/GPU-NOTES.md). Needs the GPU
+(default modules: the selection of ../shared/GPU-NOTES.md). With
+CUEMM_COMPARE_SAVE_BASELINE=FILE the default manager's outcomes are kept in
+FILE; with CUEMM_COMPARE_BASELINE=FILE a later run of some of the same
+modules (under another cuemm manager) takes them from there rather than
+running the default manager again. Needs the GPU
 machine's workarounds, which this script sets up itself in a temporary folder:
 a stand-in `filecheck` package whose Matcher skips, and np.row_stack.
 """
+import json
 import os
 import re
 import subprocess
@@ -76,6 +81,26 @@ def run(label, environment, modules):
     return outcomes, result
 
 
+def earlier_baseline(modules):
+    """The default manager's outcomes of `modules` from CUEMM_COMPARE_BASELINE,
+    where that run covered every one of them; else None (run it here)."""
+    path = os.environ.get("CUEMM_COMPARE_BASELINE")
+    if not path or not os.path.exists(path):
+        return None
+    with open(path) as source:
+        saved = json.load(source)
+    def within(name, module):
+        return name == module or name.startswith(module + ".")
+    if not all(any(within(module, covered) for covered in saved["modules"]) for module in modules):
+        return None
+    outcomes = {name: outcome for name, outcome in saved["outcomes"].items()
+                if any(within(name, module) for module in modules)}
+    counts = {k: sum(1 for v in outcomes.values() if v == k) for k in ("ok", "FAIL", "ERROR", "skipped")}
+    print(f"default: {counts['ok']} ok, {counts['FAIL']} failed, {counts['ERROR']} errors, {counts['skipped']} skipped"
+          f" (from the earlier run in {path})")
+    return outcomes
+
+
 def main():
     cuemm_path = sys.argv[1]
     modules = sys.argv[2:] or DEFAULT_MODULES
@@ -87,7 +112,12 @@ def main():
         base = dict(os.environ)
         base["PYTHONPATH"] = os.pathsep.join(filter(None, [shims, base.get("PYTHONPATH", "")]))
         base.pop("NUMBA_CUDA_MEMORY_MANAGER", None)
-        default, _ = run("default", base, modules)
+        default = earlier_baseline(modules)
+        if default is None:
+            default, _ = run("default", base, modules)
+            if os.environ.get("CUEMM_COMPARE_SAVE_BASELINE"):
+                with open(os.environ["CUEMM_COMPARE_SAVE_BASELINE"], "w") as out:
+                    json.dump({"modules": modules, "outcomes": default}, out)
         with_cuemm = dict(base, NUMBA_CUDA_MEMORY_MANAGER="cuemm",
                           PYTHONPATH=os.pathsep.join([cuemm_path, base["PYTHONPATH"]]))
         cuemm, cuemm_run = run("cuemm", with_cuemm, modules)
