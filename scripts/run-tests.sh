@@ -57,9 +57,11 @@ echo "== classic Numba cudadrv tests on the simulated driver: default manager, t
 (cd /tmp && /usr/bin/python3 "$root/tests/numba/classic_numba_cudadrv.py" "$sim_driver") || status=1
 (cd /tmp && PYTHONPATH="$build/python" CUEMM_DRIVER=sim NUMBA_CUDA_MEMORY_MANAGER=cuemm \
   /usr/bin/python3 "$root/tests/numba/classic_numba_cudadrv.py" "$sim_driver") || status=1
-echo "== the plugin again under the async manager (the driver's stream-ordered pool)"
-(cd /tmp && PYTHONPATH="$build/python" CUEMM_DRIVER=sim NUMBA_CUDA_MEMORY_MANAGER=cuemm CUEMM_MEMORY_MANAGER=async \
-  /usr/bin/python3 "$root/tests/numba/classic_numba_cudadrv.py" "$sim_driver") || status=1
+for manager in async default; do
+  echo "== the plugin again under the $manager manager"
+  (cd /tmp && PYTHONPATH="$build/python" CUEMM_DRIVER=sim NUMBA_CUDA_MEMORY_MANAGER=cuemm CUEMM_MEMORY_MANAGER=$manager \
+    /usr/bin/python3 "$root/tests/numba/classic_numba_cudadrv.py" "$sim_driver") || status=1
+done
 echo "== the same on two simulated devices that are peers (Numba's multi-GPU tests run)"
 (cd /tmp && CUEMM_SIM_DEVICES=2 CUEMM_SIM_PEER_ACCESS=1 \
   /usr/bin/python3 "$root/tests/numba/classic_numba_cudadrv.py" "$sim_driver") || status=1

@@ -47,13 +47,18 @@ void HostOnlyMemoryManager::Tracker::finalize(std::uintptr_t address) noexcept {
     live.erase(it);
   }
   try {
-    pending.add(std::move(entry.release), entry.bytes);
+    if (entry.when == Release::at_once)
+      entry.release();
+    else
+      pending.add(std::move(entry.release), entry.bytes);
   } catch (const std::exception& error) {
-    std::fprintf(stderr, "cuemm: queueing a release failed: %s\n", error.what());
+    std::fprintf(stderr, "cuemm: %s a release failed: %s\n", entry.when == Release::at_once ? "running" : "queueing",
+                 error.what());
   }
 }
 
-Finalizer HostOnlyMemoryManager::track(std::uintptr_t address, std::size_t bytes, std::function<void()> release) {
+Finalizer HostOnlyMemoryManager::track(std::uintptr_t address, std::size_t bytes, std::function<void()> release,
+                                       Release when) {
   // Releases run later, from whichever thread flushes: in our context.
   auto in_context = [&context = context(), release = std::move(release)] {
     ScopedContext scope(context);
@@ -61,7 +66,7 @@ Finalizer HostOnlyMemoryManager::track(std::uintptr_t address, std::size_t bytes
   };
   {
     std::lock_guard lock(tracker_->mutex);
-    tracker_->live[address] = Tracker::Entry{{}, std::move(in_context), bytes};
+    tracker_->live[address] = Tracker::Entry{{}, std::move(in_context), bytes, when};
   }
   return [tracker = std::weak_ptr<Tracker>(tracker_), address] {
     if (auto owner = tracker.lock()) owner->finalize(address);
@@ -198,23 +203,18 @@ std::shared_ptr<MemoryPointer> HostOnlyMemoryManager::mempin(std::shared_ptr<con
   const unsigned flags = mapped ? cuda::CU_MEMHOSTREGISTER_DEVICEMAP : 0u;
   ScopedContext scope(ctx);
   with_flush_and_retry([&] {
-    cuda::CUresult result = CUEMM_CU_RESULT(cuMemHostRegister, pointer, size, flags);
-    // An earlier pin of the range (or of one it overlaps) whose unregister
-    // waits in the deferred queue: its owner may be gone and the allocator
-    // have given its memory to this one. (A pin, its release, the buffer
-    // freed and a new one pinned at the same address failed every time.)
-    if (result == cuda::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED && deallocations().flush() > 0)
-      result = CUEMM_CU_RESULT(cuMemHostRegister, pointer, size, flags);
-    if (result != cuda::CUDA_SUCCESS) driver::throw_allocation_error(result, "cuMemHostRegister", size);
+    CUEMM_CU_ALLOC(size, cuMemHostRegister, pointer, size, flags);
     return 0;
   });
   const cuda::CUdeviceptr device =
       mapped ? driver::mapped_device_pointer(pointer, [&] { CUEMM_CU_RESULT(cuMemHostUnregister, pointer); }) : 0;
   const auto address = reinterpret_cast<std::uintptr_t>(pointer);
-  // The unregister waits in the deferred queue, and keeps the owner, so that
-  // its memory is not freed, and given to a new buffer that is pinned in
-  // turn, while the driver still holds the range registered.
-  Finalizer finalizer = track(address, size, [pointer, owner] { CUEMM_CU(cuMemHostUnregister, pointer); });
+  // Unpinned as soon as released, not queued (Numba's _pin_finalizer; the
+  // seed: "pinned memory is immediately unpinned by its finalizer"): a range
+  // may be pinned again at once, under defer_cleanup() too. The owner is
+  // kept until then, so its memory cannot go to another buffer while pinned.
+  Finalizer finalizer =
+      track(address, size, [pointer, owner] { CUEMM_CU(cuMemHostUnregister, pointer); }, Release::at_once);
   auto memory = make_tracked(
       [&]() -> std::shared_ptr<MemoryPointer> {
         if (mapped) return std::make_shared<MappedMemory>(&ctx, pointer, device, size, owner, finalizer);

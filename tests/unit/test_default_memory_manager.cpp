@@ -142,28 +142,39 @@ TEST_F(DefaultManager, MempinPinsAnyRegionOnceAndUnpinsOnRelease) {
   const auto twice = caught<CudaError>([&] { context.mempin(buffer, unaligned, 4096); });
   ASSERT_TRUE(twice) << "pinning the same region twice succeeded";
   EXPECT_EQ(twice->code_name(), "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED") << twice->what();
-  pinned.reset();
-  manager->deallocations().flush();
+  pinned.reset();  // unpinned at once: nothing waits in the queue
+  EXPECT_EQ(manager->deallocations().pending_count(), 0u);
   auto mapped = context.mempin(buffer, unaligned, 4096, /*mapped=*/true);
   EXPECT_EQ(mapped->kind(), MemoryKind::Mapped);
   EXPECT_EQ(mapped->device_pointer(), reinterpret_cast<cuda::CUdeviceptr>(unaligned));
 }
 
-// A range pinned, released and pinned again before the deferred frees
-// flushed (a buffer freed and a new one at its address, as malloc reuses
-// it): the unregister still waits in the queue, so the first try is
-// refused; the queue is flushed and the pin retried. It failed every time.
-TEST_F(DefaultManager, ARangePinnedAgainBeforeItsUnpinRanIsPinned) {
+// A released pin is unpinned at once, as Numba's finalizer does, not queued
+// with the deferred frees: the range can be pinned again at any time, inside
+// defer_cleanup() too, where nothing queued would run (numba's
+// test_pinned_contextmanager and test_mapped_contextmanager).
+TEST_F(DefaultManager, AReleasedPinIsUnpinnedAtOnceEvenUnderDeferCleanup) {
   auto buffer = std::make_shared<std::vector<char>>(3 * 4096);
   char* start = buffer->data() + 1;
   context.mempin(buffer, start, 4096).reset();
-  ASSERT_GT(manager->deallocations().pending_count(), 0u) << "the unpin did not wait in the queue";
+  EXPECT_EQ(manager->deallocations().pending_count(), 0u) << "the unpin waited in the queue";
   std::shared_ptr<MemoryPointer> again;
   ASSERT_NO_THROW(again = context.mempin(buffer, start, 4096, /*mapped=*/true));
   EXPECT_EQ(again->host_pointer(), reinterpret_cast<std::uintptr_t>(start));
-  EXPECT_EQ(manager->deallocations().pending_count(), 0u);
   // Pinning a range that is pinned now is still refused, by name.
   EXPECT_TRUE(throws<CudaError>([&] { context.mempin(buffer, start, 4096); }, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED"));
+  again.reset();
+  {
+    auto guard = context.defer_cleanup();
+    for (int round = 0; round < 3; ++round) {
+      SCOPED_TRACE("pin " + std::to_string(round) + " under defer_cleanup");
+      std::shared_ptr<MemoryPointer> pinned;
+      ASSERT_NO_THROW(pinned = context.mempin(buffer, start, 4096, /*mapped=*/round % 2 == 1));
+    }
+    // Device memory released meanwhile still waits for the guard.
+    context.memalloc(4096).reset();
+    EXPECT_EQ(manager->deallocations().pending_count(), 1u);
+  }
 }
 
 TEST_F(DefaultManager, ManagedMemoryIsReachableFromHostAndDevice) {

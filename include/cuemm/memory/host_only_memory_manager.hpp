@@ -10,7 +10,9 @@
 // methods" therefore cannot be broken by forgetting it.
 //
 // Thread-safe. Under defer_cleanup() host memory released by its pointers
-// stays pending (not freed) until the last guard goes.
+// stays pending (not freed) until the last guard goes; a pinned range
+// (mempin) is unpinned at once, as Numba unpins it, so that it can be
+// pinned again at any time.
 //
 // A subclass may call use_pinned_host_pool() in its constructor: pinned and
 // mapped host memory and pinned ranges then come from a PinnedHostPool
@@ -75,11 +77,13 @@ class HostOnlyMemoryManager : public BaseMemoryManager {
   void use_pinned_host_pool(PinnedHostPoolOptions options = {});
 
   // Records a new allocation: `memory` is released through `release`, run
-  // with this manager's context current (queued on deallocations(), `bytes`
-  // counting towards the byte threshold) when its finalizer runs, or at once by
-  // reset(). Returns the finalizer to give the pointer. Call adopt() once the
-  // pointer exists.
-  Finalizer track(std::uintptr_t address, std::size_t bytes, std::function<void()> release);
+  // with this manager's context current when its finalizer runs (queued on
+  // deallocations(), `bytes` counting towards the byte threshold, unless
+  // `when` is Release::at_once), or at once by reset(). Returns the finalizer
+  // to give the pointer. Call adopt() once the pointer exists.
+  enum class Release { deferred, at_once };
+  Finalizer track(std::uintptr_t address, std::size_t bytes, std::function<void()> release,
+                  Release when = Release::deferred);
   void adopt(std::uintptr_t address, const std::shared_ptr<MemoryPointer>& memory);
 
   // Runs `allocate`; on out-of-memory flushes pending releases and retries
@@ -95,6 +99,7 @@ class HostOnlyMemoryManager : public BaseMemoryManager {
       std::weak_ptr<MemoryPointer> memory;
       std::function<void()> release;
       std::size_t bytes;
+      Release when = Release::deferred;
     };
     BlockingAwareMutex mutex;
     std::unordered_map<std::uintptr_t, Entry> live;  // Invariant: released blocks are never here
