@@ -182,7 +182,9 @@ std::shared_ptr<MemoryPointer> HostOnlyMemoryManager::memhostalloc(std::size_t s
   const cuda::CUdeviceptr device =
       mapped ? driver::mapped_device_pointer(pointer, [&] { CUEMM_CU_RESULT(cuMemFreeHost, pointer); }) : 0;
   const auto address = reinterpret_cast<std::uintptr_t>(pointer);
-  Finalizer finalizer = track(address, size, [pointer] { CUEMM_CU(cuMemFreeHost, pointer); });
+  // Only mapped memory counts towards the pending bytes, as in Numba's
+  // _hostalloc_finalizer: the byte threshold is a share of the device's memory.
+  Finalizer finalizer = track(address, mapped ? size : 0, [pointer] { CUEMM_CU(cuMemFreeHost, pointer); });
   auto memory = make_tracked(
       [&]() -> std::shared_ptr<MemoryPointer> {
         if (mapped) return std::make_shared<MappedMemory>(&ctx, pointer, device, size, nullptr, finalizer);

@@ -177,6 +177,22 @@ TEST_F(DefaultManager, AReleasedPinIsUnpinnedAtOnceEvenUnderDeferCleanup) {
   }
 }
 
+// What a release adds to the pending bytes, as Numba's finalizers count it:
+// device, managed and mapped memory their size, pinned host memory nothing.
+TEST_F(DefaultManager, PendingBytesCountWhatNumbaCounts) {
+  manager->deallocations().flush_all();
+  auto expect_pending = [&](std::shared_ptr<MemoryPointer> memory, std::size_t bytes, const char* what) {
+    const std::size_t before = manager->deallocations().pending_bytes();
+    memory.reset();
+    EXPECT_EQ(manager->deallocations().pending_bytes() - before, bytes) << what;
+  };
+  expect_pending(context.memalloc(8192), 8192, "device memory");
+  expect_pending(context.memallocmanaged(8192, true), 8192, "managed memory");
+  expect_pending(context.memhostalloc(8192, /*mapped=*/true, false, false), 8192, "mapped memory");
+  expect_pending(context.memhostalloc(8192, /*mapped=*/false, false, false), 0, "pinned host memory");
+  manager->deallocations().flush_all();
+}
+
 TEST_F(DefaultManager, ManagedMemoryIsReachableFromHostAndDevice) {
   auto managed = context.memallocmanaged(1 << 16);
   EXPECT_EQ(managed->kind(), MemoryKind::Managed);
