@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <vector>
 
+#include "spin_kernel.hpp"  // use_primary_context
+
 using clk = std::chrono::steady_clock;
 static double us(clk::time_point a, clk::time_point b) { return std::chrono::duration<double, std::micro>(b - a).count(); }
 static double median(std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; }
@@ -35,12 +37,8 @@ static bool holds(CUdeviceptr address, std::size_t bytes, std::uint32_t value) {
 }
 
 int main() {
-  CK(cuInit(0));
   CUdevice device;
-  CK(cuDeviceGet(&device, 0));
-  CUcontext context;
-  CK(cuDevicePrimaryCtxRetain(&context, device));
-  CK(cuCtxSetCurrent(context));
+  probe::use_primary_context(&device);
   const std::size_t page = std::size_t{2} << 20, half = page / 2, quarter = page / 4;
   CUmemAllocationProp properties{};
   properties.type = CU_MEM_ALLOCATION_TYPE_PINNED;

@@ -20,16 +20,7 @@
 #include <cstdio>
 #include <vector>
 
-#define CK(x)                                                     \
-  do {                                                            \
-    CUresult r = (x);                                             \
-    if (r) {                                                      \
-      const char* s;                                              \
-      cuGetErrorName(r, &s);                                      \
-      std::printf("%s: %s (line %d)\n", #x, s, __LINE__);         \
-      return 1;                                                   \
-    }                                                             \
-  } while (0)
+#include "spin_kernel.hpp"  // CHECK, use_primary_context
 
 namespace {
 constexpr std::uint64_t kMiB = 1 << 20;
@@ -66,30 +57,26 @@ CUmemoryPool make_pool(CUdevice device, std::uint64_t threshold) {
 }  // namespace
 
 int main() {
-  CK(cuInit(0));
   CUdevice device;
-  CK(cuDeviceGet(&device, 0));
-  CUcontext context;
-  CK(cuDevicePrimaryCtxRetain(&context, device));
-  CK(cuCtxSetCurrent(context));
+  probe::use_primary_context(&device);
   size_t free0 = 0, total = 0;
-  CK(cuMemGetInfo(&free0, &total));
+  CHECK(cuMemGetInfo(&free0, &total));
   std::printf("device: %.2f GiB free of %.2f\n", free0 / 1073741824.0, total / 1073741824.0);
   const std::uint64_t kMax = UINT64_MAX;
   CUstream stream;
-  CK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
 
   std::printf("1. reserved after one live block (threshold max), and after its free + sync:\n");
   for (std::uint64_t size : {std::uint64_t{256}, 64 * 1024 * std::uint64_t{1}, 1 * kMiB, 3 * kMiB, 33 * kMiB, 100 * kMiB}) {
     CUmemoryPool pool = make_pool(device, kMax);
     CUdeviceptr p;
-    CK(cuMemAllocFromPoolAsync(&p, size, pool, stream));
+    CHECK(cuMemAllocFromPoolAsync(&p, size, pool, stream));
     const std::uint64_t live = reserved(pool);
-    CK(cuMemFreeAsync(p, stream));
-    CK(cuStreamSynchronize(stream));
+    CHECK(cuMemFreeAsync(p, stream));
+    CHECK(cuStreamSynchronize(stream));
     std::printf("   %10llu B: reserved %llu B live, %llu B after (used %llu)\n", (unsigned long long)size,
                 (unsigned long long)live, (unsigned long long)reserved(pool), (unsigned long long)used(pool));
-    CK(cuMemPoolDestroy(pool));
+    CHECK(cuMemPoolDestroy(pool));
   }
 
   std::printf("2. a 1 GiB block freed; reserved and device free (MiB) at each step:\n");
@@ -97,26 +84,26 @@ int main() {
     for (int how = 0; how < 3; ++how) {
       CUmemoryPool pool = make_pool(device, threshold);
       CUdeviceptr p;
-      CK(cuMemAllocFromPoolAsync(&p, 1024 * kMiB, pool, stream));
-      CK(cuStreamSynchronize(stream));
+      CHECK(cuMemAllocFromPoolAsync(&p, 1024 * kMiB, pool, stream));
+      CHECK(cuStreamSynchronize(stream));
       const std::uint64_t free_live = device_free();
-      CK(cuMemFreeAsync(p, stream));
+      CHECK(cuMemFreeAsync(p, stream));
       const std::uint64_t before = reserved(pool), free_before = device_free();
       CUevent event;
-      CK(cuEventCreate(&event, CU_EVENT_DISABLE_TIMING));
-      CK(cuEventRecord(event, stream));
+      CHECK(cuEventCreate(&event, CU_EVENT_DISABLE_TIMING));
+      CHECK(cuEventRecord(event, stream));
       const char* sync = how == 0 ? "stream" : how == 1 ? "event" : "context";
-      if (how == 0) CK(cuStreamSynchronize(stream));
-      if (how == 1) CK(cuEventSynchronize(event));
-      if (how == 2) CK(cuCtxSynchronize());
+      if (how == 0) CHECK(cuStreamSynchronize(stream));
+      if (how == 1) CHECK(cuEventSynchronize(event));
+      if (how == 2) CHECK(cuCtxSynchronize());
       std::printf("   threshold %s, %-7s sync: reserved %llu -> %llu, device free %llu -> %llu -> %llu\n",
                   threshold == kMax ? "max" : threshold == 0 ? "0" : "256M", sync,
                   (unsigned long long)(before / kMiB), (unsigned long long)(reserved(pool) / kMiB),
                   (unsigned long long)(free_live / kMiB), (unsigned long long)(free_before / kMiB),
                   (unsigned long long)(device_free() / kMiB));
       // Does a query (no sync) release anything? (Only asked once per threshold.)
-      CK(cuEventDestroy(event));
-      CK(cuMemPoolDestroy(pool));
+      CHECK(cuEventDestroy(event));
+      CHECK(cuMemPoolDestroy(pool));
     }
   }
 
@@ -124,28 +111,28 @@ int main() {
   for (std::uint64_t keep : {std::uint64_t{0}, 100 * kMiB, 300 * kMiB, 2048 * kMiB}) {
     CUmemoryPool pool = make_pool(device, kMax);
     CUdeviceptr p[4];
-    for (auto& q : p) CK(cuMemAllocFromPoolAsync(&q, 256 * kMiB, pool, stream));
-    for (auto& q : p) CK(cuMemFreeAsync(q, stream));
-    CK(cuStreamSynchronize(stream));
+    for (auto& q : p) CHECK(cuMemAllocFromPoolAsync(&q, 256 * kMiB, pool, stream));
+    for (auto& q : p) CHECK(cuMemFreeAsync(q, stream));
+    CHECK(cuStreamSynchronize(stream));
     const std::uint64_t before = reserved(pool);
-    CK(cuMemPoolTrimTo(pool, keep));
+    CHECK(cuMemPoolTrimTo(pool, keep));
     std::printf("   keep %llu MiB: reserved %llu -> %llu MiB\n", (unsigned long long)(keep / kMiB),
                 (unsigned long long)(before / kMiB), (unsigned long long)(reserved(pool) / kMiB));
-    CK(cuMemPoolDestroy(pool));
+    CHECK(cuMemPoolDestroy(pool));
   }
   {
     CUmemoryPool pool = make_pool(device, kMax);
     CUdeviceptr p, q;
-    CK(cuMemAllocFromPoolAsync(&p, 256 * kMiB, pool, stream));
-    CK(cuMemAllocFromPoolAsync(&q, 256 * kMiB, pool, stream));
-    CK(cuMemFreeAsync(p, stream));
-    CK(cuStreamSynchronize(stream));
-    CK(cuMemPoolTrimTo(pool, 0));
+    CHECK(cuMemAllocFromPoolAsync(&p, 256 * kMiB, pool, stream));
+    CHECK(cuMemAllocFromPoolAsync(&q, 256 * kMiB, pool, stream));
+    CHECK(cuMemFreeAsync(p, stream));
+    CHECK(cuStreamSynchronize(stream));
+    CHECK(cuMemPoolTrimTo(pool, 0));
     std::printf("   one of two 256 MiB blocks live, trim to 0: reserved %llu MiB, used %llu MiB\n",
                 (unsigned long long)(reserved(pool) / kMiB), (unsigned long long)(used(pool) / kMiB));
-    CK(cuMemFreeAsync(q, stream));
-    CK(cuStreamSynchronize(stream));
-    CK(cuMemPoolDestroy(pool));
+    CHECK(cuMemFreeAsync(q, stream));
+    CHECK(cuStreamSynchronize(stream));
+    CHECK(cuMemPoolDestroy(pool));
   }
 
   std::printf("4. a pool keeps 3/4 of the device's free memory (threshold max, freed, synchronised):\n");
@@ -153,9 +140,9 @@ int main() {
     const std::uint64_t kept_bytes = device_free() / 4 * 3 / (2 * kMiB) * (2 * kMiB);
     CUmemoryPool pool = make_pool(device, kMax);
     CUdeviceptr p;
-    CK(cuMemAllocFromPoolAsync(&p, kept_bytes, pool, stream));
-    CK(cuMemFreeAsync(p, stream));
-    CK(cuStreamSynchronize(stream));
+    CHECK(cuMemAllocFromPoolAsync(&p, kept_bytes, pool, stream));
+    CHECK(cuMemFreeAsync(p, stream));
+    CHECK(cuStreamSynchronize(stream));
     std::printf("   kept %llu MiB, reserved %llu MiB, device free %llu MiB\n", (unsigned long long)(kept_bytes / kMiB),
                 (unsigned long long)(reserved(pool) / kMiB), (unsigned long long)(device_free() / kMiB));
     const std::uint64_t ask = device_free() + kept_bytes / 2;
@@ -163,20 +150,20 @@ int main() {
     CUresult result = cuMemAlloc(&other, ask);
     std::printf("   cuMemAlloc of %llu MiB (free + half the kept): %s; pool reserved after %llu MiB\n",
                 (unsigned long long)(ask / kMiB), name(result), (unsigned long long)(reserved(pool) / kMiB));
-    if (result == CUDA_SUCCESS) CK(cuMemFree(other));
+    if (result == CUDA_SUCCESS) CHECK(cuMemFree(other));
     CUmemoryPool second = make_pool(device, kMax);
     result = cuMemAllocFromPoolAsync(&other, ask, second, stream);
     if (result == CUDA_SUCCESS) result = cuStreamSynchronize(stream);
     std::printf("   another pool's allocation of %llu MiB: %s; first pool reserved after %llu MiB\n",
                 (unsigned long long)(ask / kMiB), name(result), (unsigned long long)(reserved(pool) / kMiB));
     if (result == CUDA_SUCCESS) {
-      CK(cuMemFreeAsync(other, stream));
-      CK(cuStreamSynchronize(stream));
+      CHECK(cuMemFreeAsync(other, stream));
+      CHECK(cuStreamSynchronize(stream));
     }
-    CK(cuMemPoolTrimTo(second, 0));
-    CK(cuMemPoolDestroy(second));
+    CHECK(cuMemPoolTrimTo(second, 0));
+    CHECK(cuMemPoolDestroy(second));
     cuMemGetInfo(&free0, &total);
-    CK(cuMemPoolDestroy(pool));
+    CHECK(cuMemPoolDestroy(pool));
     std::printf("   after the pools' destruction: device free %llu MiB\n", (unsigned long long)(device_free() / kMiB));
   }
 
@@ -186,9 +173,9 @@ int main() {
     const std::uint64_t piece = 64 * kMiB;
     const std::uint64_t count = device_free() / piece * 9 / 10;
     std::vector<CUdeviceptr> blocks(count);
-    for (auto& b : blocks) CK(cuMemAllocFromPoolAsync(&b, piece, pool, stream));
-    for (std::size_t i = 0; i < blocks.size(); i += 2) CK(cuMemFreeAsync(blocks[i], stream));
-    CK(cuStreamSynchronize(stream));
+    for (auto& b : blocks) CHECK(cuMemAllocFromPoolAsync(&b, piece, pool, stream));
+    for (std::size_t i = 0; i < blocks.size(); i += 2) CHECK(cuMemFreeAsync(blocks[i], stream));
+    CHECK(cuStreamSynchronize(stream));
     const std::uint64_t held = reserved(pool) - used(pool);
     const std::uint64_t ask = device_free() + held / 2;
     std::printf("   %llu pieces, reserved %llu MiB, used %llu MiB, device free %llu MiB\n",
@@ -199,10 +186,10 @@ int main() {
     if (result == CUDA_SUCCESS) result = cuStreamSynchronize(stream);
     std::printf("   the same pool's request of %llu MiB (free + half its kept pieces): %s; reserved %llu MiB\n",
                 (unsigned long long)(ask / kMiB), name(result), (unsigned long long)(reserved(pool) / kMiB));
-    if (result == CUDA_SUCCESS) CK(cuMemFreeAsync(large, stream));
-    for (std::size_t i = 1; i < blocks.size(); i += 2) CK(cuMemFreeAsync(blocks[i], stream));
-    CK(cuStreamSynchronize(stream));
-    CK(cuMemPoolDestroy(pool));
+    if (result == CUDA_SUCCESS) CHECK(cuMemFreeAsync(large, stream));
+    for (std::size_t i = 1; i < blocks.size(); i += 2) CHECK(cuMemFreeAsync(blocks[i], stream));
+    CHECK(cuStreamSynchronize(stream));
+    CHECK(cuMemPoolDestroy(pool));
   }
   std::printf("6. cuMemGetAddressRange of pool blocks (base: the block's start, 0 or other):\n");
   for (int exportable = 0; exportable < 2; ++exportable) {
@@ -211,12 +198,12 @@ int main() {
     properties.location = {CU_MEM_LOCATION_TYPE_DEVICE, device};
     properties.handleTypes = exportable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
     CUmemoryPool pool;
-    CK(cuMemPoolCreate(&pool, &properties));
+    CHECK(cuMemPoolCreate(&pool, &properties));
     for (std::uint64_t size : {std::uint64_t{80}, std::uint64_t{4096}, kMiB, 64 * kMiB}) {
       CUdeviceptr block;
-      CK(cuMemAllocFromPoolAsync(&block, size, pool, stream));
+      CHECK(cuMemAllocFromPoolAsync(&block, size, pool, stream));
       for (int after_sync = 0; after_sync < 2; ++after_sync) {
-        if (after_sync) CK(cuStreamSynchronize(stream));
+        if (after_sync) CHECK(cuStreamSynchronize(stream));
         const CUdeviceptr asked = block + (after_sync && size > 8 ? 8 : 0);
         CUdeviceptr base = 1;
         size_t length = 1;
@@ -225,10 +212,10 @@ int main() {
                     after_sync ? "synchronised, 8 B inside" : "queued, at its start", name(result),
                     base == block ? "its start" : base == 0 ? "0" : "other", length);
       }
-      CK(cuMemFreeAsync(block, stream));
+      CHECK(cuMemFreeAsync(block, stream));
     }
-    CK(cuStreamSynchronize(stream));
-    CK(cuMemPoolDestroy(pool));
+    CHECK(cuStreamSynchronize(stream));
+    CHECK(cuMemPoolDestroy(pool));
   }
   std::printf("done\n");
   return 0;

@@ -1,4 +1,5 @@
 // What the driver probes share: a check that names the failed call, a clock,
+// device 0's primary context made current,
 // and a one-thread kernel that spins for a number of GPU clock cycles,
 // calibrated to about 50 ms (a loop that counts would be optimised away).
 #pragma once
@@ -25,6 +26,18 @@ inline void check(CUresult result, const char* call) {
 }
 #define CHECK(x) ::probe::check((x), #x)
 
+// Device 0's primary context, made current.
+inline CUcontext use_primary_context(CUdevice* device_out = nullptr) {
+  CHECK(cuInit(0));
+  CUdevice device;
+  CHECK(cuDeviceGet(&device, 0));
+  CUcontext context;
+  CHECK(cuDevicePrimaryCtxRetain(&context, device));
+  CHECK(cuCtxSetCurrent(context));
+  if (device_out) *device_out = device;
+  return context;
+}
+
 struct SpinKernel {
   CUcontext context = nullptr;
   CUfunction spin = nullptr;
@@ -38,11 +51,7 @@ struct SpinKernel {
 .visible .entry spin(.param .u64 n) { .reg .u64 %r<5>; .reg .pred %p<2>; ld.param.u64 %r1, [n]; mov.u64 %r2, %clock64;
 L: mov.u64 %r3, %clock64; sub.u64 %r4, %r3, %r2; setp.lt.u64 %p1, %r4, %r1; @%p1 bra L; ret; }
 )";
-    CHECK(cuInit(0));
-    CUdevice device;
-    CHECK(cuDeviceGet(&device, 0));
-    CHECK(cuDevicePrimaryCtxRetain(&context, device));
-    CHECK(cuCtxSetCurrent(context));
+    context = use_primary_context();
     CUmodule module;
     CHECK(cuModuleLoadData(&module, kPtx));
     CHECK(cuModuleGetFunction(&spin, module, "spin"));
