@@ -316,6 +316,12 @@ if [ "${CUEMM_GPU_FRAGMENTATION_ONLY:-0}" != 1 ]; then
       "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python" numba.cuda.tests.cudadrv \
       numba.cuda.tests.cudapy.test_ipc) >"$logs/numba-cuda-async.log" 2>&1
     summary+=("numba-cuda cudadrv and test_ipc, async (exportable): exit $?; $(grep '^difference' "$logs/numba-cuda-async.log")")
+    # Its driver tests under cuemm's default manager, Numba's own behaviour rebuilt (20 s: the
+    # default's outcomes are the first run's).
+    (cd /tmp && CUEMM_MEMORY_MANAGER=default CUEMM_COMPARE_BASELINE="$baseline" "$python" \
+      "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python" numba.cuda.tests.cudadrv) \
+      >"$logs/numba-cuda-default.log" 2>&1
+    summary+=("numba-cuda cudadrv, cuemm's default manager: exit $?; $(grep '^difference' "$logs/numba-cuda-default.log")")
     # With several GPUs, numba-cuda's tests of them (skipped on one) under each device manager
     # (peers use the blocks: Note [Peer access]).
     gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
