@@ -211,10 +211,10 @@ std::shared_ptr<MemoryPointer> HostOnlyMemoryManager::mempin(std::shared_ptr<con
   const cuda::CUdeviceptr device =
       mapped ? driver::mapped_device_pointer(pointer, [&] { CUEMM_CU_RESULT(cuMemHostUnregister, pointer); }) : 0;
   const auto address = reinterpret_cast<std::uintptr_t>(pointer);
-  // Unpinned as soon as released, not queued (Numba's _pin_finalizer; the
-  // seed: "pinned memory is immediately unpinned by its finalizer"): a range
-  // may be pinned again at once, under defer_cleanup() too. The owner is
-  // kept until then, so its memory cannot go to another buffer while pinned.
+  // Unpinned as soon as released, not queued, as Numba's _pin_finalizer does
+  // and the proposal describes: a range may be pinned again at once, under
+  // defer_cleanup() too. The owner is kept until then, so its memory cannot
+  // go to another buffer while pinned.
   Finalizer finalizer =
       track(address, size, [pointer, owner] { CUEMM_CU(cuMemHostUnregister, pointer); }, Release::at_once);
   auto memory = make_tracked(
