@@ -76,9 +76,14 @@ def run(label, environment, modules):
             outcomes[name] = "ERROR"
     summary = [line for line in result.stderr.splitlines() if line.startswith(("Ran ", "OK", "FAILED"))]
     print(f"{label}: {' '.join(summary)} (exit {result.returncode})")
-    counts = {k: sum(1 for v in outcomes.values() if v == k) for k in ("ok", "FAIL", "ERROR", "skipped")}
-    print(f"{label}: {counts['ok']} ok, {counts['FAIL']} failed, {counts['ERROR']} errors, {counts['skipped']} skipped")
+    print_counts(label, outcomes)
     return outcomes, result
+
+
+def print_counts(label, outcomes, source=""):
+    counts = {k: sum(1 for v in outcomes.values() if v == k) for k in ("ok", "FAIL", "ERROR", "skipped")}
+    print(f"{label}: {counts['ok']} ok, {counts['FAIL']} failed, {counts['ERROR']} errors, {counts['skipped']} skipped"
+          f"{source}")
 
 
 def earlier_baseline(modules):
@@ -95,9 +100,7 @@ def earlier_baseline(modules):
         return None
     outcomes = {name: outcome for name, outcome in saved["outcomes"].items()
                 if any(within(name, module) for module in modules)}
-    counts = {k: sum(1 for v in outcomes.values() if v == k) for k in ("ok", "FAIL", "ERROR", "skipped")}
-    print(f"default: {counts['ok']} ok, {counts['FAIL']} failed, {counts['ERROR']} errors, {counts['skipped']} skipped"
-          f" (from the earlier run in {path})")
+    print_counts("default", outcomes, f" (from the earlier run in {path})")
     return outcomes
 
 
