@@ -27,18 +27,28 @@ class BestFitReference {
   static constexpr std::size_t kBlockGranularity = 256;
   static constexpr std::size_t kPage = std::size_t{2} << 20;
 
-  void allocate(std::uint64_t id, std::size_t size) {
+  // `capacity`: the device memory that the range may span at most (0: no
+  // bound), so that a request no device of that size could hold fails here
+  // as it would under a manager.
+  explicit BestFitReference(std::size_t capacity = 0) : capacity_(capacity) {}
+
+  // False, with nothing changed, where the range would pass the capacity.
+  bool allocate(std::uint64_t id, std::size_t size) {
+    if (capacity_ && size > capacity_) return false;
     const std::size_t bytes = util::round_up(size == 0 ? 1 : size, kBlockGranularity);
     std::optional<std::size_t> address = range_.allocate(bytes);
     if (!address) {
       // The range grows at its end, by what its free end lacks: the block
       // then takes that free end exactly.
-      range_.release(end_, bytes - range_.free_before(end_));
+      const std::size_t growth = bytes - range_.free_before(end_);
+      if (capacity_ && util::round_up(end_ + growth, kPage) > capacity_) return false;
+      range_.release(end_, growth);
       address = range_.allocate(bytes);
       end_ = *address + bytes;
     }
     blocks_[id] = {*address, bytes, size};
     live_ += size;
+    return true;
   }
 
   // Frees the block of `id`; an id not allocated is ignored (a log may begin mid-run).
@@ -56,6 +66,7 @@ class BestFitReference {
   std::size_t peak_reserved() const noexcept { return util::round_up(end_, kPage); }
 
  private:
+  std::size_t capacity_;
   util::RangeAllocator range_{0};  // [0, end_), grown as requests need
   struct Block {
     std::size_t address, bytes, size;  // size: as asked for; bytes: rounded

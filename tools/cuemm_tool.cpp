@@ -152,10 +152,12 @@ struct Ran {
 
 // With `order` (a manager's run: the operations that changed its live
 // bytes, in the order they did, so no allocation it could not make), those;
-// without (null), the lists' operations, the lists taking turns.
+// without (null), the lists' operations, the lists taking turns, where an
+// allocation fails that would take the range past `capacity` bytes (the
+// device's memory).
 ReplayReport best_fit_reference(const std::vector<std::vector<Operation>>& lists,
-                                const std::vector<Ran>* order = nullptr) {
-  tool::BestFitReference reference;
+                                const std::vector<Ran>* order = nullptr, std::size_t capacity = 0) {
+  tool::BestFitReference reference(capacity);
   ReplayReport report;
   report.reference = true;
   auto run = [&](std::size_t list, std::size_t index, std::uint64_t left_live = 0) {
@@ -169,7 +171,7 @@ ReplayReport best_fit_reference(const std::vector<std::vector<Operation>>& lists
     // One id space for all lists: each list's ids apart from the others'.
     const std::uint64_t id = operation.id * lists.size() + list;
     if (operation.allocate) {
-      reference.allocate(id, operation.size);
+      if (!reference.allocate(id, operation.size)) ++report.failed;
     } else {
       reference.free(id);
     }
@@ -217,7 +219,7 @@ struct ReplayOptions {
 // list: on this thread); live bytes are those of all lists together.
 ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& context, const std::string& manager_name,
                     const ReplayOptions& options) {
-  if (manager_name == kBestFit) return best_fit_reference(lists);
+  if (manager_name == kBestFit) return best_fit_reference(lists, nullptr, driver_memory_info(context).total);
   // A bundled manager or a plugin library's, under the adaptors CUEMM_ADAPTORS names (as `cuemm bench`).
   const std::string adaptors = adaptors_from_environment();
   auto manager = wrap_with_adaptors(&context, make_memory_manager(manager_name, &context), adaptors);
@@ -366,6 +368,8 @@ void print(const ReplayReport& report, const std::string& name, const std::strin
   } else if (report.reference) {
     std::printf("manager %s: %zu operations, a reference: an ideal best fit in one range that grows at its end "
                 "(no device memory; see best_fit_reference.hpp)", manager.c_str(), report.operations);
+    if (report.failed)
+      std::printf("; %zu allocation(s) failed, larger than the device's memory", report.failed);
   } else {
     std::printf("manager %s: %zu operations in %.3f s (%.0f ns each); %zu allocation(s) failed", manager.c_str(),
                 report.operations, report.seconds, 1e9 * report.seconds / report.operations, report.failed);
