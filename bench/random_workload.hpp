@@ -2,9 +2,9 @@
 // operations: allocate while under the live cap, otherwise (or at random)
 // free a random live block; sizes uniform up to a maximum. For `cuemm random`
 // and the benchmarks (no cuemm dependency, so PyTorch's anchor uses it too).
-// Also a training-like workload whose sizes change between phases, and two
-// more programs' patterns: small blocks beside large temporaries, and
-// inference requests of random batch sizes.
+// Also a training-like workload whose sizes change between phases, and three
+// more programs' patterns: small blocks beside large temporaries, inference
+// requests of random batch sizes, and a queue of buffers freed oldest first.
 #pragma once
 
 #include <cmath>
@@ -178,6 +178,32 @@ inline std::vector<RandomOperation> inference_operations(std::size_t requests, u
     for (const auto& [id, size] : live) operations.push_back({false, id, size});
   }
   for (const auto& [id, size] : weights) operations.push_back({false, id, size});
+  return operations;
+}
+
+// A pipeline's queue of buffers in flight: each of `count` steps allocates a
+// block of a size uniform from 1 byte to `max_size`, and once `depth` blocks
+// are live frees the oldest first (a data loader's batches, a stream of
+// requests): holes open where the queue's tail was, while its head asks for
+// new sizes.
+inline std::vector<RandomOperation> queue_operations(std::size_t max_size, std::size_t depth, std::size_t count,
+                                                     unsigned seed) {
+  std::mt19937_64 random(seed);
+  std::uniform_int_distribution<std::size_t> sizes(1, max_size);
+  std::vector<RandomOperation> operations;
+  operations.reserve(2 * count);
+  std::vector<std::pair<std::uint64_t, std::size_t>> queue;  // live, oldest at `oldest`
+  std::size_t oldest = 0;
+  for (std::uint64_t next = 0; next < count; ++next) {
+    const std::size_t size = sizes(random);
+    operations.push_back({true, next, size});
+    queue.emplace_back(next, size);
+    if (queue.size() - oldest > depth) {
+      operations.push_back({false, queue[oldest].first, queue[oldest].second});
+      ++oldest;
+    }
+  }
+  for (; oldest < queue.size(); ++oldest) operations.push_back({false, queue[oldest].first, queue[oldest].second});
   return operations;
 }
 

@@ -21,6 +21,9 @@
 //                                            temporaries of varying sizes (N steps);
 //                                            inference requests of random batch sizes
 //                                            (N requests)
+//   cuemm random --pattern queue [--max-size BYTES] [--depth D] [--operations N] ...
+//                                            a queue of D buffers of random sizes, the
+//                                            oldest freed as each new one comes (N steps)
 //   (either with --trace-growth: a line whenever the pool reserves more, with
 //   where its bytes were: in use, waiting for the GPU, in thread caches, free;
 //   with threads, from whichever thread saw it, all threads' bytes; with
@@ -436,6 +439,8 @@ int usage(bool asked = false) {
                "                    [--threads 1] [--trace-growth]\n"
                "       cuemm random --pattern temporaries|inference [--manager NAME] [--operations 10000|300]\n"
                "                    [--seed 1] [--threads 1] [--trace-growth]\n"
+               "       cuemm random --pattern queue [--manager NAME] [--max-size 1M] [--depth 200] [--operations 20000]\n"
+               "                    [--seed 1] [--threads 1] [--trace-growth] [--stream-ordered]\n"
                "       cuemm plot LOG.csv OUT.svg\n"
                "%s",
                tool::kBenchUsage);
@@ -538,6 +543,17 @@ int run(std::vector<std::string> args) {
           lists.push_back(device_operations(pattern == "temporaries" ? workload::temporaries_operations(count, thread_seed)
                                                                      : workload::inference_operations(count, thread_seed)));
         }
+      } else if (pattern == "queue") {
+        const std::size_t max_size = bytes_option(args, "--max-size", "1M");
+        const std::size_t depth = count_option(args, "--depth", "200");
+        const std::size_t count = count_option(args, "--operations", "20000");
+        if (max_size == 0) throw InvalidArgument("--max-size must be at least 1 byte (got 0)");
+        if (depth == 0) throw InvalidArgument("--depth must be at least 1 (got 0)");
+        if (count == 0) throw InvalidArgument("--operations must be at least 1");
+        if (!args.empty()) return usage();
+        for (std::size_t t = 0; t < threads; ++t)
+          lists.push_back(device_operations(
+              workload::queue_operations(max_size, depth, count, seed + static_cast<unsigned>(t))));
       } else if (pattern == "rmm") {
         const std::size_t max_size = bytes_option(args, "--max-size", "64M");
         const std::size_t live = bytes_option(args, "--live", "1G");
@@ -550,7 +566,7 @@ int run(std::vector<std::string> args) {
           lists.push_back(
               device_operations(workload::random_operations(max_size, count, live / threads, seed + static_cast<unsigned>(t))));
       } else {
-        throw InvalidArgument("--pattern must be rmm, training, temporaries or inference (got '" + pattern + "')");
+        throw InvalidArgument("--pattern must be rmm, training, temporaries, inference or queue (got '" + pattern + "')");
       }
       print(replay(lists, current_context(), manager, options), manager);
       return 0;

@@ -54,7 +54,14 @@ if "$tool" random --pattern training --shapes round 2>"$work/shapes-error.txt"; 
 grep -q "shapes must be varied, same or per-layer (got 'round')" "$work/shapes-error.txt"
 grep -q "reserved/live" "$work/training.txt"
 if "$tool" random --pattern sometimes 2>"$work/error.txt"; then exit 1; fi
-grep -q "pattern must be rmm, training, temporaries or inference (got 'sometimes')" "$work/error.txt"
+grep -q "pattern must be rmm, training, temporaries, inference or queue (got 'sometimes')" "$work/error.txt"
+# A queue: each of 100 steps allocates, and once 4 are live the oldest goes (after the new one
+# came: 5 live at the peak), the rest freed at the end; blocks of 1 byte, so the peak is exact.
+"$tool" random --pattern queue --max-size 1 --depth 4 --operations 100 --manager pool >"$work/queue.txt"
+grep -q "^manager pool: 200 operations" "$work/queue.txt"
+grep -q "^peak live 5 bytes" "$work/queue.txt"
+if "$tool" random --pattern queue --depth 0 2>"$work/depth-error.txt"; then exit 1; fi
+grep -q "depth must be at least 1 (got 0)" "$work/depth-error.txt"
 # Small blocks beside temporaries: 200 steps, each a small block, some a temporary (an allocation and a
 # free), and the small blocks' frees at the end; inference: 50 weights, 30 layers a request, all freed.
 "$tool" random --pattern temporaries --operations 200 --manager pool >"$work/temporaries.txt"
