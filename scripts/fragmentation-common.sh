@@ -5,10 +5,12 @@
 
 # Workloads run seed by seed: RMM's random workload at several sizes and
 # live sets (the smaller ones where segment boundaries cost most), and the
-# programs' patterns.
+# programs' patterns (a queue freed oldest first: up to 1 MiB, 200 deep, and
+# up to 4 MiB, 100 deep).
 seed_workloads=("--max-size 4M --live 512M" "--max-size 1M --live 512M" "--max-size 256K --live 64M"
                 "--max-size 64M --live 256M" "--max-size 4M --live 128M" "--pattern training"
-                "--pattern training --shapes per-layer" "--pattern temporaries" "--pattern inference")
+                "--pattern training --shapes per-layer" "--pattern temporaries" "--pattern inference"
+                "--pattern queue" "--pattern queue --max-size 4M --depth 100")
 # `cuemm random`'s length for a workload: RMM's runs 20,000 operations; the patterns have their own.
 length_of() { case "$1" in --pattern*) ;; *) echo --operations 20000 ;; esac; }
 # The reserved/live figures of `cuemm random` or `cuemm replay` output on stdin.

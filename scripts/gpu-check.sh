@@ -146,10 +146,10 @@ fragmentation_seeds() {
       continue
     fi
     # Both pools' eight seeds at once (16 processes for the 16 cores); then, for the
-    # 512 MiB workloads, the expandable pool without thread caches (the setting for
-    # a program short of memory: README); the best-fit reference's take a moment.
+    # 512 MiB workloads and the queues, the expandable pool without thread caches (the
+    # setting for a program short of memory: README); the best-fit reference's take a moment.
     batches=("0 1")
-    case "$workload" in *"--live 512M") batches+=("2") ;; *per-layer) batches+=("4") ;; esac
+    case "$workload" in *"--live 512M" | *queue*) batches+=("2") ;; *per-layer) batches+=("4") ;; esac
     # Blocks assembled from pages' free ends near the peak, where sizes reach 4 MiB (Note [Assembled blocks]).
     case "$workload" in *"4M --live 512M" | *"4M --live 128M") batches+=("6") ;; esac
     # Through allocate(size, stream), as RMM and PyTorch call the pool.
