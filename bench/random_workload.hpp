@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <initializer_list>
 #include <random>
 #include <utility>
@@ -192,18 +193,17 @@ inline std::vector<RandomOperation> queue_operations(std::size_t max_size, std::
   std::uniform_int_distribution<std::size_t> sizes(1, max_size);
   std::vector<RandomOperation> operations;
   operations.reserve(2 * count);
-  std::vector<std::pair<std::uint64_t, std::size_t>> queue;  // live, oldest at `oldest`
-  std::size_t oldest = 0;
+  std::deque<RandomOperation> live;  // oldest first
+  auto free_oldest = [&] {
+    operations.push_back({false, live.front().id, live.front().size});
+    live.pop_front();
+  };
   for (std::uint64_t next = 0; next < count; ++next) {
-    const std::size_t size = sizes(random);
-    operations.push_back({true, next, size});
-    queue.emplace_back(next, size);
-    if (queue.size() - oldest > depth) {
-      operations.push_back({false, queue[oldest].first, queue[oldest].second});
-      ++oldest;
-    }
+    operations.push_back({true, next, sizes(random)});
+    live.push_back(operations.back());
+    if (live.size() > depth) free_oldest();
   }
-  for (; oldest < queue.size(); ++oldest) operations.push_back({false, queue[oldest].first, queue[oldest].second});
+  while (!live.empty()) free_oldest();
   return operations;
 }
 

@@ -34,7 +34,7 @@ class BestFitReference {
 
   // False, with nothing changed, where the range would pass the capacity.
   bool allocate(std::uint64_t id, std::size_t size) {
-    if (capacity_ && size > capacity_) return false;
+    if (capacity_ && size > capacity_) return false;  // (before its rounding could wrap)
     const std::size_t bytes = util::round_up(size == 0 ? 1 : size, kBlockGranularity);
     std::optional<std::size_t> address = range_.allocate(bytes);
     if (!address) {
