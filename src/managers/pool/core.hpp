@@ -123,6 +123,15 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // Requests in a row of one kind (a size from the index, a segment of its
   // own) from which a thread counts as a loop over them.
   static constexpr std::uint32_t kHitsOfALoop = 4;
+  // Note [Rings set aside]: a window of ring misses, the frees into the
+  // rings per miss below which they are set aside, and for how many misses.
+  static constexpr std::uint32_t kRingMissWindow = 128;
+  static constexpr std::uint32_t kRingFreesPerMiss = 2;
+  static constexpr std::uint32_t kRingsAsideFor = 16384;
+  static bool set_rings_aside_if_missed(ThreadCache& cache, int size_class) noexcept {
+    std::lock_guard cache_lock(cache.lock.owner());
+    return cache.count_ring_miss(size_class, kRingMissWindow, kRingFreesPerMiss, kRingsAsideFor);
+  }
   // Requests that found a held block since the last that found none, below
   // which a thread is not looping over its held sizes (see allocate_large()).
   // Random sizes find held blocks four times in a row often enough that a
@@ -1021,7 +1030,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // The same; the caller holds the cache's lock.
   static bool push_if_room(ThreadCache& cache, std::uintptr_t address, int size_class, std::uint64_t epoch) noexcept {
     ThreadCache::Bin& bin = cache.bins[size_class];
-    if (bin.count == bin.capacity ||
+    if (bin.count == bin.capacity || cache.rings_set_aside ||
         cache.bytes.load(std::memory_order_relaxed) + detail::size_class_bytes(size_class) > cache.budget)
       return false;
     cache.push_to_ring(size_class, address, epoch);

@@ -113,6 +113,26 @@ struct ThreadCache {
   // The size class of its latest request from the rings (-1: none yet): the
   // pool takes back its other classes' blocks when it would grow.
   int latest_class = -1;
+  // Whether its frees go past the rings (Note [Rings set aside]), and its
+  // ring misses and its free_serial since the current window began.
+  bool rings_set_aside = false;
+  std::uint32_t window_misses = 0;
+  std::uint64_t window_start = 0;
+  // A ring miss of `size_class`, under `lock`: sets the rings aside after
+  // `window` misses that found the class's ring empty while others held
+  // blocks (a loop's ring waiting for its seal is not such a miss), with
+  // fewer than `frees_per_miss` frees into the rings each; takes them back
+  // after `aside_for` misses of any kind. Whether it set them aside now.
+  bool count_ring_miss(int size_class, std::uint32_t window, std::uint32_t frees_per_miss,
+                       std::uint32_t aside_for) noexcept {
+    if (!rings_set_aside && (bins[size_class].count || !bytes.load(std::memory_order_relaxed))) return false;
+    ++window_misses;
+    if (window_misses < (rings_set_aside ? aside_for : window)) return false;
+    rings_set_aside = !rings_set_aside && free_serial - window_start < std::uint64_t{frees_per_miss} * window;
+    window_misses = 0;
+    window_start = free_serial;
+    return rings_set_aside;
+  }
   // Its requests that found a held block since the latest that found none,
   // up to kHeldHitsOfALoop (its own thread's).
   std::uint32_t held_hits_since_miss = 0;

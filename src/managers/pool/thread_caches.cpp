@@ -38,6 +38,12 @@ std::uintptr_t PoolMemoryManager::Core::allocate_otherwise_here(std::size_t size
     return allocate_from_index(detail::size_class_bytes(size_class));
   }
   ThreadCache& cache = *own;
+  if (options.expandable && set_rings_aside_if_missed(cache, size_class)) {
+    // What the rings hold goes too, to merge with its neighbours.
+    std::lock_guard lock(mutex);
+    std::lock_guard cache_lock(cache.lock.owner());
+    quarantine_ring_blocks(cache, -1, epochs.tag());
+  }
   bool advance = false, sealed = false;
   for (int attempt = 0; attempt < 2; ++attempt) {
     {
@@ -171,12 +177,14 @@ void PoolMemoryManager::Core::deallocate_spilling(ThreadCache* cache, std::uintp
     std::lock_guard cache_lock(cache->lock.owner());
     ThreadCache::Bin& bin = cache->bins[size_class];
     // Full ring: its older half goes to the shared quarantine; full
-    // budget: see spill_stalest().
-    if (bin.count == bin.capacity)
+    // budget: see spill_stalest(). Rings set aside: the block alone.
+    if (cache->rings_set_aside) {
+    } else if (bin.count == bin.capacity) {
       spill_count = cache->take_oldest(size_class, bin.count / 2, spilled.data());
-    else if (cache->bytes.load(std::memory_order_relaxed) + class_bytes > cache->budget)
+    } else if (cache->bytes.load(std::memory_order_relaxed) + class_bytes > cache->budget) {
       spill_class = cache->spill_stalest(size_class, epoch, spilled.data(), spill_count);
-    if (bin.count < bin.capacity) {
+    }
+    if (bin.count < bin.capacity && !cache->rings_set_aside) {
       cache->push_to_ring(size_class, address, epoch);
       address = 0;
     }

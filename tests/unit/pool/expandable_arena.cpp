@@ -371,3 +371,39 @@ TEST_F(Pool, AnAssemblingPoolAssemblesNothingBelowItsPeak) {
   EXPECT_GE(placed->device_pointer(), blocks[0]->device_pointer());
   EXPECT_LT(placed->device_pointer(), blocks[0]->device_pointer() + 64 * kMiB) << "in the arena's range";
 }
+
+// Note [Rings set aside]: a thread whose requests keep missing its rings (a
+// queue of random sizes freed oldest first) frees past them, so that the
+// queue's freed neighbours merge into holes its next blocks fit; the rings
+// come back once it has missed them long enough (here, in a loop of one
+// size that keeps them again).
+TEST_F(Pool, AnExpandablePoolSetsAsideTheRingsOfAThreadWhoseSizesVary) {
+  PoolOptions options;
+  options.expandable = true;
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  const auto queue = workload::queue_operations(std::size_t{1} << 20, 200, 4000, 1);
+  std::unordered_map<std::uint64_t, std::shared_ptr<MemoryPointer>> live;
+  std::size_t live_bytes = 0, peak_live = 0, peak_reserved = 0, cached_before_the_last_frees = 0;
+  for (std::size_t i = 0; i < queue.size(); ++i) {
+    const workload::RandomOperation& operation = queue[i];
+    if (operation.allocate) {
+      live[operation.id] = pool.memalloc(operation.size);
+      live_bytes += operation.size;
+    } else {
+      live.erase(operation.id);
+      live_bytes -= operation.size;
+    }
+    peak_live = std::max(peak_live, live_bytes);
+    peak_reserved = std::max(peak_reserved, pool.statistics().reserved_bytes);
+    if (i + 200 == queue.size()) cached_before_the_last_frees = pool.statistics().cached_bytes;
+  }
+  EXPECT_LE(pool.statistics().cached_bytes, cached_before_the_last_frees)
+      << "the queue's last 200 frees went into the thread's rings";
+  // Simulated and on the H100, 1.04-1.05 (1.12 with the rings kept).
+  EXPECT_LE(static_cast<double>(peak_reserved) / peak_live, 1.10)
+      << "peak reserved " << peak_reserved << " over peak live " << peak_live;
+  // A loop of one size misses the empty rings until they come back, then keeps them.
+  for (int i = 0; i < 20000; ++i) pool.memalloc(64 << 10);
+  EXPECT_GT(pool.statistics().cached_bytes, 0u) << "the rings did not come back for a loop of one size";
+}
