@@ -177,16 +177,17 @@ void PoolMemoryManager::Core::deallocate_spilling(ThreadCache* cache, std::uintp
     std::lock_guard cache_lock(cache->lock.owner());
     ThreadCache::Bin& bin = cache->bins[size_class];
     // Full ring: its older half goes to the shared quarantine; full
-    // budget: see spill_stalest(). Rings set aside: the block alone.
-    if (cache->rings_set_aside) {
-    } else if (bin.count == bin.capacity) {
-      spill_count = cache->take_oldest(size_class, bin.count / 2, spilled.data());
-    } else if (cache->bytes.load(std::memory_order_relaxed) + class_bytes > cache->budget) {
-      spill_class = cache->spill_stalest(size_class, epoch, spilled.data(), spill_count);
-    }
-    if (bin.count < bin.capacity && !cache->rings_set_aside) {
-      cache->push_to_ring(size_class, address, epoch);
-      address = 0;
+    // budget: see spill_stalest(). Rings set aside (Note [Rings set
+    // aside]): the block goes alone.
+    if (!cache->rings_set_aside) {
+      if (bin.count == bin.capacity)
+        spill_count = cache->take_oldest(size_class, bin.count / 2, spilled.data());
+      else if (cache->bytes.load(std::memory_order_relaxed) + class_bytes > cache->budget)
+        spill_class = cache->spill_stalest(size_class, epoch, spilled.data(), spill_count);
+      if (bin.count < bin.capacity) {
+        cache->push_to_ring(size_class, address, epoch);
+        address = 0;
+      }
     }
   }
   quarantine_spilled(spilled.data(), spill_count, detail::size_class_bytes(spill_class));
