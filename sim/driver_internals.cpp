@@ -101,7 +101,7 @@ bool make_room(State& s, Device& device, std::size_t bytes, const MemoryPool* ex
 }
 
 void trim_pool(State& s, MemoryPool& pool, std::uint64_t keep) {
-  const std::uint64_t floor = std::max(keep, cuemm::util::round_up(pool.used, 2u << 20));
+  const std::uint64_t floor = std::max(keep, cuemm::util::round_up(pool.used, kPoolPage));
   if (floor >= pool.reserved) return;
   s.devices[pool.device]->used -= pool.reserved - floor;
   pool.reserved = floor;

@@ -49,6 +49,7 @@ namespace cuemm::sim {
 
 inline constexpr std::size_t kDeviceAlignment = 512;       // what cuMemAlloc guarantees, and more
 inline constexpr std::size_t kPunchThreshold = 2u << 20;   // return pages of freed blocks this large
+inline constexpr std::uint64_t kPoolPage = 2u << 20;       // a stream-ordered pool reserves and keeps whole pages
 inline constexpr int kDriverVersion = 13000;
 inline constexpr const char* kDeviceName = "cuemm simulated GPU";
 inline constexpr std::uint32_t kIpcMagic = 0x4d495043;     // "CPIM"

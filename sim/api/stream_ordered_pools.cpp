@@ -6,7 +6,6 @@ using namespace cuemm::sim;
 
 namespace {
 constexpr std::uint64_t kReserveStep = 32u << 20;  // the H100's pool reserves and trims in these
-constexpr std::uint64_t kPage = 2u << 20;
 
 MemoryPool* find_pool(State& s, CUmemoryPool handle) {
   auto it = s.pools.find(reinterpret_cast<MemoryPool*>(handle));
@@ -21,7 +20,7 @@ bool reserve_for(State& s, MemoryPool& pool, std::uint64_t rounded) {
   if (kept >= rounded) return true;
   Device& device = *s.devices[pool.device];
   std::uint64_t growth = cuemm::util::round_up(rounded - kept, kReserveStep);
-  if (device.capacity - device.used < growth) growth = cuemm::util::round_up(rounded - kept, kPage);
+  if (device.capacity - device.used < growth) growth = cuemm::util::round_up(rounded - kept, kPoolPage);
   if (!make_room(s, device, growth, &pool)) return false;
   device.used += growth;
   pool.reserved += growth;
