@@ -59,13 +59,11 @@ bool ensure_arena(Device& device) {
   return true;
 }
 
-CUresult place_device_memory(State& s, Context* context, std::size_t size, AllocationKind kind,
-                             unsigned flags, CUdeviceptr* pointer) {
+CUresult place_device_memory(State& s, Context* context, std::size_t size, std::size_t footprint,
+                             AllocationKind kind, unsigned flags, CUdeviceptr* pointer) {
   Device& device = *context->device;
   if (!ensure_arena(device)) return CUDA_ERROR_OUT_OF_MEMORY;
-  const std::size_t rounded = cuemm::util::round_up(size, kDeviceAlignment);
-  if (rounded < size) return CUDA_ERROR_OUT_OF_MEMORY;
-  auto offset = device.ranges->allocate(rounded);
+  auto offset = device.ranges->allocate(footprint);
   if (!offset) return CUDA_ERROR_OUT_OF_MEMORY;
   Allocation allocation;
   allocation.base = reinterpret_cast<std::uintptr_t>(device.arena + *offset);
@@ -75,7 +73,7 @@ CUresult place_device_memory(State& s, Context* context, std::size_t size, Alloc
   allocation.device = device.ordinal;
   allocation.flags = flags;
   allocation.arena_offset = *offset;
-  allocation.arena_size = rounded;
+  allocation.arena_size = footprint;
   allocation.id = s.next_allocation_id++;
   s.allocations.emplace(allocation.base, allocation);
   *pointer = allocation.base;
@@ -85,10 +83,10 @@ CUresult place_device_memory(State& s, Context* context, std::size_t size, Alloc
 CUresult allocate_device_memory(State& s, Context* context, std::size_t size, AllocationKind kind,
                                 unsigned flags, CUdeviceptr* pointer) {
   Device& device = *context->device;
-  const std::size_t rounded = cuemm::util::round_up(size, kDeviceAlignment);
-  if (rounded < size || !make_room(s, device, rounded)) return CUDA_ERROR_OUT_OF_MEMORY;
-  const CUresult result = place_device_memory(s, context, size, kind, flags, pointer);
-  if (result == CUDA_SUCCESS) device.used += rounded;
+  const std::size_t footprint = cuemm::util::round_up(size, size > kLargePage ? kLargePage : kDeviceAlignment);
+  if (footprint < size || !make_room(s, device, footprint)) return CUDA_ERROR_OUT_OF_MEMORY;
+  const CUresult result = place_device_memory(s, context, size, footprint, kind, flags, pointer);
+  if (result == CUDA_SUCCESS) device.used += footprint;
   return result;
 }
 

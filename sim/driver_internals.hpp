@@ -48,6 +48,11 @@
 namespace cuemm::sim {
 
 inline constexpr std::size_t kDeviceAlignment = 512;       // what cuMemAlloc guarantees, and more
+// cuMemAlloc of more than a page takes whole 2 MiB pages, and nothing else is
+// placed in the last one's idle end; smaller blocks share pages
+// (H100, bench/probes/probe_alloc_granularity.cpp: 2 MiB + 1 byte and 3 MiB
+// take 4 MiB of its free memory, 4.2 and 6 MiB take 6; 64 KiB takes 64 KiB).
+inline constexpr std::size_t kLargePage = 2u << 20;
 inline constexpr std::size_t kPunchThreshold = 2u << 20;   // return pages of freed blocks this large
 inline constexpr std::uint64_t kPoolPage = 2u << 20;       // a stream-ordered pool reserves and keeps whole pages
 inline constexpr int kDriverVersion = 13000;
@@ -87,10 +92,11 @@ void synchronize_context(std::unique_lock<std::mutex>& lock, Context* context);
 bool ensure_arena(Device& device);
 CUresult allocate_device_memory(State& s, Context* context, std::size_t size, AllocationKind kind,
                                 unsigned flags, CUdeviceptr* pointer);
-// Addresses in the device arena and the allocation's record, for memory whose
-// bytes are already counted against the device (a stream-ordered pool's).
-CUresult place_device_memory(State& s, Context* context, std::size_t size, AllocationKind kind,
-                             unsigned flags, CUdeviceptr* pointer);
+// Addresses in the device arena (`footprint` bytes of it, at least `size`)
+// and the allocation's record, for memory whose bytes are counted by the
+// caller (the device's for cuMemAlloc, a stream-ordered pool's).
+CUresult place_device_memory(State& s, Context* context, std::size_t size, std::size_t footprint,
+                             AllocationKind kind, unsigned flags, CUdeviceptr* pointer);
 // Whether `bytes` more fit the device's capacity, once the stream-ordered
 // pools other than `except` have given back the memory they keep, as the
 // H100's driver takes it back for an allocation that would run out.

@@ -31,7 +31,7 @@ bool reserve_for(State& s, MemoryPool& pool, std::uint64_t rounded) {
 CUresult allocate_from_pool(State& s, Context* context, MemoryPool& pool, std::size_t size, CUdeviceptr* pointer) {
   const std::size_t rounded = cuemm::util::round_up(size, kDeviceAlignment);
   if (rounded < size || !reserve_for(s, pool, rounded)) return CUDA_ERROR_OUT_OF_MEMORY;
-  if (const CUresult result = place_device_memory(s, context, size, AllocationKind::Device, 0, pointer)) return result;
+  if (const CUresult result = place_device_memory(s, context, size, rounded, AllocationKind::Device, 0, pointer)) return result;
   s.allocations.at(*pointer).pool = &pool;
   pool.used += rounded;
   pool.used_high = std::max(pool.used_high, pool.used);

@@ -301,6 +301,28 @@ TEST(Driver, ASimulatedStreamOrderedFreeWaitsOnlyForQueuedWork) {
 // allocation elsewhere that would run out without it takes it back. The
 // simulated driver must do the same (the async manager's memory info and
 // statistics read it), so this runs on both.
+// The pool's segments of their own count whole 2 MiB pages (DedicatedSegments::
+// segment_size) because cuMemAlloc takes them: the driver's free memory drops
+// by the rounded size (bench/probes/probe_alloc_granularity.cpp).
+TEST(Driver, ACuMemAllocOfMoreThanAPageTakesWholePages) {
+  Context& context = current_context();
+  ScopedContext scope(context);
+  constexpr std::uint64_t kMiB = 1 << 20;
+  constexpr int kBlocks = 8;
+  for (const auto& [size, taken] : {std::pair{2 * kMiB + 1, 4 * kMiB}, std::pair{4 * kMiB + 200 * 1024, 6 * kMiB},
+                                    std::pair{8 * kMiB + 64 * 1024, 10 * kMiB}}) {
+    SCOPED_TRACE("blocks of " + std::to_string(size) + " bytes");
+    const std::uint64_t before = driver_memory_info(context).free;
+    cuda::CUdeviceptr blocks[kBlocks];
+    for (auto& block : blocks) CUEMM_CU(cuMemAlloc, &block, size);
+    const std::uint64_t lost = before - driver_memory_info(context).free;
+    for (auto block : blocks) CUEMM_CU(cuMemFree, block);
+    // (Within a page of it: the driver may take one for its own records.)
+    EXPECT_GE(lost, kBlocks * taken);
+    EXPECT_LE(lost, kBlocks * taken + 2 * kMiB);
+  }
+}
+
 TEST(Driver, AStreamOrderedPoolKeepsFreedMemoryUpToItsReleaseThreshold) {
   Context& context = current_context();
   ScopedContext scope(context);
