@@ -228,6 +228,10 @@ int bench_command(std::vector<std::string> args) {
         std::fflush(stdout);
       }
       std::printf("\n");
+      // What a manager keeps after its row (a pool's rotations of 16 threads
+      // may hold the whole device) goes back, so that the next row starts
+      // with the device's memory free, whichever manager came before.
+      if (subjects[s].manager) subjects[s].manager->reset();
     }
   }
   // Scaling: the most threads over one, in aggregate throughput.

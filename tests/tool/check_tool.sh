@@ -237,6 +237,12 @@ grep -Eq '^manager +256 B +1 MiB$' "$work/bench.txt"
 [ "$(grep -Ec '^pool +[0-9.]+ +[0-9.]+$' "$work/bench.txt")" = 2 ]
 [ "$(grep -Ec '^cuMemAlloc +[0-9.]+ +[0-9.]+$' "$work/bench.txt")" = 2 ]
 grep -Eq '^pool +[0-9.]+x +[0-9.]+x$' "$work/bench.txt"
+# A manager's row does not inherit the memory that the row before it kept: 16
+# threads of 64 MiB pairs had the pool's rotations hold the whole simulated
+# device, and the async manager's row after it read OOM.
+"$tool" bench --managers pool,async --sizes 64M --threads 16 --seconds 0.01 --repeats 1 --warm-up 0.05 \
+  >"$work/bench-after-pool.txt"
+grep -Eq '^async +[0-9.]+$' "$work/bench-after-pool.txt"
 # (To a file: grep -q stops reading at its match, and the tool's next line would meet a closed pipe.)
 CUEMM_ADAPTORS=statistics "$tool" bench --managers pool --sizes 4K --threads 1 --seconds 0.01 --repeats 1 \
   >"$work/statistics.txt"
