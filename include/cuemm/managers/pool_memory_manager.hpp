@@ -170,7 +170,10 @@ struct PoolOptions {
   // would grow.
   std::size_t thread_cache_size = std::size_t{256} << 20;
   // Requests of this size and more get a driver allocation of their own
-  // (Note [Dedicated segments]); CUEMM_POOL_DEDICATED_SIZE. 0 gives every
+  // (Note [Dedicated segments]); in the expandable arena only where its last
+  // 2 MiB page would leave at most an eighth of the block idle, the others
+  // packed beside their neighbours (Note [Own segments in the arena], in
+  // pool/core.hpp); CUEMM_POOL_DEDICATED_SIZE. 0 gives every
   // block its own, so every IPC handle has offset 0: for programs that open
   // raw handles without the offset (see docs/ipc-offsets.md).
   std::size_t dedicated_size = std::size_t{4} << 20;

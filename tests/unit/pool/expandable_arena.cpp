@@ -407,3 +407,39 @@ TEST_F(Pool, AnExpandablePoolSetsAsideTheRingsOfAThreadWhoseSizesVary) {
   for (int i = 0; i < 20000; ++i) pool.memalloc(64 << 10);
   EXPECT_GT(pool.statistics().cached_bytes, 0u) << "the rings did not come back for a loop of one size";
 }
+
+// Note [Own segments in the arena]: a block whose own segment would leave
+// more than an eighth of it idle in its last 2 MiB page is packed into the
+// arena beside its neighbour; one whose segment wastes less (any from 16 MiB
+// up), or one of the pool without the arena, gets a segment of its own.
+TEST_F(Pool, AnExpandablePoolPacksABlockThatItsOwnSegmentWouldRoundUpByMoreThanAnEighth) {
+  constexpr std::size_t kMiB = 1 << 20, kOdd = 4 * kMiB + 256 * 1024;  // its own segment: 6 MiB
+  PoolMemoryManager arena(&context, arena_without_caches());
+  arena.initialize();
+  auto first = arena.memalloc(kMiB);
+  auto odd = arena.memalloc(kOdd);
+  EXPECT_EQ(odd->device_pointer(), first->device_pointer() + kMiB) << "not packed beside its neighbour";
+  EXPECT_EQ(arena.statistics().segments, 1u);
+  EXPECT_EQ(arena.statistics().reserved_bytes, 6 * kMiB) << "the pages under 5.25 MiB";
+  auto large = arena.memalloc(20 * kMiB + 256 * 1024);  // its own 22 MiB: 1.75 MiB idle, under an eighth
+  EXPECT_EQ(arena.statistics().segments, 2u);
+  EXPECT_EQ(arena.statistics().reserved_bytes, 28 * kMiB);
+  auto round = arena.memalloc(4 * kMiB);  // no idle end
+  EXPECT_EQ(arena.statistics().segments, 3u);
+  // Every block keeps its bytes.
+  for (auto* block : {&first, &odd, &large, &round}) {
+    const std::size_t words = (*block)->size() / 4;
+    const auto values = std::vector<std::uint32_t>(words, static_cast<std::uint32_t>(words));
+    DeviceArray<std::uint32_t>(*block, words).copy_to_device(values);
+    EXPECT_EQ(DeviceArray<std::uint32_t>(*block, words).copy_to_host(), values);
+  }
+
+  PoolOptions options;
+  options.thread_cache_size = 0;
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  auto small = pool.memalloc(kMiB);
+  const std::size_t segments = pool.statistics().segments;
+  auto own = pool.memalloc(kOdd);
+  EXPECT_EQ(pool.statistics().segments, segments + 1) << "the pool without the arena packed it";
+}
