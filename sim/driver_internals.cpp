@@ -83,7 +83,7 @@ CUresult place_device_memory(State& s, Context* context, std::size_t size, std::
 CUresult allocate_device_memory(State& s, Context* context, std::size_t size, AllocationKind kind,
                                 unsigned flags, CUdeviceptr* pointer) {
   Device& device = *context->device;
-  const std::size_t footprint = cuemm::util::round_up(size, size > kLargePage ? kLargePage : kDeviceAlignment);
+  const std::size_t footprint = cuemm::util::round_up(size, size > kDevicePage ? kDevicePage : kDeviceAlignment);
   if (footprint < size || !make_room(s, device, footprint)) return CUDA_ERROR_OUT_OF_MEMORY;
   const CUresult result = place_device_memory(s, context, size, footprint, kind, flags, pointer);
   if (result == CUDA_SUCCESS) device.used += footprint;
@@ -99,7 +99,7 @@ bool make_room(State& s, Device& device, std::size_t bytes, const MemoryPool* ex
 }
 
 void trim_pool(State& s, MemoryPool& pool, std::uint64_t keep) {
-  const std::uint64_t floor = std::max(keep, cuemm::util::round_up(pool.used, kPoolPage));
+  const std::uint64_t floor = std::max(keep, cuemm::util::round_up(pool.used, kDevicePage));
   if (floor >= pool.reserved) return;
   s.devices[pool.device]->used -= pool.reserved - floor;
   pool.reserved = floor;

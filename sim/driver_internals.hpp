@@ -48,13 +48,14 @@
 namespace cuemm::sim {
 
 inline constexpr std::size_t kDeviceAlignment = 512;       // what cuMemAlloc guarantees, and more
-// cuMemAlloc of more than a page takes whole 2 MiB pages, and nothing else is
-// placed in the last one's idle end; smaller blocks share pages
-// (H100, bench/probes/probe_alloc_granularity.cpp: 2 MiB + 1 byte and 3 MiB
-// take 4 MiB of its free memory, 4.2 and 6 MiB take 6; 64 KiB takes 64 KiB).
-inline constexpr std::size_t kLargePage = 2u << 20;
+// The device's page, as the H100's driver deals in it: a device's memory is
+// whole pages; cuMemAlloc of more than a page takes whole pages, and nothing
+// else is placed in the last one's idle end, while smaller blocks share pages
+// (bench/probes/probe_alloc_granularity.cpp: 2 MiB + 1 byte and 3 MiB take
+// 4 MiB of its free memory, 4.2 and 6 MiB take 6; 64 KiB takes 64 KiB); a
+// stream-ordered pool reserves and keeps whole pages; virtual memory maps them.
+inline constexpr std::size_t kDevicePage = 2u << 20;
 inline constexpr std::size_t kPunchThreshold = 2u << 20;   // return pages of freed blocks this large
-inline constexpr std::uint64_t kPoolPage = 2u << 20;       // a stream-ordered pool reserves and keeps whole pages
 inline constexpr int kDriverVersion = 13000;
 inline constexpr const char* kDeviceName = "cuemm simulated GPU";
 inline constexpr std::uint32_t kIpcMagic = 0x4d495043;     // "CPIM"

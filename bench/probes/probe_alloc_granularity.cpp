@@ -14,7 +14,7 @@
 // 4 MiB each, 4 MiB + 1 byte to 6 MiB took 6, 8.06 MiB took 10, 64 KiB and
 // 1 MiB blocks took their size (side by side in shared pages); small blocks
 // after a 4.2 or 5 MiB one went to a new page (2 MiB more), none in its idle
-// end. The simulated driver charges cuMemAlloc the same way (kLargePage).
+// end. The simulated driver charges cuMemAlloc the same way (kDevicePage).
 #include <cuda.h>
 
 #include <algorithm>

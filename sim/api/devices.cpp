@@ -19,7 +19,7 @@ SIM_EXPORT CUresult cuInit(unsigned flags) {
   for (int i = 0; i < count; ++i) {
     auto device = std::make_unique<Device>();
     device->ordinal = i;
-    device->capacity = cuemm::util::round_up(capacity, 2u << 20);
+    device->capacity = cuemm::util::round_up(capacity, kDevicePage);
     s.devices.push_back(std::move(device));
   }
   s.initialized = true;

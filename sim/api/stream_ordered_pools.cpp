@@ -20,7 +20,7 @@ bool reserve_for(State& s, MemoryPool& pool, std::uint64_t rounded) {
   if (kept >= rounded) return true;
   Device& device = *s.devices[pool.device];
   std::uint64_t growth = cuemm::util::round_up(rounded - kept, kReserveStep);
-  if (device.capacity - device.used < growth) growth = cuemm::util::round_up(rounded - kept, kPoolPage);
+  if (device.capacity - device.used < growth) growth = cuemm::util::round_up(rounded - kept, kDevicePage);
   if (!make_room(s, device, growth, &pool)) return false;
   device.used += growth;
   pool.reserved += growth;

@@ -9,7 +9,7 @@ using namespace cuemm::sim;
 // reserved addresses, so mapped memory is device memory like any other.
 
 namespace {
-constexpr std::size_t kVirtualGranularity = std::size_t{2} << 20;
+constexpr std::size_t kVirtualGranularity = kDevicePage;
 
 bool supports_virtual_memory(const Device& device) {
   return attribute_value(device, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) != 0;
