@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -31,11 +32,48 @@ cuemm::Context& context() {
   return current;
 }
 
+// The managers that live for the whole process keep what their last run left
+// (16 threads of 64 MiB pairs leave up to 2 GiB each in a pool), which another
+// manager's benchmarks cannot take: on a 16 GiB simulated device the async
+// manager's ran out after the pool's. So whenever the benchmarks move on to
+// another manager (each registration's Setup names its own), every one of
+// them gives back the memory it holds idle.
+std::vector<std::function<void()>>& idle_memory_givers() {
+  static auto* givers = new std::vector<std::function<void()>>();  // lives until exit
+  return *givers;
+}
+const void* current_manager_kind = nullptr;
+struct NoSharedManager {};  // the driver alone, or a manager of the benchmark's own
+struct DriverPool {};       // the driver's stream-ordered pool, driver_pool()
+
+template <typename Kind>
+void benchmarks_of(const benchmark::State&) {
+  static const char kind = 0;  // one address per kind
+  if (current_manager_kind == &kind) return;
+  current_manager_kind = &kind;
+  for (const auto& give_back : idle_memory_givers()) give_back();
+}
+
+// The pool inside a manager that is one or wraps one (the statistics adaptor), or null.
+template <typename Manager>
+cuemm::PoolMemoryManager* pool_of(Manager& manager) {
+  if constexpr (std::is_base_of_v<cuemm::PoolMemoryManager, Manager>)
+    return &manager;
+  else if constexpr (std::is_base_of_v<cuemm::ManagerAdaptor, Manager>)
+    return dynamic_cast<cuemm::PoolMemoryManager*>(&manager.upstream());
+  else
+    return nullptr;
+}
+
 template <typename Manager>
 Manager& shared_manager() {
   static Manager* manager = [] {
     auto* made = new Manager(&context());  // shared by every thread of a run; lives until exit
     made->initialize();
+    if constexpr (std::is_same_v<Manager, cuemm::AsyncMemoryManager>)
+      idle_memory_givers().push_back([made] { made->trim(); });
+    else if (cuemm::PoolMemoryManager* pool = pool_of(*made))
+      idle_memory_givers().push_back([pool] { pool->trim(); });
     return made;
   }();
   return *manager;
@@ -72,17 +110,6 @@ void warm_up_until_the_pool_stops_buying(const cuemm::PoolMemoryManager& pool, P
       since_purchase = 0;
     }
   }
-}
-
-// The pool inside a manager that is one or wraps one (the statistics adaptor), or null.
-template <typename Manager>
-const cuemm::PoolMemoryManager* pool_of(const Manager& manager) {
-  if constexpr (std::is_base_of_v<cuemm::PoolMemoryManager, Manager>)
-    return &manager;
-  else if constexpr (std::is_base_of_v<cuemm::ManagerAdaptor, Manager>)
-    return dynamic_cast<const cuemm::PoolMemoryManager*>(&manager.upstream());
-  else
-    return nullptr;
 }
 
 template <typename Manager>
@@ -295,6 +322,10 @@ cuemm::cuda::CUmemoryPool driver_pool() {
     CUEMM_CU(cuMemPoolCreate, &made, &properties);
     std::uint64_t threshold = UINT64_MAX;
     CUEMM_CU(cuMemPoolSetAttribute, made, cuemm::cuda::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold);
+    idle_memory_givers().push_back([made] {
+      cuemm::ScopedContext scope(context());
+      CUEMM_CU(cuMemPoolTrimTo, made, 0);
+    });
     return made;  // lives until exit
   }();
   return pool;
@@ -589,53 +620,57 @@ void ThreadPrivateLoop(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK(DriverMemHostAllocFree)->Arg(4096)->Arg(1 << 20)->Arg(64 << 20)->UseRealTime();
-BENCHMARK(PinnedHostPoolAllocateFree)->Arg(4096)->Arg(1 << 20)->Arg(64 << 20)->UseRealTime();
-BENCHMARK(DriverMemAllocFree)->Arg(256)->Arg(1 << 20)->Arg(64 << 20)->ThreadRange(1, 4)->UseRealTime();
-BENCHMARK(DriverPoolAllocateFree)->Apply(set_sizes);
-BENCHMARK_TEMPLATE(AllocateFree, cuemm::DefaultMemoryManager)->Apply(set_sizes);
-BENCHMARK_TEMPLATE(AllocateFree, cuemm::PoolMemoryManager)->Apply(set_sizes);
-BENCHMARK_TEMPLATE(AllocateFree, cuemm::AsyncMemoryManager)->Apply(set_sizes);
-BENCHMARK_TEMPLATE(AllocateFree, PoolWithStatistics)->Apply(set_sizes);
-BENCHMARK(DriverLegacyStreamQuery)->Threads(1)->Threads(16)->UseRealTime();
-BENCHMARK(ThreadPrivateLoop)->Threads(1)->Threads(16)->UseRealTime();
-BENCHMARK(PoolRawAllocateFree)->Apply(set_sizes);
-BENCHMARK(PoolStreamOrderedAllocateFree)->Apply(set_sizes);
+BENCHMARK(DriverMemHostAllocFree)->Setup(benchmarks_of<NoSharedManager>)->Arg(4096)->Arg(1 << 20)->Arg(64 << 20)->UseRealTime();
+BENCHMARK(PinnedHostPoolAllocateFree)->Setup(benchmarks_of<cuemm::PinnedHostPool>)->Arg(4096)->Arg(1 << 20)->Arg(64 << 20)->UseRealTime();
+BENCHMARK(DriverMemAllocFree)->Setup(benchmarks_of<NoSharedManager>)->Arg(256)->Arg(1 << 20)->Arg(64 << 20)->ThreadRange(1, 4)->UseRealTime();
+BENCHMARK(DriverPoolAllocateFree)->Setup(benchmarks_of<DriverPool>)->Apply(set_sizes);
+BENCHMARK_TEMPLATE(AllocateFree, cuemm::DefaultMemoryManager)->Setup(benchmarks_of<cuemm::DefaultMemoryManager>)->Apply(set_sizes);
+BENCHMARK_TEMPLATE(AllocateFree, cuemm::PoolMemoryManager)->Setup(benchmarks_of<cuemm::PoolMemoryManager>)->Apply(set_sizes);
+BENCHMARK_TEMPLATE(AllocateFree, cuemm::AsyncMemoryManager)->Setup(benchmarks_of<cuemm::AsyncMemoryManager>)->Apply(set_sizes);
+BENCHMARK_TEMPLATE(AllocateFree, PoolWithStatistics)->Setup(benchmarks_of<PoolWithStatistics>)->Apply(set_sizes);
+BENCHMARK(DriverLegacyStreamQuery)->Setup(benchmarks_of<NoSharedManager>)->Threads(1)->Threads(16)->UseRealTime();
+BENCHMARK(ThreadPrivateLoop)->Setup(benchmarks_of<NoSharedManager>)->Threads(1)->Threads(16)->UseRealTime();
+BENCHMARK(PoolRawAllocateFree)->Setup(benchmarks_of<cuemm::PoolMemoryManager>)->Apply(set_sizes);
+BENCHMARK(PoolStreamOrderedAllocateFree)->Setup(benchmarks_of<cuemm::PoolMemoryManager>)->Apply(set_sizes);
 BENCHMARK(PoolScalingAlternated)
+    ->Setup(benchmarks_of<cuemm::PoolMemoryManager>)
     ->Apply([](benchmark::internal::Benchmark* benchmark) {
       for (long size : kPairSizes) benchmark->Arg(size);
     })
     ->Iterations(1)
     ->Repetitions(1)  // (its rounds are its repetitions)
     ->UseRealTime();
-BENCHMARK(PoolWithFreeBlocks)->Arg(0)->Arg(65536);
-BENCHMARK(DriverPoolRandomAllocations)->Apply(set_random_workloads);
-BENCHMARK_TEMPLATE(RandomAllocations, cuemm::DefaultMemoryManager)->Apply(set_random_workloads);
-BENCHMARK_TEMPLATE(RandomAllocations, cuemm::AsyncMemoryManager)->Apply(set_random_workloads);
-BENCHMARK_TEMPLATE(RandomAllocations, cuemm::PoolMemoryManager)->Apply(set_random_workloads);
-BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::DefaultMemoryManager)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
-BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::PoolMemoryManager)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
-BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::AsyncMemoryManager)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
-BENCHMARK(DriverPoolStreamsWithKernels)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
-BENCHMARK(PoolStreamOrderedStreamsWithKernels)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
+BENCHMARK(PoolWithFreeBlocks)->Setup(benchmarks_of<NoSharedManager>)->Arg(0)->Arg(65536);
+BENCHMARK(DriverPoolRandomAllocations)->Setup(benchmarks_of<DriverPool>)->Apply(set_random_workloads);
+BENCHMARK_TEMPLATE(RandomAllocations, cuemm::DefaultMemoryManager)->Setup(benchmarks_of<cuemm::DefaultMemoryManager>)->Apply(set_random_workloads);
+BENCHMARK_TEMPLATE(RandomAllocations, cuemm::AsyncMemoryManager)->Setup(benchmarks_of<cuemm::AsyncMemoryManager>)->Apply(set_random_workloads);
+BENCHMARK_TEMPLATE(RandomAllocations, cuemm::PoolMemoryManager)->Setup(benchmarks_of<cuemm::PoolMemoryManager>)->Apply(set_random_workloads);
+BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::DefaultMemoryManager)->Setup(benchmarks_of<cuemm::DefaultMemoryManager>)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
+BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::PoolMemoryManager)->Setup(benchmarks_of<cuemm::PoolMemoryManager>)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
+BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::AsyncMemoryManager)->Setup(benchmarks_of<cuemm::AsyncMemoryManager>)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
+BENCHMARK(DriverPoolStreamsWithKernels)->Setup(benchmarks_of<DriverPool>)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
+BENCHMARK(PoolStreamOrderedStreamsWithKernels)->Setup(benchmarks_of<cuemm::PoolMemoryManager>)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
 // Up to 64 MiB with 1 GiB live, a few passes (each launches about 5,000 kernels).
 constexpr std::size_t kNoDedicatedSegments = std::size_t{1} << 40;
-BENCHMARK_TEMPLATE(RandomSizesBesideKernels, cuemm::PoolMemoryManager)->Args({64L << 20, 1L << 30})->Iterations(2)->UseRealTime();
+BENCHMARK_TEMPLATE(RandomSizesBesideKernels, cuemm::PoolMemoryManager)->Setup(benchmarks_of<NoSharedManager>)->Args({64L << 20, 1L << 30})->Iterations(2)->UseRealTime();
 BENCHMARK_TEMPLATE(RandomSizesBesideKernels, cuemm::PoolMemoryManager, kNoDedicatedSegments)
+    ->Setup(benchmarks_of<NoSharedManager>)
     ->Args({64L << 20, 1L << 30})->Iterations(2)->UseRealTime();
-BENCHMARK_TEMPLATE(RandomSizesBesideKernels, cuemm::AsyncMemoryManager)->Args({64L << 20, 1L << 30})->Iterations(2)->UseRealTime();
+BENCHMARK_TEMPLATE(RandomSizesBesideKernels, cuemm::AsyncMemoryManager)->Setup(benchmarks_of<NoSharedManager>)->Args({64L << 20, 1L << 30})->Iterations(2)->UseRealTime();
 constexpr long kTrainingRoundSizes = static_cast<long>(cuemm::workload::TrainingShapes::varied);
-BENCHMARK_TEMPLATE(TrainingStepsBesideKernels, cuemm::PoolMemoryManager)->Args({0, kTrainingRoundSizes})->Iterations(2)->UseRealTime();
+BENCHMARK_TEMPLATE(TrainingStepsBesideKernels, cuemm::PoolMemoryManager)->Setup(benchmarks_of<NoSharedManager>)->Args({0, kTrainingRoundSizes})->Iterations(2)->UseRealTime();
 BENCHMARK_TEMPLATE(TrainingStepsBesideKernels, cuemm::PoolMemoryManager, kNoDedicatedSegments)
+    ->Setup(benchmarks_of<NoSharedManager>)
     ->Args({0, kTrainingRoundSizes})->Iterations(2)->UseRealTime();
-BENCHMARK_TEMPLATE(TrainingStepsBesideKernels, cuemm::AsyncMemoryManager)->Args({0, kTrainingRoundSizes})->Iterations(2)->UseRealTime();
+BENCHMARK_TEMPLATE(TrainingStepsBesideKernels, cuemm::AsyncMemoryManager)->Setup(benchmarks_of<NoSharedManager>)->Args({0, kTrainingRoundSizes})->Iterations(2)->UseRealTime();
 // Each layer's sizes its own: the sizes the pool reuses least.
 constexpr long kTrainingPerLayer = static_cast<long>(cuemm::workload::TrainingShapes::per_layer);
-BENCHMARK_TEMPLATE(TrainingStepsBesideKernels, cuemm::PoolMemoryManager)->Args({0, kTrainingPerLayer})->Iterations(2)->UseRealTime();
+BENCHMARK_TEMPLATE(TrainingStepsBesideKernels, cuemm::PoolMemoryManager)->Setup(benchmarks_of<NoSharedManager>)->Args({0, kTrainingPerLayer})->Iterations(2)->UseRealTime();
 BENCHMARK_TEMPLATE(TrainingStepsBesideKernels, cuemm::PoolMemoryManager, kNoDedicatedSegments)
+    ->Setup(benchmarks_of<NoSharedManager>)
     ->Args({0, kTrainingPerLayer})->Iterations(2)->UseRealTime();
-BENCHMARK_TEMPLATE(TrainingStepsBesideKernels, cuemm::AsyncMemoryManager)->Args({0, kTrainingPerLayer})->Iterations(2)->UseRealTime();
+BENCHMARK_TEMPLATE(TrainingStepsBesideKernels, cuemm::AsyncMemoryManager)->Setup(benchmarks_of<NoSharedManager>)->Args({0, kTrainingPerLayer})->Iterations(2)->UseRealTime();
 
-BENCHMARK(DriverLegacyStreamQueryAfterThreadsEnded)->Arg(1)->Arg(1000)->UseRealTime();
+BENCHMARK(DriverLegacyStreamQueryAfterThreadsEnded)->Setup(benchmarks_of<NoSharedManager>)->Arg(1)->Arg(1000)->UseRealTime();
 
 BENCHMARK_MAIN();

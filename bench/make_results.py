@@ -443,6 +443,9 @@ def main():
                   ", ".join(f"{s:,} B {v:,.0f} pairs" for s, v in warm.items() if v) + "."]
     if args.fragmentation:
         lines += fragmentation_lines(args.fragmentation)
+    else:  # (a timings-only check: the heading that --splice-fragmentation fills from the tests-only run)
+        lines += ["", "## Fragmentation", "", "Not measured in this run (`CUEMM_GPU_TIMINGS_ONLY=1`): "
+                  "`bench/make_results.py --splice-fragmentation` puts the tests-only run's here."]
     lines += ["", "## Numba (Python): allocate + release, ns per pair", "",
               "`floor` is a do-nothing plugin that returns one fixed buffer: Numba's own cost. Each timed loop "
               "ends by flushing the manager's queue of deferred frees (Numba's default defers them), so every loop "

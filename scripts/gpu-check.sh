@@ -10,7 +10,12 @@
 #      without the cuemm plugin (tests/numba/compare_numba_cuda_suite.py; on a machine of several
 #      GPUs also its multi-GPU tests under each device manager), Numba allocation speed
 #   5. the allocation benchmarks (Google Benchmark from .carry/benchmark: Debian's libbenchmark.so and headers)
-# CUEMM_GPU_TESTS_ONLY=1 stops after the tests, before any benchmark (for machines whose timings are not reported).
+# All of it takes the device's 10 minutes a command and more (the run of 103bf6d reached the
+# benchmarks with 55 s left), so a full check is two commands, each building afresh:
+# CUEMM_GPU_TESTS_ONLY=1 stops after the tests and the fragmentation runs, which time nothing (also
+# for machines whose timings are not reported); CUEMM_GPU_TIMINGS_ONLY=1 builds no tests and runs
+# only what times: Numba's allocation speed, the benchmarks and `cuemm bench` (its RESULTS.md takes
+# the first's fragmentation with bench/make_results.py --splice-fragmentation).
 # CUEMM_GPU_FRAGMENTATION_ONLY=1 builds and runs only the fragmentation part (see there) and `cuemm bench`.
 # Prints a short summary last. Logs go to $OUT when it is set. CUEMM_COMMIT names the
 # commit measured where the machine's copy has no up-to-date git history.
@@ -119,9 +124,11 @@ fragmentation_runs() {
     if [ -n "${fragmentation_beside:-}" ]; then
       echo "# The pool's, the async manager's and the best fit's runs went beside $fragmentation_beside, which time nothing, on the cores they leave idle (so that a full check has time for them): their ns per operation may read a little higher than alone. The default manager's runs, whose reserved bytes are read from the device's free memory, ran alone after the suites."
     fi
-    if [ "${CUEMM_GPU_FRAGMENTATION_ONLY:-0}" = 1 ]; then
-      echo "# From a run of its own (\`CUEMM_GPU_FRAGMENTATION_ONLY=1\`) of commit \`${CUEMM_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null)}\`, $(date -u +%F), on $(head -1 "$logs/gpu.txt")."
-    fi
+    # (Spliced into another run's RESULTS.md, these say where they came from.)
+    for setting in CUEMM_GPU_FRAGMENTATION_ONLY CUEMM_GPU_TESTS_ONLY; do
+      [ "${!setting:-0}" = 1 ] &&
+        echo "# From a run of its own (\`$setting=1\`) of commit \`${CUEMM_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null)}\`, $(date -u +%F), on $(head -1 "$logs/gpu.txt")."
+    done
   } >"$fragmentation_parts/notes"
   fragmentation_singles 0 1 3 4
   fragmentation_seeds >"$fragmentation_parts/seeds" 2>&1
@@ -242,6 +249,13 @@ pybind11_dir=$("$python" -m pybind11 --cmakedir 2>/dev/null || true)
 torch_dir=$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null || true)
 torch_abi=$("$python" -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))' 2>/dev/null || true)
 [ -n "$torch_dir" ] && gtest_args+=(-DCUEMM_TORCH_DIR="$torch_dir" -DCUEMM_TORCH_CXX11_ABI="$torch_abi")
+# Which parts run (the header says what each setting leaves out).
+tests_part=1 timings_part=1 fragmentation_part=1
+[ "${CUEMM_GPU_TESTS_ONLY:-0}" = 1 ] && timings_part=0
+[ "${CUEMM_GPU_TIMINGS_ONLY:-0}" = 1 ] && tests_part=0 fragmentation_part=0
+[ "${CUEMM_GPU_FRAGMENTATION_ONLY:-0}" = 1 ] && tests_part=0 timings_part=0
+# (Without the tests, the build is about a minute shorter.)
+[ $tests_part = 0 ] && gtest_args+=(-DCUEMM_BUILD_TESTS=OFF -DCUEMM_BUILD_EXAMPLES=OFF)
 if CMAKE_POLICY_VERSION_MINIMUM=3.5 BUILD_DIR=$build "$root/scripts/build.sh" -DCUEMM_TEST_DRIVER=cuda \
     "${gtest_args[@]}" >"$logs/build.log" 2>&1; then
   summary+=("build: ok")
@@ -252,11 +266,11 @@ else
 fi
 
 ctest_status=0 example_status=0
+python_checks=0
+[ -d "$build/python/cuemm" ] && [ "${CUEMM_GPU_SKIP_PYTHON:-0}" != 1 ] && python_checks=1
 # CUEMM_GPU_FRAGMENTATION_ONLY=1: the build, then only the fragmentation runs below (their own run, where
 # a full check ran out of time before them; bench/make_results.py --splice-fragmentation puts them in RESULTS.md).
-if [ "${CUEMM_GPU_FRAGMENTATION_ONLY:-0}" != 1 ]; then
-  python_checks=0
-  [ -d "$build/python/cuemm" ] && [ "${CUEMM_GPU_SKIP_PYTHON:-0}" != 1 ] && python_checks=1
+if [ $tests_part = 1 ]; then
   # The package's own build from source (pip, scikit-build-core) runs on the CPUs while ctest
   # runs: no test times anything, and it saves the half minute of that build.
   if [ $python_checks = 1 ]; then
@@ -279,7 +293,7 @@ if [ "${CUEMM_GPU_FRAGMENTATION_ONLY:-0}" != 1 ]; then
   # assert nothing about the device's free memory (ctest's tests do), rather than after the
   # benchmarks, where slow hosts left them no time inside the device's 10 minutes (the default
   # manager's runs, which read the device's free memory, come right after the suites).
-  if [ $python_checks = 1 ] && [ "${CUEMM_GPU_TESTS_ONLY:-0}" != 1 ]; then
+  if [ $python_checks = 1 ] && [ $fragmentation_part = 1 ]; then
     fragmentation_beside="the example, pytest and numba-cuda's test suites"
     fragmentation_runs >"$logs/fragmentation-runs.log" 2>&1 &
     fragmentation_pid=$!
@@ -347,19 +361,24 @@ if [ "${CUEMM_GPU_FRAGMENTATION_ONLY:-0}" != 1 ]; then
     # The replay of the suite's log (seconds), then the default manager's fragmentation runs
     # (about 20 s), while nothing else runs: the default manager's reserved bytes are read from
     # the device's free memory. After the benchmarks, the deadline left them out of most runs.
-    if [ "${CUEMM_GPU_TESTS_ONLY:-0}" != 1 ]; then
-      replay_suite_log >"$logs/replay.txt" 2>&1
-      fragmentation_alone
-      phase_done replay+default-fragmentation
-    fi
-    # CUEMM_GPU_TESTS_ONLY=1: the checks above, without the benchmarks (a machine whose timings are not reported).
-    [ "${CUEMM_GPU_TESTS_ONLY:-0}" = 1 ] && finish
+    replay_suite_log >"$logs/replay.txt" 2>&1
+    fragmentation_alone
+    phase_done replay+default-fragmentation
+  fi
+else
+  phase_done build
+fi
+
+if [ $timings_part = 1 ]; then
+  if [ $python_checks = 1 ]; then
     # Two rounds of separate processes (about 40 s less than three: the run of
     # 66ec2ed took 575 of the device's 600 s), one where the parts before ran slow (the run of
     # 49c7151 had 219 s left here, and the device's limit cut it off after the benchmarks);
     # the interleaved figures are the ones held to bounds.
     numba_rounds=2
     [ "$(time_left)" -lt 240 ] && numba_rounds=1
+    # (A timings-only run has the time for three, about 145 s.)
+    [ "$(time_left)" -ge 420 ] && numba_rounds=3
     (cd /tmp && "$python" "$root/bench/bench_numba.py" --cuemm "$build/python" --rounds $numba_rounds \
       --out "$logs/bench_numba.json") >"$logs/bench_numba.txt" 2>&1
     summary+=("numba benchmark: exit $? (bench_numba.txt)")
@@ -371,8 +390,6 @@ if [ "${CUEMM_GPU_FRAGMENTATION_ONLY:-0}" != 1 ]; then
     summary+=("numba mapped_array interleaved, default/cuemm (4 KiB, 1 MiB, 64 MiB): $(interleaved mapped_array default/cuemm)")
     phase_done numba-benchmark
   fi
-
-  [ "${CUEMM_GPU_TESTS_ONLY:-0}" = 1 ] && finish
 
   anchors=()
   # Three repetitions took 112 s on a slow host; where less is left before the device's limit, two
@@ -401,17 +418,17 @@ if [ "${CUEMM_GPU_FRAGMENTATION_ONLY:-0}" != 1 ]; then
   phase_done benchmarks
 
   cuemm_bench
-else
-  phase_done build
 fi
 
-# The replay of numba-cuda's log and the fragmentation runs where they have not run yet (beside
-# and after numba-cuda's suites, above).
-[ -f "$logs/replay.txt" ] || replay_suite_log >"$logs/replay.txt" 2>&1
-[ -n "${fragmentation_pid:-}" ] || fragmentation_runs >"$logs/fragmentation-runs.log" 2>&1
-{ assemble_fragmentation; cat "$logs/replay.txt"; } >"$logs/bench_fragmentation.txt" 2>&1
-fragmentation_summary
-phase_done fragmentation
+if [ $fragmentation_part = 1 ]; then
+  # The replay of numba-cuda's log and the fragmentation runs where they have not run yet (beside
+  # and after numba-cuda's suites, above).
+  [ -f "$logs/replay.txt" ] || replay_suite_log >"$logs/replay.txt" 2>&1
+  [ -n "${fragmentation_pid:-}" ] || fragmentation_runs >"$logs/fragmentation-runs.log" 2>&1
+  { assemble_fragmentation; cat "$logs/replay.txt"; } >"$logs/bench_fragmentation.txt" 2>&1
+  fragmentation_summary
+  phase_done fragmentation
+fi
 # The run of its own also has the time for the tool's table, which a full check's deadline often cuts.
 if [ "${CUEMM_GPU_FRAGMENTATION_ONLY:-0}" = 1 ]; then
   cuemm_bench
@@ -419,9 +436,12 @@ if [ "${CUEMM_GPU_FRAGMENTATION_ONLY:-0}" = 1 ]; then
 fi
 
 if [ -f "$logs/bench_allocators.json" ] && [ -f "$logs/bench_numba.json" ]; then
+  # (A timings-only run's RESULTS.md has no fragmentation: the tests-only run's is spliced in.)
+  fragmentation_args=()
+  [ -f "$logs/bench_fragmentation.txt" ] && fragmentation_args=(--fragmentation "$logs/bench_fragmentation.txt")
   (cd "$root" && "$python" bench/make_results.py --allocators "$logs/bench_allocators.json" "${anchors[@]}" \
     --numba "$logs/bench_numba.json" --gpu "$logs/gpu.txt" --out "$logs/RESULTS.md" \
-    --fragmentation "$logs/bench_fragmentation.txt" --previous bench/RESULTS.md \
+    "${fragmentation_args[@]}" --previous bench/RESULTS.md \
     ${CUEMM_COMMIT:+--commit "$CUEMM_COMMIT"}) >"$logs/results.log" 2>&1
   summary+=("bench/RESULTS.md: written to $logs/RESULTS.md (exit $?)")
   summary+=("$(grep -m1 '^pairs over 2x slower' "$logs/results.log")")

@@ -25,10 +25,12 @@ done
 
 echo "== benchmark smoke (fails only if a benchmark crashes, never on timing)"
 if [ -x "$build/bin/bench_allocators" ]; then
-  # A simulated device of 128 GiB (backed lazily): the benchmarks keep one pool
-  # of each kind for the whole process, and 16 threads of 64 MiB pairs leave
-  # up to 2 GiB each in a pool (a 16th of the device at most), which the next
-  # pool cannot take back. The benchmarks whose kernels fill their blocks run
+  # The benchmarks keep one manager of each kind for the whole process, and 16
+  # threads of 64 MiB pairs leave up to 2 GiB each in a pool; each manager gives
+  # back what it holds idle when the benchmarks move on to another
+  # (bench_allocators.cpp, benchmarks_of), so a whole run fits the simulated
+  # device's default 16 GiB; 128 GiB (backed lazily) leaves room to spare.
+  # The benchmarks whose kernels fill their blocks run
   # in a process of their own: the simulated device's pages that a kernel
   # wrote stay in host memory while the pool keeps them, and in that warm
   # pool they filled 23 GiB of a 23 GiB machine.
