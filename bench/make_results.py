@@ -288,7 +288,8 @@ def main():
         f"cupy {measured['cupy']}; torch {measured['torch']}",
         f"- Google Benchmark run date: {allocators['context'].get('date')}",
         "",
-        "Reproduce: `bash scripts/gpu-check.sh` on the GPU machine (see README). Times are medians of "
+        "Reproduce: on the GPU machine, `CUEMM_GPU_TESTS_ONLY=1 bash scripts/gpu-check.sh` (tests and fragmentation) "
+        "and `CUEMM_GPU_TIMINGS_ONLY=1 bash scripts/gpu-check.sh` (the rest; see README). Times are medians of "
         f"{repetitions} repetitions,",
         "in nanoseconds per allocate+free pair; with several threads, the time is wall time divided by all pairs",
         "of all threads (so lower is better and 16 threads ideally divide it by 16).",
@@ -409,8 +410,9 @@ def main():
             cells = [fmt(1e9 / rate) if rate else "-" for rate in per_second]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines += ["", "Each allocator is timed warm, as a long-running program meets it: one instance serves all of "
-                  "its benchmarks, so the pool keeps the footprint that the benchmarks before this one reached, as "
-                  "PyTorch's cache keeps its blocks. From empty, where large sizes vary, the pool's segments of their "
+                  "its benchmarks and the timed passes repeat, so the pool keeps the footprint that the passes before "
+                  "reached, as PyTorch's cache keeps its blocks (each manager gives back what it holds idle only when "
+                  "the benchmarks move on to another). From empty, where large sizes vary, the pool's segments of their "
                   "own call the driver instead (README, \"Large blocks get segments of their own\"): the pool's ns "
                   "per operation in the fragmentation table below are of a new pool.", ""]
         # What the speed costs in memory, where the allocator can say.
