@@ -160,8 +160,9 @@ fragmentation_seeds() {
     # setting for a program short of memory: README); the best-fit reference's take a moment.
     batches=("0 1")
     case "$workload" in *"--live 512M" | *queue*) batches+=("2") ;; *per-layer) batches+=("4") ;; esac
-    # Blocks assembled from pages' free ends near the peak, where sizes reach 4 MiB (Note [Assembled blocks]).
-    case "$workload" in *"4M --live 512M" | *"4M --live 128M") batches+=("6") ;; esac
+    # Blocks assembled from pages' free ends near the peak, where sizes reach 4 MiB (Note [Assembled blocks]),
+    # and where layers keep sizes of their own (beside Note [Own segments in the arena]).
+    case "$workload" in *"4M --live 512M" | *"4M --live 128M" | *per-layer) batches+=("6") ;; esac
     # Through allocate(size, stream), as RMM and PyTorch call the pool.
     case "$workload" in *"4M --live 512M" | *"64M --live 256M" | *inference) batches+=("5") ;; esac
     batches+=("3")
