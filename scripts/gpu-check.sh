@@ -227,9 +227,12 @@ replay_suite_log() {
 
 # The summary lines of the fragmentation runs.
 fragmentation_summary() {
-  summary+=("fragmentation (pool, reserved/live): $(grep -A2 ', pool$' "$logs/bench_fragmentation.txt" | reserved_over_live | tr '\n' ' ')")
-  summary+=("fragmentation (pool, expandable): $(grep -A2 ', pool (expandable)$' "$logs/bench_fragmentation.txt" | reserved_over_live | tr '\n' ' ')")
-  summary+=("fragmentation (best fit, reference): $(grep -A2 ', best fit (reference)$' "$logs/bench_fragmentation.txt" | reserved_over_live | tr '\n' ' ')")
+  local label ratios
+  for label in pool "pool (expandable)" "best fit (reference)"; do
+    ratios=$(grep -A2 ", $label\$" "$logs/bench_fragmentation.txt" | reserved_over_live | tr '\n' ' ')
+    # (The deadline may have left every run out: the file's "not run" lines say which.)
+    summary+=("fragmentation ($label, reserved/live): ${ratios:-none run (bench_fragmentation.txt)}")
+  done
   summary+=("$(awk -F': ' '/^== seeds.*: [0-9. a-z]+$/ {n = split($2, v, " "); k = 0; f = 0; s = 0; m = 0
     for (i = 1; i <= n; i++) { if (v[i] == "failed") { f++; continue } k++; s += v[i]; if (v[i] > m) m = v[i] }
     sub(/^== seeds [0-9]+-[0-9]+ (--max-size )?/, "", $1); sub(/ --live /, "/", $1); sub(/ --threads /, " x", $1)
