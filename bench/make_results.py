@@ -231,9 +231,17 @@ def higher_means(previous, current, by):
             if (workload, manager) in before and now[(workload, manager)] > before[(workload, manager)] + by]
 
 
+def fragmentation_placeholder_lines():
+    """The fragmentation section of a timings-only check, which --splice-fragmentation fills from the
+    tests-only run's."""
+    return ["", "## Fragmentation", "", "Not measured in this run (`CUEMM_GPU_TIMINGS_ONLY=1`): "
+            "`bench/make_results.py --splice-fragmentation` puts the tests-only run's here."]
+
+
 def splice_fragmentation(results, fragmentation, out):
     """Writes `results` (a RESULTS.md) to `out` with its fragmentation section made anew from `fragmentation`:
-    the runs of `CUEMM_GPU_FRAGMENTATION_ONLY=1`, where a full check ran out of time before they did."""
+    the runs of `CUEMM_GPU_FRAGMENTATION_ONLY=1`, where a full check ran out of time before they did, or of
+    `CUEMM_GPU_TESTS_ONLY=1` beside a timings-only check's results."""
     text = open(results).read().split("\n")
     begin = next((i for i, line in enumerate(text) if line.startswith("## Fragmentation")), None)
     if begin is None:
@@ -445,9 +453,8 @@ def main():
                   ", ".join(f"{s:,} B {v:,.0f} pairs" for s, v in warm.items() if v) + "."]
     if args.fragmentation:
         lines += fragmentation_lines(args.fragmentation)
-    else:  # (a timings-only check: the heading that --splice-fragmentation fills from the tests-only run)
-        lines += ["", "## Fragmentation", "", "Not measured in this run (`CUEMM_GPU_TIMINGS_ONLY=1`): "
-                  "`bench/make_results.py --splice-fragmentation` puts the tests-only run's here."]
+    else:
+        lines += fragmentation_placeholder_lines()
     lines += ["", "## Numba (Python): allocate + release, ns per pair", "",
               "`floor` is a do-nothing plugin that returns one fixed buffer: Numba's own cost. Each timed loop "
               "ends by flushing the manager's queue of deferred frees (Numba's default defers them), so every loop "

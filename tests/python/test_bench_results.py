@@ -130,6 +130,23 @@ def test_a_fragmentation_only_run_replaces_the_section_and_says_where_it_came_fr
     assert text.count("## Fragmentation") == 1
 
 
+def test_a_timings_only_run_leaves_a_section_that_the_tests_only_runs_fragmentation_fills(tmp_path):
+    results = tmp_path / "RESULTS.md"
+    results.write_text("\n".join(["# results", "", "## Pinned host memory (C++)", "", "pinned rows"]
+                                 + make_results.fragmentation_placeholder_lines()
+                                 + ["", "## Numba (Python): allocate + release, ns per pair", "", "numba rows", ""]))
+    run = tmp_path / "bench_fragmentation.txt"
+    run.write_text("# From a run of its own (`CUEMM_GPU_TESTS_ONLY=1`) of commit `abc1234`.\n" + CHECK_OUTPUT)
+    out = tmp_path / "spliced.md"
+    make_results.splice_fragmentation(str(results), str(run), str(out))
+    text = out.read_text()
+    assert "Not measured in this run" not in text
+    assert "From a run of its own (`CUEMM_GPU_TESTS_ONLY=1`) of commit `abc1234`." in text
+    assert "| `--max-size 4M --live 512M` | pool | 1-8 | 1.200 | 1.300 | 1.300 1.100 1.200 |" in text
+    assert text.index("pinned rows") < text.index("## Fragmentation") < text.index("numba rows")
+    assert text.count("## Fragmentation") == 1
+
+
 def test_the_alternated_scaling_rounds_are_read_by_size():
     runs = [{"benchmarks": [
         {"run_name": "PoolScalingAlternated/256/iterations:1/repeats:1/real_time", "ratio_median": 12.5,
