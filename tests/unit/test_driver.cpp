@@ -294,13 +294,6 @@ TEST(Driver, ASimulatedStreamOrderedFreeWaitsOnlyForQueuedWork) {
   CUEMM_CU(cuMemPoolDestroy, pool);
 }
 
-// What a stream-ordered pool keeps of the memory its blocks free, as the
-// H100's driver keeps it (bench/probes/probe_pool_reserve.cpp): reserved
-// memory counts against the device; a synchronisation trims it to the
-// release threshold, cuMemPoolTrimTo to what it is asked to keep; and an
-// allocation elsewhere that would run out without it takes it back. The
-// simulated driver must do the same (the async manager's memory info and
-// statistics read it), so this runs on both.
 // The pool's segments of their own count whole 2 MiB pages (DedicatedSegments::
 // segment_size) because cuMemAlloc takes them: the driver's free memory drops
 // by the rounded size (bench/probes/probe_alloc_granularity.cpp).
@@ -323,6 +316,13 @@ TEST(Driver, ACuMemAllocOfMoreThanAPageTakesWholePages) {
   }
 }
 
+// What a stream-ordered pool keeps of the memory its blocks free, as the
+// H100's driver keeps it (bench/probes/probe_pool_reserve.cpp): reserved
+// memory counts against the device; a synchronisation trims it to the
+// release threshold, cuMemPoolTrimTo to what it is asked to keep; and an
+// allocation elsewhere that would run out without it takes it back. The
+// simulated driver must do the same (the async manager's memory info and
+// statistics read it), so this runs on both.
 TEST(Driver, AStreamOrderedPoolKeepsFreedMemoryUpToItsReleaseThreshold) {
   Context& context = current_context();
   ScopedContext scope(context);
