@@ -370,9 +370,11 @@ if [ $tests_part = 1 ]; then
     # The replay of the suite's log (seconds), then the default manager's fragmentation runs
     # (about 20 s), while nothing else runs: the default manager's reserved bytes are read from
     # the device's free memory. After the benchmarks, the deadline left them out of most runs.
-    replay_suite_log >"$logs/replay.txt" 2>&1
-    fragmentation_alone
-    phase_done replay+default-fragmentation
+    if [ $fragmentation_part = 1 ]; then
+      replay_suite_log >"$logs/replay.txt" 2>&1
+      fragmentation_alone
+      phase_done replay+default-fragmentation
+    fi
   fi
 else
   phase_done build
