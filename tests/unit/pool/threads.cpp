@@ -80,6 +80,22 @@ TEST_F(Pool, MixedInterfacesSizesAndTrimsFromManyThreadsNeverHandOutOverlappingB
   variants.push_back({"expandable, a maximum of 128 MiB", PoolOptions{}});
   variants.back().options.expandable = true;
   variants.back().options.maximum_size = std::size_t{128} << 20;
+  // Options together, as programs set them: blocks assembled near the peak
+  // under a maximum; an initial segment that small and large blocks share
+  // with later growth; no room past the peak while the GPU is busy.
+  variants.push_back({"expandable, assembled blocks, a maximum of 128 MiB", PoolOptions{}});
+  variants.back().options.expandable = true;
+  variants.back().options.assemble_blocks = true;
+  variants.back().options.maximum_size = std::size_t{128} << 20;
+  variants.push_back({"an initial 32 MiB, a maximum of 128 MiB, split spares", PoolOptions{}});
+  variants.back().options.initial_size = std::size_t{32} << 20;
+  variants.back().options.maximum_size = std::size_t{128} << 20;
+  variants.back().options.split_spares = true;
+  variants.push_back({"expandable, an initial 32 MiB, no overshoot, raw frees checked", PoolOptions{}});
+  variants.back().options.expandable = true;
+  variants.back().options.initial_size = std::size_t{32} << 20;
+  variants.back().options.busy_overshoot = 0;
+  variants.back().options.check_frees = true;
   for (const Variant& variant : variants) {
     SCOPED_TRACE(variant.name);
     PoolMemoryManager pool(&context, variant.options);
