@@ -113,6 +113,39 @@ def process_spread(samples_by_manager, repeats):
     return max(gaps, default=None)
 
 
+def python_pools_lines(pools):
+    """The section of bench_python_pools.py's figures: pairs, then reserved over live."""
+    sizes = [int(size) for size in next(iter(pools["pairs"].values()))]
+    lines = ["## CuPy's memory pool and PyTorch's caching allocator from Python", "",
+             f"`bench/bench_python_pools.py`, one process: allocate+free pairs called as each allocator's users call "
+             f"it (cuemm's pool through its Python bridge, the Numba plugin's fast path; CuPy's `MemoryPool.malloc`; "
+             f"PyTorch's `caching_allocator_alloc`/`caching_allocator_delete`), {pools['pairs_per_loop']:,} pairs a "
+             f"loop, each size's loops in turn in each of {pools['rounds']} rounds: ns a pair (median), and in "
+             "brackets the median of the rounds' ratios to cuemm's pool.", ""]
+    measured = pools.get("measured")
+    if measured:
+        lines += [f"Measured on {measured['date']} on the {measured['device']} at commit `{measured['commit']}`; "
+                  + ", ".join(f"{module} {version}" for module, version in pools["environment"].items()) + ".", ""]
+    lines += ["| allocator | " + " | ".join(f"{size:,} B" for size in sizes) + " |", "|---|" + "---|" * len(sizes)]
+    for name, by_size in pools["pairs"].items():
+        cells = [f"{fmt(by_size[str(s)]['median_ns'])} ({by_size[str(s)]['over_cuemm']:.2f}x)" for s in sizes]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for name, why in pools.get("left_out", {}).items():
+        lines += ["", f"Left out: {name} ({why})."]
+    names = []
+    for row in pools["fragmentation_means"].values():
+        names += [name for name in row if name not in names]
+    lines += ["", f"Peak reserved over peak live on the operations of `cuemm random`'s workloads (seeds "
+              f"1-{pools['seeds']}, means), each replayed from its CSV log: cuemm's pool and the best fit by "
+              "`cuemm replay`, CuPy's pool by its own count (`total_bytes()`) and by the device memory it took "
+              "(`cudaMalloc` takes whole 2 MiB pages from 2 MiB up), PyTorch's by `max_memory_reserved()`.", "",
+              "| workload | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for workload, row in pools["fragmentation_means"].items():
+        lines.append(f"| {workload} | " + " | ".join(f"{row[n]:.3f}" if n in row else "-" for n in names) + " |")
+    lines.append("")
+    return lines
+
+
 def checked_out_commit():
     """HEAD here, marked when the files differ from it (a copy shipped with a stale history)."""
     def git(*words):
@@ -238,16 +271,28 @@ def fragmentation_placeholder_lines():
             "`bench/make_results.py --splice-fragmentation` puts the tests-only run's here."]
 
 
+def fragmentation_section(text, path):
+    """The lines [begin, end) of the fragmentation section of a RESULTS.md's lines."""
+    begin = next((i for i, line in enumerate(text) if line.startswith("## Fragmentation")), None)
+    if begin is None:
+        sys.exit(f"{path} has no fragmentation section")
+    return begin, next((i for i in range(begin + 1, len(text)) if text[i].startswith("## ")), len(text))
+
+
 def splice_fragmentation(results, fragmentation, out):
     """Writes `results` (a RESULTS.md) to `out` with its fragmentation section made anew from `fragmentation`:
     the runs of `CUEMM_GPU_FRAGMENTATION_ONLY=1`, where a full check ran out of time before they did, or of
-    `CUEMM_GPU_TESTS_ONLY=1` beside a timings-only check's results."""
+    `CUEMM_GPU_TESTS_ONLY=1` beside a timings-only check's results. A `fragmentation` that is itself a
+    RESULTS.md gives its section as it stands (an earlier run's, of the same library)."""
     text = open(results).read().split("\n")
-    begin = next((i for i, line in enumerate(text) if line.startswith("## Fragmentation")), None)
-    if begin is None:
-        sys.exit(f"{results} has no fragmentation section to replace")
-    end = next((i for i in range(begin + 1, len(text)) if text[i].startswith("## ")), len(text))
-    made = fragmentation_lines(fragmentation)[1:]  # (without the blank line before the heading)
+    begin, end = fragmentation_section(text, results)
+    if fragmentation.endswith(".md"):
+        earlier = open(fragmentation).read().split("\n")
+        made = earlier[slice(*fragmentation_section(earlier, fragmentation))]
+        while made and not made[-1]:
+            made.pop()
+    else:
+        made = fragmentation_lines(fragmentation)[1:]  # (without the blank line before the heading)
     with open(out, "w") as written:
         written.write("\n".join(text[:begin] + made + [""] + text[end:]))
 
@@ -269,6 +314,8 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--commit", help="the commit measured (default: git's HEAD here)")
     parser.add_argument("--fragmentation", help="the output of the `cuemm random` runs (optional)")
+    parser.add_argument("--python-pools", help="bench_python_pools.py's JSON: CuPy's and PyTorch's pools from "
+                        "Python beside cuemm's (optional)")
     parser.add_argument("--previous", help="the RESULTS.md of an earlier run: pair cells over 2x slower, and "
                         "fragmentation means over 0.04 higher, are printed")
     args = parser.parse_args()
@@ -501,6 +548,8 @@ def main():
         lines.append(f"- {manager}: " + ", ".join(f"{t} thread(s) {row[t]['pairs_per_second']:,.0f} "
                                                   f"({row[t]['errors']} errors)" for t in sorted(row, key=int)))
     lines.append("")
+    if args.python_pools:
+        lines += python_pools_lines(json.load(open(args.python_pools)))
     text = "\n".join(lines)
     with open(args.out, "w") as out:
         out.write(text)

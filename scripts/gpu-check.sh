@@ -400,6 +400,15 @@ if [ $timings_part = 1 ]; then
     summary+=("numba device_array interleaved, cuemm/floor (256 B, 64 KiB, 4 MiB, 64 MiB): $(interleaved device_array cuemm/floor)")
     summary+=("numba mapped_array interleaved, default/cuemm (4 KiB, 1 MiB, 64 MiB): $(interleaved mapped_array default/cuemm)")
     phase_done numba-benchmark
+    # CuPy's and PyTorch's pools from Python beside cuemm's (about a minute).
+    if [ "$(time_left)" -ge 150 ]; then
+      (cd /tmp && "$python" "$root/bench/bench_python_pools.py" --cuemm "$build/python" --tool "$build/bin/cuemm" \
+        --out "$logs/bench_python_pools.json") >"$logs/bench_python_pools.txt" 2>&1
+      summary+=("python pools: exit $? ($(grep -m1 '^summary:' "$logs/bench_python_pools.txt" | cut -c10-))")
+      phase_done python-pools
+    else
+      summary+=("python pools: not run ($(time_left) s left before the deadline)")
+    fi
   fi
 
   anchors=()
@@ -448,11 +457,12 @@ fi
 
 if [ -f "$logs/bench_allocators.json" ] && [ -f "$logs/bench_numba.json" ]; then
   # (A timings-only run's RESULTS.md has no fragmentation: the tests-only run's is spliced in.)
-  fragmentation_args=()
-  [ -f "$logs/bench_fragmentation.txt" ] && fragmentation_args=(--fragmentation "$logs/bench_fragmentation.txt")
+  results_args=()
+  [ -f "$logs/bench_fragmentation.txt" ] && results_args=(--fragmentation "$logs/bench_fragmentation.txt")
+  [ -s "$logs/bench_python_pools.json" ] && results_args+=(--python-pools "$logs/bench_python_pools.json")
   (cd "$root" && "$python" bench/make_results.py --allocators "$logs/bench_allocators.json" "${anchors[@]}" \
     --numba "$logs/bench_numba.json" --gpu "$logs/gpu.txt" --out "$logs/RESULTS.md" \
-    "${fragmentation_args[@]}" --previous bench/RESULTS.md \
+    "${results_args[@]}" --previous bench/RESULTS.md \
     ${CUEMM_COMMIT:+--commit "$CUEMM_COMMIT"}) >"$logs/results.log" 2>&1
   summary+=("bench/RESULTS.md: written to $logs/RESULTS.md (exit $?)")
   summary+=("$(grep -m1 '^pairs over 2x slower' "$logs/results.log")")

@@ -54,6 +54,12 @@ echo "== Numba benchmark smoke (the three managers interleaved in one process; n
   >/tmp/cuemm-numba-bench-smoke.txt 2>&1) ||
   { tail -20 /tmp/cuemm-numba-bench-smoke.txt; status=1; }
 
+echo "== Python pools benchmark smoke (cuemm's pool alone where CuPy and PyTorch are missing; never on timing)"
+(cd /tmp && CUEMM_DRIVER=sim /usr/bin/python3 "$root/bench/bench_python_pools.py" --cuemm "$build/python" \
+  --tool "$build/bin/cuemm" --rounds 1 --seeds 1 --out /tmp/cuemm-python-pools-smoke.json \
+  >/tmp/cuemm-python-pools-smoke.txt 2>&1) ||
+  { tail -20 /tmp/cuemm-python-pools-smoke.txt; status=1; }
+
 echo "== classic Numba cudadrv tests on the simulated driver: default manager, then cuemm's plugin"
 (cd /tmp && /usr/bin/python3 "$root/tests/numba/classic_numba_cudadrv.py" "$sim_driver") || status=1
 (cd /tmp && PYTHONPATH="$build/python" CUEMM_DRIVER=sim NUMBA_CUDA_MEMORY_MANAGER=cuemm \
