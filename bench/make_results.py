@@ -138,7 +138,9 @@ def python_pools_lines(pools):
     lines += ["", f"Peak reserved over peak live on the operations of `cuemm random`'s workloads (seeds "
               f"1-{pools['seeds']}, means), each replayed from its CSV log: cuemm's pool and the best fit by "
               "`cuemm replay`, CuPy's pool by its own count (`total_bytes()`) and by the device memory it took "
-              "(`cudaMalloc` takes whole 2 MiB pages from 2 MiB up), PyTorch's by `max_memory_reserved()`.", "",
+              "(`cudaMalloc` takes whole 2 MiB pages from 2 MiB up), PyTorch's by `max_memory_reserved()`. cuemm's "
+              "pool is replayed through `memalloc`, whose freed blocks wait for the GPU's queued work (a seal) before "
+              "reuse; CuPy's and PyTorch's reuse a block at once on the stream it was freed on.", "",
               "| workload | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for workload, row in pools["fragmentation_means"].items():
         lines.append(f"| {workload} | " + " | ".join(f"{row[n]:.3f}" if n in row else "-" for n in names) + " |")
