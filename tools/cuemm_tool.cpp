@@ -29,6 +29,8 @@
 //   with threads, from whichever thread saw it, all threads' bytes; with
 //   --stream-ordered, the pool's device blocks through allocate(size, stream)
 //   on each thread's per-thread stream, as RMM and PyTorch call it)
+//   (either with --compare: every bundled manager and the pool's options that
+//   trade time for memory, one after another, as one table)
 //   cuemm plot LOG.csv OUT.svg               live memory over time, as SVG
 //   cuemm bench [--managers ...] [--sizes ...] [--threads ...]
 //                                            ns per allocate+free pair (bench_command.cpp)
@@ -45,9 +47,11 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -216,6 +220,8 @@ void trace_growth(std::size_t operation, std::size_t request, std::size_t live_b
 struct ReplayOptions {
   bool trace_growth = false;
   bool stream_ordered = false;
+  // Makes the manager (--compare's candidates); else the manager is the bundled one or plugin library named.
+  std::function<std::unique_ptr<BaseMemoryManager>(Context*)> make;
 };
 
 // Replays each list of operations on a thread of its own, side by side (one
@@ -225,7 +231,8 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
   if (manager_name == kBestFit) return best_fit_reference(lists, nullptr, driver_memory_info(context).total);
   // A bundled manager or a plugin library's, under the adaptors CUEMM_ADAPTORS names (as `cuemm bench`).
   const std::string adaptors = adaptors_from_environment();
-  auto manager = wrap_with_adaptors(&context, make_memory_manager(manager_name, &context), adaptors);
+  auto manager = wrap_with_adaptors(
+      &context, options.make ? options.make(&context) : make_memory_manager(manager_name, &context), adaptors);
   manager->initialize();
   auto* pool = find_adaptor<PoolMemoryManager>(*manager);
   if (options.stream_ordered && !pool)
@@ -397,6 +404,86 @@ void print(const ReplayReport& report, const std::string& name, const std::strin
                 static_cast<double>(report.best_fit_reserved) / report.best_fit_live);
 }
 
+// --compare: the same operations against each bundled manager and the
+// pool's options that trade time for memory, one after another, each on a
+// new manager, as one table beside the ideal best fit's footprint: which
+// manager a program's log wants. (The pool's other options come from the
+// environment, as for --manager pool.)
+struct Candidate {
+  std::string name;
+  std::function<std::unique_ptr<BaseMemoryManager>(Context*)> make;
+  bool stream_ordered = false;
+};
+
+std::vector<Candidate> comparison_candidates() {
+  auto pool_with = [](std::function<void(PoolOptions&)> change) {
+    return [change](Context* context) -> std::unique_ptr<BaseMemoryManager> {
+      PoolOptions options = PoolOptions::from_environment();
+      change(options);
+      return std::make_unique<PoolMemoryManager>(context, options);
+    };
+  };
+  auto bundled = [](std::string name) {
+    return [name](Context* context) { return make_memory_manager(name, context); };
+  };
+  return {{"pool", pool_with([](PoolOptions&) {})},
+          {"pool, stream-ordered (allocate(size, stream))", pool_with([](PoolOptions&) {}), true},
+          {"pool, no thread caches", pool_with([](PoolOptions& o) { o.thread_cache_size = 0; })},
+          {"pool, expandable", pool_with([](PoolOptions& o) { o.expandable = true; })},
+          {"pool, expandable, assembled blocks", pool_with([](PoolOptions& o) { o.expandable = o.assemble_blocks = true; })},
+          {"async", bundled("async")},
+          {"default", bundled("default")}};
+}
+
+void compare(const std::vector<std::vector<Operation>>& lists, Context& context) {
+  auto mib = [](std::size_t bytes) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+    return std::string(text);
+  };
+  // The simulated driver's stream-ordered pool is a model that places no
+  // blocks: a floor, not a figure to choose by.
+  const bool modelled_async = simulation::active();
+  std::printf("%-46s %12s %14s %14s %13s\n", "manager", "ns/operation", "peak reserved", "reserved/live",
+              "driver calls");
+  std::optional<ReplayReport> best_fit;
+  std::string least_memory, fastest;
+  double least_ratio = 0, least_ns = 0;
+  for (const Candidate& candidate : comparison_candidates()) {
+    ReplayOptions options;
+    options.make = candidate.make;
+    options.stream_ordered = candidate.stream_ordered;
+    try {
+      const ReplayReport report = replay(lists, context, candidate.name, options);
+      if (!best_fit) best_fit = report;
+      const double ratio = report.peak_live ? static_cast<double>(report.peak_reserved) / report.peak_live : 0;
+      const double ns = report.operations ? 1e9 * report.seconds / report.operations : 0;
+      const std::string calls =
+          report.pool ? std::to_string(report.pool->driver_allocations + report.pool->driver_frees) : "-";
+      const bool modelled = modelled_async && candidate.name == "async";
+      std::string note;
+      if (report.failed) note = " (" + std::to_string(report.failed) + " allocation(s) failed)";
+      if (modelled) note += " (simulated driver: a model of its pool, which places no blocks)";
+      std::printf("%-46s %12.0f %14s %14.3f %13s%s\n", candidate.name.c_str(), ns, mib(report.peak_reserved).c_str(),
+                  ratio, calls.c_str(), note.c_str());
+      // (Not in the summary: a run that did not hold the workload, or a modelled footprint.)
+      if (report.failed || modelled) continue;
+      if (least_memory.empty() || ratio < least_ratio) least_memory = candidate.name, least_ratio = ratio;
+      if (fastest.empty() || ns < least_ns) fastest = candidate.name, least_ns = ns;
+    } catch (const Error& error) {
+      // (A device without virtual memory management refuses the expandable pool, say.)
+      std::printf("%-46s not run: %s\n", candidate.name.c_str(), error.what());
+    }
+  }
+  if (best_fit && best_fit->best_fit_live)
+    std::printf("%-46s %12s %14s %14.3f %13s\n", "an ideal best fit (reference)", "-",
+                mib(best_fit->best_fit_reserved).c_str(),
+                static_cast<double>(best_fit->best_fit_reserved) / best_fit->best_fit_live, "-");
+  if (!least_memory.empty())
+    std::printf("least memory: %s (%.3f of peak live); fastest: %s (%.0f ns an operation)\n", least_memory.c_str(),
+                least_ratio, fastest.c_str(), least_ns);
+}
+
 // Replays a log's rows; a log of several devices, each device's rows against
 // a manager of its own on that device, one device after another. (A log of one
 // device replays on the current one, whichever device it was.) Rows of a device
@@ -432,6 +519,8 @@ int usage(bool asked = false) {
                "usage: cuemm info\n"
                "       cuemm replay LOG.csv [--manager pool|async|default|best-fit|PLUGIN.so] [--trace-growth]\n"
                "                    [--stream-ordered]\n"
+               "       cuemm replay LOG.csv --compare     (every bundled manager and the pool's options, as a table;\n"
+               "                                           random takes --compare too)\n"
                "       cuemm random [--manager NAME] [--max-size 64M] [--live 1G] [--operations 100000] [--seed 1]\n"
                "                    [--threads 1] [--trace-growth] [--stream-ordered]\n"
                "       cuemm random --pattern training [--manager NAME] [--layers 60] [--steps 30] [--seed 1]\n"
@@ -506,10 +595,15 @@ int run(std::vector<std::string> args) {
     return 0;
   }
   if (command == "replay" || command == "random") {
+    const bool comparing = tool::flag(args, "--compare");
+    if (comparing && std::find(args.begin(), args.end(), "--manager") != args.end())
+      throw InvalidArgument("--compare runs every bundled manager: leave out --manager");
     const std::string manager = option(args, "--manager", "pool");
     ReplayOptions options;
     options.trace_growth = tool::flag(args, "--trace-growth");
     options.stream_ordered = tool::flag(args, "--stream-ordered");
+    if (comparing && (options.trace_growth || options.stream_ordered))
+      throw InvalidArgument("--compare takes neither --trace-growth nor --stream-ordered (it has a stream-ordered row)");
     std::vector<Operation> operations;
     if (command == "replay") {
       if (args.size() != 1) return usage();
@@ -568,7 +662,20 @@ int run(std::vector<std::string> args) {
       } else {
         throw InvalidArgument("--pattern must be rmm, training, temporaries, inference or queue (got '" + pattern + "')");
       }
-      print(replay(lists, current_context(), manager, options), manager);
+      if (comparing) {
+        compare(lists, current_context());
+      } else {
+        print(replay(lists, current_context(), manager, options), manager);
+      }
+      return 0;
+    }
+    if (comparing) {
+      std::set<int> devices;
+      for (const Operation& operation : operations) devices.insert(operation.ordinal);
+      if (devices.size() > 1)
+        throw InvalidArgument("--compare replays the rows of one device; this log has rows of " +
+                              std::to_string(devices.size()) + " devices (replay it with --manager NAME instead)");
+      compare({operations}, current_context());
       return 0;
     }
     replay_by_device(operations, manager, options);

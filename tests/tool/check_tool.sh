@@ -191,6 +191,20 @@ grep -q "^peak live 2.00 KiB (2048 bytes), peak reserved 2.00 MiB" "$work/huge.t
 "$tool" random --operations 2000 --max-size 1M --live 32M --threads 2 --manager best-fit >"$work/fit-random.txt"
 grep -q "^manager best-fit: 4000 operations" "$work/fit-random.txt"
 grep -q "reserved/live 1\.[0-9]*$" "$work/fit-random.txt"
+# --compare: the same log against every bundled manager and the pool's options, one row each,
+# the best fit beside them and a summary; the pool's row reads as its own replay (the same
+# peak live, its best fit the same), and --compare refuses --manager and a log of two devices.
+"$tool" replay "$work/fit.csv" --compare >"$work/compare.txt"
+for row in "pool" "pool, stream-ordered (allocate(size, stream))" "pool, no thread caches" "pool, expandable" \
+    "pool, expandable, assembled blocks" "async" "default" "an ideal best fit (reference)"; do
+  grep -q "^$row  *[0-9-]" "$work/compare.txt" || { echo "no row '$row' in:"; cat "$work/compare.txt"; exit 1; }
+done
+grep -q "^an ideal best fit (reference)  *-  *12.0 MiB  *1.091 " "$work/compare.txt"
+grep -q "^least memory: .* of peak live); fastest: .* ns an operation)$" "$work/compare.txt"
+"$tool" random --operations 2000 --max-size 1M --live 32M --threads 2 --compare >"$work/compare-random.txt"
+[ "$(grep -c "^pool" "$work/compare-random.txt")" = 5 ]
+if "$tool" replay "$work/fit.csv" --compare --manager pool 2>"$work/error.txt"; then exit 1; fi
+grep -q "leave out --manager" "$work/error.txt"
 # A log of two devices replays each device's rows on that device, where the driver has two.
 head -1 "$work/made.csv" >"$work/two.csv"
 printf 'Alloc,0,0x1000,0,3000,0,0,1,0.1,0.11,0,\nAlloc,1,0x1000,0,5000,0,0,1,0.2,0.21,0,\nAlloc,1,0x9000,0,7000,0,0,2,0.3,0.31,0,\nFree,1,0x1000,0,5000,0,0,1,0.4,0.41,0,\n' \
@@ -215,6 +229,8 @@ if [ "$("$tool" info 2>/dev/null | grep -c '^device [0-9]*: ')" = 1 ]; then
   grep -q "^device 1 (on device 0): manager pool: 3 operations" "$work/two-on-one.txt"
   grep -q "^device 1 (on device 0): peak live 11.72 KiB" "$work/two-on-one.txt"
 fi
+if "$tool" replay "$work/two.csv" --compare 2>"$work/error.txt"; then exit 1; fi
+grep -q "replays the rows of one device; this log has rows of 2 devices" "$work/error.txt"
 "$tool" plot "$work/made.csv" "$work/plot.svg" >/dev/null
 grep -q "<polyline" "$work/plot.svg"
 if "$tool" replay "$work/missing.csv" 2>"$work/error.txt"; then exit 1; fi
