@@ -430,7 +430,8 @@ std::vector<Candidate> comparison_candidates() {
           {"pool, stream-ordered (allocate(size, stream))", pool_with([](PoolOptions&) {}), true},
           {"pool, no thread caches", pool_with([](PoolOptions& o) { o.thread_cache_size = 0; })},
           {"pool, expandable", pool_with([](PoolOptions& o) { o.expandable = true; })},
-          {"pool, expandable, assembled blocks", pool_with([](PoolOptions& o) { o.expandable = o.assemble_blocks = true; })},
+          {"pool, expandable, assembled blocks",
+           pool_with([](PoolOptions& o) { o.expandable = o.assemble_blocks = true; })},
           {"async", bundled("async")},
           {"default", bundled("default")}};
 }
