@@ -8,13 +8,14 @@
 #   3. the seed's example on the real driver
 #   4. the Python package: pytest, pip install of the package, numba-cuda's own suite with and
 #      without the cuemm plugin (tests/numba/compare_numba_cuda_suite.py; on a machine of several
-#      GPUs also its multi-GPU tests under each device manager), Numba allocation speed
+#      GPUs also its multi-GPU tests under each device manager), Numba allocation speed, and
+#      CuPy's and PyTorch's pools beside cuemm's from Python (bench/bench_python_pools.py)
 #   5. the allocation benchmarks (Google Benchmark from .carry/benchmark: Debian's libbenchmark.so and headers)
 # All of it takes the device's 10 minutes a command and more (the run of 103bf6d reached the
 # benchmarks with 55 s left), so a full check is two commands, each building afresh:
 # CUEMM_GPU_TESTS_ONLY=1 stops after the tests and the fragmentation runs, which time nothing (also
 # for machines whose timings are not reported); CUEMM_GPU_TIMINGS_ONLY=1 builds no tests and runs
-# only what times: Numba's allocation speed, the benchmarks and `cuemm bench` (its RESULTS.md takes
+# only what times: Numba's allocation speed, the Python pools, the benchmarks and `cuemm bench` (its RESULTS.md takes
 # the first's fragmentation with bench/make_results.py --splice-fragmentation).
 # CUEMM_GPU_FRAGMENTATION_ONLY=1 builds and runs only the fragmentation part (see there) and `cuemm bench`.
 # CUEMM_GPU_SKIP_PYTHON=1 leaves out the Python package's checks, and CUEMM_GPU_SKIP_FRAGMENTATION=1
