@@ -432,6 +432,11 @@ std::vector<Candidate> comparison_candidates() {
           {"pool, expandable", pool_with([](PoolOptions& o) { o.expandable = true; })},
           {"pool, expandable, assembled blocks",
            pool_with([](PoolOptions& o) { o.expandable = o.assemble_blocks = true; })},
+          // (The least memory the pool's options reach: no thread's rings keep freed blocks apart.)
+          {"pool, expandable, assembled blocks, no caches", pool_with([](PoolOptions& o) {
+             o.expandable = o.assemble_blocks = true;
+             o.thread_cache_size = 0;
+           })},
           {"async", bundled("async")},
           {"default", bundled("default")}};
 }

@@ -196,13 +196,14 @@ grep -q "reserved/live 1\.[0-9]*$" "$work/fit-random.txt"
 # peak live, its best fit the same), and --compare refuses --manager and a log of two devices.
 "$tool" replay "$work/fit.csv" --compare >"$work/compare.txt"
 for row in "pool" "pool, stream-ordered (allocate(size, stream))" "pool, no thread caches" "pool, expandable" \
-    "pool, expandable, assembled blocks" "async" "default" "an ideal best fit (reference)"; do
+    "pool, expandable, assembled blocks" "pool, expandable, assembled blocks, no caches" "async" "default" \
+    "an ideal best fit (reference)"; do
   grep -q "^$row  *[0-9-]" "$work/compare.txt" || { echo "no row '$row' in:"; cat "$work/compare.txt"; exit 1; }
 done
 grep -q "^an ideal best fit (reference)  *-  *12.0 MiB  *1.091 " "$work/compare.txt"
 grep -q "^least memory: .* of peak live); fastest: .* ns an operation)$" "$work/compare.txt"
 "$tool" random --operations 2000 --max-size 1M --live 32M --threads 2 --compare >"$work/compare-random.txt"
-[ "$(grep -c "^pool" "$work/compare-random.txt")" = 5 ]
+[ "$(grep -c "^pool" "$work/compare-random.txt")" = 6 ]
 if "$tool" replay "$work/fit.csv" --compare --manager pool 2>"$work/error.txt"; then exit 1; fi
 grep -q "leave out --manager" "$work/error.txt"
 # A log of two devices replays each device's rows on that device, where the driver has two.
