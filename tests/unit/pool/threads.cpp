@@ -91,6 +91,9 @@ TEST_F(Pool, MixedInterfacesSizesAndTrimsFromManyThreadsNeverHandOutOverlappingB
   variants.back().options.initial_size = std::size_t{32} << 20;
   variants.back().options.maximum_size = std::size_t{128} << 20;
   variants.back().options.split_spares = true;
+  variants.push_back({"the least memory: expandable, assembled blocks, no thread caches", with_thread_cache(0)});
+  variants.back().options.expandable = true;
+  variants.back().options.assemble_blocks = true;
   variants.push_back({"expandable, an initial 32 MiB, no overshoot, raw frees checked", PoolOptions{}});
   variants.back().options.expandable = true;
   variants.back().options.initial_size = std::size_t{32} << 20;
