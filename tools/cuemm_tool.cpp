@@ -51,7 +51,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -490,6 +489,13 @@ void compare(const std::vector<std::vector<Operation>>& lists, Context& context)
                 least_ratio, fastest.c_str(), least_ns);
 }
 
+// A log's rows by the device they were made on.
+std::map<int, std::vector<Operation>> rows_by_device(const std::vector<Operation>& operations) {
+  std::map<int, std::vector<Operation>> by_device;
+  for (const Operation& operation : operations) by_device[operation.ordinal].push_back(operation);
+  return by_device;
+}
+
 // Replays a log's rows; a log of several devices, each device's rows against
 // a manager of its own on that device, one device after another. (A log of one
 // device replays on the current one, whichever device it was.) Rows of a device
@@ -497,8 +503,7 @@ void compare(const std::vector<std::vector<Operation>>& lists, Context& context)
 // then: a log of eight GPUs still replays on a machine of one.
 void replay_by_device(const std::vector<Operation>& operations, const std::string& manager,
                       const ReplayOptions& options) {
-  std::map<int, std::vector<Operation>> by_device;
-  for (const Operation& operation : operations) by_device[operation.ordinal].push_back(operation);
+  const std::map<int, std::vector<Operation>> by_device = rows_by_device(operations);
   if (by_device.size() <= 1) {
     print(replay({operations}, current_context(), manager, options), manager);
     return;
@@ -676,11 +681,9 @@ int run(std::vector<std::string> args) {
       return 0;
     }
     if (comparing) {
-      std::set<int> devices;
-      for (const Operation& operation : operations) devices.insert(operation.ordinal);
-      if (devices.size() > 1)
+      if (const std::size_t devices = rows_by_device(operations).size(); devices > 1)
         throw InvalidArgument("--compare replays the rows of one device; this log has rows of " +
-                              std::to_string(devices.size()) + " devices (replay it with --manager NAME instead)");
+                              std::to_string(devices) + " devices (replay it with --manager NAME instead)");
       compare({operations}, current_context());
       return 0;
     }
