@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <fstream>
@@ -557,6 +558,50 @@ TEST_F(Adaptors, TrackingListsOutstandingAllocationsAndReportsLeaksAtReset) {
   EXPECT_TRUE(tracked.outstanding().empty());
 }
 
+// The table is in shards by address: threads that allocate and free at once
+// must still leave exactly what they hold listed, oldest first, with its
+// call site, and a reset must report and forget all of it.
+TEST_F(Adaptors, TrackingListsWhatRacingThreadsStillHold) {
+  std::ostringstream report;
+  TrackingAdaptor tracked(&context, pool(), &report);
+  tracked.initialize();
+  constexpr int kThreads = 8, kRounds = 300;
+  std::vector<std::vector<std::shared_ptr<MemoryPointer>>> kept(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const std::string site = "thread " + std::to_string(t);
+      ScopedCallSite scope(site);
+      for (int i = 0; i < kRounds; ++i) {
+        auto block = tracked.memalloc(256 + 256 * ((t * kRounds + i) % 64));
+        if (i % 3 == 0) kept[t].push_back(std::move(block));  // the others go at once
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+
+  const auto outstanding = tracked.outstanding();
+  std::size_t expected = 0;
+  for (const auto& blocks : kept) expected += blocks.size();
+  ASSERT_EQ(outstanding.size(), expected);
+  for (std::size_t i = 1; i < outstanding.size(); ++i) EXPECT_LE(outstanding[i - 1].start, outstanding[i].start);
+  for (int t = 0; t < kThreads; ++t) {
+    for (const auto& block : kept[t]) {
+      const auto found = std::find_if(outstanding.begin(), outstanding.end(),
+                                      [&](const AllocationRecord& r) { return r.address == block->device_pointer(); });
+      ASSERT_NE(found, outstanding.end()) << "a held block is missing";
+      EXPECT_EQ(found->size, block->size());
+      EXPECT_EQ(found->call_site, "thread " + std::to_string(t));
+    }
+  }
+  kept[0].clear();
+  EXPECT_EQ(tracked.outstanding().size(), expected - kRounds / 3);
+  tracked.reset();
+  EXPECT_NE(report.str().find(std::to_string(expected - kRounds / 3) + " allocation(s) outstanding"),
+            std::string::npos);
+  EXPECT_TRUE(tracked.outstanding().empty());
+}
+
 TEST_F(Adaptors, TheLimitRefusesWithTheRequestTheUseAndTheCap) {
   LimitingAdaptor limited(&context, pool(), 10 << 20);
   limited.initialize();
@@ -597,6 +642,13 @@ TEST_F(Adaptors, TheLimitHoldsUnderRacingThreads) {
   limited.initialize();
   std::vector<std::thread> threads;
   std::atomic<std::size_t> peak{0};
+  // What the threads hold by their own count, beside the adaptor's.
+  std::atomic<std::size_t> held_bytes{0}, held_peak{0}, refused{0};
+  auto raise = [](std::atomic<std::size_t>& to, std::size_t now) {
+    std::size_t seen = to.load();
+    while (now > seen && !to.compare_exchange_weak(seen, now)) {
+    }
+  };
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&] {
       ScopedContext scope(context);
@@ -604,17 +656,61 @@ TEST_F(Adaptors, TheLimitHoldsUnderRacingThreads) {
       for (int i = 0; i < 100; ++i) {
         try {
           held.push_back(limited.memalloc(3 << 20));
+          raise(held_peak, held_bytes += 3 << 20);
         } catch (const OutOfMemory&) {
-          if (!held.empty()) held.erase(held.begin());
+          ++refused;
+          if (!held.empty()) {
+            held_bytes -= 3 << 20;
+            held.erase(held.begin());
+          }
         }
-        std::size_t now = limited.in_use(), seen = peak.load();
-        while (now > seen && !peak.compare_exchange_weak(seen, now)) {
-        }
+        raise(peak, limited.in_use());
       }
+      held_bytes -= held.size() * (3 << 20);
     });
   }
   for (auto& thread : threads) thread.join();
   EXPECT_LE(peak.load(), std::size_t{64} << 20);
+  EXPECT_LE(held_peak.load(), std::size_t{64} << 20);
+  EXPECT_GT(refused.load(), 0u);
+  // The threads' credit never kept the cap from filling (21 blocks of 3 MiB fit).
+  EXPECT_GE(held_peak.load(), std::size_t{48} << 20);
+  EXPECT_EQ(limited.in_use(), 0u);
+}
+
+// A thread keeps the bytes it releases as credit for its next requests
+// (Note [Credit kept by each thread]): that credit must never make another
+// thread's request fail that the bytes in use let through, nor show as in use.
+TEST_F(Adaptors, BytesAThreadReleasedServeAnotherThreadAtTheCap) {
+  LimitingAdaptor limited(&context, pool(), 10 << 20);
+  limited.initialize();
+  std::thread other([&] {
+    ScopedContext scope(context);
+    for (int i = 0; i < 3; ++i) limited.memalloc(3 << 20).reset();  // its credit: 3 MiB
+    auto large = limited.memalloc(8 << 20);
+    large.reset();  // its credit: 8 MiB (twice the block at hand is kept)
+    EXPECT_EQ(limited.in_use(), 0u);
+    EXPECT_EQ(limited.get_memory_info().free, std::size_t{10} << 20);
+  });
+  other.join();
+  EXPECT_NO_THROW(limited.memalloc(10 << 20).reset()) << "the whole cap, after another thread's frees";
+
+  // The same while the other thread lives and keeps its credit.
+  std::atomic<int> stage{0};
+  std::thread keeper([&] {
+    ScopedContext scope(context);
+    limited.memalloc(9 << 20).reset();
+    stage = 1;
+    while (stage.load() != 2) std::this_thread::yield();
+    EXPECT_NO_THROW(limited.memalloc(2 << 20).reset()) << "its credit was taken back, the cap serves it";
+  });
+  while (stage.load() != 1) std::this_thread::yield();
+  auto held = limited.memalloc(7 << 20);
+  EXPECT_EQ(limited.in_use(), std::size_t{7} << 20);
+  EXPECT_TRUE(throws<OutOfMemory>([&] { limited.memalloc(4 << 20); }, "and 7.00 MiB", "are in use"));
+  stage = 2;
+  keeper.join();
+  held.reset();
   EXPECT_EQ(limited.in_use(), 0u);
 }
 

@@ -4,8 +4,10 @@
 // ScopedCallSite). reset() and the adaptor's destruction print a leak report
 // of what is still outstanding (to stderr, or the stream given), and so does
 // the process's exit for an adaptor reporting to stderr (contexts, and their
-// adaptors, live until then); outstanding() lists it at any time. A map
-// under a lock: a debugging tool.
+// adaptors, live until then); outstanding() lists it at any time. Maps in
+// shards by address, each under a lock of its own, so that threads seldom
+// wait for each other; still a debugging tool (a record and a map node a
+// block).
 #pragma once
 
 #include <iosfwd>
