@@ -54,7 +54,7 @@ void benchmarks_of(const benchmark::State&) {
   for (const auto& give_back : idle_memory_givers()) give_back();
 }
 
-// The pool inside a manager that is one or wraps one (the statistics adaptor), or null.
+// The pool inside a manager that is one or wraps one (an adaptor over the pool), or null.
 template <typename Manager>
 cuemm::PoolMemoryManager* pool_of(Manager& manager) {
   if constexpr (std::is_base_of_v<cuemm::PoolMemoryManager, Manager>)
@@ -166,6 +166,19 @@ void RandomAllocations(benchmark::State& state) {
 struct PoolWithStatistics : cuemm::StatisticsAdaptor {
   explicit PoolWithStatistics(cuemm::Context* context)
       : StatisticsAdaptor(context, std::make_unique<cuemm::PoolMemoryManager>(context)) {}
+};
+
+// The pool under the limit adaptor (a cap it never reaches) and under the
+// tracking adaptor: what a cap, and a record of every live block, cost, and
+// how they scale with threads (docs/pool-measurements.md, "Threads without
+// the caches, and the adaptors' shared counts").
+struct PoolWithLimit : cuemm::LimitingAdaptor {
+  explicit PoolWithLimit(cuemm::Context* context)
+      : LimitingAdaptor(context, std::make_unique<cuemm::PoolMemoryManager>(context), std::size_t{1} << 40) {}
+};
+struct PoolWithTracking : cuemm::TrackingAdaptor {
+  explicit PoolWithTracking(cuemm::Context* context)
+      : TrackingAdaptor(context, std::make_unique<cuemm::PoolMemoryManager>(context)) {}
 };
 
 // The pool's raw interface (no MemoryPointer), comparable to PyTorch's
@@ -628,6 +641,8 @@ BENCHMARK_TEMPLATE(AllocateFree, cuemm::DefaultMemoryManager)->Setup(benchmarks_
 BENCHMARK_TEMPLATE(AllocateFree, cuemm::PoolMemoryManager)->Setup(benchmarks_of<cuemm::PoolMemoryManager>)->Apply(set_sizes);
 BENCHMARK_TEMPLATE(AllocateFree, cuemm::AsyncMemoryManager)->Setup(benchmarks_of<cuemm::AsyncMemoryManager>)->Apply(set_sizes);
 BENCHMARK_TEMPLATE(AllocateFree, PoolWithStatistics)->Setup(benchmarks_of<PoolWithStatistics>)->Apply(set_sizes);
+BENCHMARK_TEMPLATE(AllocateFree, PoolWithLimit)->Setup(benchmarks_of<PoolWithLimit>)->Apply(set_sizes);
+BENCHMARK_TEMPLATE(AllocateFree, PoolWithTracking)->Setup(benchmarks_of<PoolWithTracking>)->Apply(set_sizes);
 BENCHMARK(DriverLegacyStreamQuery)->Setup(benchmarks_of<NoSharedManager>)->Threads(1)->Threads(16)->UseRealTime();
 BENCHMARK(ThreadPrivateLoop)->Setup(benchmarks_of<NoSharedManager>)->Threads(1)->Threads(16)->UseRealTime();
 BENCHMARK(PoolRawAllocateFree)->Setup(benchmarks_of<cuemm::PoolMemoryManager>)->Apply(set_sizes);

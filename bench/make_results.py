@@ -364,6 +364,9 @@ def main():
             ("pool manager, memalloc (MemoryPointer)", "AllocateFree<cuemm::PoolMemoryManager>/{s}/real_time/threads:{t}"),
             ("pool under the statistics adaptor, memalloc",
              "AllocateFree<PoolWithStatistics>/{s}/real_time/threads:{t}"),
+            ("pool under the limit adaptor (a cap not reached), memalloc",
+             "AllocateFree<PoolWithLimit>/{s}/real_time/threads:{t}"),
+            ("pool under the tracking adaptor, memalloc", "AllocateFree<PoolWithTracking>/{s}/real_time/threads:{t}"),
             ("pool, raw allocate/deallocate", "PoolRawAllocateFree/{s}/real_time/threads:{t}"),
             ("pool, stream-ordered allocate/deallocate (per-thread stream)",
              "PoolStreamOrderedAllocateFree/{s}/real_time/threads:{t}")]
