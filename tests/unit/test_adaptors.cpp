@@ -289,6 +289,46 @@ TEST_F(Adaptors, TheLogHasTheProposalsColumnsAndOneRowPerEvent) {
   }
 }
 
+// Lines are formatted by their threads before the log's lock: from threads
+// at once, every line must still be whole, and the log must read back with
+// each free after its own allocation (memory info, read under the lock,
+// too).
+TEST_F(Adaptors, ALogFromThreadsAtOnceReadsBackWhole) {
+  for (const bool memory_info : {false, true}) {
+    std::ostringstream out;
+    {
+      LoggingOptions options;
+      options.memory_info = memory_info;
+      LoggingAdaptor logged(&context, pool(), out, options);
+      logged.initialize();
+      std::vector<std::thread> threads;
+      for (int t = 0; t < 8; ++t) {
+        threads.emplace_back([&, t] {
+          ScopedContext scope(context);
+          ScopedCallSite site("worker.py:" + std::to_string(t) + ", in step");
+          for (int i = 0; i < 200; ++i) logged.memalloc(256 * (1 + (t + i) % 16)).reset();
+        });
+      }
+      for (auto& thread : threads) thread.join();
+      logged.flush();
+    }
+    const auto lines = lines_of(out.str());
+    ASSERT_EQ(lines.size(), 1u + 8 * 200 * 2);
+    for (std::size_t i = 1; i < lines.size(); ++i) {
+      ASSERT_EQ(std::count(lines[i].begin(), lines[i].end(), ','), 12) << lines[i];  // one in the location
+      ASSERT_NE(lines[i].find(", in step\""), std::string::npos) << lines[i];
+      if (memory_info) ASSERT_EQ(lines[i].find(",0,0,"), std::string::npos) << "no memory info in " << lines[i];
+    }
+    std::istringstream in(out.str());
+    MemoryLogGaps gaps;
+    const std::vector<LoggedEvent> events = read_memory_log(in, "threads.csv", &gaps);
+    EXPECT_EQ(events.size(), 8u * 200 * 2);
+    EXPECT_EQ(gaps.frees_of_unknown_addresses, 0u);
+    EXPECT_EQ(gaps.frees_inferred, 0u);
+    EXPECT_FALSE(gaps.untimed);
+  }
+}
+
 TEST_F(Adaptors, ALogReadsBackAndDrawsEachKind) {
   std::ostringstream out;
   {
