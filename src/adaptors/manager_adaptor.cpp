@@ -83,14 +83,14 @@ void report_release(Shared& shared, const AllocationRecord& record, std::uint64_
 }
 
 // Gives the memory back to the upstream (`let_go`) and reports its release;
-// with `detailed`, timed and with the call site.
+// with `detailed_release`, timed and with the call site.
 template <typename Shared, typename LetGo>
 void release_and_report(Shared& shared, LetGo&& let_go, const ObservedBlock& block, std::uint64_t generation,
-                        bool detailed) noexcept {
+                        bool detailed_release) noexcept {
   AllocationRecord record = block.release_record();
-  if (detailed) record.start = adaptor_clock();
+  if (detailed_release) record.start = adaptor_clock();
   let_go();
-  if (detailed) {
+  if (detailed_release) {
     record.end = adaptor_clock();
     record.call_site = ScopedCallSite::current();
   }
@@ -131,37 +131,37 @@ template <typename Base, typename Shared, typename Held>
 class ObservedPointer final : public Base {
  public:
   template <typename... BaseArguments>
-  ObservedPointer(Shared* shared, std::uint64_t generation, bool detailed, Held&& held, const ObservedBlock& block,
-                  BaseArguments&&... base)
+  ObservedPointer(Shared* shared, std::uint64_t generation, bool detailed_release, Held&& held,
+                  const ObservedBlock& block, BaseArguments&&... base)
       : Base(std::forward<BaseArguments>(base)..., nullptr, [this] { release(); }),
         shared_(shared),
         held_(std::move(held)),
         block_(block),
         generation_(generation),
-        detailed_(detailed) {}
+        detailed_release_(detailed_release) {}
   ~ObservedPointer() override { this->finalize_unshared(); }
 
  private:
   void release() noexcept {
-    release_and_report(*shared_, [this] { held_.let_go(block_); }, block_, generation_, detailed_);
+    release_and_report(*shared_, [this] { held_.let_go(block_); }, block_, generation_, detailed_release_);
   }
 
   Shared* shared_;  // outlives this (see ~ManagerAdaptor)
   Held held_;
   ObservedBlock block_;
   std::uint64_t generation_;
-  bool detailed_;
+  bool detailed_release_;
 };
 
 // Makes the adaptor's pointer, through the recycling allocator as managers
 // do (at allocation rate). If making it fails, the upstream's allocation is
 // given back and its release reported.
 template <typename Base, typename Shared, typename Held, typename... BaseArguments>
-std::shared_ptr<MemoryPointer> make_observed(Shared* shared, std::uint64_t generation, bool detailed, Held&& held,
-                                             const ObservedBlock& block, BaseArguments&&... base) {
+std::shared_ptr<MemoryPointer> make_observed(Shared* shared, std::uint64_t generation, bool detailed_release,
+                                             Held&& held, const ObservedBlock& block, BaseArguments&&... base) {
   try {
     return detail::make_recycled<ObservedPointer<Base, Shared, std::remove_cvref_t<Held>>>(
-        shared, generation, detailed, std::move(held), block, std::forward<BaseArguments>(base)...);
+        shared, generation, detailed_release, std::move(held), block, std::forward<BaseArguments>(base)...);
   } catch (...) {
     held.let_go(block);  // still here: making the pointer failed before its member took it
     report_release(*shared, block.release_record(), generation);
@@ -187,6 +187,7 @@ auto ManagerAdaptor::allocate_observed(MemoryKind kind, std::size_t size, Alloca
     observer().before_allocation(kind, size);
   }
   const bool detailed = observer().wants_times_and_call_sites();
+  const bool durations = detailed && observer().wants_durations();
   const double start = detailed ? adaptor_clock() : 0.0;
   decltype(allocate()) upstream{};
   Made made;
@@ -198,7 +199,7 @@ auto ManagerAdaptor::allocate_observed(MemoryKind kind, std::size_t size, Alloca
     if (shared_->generation.load(std::memory_order_relaxed) == generation) observer().allocation_failed(kind, size);
     throw;
   }
-  AllocationRecord record{made.kind, made.address, size, start, detailed ? adaptor_clock() : 0.0,
+  AllocationRecord record{made.kind, made.address, size, start, durations ? adaptor_clock() : start,
                           detailed ? ScopedCallSite::current() : std::string()};
   const ObservedBlock block{made.kind, made.address, size};
   std::exception_ptr refused;
@@ -218,28 +219,29 @@ auto ManagerAdaptor::allocate_observed(MemoryKind kind, std::size_t size, Alloca
     give_back_upstream(upstream, block);
     std::rethrow_exception(refused);
   }
-  return {std::move(upstream), block, generation, detailed};
+  return {std::move(upstream), block, generation, durations};  // (the release's detail)
 }
 
 template <typename Allocate>
 std::shared_ptr<MemoryPointer> ManagerAdaptor::observe(MemoryKind kind, std::size_t size, Allocate&& allocate) {
-  auto [upstream, block, generation, detailed] = allocate_observed(kind, size, std::forward<Allocate>(allocate));
+  auto [upstream, block, generation, detailed_release] =
+      allocate_observed(kind, size, std::forward<Allocate>(allocate));
   Context* context = upstream->context();
   const std::uintptr_t handle = upstream->handle();
   auto* host = reinterpret_cast<void*>(upstream->host_pointer());
   UpstreamPointer held{std::move(upstream)};
   switch (block.kind) {
     case MemoryKind::Device:
-      return make_observed<MemoryPointer>(shared_.get(), generation, detailed, std::move(held),
+      return make_observed<MemoryPointer>(shared_.get(), generation, detailed_release, std::move(held),
                                           block, context, handle, size);
     case MemoryKind::Mapped:
-      return make_observed<MappedMemory>(shared_.get(), generation, detailed, std::move(held),
+      return make_observed<MappedMemory>(shared_.get(), generation, detailed_release, std::move(held),
                                          block, context, host, handle, size);
     case MemoryKind::Pinned:
-      return make_observed<PinnedMemory>(shared_.get(), generation, detailed, std::move(held),
+      return make_observed<PinnedMemory>(shared_.get(), generation, detailed_release, std::move(held),
                                          block, context, host, size);
     case MemoryKind::Managed:
-      return make_observed<ManagedMemory>(shared_.get(), generation, detailed, std::move(held),
+      return make_observed<ManagedMemory>(shared_.get(), generation, detailed_release, std::move(held),
                                           block, context, handle, size);
   }
   held.let_go(block);
@@ -254,22 +256,22 @@ std::shared_ptr<MemoryPointer> ManagerAdaptor::memalloc(std::size_t size) {
 }
 
 std::shared_ptr<MemoryPointer> ManagerAdaptor::observe_raw(std::size_t size) {
-  auto [allocation, block, generation, detailed] =
+  auto [allocation, block, generation, detailed_release] =
       allocate_observed(MemoryKind::Device, size, [&] { return raw_upstream_->allocate_raw(size); });
-  return make_observed<MemoryPointer>(shared_.get(), generation, detailed,
+  return make_observed<MemoryPointer>(shared_.get(), generation, detailed_release,
                                       UpstreamBlock{allocation.releaser}, block, &context(), block.address, size);
 }
 
 ManagerAdaptor::Unwrapped ManagerAdaptor::memalloc_unwrapped(std::size_t size) {
   require_allocation_size(size, "memalloc");
   if (raw_upstream_) {
-    auto [allocation, block, generation, detailed] =
+    auto [allocation, block, generation, detailed_release] =
         allocate_observed(MemoryKind::Device, size, [&] { return raw_upstream_->allocate_raw(size); });
-    return {nullptr, block, generation, detailed, allocation.releaser};
+    return {nullptr, block, generation, detailed_release, allocation.releaser};
   }
-  auto [memory, block, generation, detailed] =
+  auto [memory, block, generation, detailed_release] =
       allocate_observed(MemoryKind::Device, size, [&] { return upstream_->memalloc(size); });
-  return {std::move(memory), block, generation, detailed};
+  return {std::move(memory), block, generation, detailed_release};
 }
 
 void ManagerAdaptor::release_unwrapped(Unwrapped& allocation) noexcept {
@@ -282,7 +284,7 @@ void ManagerAdaptor::release_unwrapped(Unwrapped& allocation) noexcept {
         else
           UpstreamBlock{std::exchange(allocation.releaser, {})}.let_go(allocation.block);
       },
-      allocation.block, allocation.generation, allocation.detailed);
+      allocation.block, allocation.generation, allocation.detailed_release);
 }
 
 std::shared_ptr<MemoryPointer> ManagerAdaptor::memhostalloc(std::size_t size, bool mapped, bool portable, bool wc) {

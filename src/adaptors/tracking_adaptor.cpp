@@ -100,6 +100,8 @@ struct TrackingAdaptor::Table : AllocationObserver {
     print();
     clear();
   }
+  // A block's start and call site are all the report shows.
+  bool wants_durations() const noexcept override { return false; }
 };
 
 TrackingAdaptor::TrackingAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream, std::ostream* report)

@@ -317,7 +317,9 @@ TEST_F(Adaptors, ALogFromThreadsAtOnceReadsBackWhole) {
     for (std::size_t i = 1; i < lines.size(); ++i) {
       ASSERT_EQ(std::count(lines[i].begin(), lines[i].end(), ','), 12) << lines[i];  // one in the location
       ASSERT_NE(lines[i].find(", in step\""), std::string::npos) << lines[i];
-      if (memory_info) ASSERT_EQ(lines[i].find(",0,0,"), std::string::npos) << "no memory info in " << lines[i];
+      if (memory_info) {
+        ASSERT_EQ(lines[i].find(",0,0,"), std::string::npos) << "no memory info in " << lines[i];
+      }
     }
     std::istringstream in(out.str());
     MemoryLogGaps gaps;
@@ -592,6 +594,7 @@ TEST_F(Adaptors, TrackingListsOutstandingAllocationsAndReportsLeaksAtReset) {
   EXPECT_EQ(outstanding[0].size, 12345u);
   EXPECT_EQ(outstanding[0].address, kept->device_pointer());
   EXPECT_EQ(outstanding[0].call_site, "leaky.cpp:7");
+  EXPECT_GT(outstanding[0].start, 0.0) << "when it was allocated";
   tracked.reset();
   EXPECT_NE(report.str().find("1 allocation(s) outstanding"), std::string::npos) << report.str();
   EXPECT_NE(report.str().find("leaky.cpp:7"), std::string::npos);

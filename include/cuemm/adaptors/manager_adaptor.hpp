@@ -82,6 +82,11 @@ class AllocationObserver {
   // copying the call site cost more than counting does: observers that only
   // count say false and records then hold zero times and no call site.
   virtual bool wants_times_and_call_sites() const noexcept { return true; }
+  // Where it wants them: whether allocations' records carry their end too,
+  // and releases' their times and call site (the log's Elapsed and Free rows).
+  // An observer that needs only when and where a block was allocated (the
+  // tracking adaptor) says false: one clock read a pair rather than four.
+  virtual bool wants_durations() const noexcept { return true; }
 };
 
 class ManagerAdaptor : public BaseMemoryManager {
@@ -114,7 +119,7 @@ class ManagerAdaptor : public BaseMemoryManager {
     std::shared_ptr<MemoryPointer> memory;  // the upstream's pointer; empty for a bare block
     detail::ObservedBlock block;            // its kind, address and size (a bare block's too)
     std::uint64_t generation = 0;
-    bool detailed = false;
+    bool detailed_release = false;  // its release is timed and carries the call site
     RawDeviceAllocator::Releaser releaser{};  // gives a bare block back; its release is null otherwise
 
     bool held() const noexcept { return memory || releaser.release; }
@@ -135,7 +140,7 @@ class ManagerAdaptor : public BaseMemoryManager {
     Upstream upstream;
     detail::ObservedBlock block;
     std::uint64_t generation;
-    bool detailed;
+    bool detailed_release;  // as Unwrapped's
   };
   template <typename Allocate>
   auto allocate_observed(MemoryKind kind, std::size_t size, Allocate&& allocate)
