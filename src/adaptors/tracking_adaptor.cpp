@@ -20,7 +20,8 @@ struct TrackingAdaptor::Table : AllocationObserver {
   // The live allocations in shards by address, each under a lock of its own:
   // under one lock, 16 threads' pairs through the pool took 2.0-2.4 us in
   // aggregate on the H200, a tenth of one thread's throughput
-  // (docs/pool-measurements.md, "The tracking adaptor's table in shards").
+  // (docs/pool-measurements.md, "Threads without the caches, and the
+  // adaptors' shared counts").
   struct alignas(64) Shard {
     mutable BlockingAwareMutex mutex;
     std::map<Key, AllocationRecord> live;
