@@ -317,6 +317,13 @@ TEST_F(Adaptors, ALogFromThreadsAtOnceReadsBackWhole) {
     for (std::size_t i = 1; i < lines.size(); ++i) {
       ASSERT_EQ(std::count(lines[i].begin(), lines[i].end(), ','), 12) << lines[i];  // one in the location
       ASSERT_NE(lines[i].find(", in step\""), std::string::npos) << lines[i];
+      // Frees are timed as allocations are (the log wants durations): Start, End and Elapsed.
+      std::vector<std::string> fields;
+      std::stringstream row(lines[i]);
+      for (std::string field; fields.size() < 11 && std::getline(row, field, ',');) fields.push_back(field);
+      ASSERT_EQ(fields.size(), 11u) << lines[i];
+      ASSERT_GT(std::stod(fields[8]), 0.0) << lines[i];
+      ASSERT_GE(std::stod(fields[9]), std::stod(fields[8])) << lines[i];
       if (memory_info) {
         ASSERT_EQ(lines[i].find(",0,0,"), std::string::npos) << "no memory info in " << lines[i];
       }
