@@ -39,6 +39,27 @@ def scaling_rounds(runs):
     return out
 
 
+ADAPTOR_ROWS = (("statistics", "PoolWithStatistics"), ("limit", "PoolWithLimit"), ("tracking", "PoolWithTracking"))
+
+
+def adaptor_scaling_line(m, sizes):
+    """16 threads over one through each adaptor over the pool, as the pool's own scaling line reads it ("" if none ran)."""
+    parts = []
+    for label, name in ADAPTOR_ROWS:
+        cells = []
+        for s in sizes:
+            one = m.get(f"AllocateFree<{name}>/{s}/real_time/threads:1")
+            sixteen = m.get(f"AllocateFree<{name}>/{s}/real_time/threads:16")
+            if one and sixteen:
+                cells.append(f"{s:,} B {one / sixteen:.1f}x")
+        if cells:
+            parts.append(f"{label} " + ", ".join(cells))
+    if not parts:
+        return ""
+    return ("Adaptors over the pool (memalloc): aggregate throughput of 16 threads over one thread's: " +
+            "; ".join(parts))
+
+
 def fmt(ns):
     return f"{ns:,.0f}" if ns >= 100 else f"{ns:.1f}"
 
@@ -387,6 +408,8 @@ def main():
         if all(torch.values()):
             lines += [f"PyTorch's caching allocator over the pool's pair ({label}), 1 thread: " +
                       ", ".join(f"{s:,} B {torch[s] / one[s]:.1f}x" for s in sizes if one[s]), ""]
+    if line := adaptor_scaling_line(m, sizes):
+        lines += [line, ""]
     alternated = scaling_rounds(runs)
     if alternated:
         lines += ["Pool scaling, raw interface, alternated in one process (rounds in which the first of 16 threads ran "

@@ -185,3 +185,16 @@ def test_beside_kernels_gives_each_managers_time_and_the_pools_driver_calls():
     assert "| pool manager | 2,000 | 0.013 | 14 |" in training_part
     assert "| async manager | - | - | - |" in training_part
     assert make_results.beside_kernels_lines([{"benchmarks": []}]) == []
+
+
+def test_the_adaptors_scaling_line_names_each_adaptor_that_ran():
+    m = {"AllocateFree<PoolWithLimit>/256/real_time/threads:1": 120.0,
+         "AllocateFree<PoolWithLimit>/256/real_time/threads:16": 10.0,
+         "AllocateFree<PoolWithTracking>/256/real_time/threads:1": 400.0,
+         "AllocateFree<PoolWithTracking>/256/real_time/threads:16": 80.0,
+         # One thread alone is no ratio.
+         "AllocateFree<PoolWithStatistics>/256/real_time/threads:1": 100.0}
+    line = make_results.adaptor_scaling_line(m, [256, 65536])
+    assert line.endswith("limit 256 B 12.0x; tracking 256 B 5.0x")
+    assert "statistics" not in line
+    assert make_results.adaptor_scaling_line({}, [256]) == ""
