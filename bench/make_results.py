@@ -42,18 +42,22 @@ def scaling_rounds(runs):
 ADAPTOR_ROWS = (("statistics", "PoolWithStatistics"), ("limit", "PoolWithLimit"), ("tracking", "PoolWithTracking"))
 
 
+def scaling_cells(m, name, sizes):
+    """The benchmark `name`'s 16 threads over one, "256 B 12.5x, ..." for the sizes where both ran."""
+    ratios = []
+    for s in sizes:
+        one, sixteen = m.get(f"{name}/{s}/real_time/threads:1"), m.get(f"{name}/{s}/real_time/threads:16")
+        if one and sixteen:
+            ratios.append(f"{s:,} B {one / sixteen:.1f}x")
+    return ", ".join(ratios)
+
+
 def adaptor_scaling_line(m, sizes):
     """16 threads over one through each adaptor over the pool, as the pool's own scaling line reads it ("" if none ran)."""
     parts = []
     for label, name in ADAPTOR_ROWS:
-        cells = []
-        for s in sizes:
-            one = m.get(f"AllocateFree<{name}>/{s}/real_time/threads:1")
-            sixteen = m.get(f"AllocateFree<{name}>/{s}/real_time/threads:16")
-            if one and sixteen:
-                cells.append(f"{s:,} B {one / sixteen:.1f}x")
-        if cells:
-            parts.append(f"{label} " + ", ".join(cells))
+        if cells := scaling_cells(m, f"AllocateFree<{name}>", sizes):
+            parts.append(f"{label} {cells}")
     if not parts:
         return ""
     return ("Adaptors over the pool (memalloc): aggregate throughput of 16 threads over one thread's: " +
@@ -402,9 +406,8 @@ def main():
     torch = {s: m.get(f"TorchRawAllocFree/{s}/real_time/threads:1") for s in sizes}
     for label, name in (("raw interface", "PoolRawAllocateFree"), ("stream-ordered", "PoolStreamOrderedAllocateFree")):
         one = {s: m.get(f"{name}/{s}/real_time/threads:1") for s in sizes}
-        sixteen = {s: m.get(f"{name}/{s}/real_time/threads:16") for s in sizes}
         lines += [f"Pool scaling, {label}: aggregate throughput of 16 threads over one thread's: " +
-                  ", ".join(f"{s:,} B {one[s] / sixteen[s]:.1f}x" for s in sizes if one[s] and sixteen[s]), ""]
+                  scaling_cells(m, name, sizes), ""]
         if all(torch.values()):
             lines += [f"PyTorch's caching allocator over the pool's pair ({label}), 1 thread: " +
                       ", ".join(f"{s:,} B {torch[s] / one[s]:.1f}x" for s in sizes if one[s]), ""]
