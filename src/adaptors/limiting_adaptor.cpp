@@ -36,9 +36,8 @@ struct LimitingAdaptor::Cap : AllocationObserver, std::enable_shared_from_this<C
   const std::size_t limit;
   const std::uint64_t id = util::next_thread_slots_id();
   alignas(64) std::atomic<std::size_t> granted{0};  // in use, plus the threads' credit; at most `limit`
-  mutable BlockingAwareMutex mutex;                 // credits and spares
-  std::vector<std::unique_ptr<Credit>> credits;     // of living threads
-  std::vector<std::unique_ptr<Credit>> spares;      // of finished threads, empty
+  mutable BlockingAwareMutex mutex;                 // credits
+  util::SlotsOfThreads<Credit> credits;             // finished threads' spares are empty
 
   explicit Cap(std::size_t limit_) : limit(limit_) {}
 
@@ -63,7 +62,7 @@ struct LimitingAdaptor::Cap : AllocationObserver, std::enable_shared_from_this<C
   // Nothing in use, and no credit (with the gate closed: Note [Counting across a reset]).
   void reset() noexcept override {
     std::lock_guard lock(mutex);
-    for (const auto& one : credits) one->bytes.store(0);
+    for (const auto& one : credits.living) one->bytes.store(0);
     granted = 0;
   }
   bool wants_times_and_call_sites() const noexcept override { return false; }
@@ -71,7 +70,7 @@ struct LimitingAdaptor::Cap : AllocationObserver, std::enable_shared_from_this<C
   std::size_t in_use() const noexcept {
     std::lock_guard lock(mutex);
     std::size_t credit = 0;
-    for (const auto& one : credits) credit += one->bytes.load(std::memory_order_relaxed);
+    for (const auto& one : credits.living) credit += one->bytes.load(std::memory_order_relaxed);
     const std::size_t all = granted.load();
     return all > credit ? all - credit : 0;
   }
@@ -80,26 +79,12 @@ struct LimitingAdaptor::Cap : AllocationObserver, std::enable_shared_from_this<C
   std::uint64_t thread_slots_id() const noexcept { return id; }
   Credit* make_thread_slot() {
     std::lock_guard lock(mutex);
-    credits.reserve(credits.size() + 1);
-    if (spares.empty()) {
-      credits.push_back(std::make_unique<Credit>());
-    } else {
-      credits.push_back(std::move(spares.back()));
-      spares.pop_back();
-    }
-    return credits.back().get();
+    return credits.make();
   }
   void thread_slot_done(Credit* credit) noexcept {
     std::lock_guard lock(mutex);
     give_back_to_cap(credit->bytes.exchange(0));
-    const auto it = std::find_if(credits.begin(), credits.end(), [&](const auto& one) { return one.get() == credit; });
-    if (it == credits.end()) return;
-    try {
-      spares.push_back(std::move(*it));
-    } catch (...) {
-      return;  // (no room to keep it spare: it stays with the living ones, empty)
-    }
-    credits.erase(it);
+    credits.retire(credit);
   }
 
  private:
@@ -156,7 +141,7 @@ struct LimitingAdaptor::Cap : AllocationObserver, std::enable_shared_from_this<C
   // Every thread's credit back to the cap, before a request is refused.
   void take_back_credits() noexcept {
     std::lock_guard lock(mutex);
-    for (const auto& one : credits) give_back_to_cap(one->bytes.exchange(0));
+    for (const auto& one : credits.living) give_back_to_cap(one->bytes.exchange(0));
   }
 };
 

@@ -68,9 +68,8 @@ struct StatisticsAdaptor::Counters : AllocationObserver, std::enable_shared_from
   const std::uint64_t id = util::next_thread_slots_id();
   std::array<Published, 4> published;
   mutable std::array<Peak, 4> peak;
-  mutable BlockingAwareMutex mutex;             // shards, spares and `retired`
-  std::vector<std::unique_ptr<Shard>> shards;   // of living threads
-  std::vector<std::unique_ptr<Shard>> spares;   // of finished threads, folded into `retired`, zeroed
+  mutable BlockingAwareMutex mutex;             // shards and `retired`
+  util::SlotsOfThreads<Shard> shards;           // finished threads' spares are folded into `retired`, zeroed
   MemoryStatistics retired;                     // finished threads' totals
 
   // The calling thread's shard; null without memory for a new thread's, or
@@ -119,14 +118,7 @@ struct StatisticsAdaptor::Counters : AllocationObserver, std::enable_shared_from
   // A finished thread's shard: its counts are kept, the shard is reused.
   void retire(Shard* shard) noexcept {
     std::lock_guard lock(mutex);
-    auto it = std::find_if(shards.begin(), shards.end(), [&](const auto& owned) { return owned.get() == shard; });
-    if (it == shards.end()) return;
-    try {
-      spares.push_back(std::move(*it));
-    } catch (...) {
-      return;  // no room to keep it spare: it stays with the living ones, still counted there
-    }
-    shards.erase(it);
+    if (!shards.retire(shard)) return;  // (kept with the living ones, still counted there)
     for (int k = 0; k < 4; ++k) publish(*shard, k);
     shard->add_to(retired);
     shard->clear();
@@ -154,7 +146,7 @@ struct StatisticsAdaptor::Counters : AllocationObserver, std::enable_shared_from
     std::array<std::pair<std::int64_t, std::int64_t>, 4> sums;
     for (int k = 0; k < 4; ++k) {
       sums[k] = {published[k].bytes.load(std::memory_order_relaxed), published[k].count.load(std::memory_order_relaxed)};
-      for (const auto& shard : shards) {
+      for (const auto& shard : shards.living) {
         sums[k].first += shard->unpublished[k].bytes.load(std::memory_order_relaxed);
         sums[k].second += shard->unpublished[k].count.load(std::memory_order_relaxed);
       }
@@ -180,7 +172,7 @@ struct StatisticsAdaptor::Counters : AllocationObserver, std::enable_shared_from
     MemoryStatistics out;
     std::lock_guard lock(mutex);
     out = retired;
-    for (const auto& shard : shards) shard->add_to(out);
+    for (const auto& shard : shards.living) shard->add_to(out);
     const auto sums = in_use_locked();
     for (int k = 0; k < 4; ++k) {
       AllocationCounts& counts = out.kinds[k];
@@ -198,14 +190,7 @@ struct StatisticsAdaptor::Counters : AllocationObserver, std::enable_shared_from
 
 StatisticsAdaptor::Counters::Shard* StatisticsAdaptor::Counters::make_thread_slot() {
   std::lock_guard lock(mutex);
-  shards.reserve(shards.size() + 1);
-  if (!spares.empty()) {
-    shards.push_back(std::move(spares.back()));
-    spares.pop_back();
-  } else {
-    shards.push_back(std::make_unique<Shard>());
-  }
-  return shards.back().get();
+  return shards.make();
 }
 
 StatisticsAdaptor::StatisticsAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream)

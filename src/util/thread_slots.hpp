@@ -116,4 +116,40 @@ class ThreadSlots {
   [[gnu::tls_model("initial-exec")]] static inline thread_local bool gone_ = false;
 };
 
+// What an owner keeps of the slots it made: those of living threads, which
+// it reads across, and those of threads that ended, kept for the next thread
+// rather than freed (threads come and go at a program's pace). The owner
+// holds its own lock around every call, and empties a slot before retire().
+template <typename Slot>
+struct SlotsOfThreads {
+  std::vector<std::unique_ptr<Slot>> living;
+  std::vector<std::unique_ptr<Slot>> spares;
+
+  // For make_thread_slot(): a spare, or a new slot; may throw.
+  Slot* make() {
+    living.reserve(living.size() + 1);
+    if (spares.empty()) {
+      living.push_back(std::make_unique<Slot>());
+    } else {
+      living.push_back(std::move(spares.back()));
+      spares.pop_back();
+    }
+    return living.back().get();
+  }
+  // For thread_slot_done(): `slot` among the spares. False, nothing moved,
+  // for a slot that is not a living one, or without memory to keep it spare
+  // (it then stays with the living ones).
+  bool retire(Slot* slot) noexcept {
+    const auto it = std::find_if(living.begin(), living.end(), [&](const auto& one) { return one.get() == slot; });
+    if (it == living.end()) return false;
+    try {
+      spares.push_back(std::move(*it));
+    } catch (...) {
+      return false;
+    }
+    living.erase(it);
+    return true;
+  }
+};
+
 }  // namespace cuemm::util
