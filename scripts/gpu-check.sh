@@ -343,6 +343,14 @@ if [ $tests_part = 1 ]; then
       "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python" numba.cuda.tests.cudadrv \
       numba.cuda.tests.cudapy.test_ipc) >"$logs/numba-cuda-async.log" 2>&1
     summary+=("numba-cuda cudadrv and test_ipc, async (exportable): exit $?; $(grep '^difference' "$logs/numba-cuda-async.log")")
+    # Its driver and IPC tests under the pool wrapped in every adaptor at once (IPC handles,
+    # memory info and resets pass through each; the cap is one the tests stay under).
+    (cd /tmp && CUEMM_ADAPTORS=statistics,log,tracking,limit CUEMM_LIMIT=64G \
+      CUEMM_LOG_FILE=/tmp/cuemm-adaptors-suite-%p.csv CUEMM_COMPARE_BASELINE="$baseline" "$python" \
+      "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python" numba.cuda.tests.cudadrv \
+      numba.cuda.tests.cudapy.test_ipc) >"$logs/numba-cuda-adaptors.log" 2>&1
+    summary+=("numba-cuda cudadrv and test_ipc, pool under statistics,log,tracking,limit: exit $?; $(grep '^difference' "$logs/numba-cuda-adaptors.log")")
+    rm -f /tmp/cuemm-adaptors-suite-*.csv
     # Its driver tests under cuemm's default manager, Numba's own behaviour rebuilt (20 s: the
     # default's outcomes are the first run's).
     (cd /tmp && CUEMM_MEMORY_MANAGER=default CUEMM_COMPARE_BASELINE="$baseline" "$python" \

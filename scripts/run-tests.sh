@@ -69,6 +69,11 @@ for manager in async default; do
   (cd /tmp && PYTHONPATH="$build/python" CUEMM_DRIVER=sim NUMBA_CUDA_MEMORY_MANAGER=cuemm CUEMM_MEMORY_MANAGER=$manager \
     /usr/bin/python3 "$root/tests/numba/classic_numba_cudadrv.py" "$sim_driver") || status=1
 done
+echo "== the plugin again under every adaptor at once (statistics, a log, tracking, a cap it stays under)"
+(cd /tmp && PYTHONPATH="$build/python" CUEMM_DRIVER=sim NUMBA_CUDA_MEMORY_MANAGER=cuemm \
+  CUEMM_ADAPTORS=statistics,log,tracking,limit CUEMM_LIMIT=12G CUEMM_LOG_FILE=/tmp/cuemm-classic-adaptors-%p.csv \
+  /usr/bin/python3 "$root/tests/numba/classic_numba_cudadrv.py" "$sim_driver") || status=1
+rm -f /tmp/cuemm-classic-adaptors-*.csv
 echo "== the same on two simulated devices that are peers (Numba's multi-GPU tests run)"
 (cd /tmp && CUEMM_SIM_DEVICES=2 CUEMM_SIM_PEER_ACCESS=1 \
   /usr/bin/python3 "$root/tests/numba/classic_numba_cudadrv.py" "$sim_driver") || status=1
