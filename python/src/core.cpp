@@ -103,6 +103,33 @@ void set_python_error_from_any(std::exception_ptr error) noexcept {
   }
 }
 
+// A size argument as a long long (negative sizes are refused later, by the
+// bridge), or false with the error set: a TypeError for a non-integer, and for
+// one past 2**63 an OverflowError that names the call and the size.
+bool size_argument(PyObject* size_object, const char* call, long long* size) {
+  static PyObject* const zero_size = PyLong_FromLong(0);  // kept for the process
+  *size = PyLong_AsLongLong(size_object);
+  if (*size != -1 || !PyErr_Occurred()) return true;
+  if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+    PyErr_Clear();
+    if (PyObject_RichCompareBool(size_object, zero_size, Py_LT) == 1) {
+      PyErr_Format(PyExc_ValueError, "%s: size must not be negative (got %S)", call, size_object);
+    } else {
+      PyErr_Format(PyExc_OverflowError, "%s: size %S bytes is larger than any allocation can be (at most 2**63 - 1)",
+                   call, size_object);
+    }
+  }
+  return false;
+}
+
+// The same for pybind11's bindings, which take sizes as Python objects for it.
+long long python_size(py::handle size, const char* call) {
+  long long value;
+  if (!size_argument(size.ptr(), call, &value)) throw py::error_already_set();
+  return value;
+}
+
+
 // --- Allocation: what every allocation returns to Python ---
 //
 // A plain CPython type rather than a pybind11 class: Numba makes one per
@@ -605,8 +632,8 @@ struct PyAllocator {
 
 // A new Allocation and its pointer object (new references), or false with the error set.
 bool allocate_with_pointer(PyAllocator* self, PyObject* size_object, PyObject** allocation, PyObject** pointer) {
-  const long long size = PyLong_AsLongLong(size_object);  // TypeError, OverflowError
-  if (size == -1 && PyErr_Occurred()) return false;
+  long long size;
+  if (!size_argument(size_object, "memalloc", &size)) return false;
   try {
     *allocation = self->bridge->memalloc_held(size, self->bridge_object);
   } catch (...) {
@@ -668,8 +695,8 @@ PyObject* allocator_memhostalloc(PyObject* object, PyObject* const* arguments, P
     PyErr_Format(PyExc_TypeError, "memhostalloc(size, mapped, portable, wc) takes 4 arguments (%zd given)", count);
     return nullptr;
   }
-  const long long size = PyLong_AsLongLong(arguments[0]);  // TypeError, OverflowError
-  if (size == -1 && PyErr_Occurred()) return nullptr;
+  long long size;
+  if (!size_argument(arguments[0], "memhostalloc", &size)) return nullptr;
   int flags[3];
   for (int i = 0; i < 3; ++i)
     if ((flags[i] = PyObject_IsTrue(arguments[i + 1])) < 0) return nullptr;
@@ -800,18 +827,39 @@ PYBIND11_MODULE(_core, module) {
   py::class_<Bridge>(module, "Bridge")
       .def(py::init<int, const std::string&, bool>(), py::arg("device"), py::arg("manager"), py::arg("log") = false)
       .def("initialize", &Bridge::initialize)
-      .def("memalloc", &Bridge::memalloc, py::arg("size"))
-      .def("memalloc_at", &Bridge::memalloc_at, py::arg("size"), py::arg("site"))
+      .def("memalloc", [](Bridge& bridge, py::handle size) { return bridge.memalloc(python_size(size, "memalloc")); },
+           py::arg("size"))
+      .def("memalloc_at",
+           [](Bridge& bridge, py::handle size, std::string site) {
+             return bridge.memalloc_at(python_size(size, "memalloc"), std::move(site));
+           },
+           py::arg("size"), py::arg("site"))
       .def("allocator", &allocator_of, py::arg("pointer_type") = py::module_::import("builtins").attr("int"),
            py::arg("memory_type") = py::none(), py::arg("context") = py::none(), py::arg("learn_memory_type") = true,
            "An Allocator for this bridge, whose memalloc and memhostalloc are the fast paths (addresses as "
            "pointer_type; memalloc_memory also makes memory_type(context, pointer, size), by copying a learnt "
            "instance's attributes where learn_memory_type and the type allow)")
-      .def("memhostalloc", &Bridge::memhostalloc, py::arg("size"), py::arg("mapped") = false,
+      .def("memhostalloc",
+           [](Bridge& bridge, py::handle size, bool mapped, bool portable, bool wc, std::string site) {
+             return bridge.memhostalloc(python_size(size, "memhostalloc"), mapped, portable, wc, std::move(site));
+           },
+           py::arg("size"), py::arg("mapped") = false,
            py::arg("portable") = false, py::arg("wc") = false, py::arg("site") = "")
-      .def("mempin", &Bridge::mempin, py::arg("owner"), py::arg("pointer"), py::arg("size"), py::arg("mapped") = false)
-      .def("memallocmanaged", &Bridge::memallocmanaged, py::arg("size"), py::arg("attach_global") = true)
-      .def("ipc_handle", &Bridge::ipc_handle, py::arg("address"), py::arg("size"))
+      .def("mempin",
+           [](Bridge& bridge, py::object owner, std::uintptr_t pointer, py::handle size, bool mapped) {
+             return bridge.mempin(std::move(owner), pointer, python_size(size, "mempin"), mapped);
+           },
+           py::arg("owner"), py::arg("pointer"), py::arg("size"), py::arg("mapped") = false)
+      .def("memallocmanaged",
+           [](Bridge& bridge, py::handle size, bool attach_global) {
+             return bridge.memallocmanaged(python_size(size, "memallocmanaged"), attach_global);
+           },
+           py::arg("size"), py::arg("attach_global") = true)
+      .def("ipc_handle",
+           [](Bridge& bridge, std::uintptr_t address, py::handle size) {
+             return bridge.ipc_handle(address, python_size(size, "get_ipc_handle"));
+           },
+           py::arg("address"), py::arg("size"))
       .def("memory_info", &Bridge::memory_info)
       .def("reset", &Bridge::reset)
       .def("defer_cleanup", &Bridge::defer_cleanup)

@@ -440,6 +440,23 @@ def test_bad_input_raises_python_errors(run_python):
             assert "pointer_type" in str(error)
         else:
             raise AssertionError("a pointer type that is not callable was accepted")
+        # Sizes past 64 bits, through every entry point: errors that name the call and the size.
+        in_use = cuemm.statistics()["device"]["current_bytes"]
+        entry_points = [("memalloc", manager.memalloc), ("memalloc", lambda size: bridge.memalloc_at(size, "")),
+                        ("memhostalloc", lambda size: host(size, False, False, False)),
+                        ("memhostalloc", bridge.memhostalloc), ("memallocmanaged", bridge.memallocmanaged),
+                        ("mempin", lambda size: bridge.mempin(None, 4096, size)),
+                        ("get_ipc_handle", lambda size: bridge.ipc_handle(4096, size))]
+        for name, call in entry_points:
+            for bad, error, words in [(2**64, OverflowError, "larger than any allocation"),
+                                      (-2**70, ValueError, "must not be negative")]:
+                try:
+                    call(bad)
+                except error as raised:
+                    assert str(raised).startswith(name + ":") and words in str(raised) and str(bad) in str(raised), raised
+                else:
+                    raise AssertionError(f"{name}({bad}) did not raise {error.__name__}")
+        assert cuemm.statistics()["device"]["current_bytes"] == in_use  # nothing leaked
     """, **PLUGIN)
 
 
