@@ -554,6 +554,7 @@ int run(std::vector<std::string> args) {
   const std::string command = args[0];
   args.erase(args.begin());
   if (command == "info") {
+    tool::refuse_leftovers(args, "info");
     const auto& driver = driver::Driver::get();
     std::printf("driver: %s (%s), CUDA %d\n", simulation::active() ? "simulated" : "cuda", driver.library_path().c_str(),
                 driver.version());
@@ -617,7 +618,8 @@ int run(std::vector<std::string> args) {
       throw InvalidArgument("--compare takes neither --trace-growth nor --stream-ordered (it has a stream-ordered row)");
     std::vector<Operation> operations;
     if (command == "replay") {
-      if (args.size() != 1) return usage();
+      if (args.empty()) throw InvalidArgument("replay needs a log: cuemm replay LOG.csv");
+      tool::refuse_leftovers({args.begin() + 1, args.end()}, "replay " + args[0]);
       operations = read_log(args[0]);
     } else {
       const std::string pattern = option(args, "--pattern", "rmm");
@@ -634,7 +636,7 @@ int run(std::vector<std::string> args) {
         const std::optional<workload::TrainingShapes> shapes = training_shapes(shapes_name);
         if (!shapes) throw InvalidArgument("--shapes must be varied, same or per-layer (got '" + shapes_name + "')");
         if (layers == 0 || steps == 0) throw InvalidArgument("--layers and --steps must be at least 1");
-        if (!args.empty()) return usage();
+        tool::refuse_leftovers(args, "random");
         for (std::size_t t = 0; t < threads; ++t)
           lists.push_back(device_operations(
               workload::training_operations(layers, steps, seed + static_cast<unsigned>(t), *shapes)));
@@ -642,7 +644,7 @@ int run(std::vector<std::string> args) {
         // (Steps of small blocks and temporaries; requests of 30 layers.)
         const std::size_t count = count_option(args, "--operations", pattern == "temporaries" ? "10000" : "300");
         if (count == 0) throw InvalidArgument("--operations must be at least 1");
-        if (!args.empty()) return usage();
+        tool::refuse_leftovers(args, "random");
         for (std::size_t t = 0; t < threads; ++t) {
           const unsigned thread_seed = seed + static_cast<unsigned>(t);
           lists.push_back(device_operations(pattern == "temporaries" ? workload::temporaries_operations(count, thread_seed)
@@ -655,7 +657,7 @@ int run(std::vector<std::string> args) {
         if (max_size == 0) throw InvalidArgument("--max-size must be at least 1 byte (got 0)");
         if (depth == 0) throw InvalidArgument("--depth must be at least 1 (got 0)");
         if (count == 0) throw InvalidArgument("--operations must be at least 1");
-        if (!args.empty()) return usage();
+        tool::refuse_leftovers(args, "random");
         for (std::size_t t = 0; t < threads; ++t)
           lists.push_back(device_operations(
               workload::queue_operations(max_size, depth, count, seed + static_cast<unsigned>(t))));
@@ -665,7 +667,8 @@ int run(std::vector<std::string> args) {
         if (max_size == 0) throw InvalidArgument("--max-size must be at least 1 byte (got 0)");
         if (live == 0) throw InvalidArgument("--live must be at least 1 byte (got 0)");
         const std::size_t count = count_option(args, "--operations", "100000");
-        if (!args.empty()) return usage();
+        if (count == 0) throw InvalidArgument("--operations must be at least 1");
+        tool::refuse_leftovers(args, "random");
         // (Under an equal share of the live cap.)
         for (std::size_t t = 0; t < threads; ++t)
           lists.push_back(
@@ -692,7 +695,8 @@ int run(std::vector<std::string> args) {
   }
   if (command == "bench") return tool::bench_command(std::move(args));
   if (command == "plot") {
-    if (args.size() != 2) return usage();
+    if (args.size() < 2) throw InvalidArgument("plot needs a log and a picture to write: cuemm plot LOG.csv OUT.svg");
+    tool::refuse_leftovers({args.begin() + 2, args.end()}, "plot");
     MemoryLogGaps gaps;
     const std::vector<LoggedEvent> events = read_log_events(args[0], &gaps);
     if (gaps.untimed) std::printf("the log has no time column: the picture's axis counts rows\n");
@@ -702,6 +706,7 @@ int run(std::vector<std::string> args) {
     std::printf("wrote %s\n", args[1].c_str());
     return 0;
   }
+  std::fprintf(stderr, "cuemm: unknown command '%s'\n", command.c_str());
   return usage();
 }
 

@@ -12,11 +12,19 @@
 
 namespace cuemm::tool {
 
+// An option given twice is a mistake rather than a choice between its values.
+inline void refuse_a_second(const std::vector<std::string>& args, const std::string& name) {
+  for (const auto& arg : args)
+    if (arg == name) throw InvalidArgument(name + " is given more than once");
+}
+
 inline std::string option(std::vector<std::string>& args, const std::string& name, const std::string& fallback) {
-  for (std::size_t i = 0; i + 1 < args.size(); ++i) {
+  for (std::size_t i = 0; i < args.size(); ++i) {
     if (args[i] == name) {
+      if (i + 1 == args.size()) throw InvalidArgument(name + " needs a value");
       std::string value = args[i + 1];
       args.erase(args.begin() + static_cast<long>(i), args.begin() + static_cast<long>(i) + 2);
+      refuse_a_second(args, name);
       return value;
     }
   }
@@ -28,10 +36,20 @@ inline bool flag(std::vector<std::string>& args, const std::string& name) {
   for (auto it = args.begin(); it != args.end(); ++it) {
     if (*it == name) {
       args.erase(it);
+      refuse_a_second(args, name);
       return true;
     }
   }
   return false;
+}
+
+// After a command has taken its options: what is left was not understood
+// (an option of another command, a misspelling, or an operand too many).
+inline void refuse_leftovers(const std::vector<std::string>& args, const std::string& command) {
+  if (args.empty()) return;
+  std::string words;
+  for (const auto& arg : args) words += (words.empty() ? "'" : " '") + arg + "'";
+  throw InvalidArgument(command + ": not understood: " + words + " (cuemm --help lists the options)");
 }
 
 inline std::size_t parse_bytes(const std::string& name, const std::string& text) {

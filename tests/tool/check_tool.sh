@@ -241,6 +241,15 @@ if "$tool" random --max-size 0 2>"$work/error.txt"; then exit 1; fi
 grep -q "at least 1 byte" "$work/error.txt"
 if "$tool" random --operations -3 2>"$work/error.txt"; then exit 1; fi
 grep -q "whole number (got '-3')" "$work/error.txt"
+# Mistakes on the command line say what was wrong rather than print the usage.
+for mistake in "random --operations 5 --operations 6|--operations is given more than once" \
+  "random --manager|--manager needs a value" "random --operations 0|--operations must be at least 1" \
+  "random --bogus 3|random: not understood: '--bogus' '3'" "replay|replay needs a log" \
+  "replay $work/made.csv extra|not understood: 'extra'" "plot $work/made.csv|plot needs a log and a picture" \
+  "info extra|info: not understood: 'extra'" "bench --threads 1 --threads 2|--threads is given more than once"; do
+  if "$tool" ${mistake%%|*} >/dev/null 2>"$work/error.txt"; then exit 1; fi
+  grep -qF -- "${mistake#*|}" "$work/error.txt" || { echo "no '${mistake#*|}' for: ${mistake%%|*}"; cat "$work/error.txt"; exit 1; }
+done
 # A negative size in a log is an error that names the row, not a huge request.
 head -1 "$work/made.csv" >"$work/negative.csv"
 echo "Alloc,0,0x10,0,-5,0,0,1,0,0,0," >>"$work/negative.csv"
