@@ -591,17 +591,24 @@ TEST_F(Adaptors, TrackingListsOutstandingAllocationsAndReportsLeaksAtReset) {
   std::ostringstream report;
   TrackingAdaptor tracked(&context, pool(), &report);
   tracked.initialize();
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));  // (past the clock's origin by several ticks)
+  const double before = adaptor_clock();
   auto kept = [&] {
     ScopedCallSite site("leaky.cpp:7");
     return tracked.memalloc(12345);
   }();
+  const double after = adaptor_clock();
   tracked.memalloc(100).reset();
   const auto outstanding = tracked.outstanding();
   ASSERT_EQ(outstanding.size(), 1u);
   EXPECT_EQ(outstanding[0].size, 12345u);
   EXPECT_EQ(outstanding[0].address, kept->device_pointer());
   EXPECT_EQ(outstanding[0].call_site, "leaky.cpp:7");
-  EXPECT_GT(outstanding[0].start, 0.0) << "when it was allocated";
+  // When it was allocated, on the adaptors' clock: the coarse clock's reading
+  // lags the precise one by at most a tick (at most 10 ms where HZ is 100).
+  EXPECT_GT(outstanding[0].start, 0.0);
+  EXPECT_GE(outstanding[0].start, before - 0.011);
+  EXPECT_LE(outstanding[0].start, after);
   tracked.reset();
   EXPECT_NE(report.str().find("1 allocation(s) outstanding"), std::string::npos) << report.str();
   EXPECT_NE(report.str().find("leaky.cpp:7"), std::string::npos);

@@ -28,8 +28,8 @@
 
 namespace cuemm {
 
-// One allocation or release, as observers see it. Times are seconds since the
-// process first used an adaptor; they and the call site are filled in only for
+// One allocation or release, as observers see it. Times are seconds since
+// cuemm was loaded; they and the call site are filled in only for
 // observers that want them (AllocationObserver::wants_times_and_call_sites).
 struct AllocationRecord {
   MemoryKind kind;
@@ -85,7 +85,8 @@ class AllocationObserver {
   // Where it wants them: whether allocations' records carry their end too,
   // and releases' their times and call site (the log's Elapsed and Free rows).
   // An observer that needs only when and where a block was allocated (the
-  // tracking adaptor) says false: one clock read a pair rather than four.
+  // tracking adaptor) says false: one clock read a pair rather than four,
+  // and that of the coarse clock (the start within a few milliseconds).
   virtual bool wants_durations() const noexcept { return true; }
 };
 
