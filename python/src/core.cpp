@@ -129,7 +129,6 @@ long long python_size(py::handle size, const char* call) {
   return value;
 }
 
-
 // --- Allocation: what every allocation returns to Python ---
 //
 // A plain CPython type rather than a pybind11 class: Numba makes one per
