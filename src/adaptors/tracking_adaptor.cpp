@@ -21,12 +21,16 @@ struct TrackingAdaptor::Table : AllocationObserver {
   // under one lock, 16 threads' pairs through the pool took 2.0-2.4 us in
   // aggregate on the H200, a tenth of one thread's throughput
   // (docs/pool-measurements.md, "Threads without the caches, and the
-  // adaptors' shared counts").
+  // adaptors' shared counts"). Many shards (128 KiB in all), so that a
+  // shard's lock is mostly taken again by the thread that took it last and
+  // its line stays in that CPU's cache: with 64, every thread's blocks met
+  // every shard and the lines moved at nearly every pair.
   struct alignas(64) Shard {
     mutable BlockingAwareMutex mutex;
     std::map<Key, AllocationRecord> live;
   };
-  static constexpr std::size_t kShards = 64;
+  static constexpr int kShardBits = 10;
+  static constexpr std::size_t kShards = std::size_t{1} << kShardBits;
   std::array<Shard, kShards> shards;
   std::ostream* report;
 
@@ -34,7 +38,7 @@ struct TrackingAdaptor::Table : AllocationObserver {
 
   // Blocks are at least 256-byte aligned, and a pool hands out neighbours.
   Shard& shard_of(std::uintptr_t address) noexcept {
-    return shards[(address >> 8) * 0x9E3779B97F4A7C15ull >> 58];
+    return shards[(address >> 8) * 0x9E3779B97F4A7C15ull >> (64 - kShardBits)];
   }
 
   void allocated(const AllocationRecord& record) noexcept override {

@@ -5,9 +5,9 @@
 // of what is still outstanding (to stderr, or the stream given), and so does
 // the process's exit for an adaptor reporting to stderr (contexts, and their
 // adaptors, live until then); outstanding() lists it at any time. Maps in
-// shards by address, each under a lock of its own, so that threads seldom
-// wait for each other; still a debugging tool (a record and a map node a
-// block).
+// 1,024 shards by address, each under a lock of its own, so that threads
+// seldom wait for each other; still a debugging tool (a record and a map
+// node a block).
 #pragma once
 
 #include <iosfwd>
