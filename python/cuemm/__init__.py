@@ -22,6 +22,8 @@ __all__ = [
     "statistics",
     "write_log",
     "plot",
+    "outstanding",
+    "leak_report",
     "bundled_managers",
     "CudaError",
 ]
@@ -104,6 +106,18 @@ def plot(path, device=None):
     """Writes an SVG picture of device, host and managed memory in use over time, from the CSV log."""
     with open(path, "w") as out:
         out.write(_core.memory_plot_svg(_log_text(device)))
+
+
+def outstanding(device=None):
+    """The allocations still live on `device`, oldest first: dicts of kind, address, size,
+    start (seconds since cuemm was loaded) and call_site (the Python file:line that allocated).
+    Needs the tracking adaptor: adaptors="tracking" or CUEMM_ADAPTORS=tracking."""
+    return _bridge_for(device).outstanding()
+
+
+def leak_report(device=None):
+    """outstanding() as the text that the tracking adaptor prints at reset and at exit ("" if none)."""
+    return _bridge_for(device).leak_report()
 
 
 def _log_text(device):

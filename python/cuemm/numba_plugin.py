@@ -188,7 +188,7 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
         self._allocate_device = None  # the bridge's (Allocation, pointer) memalloc, when not logging call sites
         self._allocate_host = None  # the bridge's fast memhostalloc, when not logging call sites
         self._context_proxy = None
-        self._logging = False  # the bridge's log wants call sites (fixed when the bridge is made)
+        self._call_sites = False  # a log or tracking wants call sites (fixed when the bridge is made)
         self._initialized = False
         # Managed memory is handed out through own(), as Numba does (a view
         # that exports the buffer). own()'s reference is weak: this keeps the
@@ -204,7 +204,7 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
             self._initialized = True
 
     def memalloc(self, size):
-        # Runs until the bridge exists, and when the log wants call sites;
+        # Runs until the bridge exists, and when a log or tracking wants call sites;
         # otherwise this instance's memalloc is the bridge's (see _get_bridge).
         self._get_bridge()
         if self._allocate_device is not None:
@@ -216,10 +216,10 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
 
     def memhostalloc(self, size, mapped=False, portable=False, wc=False):
         allocate = self._allocate_host
-        if allocate is None:  # until the bridge exists, and when the log wants call sites
+        if allocate is None:  # until the bridge exists, and when a log or tracking wants call sites
             bridge = self._get_bridge()
             allocate = self._allocate_host or (
-                lambda *arguments: bridge.memhostalloc(*arguments, _caller() if self._logging else ""))
+                lambda *arguments: bridge.memhostalloc(*arguments, _caller() if self._call_sites else ""))
         allocation = allocate(size, mapped, portable, wc)
         context = self._context_proxy
         pointer = _host_pointer(allocation.host_address)
@@ -288,8 +288,8 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
                 device = _core.current_device()
             self._bridge = _bridge_for_device(device)
             self._context_proxy = weakref.proxy(self.context)
-            self._logging = self._bridge.logging
-            if not self._logging:
+            self._call_sites = self._bridge.wants_call_sites
+            if not self._call_sites:
                 allocator = self._bridge.allocator(_device_pointer, _DeviceMemory, self._context_proxy)
                 self._allocate_device = allocator.memalloc
                 self._allocate_host = allocator.memhostalloc

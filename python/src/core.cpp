@@ -407,6 +407,32 @@ class Bridge {
   }
 
   bool logging() const noexcept { return find_adaptor<LoggingAdaptor>(*manager_) != nullptr; }
+  // Whether an adaptor keeps call sites: a log, or tracking's leak report.
+  bool wants_call_sites() const noexcept { return logging() || find_adaptor<TrackingAdaptor>(*manager_) != nullptr; }
+
+  // The tracking adaptor's outstanding allocations, oldest first, as dicts.
+  py::list outstanding() const {
+    py::list out;
+    for (const AllocationRecord& record : tracking().outstanding()) {
+      py::dict entry;
+      entry["kind"] = to_string(record.kind);
+      entry["address"] = record.address;
+      entry["size"] = record.size;
+      entry["start"] = record.start;
+      entry["call_site"] = record.call_site;
+      out.append(std::move(entry));
+    }
+    return out;
+  }
+  std::string leak_report() const { return tracking().leak_report(); }
+  const TrackingAdaptor& tracking() const {
+    const auto* tracking = find_adaptor<TrackingAdaptor>(*manager_);
+    if (!tracking)
+      throw StateError("cuemm tracks no allocations: add the tracking adaptor (CUEMM_ADAPTORS=tracking, or "
+                       "use_cuemm_for_numba(adaptors=\"tracking\")) before the first allocation");
+    return *tracking;
+  }
+
   std::string log_text() {
     auto* log = find_adaptor<LoggingAdaptor>(*manager_);
     if (!log) return {};
@@ -864,6 +890,9 @@ PYBIND11_MODULE(_core, module) {
       .def("defer_cleanup", &Bridge::defer_cleanup)
       .def("statistics", &Bridge::statistics)
       .def_property_readonly("logging", &Bridge::logging)
+      .def_property_readonly("wants_call_sites", &Bridge::wants_call_sites)
+      .def("outstanding", &Bridge::outstanding)
+      .def("leak_report", &Bridge::leak_report)
       .def("log_text", &Bridge::log_text);
 
   py::class_<IpcImport>(module, "IpcImport")

@@ -584,6 +584,44 @@ def test_an_exportable_async_pools_blocks_open_in_another_process(run_python, tm
     assert "child ok" in out
 
 
+def test_tracking_lists_what_python_still_holds_with_its_call_sites(run_python):
+    run_python("""
+        import inspect
+        from numba import cuda
+        import cuemm
+        def line_below():
+            return inspect.currentframe().f_back.f_lineno + 1
+        kept_line = line_below()
+        kept = cuda.device_array(1000, dtype="u1")
+        gone = cuda.device_array(5000, dtype="u1")
+        pinned_line = line_below()
+        pinned = cuda.pinned_array(4096, dtype="u1")
+        del gone
+        listed = cuemm.outstanding()
+        assert [(r["kind"], r["size"]) for r in listed] == [("device", 1000), ("pinned", 4096)], listed
+        assert listed[0]["address"] == kept.device_ctypes_pointer.value, listed
+        assert listed[0]["call_site"] == f"<string>:{kept_line}", listed
+        assert listed[1]["call_site"] == f"<string>:{pinned_line}", listed
+        assert 0 <= listed[0]["start"] <= listed[1]["start"], listed
+        report = cuemm.leak_report()
+        assert "2 allocation(s) outstanding" in report and f"<string>:{kept_line}" in report, report
+        del kept, pinned
+        assert cuemm.outstanding() == [] and cuemm.leak_report() == ""
+    """, CUEMM_ADAPTORS="tracking", **PLUGIN)
+    # Without the tracking adaptor: an error that says how to add it.
+    run_python("""
+        from numba import cuda
+        import cuemm
+        held = cuda.device_array(10)
+        try:
+            cuemm.outstanding()
+        except RuntimeError as error:
+            assert "CUEMM_ADAPTORS=tracking" in str(error), error
+        else:
+            raise AssertionError("outstanding() without tracking did not raise")
+    """, **PLUGIN)
+
+
 def test_a_limit_is_what_numba_sees_as_memory(run_python):
     run_python("""
         from numba import cuda
