@@ -118,7 +118,7 @@ def _bridge_for_device(device):
 
 
 def _caller():
-    """file:line of the first caller outside Numba and cuemm (for the log)."""
+    """file:line of the first caller outside Numba and cuemm (for the log and the leak report)."""
     frame = sys._getframe(2)
     while frame is not None:
         path = frame.f_code.co_filename
