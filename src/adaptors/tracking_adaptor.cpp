@@ -25,9 +25,15 @@ struct TrackingAdaptor::Table : AllocationObserver {
   // shard's lock is mostly taken again by the thread that took it last and
   // its line stays in that CPU's cache: with 64, every thread's blocks met
   // every shard and the lines moved at nearly every pair.
+  // A record and its place among its thread's allocations: starts come from
+  // the coarse clock, so blocks of one tick are ordered by that instead.
+  struct Entry {
+    AllocationRecord record;
+    std::uint64_t order_on_its_thread;
+  };
   struct alignas(64) Shard {
     mutable BlockingAwareMutex mutex;
-    std::map<Key, AllocationRecord> live;
+    std::map<Key, Entry> live;
   };
   static constexpr int kShardBits = 10;
   static constexpr std::size_t kShards = std::size_t{1} << kShardBits;
@@ -42,10 +48,11 @@ struct TrackingAdaptor::Table : AllocationObserver {
   }
 
   void allocated(const AllocationRecord& record) noexcept override {
+    thread_local std::uint64_t allocations_on_this_thread = 0;
     try {
       Shard& shard = shard_of(record.address);
       std::lock_guard lock(shard.mutex);
-      shard.live[{static_cast<int>(record.kind), record.address}] = record;
+      shard.live[{static_cast<int>(record.kind), record.address}] = {record, ++allocations_on_this_thread};
     } catch (...) {
     }
   }
@@ -55,14 +62,21 @@ struct TrackingAdaptor::Table : AllocationObserver {
     shard.live.erase({static_cast<int>(record.kind), record.address});
   }
 
-  // Live allocations, oldest first.
+  // Live allocations, oldest first (each thread's exactly; those of
+  // different threads to within a tick of the coarse clock).
   std::vector<AllocationRecord> records() const {
-    std::vector<AllocationRecord> all;
+    std::vector<Entry> entries;
     for (const Shard& shard : shards) {
       std::lock_guard lock(shard.mutex);
-      for (const auto& [key, record] : shard.live) all.push_back(record);
+      for (const auto& [key, entry] : shard.live) entries.push_back(entry);
     }
-    std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.start < b.start; });
+    std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+      return a.record.start != b.record.start ? a.record.start < b.record.start
+                                              : a.order_on_its_thread < b.order_on_its_thread;
+    });
+    std::vector<AllocationRecord> all;
+    all.reserve(entries.size());
+    for (auto& entry : entries) all.push_back(std::move(entry.record));
     return all;
   }
 

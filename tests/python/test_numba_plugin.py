@@ -599,7 +599,7 @@ def test_tracking_lists_what_python_still_holds_with_its_call_sites(run_python):
         del gone
         listed = cuemm.outstanding()
         assert [(r["kind"], r["size"]) for r in listed] == [("device", 1000), ("pinned", 4096)], listed
-        assert listed[0]["address"] == kept.device_ctypes_pointer.value, listed
+        assert listed[0]["address"] == kept.__cuda_array_interface__["data"][0], listed
         assert listed[0]["call_site"] == f"<string>:{kept_line}", listed
         assert listed[1]["call_site"] == f"<string>:{pinned_line}", listed
         assert 0 <= listed[0]["start"] <= listed[1]["start"], listed

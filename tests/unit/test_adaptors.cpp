@@ -615,6 +615,20 @@ TEST_F(Adaptors, TrackingListsOutstandingAllocationsAndReportsLeaksAtReset) {
   EXPECT_TRUE(tracked.outstanding().empty());
 }
 
+// Starts come from the coarse clock, so many blocks share one: a thread's
+// blocks are still listed in the order it allocated them.
+TEST_F(Adaptors, TrackingListsAThreadsBlocksInTheOrderItMadeThem) {
+  TrackingAdaptor tracked(&context, pool(), nullptr);
+  tracked.initialize();
+  std::vector<std::shared_ptr<MemoryPointer>> kept;
+  for (int i = 0; i < 200; ++i) kept.push_back(tracked.memalloc(256 * (1 + (i * 37) % 50)));
+  const auto outstanding = tracked.outstanding();
+  ASSERT_EQ(outstanding.size(), kept.size());
+  for (std::size_t i = 0; i < kept.size(); ++i) EXPECT_EQ(outstanding[i].address, kept[i]->device_pointer()) << i;
+  kept.clear();
+  EXPECT_TRUE(tracked.outstanding().empty());
+}
+
 // The table is in shards by address: threads that allocate and free at once
 // must still leave exactly what they hold listed, oldest first, with its
 // call site, and a reset must report and forget all of it.

@@ -23,8 +23,8 @@ class TrackingAdaptor : public ManagerAdaptor {
   TrackingAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream, std::ostream* report = nullptr);
   ~TrackingAdaptor() override;
 
-  // Live allocations, oldest first (to within a tick of the coarse clock:
-  // the order of those of one tick is arbitrary).
+  // Live allocations, oldest first: each thread's in the order it made
+  // them, those of different threads to within a tick of the coarse clock.
   std::vector<AllocationRecord> outstanding() const;
   // The leak report text ("" when nothing is outstanding).
   std::string leak_report() const;
