@@ -103,28 +103,33 @@ void set_python_error_from_any(std::exception_ptr error) noexcept {
   }
 }
 
-// A size argument as a long long (negative sizes are refused later, by the
-// bridge), or false with the error set: a TypeError for a non-integer, and for
-// one past 2**63 an OverflowError that names the call and the size.
-bool size_argument(PyObject* size_object, const char* call, long long* size) {
+// A size argument from Python, or false with the error set: a TypeError for
+// a non-integer, a ValueError for a negative one and an OverflowError past
+// 2**63, each naming the call and the size. Every size the bridge takes
+// comes through here.
+bool size_argument(PyObject* size_object, const char* call, std::size_t* size) {
   static PyObject* const zero_size = PyLong_FromLong(0);  // kept for the process
-  *size = PyLong_AsLongLong(size_object);
-  if (*size != -1 || !PyErr_Occurred()) return true;
-  if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+  const long long value = PyLong_AsLongLong(size_object);
+  if (value >= 0) {
+    *size = static_cast<std::size_t>(value);
+    return true;
+  }
+  if (value == -1 && PyErr_Occurred()) {
+    if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return false;
     PyErr_Clear();
-    if (PyObject_RichCompareBool(size_object, zero_size, Py_LT) == 1) {
-      PyErr_Format(PyExc_ValueError, "%s: size must not be negative (got %S)", call, size_object);
-    } else {
+    if (PyObject_RichCompareBool(size_object, zero_size, Py_LT) != 1) {
       PyErr_Format(PyExc_OverflowError, "%s: size %S bytes is larger than any allocation can be (at most 2**63 - 1)",
                    call, size_object);
+      return false;
     }
   }
+  PyErr_Format(PyExc_ValueError, "%s: size must not be negative (got %S)", call, size_object);
   return false;
 }
 
 // The same for pybind11's bindings, which take sizes as Python objects for it.
-long long python_size(py::handle size, const char* call) {
-  long long value;
+std::size_t python_size(py::handle size, const char* call) {
+  std::size_t value;
   if (!size_argument(size.ptr(), call, &value)) throw py::error_already_set();
   return value;
 }
@@ -271,43 +276,43 @@ class Bridge {
   // The fast path's memalloc (Allocator): the new Allocation. Through
   // the outermost adaptor without its pointer, when there is one;
   // `bridge_object` is this bridge's Python object, which the Allocation keeps.
-  PyObject* memalloc_held(long long size, PyObject* bridge_object) {
+  PyObject* memalloc_held(std::size_t size, PyObject* bridge_object) {
     if (!outermost_adaptor_) return memalloc(size).release().ptr();
     ManagerAdaptor::Unwrapped held =
-        call({}, [&] { return outermost_adaptor_->memalloc_unwrapped(checked_size(size, "memalloc")); });
+        call({}, [&] { return outermost_adaptor_->memalloc_unwrapped(size); });
     PyObject* allocation = new_allocation(std::move(held), outermost_adaptor_, bridge_object, gil_until_blocking_);
     if (!allocation) throw py::error_already_set();
     return allocation;
   }
 
-  py::object memalloc(long long size) {
-    return wrap(call({}, [&] { return manager_->memalloc(checked_size(size, "memalloc")); }));
+  py::object memalloc(std::size_t size) {
+    return wrap(call({}, [&] { return manager_->memalloc(size); }));
   }
   // `site` names the Python caller for the log and the leak report.
-  py::object memalloc_at(long long size, std::string site) {
-    return wrap(call(std::move(site), [&] { return manager_->memalloc(checked_size(size, "memalloc")); }));
+  py::object memalloc_at(std::size_t size, std::string site) {
+    return wrap(call(std::move(site), [&] { return manager_->memalloc(size); }));
   }
-  py::object memhostalloc(long long size, bool mapped, bool portable, bool wc, std::string site) {
+  py::object memhostalloc(std::size_t size, bool mapped, bool portable, bool wc, std::string site) {
     return wrap(call(std::move(site), [&] {
-      return manager_->memhostalloc(checked_size(size, "memhostalloc"), mapped, portable, wc);
+      return manager_->memhostalloc(size, mapped, portable, wc);
     }));
   }
-  py::object mempin(py::object owner, std::uintptr_t pointer, long long size, bool mapped) {
+  py::object mempin(py::object owner, std::uintptr_t pointer, std::size_t size, bool mapped) {
     if (pointer == 0) throw InvalidArgument("mempin: the pointer is null");
     // (None owns nothing: such a pin is not cached past its release.)
     auto held = owner.is_none() ? nullptr : hold_python_object(std::move(owner));
     return wrap(call({}, [&] {
-      return manager_->mempin(held, reinterpret_cast<void*>(pointer), checked_size(size, "mempin"), mapped);
+      return manager_->mempin(held, reinterpret_cast<void*>(pointer), size, mapped);
     }));
   }
-  py::object memallocmanaged(long long size, bool attach_global) {
-    return wrap(call({}, [&] { return manager_->memallocmanaged(checked_size(size, "memallocmanaged"), attach_global); }));
+  py::object memallocmanaged(std::size_t size, bool attach_global) {
+    return wrap(call({}, [&] { return manager_->memallocmanaged(size, attach_global); }));
   }
 
   // (handle bytes, offset of [address, address + size) in the exported allocation, size, and
   // cuemm's serialised handle where the driver has no handle for the memory, else None)
-  py::tuple ipc_handle(std::uintptr_t address, long long size) {
-    auto view = std::make_shared<MemoryPointer>(context_, address, checked_size(size, "get_ipc_handle"));
+  py::tuple ipc_handle(std::uintptr_t address, std::size_t size) {
+    auto view = std::make_shared<MemoryPointer>(context_, address, size);
     IpcHandle handle = [&] {
       py::gil_scoped_release unlocked;
       return manager_->get_ipc_handle(view);
@@ -441,10 +446,6 @@ class Bridge {
   }
 
  private:
-  static std::size_t checked_size(long long size, const char* call) {
-    if (size < 0) throw InvalidArgument(std::string(call) + ": size must not be negative (got " + std::to_string(size) + ")");
-    return static_cast<std::size_t>(size);
-  }
   py::object wrap(std::shared_ptr<MemoryPointer> memory) const {
     return wrap_allocation(std::move(memory), gil_until_blocking_);
   }
@@ -657,7 +658,7 @@ struct PyAllocator {
 
 // A new Allocation and its pointer object (new references), or false with the error set.
 bool allocate_with_pointer(PyAllocator* self, PyObject* size_object, PyObject** allocation, PyObject** pointer) {
-  long long size;
+  std::size_t size;
   if (!size_argument(size_object, "memalloc", &size)) return false;
   try {
     *allocation = self->bridge->memalloc_held(size, self->bridge_object);
@@ -720,7 +721,7 @@ PyObject* allocator_memhostalloc(PyObject* object, PyObject* const* arguments, P
     PyErr_Format(PyExc_TypeError, "memhostalloc(size, mapped, portable, wc) takes 4 arguments (%zd given)", count);
     return nullptr;
   }
-  long long size;
+  std::size_t size;
   if (!size_argument(arguments[0], "memhostalloc", &size)) return nullptr;
   int flags[3];
   for (int i = 0; i < 3; ++i)
