@@ -39,6 +39,7 @@ double adaptor_clock() noexcept {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - clock_origin()).count();
 }
 
+namespace {
 // The same timeline at the kernel's last tick (a few milliseconds), read
 // without the clock source: enough for when a block was allocated, and a
 // fraction of the precise read where the host is a virtual machine
@@ -50,6 +51,7 @@ double adaptor_coarse_clock() noexcept {
                      clock_origin().time_since_epoch();
   return std::max(0.0, std::chrono::duration<double>(since).count());  // (it may lag the origin by a tick)
 }
+}  // namespace
 
 // Note [Counting across a reset]
 // reset() may come from one thread while others allocate and free. The

@@ -17,6 +17,12 @@ namespace cuemm {
 struct TrackingAdaptor::Table : AllocationObserver {
   // Keyed by (kind, address): pinned host and device addresses may coincide.
   using Key = std::pair<int, std::uintptr_t>;
+  // A record and its place among its thread's allocations: starts come from
+  // the coarse clock, so blocks of one tick are ordered by that instead.
+  struct Entry {
+    AllocationRecord record;
+    std::uint64_t order_on_its_thread;
+  };
   // The live allocations in shards by address, each under a lock of its own:
   // under one lock, 16 threads' pairs through the pool took 2.0-2.4 us in
   // aggregate on the H200, a tenth of one thread's throughput
@@ -25,12 +31,6 @@ struct TrackingAdaptor::Table : AllocationObserver {
   // shard's lock is mostly taken again by the thread that took it last and
   // its line stays in that CPU's cache: with 64, every thread's blocks met
   // every shard and the lines moved at nearly every pair.
-  // A record and its place among its thread's allocations: starts come from
-  // the coarse clock, so blocks of one tick are ordered by that instead.
-  struct Entry {
-    AllocationRecord record;
-    std::uint64_t order_on_its_thread;
-  };
   struct alignas(64) Shard {
     mutable BlockingAwareMutex mutex;
     std::map<Key, Entry> live;
