@@ -28,3 +28,4 @@
 #include "cuemm/managers/async_memory_manager.hpp"
 #include "cuemm/managers/pinned_host_pool.hpp"
 #include "cuemm/managers/pool_memory_manager.hpp"
+#include "cuemm/managers/release_unused_memory.hpp"

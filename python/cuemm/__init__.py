@@ -20,6 +20,7 @@ from ._core import CudaError
 __all__ = [
     "use_cuemm_for_numba",
     "statistics",
+    "release_unused_memory",
     "write_log",
     "plot",
     "outstanding",
@@ -93,6 +94,16 @@ def statistics(device=None):
     cached, hits, misses, and seals: waits for the GPU's queued work before reuse)."""
     bridge = _bridge_for(device)
     return bridge.statistics()
+
+
+def release_unused_memory(device=None):
+    """Gives the memory cuemm keeps for reuse on `device` back to the driver, for other
+    libraries to use (as torch.cuda.empty_cache() or CuPy's free_all_blocks()): the pool's
+    free segments, the async manager's driver pool down to what is in use, the cached
+    pinned host blocks, and deferred frees. Arrays still alive are untouched; inside
+    defer_cleanup() nothing is released. Returns the bytes released, as a dict of
+    device_bytes, pinned_host_bytes, deferred_frees and deferred_bytes."""
+    return _bridge_for(device).release_unused_memory()
 
 
 def write_log(path, device=None):

@@ -411,6 +411,20 @@ class Bridge {
     return out;
   }
 
+  // release_unused_memory() of the manager, as a dict of its four figures.
+  py::dict release_unused_memory() {
+    const ReleasedMemory released = [&] {
+      py::gil_scoped_release unlocked;  // takes the pools' locks and waits for the GPU
+      return cuemm::release_unused_memory(*manager_);
+    }();
+    py::dict out;
+    out["device_bytes"] = released.device_bytes;
+    out["pinned_host_bytes"] = released.pinned_host_bytes;
+    out["deferred_frees"] = released.deferred_frees;
+    out["deferred_bytes"] = released.deferred_bytes;
+    return out;
+  }
+
   bool logging() const noexcept { return find_adaptor<LoggingAdaptor>(*manager_) != nullptr; }
   // Whether an adaptor keeps call sites: a log, or tracking's leak report.
   bool wants_call_sites() const noexcept { return logging() || find_adaptor<TrackingAdaptor>(*manager_) != nullptr; }
@@ -890,6 +904,7 @@ PYBIND11_MODULE(_core, module) {
       .def("reset", &Bridge::reset)
       .def("defer_cleanup", &Bridge::defer_cleanup)
       .def("statistics", &Bridge::statistics)
+      .def("release_unused_memory", &Bridge::release_unused_memory)
       .def_property_readonly("logging", &Bridge::logging)
       .def_property_readonly("wants_call_sites", &Bridge::wants_call_sites)
       .def("outstanding", &Bridge::outstanding)

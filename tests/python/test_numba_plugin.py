@@ -639,3 +639,31 @@ def test_a_limit_is_what_numba_sees_as_memory(run_python):
             raise AssertionError("an array past the limit was allocated")
         rest = cuda.device_array(free, dtype="u1")  # what it says is free is served
     """, CUEMM_ADAPTORS="limit", CUEMM_LIMIT="64M", **PLUGIN)
+
+
+@pytest.mark.parametrize("manager", ["pool", "async", "default"])
+def test_release_unused_memory_gives_back_what_no_array_holds(run_python, manager):
+    run_python("""
+        import numpy as np
+        from numba import cuda
+        import cuemm
+        kept = cuda.to_device(np.arange(1 << 18, dtype=np.uint32))
+        arrays = [cuda.device_array((i % 7 + 1) << 20, dtype="u1") for i in range(40)]
+        pinned = [cuda.pinned_array(4 << 20, dtype="u1") for _ in range(3)]
+        del arrays, pinned
+        with cuda.defer_cleanup():
+            assert set(cuemm.release_unused_memory().values()) == {0}, "released under defer_cleanup"
+        released = cuemm.release_unused_memory()
+        assert sorted(released) == ["deferred_bytes", "deferred_frees", "device_bytes", "pinned_host_bytes"]
+        if MANAGER != "default":
+            assert released["device_bytes"] > 0, released
+            assert released["pinned_host_bytes"] >= 4 << 20, released
+        if MANAGER == "pool":
+            reserved = cuemm.statistics()["pool"]["reserved_bytes"]
+            assert reserved <= 32 << 20, (reserved, released)
+        again = cuemm.release_unused_memory()
+        assert again["device_bytes"] == again["pinned_host_bytes"] == again["deferred_frees"] == 0, again
+        assert (kept.copy_to_host() == np.arange(1 << 18, dtype=np.uint32)).all()
+        after = cuda.to_device(np.ones(1000))
+        assert after.copy_to_host().sum() == 1000
+    """.replace("MANAGER", repr(manager)), CUEMM_MEMORY_MANAGER=manager, **PLUGIN)

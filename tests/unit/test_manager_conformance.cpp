@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <optional>
@@ -367,6 +368,78 @@ TYPED_TEST(Conformance, MemoryInfoIsReal) {
   EXPECT_LE(info.free, info.total);
 }
 
+
+// release_unused_memory(): once every block but one is freed, what the manager
+// kept goes back to the driver (the driver's free memory grows by what it
+// reports), the block still held keeps its contents, a second call finds
+// nothing left, and the manager serves blocks as before.
+TYPED_TEST(Conformance, ReleasingUnusedMemoryGivesBackAllButWhatIsHeld) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  const std::uint64_t in_use_before = simulation::active() ? simulation::device_bytes_in_use(0) : 0;
+  auto held = this->manager->memalloc(3 * kMiB);
+  const auto held_values = this->fill(held, 5);
+  std::mt19937 random(7);
+  std::vector<std::shared_ptr<MemoryPointer>> blocks;
+  std::size_t device_bytes = 0;
+  for (int i = 0; i < 200; ++i) {
+    const std::size_t size = 256 + random() % (i % 10 == 0 ? 24 * kMiB : 256 * 1024);
+    blocks.push_back(this->manager->memalloc(size));
+    device_bytes += size;
+  }
+  constexpr std::size_t kPinned = 4 * kMiB;
+  for (int i = 0; i < 3; ++i) blocks.push_back(this->manager->memhostalloc(kPinned, i == 1, false, false));
+  blocks.clear();
+
+  auto* host = find_adaptor<HostOnlyMemoryManager>(*this->manager);
+  ASSERT_TRUE(host);
+  const std::size_t pending = host->deallocations().pending_count();
+  const std::uint64_t free_before = driver_memory_info(this->context).free;
+  const ReleasedMemory released = release_unused_memory(*this->manager);
+  const std::uint64_t free_after = driver_memory_info(this->context).free;
+  EXPECT_GE(free_after, free_before + released.device_bytes) << "reported more than went back";
+  EXPECT_EQ(released.deferred_frees, pending);
+  EXPECT_EQ(host->deallocations().pending_count(), 0u) << "deferred frees still pending";
+  const bool caches_device_memory =
+      find_adaptor<PoolMemoryManager>(*this->manager) || find_adaptor<AsyncMemoryManager>(*this->manager);
+  if (caches_device_memory) {
+    EXPECT_GT(released.device_bytes, 0u) << "of " << device_bytes << " bytes freed";
+    EXPECT_GE(released.pinned_host_bytes, kPinned) << "the pinned host pool kept its blocks";
+  }
+  if (auto* pool = find_adaptor<PoolMemoryManager>(*this->manager)) {
+    // All but the segment of the held block: at most 32 MiB here.
+    EXPECT_LE(pool->statistics().reserved_bytes, 32 * kMiB)
+        << "of " << device_bytes << " bytes freed, released " << released.device_bytes;
+  }
+  if (simulation::active()) {
+    // What is left in use: the held block's segment (its size in whole pages
+    // without a pool).
+    EXPECT_LE(simulation::device_bytes_in_use(0), in_use_before + (caches_device_memory ? 32 * kMiB : 4 * kMiB));
+  }
+
+  const ReleasedMemory again = release_unused_memory(*this->manager);
+  EXPECT_EQ(again.device_bytes, 0u);
+  EXPECT_EQ(again.pinned_host_bytes, 0u);
+  EXPECT_EQ(again.deferred_frees, 0u);
+  EXPECT_TRUE(this->holds(held, held_values)) << "the block still held lost its contents";
+  auto memory = this->manager->memalloc(kMiB);
+  const auto values = this->fill(memory, 6);
+  EXPECT_TRUE(this->holds(memory, values));
+}
+
+// Under defer_cleanup() nothing is released; once the guard is gone, it is.
+TYPED_TEST(Conformance, ReleasingUnusedMemoryWaitsForDeferCleanupToEnd) {
+  std::vector<std::shared_ptr<MemoryPointer>> blocks;
+  for (int i = 0; i < 8; ++i) blocks.push_back(this->manager->memalloc(std::size_t{5} << 20));
+  std::optional<CleanupGuard> guard(this->manager->defer_cleanup());
+  blocks.clear();
+  const ReleasedMemory deferred = release_unused_memory(*this->manager);
+  EXPECT_EQ(deferred.device_bytes, 0u);
+  EXPECT_EQ(deferred.deferred_frees, 0u);
+  EXPECT_EQ(deferred.pinned_host_bytes, 0u);
+  guard.reset();
+  const ReleasedMemory released = release_unused_memory(*this->manager);
+  EXPECT_GT(released.device_bytes + released.deferred_bytes, 0u) << "nothing released once the guard ended";
+}
 // The EMM interface's reset() clears up all memory of the context, blocks
 // still held included (their memory is measured on the simulated driver).
 TYPED_TEST(Conformance, ResetReleasesEverythingAndTheManagerWorksAfter) {
@@ -640,6 +713,55 @@ TYPED_TEST(Conformance, ThreadStormsKeepEveryBlocksContents) {
   }
   for (auto& thread : threads) thread.join();
   EXPECT_EQ(corrupted, 0);
+}
+
+// release_unused_memory() from one thread while others allocate, fill, check
+// and free blocks of small and large sizes, pinned ones among them: no block
+// loses its contents, and the releases give memory back meanwhile.
+TYPED_TEST(Conformance, ReleasingUnusedMemoryWhileThreadsAllocateKeepsTheirBlocks) {
+  std::atomic<int> corrupted{0};
+  std::atomic<bool> done{false};
+  std::vector<std::thread> threads;
+  for (std::uint32_t t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 random(t + 40);
+      std::vector<std::pair<std::shared_ptr<MemoryPointer>, std::vector<std::uint32_t>>> held;
+      for (std::uint32_t step = 0; step < 300; ++step) {
+        if (step % 50 == 0) held.clear();  // (blocks for the releases to find)
+        if (held.size() < 8 && random() % 3) {
+          const std::size_t size = random() % 8 ? 4 * (1 + random() % 16384) : (1 + random() % 6) << 20;
+          auto memory = this->manager->memalloc(size);
+          auto values = this->fill(memory, t * 1000 + step);
+          held.emplace_back(std::move(memory), std::move(values));
+        } else if (!held.empty()) {
+          const std::size_t victim = random() % held.size();
+          if (!this->holds(held[victim].first, held[victim].second)) corrupted.fetch_add(1);
+          held.erase(held.begin() + static_cast<long>(victim));
+        }
+        if (step % 16 == 0) {
+          auto pinned = this->manager->memhostalloc(4096 * (1 + random() % 64), false, false, false);
+          std::memset(reinterpret_cast<void*>(pinned->host_pointer()), 1, pinned->size());
+        }
+      }
+      for (auto& [memory, values] : held)
+        if (!this->holds(memory, values)) corrupted.fetch_add(1);
+    });
+  }
+  std::uint64_t released = 0;
+  std::thread releasing([&] {
+    while (!done.load()) {
+      released += release_unused_memory(*this->manager).device_bytes;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  });
+  for (auto& thread : threads) thread.join();
+  done = true;
+  releasing.join();
+  EXPECT_EQ(corrupted, 0);
+  released += release_unused_memory(*this->manager).device_bytes;
+  if (find_adaptor<PoolMemoryManager>(*this->manager) || find_adaptor<AsyncMemoryManager>(*this->manager)) {
+    EXPECT_GT(released, 0u) << "the threads' freed blocks stayed in the manager";
+  }
 }
 
 // Threads of every size (the classes, the index, segments of their own, in
