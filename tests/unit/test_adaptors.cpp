@@ -58,6 +58,30 @@ TEST_F(Adaptors, StatisticsCountCurrentPeakAndTotal) {
   EXPECT_NE(after.summary().find("device"), std::string::npos);
 }
 
+// Reserved is what the manager holds from the driver, not what is in use:
+// the async manager's driver pool keeps freed blocks (release threshold max
+// by default) until trimmed; managed memory counts under every manager.
+TEST_F(Adaptors, StatisticsReserveWhatTheAsyncManagersDriverPoolHolds) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  AsyncOptions options;
+  options.release_threshold = std::numeric_limits<std::uint64_t>::max();
+  StatisticsAdaptor stats(&context, std::make_unique<AsyncMemoryManager>(&context, options));
+  stats.initialize();
+  std::vector<std::shared_ptr<MemoryPointer>> blocks;
+  for (int i = 0; i < 8; ++i) blocks.push_back(stats.memalloc(8 * kMiB));
+  blocks.resize(2);
+  auto managed = stats.memallocmanaged(kMiB, true);
+  ScopedContext scope(context);
+  CUEMM_CU(cuStreamSynchronize, cuda::CU_STREAM_LEGACY);  // the frees have run
+  const MemoryStatistics held = stats.statistics();
+  EXPECT_EQ(held.of(MemoryKind::Device).current_bytes, 16 * kMiB);
+  EXPECT_GE(held.reserved_bytes, 64 * kMiB + kMiB) << "the driver pool's freed blocks are still reserved";
+  release_unused_memory(stats);
+  const MemoryStatistics trimmed = stats.statistics();
+  EXPECT_GE(trimmed.reserved_bytes, 16 * kMiB + kMiB);
+  EXPECT_LT(trimmed.reserved_bytes, held.reserved_bytes) << "trimming left the reserved bytes as they were";
+}
+
 TEST_F(Adaptors, StatisticsCountFailuresAndForgetMemoryAResetGaveBack) {
   StatisticsAdaptor stats(&context, std::make_unique<LimitingAdaptor>(&context, pool(), 1 << 20));
   stats.initialize();

@@ -29,7 +29,8 @@ struct MemoryStatistics {
   // Device allocations of size in [2^i, 2^(i+1)) bytes.
   std::array<std::size_t, 64> device_size_histogram{};
   std::size_t failed_allocations = 0;
-  // Bytes the upstream holds from the driver, when it is a pool (else in use).
+  // Bytes the upstream holds from the driver: the pool's segments or the
+  // async manager's driver pool, with managed memory in use (else in use).
   std::size_t reserved_bytes = 0;
 
   const AllocationCounts& of(MemoryKind kind) const { return kinds[static_cast<int>(kind)]; }
