@@ -23,6 +23,7 @@
 #include "cuemm/adaptors/limiting_adaptor.hpp"
 #include "cuemm/adaptors/logging_adaptor.hpp"
 #include "cuemm/adaptors/memory_log.hpp"
+#include "cuemm/adaptors/out_of_memory_handler_adaptor.hpp"
 #include "cuemm/adaptors/statistics_adaptor.hpp"
 #include "cuemm/adaptors/tracking_adaptor.hpp"
 #include "cuemm/managers/async_memory_manager.hpp"

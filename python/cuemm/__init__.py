@@ -21,6 +21,7 @@ __all__ = [
     "use_cuemm_for_numba",
     "statistics",
     "release_unused_memory",
+    "on_out_of_memory",
     "write_log",
     "plot",
     "outstanding",
@@ -104,6 +105,18 @@ def release_unused_memory(device=None):
     defer_cleanup() nothing is released. Returns the bytes released, as a dict of
     device_bytes, pinned_host_bytes, deferred_frees and deferred_bytes."""
     return _bridge_for(device).release_unused_memory()
+
+
+def on_out_of_memory(handler):
+    """Sets the function cuemm calls when an allocation runs out of memory (on any
+    device), and returns the one it replaces (None: none). handler(size, attempt) may
+    free memory held elsewhere (gc.collect(), torch.cuda.empty_cache(), CuPy's
+    free_all_blocks(), a cache of the program's own); the allocation is tried again
+    while it returns True, and fails with MemoryError once it returns False (attempt:
+    1 after the first failure, 2 after the first retry, ...). An exception it raises
+    fails the allocation. An allocation inside the handler that runs out does not
+    call it again. None removes it."""
+    return _core.on_out_of_memory(handler)
 
 
 def write_log(path, device=None):

@@ -253,6 +253,30 @@ py::object wrap_allocation(std::shared_ptr<MemoryPointer> memory, bool gil_until
   return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(self));
 }
 
+// The handler cuemm.on_out_of_memory() set, or None; read and set with the
+// GIL. (Never destroyed: allocations may run while the interpreter ends.)
+py::object& out_of_memory_handler() {
+  static auto* handler = new py::object(py::none());
+  return *handler;
+}
+
+// Whether the handler asks to try the allocation that ran out again. An
+// allocation inside the handler that runs out does not call it again. Its
+// Python exception, if it raises, fails the allocation. The GIL is held.
+bool out_of_memory_handler_retries(const OutOfMemory& error, int attempt) {
+  static thread_local bool handling = false;
+  const py::object handler = out_of_memory_handler();  // (the handler may replace itself)
+  if (handling || handler.is_none()) return false;
+  handling = true;
+  struct Done {
+    ~Done() { handling = false; }
+  } done;
+  const py::object answer = handler(error.requested(), attempt);
+  const int retry = PyObject_IsTrue(answer.ptr());
+  if (retry < 0) throw py::error_already_set();
+  return retry != 0;
+}
+
 class Bridge {
  public:
   Bridge(int device, const std::string& manager, bool log) : context_(&Device::get(device).primary_context()) {
@@ -463,12 +487,21 @@ class Bridge {
   py::object wrap(std::shared_ptr<MemoryPointer> memory) const {
     return wrap_allocation(std::move(memory), gil_until_blocking_);
   }
+  // Runs `allocate` with the GIL given back while it may block; on
+  // OutOfMemory, asks the handler of cuemm.on_out_of_memory() whether to try
+  // again (with the GIL: outside every lock of cuemm's).
   template <typename Allocate>
-  auto call(std::string site, Allocate&& allocate) -> decltype(allocate()) {
-    GilForCall gil(gil_until_blocking_);  // other Python threads run while the driver works
-    if (site.empty()) return allocate();
-    ScopedCallSite named(std::move(site));
-    return allocate();
+  auto call(const std::string& site, Allocate&& allocate) -> decltype(allocate()) {
+    for (int attempt = 1;; ++attempt) {
+      try {
+        GilForCall gil(gil_until_blocking_);  // other Python threads run while the driver works
+        if (site.empty()) return allocate();
+        ScopedCallSite named(site);
+        return allocate();
+      } catch (const OutOfMemory& error) {
+        if (!out_of_memory_handler_retries(error, attempt)) throw;
+      }
+    }
   }
 
   Context* context_;
@@ -918,6 +951,14 @@ PYBIND11_MODULE(_core, module) {
       .def_property_readonly("staged", &IpcImport::staged);
 
   module.def("bundled_managers", &bundled_memory_managers);
+  module.def("on_out_of_memory", [](py::object handler) {
+    if (!handler.is_none() && !PyCallable_Check(handler.ptr()))
+      throw py::type_error("on_out_of_memory: the handler must be callable (or None), not " +
+                           std::string(Py_TYPE(handler.ptr())->tp_name));
+    py::object previous = out_of_memory_handler();
+    out_of_memory_handler() = std::move(handler);
+    return previous;
+  });
   module.def("memory_plot_svg", [](const std::string& log_text) {
     std::istringstream in(log_text);
     return memory_plot_svg(read_memory_log(in, "the log"));

@@ -219,7 +219,14 @@ auto ManagerAdaptor::allocate_observed(MemoryKind kind, std::size_t size, Alloca
   decltype(allocate()) upstream{};
   Made made;
   try {
-    upstream = allocate();
+    for (int attempt = 1;; ++attempt) {
+      try {
+        upstream = allocate();
+        break;
+      } catch (const OutOfMemory& error) {
+        if (!observer().retry_after_out_of_memory(kind, error, attempt)) throw;
+      }
+    }
     made = made_by(upstream);
   } catch (...) {
     detail::SectionGate::Section section(shared_->gate);

@@ -667,3 +667,72 @@ def test_release_unused_memory_gives_back_what_no_array_holds(run_python, manage
         after = cuda.to_device(np.ones(1000))
         assert after.copy_to_host().sum() == 1000
     """.replace("MANAGER", repr(manager)), CUEMM_MEMORY_MANAGER=manager, **PLUGIN)
+
+
+def test_an_out_of_memory_handler_frees_memory_elsewhere_and_numba_retries(run_python):
+    run_python("""
+        import gc
+        from numba import cuda
+        import cuemm
+        gc.disable()  # the cycle below goes only when the handler collects it
+        program_cache = [cuda.device_array(10 << 20, dtype="u1") for _ in range(6)]
+        calls = []
+        def drop_cache(size, attempt):
+            calls.append((size, attempt))
+            freed = bool(program_cache)
+            program_cache.clear()
+            return freed
+        assert cuemm.on_out_of_memory(drop_cache) is None
+        fits = cuda.device_array(16 << 20, dtype="u1")
+        assert calls == [(16 << 20, 1)], calls
+        try:
+            cuda.device_array(60 << 20, dtype="u1")
+        except MemoryError as error:
+            assert "limit" in str(error), error
+        else:
+            raise AssertionError("60 MiB beside 16 fitted under a 64 MiB limit")
+        assert calls[-1] == (60 << 20, 1), calls
+
+        # An array kept alive only by a reference cycle: gc.collect() frees it.
+        class Node:
+            pass
+        node = Node()
+        node.self, node.array = node, cuda.device_array(40 << 20, dtype="u1")
+        del node, fits
+        assert cuemm.on_out_of_memory(lambda size, attempt: attempt == 1 and gc.collect() > 0) is drop_cache
+        collected = cuda.device_array(40 << 20, dtype="u1")
+
+        # A handler that raises fails the allocation with its exception; one
+        # that allocates and runs out inside is not called again.
+        def raising(size, attempt):
+            raise KeyError("the handler gave up")
+        cuemm.on_out_of_memory(raising)
+        try:
+            cuda.device_array(40 << 20, dtype="u1")
+        except KeyError as error:
+            assert "the handler gave up" in str(error), error
+        else:
+            raise AssertionError("the handler's exception was lost")
+        attempts = []
+        def allocating(size, attempt):
+            attempts.append(attempt)
+            try:
+                cuda.device_array(40 << 20, dtype="u1")
+            except MemoryError:
+                pass
+            return attempt < 2
+        cuemm.on_out_of_memory(allocating)
+        try:
+            cuda.device_array(40 << 20, dtype="u1")
+        except MemoryError:
+            pass
+        assert attempts == [1, 2], attempts
+        assert cuemm.on_out_of_memory(None) is allocating
+        try:
+            cuemm.on_out_of_memory(5)
+        except TypeError as error:
+            assert "callable" in str(error), error
+        else:
+            raise AssertionError("a handler that cannot be called was taken")
+        assert cuemm.statistics()["device"]["current_bytes"] == 40 << 20
+    """, CUEMM_ADAPTORS="limit", CUEMM_LIMIT="64M", **PLUGIN)

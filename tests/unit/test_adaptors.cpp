@@ -809,6 +809,77 @@ TEST_F(Adaptors, BytesAThreadReleasedServeAnotherThreadAtTheCap) {
   EXPECT_EQ(limited.in_use(), 0u);
 }
 
+// The out-of-memory handler frees what a program keeps elsewhere (here
+// blocks it cached itself) and the allocation is asked again.
+TEST_F(Adaptors, AnOutOfMemoryHandlerFreesMemoryElsewhereAndTheRequestIsRetried) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  std::vector<std::shared_ptr<MemoryPointer>> program_cache;
+  std::vector<std::pair<std::size_t, int>> calls;  // (bytes asked, attempt)
+  OutOfMemoryHandlerAdaptor handled(
+      &context, std::make_unique<LimitingAdaptor>(&context, pool(), 64 * kMiB),
+      [&](const OutOfMemory& error, int attempt) {
+        calls.emplace_back(error.requested(), attempt);
+        const bool freed = !program_cache.empty();
+        program_cache.clear();
+        return freed;
+      });
+  handled.initialize();
+  for (int i = 0; i < 6; ++i) program_cache.push_back(handled.memalloc(10 * kMiB));
+  auto fits_after_the_handler = handled.memalloc(16 * kMiB);
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0], std::make_pair(16 * kMiB, 1));
+  EXPECT_TRUE(program_cache.empty());
+
+  // Nothing more to free: the handler says so, and the request fails as the limit says.
+  calls.clear();
+  EXPECT_TRUE(throws<OutOfMemory>([&] { handled.memalloc(60 * kMiB); }, "limit is 64.00 MiB"));
+  EXPECT_EQ(calls, (std::vector<std::pair<std::size_t, int>>{{60 * kMiB, 1}}));
+  // Host memory runs out through the handler too.
+  auto pinned = handled.memhostalloc(4096, false, false, false);
+  EXPECT_EQ(pinned->size(), 4096u);
+}
+
+// A handler asks for retries as long as it likes (each call says which
+// attempt failed); one that throws fails the allocation with its exception;
+// an allocation inside the handler that runs out does not call it again;
+// and a failed allocation leaves nothing counted in use.
+TEST_F(Adaptors, AnOutOfMemoryHandlerDecidesHowOftenToRetry) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  std::vector<int> attempts;
+  bool throw_instead = false;
+  bool allocate_inside = false;
+  BaseMemoryManager* self = nullptr;
+  auto handled = std::make_unique<OutOfMemoryHandlerAdaptor>(
+      &context, std::make_unique<StatisticsAdaptor>(&context, std::make_unique<LimitingAdaptor>(&context, pool(), 8 * kMiB)),
+      [&](const OutOfMemory&, int attempt) {
+        attempts.push_back(attempt);
+        if (throw_instead) throw std::runtime_error("the handler gave up");
+        if (allocate_inside) {
+          EXPECT_THROW(self->memalloc(9 * kMiB), OutOfMemory);
+        }
+        return attempt < 3;
+      });
+  self = handled.get();
+  handled->initialize();
+  EXPECT_THROW(handled->memalloc(9 * kMiB), OutOfMemory);
+  EXPECT_EQ(attempts, (std::vector<int>{1, 2, 3}));
+
+  attempts.clear();
+  throw_instead = true;
+  EXPECT_TRUE(throws<std::runtime_error>([&] { handled->memalloc(9 * kMiB); }, "the handler gave up"));
+  EXPECT_EQ(attempts, (std::vector<int>{1}));
+
+  attempts.clear();
+  throw_instead = false;
+  allocate_inside = true;
+  EXPECT_THROW(handled->memalloc(9 * kMiB), OutOfMemory);
+  EXPECT_EQ(attempts, (std::vector<int>{1, 2, 3})) << "the allocation inside the handler called it again";
+
+  const MemoryStatistics counts = find_adaptor<StatisticsAdaptor>(*handled)->statistics();
+  EXPECT_EQ(counts.of(MemoryKind::Device).current_bytes, 0u);
+  EXPECT_NO_THROW(handled->memalloc(8 * kMiB)) << "the whole limit after the failures";
+}
+
 TEST_F(Adaptors, AdaptorsComposeByName) {
   setenv("CUEMM_LIMIT", "256M", 1);
   auto manager = wrap_with_adaptors(&context, pool(), "statistics,tracking,limit");

@@ -79,6 +79,19 @@ struct LimitingOverStatisticsOverPool {
   }
 };
 
+// A handler that gives back what the pool keeps and retries once (the pool
+// does that itself already: this runs every test through the retry path).
+struct OutOfMemoryHandlerOverPool {
+  static std::unique_ptr<BaseMemoryManager> make(Context* context) {
+    auto pool = std::make_unique<PoolMemoryManager>(context);
+    BaseMemoryManager* upstream = pool.get();
+    return std::make_unique<OutOfMemoryHandlerAdaptor>(context, std::move(pool), [upstream](const OutOfMemory&, int attempt) {
+      release_unused_memory(*upstream);
+      return attempt == 1;
+    });
+  }
+};
+
 bool i_mapped(std::uint64_t nth) { return nth % 2 == 1; }
 
 // Lets `user`'s kernels use memory of `owner`'s device, as a program does (the
@@ -169,7 +182,8 @@ class Conformance : public ::testing::Test {
 
 using ManagerTypes = ::testing::Types<Plain<DefaultMemoryManager>, Plain<PoolMemoryManager>, ExpandablePool,
                                       AssemblingPool, SplitSparesPool, Plain<AsyncMemoryManager>, StatisticsOverPool,
-                                      LoggingOverDefault, TrackingOverPool, LimitingOverStatisticsOverPool>;
+                                      LoggingOverDefault, TrackingOverPool, LimitingOverStatisticsOverPool,
+                                      OutOfMemoryHandlerOverPool>;
 TYPED_TEST_SUITE(Conformance, ManagerTypes);
 
 }  // namespace

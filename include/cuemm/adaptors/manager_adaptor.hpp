@@ -23,6 +23,7 @@
 #include <memory>
 #include <string>
 
+#include "cuemm/error.hpp"
 #include "cuemm/memory/memory_manager.hpp"
 #include "cuemm/memory/raw_device_allocator.hpp"
 
@@ -72,6 +73,12 @@ class AllocationObserver {
   virtual ~AllocationObserver() = default;
   // Before the upstream is asked; throwing refuses the allocation.
   virtual void before_allocation(MemoryKind /*kind*/, std::size_t /*size*/) {}
+  // The upstream ran out of memory (its `attempt`th try at this allocation):
+  // whether to ask it again. Called outside every lock of the adaptor's; the
+  // allocation fails once this says false (or throws).
+  virtual bool retry_after_out_of_memory(MemoryKind /*kind*/, const OutOfMemory& /*error*/, int /*attempt*/) {
+    return false;
+  }
   // The upstream failed after before_allocation() accepted.
   virtual void allocation_failed(MemoryKind /*kind*/, std::size_t /*size*/) noexcept {}
   virtual void allocated(const AllocationRecord& /*record*/) noexcept {}
