@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -128,6 +129,30 @@ class Conformance : public ::testing::Test {
   static bool holds(const std::shared_ptr<MemoryPointer>& memory, const std::vector<std::uint32_t>& values) {
     return DeviceArray<std::uint32_t>(memory, values.size()).copy_to_host() == values;
   }
+  // A storm thread's blocks and the contents each was filled with.
+  using HeldBlocks = std::vector<std::pair<std::shared_ptr<MemoryPointer>, std::vector<std::uint32_t>>>;
+  // One step of a storm thread: with fewer than 8 held, mostly a new block
+  // of `size` bytes filled from `seed`; else a held one checked and freed.
+  // Returns 1 where the block checked lost its contents.
+  int storm_step(HeldBlocks& held, std::mt19937& random, std::size_t size, std::uint32_t seed) {
+    if (held.size() < 8 && random() % 3) {
+      auto memory = manager->memalloc(size);
+      auto values = fill(memory, seed);
+      held.emplace_back(std::move(memory), std::move(values));
+      return 0;
+    }
+    if (held.empty()) return 0;
+    const auto victim = held.begin() + static_cast<long>(random() % held.size());
+    const bool intact = holds(victim->first, victim->second);
+    held.erase(victim);
+    return intact ? 0 : 1;
+  }
+  // How many of `held` lost their contents.
+  int lost_contents(const HeldBlocks& held) {
+    return static_cast<int>(std::count_if(held.begin(), held.end(),
+                                          [&](const auto& block) { return !holds(block.first, block.second); }));
+  }
+
   // One block of three quarters of `held` bytes, which were all freed (as
   // `freed` says): the manager must have given back what it kept of them.
   // Null, the failure reported, where it did not fit.
@@ -709,20 +734,10 @@ TYPED_TEST(Conformance, ThreadStormsKeepEveryBlocksContents) {
   for (std::uint32_t t = 0; t < 8; ++t) {
     threads.emplace_back([&, t] {
       std::mt19937 random(t);
-      std::vector<std::pair<std::shared_ptr<MemoryPointer>, std::vector<std::uint32_t>>> held;
-      for (std::uint32_t step = 0; step < 150; ++step) {
-        if (held.size() < 8 && random() % 3) {
-          auto memory = this->manager->memalloc(4 * (1 + random() % 4096));
-          auto values = this->fill(memory, t * 1000 + step);
-          held.emplace_back(std::move(memory), std::move(values));
-        } else if (!held.empty()) {
-          const std::size_t victim = random() % held.size();
-          if (!this->holds(held[victim].first, held[victim].second)) corrupted.fetch_add(1);
-          held.erase(held.begin() + static_cast<long>(victim));
-        }
-      }
-      for (auto& [memory, values] : held)
-        if (!this->holds(memory, values)) corrupted.fetch_add(1);
+      typename TestFixture::HeldBlocks held;
+      for (std::uint32_t step = 0; step < 150; ++step)
+        corrupted += this->storm_step(held, random, 4 * (1 + random() % 4096), t * 1000 + step);
+      corrupted += this->lost_contents(held);
     });
   }
   for (auto& thread : threads) thread.join();
@@ -739,26 +754,17 @@ TYPED_TEST(Conformance, ReleasingUnusedMemoryWhileThreadsAllocateKeepsTheirBlock
   for (std::uint32_t t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       std::mt19937 random(t + 40);
-      std::vector<std::pair<std::shared_ptr<MemoryPointer>, std::vector<std::uint32_t>>> held;
+      typename TestFixture::HeldBlocks held;
       for (std::uint32_t step = 0; step < 300; ++step) {
         if (step % 50 == 0) held.clear();  // (blocks for the releases to find)
-        if (held.size() < 8 && random() % 3) {
-          const std::size_t size = random() % 8 ? 4 * (1 + random() % 16384) : (1 + random() % 6) << 20;
-          auto memory = this->manager->memalloc(size);
-          auto values = this->fill(memory, t * 1000 + step);
-          held.emplace_back(std::move(memory), std::move(values));
-        } else if (!held.empty()) {
-          const std::size_t victim = random() % held.size();
-          if (!this->holds(held[victim].first, held[victim].second)) corrupted.fetch_add(1);
-          held.erase(held.begin() + static_cast<long>(victim));
-        }
+        const std::size_t size = random() % 8 ? 4 * (1 + random() % 16384) : (1 + random() % 6) << 20;
+        corrupted += this->storm_step(held, random, size, t * 1000 + step);
         if (step % 16 == 0) {
           auto pinned = this->manager->memhostalloc(4096 * (1 + random() % 64), false, false, false);
           std::memset(reinterpret_cast<void*>(pinned->host_pointer()), 1, pinned->size());
         }
       }
-      for (auto& [memory, values] : held)
-        if (!this->holds(memory, values)) corrupted.fetch_add(1);
+      corrupted += this->lost_contents(held);
     });
   }
   std::uint64_t released = 0;
