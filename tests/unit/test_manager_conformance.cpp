@@ -594,8 +594,8 @@ TYPED_TEST(Conformance, ResetsInALoopBesideAllocatingThreads) {
   // blocks small and large, pinned and mapped host memory, ranges pinned
   // (each in a buffer of its own, freed with its last pointer: malloc gives
   // its addresses to the next one), managed memory, memory info, an IPC
-  // handle (refused, saying why, where a reset released the block), and
-  // blocks released under defer_cleanup().
+  // handle (refused, saying why, where a reset released the block), blocks
+  // released under defer_cleanup(), and release_unused_memory().
   auto one_request = [&](std::mt19937& random, std::vector<std::shared_ptr<MemoryPointer>>& mine) {
     switch (random() % 16) {
       case 0: {
@@ -631,6 +631,9 @@ TYPED_TEST(Conformance, ResetsInALoopBesideAllocatingThreads) {
       case 8:
       case 9:
         mine.push_back(this->manager->memalloc((1 << 20) + random() % (6 << 20)));
+        break;
+      case 10:
+        release_unused_memory(*this->manager);
         break;
       default:
         mine.push_back(this->manager->memalloc(256 + random() % 8192));
