@@ -13,6 +13,10 @@
 //   - the pinned host pool of either: its cached blocks and registrations;
 //   - Numba's deferred frees (the default manager's, and host memory's under
 //     any manager derived from HostOnlyMemoryManager) run now.
+//
+//   const cuemm::ReleasedMemory released = cuemm::release_unused_memory(context.memory_manager());
+//   // released.device_bytes went back to the driver; cuMemAlloc elsewhere may now have them.
+//
 // Blocks still held are untouched. Under defer_cleanup() nothing is released
 // (the guard's promise), and a manager this does not know (an external
 // plugin) releases nothing: both report zeros.
