@@ -190,8 +190,7 @@ int bench_command(std::vector<std::string> args) {
   }
   const double seconds = seconds_option(args, "--seconds", "0.05");
   const double warm_up = seconds_option(args, "--warm-up", "0.2");
-  const std::size_t repeats = count_option(args, "--repeats", "3");
-  if (repeats == 0) throw InvalidArgument("--repeats must be at least 1 (got 0)");
+  const std::size_t repeats = positive_count_option(args, "--repeats", "3");
   if (!args.empty()) throw InvalidArgument("bench: unexpected argument '" + args[0] + "'");
 
   Context& context = current_context();

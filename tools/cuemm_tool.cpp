@@ -70,6 +70,8 @@ namespace {
 using namespace cuemm;
 using tool::bytes_option;
 using tool::count_option;
+using tool::positive_bytes_option;
+using tool::positive_count_option;
 using tool::option;
 
 struct Operation {
@@ -629,21 +631,19 @@ int run(std::vector<std::string> args) {
       // Each thread its own workload (seeds seed, seed + 1, ...).
       std::vector<std::vector<Operation>> lists;
       if (pattern == "training") {
-        const std::size_t layers = count_option(args, "--layers", std::to_string(workload::kTrainingLayers));
-        const std::size_t steps = count_option(args, "--steps", std::to_string(workload::kTrainingSteps));
+        const std::size_t layers = positive_count_option(args, "--layers", std::to_string(workload::kTrainingLayers));
+        const std::size_t steps = positive_count_option(args, "--steps", std::to_string(workload::kTrainingSteps));
         std::string shapes_name = option(args, "--shapes", "varied");
         if (tool::flag(args, "--same-shapes")) shapes_name = "same";  // (the older spelling)
         const std::optional<workload::TrainingShapes> shapes = training_shapes(shapes_name);
         if (!shapes) throw InvalidArgument("--shapes must be varied, same or per-layer (got '" + shapes_name + "')");
-        if (layers == 0 || steps == 0) throw InvalidArgument("--layers and --steps must be at least 1");
         tool::refuse_leftovers(args, "random");
         for (std::size_t t = 0; t < threads; ++t)
           lists.push_back(device_operations(
               workload::training_operations(layers, steps, seed + static_cast<unsigned>(t), *shapes)));
       } else if (pattern == "temporaries" || pattern == "inference") {
         // (Steps of small blocks and temporaries; requests of 30 layers.)
-        const std::size_t count = count_option(args, "--operations", pattern == "temporaries" ? "10000" : "300");
-        if (count == 0) throw InvalidArgument("--operations must be at least 1");
+        const std::size_t count = positive_count_option(args, "--operations", pattern == "temporaries" ? "10000" : "300");
         tool::refuse_leftovers(args, "random");
         for (std::size_t t = 0; t < threads; ++t) {
           const unsigned thread_seed = seed + static_cast<unsigned>(t);
@@ -651,23 +651,17 @@ int run(std::vector<std::string> args) {
                                                                      : workload::inference_operations(count, thread_seed)));
         }
       } else if (pattern == "queue") {
-        const std::size_t max_size = bytes_option(args, "--max-size", "1M");
-        const std::size_t depth = count_option(args, "--depth", "200");
-        const std::size_t count = count_option(args, "--operations", "20000");
-        if (max_size == 0) throw InvalidArgument("--max-size must be at least 1 byte (got 0)");
-        if (depth == 0) throw InvalidArgument("--depth must be at least 1 (got 0)");
-        if (count == 0) throw InvalidArgument("--operations must be at least 1");
+        const std::size_t max_size = positive_bytes_option(args, "--max-size", "1M");
+        const std::size_t depth = positive_count_option(args, "--depth", "200");
+        const std::size_t count = positive_count_option(args, "--operations", "20000");
         tool::refuse_leftovers(args, "random");
         for (std::size_t t = 0; t < threads; ++t)
           lists.push_back(device_operations(
               workload::queue_operations(max_size, depth, count, seed + static_cast<unsigned>(t))));
       } else if (pattern == "rmm") {
-        const std::size_t max_size = bytes_option(args, "--max-size", "64M");
-        const std::size_t live = bytes_option(args, "--live", "1G");
-        if (max_size == 0) throw InvalidArgument("--max-size must be at least 1 byte (got 0)");
-        if (live == 0) throw InvalidArgument("--live must be at least 1 byte (got 0)");
-        const std::size_t count = count_option(args, "--operations", "100000");
-        if (count == 0) throw InvalidArgument("--operations must be at least 1");
+        const std::size_t max_size = positive_bytes_option(args, "--max-size", "64M");
+        const std::size_t live = positive_bytes_option(args, "--live", "1G");
+        const std::size_t count = positive_count_option(args, "--operations", "100000");
         tool::refuse_leftovers(args, "random");
         // (Under an equal share of the live cap.)
         for (std::size_t t = 0; t < threads; ++t)

@@ -72,6 +72,20 @@ inline std::size_t count_option(std::vector<std::string>& args, const std::strin
   return parse_count(name, option(args, name, fallback));
 }
 
+// The same, where 0 would mean no work at all: an error that names the option.
+inline std::size_t positive_count_option(std::vector<std::string>& args, const std::string& name,
+                                         const std::string& fallback) {
+  const std::size_t count = count_option(args, name, fallback);
+  if (count == 0) throw InvalidArgument(name + " must be at least 1 (got 0)");
+  return count;
+}
+inline std::size_t positive_bytes_option(std::vector<std::string>& args, const std::string& name,
+                                         const std::string& fallback) {
+  const std::size_t bytes = bytes_option(args, name, fallback);
+  if (bytes == 0) throw InvalidArgument(name + " must be at least 1 byte (got 0)");
+  return bytes;
+}
+
 // A time in seconds, above 0 and at most a minute.
 inline double seconds_option(std::vector<std::string>& args, const std::string& name, const std::string& fallback) {
   const std::string text = option(args, name, fallback);
