@@ -314,10 +314,10 @@ class Bridge {
   }
   // `site` names the Python caller for the log and the leak report.
   py::object memalloc_at(std::size_t size, std::string site) {
-    return wrap(call(std::move(site), [&] { return manager_->memalloc(size); }));
+    return wrap(call(site, [&] { return manager_->memalloc(size); }));
   }
   py::object memhostalloc(std::size_t size, bool mapped, bool portable, bool wc, std::string site) {
-    return wrap(call(std::move(site), [&] {
+    return wrap(call(site, [&] {
       return manager_->memhostalloc(size, mapped, portable, wc);
     }));
   }
