@@ -242,11 +242,9 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
   // The pool and the driver's stream-ordered pool count their own reserved
   // bytes, which other processes on the device leave alone; any other
   // manager's are what the device's free memory lost since the start.
-  auto* async_manager = find_adaptor<AsyncMemoryManager>(*manager);
   const MemoryInfo start = driver_memory_info(context);
   auto reserved_now = [&] {
-    if (pool) return pool->statistics().reserved_bytes;
-    if (async_manager) return static_cast<std::size_t>(async_manager->statistics().reserved_bytes);
+    if (const std::optional<std::size_t> pooled = reserved_device_bytes(*manager)) return *pooled;
     const MemoryInfo now = driver_memory_info(context);
     return start.free > now.free ? start.free - now.free : std::size_t{0};
   };

@@ -30,3 +30,4 @@
 #include "cuemm/managers/pinned_host_pool.hpp"
 #include "cuemm/managers/pool_memory_manager.hpp"
 #include "cuemm/managers/release_unused_memory.hpp"
+#include "cuemm/managers/reserved_device_bytes.hpp"

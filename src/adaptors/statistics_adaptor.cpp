@@ -7,8 +7,7 @@
 #include <vector>
 
 #include "cuemm/error.hpp"
-#include "cuemm/managers/async_memory_manager.hpp"
-#include "cuemm/managers/pool_memory_manager.hpp"
+#include "cuemm/managers/reserved_device_bytes.hpp"
 #include "cuemm/threading/blocking_hook.hpp"
 #include "util/atomic_max.hpp"
 #include "util/owned_counter.hpp"
@@ -205,12 +204,9 @@ MemoryStatistics StatisticsAdaptor::statistics() const {
   MemoryStatistics out = counters_->read();
   // Managed memory comes from the driver directly under every manager.
   const std::size_t managed = out.of(MemoryKind::Managed).current_bytes;
-  if (auto* pool = find_adaptor<PoolMemoryManager>(upstream()))
-    out.reserved_bytes = pool->statistics().reserved_bytes + managed;
-  else if (auto* async = find_adaptor<AsyncMemoryManager>(upstream()))
-    out.reserved_bytes = static_cast<std::size_t>(async->statistics().reserved_bytes) + managed;
-  else
-    out.reserved_bytes = out.of(MemoryKind::Device).current_bytes + managed;
+  // Without a pool below, what is reserved is what is in use.
+  out.reserved_bytes =
+      reserved_device_bytes(upstream()).value_or(out.of(MemoryKind::Device).current_bytes) + managed;
   return out;
 }
 

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -80,6 +81,32 @@ TEST_F(Adaptors, StatisticsReserveWhatTheAsyncManagersDriverPoolHolds) {
   const MemoryStatistics trimmed = stats.statistics();
   EXPECT_GE(trimmed.reserved_bytes, 16 * kMiB + kMiB);
   EXPECT_LT(trimmed.reserved_bytes, held.reserved_bytes) << "trimming left the reserved bytes as they were";
+}
+
+// Reports of reserved bytes (the statistics, `cuemm replay`) find the pooling
+// manager under any adaptors; over the default manager there is none to ask.
+TEST_F(Adaptors, ReservedDeviceBytesAreThePoolingManagersUnderAnyAdaptors) {
+  TrackingAdaptor tracked(&context, std::make_unique<LimitingAdaptor>(&context, pool(), std::size_t{1} << 30));
+  tracked.initialize();
+  auto& below = dynamic_cast<PoolMemoryManager&>(dynamic_cast<LimitingAdaptor&>(tracked.upstream()).upstream());
+  auto block = tracked.memalloc(std::size_t{3} << 20);
+  const std::size_t reserved = below.statistics().reserved_bytes;
+  EXPECT_GE(reserved, std::size_t{3} << 20);
+  EXPECT_EQ(reserved_device_bytes(tracked), reserved);
+  EXPECT_EQ(reserved_device_bytes(below), reserved);
+
+  AsyncMemoryManager async(&context);
+  async.initialize();
+  auto ordered = async.memalloc(std::size_t{2} << 20);
+  const std::optional<std::size_t> driver_pool = reserved_device_bytes(async);
+  ASSERT_TRUE(driver_pool.has_value());
+  EXPECT_GE(*driver_pool, std::size_t{2} << 20);
+
+  StatisticsAdaptor over_default(&context, std::make_unique<DefaultMemoryManager>(&context));
+  over_default.initialize();
+  auto plain = over_default.memalloc(4096);
+  EXPECT_FALSE(reserved_device_bytes(over_default).has_value());
+  EXPECT_EQ(over_default.statistics().reserved_bytes, 4096u) << "without a pool, the bytes in use";
 }
 
 TEST_F(Adaptors, StatisticsCountFailuresAndForgetMemoryAResetGaveBack) {
