@@ -783,12 +783,50 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     return std::max({reserved_bytes() / 32, kRotationBudget, kMinimumRotation * segment});
   }
 
+  // Called once every cache was flushed and every free segment given back:
+  // free bytes left in the segments with no block that holds the request
+  // mean fragmentation, and the device's own free memory says whether
+  // others hold the rest.
   OutOfMemory out_of_memory(std::size_t size) const {
-    return OutOfMemory("PoolMemoryManager::allocate", size,
-                       "the pool holds " + describe_bytes(reserved_bytes()) + " in " +
-                           std::to_string(segment_count()) + " segment(s), " +
-                           describe_bytes(in_use_bytes()) + " in use" +
-                           (options.maximum_size ? "; maximum " + describe_bytes(options.maximum_size) : ""));
+    std::string detail = "the pool holds " + describe_bytes(reserved_bytes()) + " in " +
+                         std::to_string(segment_count()) + " segment(s), " + describe_bytes(in_use_bytes()) +
+                         " in use";
+    const FreeSpace free = free_space();
+    if (free.bytes > 0) {
+      detail += ", " + describe_bytes(free.bytes) + " free in " + std::to_string(free.blocks) +
+                " block(s), the largest " + describe_bytes(free.largest);
+    }
+    if (options.maximum_size) detail += "; maximum " + describe_bytes(options.maximum_size);
+    try {
+      const MemoryInfo device = driver_memory_info(*context);
+      detail += "; the device has " + describe_bytes(device.free) + " free of " + describe_bytes(device.total);
+    } catch (...) {
+      // (A failing query must not replace the error it would explain.)
+    }
+    return OutOfMemory("PoolMemoryManager::allocate", size, detail);
+  }
+
+  // The free space inside the pool's segments: blocks of the shared and
+  // small segments and of split spares, and spare segments of their own.
+  // None for the expandable arena, whose free blocks may lie over pages
+  // given back: it maps what a block needs, and unmaps free pages first.
+  struct FreeSpace {
+    std::size_t bytes = 0;
+    std::size_t blocks = 0;
+    std::size_t largest = 0;
+  };
+  FreeSpace free_space() const noexcept {
+    FreeSpace free;
+    if (options.expandable) return free;
+    for (const detail::TlsfBlockAllocator* index : {&blocks, &small_blocks, &recurring}) {
+      free.bytes += index->free_bytes();
+      free.blocks += index->free_blocks();
+      free.largest = std::max(free.largest, index->largest_free_block());
+    }
+    free.bytes += dedicated.spare_bytes();
+    free.blocks += dedicated.spare_count();
+    free.largest = std::max(free.largest, dedicated.largest_spare());
+    return free;
   }
 
   // Bytes in blocks handed out.

@@ -124,6 +124,29 @@ TEST_F(Pool, TheMaximumSizeIsAnOutOfMemoryNamingIt) {
   EXPECT_NO_THROW(pool.memalloc(40 << 20)) << "the freed block did not come back";
 }
 
+// Out of memory with free bytes in the pool says how they lie: a request
+// larger than every hole is fragmentation, not a full device.
+TEST_F(Pool, OutOfMemoryAtTheMaximumSaysWhereThePoolsFreeBytesLie) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  PoolOptions options;
+  options.maximum_size = 16 * kMiB;
+  options.thread_cache_size = 0;                      // frees go back to the index at once
+  options.dedicated_size = std::size_t{1} << 40;      // every block in the shared segments
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  std::vector<std::shared_ptr<MemoryPointer>> blocks;
+  for (int i = 0; i < 8; ++i) blocks.push_back(pool.memalloc(2 * kMiB));
+  ASSERT_EQ(pool.statistics().reserved_bytes, 16 * kMiB);
+  for (int i = 0; i < 8; i += 2) blocks[i].reset();  // four 2 MiB holes between held blocks
+  const auto error = caught<OutOfMemory>([&] { pool.memalloc(4 * kMiB); });
+  ASSERT_TRUE(error) << "a 4 MiB block fit in 2 MiB holes";
+  const std::string what = error->what();
+  for (const char* part : {"8.00 MiB (8388608 bytes) in use", "8.00 MiB (8388608 bytes) free in 4 block(s)",
+                           "the largest 2.00 MiB", "maximum 16.00 MiB", "the device has "})
+    EXPECT_NE(what.find(part), std::string::npos) << "no '" << part << "' in: " << what;
+  EXPECT_NO_THROW(pool.memalloc(2 * kMiB)) << "a hole did not serve its size after the failure";
+}
+
 // Through every interface and in either layout, with segments of their own
 // for large blocks or every block in the shared segments (or the arena),
 // sizes whose rounding would wrap past 2^64 are out of memory that names

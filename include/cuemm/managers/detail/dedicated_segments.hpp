@@ -91,6 +91,7 @@ class DedicatedSegments {
   std::size_t spare_bytes() const noexcept { return spare_bytes_; }
   std::size_t count() const noexcept { return sizes_.size(); }
   std::size_t spare_count() const noexcept { return spares_.size(); }
+  std::size_t largest_spare() const noexcept { return spares_.empty() ? 0 : spares_.rbegin()->first; }
 
  private:
   std::unordered_map<std::uintptr_t, std::size_t> sizes_;  // every segment: base -> size
