@@ -166,17 +166,47 @@ void AsyncMemoryManager::on_reset() {
 // allocating threads). The cost, one atomic update a request and a release,
 // is small beside the driver's call.
 
+namespace {
+// The driver's own error says only that it ran out: what its pool holds and
+// has in use, and what the device has free, tell a pool that keeps freed
+// memory (trim() gives it back) from a device that others filled. Queries
+// that fail leave their figures out rather than replace the error.
+OutOfMemory out_of_memory(std::size_t size, cuda::CUmemoryPool pool, Context& context) {
+  std::string detail;
+  std::uint64_t reserved = 0, used = 0;
+  const auto& api = driver::Driver::get().api();
+  if (api.cuMemPoolGetAttribute &&
+      api.cuMemPoolGetAttribute(pool, cuda::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) == cuda::CUDA_SUCCESS &&
+      api.cuMemPoolGetAttribute(pool, cuda::CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) == cuda::CUDA_SUCCESS) {
+    detail = "the stream-ordered pool holds " + describe_bytes(reserved) + ", " + describe_bytes(used) + " in use";
+  }
+  try {
+    const MemoryInfo device = driver_memory_info(context);
+    detail += (detail.empty() ? "" : "; ") + std::string("the device has ") + describe_bytes(device.free) +
+              " free of " + describe_bytes(device.total);
+  } catch (...) {
+  }
+  return OutOfMemory("cuMemAllocFromPoolAsync", size, detail);
+}
+}  // namespace
+
 std::shared_ptr<MemoryPointer> AsyncMemoryManager::memalloc(std::size_t size) {
   require_allocation_size(size, "memalloc");
   Context* ctx = &context();
   ScopedContext scope(*ctx);
   std::shared_lock use(blocks_->pool_use);  // (until the block is recorded)
   const cuda::CUmemoryPool pool = this->pool();
-  const cuda::CUdeviceptr pointer = with_flush_and_retry([&] {
-    cuda::CUdeviceptr allocated = 0;
-    CUEMM_CU_ALLOC(size, cuMemAllocFromPoolAsync, &allocated, size, pool, cuda::CU_STREAM_LEGACY);
-    return allocated;
-  });
+  const cuda::CUdeviceptr pointer = [&] {
+    try {
+      return with_flush_and_retry([&] {
+        cuda::CUdeviceptr allocated = 0;
+        CUEMM_CU_ALLOC(size, cuMemAllocFromPoolAsync, &allocated, size, pool, cuda::CU_STREAM_LEGACY);
+        return allocated;
+      });
+    } catch (const OutOfMemory&) {
+      throw out_of_memory(size, pool, *ctx);
+    }
+  }();
   Blocks* blocks = blocks_.get();
   std::shared_ptr<MemoryPointer> memory;
   try {

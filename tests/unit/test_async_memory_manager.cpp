@@ -39,6 +39,21 @@ TEST_F(Async, AllocatesFromItsOwnPool) {
   EXPECT_EQ(manager.statistics().used_bytes, 0u);
 }
 
+// The driver says only that it ran out; the error says what the manager's
+// pool holds and has in use, and what the device has free.
+TEST_F(Async, OutOfMemorySaysWhatItsPoolHoldsAndWhatTheDeviceHasFree) {
+  AsyncMemoryManager manager(&context);
+  manager.initialize();
+  auto held = manager.memalloc(std::size_t{3} << 20);
+  const std::size_t too_much = context.get_memory_info().total + (std::size_t{1} << 30);
+  const AsyncStatistics before = manager.statistics();  // (the driver's pool may round what it counts)
+  ASSERT_GE(before.used_bytes, std::size_t{3} << 20);
+  EXPECT_TRUE(throws<OutOfMemory>([&] { manager.memalloc(too_much); }, "cuMemAllocFromPoolAsync",
+                                  describe_bytes(too_much), "the stream-ordered pool holds ",
+                                  describe_bytes(before.used_bytes) + " in use", "the device has "));
+  EXPECT_NO_THROW(manager.memalloc(std::size_t{1} << 20)) << "the manager did not recover";
+}
+
 TEST_F(Async, AFreedBlockIsNotReusedWhileQueuedWorkMayStillWriteIt) {
   AsyncMemoryManager manager(&context);
   manager.initialize();
