@@ -180,12 +180,8 @@ OutOfMemory out_of_memory(std::size_t size, cuda::CUmemoryPool pool, Context& co
       api.cuMemPoolGetAttribute(pool, cuda::CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) == cuda::CUDA_SUCCESS) {
     detail = "the stream-ordered pool holds " + describe_bytes(reserved) + ", " + describe_bytes(used) + " in use";
   }
-  try {
-    const MemoryInfo device = driver_memory_info(context);
-    detail += (detail.empty() ? "" : "; ") + std::string("the device has ") + describe_bytes(device.free) +
-              " free of " + describe_bytes(device.total);
-  } catch (...) {
-  }
+  if (std::string device = describe_device_memory(context); !device.empty())
+    detail += (detail.empty() ? "" : "; ") + device;
   return OutOfMemory("cuMemAllocFromPoolAsync", size, detail);
 }
 }  // namespace

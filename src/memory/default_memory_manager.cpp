@@ -13,11 +13,17 @@ std::shared_ptr<MemoryPointer> DefaultMemoryManager::memalloc(std::size_t size) 
   require_allocation_size(size, "memalloc");
   Context& ctx = context();
   ScopedContext scope(ctx);
-  const cuda::CUdeviceptr pointer = with_flush_and_retry([&] {
-    cuda::CUdeviceptr allocated = 0;
-    CUEMM_CU_ALLOC(size, cuMemAlloc, &allocated, size);
-    return allocated;
-  });
+  const cuda::CUdeviceptr pointer = [&] {
+    try {
+      return with_flush_and_retry([&] {
+        cuda::CUdeviceptr allocated = 0;
+        CUEMM_CU_ALLOC(size, cuMemAlloc, &allocated, size);
+        return allocated;
+      });
+    } catch (const OutOfMemory&) {
+      throw OutOfMemory("cuMemAlloc", size, describe_device_memory(ctx));
+    }
+  }();
   Finalizer finalizer = track(pointer, size, [pointer] { CUEMM_CU(cuMemFree, pointer); });
   auto memory = std::make_shared<MemoryPointer>(&ctx, pointer, size, nullptr, std::move(finalizer));
   adopt(pointer, memory);
@@ -35,6 +41,15 @@ MemoryInfo driver_memory_info(Context& context) {
   MemoryInfo info;
   CUEMM_CU(cuMemGetInfo, &info.free, &info.total);
   return info;
+}
+
+std::string describe_device_memory(Context& context) noexcept {
+  try {
+    const MemoryInfo device = driver_memory_info(context);
+    return "the device has " + describe_bytes(device.free) + " free of " + describe_bytes(device.total);
+  } catch (...) {
+    return {};
+  }
 }
 
 MemoryInfo within_cap(MemoryInfo info, std::size_t cap, std::size_t left) {

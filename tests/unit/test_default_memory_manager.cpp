@@ -91,7 +91,7 @@ TEST_F(DefaultManager, OutOfMemoryFlushesPendingFreesAndRetriesOnce) {
   EXPECT_EQ(frees(), before + 3) << "the pending frees were not flushed before the retry";
 }
 
-TEST_F(DefaultManager, OutOfMemoryWithNothingToFlushNamesTheRequest) {
+TEST_F(DefaultManager, OutOfMemoryWithNothingToFlushNamesTheRequestAndTheDevicesFreeMemory) {
   const std::size_t live = manager->live_allocations();
   const std::size_t huge = std::size_t{1} << 50;  // 1 PiB: more than any device
   const auto error = caught<OutOfMemory>([&] { context.memalloc(huge); });
@@ -100,6 +100,7 @@ TEST_F(DefaultManager, OutOfMemoryWithNothingToFlushNamesTheRequest) {
   EXPECT_EQ(message.rfind("[CUDA_ERROR_OUT_OF_MEMORY] Call to cuMemAlloc results in CUDA_ERROR_OUT_OF_MEMORY", 0), 0u)
       << message;
   EXPECT_NE(message.find("1125899906842624 bytes"), std::string::npos) << message;
+  EXPECT_NE(message.find("the device has "), std::string::npos) << "not what the device has free: " << message;
   EXPECT_EQ(error->code(), cuda::CUDA_ERROR_OUT_OF_MEMORY);
   EXPECT_EQ(error->requested(), huge);
   EXPECT_EQ(manager->live_allocations(), live);

@@ -9,6 +9,8 @@
 // even on out-of-memory (as in Numba).
 #pragma once
 
+#include <string>
+
 #include "cuemm/memory/host_only_memory_manager.hpp"
 
 namespace cuemm {
@@ -35,6 +37,10 @@ cuda::CUdeviceptr allocation_base_to_export(Context& context, const std::shared_
 
 // The driver's free and total device memory, as seen from `context`.
 MemoryInfo driver_memory_info(Context& context);
+// "the device has 1.00 GiB (...) free of 80.00 GiB (...)", for out-of-memory
+// errors: whether others hold the memory. Empty where the query fails, which
+// must not replace the error it would explain.
+std::string describe_device_memory(Context& context) noexcept;
 // `info` as a manager held to `cap` bytes reports it, `left` of them still to
 // be had (programs size their work by it): total at most the cap, free at
 // most what is left.

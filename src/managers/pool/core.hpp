@@ -797,12 +797,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
                 " block(s), the largest " + describe_bytes(free.largest);
     }
     if (options.maximum_size) detail += "; maximum " + describe_bytes(options.maximum_size);
-    try {
-      const MemoryInfo device = driver_memory_info(*context);
-      detail += "; the device has " + describe_bytes(device.free) + " free of " + describe_bytes(device.total);
-    } catch (...) {
-      // (A failing query must not replace the error it would explain.)
-    }
+    if (std::string device = describe_device_memory(*context); !device.empty()) detail += "; " + device;
     return OutOfMemory("PoolMemoryManager::allocate", size, detail);
   }
 
