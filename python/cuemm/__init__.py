@@ -107,6 +107,15 @@ def release_unused_memory(device=None):
     return _bridge_for(device).release_unused_memory()
 
 
+def segments(device=None):
+    """The pool manager's segments on `device`, by address: dicts of kind ("shared",
+    "small", "own", "split spares" or "arena"), address, size, mapped_bytes, free_bytes,
+    free_blocks and largest_free_block. Where free bytes lie in many small blocks, a
+    request larger than each fails though the total would hold it (fragmentation).
+    Blocks kept by threads' caches or waiting for the GPU count as held."""
+    return _bridge_for(device).segments()
+
+
 def on_out_of_memory(handler):
     """Sets the function cuemm calls when an allocation runs out of memory (on any
     device), and returns the one it replaces (None: none). handler(size, attempt) may

@@ -449,6 +449,32 @@ class Bridge {
     return out;
   }
 
+  // The pool's segments by address, as dicts (PoolMemoryManager::segments()).
+  py::list segments() const {
+    auto* pool = find_adaptor<PoolMemoryManager>(*manager_);
+    if (!pool) {
+      throw py::value_error("cuemm.segments() lists the pool manager's segments; this device's manager is '" + name_ +
+                            "' (CUEMM_MEMORY_MANAGER=pool)");
+    }
+    const std::vector<PoolSegment> segments = [&] {
+      py::gil_scoped_release unlocked;  // takes the pool's lock
+      return pool->segments();
+    }();
+    py::list out;
+    for (const PoolSegment& segment : segments) {
+      py::dict entry;
+      entry["kind"] = to_string(segment.kind);
+      entry["address"] = segment.address;
+      entry["size"] = segment.size;
+      entry["mapped_bytes"] = segment.mapped_bytes;
+      entry["free_bytes"] = segment.free_bytes;
+      entry["free_blocks"] = segment.free_blocks;
+      entry["largest_free_block"] = segment.largest_free_block;
+      out.append(entry);
+    }
+    return out;
+  }
+
   bool logging() const noexcept { return find_adaptor<LoggingAdaptor>(*manager_) != nullptr; }
   // Whether an adaptor keeps call sites: a log, or tracking's leak report.
   bool wants_call_sites() const noexcept { return logging() || find_adaptor<TrackingAdaptor>(*manager_) != nullptr; }
@@ -938,6 +964,7 @@ PYBIND11_MODULE(_core, module) {
       .def("defer_cleanup", &Bridge::defer_cleanup)
       .def("statistics", &Bridge::statistics)
       .def("release_unused_memory", &Bridge::release_unused_memory)
+      .def("segments", &Bridge::segments)
       .def_property_readonly("logging", &Bridge::logging)
       .def_property_readonly("wants_call_sites", &Bridge::wants_call_sites)
       .def("outstanding", &Bridge::outstanding)

@@ -298,6 +298,22 @@ std::vector<TlsfBlockAllocator::Region> TlsfBlockAllocator::take_all_regions() {
   return taken;
 }
 
+std::vector<TlsfBlockAllocator::RegionUse> TlsfBlockAllocator::region_use() const {
+  std::vector<RegionUse> uses;
+  uses.reserve(regions_.size());
+  for (const Bounds& bounds : regions_) {
+    RegionUse use{bounds.first->address, bounds.sentinel->address - bounds.first->address, 0, 0, 0};
+    for (const Block* block = bounds.first; block != bounds.sentinel; block = block->next_in_memory) {
+      if (!block->free) continue;
+      use.free_bytes += block->size;
+      ++use.free_blocks;
+      use.largest_free_block = std::max(use.largest_free_block, block->size);
+    }
+    uses.push_back(use);
+  }
+  return uses;
+}
+
 std::size_t TlsfBlockAllocator::largest_free_block() const {
   if (!first_level_bitmap_) return 0;
   const int first = 63 - std::countl_zero(first_level_bitmap_);

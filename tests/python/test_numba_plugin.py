@@ -669,6 +669,37 @@ def test_release_unused_memory_gives_back_what_no_array_holds(run_python, manage
     """.replace("MANAGER", repr(manager)), CUEMM_MEMORY_MANAGER=manager, **PLUGIN)
 
 
+def test_segments_show_where_the_pools_free_bytes_lie(run_python):
+    run_python("""
+        from numba import cuda
+        import cuemm
+        held = [cuda.device_array(3 << 20, dtype="u1") for _ in range(6)]
+        del held[1::2]  # 3 MiB holes between held arrays,
+        cuda.current_context().deallocations.clear()  # once Numba's deferred frees have run
+        segments = cuemm.segments()
+        assert segments and [s["address"] for s in segments] == sorted(s["address"] for s in segments)
+        assert set(segments[0]) == {"kind", "address", "size", "mapped_bytes", "free_bytes", "free_blocks",
+                                    "largest_free_block"}, segments[0]
+        pool = cuemm.statistics()["pool"]
+        assert sum(s["size"] for s in segments) == pool["reserved_bytes"], (segments, pool)
+        assert sum(s["free_bytes"] for s in segments) == (pool["reserved_bytes"] - pool["in_use_bytes"]
+                                                          - pool["quarantined_bytes"] - pool["cached_bytes"])
+        assert max(s["largest_free_block"] for s in segments) >= 3 << 20, segments
+        assert sum(s["free_blocks"] for s in segments) >= 2, segments
+    """, CUEMM_MEMORY_MANAGER="pool", CUEMM_POOL_THREAD_CACHE_SIZE="0", **PLUGIN)
+    run_python("""
+        from numba import cuda
+        import cuemm
+        cuda.device_array(10, dtype="u1")
+        try:
+            cuemm.segments()
+        except ValueError as error:
+            assert "pool manager" in str(error) and "'async'" in str(error), error
+        else:
+            raise AssertionError("segments() of the async manager")
+    """, CUEMM_MEMORY_MANAGER="async", **PLUGIN)
+
+
 def test_an_out_of_memory_handler_frees_memory_elsewhere_and_numba_retries(run_python):
     run_python("""
         import gc

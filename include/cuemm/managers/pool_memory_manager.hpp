@@ -268,6 +268,30 @@ struct PoolStatistics {
   std::size_t rejected_frees = 0;
 };
 
+// One of the pool's driver allocations, as PoolMemoryManager::segments()
+// lists them: where the pool's free bytes lie, which its totals do not say.
+// Free means free in the pool's index; blocks that threads' caches keep or
+// that wait for the GPU (PoolStatistics::cached_bytes, quarantined_bytes)
+// count as held.
+struct PoolSegment {
+  enum class Kind {
+    shared,        // the shared segments of blocks above the small classes
+    small,         // small blocks apart (Note [Small blocks apart]); those carved
+                   // from the initial segment lie inside it, which counts them held
+    own,           // a large block's segment of its own, in use or spare (Note [Dedicated segments])
+    split_spares,  // spares split for recurring sizes (PoolOptions::split_spares)
+    arena,         // the expandable pool's one range (PoolOptions::expandable)
+  };
+  Kind kind = Kind::shared;
+  std::uintptr_t address = 0;
+  std::size_t size = 0;          // its addresses
+  std::size_t mapped_bytes = 0;  // device memory under them: less than size only in the arena
+  std::size_t free_bytes = 0;
+  std::size_t free_blocks = 0;
+  std::size_t largest_free_block = 0;
+};
+const char* to_string(PoolSegment::Kind kind) noexcept;
+
 class PoolMemoryManager : public HostOnlyMemoryManager, public RawDeviceAllocator {
  public:
   // Blocks are multiples of this (and the returned pointers aligned to it).
@@ -307,6 +331,11 @@ class PoolMemoryManager : public HostOnlyMemoryManager, public RawDeviceAllocato
   // completed epochs); returns the bytes released.
   std::size_t trim();
   PoolStatistics statistics() const;
+  // Every segment, by address, with its free space: what a fragmented pool
+  // looks like (`cuemm replay --segments`, Python's cuemm.segments()). Walks
+  // every block under the pool's lock, which requests then wait for: a
+  // diagnostic, not for a program's hot path.
+  std::vector<PoolSegment> segments() const;
   const PoolOptions& options() const noexcept { return options_; }
 
   struct Core;  // implementation: the state the pointers' finalizers reach; see src/managers/pool/core.hpp

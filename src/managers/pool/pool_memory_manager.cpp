@@ -416,4 +416,39 @@ PoolStatistics PoolMemoryManager::statistics() const {
   return statistics;
 }
 
+const char* to_string(PoolSegment::Kind kind) noexcept {
+  switch (kind) {
+    case PoolSegment::Kind::shared: return "shared";
+    case PoolSegment::Kind::small: return "small";
+    case PoolSegment::Kind::own: return "own";
+    case PoolSegment::Kind::split_spares: return "split spares";
+    case PoolSegment::Kind::arena: return "arena";
+  }
+  return "?";
+}
+
+std::vector<PoolSegment> PoolMemoryManager::segments() const {
+  const Core& core = this->core();
+  std::lock_guard lock(core.mutex);
+  std::vector<PoolSegment> segments;
+  auto add_regions = [&](const detail::TlsfBlockAllocator& index, PoolSegment::Kind kind) {
+    for (const auto& region : index.region_use()) {
+      const std::size_t mapped =
+          kind == PoolSegment::Kind::arena ? std::min(core.arena->mapped_bytes(), region.size) : region.size;
+      segments.push_back(PoolSegment{kind, region.base, region.size, mapped, region.free_bytes, region.free_blocks,
+                                     region.largest_free_block});
+    }
+  };
+  add_regions(core.blocks, core.arena ? PoolSegment::Kind::arena : PoolSegment::Kind::shared);
+  add_regions(core.small_blocks, PoolSegment::Kind::small);
+  add_regions(core.recurring, PoolSegment::Kind::split_spares);
+  core.dedicated.for_each([&](std::uintptr_t base, std::size_t size, bool spare) {
+    segments.push_back(PoolSegment{PoolSegment::Kind::own, base, size, size, spare ? size : 0, spare ? 1u : 0u,
+                                   spare ? size : 0});
+  });
+  std::sort(segments.begin(), segments.end(),
+            [](const PoolSegment& a, const PoolSegment& b) { return a.address < b.address; });
+  return segments;
+}
+
 }  // namespace cuemm

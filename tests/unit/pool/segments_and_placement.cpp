@@ -126,3 +126,78 @@ TEST_F(Pool, AtItsPeakASmallBlockTakesAHoleThatLargerRequestsDoNotFit) {
   EXPECT_EQ(again->device_pointer(), hole);
   EXPECT_EQ(pool.statistics().driver_allocations, 3u);
 }
+
+// segments() lists each driver allocation once, by address, with the free
+// space its index holds: together they make up what the pool reserves, and
+// their free bytes are what it holds but neither hands out nor keeps aside.
+TEST_F(Pool, SegmentsListWhereTheReservedBytesAndTheFreeOnesLie) {
+  constexpr std::size_t kKiB = 1024, kMiB = kKiB * kKiB;
+  PoolOptions options;
+  options.thread_cache_size = 0;  // frees go back to the index (once the GPU is done)
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  std::vector<std::shared_ptr<MemoryPointer>> small, shared, own;
+  for (int i = 0; i < 4; ++i) small.push_back(pool.memalloc(64 * kKiB));
+  for (int i = 0; i < 4; ++i) shared.push_back(pool.memalloc(2 * kMiB + 512 * kKiB));
+  for (int i = 0; i < 2; ++i) own.push_back(pool.memalloc(8 * kMiB));
+  shared[1].reset();  // a hole between held blocks
+  own[0].reset();     // a spare segment
+  small[2].reset();
+
+  const std::vector<PoolSegment> segments = pool.segments();
+  const PoolStatistics statistics = pool.statistics();
+  ASSERT_EQ(segments.size(), statistics.segments);
+  std::size_t reserved = 0, free = 0, free_blocks = 0, spares = 0;
+  std::set<PoolSegment::Kind> kinds;
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    const PoolSegment& segment = segments[i];
+    SCOPED_TRACE(std::string(to_string(segment.kind)) + " segment " + std::to_string(i));
+    if (i > 0) {
+      EXPECT_GE(segment.address, segments[i - 1].address + segments[i - 1].size) << "overlaps the one before";
+    }
+    EXPECT_EQ(segment.mapped_bytes, segment.size);
+    EXPECT_LE(segment.free_bytes, segment.size);
+    EXPECT_LE(segment.largest_free_block, segment.free_bytes);
+    EXPECT_EQ(segment.free_blocks > 0, segment.free_bytes > 0);
+    if (segment.kind == PoolSegment::Kind::own && segment.free_bytes) {
+      EXPECT_EQ(segment.free_bytes, segment.size) << "a spare is free as a whole";
+      ++spares;
+    }
+    kinds.insert(segment.kind);
+    reserved += segment.size;
+    free += segment.free_bytes;
+    free_blocks += segment.free_blocks;
+  }
+  EXPECT_EQ(kinds, (std::set<PoolSegment::Kind>{PoolSegment::Kind::small, PoolSegment::Kind::shared,
+                                                 PoolSegment::Kind::own}));
+  EXPECT_EQ(spares, 1u);
+  EXPECT_EQ(reserved, statistics.reserved_bytes);
+  EXPECT_EQ(free_blocks, statistics.free_blocks);
+  EXPECT_EQ(free + statistics.in_use_bytes + statistics.quarantined_bytes + statistics.cached_bytes,
+            statistics.reserved_bytes)
+      << "free " << free << ", in use " << statistics.in_use_bytes << ", waiting " << statistics.quarantined_bytes;
+  const auto shared_hole = std::find_if(segments.begin(), segments.end(), [&](const PoolSegment& segment) {
+    return segment.kind == PoolSegment::Kind::shared && segment.largest_free_block >= 2 * kMiB + 512 * kKiB;
+  });
+  EXPECT_NE(shared_hole, segments.end()) << "the freed block's hole is not in a shared segment";
+}
+
+// In the expandable pool, one range whose free pages may be unmapped: its
+// mapped bytes are what it reserves.
+TEST_F(Pool, AnExpandablePoolsSegmentIsItsRangeWithTheBytesMappedUnderIt) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  PoolMemoryManager pool(&context, arena_only());
+  pool.initialize();
+  auto a = pool.memalloc(6 * kMiB);
+  auto b = pool.memalloc(6 * kMiB);
+  auto c = pool.memalloc(6 * kMiB);
+  b.reset();
+  pool.trim();  // unmaps the free pages between a and c
+  const std::vector<PoolSegment> segments = pool.segments();
+  ASSERT_EQ(segments.size(), 1u);
+  EXPECT_EQ(segments[0].kind, PoolSegment::Kind::arena);
+  EXPECT_EQ(segments[0].mapped_bytes, pool.statistics().reserved_bytes);
+  EXPECT_LT(segments[0].mapped_bytes, segments[0].size) << "the unmapped pages under b's hole still count";
+  EXPECT_GE(segments[0].free_bytes, 6 * kMiB);
+  EXPECT_EQ(std::string(to_string(segments[0].kind)), "arena");
+}

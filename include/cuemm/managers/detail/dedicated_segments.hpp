@@ -39,6 +39,7 @@
 #include <map>
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace cuemm::detail {
@@ -91,6 +92,13 @@ class DedicatedSegments {
   std::size_t spare_bytes() const noexcept { return spare_bytes_; }
   std::size_t count() const noexcept { return sizes_.size(); }
   std::size_t spare_count() const noexcept { return spares_.size(); }
+  // Calls visit(base, size, spare) for every segment, in no order.
+  template <class Visit>
+  void for_each(Visit visit) const {
+    std::unordered_set<std::uintptr_t> spare;
+    for (const auto& entry : spares_) spare.insert(entry.second);
+    for (const auto& [base, size] : sizes_) visit(base, size, spare.count(base) > 0);
+  }
   std::size_t largest_spare() const noexcept { return spares_.empty() ? 0 : spares_.rbegin()->first; }
 
  private:

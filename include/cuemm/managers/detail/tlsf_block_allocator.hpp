@@ -111,6 +111,16 @@ class TlsfBlockAllocator {
   std::size_t free_blocks() const noexcept { return free_count_; }
   std::size_t region_count() const noexcept { return regions_.size(); }
   std::size_t largest_free_block() const;
+  // Each region's free space, found by walking all of its blocks: O(blocks),
+  // for diagnostics (PoolMemoryManager::segments()), not for allocation.
+  struct RegionUse {
+    std::uintptr_t base;
+    std::size_t size;
+    std::size_t free_bytes;
+    std::size_t free_blocks;
+    std::size_t largest_free_block;
+  };
+  std::vector<RegionUse> region_use() const;
   // Calls visit(address, size) for each free block of at least `at_least`
   // bytes, larger lists first, until it returns false. Only the lists that
   // may hold such blocks are walked. visit() must not change the allocator.
