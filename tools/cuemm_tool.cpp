@@ -29,6 +29,9 @@
 //   with threads, from whichever thread saw it, all threads' bytes; with
 //   --stream-ordered, the pool's device blocks through allocate(size, stream)
 //   on each thread's per-thread stream, as RMM and PyTorch call it)
+//   (either with --segments: the pool's segments when it reached its peak,
+//   by kind, and those with the most free bytes: where the peak's free
+//   space lay; every pattern takes --trace-growth and --segments)
 //   (either with --compare: every bundled manager and the pool's options that
 //   trade time for memory, one after another, as one table)
 //   cuemm plot LOG.csv OUT.svg               live memory over time, as SVG
@@ -143,6 +146,12 @@ struct ReplayReport {
   std::size_t best_fit_live = 0, best_fit_reserved = 0;
   std::string adaptors;                // the CUEMM_ADAPTORS the manager ran under ("" for none)
   bool stream_ordered = false;         // through allocate(size, stream)
+  // With --segments: the pool's segments when it first reserved its peak.
+  struct PeakSegments {
+    std::size_t operation = 0, reserved = 0, live = 0;
+    std::vector<PoolSegment> segments;
+  };
+  std::optional<PeakSegments> peak_segments;
 };
 
 // `--manager best-fit`: not a manager, the footprint of an ideal best fit
@@ -221,6 +230,7 @@ void trace_growth(std::size_t operation, std::size_t request, std::size_t live_b
 struct ReplayOptions {
   bool trace_growth = false;
   bool stream_ordered = false;
+  bool segments = false;  // the pool's segments at its peak (--segments)
   // Makes the manager (--compare's candidates); else the manager is the bundled one or plugin library named.
   std::function<std::unique_ptr<BaseMemoryManager>(Context*)> make;
 };
@@ -239,6 +249,8 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
   if (options.stream_ordered && !pool)
     throw InvalidArgument("--stream-ordered replays through the pool's allocate(size, stream), which manager '" +
                           manager_name + "' does not have");
+  if (options.segments && !pool)
+    throw InvalidArgument("--segments lists the pool's segments, which manager '" + manager_name + "' does not have");
   // The pool and the driver's stream-ordered pool count their own reserved
   // bytes, which other processes on the device leave alone; any other
   // manager's are what the device's free memory lost since the start.
@@ -249,6 +261,8 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
     return start.free > now.free ? start.free - now.free : std::size_t{0};
   };
   std::atomic<std::size_t> live_bytes{0}, peak_live{0}, peak_reserved{0}, failed{0}, done{0};
+  std::mutex peak_segments_mutex;
+  std::optional<ReplayReport::PeakSegments> peak_segments;  // with options.segments
   std::vector<double> sampling(lists.size());  // each list's untimed seconds: sampling, and its final frees
   // The order in which the device operations changed the live bytes (a
   // ticket each), in which the best fit's reference then runs them: the
@@ -317,6 +331,12 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
       const std::size_t reserved = reserved_now();
       if (options.trace_growth && pool && reserved > peak_reserved.load())
         trace_growth(operations, operation.allocate ? operation.size : 0, now, pool->statistics());
+      if (options.segments && pool && reserved > peak_reserved.load()) {
+        std::vector<PoolSegment> segments = pool->segments();
+        std::lock_guard lock(peak_segments_mutex);  // (threads: the largest wins)
+        if (!peak_segments || reserved > peak_segments->reserved)
+          peak_segments = ReplayReport::PeakSegments{operations, reserved, now, std::move(segments)};
+      }
       util::raise_to(peak_reserved, reserved);
       sampling[index] += std::chrono::duration<double>(std::chrono::steady_clock::now() - paused).count();
     }
@@ -364,7 +384,57 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
   report.best_fit_reserved = best_fit.peak_reserved;
   report.adaptors = adaptors;
   report.stream_ordered = options.stream_ordered;
+  report.peak_segments = std::move(peak_segments);
   return report;
+}
+
+// --segments: where the pool's bytes lay when it reached its peak, by kind
+// of segment, then the segments with the most free bytes (the holes that
+// requests did not fit).
+void print_peak_segments(const ReplayReport::PeakSegments& peak, const std::string& prefix) {
+  constexpr std::size_t kMostFree = 16;
+  // "5.12 MiB": describe_bytes() without its exact count, for a table.
+  auto bytes = [](std::size_t count) {
+    const std::string described = describe_bytes(count);
+    return described.substr(0, described.find(" ("));
+  };
+  // (The arena's free blocks may lie over pages given back: its addresses and its memory apart.)
+  auto extent = [&](const PoolSegment& segment) {
+    return segment.mapped_bytes == segment.size
+               ? bytes(segment.size)
+               : bytes(segment.size) + " of addresses, " + bytes(segment.mapped_bytes) + " mapped";
+  };
+  std::printf("%ssegments at the peak (after operation %zu): reserved %s, live %s\n", prefix.c_str(), peak.operation,
+              describe_bytes(peak.reserved).c_str(), describe_bytes(peak.live).c_str());
+  std::map<std::string, PoolSegment> kinds;  // totals by kind, in PoolSegment's fields (largest: the largest hole)
+  std::map<std::string, std::size_t> counts;
+  for (const PoolSegment& segment : peak.segments) {
+    PoolSegment& total = kinds[to_string(segment.kind)];
+    ++counts[to_string(segment.kind)];
+    total.size += segment.size;
+    total.mapped_bytes += segment.mapped_bytes;
+    total.free_bytes += segment.free_bytes;
+    total.free_blocks += segment.free_blocks;
+    total.largest_free_block = std::max(total.largest_free_block, segment.largest_free_block);
+  }
+  for (const auto& [kind, total] : kinds) {
+    std::printf("%s  %-12s %5zu segment(s) of %s, free %s in %zu block(s), the largest %s\n", prefix.c_str(),
+                kind.c_str(), counts[kind], extent(total).c_str(), bytes(total.free_bytes).c_str(),
+                total.free_blocks, bytes(total.largest_free_block).c_str());
+  }
+  std::vector<PoolSegment> most_free;
+  for (const PoolSegment& segment : peak.segments)
+    if (segment.free_bytes > 0) most_free.push_back(segment);
+  std::sort(most_free.begin(), most_free.end(),
+            [](const PoolSegment& a, const PoolSegment& b) { return a.free_bytes > b.free_bytes; });
+  if (most_free.size() > kMostFree) most_free.resize(kMostFree);
+  if (!most_free.empty()) std::printf("%s  the segments with the most free bytes:\n", prefix.c_str());
+  for (const PoolSegment& segment : most_free) {
+    std::printf("%s    0x%llx %s of %s: free %s in %zu block(s), the largest %s\n", prefix.c_str(),
+                static_cast<unsigned long long>(segment.address), to_string(segment.kind),
+                extent(segment).c_str(), bytes(segment.free_bytes).c_str(), segment.free_blocks,
+                bytes(segment.largest_free_block).c_str());
+  }
 }
 
 // `prefix` begins each line (which device, for a log of several).
@@ -401,6 +471,7 @@ void print(const ReplayReport& report, const std::string& name, const std::strin
                 "(--manager best-fit)\n",
                 prefix.c_str(), describe_bytes(report.best_fit_reserved).c_str(),
                 static_cast<double>(report.best_fit_reserved) / report.best_fit_live);
+  if (report.peak_segments) print_peak_segments(*report.peak_segments, prefix);
 }
 
 // --compare: the same operations against each bundled manager and the
@@ -529,11 +600,11 @@ int usage(bool asked = false) {
   std::fprintf(asked ? stdout : stderr,
                "usage: cuemm info\n"
                "       cuemm replay LOG.csv [--manager pool|async|default|best-fit|PLUGIN.so] [--trace-growth]\n"
-               "                    [--stream-ordered]\n"
+               "                    [--stream-ordered] [--segments]\n"
                "       cuemm replay LOG.csv --compare     (every bundled manager and the pool's options, as a table;\n"
                "                                           random takes --compare too)\n"
                "       cuemm random [--manager NAME] [--max-size 64M] [--live 1G] [--operations 100000] [--seed 1]\n"
-               "                    [--threads 1] [--trace-growth] [--stream-ordered]\n"
+               "                    [--threads 1] [--trace-growth] [--stream-ordered] [--segments]\n"
                "       cuemm random --pattern training [--manager NAME] [--layers 60] [--steps 30] [--seed 1]\n"
                "                    [--shapes varied|same|per-layer]\n"
                "                    [--threads 1] [--trace-growth]\n"
@@ -614,8 +685,10 @@ int run(std::vector<std::string> args) {
     ReplayOptions options;
     options.trace_growth = tool::flag(args, "--trace-growth");
     options.stream_ordered = tool::flag(args, "--stream-ordered");
-    if (comparing && (options.trace_growth || options.stream_ordered))
-      throw InvalidArgument("--compare takes neither --trace-growth nor --stream-ordered (it has a stream-ordered row)");
+    options.segments = tool::flag(args, "--segments");
+    if (comparing && (options.trace_growth || options.stream_ordered || options.segments))
+      throw InvalidArgument(
+          "--compare takes none of --trace-growth, --stream-ordered and --segments (it has a stream-ordered row)");
     std::vector<Operation> operations;
     if (command == "replay") {
       if (args.empty()) throw InvalidArgument("replay needs a log: cuemm replay LOG.csv");

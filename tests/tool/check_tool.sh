@@ -92,6 +92,19 @@ awk -v with="$(ratio_of "$work/assembling.txt")" -v without="$(ratio_of "$work/a
 "$tool" random --operations 3000 --max-size 2M --live 64M --manager pool --trace-growth >"$work/growth.txt"
 grep -q "^grew at operation 1 (an allocation of .*) to .*in thread caches .*free .* in 1 block(s)$" "$work/growth.txt"
 [ "$(grep -c '^grew at' "$work/growth.txt")" -ge 2 ]
+# The segments at the peak: a line per kind, whose sizes add up to the peak's reserved bytes.
+"$tool" random --operations 3000 --max-size 8M --live 64M --manager pool --segments >"$work/segments.txt"
+grep -q "^segments at the peak (after operation [0-9]*): reserved .*, live " "$work/segments.txt"
+grep -Eq "^  shared +[0-9]+ segment\(s\) of .*, free .* in [0-9]+ block\(s\), the largest " "$work/segments.txt"
+grep -Eq "^  own +[0-9]+ segment\(s\) of " "$work/segments.txt"
+# (Exact bytes: the peak's "reserved N bytes" against the kinds' sizes, which print in MiB to two places.)
+awk '/^segments at the peak/ { match($0, /\(([0-9]+) bytes\)/); reserved = substr($0, RSTART + 1, RLENGTH - 8) }
+     /^  [a-z]/ { for (i = 1; i <= NF; ++i) if ($i == "of") { sum += $(i + 1) * ($(i + 2) ~ /^GiB/ ? 1024 : 1); break } }
+     END { exit !(reserved > 0 && sum * 1048576 > reserved * 0.99 && sum * 1048576 < reserved * 1.01) }' "$work/segments.txt"
+if "$tool" random --operations 10 --manager async --segments 2>"$work/error.txt"; then exit 1; fi
+grep -q "segments lists the pool's segments, which manager 'async' does not have" "$work/error.txt"
+if "$tool" random --compare --segments 2>"$work/error.txt"; then exit 1; fi
+grep -q "compare takes none of" "$work/error.txt"
 
 # The log of a run of the tool itself: the context's manager logs everything.
 CUEMM_MEMORY_MANAGER=default CUEMM_LOG_FILE="$work/log.csv" "$tool" info >/dev/null
