@@ -264,3 +264,42 @@ TEST_F(Pool, ThreadsSharingTwoPoolsGiveEachBlockBackToItsOwnPool) {
     EXPECT_EQ(pool->statistics().reserved_bytes, 0u) << "a block went back to the other pool, or was lost";
   }
 }
+
+// segments() while threads allocate and free: each list is one moment's,
+// taken under the pool's lock, so its segments never overlap and none holds
+// more free bytes than it has.
+TEST_F(Pool, SegmentsListedWhileThreadsAllocateAreEachOneMoments) {
+  in_both_layouts(PoolOptions{}, [&](PoolMemoryManager& pool) {
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> threads;
+    for (unsigned t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] {
+        ScopedContext scope(context);
+        std::mt19937 random(t);
+        std::vector<std::shared_ptr<MemoryPointer>> held(16);
+        while (!stop.load()) {
+          const std::size_t size = random() % 2 ? 256 + random() % (512 << 10) : (1 + random() % 12) << 20;
+          held[random() % held.size()] = pool.memalloc(size);
+        }
+      });
+    }
+    std::size_t lists = 0, segments_seen = 0;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+    while (std::chrono::steady_clock::now() < until || lists < 20) {
+      const std::vector<PoolSegment> segments = pool.segments();
+      ++lists;
+      segments_seen += segments.size();
+      for (std::size_t i = 0; i < segments.size(); ++i) {
+        const PoolSegment& segment = segments[i];
+        ASSERT_LE(segment.free_bytes, segment.size) << to_string(segment.kind);
+        ASSERT_LE(segment.largest_free_block, segment.free_bytes) << to_string(segment.kind);
+        if (i > 0) {
+          ASSERT_GE(segment.address, segments[i - 1].address + segments[i - 1].size) << "segments overlap";
+        }
+      }
+    }
+    stop.store(true);
+    for (auto& thread : threads) thread.join();
+    EXPECT_GT(segments_seen, 0u);
+  });
+}
