@@ -212,22 +212,16 @@ ReplayReport best_fit_reference(const std::vector<std::vector<Operation>>& lists
 }
 
 // Where a pool's bytes were when it reserved more, after `operation` operations.
-// After the growth: the new memory's free rest counts among the free bytes
-// and may be the largest free block (in the expandable arena, free blocks
-// may lie over pages given back).
-void trace_growth(std::size_t operation, std::size_t request, std::size_t live_bytes, const PoolStatistics& pool,
-                  const std::vector<PoolSegment>& segments) {
+void trace_growth(std::size_t operation, std::size_t request, std::size_t live_bytes, const PoolStatistics& pool) {
   const std::size_t accounted = pool.in_use_bytes + pool.quarantined_bytes + pool.cached_bytes;
-  std::size_t largest = 0;
-  for (const PoolSegment& segment : segments) largest = std::max(largest, segment.largest_free_block);
   std::printf("grew at operation %zu (%s) to %s: live %s, in blocks %s, waiting for the GPU %s, in thread caches %s, "
-              "free %s in %zu block(s), the largest %s\n",
+              "free %s in %zu block(s)\n",
               operation, request ? ("an allocation of " + describe_bytes(request)).c_str() : "a free",
               describe_bytes(pool.reserved_bytes).c_str(), describe_bytes(live_bytes).c_str(),
               describe_bytes(pool.in_use_bytes).c_str(), describe_bytes(pool.quarantined_bytes).c_str(),
               describe_bytes(pool.cached_bytes).c_str(),
               describe_bytes(pool.reserved_bytes > accounted ? pool.reserved_bytes - accounted : 0).c_str(),
-              pool.free_blocks, describe_bytes(largest).c_str());
+              pool.free_blocks);
 }
 
 // How a replay runs: --trace-growth, and --stream-ordered (the pool's
@@ -336,7 +330,7 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
       util::raise_to(peak_live, now);
       const std::size_t reserved = reserved_now();
       if (options.trace_growth && pool && reserved > peak_reserved.load())
-        trace_growth(operations, operation.allocate ? operation.size : 0, now, pool->statistics(), pool->segments());
+        trace_growth(operations, operation.allocate ? operation.size : 0, now, pool->statistics());
       if (options.segments && pool && reserved > peak_reserved.load()) {
         std::vector<PoolSegment> segments = pool->segments();
         std::lock_guard lock(peak_segments_mutex);  // (threads: the largest wins)

@@ -39,7 +39,7 @@ grep -q "reserved/live" "$work/random.txt"
 grep -q "^manager pool: 3000 operations" "$work/threads.txt"
 # Threads are traced too (a line per growth that some thread saw, all threads' bytes in it).
 "$tool" random --operations 1000 --max-size 1M --live 64M --manager pool --threads 3 --trace-growth >"$work/threads-growth.txt"
-grep -q "^grew at operation [0-9]* (an allocation of .*) to .*in thread caches .*free .* in [0-9]* block(s), the largest .*$" "$work/threads-growth.txt"
+grep -q "^grew at operation [0-9]* (an allocation of .*) to .*in thread caches .*free .* in [0-9]* block(s)$" "$work/threads-growth.txt"
 grep -q "^manager pool: 3000 operations" "$work/threads-growth.txt"
 # The training-like pattern: 2 operations a layer for its parameters, 8 a layer a step.
 "$tool" random --pattern training --layers 8 --steps 3 --manager pool >"$work/training.txt"
@@ -90,7 +90,7 @@ awk -v with="$(ratio_of "$work/assembling.txt")" -v without="$(ratio_of "$work/a
   'BEGIN { exit !(with + 0.03 < without) }'
 # Each growth is traced with where the pool's bytes were; the first one reserves its first segment.
 "$tool" random --operations 3000 --max-size 2M --live 64M --manager pool --trace-growth >"$work/growth.txt"
-grep -q "^grew at operation 1 (an allocation of .*) to .*in thread caches .*free .* in 1 block(s), the largest .*$" "$work/growth.txt"
+grep -q "^grew at operation 1 (an allocation of .*) to .*in thread caches .*free .* in 1 block(s)$" "$work/growth.txt"
 [ "$(grep -c '^grew at' "$work/growth.txt")" -ge 2 ]
 # The segments at the peak: a line per kind, whose sizes add up to the peak's reserved bytes.
 "$tool" random --operations 3000 --max-size 8M --live 64M --manager pool --segments >"$work/segments.txt"
