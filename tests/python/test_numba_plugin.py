@@ -700,6 +700,26 @@ def test_segments_show_where_the_pools_free_bytes_lie(run_python):
     """, CUEMM_MEMORY_MANAGER="async", **PLUGIN)
 
 
+def test_out_of_memory_says_where_the_pools_free_bytes_lie(run_python):
+    run_python("""
+        from numba import cuda
+        import cuemm
+        held = [cuda.device_array(2 << 20, dtype="u1") for _ in range(8)]
+        del held[::2]  # four 2 MiB holes in the pool's 16 MiB
+        cuda.current_context().deallocations.clear()
+        try:
+            cuda.device_array(4 << 20, dtype="u1")
+        except MemoryError as error:
+            message = str(error)
+            for part in (" block(s), the largest 2.00 MiB", "maximum 16.00 MiB", "the device has"):
+                assert part in message, (part, message)
+        else:
+            raise AssertionError("a 4 MiB array fit in 2 MiB holes")
+        again = cuda.device_array(2 << 20, dtype="u1")  # a hole still serves its size
+    """, CUEMM_MEMORY_MANAGER="pool", CUEMM_POOL_MAXIMUM_SIZE="16M", CUEMM_POOL_THREAD_CACHE_SIZE="0",
+        CUEMM_POOL_DEDICATED_SIZE="1T", **PLUGIN)
+
+
 def test_an_out_of_memory_handler_frees_memory_elsewhere_and_numba_retries(run_python):
     run_python("""
         import gc
