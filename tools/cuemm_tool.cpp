@@ -29,9 +29,10 @@
 //   with threads, from whichever thread saw it, all threads' bytes; with
 //   --stream-ordered, the pool's device blocks through allocate(size, stream)
 //   on each thread's per-thread stream, as RMM and PyTorch call it)
-//   (either with --segments: the pool's segments when it reached its peak,
-//   by kind, and those with the most free bytes: where the peak's free
-//   space lay; every pattern takes --trace-growth and --segments)
+//   (either with --segments: the pool's segments right after it reached its
+//   peak, by kind, and those with the most free bytes: where the peak's free
+//   space lay, the segments that the growth added marked; every pattern
+//   takes --trace-growth and --segments)
 //   (either with --compare: every bundled manager and the pool's options that
 //   trade time for memory, one after another, as one table)
 //   cuemm plot LOG.csv OUT.svg               live memory over time, as SVG
@@ -150,6 +151,9 @@ struct ReplayReport {
   struct PeakSegments {
     std::size_t operation = 0, reserved = 0, live = 0;
     std::vector<PoolSegment> segments;
+    // The addresses of the segments at the peak before (sorted): the others
+    // are what the growth to this peak added, whose free rest no request missed.
+    std::vector<std::uintptr_t> before;
   };
   std::optional<PeakSegments> peak_segments;
 };
@@ -334,8 +338,13 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
       if (options.segments && pool && reserved > peak_reserved.load()) {
         std::vector<PoolSegment> segments = pool->segments();
         std::lock_guard lock(peak_segments_mutex);  // (threads: the largest wins)
-        if (!peak_segments || reserved > peak_segments->reserved)
-          peak_segments = ReplayReport::PeakSegments{operations, reserved, now, std::move(segments)};
+        if (!peak_segments || reserved > peak_segments->reserved) {
+          std::vector<std::uintptr_t> before;
+          if (peak_segments) {
+            for (const PoolSegment& segment : peak_segments->segments) before.push_back(segment.address);
+          }
+          peak_segments = ReplayReport::PeakSegments{operations, reserved, now, std::move(segments), std::move(before)};
+        }
       }
       util::raise_to(peak_reserved, reserved);
       sampling[index] += std::chrono::duration<double>(std::chrono::steady_clock::now() - paused).count();
@@ -430,10 +439,11 @@ void print_peak_segments(const ReplayReport::PeakSegments& peak, const std::stri
   if (most_free.size() > kMostFree) most_free.resize(kMostFree);
   if (!most_free.empty()) std::printf("%s  the segments with the most free bytes:\n", prefix.c_str());
   for (const PoolSegment& segment : most_free) {
-    std::printf("%s    0x%llx %s of %s: free %s in %zu block(s), the largest %s\n", prefix.c_str(),
+    const bool added = !std::binary_search(peak.before.begin(), peak.before.end(), segment.address);
+    std::printf("%s    0x%llx %s of %s: free %s in %zu block(s), the largest %s%s\n", prefix.c_str(),
                 static_cast<unsigned long long>(segment.address), to_string(segment.kind),
                 extent(segment).c_str(), bytes(segment.free_bytes).c_str(), segment.free_blocks,
-                bytes(segment.largest_free_block).c_str());
+                bytes(segment.largest_free_block).c_str(), added ? " (added by the growth to the peak)" : "");
   }
 }
 
