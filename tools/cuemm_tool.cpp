@@ -31,7 +31,7 @@
 //   on each thread's per-thread stream, as RMM and PyTorch call it)
 //   (either with --segments: the pool's segments right after it reached its
 //   peak, by kind, and those with the most free bytes: where the peak's free
-//   space lay, the segments that the growth added marked; every pattern
+//   space lay, segments new since the previous peak marked; every pattern
 //   takes --trace-growth and --segments)
 //   (either with --compare: every bundled manager and the pool's options that
 //   trade time for memory, one after another, as one table)
@@ -151,8 +151,9 @@ struct ReplayReport {
   struct PeakSegments {
     std::size_t operation = 0, reserved = 0, live = 0;
     std::vector<PoolSegment> segments;
-    // The addresses of the segments at the peak before (sorted): the others
-    // are what the growth to this peak added, whose free rest no request missed.
+    // The addresses of the segments at the previous peak (sorted): the
+    // others are new since, among them what the growth to this peak added,
+    // whose free rest no request missed.
     std::vector<std::uintptr_t> before;
   };
   std::optional<PeakSegments> peak_segments;
@@ -443,7 +444,7 @@ void print_peak_segments(const ReplayReport::PeakSegments& peak, const std::stri
     std::printf("%s    0x%llx %s of %s: free %s in %zu block(s), the largest %s%s\n", prefix.c_str(),
                 static_cast<unsigned long long>(segment.address), to_string(segment.kind),
                 extent(segment).c_str(), bytes(segment.free_bytes).c_str(), segment.free_blocks,
-                bytes(segment.largest_free_block).c_str(), added ? " (added by the growth to the peak)" : "");
+                bytes(segment.largest_free_block).c_str(), added ? " (new since the previous peak)" : "");
   }
 }
 
