@@ -265,9 +265,9 @@ TEST_F(Pool, ThreadsSharingTwoPoolsGiveEachBlockBackToItsOwnPool) {
   }
 }
 
-// segments() while threads allocate and free: each list is one moment's,
-// taken under the pool's lock, so its segments never overlap and none holds
-// more free bytes than it has.
+// segments() while threads allocate and free, and between trims and
+// resets: each list is one moment's, taken under the pool's lock, so its
+// segments never overlap and none holds more free bytes than it has.
 TEST_F(Pool, SegmentsListedWhileThreadsAllocateAreEachOneMoments) {
   in_both_layouts(PoolOptions{}, [&](PoolMemoryManager& pool) {
     std::atomic<bool> stop{false};
@@ -286,6 +286,8 @@ TEST_F(Pool, SegmentsListedWhileThreadsAllocateAreEachOneMoments) {
     std::size_t lists = 0, segments_seen = 0;
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
     while (std::chrono::steady_clock::now() < until || lists < 20) {
+      if (lists % 7 == 3) pool.trim();
+      if (lists % 29 == 11) pool.reset();
       const std::vector<PoolSegment> segments = pool.segments();
       ++lists;
       segments_seen += segments.size();
