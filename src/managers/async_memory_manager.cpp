@@ -192,17 +192,13 @@ std::shared_ptr<MemoryPointer> AsyncMemoryManager::memalloc(std::size_t size) {
   ScopedContext scope(*ctx);
   std::shared_lock use(blocks_->pool_use);  // (until the block is recorded)
   const cuda::CUmemoryPool pool = this->pool();
-  const cuda::CUdeviceptr pointer = [&] {
-    try {
-      return with_flush_and_retry([&] {
+  const cuda::CUdeviceptr pointer = with_flush_and_retry(
+      [&] {
         cuda::CUdeviceptr allocated = 0;
         CUEMM_CU_ALLOC(size, cuMemAllocFromPoolAsync, &allocated, size, pool, cuda::CU_STREAM_LEGACY);
         return allocated;
-      });
-    } catch (const OutOfMemory&) {
-      throw out_of_memory(size, pool, *ctx);
-    }
-  }();
+      },
+      [&] { return out_of_memory(size, pool, *ctx); });
   Blocks* blocks = blocks_.get();
   std::shared_ptr<MemoryPointer> memory;
   try {

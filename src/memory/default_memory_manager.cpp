@@ -13,17 +13,13 @@ std::shared_ptr<MemoryPointer> DefaultMemoryManager::memalloc(std::size_t size) 
   require_allocation_size(size, "memalloc");
   Context& ctx = context();
   ScopedContext scope(ctx);
-  const cuda::CUdeviceptr pointer = [&] {
-    try {
-      return with_flush_and_retry([&] {
+  const cuda::CUdeviceptr pointer = with_flush_and_retry(
+      [&] {
         cuda::CUdeviceptr allocated = 0;
         CUEMM_CU_ALLOC(size, cuMemAlloc, &allocated, size);
         return allocated;
-      });
-    } catch (const OutOfMemory&) {
-      throw OutOfMemory("cuMemAlloc", size, describe_device_memory(ctx));
-    }
-  }();
+      },
+      [&] { return OutOfMemory("cuMemAlloc", size, describe_device_memory(ctx)); });
   Finalizer finalizer = track(pointer, size, [pointer] { CUEMM_CU(cuMemFree, pointer); });
   auto memory = std::make_shared<MemoryPointer>(&ctx, pointer, size, nullptr, std::move(finalizer));
   adopt(pointer, memory);

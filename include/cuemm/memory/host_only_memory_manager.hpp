@@ -90,6 +90,10 @@ class HostOnlyMemoryManager : public BaseMemoryManager {
   // once (Numba's behaviour).
   template <typename Allocate>
   auto with_flush_and_retry(Allocate&& allocate) -> decltype(allocate());
+  // The same; where it still runs out, throws explain()'s OutOfMemory
+  // instead, which may say what the manager and the device hold.
+  template <typename Allocate, typename Explain>
+  auto with_flush_and_retry(Allocate&& allocate, Explain&& explain) -> decltype(allocate());
 
  private:
   // Shared with the finalizers, so a pointer outliving its manager is safe.
@@ -130,4 +134,14 @@ auto cuemm::HostOnlyMemoryManager::with_flush_and_retry(Allocate&& allocate) -> 
     if (deallocations().flush() == 0) throw;
   }
   return allocate();
+}
+
+template <typename Allocate, typename Explain>
+auto cuemm::HostOnlyMemoryManager::with_flush_and_retry(Allocate&& allocate, Explain&& explain)
+    -> decltype(allocate()) {
+  try {
+    return with_flush_and_retry(allocate);
+  } catch (const OutOfMemory&) {
+    throw explain();
+  }
 }
