@@ -167,18 +167,32 @@ void AsyncMemoryManager::on_reset() {
 // is small beside the driver's call.
 
 namespace {
+// The driver pool's reserved and used bytes, without throwing: statistics()
+// throws the failure, the out-of-memory explanation leaves the figures out.
+// It takes no lock; both callers hold Blocks::pool_use (shared) already, and
+// a second shared lock could wait behind a reset() that waits on the first.
+struct PoolUseQuery {
+  cuda::CUresult result = cuda::CUDA_SUCCESS;
+  const char* call = nullptr;  // the query that failed
+};
+PoolUseQuery read_pool_use(cuda::CUmemoryPool pool, AsyncStatistics& figures) noexcept {
+  if (cuda::CUresult result = CUEMM_CU_RESULT(cuMemPoolGetAttribute, pool, cuda::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                                              &figures.reserved_bytes))
+    return {result, "cuMemPoolGetAttribute(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)"};
+  if (cuda::CUresult result =
+          CUEMM_CU_RESULT(cuMemPoolGetAttribute, pool, cuda::CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &figures.used_bytes))
+    return {result, "cuMemPoolGetAttribute(CU_MEMPOOL_ATTR_USED_MEM_CURRENT)"};
+  return {};
+}
+
 // The driver's own error says only that it ran out: what its pool holds and
 // has in use, and what the device has free, tell a pool that keeps freed
-// memory (trim() gives it back) from a device that others filled. Queries
-// that fail leave their figures out rather than replace the error.
+// memory (trim() gives it back) from a device that others filled.
 OutOfMemory out_of_memory(std::size_t size, cuda::CUmemoryPool pool, Context& context) {
   std::string detail;
-  std::uint64_t reserved = 0, used = 0;
-  const auto& api = driver::Driver::get().api();
-  if (api.cuMemPoolGetAttribute &&
-      api.cuMemPoolGetAttribute(pool, cuda::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) == cuda::CUDA_SUCCESS &&
-      api.cuMemPoolGetAttribute(pool, cuda::CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) == cuda::CUDA_SUCCESS) {
-    detail = "the stream-ordered pool holds " + describe_bytes(reserved) + ", " + describe_bytes(used) + " in use";
+  if (AsyncStatistics figures; read_pool_use(pool, figures).result == cuda::CUDA_SUCCESS) {
+    detail = "the stream-ordered pool holds " + describe_bytes(figures.reserved_bytes) + ", " +
+             describe_bytes(figures.used_bytes) + " in use";
   }
   if (std::string device = describe_device_memory(context); !device.empty())
     detail += (detail.empty() ? "" : "; ") + device;
@@ -263,8 +277,8 @@ AsyncStatistics AsyncMemoryManager::statistics() const {
   std::shared_lock use(blocks_->pool_use);
   if (cuda::CUmemoryPool pool = pool_.load()) {
     ScopedContext scope(context());
-    CUEMM_CU(cuMemPoolGetAttribute, pool, cuda::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &statistics.reserved_bytes);
-    CUEMM_CU(cuMemPoolGetAttribute, pool, cuda::CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &statistics.used_bytes);
+    if (const PoolUseQuery query = read_pool_use(pool, statistics); query.result != cuda::CUDA_SUCCESS)
+      driver::throw_cuda_error(query.result, query.call);
   }
   return statistics;
 }

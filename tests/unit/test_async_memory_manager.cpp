@@ -54,6 +54,31 @@ TEST_F(Async, OutOfMemorySaysWhatItsPoolHoldsAndWhatTheDeviceHasFree) {
   EXPECT_NO_THROW(manager.memalloc(std::size_t{1} << 20)) << "the manager did not recover";
 }
 
+// A pool query that fails: statistics() says which, and an out-of-memory
+// error stays an OutOfMemory that leaves the pool's figures out.
+TEST_F(Async, AFailingPoolQueryIsNamedByStatisticsAndLeftOutOfAnOutOfMemoryError) {
+  CUEMM_REQUIRE_SIMULATION();
+  AsyncMemoryManager manager(&context);
+  manager.initialize();
+  auto held = manager.memalloc(std::size_t{1} << 20);
+  simulation::inject_fault("cuMemPoolGetAttribute", 1, cuda::CUDA_ERROR_INVALID_VALUE);
+  EXPECT_TRUE(throws<CudaError>([&] { manager.statistics(); }, "CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT"));
+  simulation::clear_faults();
+  const std::size_t too_much = context.get_memory_info().total + (std::size_t{1} << 30);
+  simulation::inject_fault("cuMemPoolGetAttribute", 1, cuda::CUDA_ERROR_INVALID_VALUE);
+  try {
+    manager.memalloc(too_much);
+    ADD_FAILURE() << "a request larger than the device was served";
+  } catch (const OutOfMemory& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find(describe_bytes(too_much)), std::string::npos) << message;
+    EXPECT_EQ(message.find("the stream-ordered pool holds"), std::string::npos) << message;
+    EXPECT_NE(message.find("the device has "), std::string::npos) << message;
+  }
+  simulation::clear_faults();
+  EXPECT_GE(manager.statistics().used_bytes, std::size_t{1} << 20) << "the manager did not recover";
+}
+
 TEST_F(Async, AFreedBlockIsNotReusedWhileQueuedWorkMayStillWriteIt) {
   AsyncMemoryManager manager(&context);
   manager.initialize();
