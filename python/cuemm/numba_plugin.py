@@ -252,6 +252,10 @@ class CuemmNumbaManager(_driver.BaseCUDAMemoryManager):
         return memory.own()
 
     def get_ipc_handle(self, memory):
+        # (Numba hands over an OwnedPointer, which forwards to its MemoryPointer.)
+        if getattr(memory, "handle", None) is None or getattr(memory, "size", None) is None:
+            raise TypeError("get_ipc_handle: expected device memory from this manager (a MemoryPointer), not "
+                            + type(memory).__name__)
         raw, offset, _, exported = self._get_bridge().ipc_handle(_address_of(memory.handle), memory.size)
         source_info = self.context.device.get_device_identity()
         if exported is not None:

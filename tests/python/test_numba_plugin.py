@@ -457,6 +457,14 @@ def test_bad_input_raises_python_errors(run_python):
                 else:
                     raise AssertionError(f"{name}({bad}) did not raise {error.__name__}")
         assert cuemm.statistics()["device"]["current_bytes"] == in_use  # nothing leaked
+        # An IPC handle of something that is not device memory: a TypeError that says what it got.
+        for bad in (None, 4096, "x"):
+            try:
+                manager.get_ipc_handle(bad)
+            except TypeError as raised:
+                assert "get_ipc_handle" in str(raised) and type(bad).__name__ in str(raised), raised
+            else:
+                raise AssertionError(f"get_ipc_handle({bad!r}) did not raise TypeError")
     """, **PLUGIN)
 
 
