@@ -662,9 +662,10 @@ int run(std::vector<std::string> args) {
                         "synchronise a non-blocking stream before freeing what it uses)");
       epochs.retire();  // (its probe's event)
     }
-    std::printf("manager for new contexts: %s; bundled: ", memory_manager_name().c_str());
-    for (const auto& name : bundled_memory_managers()) std::printf("%s ", name.c_str());
-    std::printf("\nadaptors: %s\n", adaptors_from_environment().empty() ? "none" : adaptors_from_environment().c_str());
+    std::string bundled;
+    for (const auto& name : bundled_memory_managers()) bundled += (bundled.empty() ? "" : ", ") + name;
+    std::printf("manager for new contexts: %s; bundled: %s\n", memory_manager_name().c_str(), bundled.c_str());
+    std::printf("adaptors: %s\n", adaptors_from_environment().empty() ? "none" : adaptors_from_environment().c_str());
     // The options a bundled pool takes from the environment (a bad value is an error here too).
     const auto yes_no = [](bool on) { return on ? "yes" : "no"; };
     if (memory_manager_name() == "pool") {
