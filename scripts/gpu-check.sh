@@ -18,6 +18,8 @@
 # only what times: Numba's allocation speed, the Python pools, the benchmarks and `cuemm bench` (its RESULTS.md takes
 # the first's fragmentation with bench/make_results.py --splice-fragmentation).
 # CUEMM_GPU_FRAGMENTATION_ONLY=1 builds and runs only the fragmentation part (see there) and `cuemm bench`.
+# CUEMM_GPU_CONFORMANCE_OPTIONS=1 adds the conformance suite under the pools' other options to
+# ctest (about 40 s a setting); =only runs only those (with CUEMM_GPU_TESTS_ONLY=1 and the skips below).
 # CUEMM_GPU_SKIP_PYTHON=1 leaves out the Python package's checks, and CUEMM_GPU_SKIP_FRAGMENTATION=1
 # the fragmentation runs: with CUEMM_GPU_TESTS_ONLY=1, both make a check of the C++ suite alone
 # (on four H200s build and ctest took 290 s, and the fragmentation runs, alone after them, more
@@ -291,7 +293,16 @@ if [ $tests_part = 1 ]; then
     pip_pid=$!
   fi
 
-  (cd "$build" && CUEMM_DRIVER=cuda ctest --output-on-failure --timeout 300 -V) >"$logs/ctest.log" 2>&1
+  # The conformance suite under the pools' other options (tests/CMakeLists.txt) takes about 40 s a
+  # setting here: left out unless CUEMM_GPU_CONFORMANCE_OPTIONS is 1 (with the rest) or "only".
+  options_tests="^test_manager_conformance_options_"
+  case "${CUEMM_GPU_CONFORMANCE_OPTIONS:-0}" in
+    1) ctest_selection=() ;;
+    only) ctest_selection=(-R "$options_tests") ;;
+    *) ctest_selection=(-E "$options_tests") ;;
+  esac
+  (cd "$build" && CUEMM_DRIVER=cuda ctest --output-on-failure --timeout 300 -V "${ctest_selection[@]}") \
+    >"$logs/ctest.log" 2>&1
   ctest_status=$?
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests passed|^[0-9]+: \[  SKIPPED" "$logs/ctest.log" | tail -40
   summary+=("ctest (real driver): $(grep -E 'tests passed' "$logs/ctest.log" | tail -1)")

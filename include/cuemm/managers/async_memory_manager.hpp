@@ -58,6 +58,7 @@ class AsyncMemoryManager : public HostOnlyMemoryManager {
   // Driver free memory plus the pool's reserved but unused bytes; the device total.
   MemoryInfo get_memory_info() override;
   AsyncStatistics statistics() const;
+  const AsyncOptions& options() const noexcept { return options_; }
   // Gives the memory the pool keeps back to the driver, once the frees queued
   // on the legacy stream have run (the driver's pool keeps it up to the
   // release threshold, though an allocation elsewhere that would run out
