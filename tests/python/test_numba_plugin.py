@@ -725,7 +725,7 @@ def test_out_of_memory_says_where_the_pools_free_bytes_lie(run_python):
             raise AssertionError("a 4 MiB array fit in 2 MiB holes")
         again = cuda.device_array(2 << 20, dtype="u1")  # a hole still serves its size
     """, CUEMM_MEMORY_MANAGER="pool", CUEMM_POOL_MAXIMUM_SIZE="16M", CUEMM_POOL_THREAD_CACHE_SIZE="0",
-        CUEMM_POOL_DEDICATED_SIZE="1T", **PLUGIN)
+        CUEMM_POOL_DEDICATED_SIZE="1T", CUEMM_POOL_EXPANDABLE="0", **PLUGIN)  # (one range has no holes' ends)
 
 
 def test_an_out_of_memory_handler_frees_memory_elsewhere_and_numba_retries(run_python):
