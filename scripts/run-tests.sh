@@ -61,8 +61,10 @@ echo "== Python pools benchmark smoke (cuemm's pool alone where CuPy and PyTorch
   { tail -20 /tmp/cuemm-python-pools-smoke.txt; status=1; }
 
 echo "== classic Numba cudadrv tests on the simulated driver: default manager, then cuemm's plugin"
-(cd /tmp && /usr/bin/python3 "$root/tests/numba/classic_numba_cudadrv.py" "$sim_driver") || status=1
-(cd /tmp && PYTHONPATH="$build/python" CUEMM_DRIVER=sim NUMBA_CUDA_MEMORY_MANAGER=cuemm \
+# (Each run names its manager: a shell's NUMBA_CUDA_MEMORY_MANAGER or CUEMM_MEMORY_MANAGER must not pick it.)
+(cd /tmp && env -u NUMBA_CUDA_MEMORY_MANAGER /usr/bin/python3 "$root/tests/numba/classic_numba_cudadrv.py" \
+  "$sim_driver") || status=1
+(cd /tmp && PYTHONPATH="$build/python" CUEMM_DRIVER=sim NUMBA_CUDA_MEMORY_MANAGER=cuemm CUEMM_MEMORY_MANAGER=pool \
   /usr/bin/python3 "$root/tests/numba/classic_numba_cudadrv.py" "$sim_driver") || status=1
 for manager in async default; do
   echo "== the plugin again under the $manager manager"
@@ -75,10 +77,10 @@ echo "== the plugin again under every adaptor at once (statistics, a log, tracki
   /usr/bin/python3 "$root/tests/numba/classic_numba_cudadrv.py" "$sim_driver") || status=1
 rm -f /tmp/cuemm-classic-adaptors-*.csv
 echo "== the same on two simulated devices that are peers (Numba's multi-GPU tests run)"
-(cd /tmp && CUEMM_SIM_DEVICES=2 CUEMM_SIM_PEER_ACCESS=1 \
+(cd /tmp && env -u NUMBA_CUDA_MEMORY_MANAGER CUEMM_SIM_DEVICES=2 CUEMM_SIM_PEER_ACCESS=1 \
   /usr/bin/python3 "$root/tests/numba/classic_numba_cudadrv.py" "$sim_driver") || status=1
-(cd /tmp && PYTHONPATH="$build/python" CUEMM_DRIVER=sim NUMBA_CUDA_MEMORY_MANAGER=cuemm CUEMM_SIM_DEVICES=2 \
-  CUEMM_SIM_PEER_ACCESS=1 /usr/bin/python3 "$root/tests/numba/classic_numba_cudadrv.py" "$sim_driver") || status=1
+(cd /tmp && PYTHONPATH="$build/python" CUEMM_DRIVER=sim NUMBA_CUDA_MEMORY_MANAGER=cuemm CUEMM_MEMORY_MANAGER=pool \
+  CUEMM_SIM_DEVICES=2 CUEMM_SIM_PEER_ACCESS=1 /usr/bin/python3 "$root/tests/numba/classic_numba_cudadrv.py" "$sim_driver") || status=1
 
 if ((status)); then echo "run-tests: FAILED"; else echo "run-tests: all passed"; fi
 exit $status
