@@ -12,5 +12,10 @@ if [ "${1:-}" = --python-only ]; then
   set -- -DCUEMM_BUILD_TESTS=OFF -DCUEMM_BUILD_BENCHMARKS=OFF -DCUEMM_BUILD_EXAMPLES=OFF \
     -Dpybind11_DIR="$("$python" -m pybind11 --cmakedir)" -DPython_EXECUTABLE="$python" "$@"
 fi
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" "$@" >/dev/null
+# Ninja, or the generator a build folder configured before chose (cmake refuses another there).
+generator=Ninja
+if [ -f "$build/CMakeCache.txt" ]; then
+  generator=$(sed -n 's/^CMAKE_GENERATOR:INTERNAL=//p' "$build/CMakeCache.txt")
+fi
+cmake -S "$root" -B "$build" -G "${generator:-Ninja}" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" "$@" >/dev/null
 cmake --build "$build" --parallel "$(nproc)"
