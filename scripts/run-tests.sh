@@ -13,6 +13,8 @@ build=${BUILD_DIR:-$root/build}
 status=0
 echo "== README (the two commands first)"
 "$root/scripts/check-readme.sh" || status=1
+echo "== the tests' environment (every manager setting the library reads is left out of the tests')"
+"$root/scripts/check-test-environment.sh" || status=1
 
 echo "== C++ tests (ctest)"
 (cd "$build" && ctest --output-on-failure --timeout 300) || status=1
