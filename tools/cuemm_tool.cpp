@@ -334,9 +334,10 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
       const auto paused = std::chrono::steady_clock::now();
       util::raise_to(peak_live, now);
       const std::size_t reserved = reserved_now();
-      if (options.trace_growth && pool && reserved > peak_reserved.load())
+      const bool pool_grew_past_peak = pool && reserved > peak_reserved.load();
+      if (options.trace_growth && pool_grew_past_peak)
         trace_growth(operations, operation.allocate ? operation.size : 0, now, pool->statistics());
-      if (options.segments && pool && reserved > peak_reserved.load()) {
+      if (options.segments && pool_grew_past_peak) {
         std::vector<PoolSegment> segments = pool->segments();
         std::lock_guard lock(peak_segments_mutex);  // (threads: the largest wins)
         if (!peak_segments || reserved > peak_segments->reserved) {
