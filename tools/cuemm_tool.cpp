@@ -49,6 +49,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -688,6 +689,12 @@ int run(std::vector<std::string> args) {
                                                         : describe_bytes(async.release_threshold).c_str(),
                   yes_no(async.exportable), yes_no(async.pinned_host_pool));
     }
+    std::string set;
+    for (const Setting& setting : settings()) {
+      if (const char* value = std::getenv(setting.name)) set += (set.empty() ? "" : ", ") + std::string(setting.name) + "=" + value;
+    }
+    std::printf("settings in the environment: %s\n", set.empty() ? "none" : set.c_str());
+    warn_of_unknown_settings();  // (on stderr, as wherever a manager is made)
     return 0;
   }
   if (command == "replay" || command == "random") {

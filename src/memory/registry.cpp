@@ -12,6 +12,7 @@
 #include "cuemm/managers/async_memory_manager.hpp"
 #include "cuemm/managers/pool_memory_manager.hpp"
 #include "cuemm/memory/default_memory_manager.hpp"
+#include "cuemm/memory/settings.hpp"
 #include "cuemm/threading/blocking_hook.hpp"
 
 namespace cuemm {
@@ -139,6 +140,7 @@ std::vector<std::string> bundled_memory_managers() {
 }
 
 std::unique_ptr<BaseMemoryManager> make_bundled_memory_manager(const std::string& name, Context* context) {
+  warn_of_unknown_settings();
   Registry& table = registry();
   MemoryManagerFactory factory;
   {
@@ -158,6 +160,7 @@ bool names_a_plugin_library(const std::string& value) {
 
 std::unique_ptr<BaseMemoryManager> make_memory_manager(const std::string& name_or_path, Context* context) {
   if (!names_a_plugin_library(name_or_path)) return make_bundled_memory_manager(name_or_path, context);
+  warn_of_unknown_settings();
   const MemoryManagerFactory factory = load_plugin_library(name_or_path);
   check_interface_version(factory, "'" + name_or_path + "'");
   std::unique_ptr<BaseMemoryManager> manager = factory(context);
@@ -168,6 +171,7 @@ std::unique_ptr<BaseMemoryManager> make_memory_manager(const std::string& name_o
 namespace detail {
 
 std::unique_ptr<BaseMemoryManager> create_memory_manager(Context& context) {
+  warn_of_unknown_settings();
   Registry& table = registry();
   const std::string choice = environment_choice();
   std::lock_guard lock(table.mutex);

@@ -69,6 +69,26 @@ def test_bad_choices_are_clear_errors(run_python):
     """)
 
 
+def test_a_misspelt_setting_is_named_once_when_numba_first_allocates(run_python):
+    # The variable would otherwise be ignored without a word.
+    out = run_python("""
+        import os, tempfile
+        import numpy as np
+        from numba import cuda
+        with tempfile.TemporaryFile() as captured:
+            kept = os.dup(2)
+            os.dup2(captured.fileno(), 2)
+            try:
+                arrays = [cuda.to_device(np.ones(1000)) for _ in range(3)]
+            finally:
+                os.dup2(kept, 2)
+            captured.seek(0)
+            print(captured.read().decode())
+    """, CUEMM_POOL_INITAL_SIZE="64M", **PLUGIN)
+    warning = "CUEMM_POOL_INITAL_SIZE is not a setting cuemm reads (did you mean CUEMM_POOL_INITIAL_SIZE?)"
+    assert out.count(warning) == 1, out
+
+
 def test_device_arrays_round_trip_and_are_counted(run_python):
     run_python("""
         import numpy as np

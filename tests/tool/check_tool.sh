@@ -29,6 +29,11 @@ if CUEMM_MEMORY_MANAGER=pool CUEMM_POOL_MAXIMUM_SIZE=lots "$tool" info >"$work/b
   exit 1
 fi
 grep -q "CUEMM_POOL_MAXIMUM_SIZE must be a byte count" "$work/bad.txt"
+# Every setting set is listed; one spelt wrong is named on stderr, once, beside the one it resembles.
+CUEMM_POOL_EXPANDABLE=1 CUEMM_POOL_INITAL_SIZE=1G "$tool" info >"$work/settings.txt" 2>"$work/settings-stderr.txt"
+grep -q "^settings in the environment: .*CUEMM_POOL_EXPANDABLE=1" "$work/settings.txt"
+[ "$(grep -c "CUEMM_POOL_INITAL_SIZE is not a setting cuemm reads (did you mean CUEMM_POOL_INITIAL_SIZE?)" \
+  "$work/settings-stderr.txt")" = 1 ]
 "$tool" random --operations 3000 --max-size 2M --live 64M --manager pool >"$work/random.txt"
 # A pool counts its stream queries, and the driver calls that took and gave back memory
 # (one segment at least for 64 MiB live).

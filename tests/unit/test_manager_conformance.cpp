@@ -493,8 +493,9 @@ TYPED_TEST(Conformance, ReleasingUnusedMemoryWaitsForDeferCleanupToEnd) {
   EXPECT_EQ(deferred.pinned_host_bytes, 0u);
   guard.reset();
   const ReleasedMemory released = release_unused_memory(*this->manager);
-  if (keeps_freed_device_memory(*this->manager) || find_adaptor<DefaultMemoryManager>(*this->manager))
+  if (keeps_freed_device_memory(*this->manager) || find_adaptor<DefaultMemoryManager>(*this->manager)) {
     EXPECT_GT(released.device_bytes + released.deferred_bytes, 0u) << "nothing released once the guard ended";
+  }
 }
 // The EMM interface's reset() clears up all memory of the context, blocks
 // still held included (their memory is measured on the simulated driver).

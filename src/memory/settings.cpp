@@ -1,0 +1,99 @@
+#include "cuemm/memory/settings.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <mutex>
+#include <string_view>
+
+extern char** environ;
+
+namespace cuemm {
+namespace {
+
+constexpr std::array kSettings{
+    Setting{"CUEMM_DRIVER", "auto, cuda or sim: which driver runs"},
+    Setting{"CUEMM_MEMORY_MANAGER", "the manager of new contexts: a bundled name or a plugin library's path"},
+    Setting{"CUEMM_ADAPTORS", "adaptors around it: statistics, log, tracking, limit"},
+    Setting{"CUEMM_LIMIT", "the limit adaptor's byte cap"},
+    Setting{"CUEMM_LOG_FILE", "the log adaptor's CSV file (adds the adaptor)"},
+    Setting{"CUEMM_LOG_MEMORY_INFO", "1: the log's lines carry the manager's memory info"},
+    Setting{"CUEMM_LOG", "1: the Numba bridge keeps a log in memory"},
+    Setting{"CUEMM_MAX_PENDING_DEALLOCS_COUNT", "the default manager flushes past this many pending frees"},
+    Setting{"CUEMM_MAX_PENDING_DEALLOCS_RATIO", "... or past this fraction of the device's memory"},
+    Setting{"CUEMM_POOL_INITIAL_SIZE", "the pool's first segment, made at initialize()"},
+    Setting{"CUEMM_POOL_MAXIMUM_SIZE", "the most the pool takes from the driver"},
+    Setting{"CUEMM_POOL_THREAD_CACHE_SIZE", "what a thread's cache may keep; 0 turns the caches off"},
+    Setting{"CUEMM_POOL_DEDICATED_SIZE", "blocks this large get segments of their own"},
+    Setting{"CUEMM_POOL_SMALL_BLOCKS_APART", "0: small blocks share the large blocks' segments"},
+    Setting{"CUEMM_POOL_EXPANDABLE", "1: one range of addresses, mapped page by page"},
+    Setting{"CUEMM_POOL_ASSEMBLE_BLOCKS", "1: near the peak, blocks made of mapped pages' free ends"},
+    Setting{"CUEMM_POOL_SPLIT_SPARES", "1: spares carved for large sizes that recur"},
+    Setting{"CUEMM_POOL_CHECK_FREES", "1: the raw interface refuses bad frees"},
+    Setting{"CUEMM_POOL_BUSY_OVERSHOOT", "how far past its peak the pool grows rather than wait for the GPU"},
+    Setting{"CUEMM_PINNED_HOST_POOL", "0: pinned and mapped host memory straight from the driver"},
+    Setting{"CUEMM_ASYNC_RELEASE_THRESHOLD", "bytes the driver's pool keeps past a synchronisation"},
+    Setting{"CUEMM_ASYNC_EXPORTABLE", "1: the driver's pool is made exportable (IPC)"},
+    Setting{"CUEMM_SIM_DRIVER", "the simulated driver library to load"},
+    Setting{"CUEMM_SIM_DEVICES", "the simulated driver's device count"},
+    Setting{"CUEMM_SIM_MEMORY", "each simulated device's memory"},
+    Setting{"CUEMM_SIM_PEER_ACCESS", "1: simulated devices are peers"},
+    Setting{"CUEMM_SIM_FAULTS", "driver calls the simulated driver fails, for tests"},
+    Setting{"CUEMM_SIM_EARLY_MEMSETS", "0: simulated memsets wait for the stream's earlier work"},
+};
+
+// Families in which any other name is a misspelling. (CUEMM_SIM_ is left out:
+// builds and tests pass paths such as CUEMM_SIM_DRIVER_PATH.)
+constexpr std::array<std::string_view, 8> kFamilies{"CUEMM_POOL_", "CUEMM_ASYNC_",   "CUEMM_PINNED_",
+                                                    "CUEMM_LOG_",  "CUEMM_LIMIT_",   "CUEMM_MAX_PENDING_",
+                                                    "CUEMM_MEMORY_", "CUEMM_ADAPTOR"};
+
+// Edits (insert, delete, replace, swap of neighbours) that turn `a` into `b`.
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+}  // namespace
+
+std::span<const Setting> settings() { return kSettings; }
+
+std::vector<UnknownSetting> unknown_settings() {
+  std::vector<UnknownSetting> unknown;
+  for (char** entry = environ; entry && *entry; ++entry) {
+    const std::string_view assignment(*entry);
+    const std::string_view name = assignment.substr(0, assignment.find('='));
+    if (!name.starts_with("CUEMM_")) continue;
+    const Setting* nearest = nullptr;
+    std::size_t distance = 0;
+    for (const Setting& setting : kSettings) {
+      const std::size_t edits = edit_distance(name, setting.name);
+      if (!nearest || edits < distance) nearest = &setting, distance = edits;
+    }
+    if (distance == 0) continue;
+    const bool in_a_family =
+        std::any_of(kFamilies.begin(), kFamilies.end(), [&](std::string_view family) { return name.starts_with(family); });
+    if (in_a_family || distance <= 2) unknown.push_back({std::string(name), nearest->name});
+  }
+  std::sort(unknown.begin(), unknown.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  return unknown;
+}
+
+void warn_of_unknown_settings() {
+  static std::once_flag warned;
+  std::call_once(warned, [] {
+    for (const UnknownSetting& setting : unknown_settings())
+      std::fprintf(stderr, "cuemm: %s is not a setting cuemm reads (did you mean %s?); it is ignored\n",
+                   setting.name.c_str(), setting.resembles.c_str());
+  });
+}
+
+}  // namespace cuemm

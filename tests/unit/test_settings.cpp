@@ -1,0 +1,87 @@
+// The settings cuemm reads, and the misspelt ones it names rather than
+// ignoring without a word.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <string>
+
+#include "cuemm/cuemm.hpp"
+
+namespace {
+
+using cuemm::UnknownSetting;
+
+// Sets a variable for one scope.
+class ScopedVariable {
+ public:
+  ScopedVariable(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedVariable() { unsetenv(name_); }
+  ScopedVariable(const ScopedVariable&) = delete;
+  ScopedVariable& operator=(const ScopedVariable&) = delete;
+
+ private:
+  const char* name_;
+};
+
+const UnknownSetting* find(const std::vector<UnknownSetting>& unknown, const std::string& name) {
+  for (const auto& setting : unknown)
+    if (setting.name == name) return &setting;
+  return nullptr;
+}
+
+// First: the process's first manager is where the warning comes, once.
+TEST(Settings, TheFirstManagerMadeWarnsOnceOfEachMisspeltSetting) {
+  ScopedVariable misspelt("CUEMM_POOL_INITAL_SIZE", "8G");
+  testing::internal::CaptureStderr();
+  cuemm::make_bundled_memory_manager("default", nullptr);
+  cuemm::make_bundled_memory_manager("pool", nullptr);
+  cuemm::warn_of_unknown_settings();
+  const std::string warnings = testing::internal::GetCapturedStderr();
+  const std::string line =
+      "cuemm: CUEMM_POOL_INITAL_SIZE is not a setting cuemm reads (did you mean CUEMM_POOL_INITIAL_SIZE?); it is "
+      "ignored\n";
+  std::size_t times = 0;
+  for (auto at = warnings.find(line); at != std::string::npos; at = warnings.find(line, at + 1)) ++times;
+  EXPECT_EQ(times, 1u) << warnings;
+}
+
+TEST(Settings, AMisspellingIsNamedWithTheSettingItResembles) {
+  ScopedVariable a("CUEMM_MEMORY_MANGER", "pool"), b("CUEMM_DRVER", "sim"), c("CUEMM_ASYNC_EXPORTABL", "1");
+  const auto unknown = cuemm::unknown_settings();
+  ASSERT_NE(find(unknown, "CUEMM_MEMORY_MANGER"), nullptr);
+  EXPECT_EQ(find(unknown, "CUEMM_MEMORY_MANGER")->resembles, "CUEMM_MEMORY_MANAGER");
+  ASSERT_NE(find(unknown, "CUEMM_DRVER"), nullptr);
+  EXPECT_EQ(find(unknown, "CUEMM_DRVER")->resembles, "CUEMM_DRIVER");
+  ASSERT_NE(find(unknown, "CUEMM_ASYNC_EXPORTABL"), nullptr);
+  EXPECT_EQ(find(unknown, "CUEMM_ASYNC_EXPORTABL")->resembles, "CUEMM_ASYNC_EXPORTABLE");
+}
+
+TEST(Settings, AnyOtherNameInAFamilyOfSettingsIsUnknown) {
+  ScopedVariable a("CUEMM_POOL_SIZE", "1G"), b("CUEMM_LIMIT_BYTES", "1G");
+  const auto unknown = cuemm::unknown_settings();
+  ASSERT_NE(find(unknown, "CUEMM_POOL_SIZE"), nullptr);
+  ASSERT_NE(find(unknown, "CUEMM_LIMIT_BYTES"), nullptr);
+  EXPECT_EQ(find(unknown, "CUEMM_LIMIT_BYTES")->resembles, "CUEMM_LIMIT");
+}
+
+TEST(Settings, EverySettingAndOthersNamesAreLeftAlone) {
+  for (const cuemm::Setting& setting : cuemm::settings()) {
+    ScopedVariable known(setting.name, "1");
+    EXPECT_EQ(find(cuemm::unknown_settings(), setting.name), nullptr) << setting.name;
+  }
+  // A build's, a script's or a test's own variables are not settings spelt wrong.
+  ScopedVariable a("CUEMM_COMMIT", "abc"), b("CUEMM_GPU_TESTS_ONLY", "1"), c("CUEMM_SIM_DRIVER_PATH", "/x"),
+      d("CUEMM_TOOL", "cuemm"), e("NUMBA_CUDA_MEMORY_MANAGER", "cuemm");
+  for (const char* name : {"CUEMM_COMMIT", "CUEMM_GPU_TESTS_ONLY", "CUEMM_SIM_DRIVER_PATH", "CUEMM_TOOL"})
+    EXPECT_EQ(find(cuemm::unknown_settings(), name), nullptr) << name;
+}
+
+TEST(Settings, EachSettingHasAMeaning) {
+  ASSERT_FALSE(cuemm::settings().empty());
+  for (const cuemm::Setting& setting : cuemm::settings()) {
+    EXPECT_TRUE(std::string(setting.name).starts_with("CUEMM_")) << setting.name;
+    EXPECT_FALSE(std::string(setting.meaning).empty()) << setting.name;
+  }
+}
+
+}  // namespace
