@@ -672,15 +672,14 @@ int run(std::vector<std::string> args) {
     const auto yes_no = [](bool on) { return on ? "yes" : "no"; };
     if (memory_manager_name() == "pool") {
       const PoolOptions pool = PoolOptions::from_environment();
+      pool.check();
       std::printf("pool options: initial size %s; maximum size %s; thread caches %s; segments of their own "
                   "from %s; expandable %s; assembled blocks %s; split spares %s; past its peak while the GPU is "
                   "busy by up to %.3f of it; pinned host pool %s\n",
                   describe_bytes(pool.initial_size).c_str(),
                   pool.maximum_size ? describe_bytes(pool.maximum_size).c_str() : "the device's",
                   pool.thread_cache_size ? (describe_bytes(pool.thread_cache_size) + " each").c_str() : "off",
-                  describe_bytes(pool.dedicated_size).c_str(), yes_no(pool.expandable),
-                  pool.assemble_blocks && !pool.expandable ? "ignored (the pool is not expandable)"
-                                                           : yes_no(pool.assemble_blocks),
+                  describe_bytes(pool.dedicated_size).c_str(), yes_no(pool.expandable), yes_no(pool.assemble_blocks),
                   yes_no(pool.split_spares), pool.busy_overshoot, yes_no(pool.pinned_host_pool));
     } else if (memory_manager_name() == "async") {
       const AsyncOptions async = AsyncOptions::from_environment();

@@ -20,8 +20,12 @@ CUEMM_MEMORY_MANAGER=pool CUEMM_POOL_MAXIMUM_SIZE=8G CUEMM_POOL_THREAD_CACHE_SIZ
   grep -q "^pool options: initial size 0 bytes; maximum size 8.00 GiB (8589934592 bytes); thread caches off; .*; expandable yes;"
 CUEMM_MEMORY_MANAGER=pool CUEMM_POOL_EXPANDABLE=1 CUEMM_POOL_ASSEMBLE_BLOCKS=1 "$tool" info |
   grep -q "^pool options: .*; expandable yes; assembled blocks yes;"
-CUEMM_MEMORY_MANAGER=pool CUEMM_POOL_ASSEMBLE_BLOCKS=1 "$tool" info |
-  grep -q "; expandable no; assembled blocks ignored (the pool is not expandable);"
+# An option that would be ignored is refused, as the pool refuses it.
+if CUEMM_MEMORY_MANAGER=pool CUEMM_POOL_ASSEMBLE_BLOCKS=1 "$tool" info >"$work/bad.txt" 2>&1; then
+  echo "cuemm info took CUEMM_POOL_ASSEMBLE_BLOCKS=1 without CUEMM_POOL_EXPANDABLE=1" >&2
+  exit 1
+fi
+grep -q "assembled blocks (CUEMM_POOL_ASSEMBLE_BLOCKS=1) .* the pool is not expandable (CUEMM_POOL_EXPANDABLE=1)" "$work/bad.txt"
 CUEMM_MEMORY_MANAGER=async CUEMM_ASYNC_RELEASE_THRESHOLD=1G CUEMM_ASYNC_EXPORTABLE=1 "$tool" info |
   grep -q "^async options: release threshold 1.00 GiB (1073741824 bytes); exportable yes;"
 if CUEMM_MEMORY_MANAGER=pool CUEMM_POOL_MAXIMUM_SIZE=lots "$tool" info >"$work/bad.txt" 2>&1; then

@@ -231,6 +231,11 @@ struct PoolOptions {
   // CUEMM_POOL_CHECK_FREES=1.
   bool check_frees = false;
   static PoolOptions from_environment();
+  // InvalidArgument naming the option where no pool could work with these
+  // (a maximum under one segment, an initial size over the maximum, an
+  // overshoot out of range) or where one would be ignored (assembled blocks
+  // without `expandable`). The constructor checks; so does `cuemm info`.
+  void check() const;
 };
 
 struct PoolStatistics {

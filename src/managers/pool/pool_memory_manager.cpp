@@ -26,31 +26,42 @@ PoolOptions PoolOptions::from_environment() {
   return options;
 }
 
+void PoolOptions::check() const {
+  if (maximum_size && maximum_size < PoolMemoryManager::kSegmentGranularity) {
+    throw InvalidArgument("pool: the maximum size (" + describe_bytes(maximum_size) + ") is less than one segment (" +
+                          describe_bytes(PoolMemoryManager::kSegmentGranularity) + "): no allocation could succeed");
+  }
+  if (!(busy_overshoot >= 0 && busy_overshoot <= PoolMemoryManager::kLargestBusyOvershoot)) {
+    char text[96];
+    std::snprintf(text, sizeof text, "pool: the busy overshoot (%g) must be a fraction of the peak from 0 to %g",
+                  busy_overshoot, PoolMemoryManager::kLargestBusyOvershoot);
+    throw InvalidArgument(text);
+  }
+  if (maximum_size && initial_size > maximum_size) {
+    throw InvalidArgument("pool: the initial size (" + describe_bytes(initial_size) + ") exceeds the maximum size (" +
+                          describe_bytes(maximum_size) + ")");
+  }
+  if (assemble_blocks && !expandable) {
+    throw InvalidArgument("pool: assembled blocks (CUEMM_POOL_ASSEMBLE_BLOCKS=1) are made of the expandable pool's "
+                          "pages, but the pool is not expandable (CUEMM_POOL_EXPANDABLE=1)");
+  }
+}
 
+namespace {
+PoolOptions checked(const PoolOptions& options) {
+  options.check();
+  return options;
+}
+}  // namespace
 
 PoolMemoryManager::PoolMemoryManager(Context* context, PoolOptions options)
     : HostOnlyMemoryManager(context),
-      options_(options),
+      options_(checked(options)),  // before any part of the pool is made
       core_(std::make_shared<Core>(context, options)),
       current_core_(core_.get()),
       core_context_(context) {
   if (options_.pinned_host_pool) use_pinned_host_pool();
   if (options_.check_frees) free_checker_ = std::make_unique<detail::RawFreeChecker>();
-  if (options_.maximum_size && options_.maximum_size < kSegmentGranularity) {
-    throw InvalidArgument("pool: the maximum size (" + describe_bytes(options_.maximum_size) +
-                          ") is less than one segment (" + describe_bytes(kSegmentGranularity) +
-                          "): no allocation could succeed");
-  }
-  if (!(options_.busy_overshoot >= 0 && options_.busy_overshoot <= kLargestBusyOvershoot)) {
-    char text[96];
-    std::snprintf(text, sizeof text, "pool: the busy overshoot (%g) must be a fraction of the peak from 0 to %g",
-                  options_.busy_overshoot, kLargestBusyOvershoot);
-    throw InvalidArgument(text);
-  }
-  if (options_.maximum_size && options_.initial_size > options_.maximum_size) {
-    throw InvalidArgument("pool: the initial size (" + describe_bytes(options_.initial_size) +
-                          ") exceeds the maximum size (" + describe_bytes(options_.maximum_size) + ")");
-  }
 }
 
 PoolMemoryManager::~PoolMemoryManager() {

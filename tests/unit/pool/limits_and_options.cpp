@@ -238,6 +238,18 @@ TEST_F(Pool, AMaximumBelowOneSegmentIsRefusedAtOnce) {
                                       "the maximum size (1.00 MiB (1048576 bytes)) is less than one segment"));
 }
 
+// Assembled blocks are made of the arena's pages: without it the option
+// would do nothing, so it is refused rather than ignored.
+TEST_F(Pool, AssembledBlocksWithoutTheExpandablePoolAreRefused) {
+  PoolOptions options;
+  options.assemble_blocks = true;
+  EXPECT_TRUE(throws<InvalidArgument>([&] { PoolMemoryManager pool(&context, options); },
+                                      "assembled blocks (CUEMM_POOL_ASSEMBLE_BLOCKS=1)"));
+  EXPECT_TRUE(throws<InvalidArgument>([&] { options.check(); }, "the pool is not expandable"));
+  options.expandable = true;
+  EXPECT_NO_THROW(options.check());
+}
+
 TEST_F(Pool, AnInitialSizeIsReservedAtInitialize) {
   PoolOptions options;
   options.initial_size = 96 << 20;
