@@ -47,8 +47,11 @@ std::string without_spaces(std::string spec) {
 
 std::string adaptors_from_environment() {
   std::string spec = without_spaces(environment("CUEMM_ADAPTORS"));
-  if (!environment("CUEMM_LOG_FILE").empty() && ("," + spec + ",").find(",log,") == std::string::npos)
-    spec += spec.empty() ? "log" : ",log";
+  // A log file or a limit set alone asks for its adaptor (outermost, in that order).
+  for (const auto& [variable, adaptor] : {std::pair{"CUEMM_LOG_FILE", "log"}, std::pair{"CUEMM_LIMIT", "limit"}}) {
+    if (!environment(variable).empty() && ("," + spec + ",").find("," + std::string(adaptor) + ",") == std::string::npos)
+      spec += (spec.empty() ? "" : ",") + std::string(adaptor);
+  }
   return spec;
 }
 

@@ -669,6 +669,23 @@ def test_a_limit_is_what_numba_sees_as_memory(run_python):
     """, CUEMM_ADAPTORS="limit", CUEMM_LIMIT="64M", **PLUGIN)
 
 
+def test_a_limit_given_alone_is_applied(run_python):
+    # use_cuemm_for_numba(limit=...) without adaptors="limit" caps Numba too.
+    run_python("""
+        import cuemm
+        cuemm.use_cuemm_for_numba("pool", limit="32M")
+        from numba import cuda
+        free, total = cuda.current_context().get_memory_info()
+        assert total == 32 << 20, total
+        try:
+            cuda.device_array(33 << 20, dtype="u1")
+        except MemoryError as error:
+            assert "limit" in str(error), error
+        else:
+            raise AssertionError("an array past the limit was allocated")
+    """)
+
+
 @pytest.mark.parametrize("manager", ["pool", "async", "default"])
 def test_release_unused_memory_gives_back_what_no_array_holds(run_python, manager):
     run_python("""

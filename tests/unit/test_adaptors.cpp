@@ -961,6 +961,25 @@ TEST_F(Adaptors, TheLogFileVariableAddsTheLog) {
   EXPECT_EQ(adaptors_from_environment(), "");
 }
 
+// A cap set without naming its adaptor is a cap, not a setting ignored.
+TEST_F(Adaptors, TheLimitVariableAddsTheLimit) {
+  setenv("CUEMM_LIMIT", "64M", 1);
+  EXPECT_EQ(adaptors_from_environment(), "limit");
+  setenv("CUEMM_LOG_FILE", "x.csv", 1);
+  EXPECT_EQ(adaptors_from_environment(), "log,limit");
+  setenv("CUEMM_ADAPTORS", "limit, statistics", 1);
+  EXPECT_EQ(adaptors_from_environment(), "limit,statistics,log");
+  unsetenv("CUEMM_LOG_FILE");
+  unsetenv("CUEMM_ADAPTORS");
+  auto manager = wrap_with_adaptors(&context, pool(), adaptors_from_environment());
+  manager->initialize();
+  ASSERT_NE(find_adaptor<LimitingAdaptor>(*manager), nullptr);
+  EXPECT_EQ(find_adaptor<LimitingAdaptor>(*manager)->limit(), std::size_t{64} << 20);
+  EXPECT_THROW(manager->memalloc(std::size_t{65} << 20), OutOfMemory);
+  unsetenv("CUEMM_LIMIT");
+  EXPECT_EQ(adaptors_from_environment(), "");
+}
+
 // Logs written by other hands: a byte-order mark, spaces after the commas,
 // columns in another order and no time column (rows then replay in order,
 // each timed by its row's number).

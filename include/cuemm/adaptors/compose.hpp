@@ -5,7 +5,8 @@
 // Names, innermost first: statistics, log (to CUEMM_LOG_FILE, default
 // cuemm_log.csv, where %p stands for the process id; device N > 0 logs to
 // name.deviceN.csv), tracking, limit (at
-// CUEMM_LIMIT bytes, such as 2G). Setting CUEMM_LOG_FILE alone adds log.
+// CUEMM_LIMIT bytes, such as 2G). Setting CUEMM_LOG_FILE alone adds log;
+// CUEMM_LIMIT alone adds limit.
 #pragma once
 
 #include <memory>
@@ -21,7 +22,7 @@ namespace cuemm {
 std::unique_ptr<BaseMemoryManager> wrap_with_adaptors(Context* context, std::unique_ptr<BaseMemoryManager> manager,
                                                       const std::string& spec);
 
-// The spec from CUEMM_ADAPTORS and CUEMM_LOG_FILE ("" for none).
+// The spec from CUEMM_ADAPTORS, CUEMM_LOG_FILE and CUEMM_LIMIT ("" for none).
 std::string adaptors_from_environment();
 
 }  // namespace cuemm
