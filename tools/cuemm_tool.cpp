@@ -612,6 +612,7 @@ void replay_by_device(const std::vector<Operation>& operations, const std::strin
 int usage(bool asked = false) {
   std::fprintf(asked ? stdout : stderr,
                "usage: cuemm info\n"
+               "       cuemm --version\n"
                "       cuemm replay LOG.csv [--manager pool|async|default|best-fit|PLUGIN.so] [--trace-growth]\n"
                "                    [--stream-ordered] [--segments]\n"
                "       cuemm replay LOG.csv --compare     (every bundled manager and the pool's options, as a table;\n"
@@ -637,8 +638,14 @@ int run(std::vector<std::string> args) {
     return usage(true);
   const std::string command = args[0];
   args.erase(args.begin());
+  if (command == "--version") {
+    tool::refuse_leftovers(args, "--version");
+    std::printf("cuemm %s\n", version());
+    return 0;
+  }
   if (command == "info") {
     tool::refuse_leftovers(args, "info");
+    std::printf("cuemm %s\n", version());
     const auto& driver = driver::Driver::get();
     std::printf("driver: %s (%s), CUDA %d\n", simulation::active() ? "simulated" : "cuda", driver.library_path().c_str(),
                 driver.version());

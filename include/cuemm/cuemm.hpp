@@ -20,6 +20,7 @@
 #include "cuemm/runtime/stream.hpp"
 #include "cuemm/driver/simulation.hpp"
 #include "cuemm/threading/blocking_hook.hpp"
+#include "cuemm/version.hpp"
 #include "cuemm/adaptors/compose.hpp"
 #include "cuemm/adaptors/limiting_adaptor.hpp"
 #include "cuemm/adaptors/logging_adaptor.hpp"

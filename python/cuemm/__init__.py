@@ -17,6 +17,8 @@ import os
 from . import _core
 from ._core import CudaError
 
+__version__ = _core.version()
+
 __all__ = [
     "use_cuemm_for_numba",
     "statistics",

@@ -978,6 +978,7 @@ PYBIND11_MODULE(_core, module) {
       .def_property_readonly("staged", &IpcImport::staged);
 
   module.def("bundled_managers", &bundled_memory_managers);
+  module.def("version", &cuemm::version);
   module.def("on_out_of_memory", [](py::object handler) {
     if (!handler.is_none() && !PyCallable_Check(handler.ptr()))
       throw py::type_error("on_out_of_memory: the handler must be callable (or None), not " +

@@ -27,6 +27,16 @@ def test_import_needs_no_numba(run_python):
     assert "pool" in out and "async" in out
 
 
+def test_the_version_is_the_projects(run_python):
+    # One version for the library, the package and the pip build.
+    import pathlib, re
+    root = pathlib.Path(__file__).resolve().parents[2]
+    cmake = re.search(r"project\(cuemm VERSION ([0-9.]+)", (root / "CMakeLists.txt").read_text()).group(1)
+    package = re.search(r'(?m)^version = "([0-9.]+)"', (root / "pyproject.toml").read_text()).group(1)
+    out = run_python("import cuemm; print(cuemm.__version__)")
+    assert out.strip() == cmake == package, (out, cmake, package)
+
+
 def test_the_expandable_pool_assembles_blocks_for_numba(run_python):
     # Eight arrays of 1 MiB over four pages, the second and the fifth freed:
     # an array of 1.5 MiB is made of those two holes, not of a new page.

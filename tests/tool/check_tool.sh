@@ -10,6 +10,9 @@ trap 'rm -rf "$work"' EXIT
 
 "$tool" info >"$work/info.txt"
 grep -q "^device 0: " "$work/info.txt"
+# The version, alone and atop info: CMake's project version.
+version=$(sed -n 's/^project(cuemm VERSION \([0-9.]*\).*/\1/p' "$(dirname "$0")/../../CMakeLists.txt")
+[ -n "$version" ] && [ "$("$tool" --version)" = "cuemm $version" ] && [ "$(head -n 1 "$work/info.txt")" = "cuemm $version" ]
 grep -q "^pools reuse a freed block once the work queued before its free has run, on every stream" "$work/info.txt"
 # A driver without cuCtxRecordEvent (here the simulated one refusing it): the legacy stream's work, said so.
 if grep -q simulated "$work/info.txt"; then
