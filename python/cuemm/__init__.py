@@ -62,25 +62,48 @@ def use_cuemm_for_numba(manager=None, *, log=False, **options):
     release_threshold) and, for any manager, adaptors, limit and log_file;
     sizes may be numbers or strings such as "512M". log=True
     keeps a CSV log in memory for write_log() and plot(). Call it before Numba
-    creates a context (before the first allocation or kernel launch).
+    creates a context (before the first allocation or kernel launch): once a
+    context exists (until cuda.close()), a choice that would not reach it is a
+    RuntimeError, and nothing is changed.
     """
     manager = manager or os.environ.get("CUEMM_MEMORY_MANAGER") or "pool"
     if manager not in _OPTION_VARIABLES:
         raise ValueError(f"unknown cuemm manager {manager!r}; choose one of {sorted(_OPTION_VARIABLES)}")
     known = dict(_COMMON_VARIABLES, **_OPTION_VARIABLES[manager])
+    settings = {"CUEMM_MEMORY_MANAGER": manager}
     for name, value in options.items():
         if name not in known:
             raise TypeError(f"the {manager} manager has no option {name!r} (options: {', '.join(sorted(known))})")
         if isinstance(value, bool):
             value = int(value)
-        os.environ[known[name]] = str(value)
-    os.environ["CUEMM_MEMORY_MANAGER"] = manager
+        settings[known[name]] = str(value)
     if log:
-        os.environ["CUEMM_LOG"] = "1"
+        settings["CUEMM_LOG"] = "1"
+    _refuse_once_numba_has_contexts(settings)
+    os.environ.update(settings)
     from numba import cuda
     from .numba_plugin import CuemmNumbaManager
 
     cuda.set_memory_manager(CuemmNumbaManager)
+
+
+def _refuse_once_numba_has_contexts(settings):
+    # A context keeps the manager it was made with: a later choice would be
+    # ignored without a word. (Numba's devices are looked at, none made.)
+    import sys
+    driver_module = sys.modules.get("numba.cuda.cudadrv.driver")
+    devices = getattr(getattr(driver_module, "driver", None), "__dict__", {}).get("devices", {})
+    made = [(device.id, device.primary_context) for device in list(devices.values())
+            if getattr(device, "primary_context", None) is not None]
+    for device, context in made:
+        manager = type(context.memory_manager).__name__
+        if manager != "CuemmNumbaManager":
+            raise RuntimeError(f"use_cuemm_for_numba() must come before Numba makes a context: device {device} "
+                               f"has one already, with Numba's memory manager {manager}")
+        changed = sorted(name for name, value in settings.items() if os.environ.get(name) != value)
+        if changed:
+            raise RuntimeError(f"cuemm already serves Numba's context on device {device}; the settings "
+                               f"{', '.join(changed)} would not reach it (choose them before the first context)")
 
 
 def _bridges():

@@ -99,6 +99,40 @@ def test_a_misspelt_setting_is_named_once_when_numba_first_allocates(run_python)
     assert out.count(warning) == 1, out
 
 
+def test_choosing_cuemm_after_numba_made_a_context_is_an_error(run_python):
+    # A context keeps its manager: a choice that could not reach it says so,
+    # changes nothing, and works again once the context is closed.
+    run_python("""
+        import os
+        import numpy as np
+        from numba import cuda
+        import cuemm
+
+        def refused(call, words):
+            try:
+                call()
+            except RuntimeError as error:
+                assert words in str(error), error
+            else:
+                raise AssertionError("no error")
+
+        first = cuda.to_device(np.ones(4))
+        refused(lambda: cuemm.use_cuemm_for_numba("pool"), "device 0 has one already")
+        assert "CUEMM_MEMORY_MANAGER" not in os.environ
+        del first
+        cuda.close()
+        cuemm.use_cuemm_for_numba("pool", thread_cache_size="64M")
+        second = cuda.to_device(np.arange(4.0))
+        assert type(cuda.current_context().memory_manager).__name__ == "CuemmNumbaManager"
+        cuemm.use_cuemm_for_numba("pool", thread_cache_size="64M")  # the same choice again: nothing to refuse
+        refused(lambda: cuemm.use_cuemm_for_numba("async"), "CUEMM_MEMORY_MANAGER would not reach it")
+        refused(lambda: cuemm.use_cuemm_for_numba("pool", thread_cache_size="0"),
+                "CUEMM_POOL_THREAD_CACHE_SIZE would not reach it")
+        assert os.environ["CUEMM_POOL_THREAD_CACHE_SIZE"] == "64M"
+        assert (second.copy_to_host() == np.arange(4.0)).all()
+    """)
+
+
 def test_device_arrays_round_trip_and_are_counted(run_python):
     run_python("""
         import numpy as np
