@@ -8,6 +8,16 @@ import pytest
 
 PLUGIN = {"NUMBA_CUDA_MEMORY_MANAGER": "cuemm"}
 # For scenarios that compare pointers: a ctypes or cuda.bindings pointer as a number.
+# For scenarios that check an error: `call()` must raise `error` with `words` in its message.
+REFUSED = """
+        def refused(call, error, words):
+            try:
+                call()
+            except error as caught:
+                assert words in str(caught), caught
+            else:
+                raise AssertionError(f"no {error.__name__} ({words})")
+"""
 PLAIN_POINTERS = """
         def plain(value):
             if hasattr(value, "value"):
@@ -64,18 +74,10 @@ def test_the_expandable_pool_assembles_blocks_for_numba(run_python):
 
 
 def test_bad_choices_are_clear_errors(run_python):
-    run_python("""
+    run_python(REFUSED + """
         import cuemm
-        for call, error, words in [
-            (lambda: cuemm.use_cuemm_for_numba("sparkly"), ValueError, "sparkly"),
-            (lambda: cuemm.use_cuemm_for_numba("pool", colour="red"), TypeError, "colour"),
-        ]:
-            try:
-                call()
-            except error as caught:
-                assert words in str(caught), caught
-            else:
-                raise AssertionError("no error")
+        refused(lambda: cuemm.use_cuemm_for_numba("sparkly"), ValueError, "sparkly")
+        refused(lambda: cuemm.use_cuemm_for_numba("pool", colour="red"), TypeError, "colour")
     """)
 
 
@@ -102,22 +104,14 @@ def test_a_misspelt_setting_is_named_once_when_numba_first_allocates(run_python)
 def test_choosing_cuemm_after_numba_made_a_context_is_an_error(run_python):
     # A context keeps its manager: a choice that could not reach it says so,
     # changes nothing, and works again once the context is closed.
-    run_python("""
+    run_python(REFUSED + """
         import os
         import numpy as np
         from numba import cuda
         import cuemm
 
-        def refused(call, words):
-            try:
-                call()
-            except RuntimeError as error:
-                assert words in str(error), error
-            else:
-                raise AssertionError("no error")
-
         first = cuda.to_device(np.ones(4))
-        refused(lambda: cuemm.use_cuemm_for_numba("pool"), "device 0 has one already")
+        refused(lambda: cuemm.use_cuemm_for_numba("pool"), RuntimeError, "device 0 has one already")
         assert "CUEMM_MEMORY_MANAGER" not in os.environ
         del first
         cuda.close()
@@ -125,8 +119,8 @@ def test_choosing_cuemm_after_numba_made_a_context_is_an_error(run_python):
         second = cuda.to_device(np.arange(4.0))
         assert type(cuda.current_context().memory_manager).__name__ == "CuemmNumbaManager"
         cuemm.use_cuemm_for_numba("pool", thread_cache_size="64M")  # the same choice again: nothing to refuse
-        refused(lambda: cuemm.use_cuemm_for_numba("async"), "CUEMM_MEMORY_MANAGER would not reach it")
-        refused(lambda: cuemm.use_cuemm_for_numba("pool", thread_cache_size="0"),
+        refused(lambda: cuemm.use_cuemm_for_numba("async"), RuntimeError, "CUEMM_MEMORY_MANAGER would not reach it")
+        refused(lambda: cuemm.use_cuemm_for_numba("pool", thread_cache_size="0"), RuntimeError,
                 "CUEMM_POOL_THREAD_CACHE_SIZE would not reach it")
         assert os.environ["CUEMM_POOL_THREAD_CACHE_SIZE"] == "64M"
         assert (second.copy_to_host() == np.arange(4.0)).all()
