@@ -697,7 +697,8 @@ int run(std::vector<std::string> args) {
     }
     std::string set;
     for (const Setting& setting : settings()) {
-      if (const char* value = std::getenv(setting.name)) set += (set.empty() ? "" : ", ") + std::string(setting.name) + "=" + value;
+      if (const char* value = std::getenv(setting.name))
+        set += (set.empty() ? "" : ", ") + std::string(setting.name) + "=" + value;
     }
     std::printf("settings in the environment: %s\n", set.empty() ? "none" : set.c_str());
     warn_of_unknown_settings();  // (on stderr, as wherever a manager is made)

@@ -49,8 +49,8 @@ std::string adaptors_from_environment() {
   std::string spec = without_spaces(environment("CUEMM_ADAPTORS"));
   // A log file or a limit set alone asks for its adaptor (outermost, in that order).
   for (const auto& [variable, adaptor] : {std::pair{"CUEMM_LOG_FILE", "log"}, std::pair{"CUEMM_LIMIT", "limit"}}) {
-    if (!environment(variable).empty() && ("," + spec + ",").find("," + std::string(adaptor) + ",") == std::string::npos)
-      spec += (spec.empty() ? "" : ",") + std::string(adaptor);
+    const bool named = ("," + spec + ",").find("," + std::string(adaptor) + ",") != std::string::npos;
+    if (!environment(variable).empty() && !named) spec += (spec.empty() ? "" : ",") + std::string(adaptor);
   }
   return spec;
 }

@@ -56,7 +56,8 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
   for (std::size_t i = 1; i <= a.size(); ++i) {
     for (std::size_t j = 1; j <= b.size(); ++j) {
       d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      const bool swapped = i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1];
+      if (swapped) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
     }
   }
   return d[a.size()][b.size()];
@@ -79,8 +80,8 @@ std::vector<UnknownSetting> unknown_settings() {
       if (!nearest || edits < distance) nearest = &setting, distance = edits;
     }
     if (distance == 0) continue;
-    const bool in_a_family =
-        std::any_of(kFamilies.begin(), kFamilies.end(), [&](std::string_view family) { return name.starts_with(family); });
+    const bool in_a_family = std::any_of(kFamilies.begin(), kFamilies.end(),
+                                         [&](std::string_view family) { return name.starts_with(family); });
     if (in_a_family || distance <= 2) unknown.push_back({std::string(name), nearest->name});
   }
   std::sort(unknown.begin(), unknown.end(), [](const auto& a, const auto& b) { return a.name < b.name; });

@@ -15,7 +15,7 @@ namespace cuemm {
 
 struct Setting {
   const char* name;     // CUEMM_POOL_INITIAL_SIZE, say
-  const char* meaning;  // one line, for `cuemm info`
+  const char* meaning;  // one line: what it sets
 };
 
 // Every environment variable the library and the simulated driver read.
