@@ -1,6 +1,7 @@
 // cuemm: the command-line tool.
 //
-//   cuemm info                               driver, devices, managers
+//   cuemm info                               version, driver, devices, managers, settings
+//   cuemm --version                          the library's version
 //   cuemm replay LOG.csv [--manager NAME]    replays an allocation log (the CSV of
 //                                            LoggingAdaptor, or of RMM's
 //                                            logging_resource_adaptor) against a manager
