@@ -675,7 +675,8 @@ int run(std::vector<std::string> args) {
     std::string bundled;
     for (const auto& name : bundled_memory_managers()) bundled += (bundled.empty() ? "" : ", ") + name;
     std::printf("manager for new contexts: %s; bundled: %s\n", memory_manager_name().c_str(), bundled.c_str());
-    std::printf("adaptors: %s\n", adaptors_from_environment().empty() ? "none" : adaptors_from_environment().c_str());
+    const std::string adaptors = adaptors_from_environment();
+    std::printf("adaptors: %s\n", adaptors.empty() ? "none" : adaptors.c_str());
     // The options a bundled pool takes from the environment (a bad value is an error here too).
     const auto yes_no = [](bool on) { return on ? "yes" : "no"; };
     if (memory_manager_name() == "pool") {

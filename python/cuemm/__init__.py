@@ -95,12 +95,12 @@ def _refuse_once_numba_has_contexts(settings):
     devices = getattr(getattr(driver_module, "driver", None), "__dict__", {}).get("devices", {})
     made = [(device.id, device.primary_context) for device in list(devices.values())
             if getattr(device, "primary_context", None) is not None]
+    changed = sorted(name for name, value in settings.items() if os.environ.get(name) != value)
     for device, context in made:
         manager = type(context.memory_manager).__name__
         if manager != "CuemmNumbaManager":
             raise RuntimeError(f"use_cuemm_for_numba() must come before Numba makes a context: device {device} "
                                f"has one already, with Numba's memory manager {manager}")
-        changed = sorted(name for name, value in settings.items() if os.environ.get(name) != value)
         if changed:
             raise RuntimeError(f"cuemm already serves Numba's context on device {device}; the settings "
                                f"{', '.join(changed)} would not reach it (choose them before the first context)")
