@@ -703,6 +703,20 @@ int run(std::vector<std::string> args) {
         set += (set.empty() ? "" : ", ") + std::string(setting.name) + "=" + value;
     }
     std::printf("settings in the environment: %s\n", set.empty() ? "none" : set.c_str());
+    // Options of a bundled manager that new contexts do not get: most often a
+    // pool's size set while CUEMM_MEMORY_MANAGER was left out. (A plugin may
+    // read any of them.)
+    const auto& names = bundled_memory_managers();
+    const bool plugin = std::find(names.begin(), names.end(), memory_manager_name()) == names.end();
+    const std::vector<std::string> unused =
+        plugin ? std::vector<std::string>{} : settings_for_other_managers(memory_manager_name());
+    if (!unused.empty()) {
+      std::string names;
+      for (const auto& name : unused) names += (names.empty() ? "" : ", ") + name;
+      std::printf("settings of other managers, unused by %s: %s\n", memory_manager_name().c_str(), names.c_str());
+      std::fprintf(stderr, "cuemm: %s set, but new contexts get the manager '%s', which does not read %s\n",
+                   names.c_str(), memory_manager_name().c_str(), unused.size() == 1 ? "it" : "them");
+    }
     warn_of_unknown_settings();  // (on stderr, as wherever a manager is made)
     return 0;
   }

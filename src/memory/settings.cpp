@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <string_view>
 
@@ -21,19 +22,19 @@ constexpr std::array kSettings{
     Setting{"CUEMM_LOG", "1: the Numba bridge keeps a log in memory"},
     Setting{"CUEMM_MAX_PENDING_DEALLOCS_COUNT", "the default manager flushes past this many pending frees"},
     Setting{"CUEMM_MAX_PENDING_DEALLOCS_RATIO", "... or past this fraction of the device's memory"},
-    Setting{"CUEMM_POOL_INITIAL_SIZE", "the pool's first segment, made at initialize()"},
-    Setting{"CUEMM_POOL_MAXIMUM_SIZE", "the most the pool takes from the driver"},
-    Setting{"CUEMM_POOL_THREAD_CACHE_SIZE", "what a thread's cache may keep; 0 turns the caches off"},
-    Setting{"CUEMM_POOL_DEDICATED_SIZE", "blocks this large get segments of their own"},
-    Setting{"CUEMM_POOL_SMALL_BLOCKS_APART", "0: small blocks share the large blocks' segments"},
-    Setting{"CUEMM_POOL_EXPANDABLE", "1: one range of addresses, mapped page by page"},
-    Setting{"CUEMM_POOL_ASSEMBLE_BLOCKS", "1: near the peak, blocks made of mapped pages' free ends"},
-    Setting{"CUEMM_POOL_SPLIT_SPARES", "1: spares carved for large sizes that recur"},
-    Setting{"CUEMM_POOL_CHECK_FREES", "1: the raw interface refuses bad frees"},
-    Setting{"CUEMM_POOL_BUSY_OVERSHOOT", "how far past its peak the pool grows rather than wait for the GPU"},
-    Setting{"CUEMM_PINNED_HOST_POOL", "0: pinned and mapped host memory straight from the driver"},
-    Setting{"CUEMM_ASYNC_RELEASE_THRESHOLD", "bytes the driver's pool keeps past a synchronisation"},
-    Setting{"CUEMM_ASYNC_EXPORTABLE", "1: the driver's pool is made exportable (IPC)"},
+    Setting{"CUEMM_POOL_INITIAL_SIZE", "the pool's first segment, made at initialize()", "pool"},
+    Setting{"CUEMM_POOL_MAXIMUM_SIZE", "the most the pool takes from the driver", "pool"},
+    Setting{"CUEMM_POOL_THREAD_CACHE_SIZE", "what a thread's cache may keep; 0 turns the caches off", "pool"},
+    Setting{"CUEMM_POOL_DEDICATED_SIZE", "blocks this large get segments of their own", "pool"},
+    Setting{"CUEMM_POOL_SMALL_BLOCKS_APART", "0: small blocks share the large blocks' segments", "pool"},
+    Setting{"CUEMM_POOL_EXPANDABLE", "1: one range of addresses, mapped page by page", "pool"},
+    Setting{"CUEMM_POOL_ASSEMBLE_BLOCKS", "1: near the peak, blocks made of mapped pages' free ends", "pool"},
+    Setting{"CUEMM_POOL_SPLIT_SPARES", "1: spares carved for large sizes that recur", "pool"},
+    Setting{"CUEMM_POOL_CHECK_FREES", "1: the raw interface refuses bad frees", "pool"},
+    Setting{"CUEMM_POOL_BUSY_OVERSHOOT", "how far past its peak the pool grows rather than wait for the GPU", "pool"},
+    Setting{"CUEMM_PINNED_HOST_POOL", "0: pinned and mapped host memory straight from the driver", "pool, async"},
+    Setting{"CUEMM_ASYNC_RELEASE_THRESHOLD", "bytes the driver's pool keeps past a synchronisation", "async"},
+    Setting{"CUEMM_ASYNC_EXPORTABLE", "1: the driver's pool is made exportable (IPC)", "async"},
     Setting{"CUEMM_SIM_DRIVER", "the simulated driver library to load"},
     Setting{"CUEMM_SIM_DEVICES", "the simulated driver's device count"},
     Setting{"CUEMM_SIM_MEMORY", "each simulated device's memory"},
@@ -86,6 +87,22 @@ std::vector<UnknownSetting> unknown_settings() {
   }
   std::sort(unknown.begin(), unknown.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   return unknown;
+}
+
+std::vector<std::string> settings_for_other_managers(std::string_view manager) {
+  std::vector<std::string> others;
+  for (const Setting& setting : kSettings) {
+    if (!setting.managers || !std::getenv(setting.name)) continue;
+    const std::string_view managers(setting.managers);
+    bool applies = false;
+    for (std::size_t at = 0; at <= managers.size() && !applies;) {
+      const std::size_t end = std::min(managers.find(", ", at), managers.size());
+      applies = managers.substr(at, end - at) == manager;
+      at = end + 2;
+    }
+    if (!applies) others.push_back(setting.name);
+  }
+  return others;
 }
 
 void warn_of_unknown_settings() {

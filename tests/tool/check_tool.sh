@@ -41,6 +41,15 @@ CUEMM_POOL_EXPANDABLE=1 CUEMM_POOL_INITAL_SIZE=1G "$tool" info >"$work/settings.
 grep -q "^settings in the environment: .*CUEMM_POOL_EXPANDABLE=1" "$work/settings.txt"
 [ "$(grep -c "CUEMM_POOL_INITAL_SIZE is not a setting cuemm reads (did you mean CUEMM_POOL_INITIAL_SIZE?)" \
   "$work/settings-stderr.txt")" = 1 ]
+# A pool's option set while new contexts get another manager is named, on stdout and stderr; not under the pool.
+grep -q "^settings of other managers, unused by default: CUEMM_POOL_EXPANDABLE$" "$work/settings.txt"
+grep -q "CUEMM_POOL_EXPANDABLE set, but new contexts get the manager 'default', which does not read it" \
+  "$work/settings-stderr.txt"
+CUEMM_MEMORY_MANAGER=pool CUEMM_POOL_EXPANDABLE=1 "$tool" info >"$work/settings.txt" 2>&1
+if grep -q "unused by\|does not read" "$work/settings.txt"; then
+  echo "cuemm info called the pool's own option unused" >&2
+  exit 1
+fi
 "$tool" random --operations 3000 --max-size 2M --live 64M --manager pool >"$work/random.txt"
 # A pool counts its stream queries, and the driver calls that took and gave back memory
 # (one segment at least for 64 MiB live).

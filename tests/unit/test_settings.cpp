@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "cuemm/cuemm.hpp"
 
@@ -74,6 +76,33 @@ TEST(Settings, EverySettingAndOthersNamesAreLeftAlone) {
       d("CUEMM_TOOL", "cuemm"), e("NUMBA_CUDA_MEMORY_MANAGER", "cuemm");
   for (const char* name : {"CUEMM_COMMIT", "CUEMM_GPU_TESTS_ONLY", "CUEMM_SIM_DRIVER_PATH", "CUEMM_TOOL"})
     EXPECT_EQ(find(cuemm::unknown_settings(), name), nullptr) << name;
+}
+
+TEST(Settings, AnotherManagersOptionsAreNamedAndTheChosenOnesAreNot) {
+  ScopedVariable a("CUEMM_POOL_INITIAL_SIZE", "1G"), b("CUEMM_ASYNC_EXPORTABLE", "1"),
+      c("CUEMM_PINNED_HOST_POOL", "0"), d("CUEMM_LIMIT", "1G");
+  using Names = std::vector<std::string>;
+  // (In the table's order; the limit and the pinned pool's switch apply to more than one manager.)
+  EXPECT_EQ(cuemm::settings_for_other_managers("pool"), Names{"CUEMM_ASYNC_EXPORTABLE"});
+  EXPECT_EQ(cuemm::settings_for_other_managers("async"), Names{"CUEMM_POOL_INITIAL_SIZE"});
+  EXPECT_EQ(cuemm::settings_for_other_managers("default"),
+            (Names{"CUEMM_POOL_INITIAL_SIZE", "CUEMM_PINNED_HOST_POOL", "CUEMM_ASYNC_EXPORTABLE"}));
+  EXPECT_EQ(cuemm::settings_for_other_managers("/opt/plugins/libmine.so"),
+            (Names{"CUEMM_POOL_INITIAL_SIZE", "CUEMM_PINNED_HOST_POOL", "CUEMM_ASYNC_EXPORTABLE"}));
+}
+
+TEST(Settings, EveryManagersNameInTheTableIsABundledManager) {
+  const auto bundled = cuemm::bundled_memory_managers();
+  for (const cuemm::Setting& setting : cuemm::settings()) {
+    if (!setting.managers) continue;
+    std::string names = setting.managers;
+    for (std::size_t at = 0; at < names.size();) {
+      const std::size_t end = std::min(names.find(", ", at), names.size());
+      const std::string name = names.substr(at, end - at);
+      EXPECT_NE(std::find(bundled.begin(), bundled.end(), name), bundled.end()) << setting.name << ": " << name;
+      at = end + 2;
+    }
+  }
 }
 
 TEST(Settings, EachSettingHasAMeaning) {

@@ -9,6 +9,7 @@
 
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace cuemm {
@@ -16,6 +17,9 @@ namespace cuemm {
 struct Setting {
   const char* name;     // CUEMM_POOL_INITIAL_SIZE, say
   const char* meaning;  // one line: what it sets
+  // The bundled managers it is an option of ("pool", "pool, async"); null
+  // where it does not belong to one manager (the driver, the adaptors).
+  const char* managers = nullptr;
 };
 
 // Every environment variable the library and the simulated driver read.
@@ -31,6 +35,13 @@ struct UnknownSetting {
 // or a spelling within two edits of a setting's. Others (a build's or a
 // script's CUEMM_COMMIT) are not settings and are left alone.
 std::vector<UnknownSetting> unknown_settings();
+
+// The settings set in the environment that are options of bundled managers
+// other than `manager` (CUEMM_POOL_INITIAL_SIZE while contexts get "default"):
+// harmless, but a sign the choice of manager is not what was meant. (`cuemm
+// info` says so; a plugin library may read any of them, so it asks only of
+// bundled managers.)
+std::vector<std::string> settings_for_other_managers(std::string_view manager);
 
 // Prints unknown_settings() to stderr, once per process.
 void warn_of_unknown_settings();
