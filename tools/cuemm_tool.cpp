@@ -1,6 +1,7 @@
 // cuemm: the command-line tool.
 //
 //   cuemm info                               version, driver, devices, managers, settings
+//                                            (info_command.cpp)
 //   cuemm --version                          the library's version
 //   cuemm replay LOG.csv [--manager NAME]    replays an allocation log (the CSV of
 //                                            LoggingAdaptor, or of RMM's
@@ -64,9 +65,9 @@
 #include <vector>
 
 #include "bench_command.hpp"
+#include "info_command.hpp"
 #include "best_fit_reference.hpp"
 #include "cuemm/cuemm.hpp"
-#include "cuemm/managers/detail/reuse_epochs.hpp"
 #include "random_workload.hpp"
 #include "tool_options.hpp"
 #include "util/atomic_max.hpp"
@@ -644,82 +645,7 @@ int run(std::vector<std::string> args) {
     std::printf("cuemm %s\n", version());
     return 0;
   }
-  if (command == "info") {
-    tool::refuse_leftovers(args, "info");
-    std::printf("cuemm %s\n", version());
-    const auto& driver = driver::Driver::get();
-    std::printf("driver: %s (%s), CUDA %d\n", simulation::active() ? "simulated" : "cuda", driver.library_path().c_str(),
-                driver.version());
-    for (int i = 0; i < Device::count(); ++i) {
-      Device& device = Device::get(i);
-      const MemoryInfo memory = driver_memory_info(device.primary_context());
-      std::printf("device %d: %s, %s total, %s free", i, device.name().c_str(), describe_bytes(memory.total).c_str(),
-                  describe_bytes(memory.free).c_str());
-      // The devices whose memory its kernels can use once peer access is enabled (Note [Peer access]).
-      std::string peers;
-      for (int j = 0; j < Device::count(); ++j) {
-        if (j != i && device.can_access_peer(Device::get(j))) peers += (peers.empty() ? "" : ", ") + std::to_string(j);
-      }
-      std::printf("%s\n", peers.empty() ? "" : ("; can access the memory of device(s) " + peers).c_str());
-    }
-    // What the pools wait for before they reuse a block freed without a stream (Note [Stream-safe reuse]).
-    if (Device::count() > 0) {
-      detail::ReuseEpochs epochs(&Device::get(0).primary_context());
-      std::printf("pools reuse a freed block once %s\n",
-                  epochs.covers_every_stream()
-                      ? "the work queued before its free has run, on every stream (cuCtxRecordEvent)"
-                      : "the legacy and blocking streams' work queued before its free has run (no cuCtxRecordEvent: "
-                        "synchronise a non-blocking stream before freeing what it uses)");
-      epochs.retire();  // (its probe's event)
-    }
-    std::string bundled;
-    for (const auto& name : bundled_memory_managers()) bundled += (bundled.empty() ? "" : ", ") + name;
-    std::printf("manager for new contexts: %s; bundled: %s\n", memory_manager_name().c_str(), bundled.c_str());
-    const std::string adaptors = adaptors_from_environment();
-    std::printf("adaptors: %s\n", adaptors.empty() ? "none" : adaptors.c_str());
-    // The options a bundled pool takes from the environment (a bad value is an error here too).
-    const auto yes_no = [](bool on) { return on ? "yes" : "no"; };
-    if (memory_manager_name() == "pool") {
-      const PoolOptions pool = PoolOptions::from_environment();
-      pool.check();
-      std::printf("pool options: initial size %s; maximum size %s; thread caches %s; segments of their own "
-                  "from %s; expandable %s; assembled blocks %s; split spares %s; past its peak while the GPU is "
-                  "busy by up to %.3f of it; pinned host pool %s\n",
-                  describe_bytes(pool.initial_size).c_str(),
-                  pool.maximum_size ? describe_bytes(pool.maximum_size).c_str() : "the device's",
-                  pool.thread_cache_size ? (describe_bytes(pool.thread_cache_size) + " each").c_str() : "off",
-                  describe_bytes(pool.dedicated_size).c_str(), yes_no(pool.expandable), yes_no(pool.assemble_blocks),
-                  yes_no(pool.split_spares), pool.busy_overshoot, yes_no(pool.pinned_host_pool));
-    } else if (memory_manager_name() == "async") {
-      const AsyncOptions async = AsyncOptions::from_environment();
-      std::printf("async options: release threshold %s; exportable %s; pinned host pool %s\n",
-                  async.release_threshold == UINT64_MAX ? "none (keeps every freed byte)"
-                                                        : describe_bytes(async.release_threshold).c_str(),
-                  yes_no(async.exportable), yes_no(async.pinned_host_pool));
-    }
-    std::string set;
-    for (const Setting& setting : settings()) {
-      if (const char* value = std::getenv(setting.name))
-        set += (set.empty() ? "" : ", ") + std::string(setting.name) + "=" + value;
-    }
-    std::printf("settings in the environment: %s\n", set.empty() ? "none" : set.c_str());
-    // Options of a bundled manager that new contexts do not get: most often a
-    // pool's size set while CUEMM_MEMORY_MANAGER was left out. (A plugin may
-    // read any of them.)
-    const auto& names = bundled_memory_managers();
-    const bool plugin = std::find(names.begin(), names.end(), memory_manager_name()) == names.end();
-    const std::vector<std::string> unused =
-        plugin ? std::vector<std::string>{} : settings_for_other_managers(memory_manager_name());
-    if (!unused.empty()) {
-      std::string names;
-      for (const auto& name : unused) names += (names.empty() ? "" : ", ") + name;
-      std::printf("settings of other managers, unused by %s: %s\n", memory_manager_name().c_str(), names.c_str());
-      std::fprintf(stderr, "cuemm: %s set, but new contexts get the manager '%s', which does not read %s\n",
-                   names.c_str(), memory_manager_name().c_str(), unused.size() == 1 ? "it" : "them");
-    }
-    warn_of_unknown_settings();  // (on stderr, as wherever a manager is made)
-    return 0;
-  }
+  if (command == "info") return tool::info_command(args);
   if (command == "replay" || command == "random") {
     const bool comparing = tool::flag(args, "--compare");
     if (comparing && std::find(args.begin(), args.end(), "--manager") != args.end())
