@@ -29,24 +29,27 @@ __all__ = [
     "outstanding",
     "leak_report",
     "bundled_managers",
+    "manager_options",
     "CudaError",
 ]
 
-# Options of use_cuemm_for_numba(), by manager, and the variables they set.
-_OPTION_VARIABLES = {
-    "pool": {
-        "initial_size": "CUEMM_POOL_INITIAL_SIZE",
-        "maximum_size": "CUEMM_POOL_MAXIMUM_SIZE",
-        "thread_cache_size": "CUEMM_POOL_THREAD_CACHE_SIZE",
-        "dedicated_size": "CUEMM_POOL_DEDICATED_SIZE",
-        "expandable": "CUEMM_POOL_EXPANDABLE",
-        "assemble_blocks": "CUEMM_POOL_ASSEMBLE_BLOCKS",
-        "pinned_host_pool": "CUEMM_PINNED_HOST_POOL",
-    },
-    "async": {"release_threshold": "CUEMM_ASYNC_RELEASE_THRESHOLD", "exportable": "CUEMM_ASYNC_EXPORTABLE"},
-    "default": {},
-}
+# The options of use_cuemm_for_numba() that any manager takes, and the variables they set.
 _COMMON_VARIABLES = {"adaptors": "CUEMM_ADAPTORS", "limit": "CUEMM_LIMIT", "log_file": "CUEMM_LOG_FILE"}
+
+
+def manager_options():
+    """Each bundled manager's options for use_cuemm_for_numba(), and the variable each sets.
+
+    They come from the library's table of settings: CUEMM_POOL_INITIAL_SIZE is
+    the pool's initial_size, CUEMM_PINNED_HOST_POOL the pool's and async's
+    pinned_host_pool.
+    """
+    options = {manager: {} for manager in bundled_managers()}
+    for name, _meaning, managers in _core.settings():
+        for manager in managers:
+            option = name.removeprefix("CUEMM_").removeprefix(manager.upper() + "_").lower()
+            options[manager][option] = name
+    return options
 
 
 def bundled_managers():
@@ -57,19 +60,20 @@ def bundled_managers():
 def use_cuemm_for_numba(manager=None, *, log=False, **options):
     """Makes Numba allocate through cuemm's `manager` ("pool", "async" or "default").
 
-    Options are the manager's (pool: initial_size, maximum_size, thread_cache_size,
-    dedicated_size, expandable, assemble_blocks, pinned_host_pool; async:
-    release_threshold) and, for any manager, adaptors, limit and log_file;
-    sizes may be numbers or strings such as "512M". log=True
+    Options are the manager's (manager_options(): pool's initial_size,
+    maximum_size, thread_cache_size, expandable, ...; async's release_threshold,
+    exportable, pinned_host_pool) and, for any manager, adaptors, limit and
+    log_file; sizes may be numbers or strings such as "512M". log=True
     keeps a CSV log in memory for write_log() and plot(). Call it before Numba
     creates a context (before the first allocation or kernel launch): once a
     context exists (until cuda.close()), a choice that would not reach it is a
     RuntimeError, and nothing is changed.
     """
     manager = manager or os.environ.get("CUEMM_MEMORY_MANAGER") or "pool"
-    if manager not in _OPTION_VARIABLES:
-        raise ValueError(f"unknown cuemm manager {manager!r}; choose one of {sorted(_OPTION_VARIABLES)}")
-    known = dict(_COMMON_VARIABLES, **_OPTION_VARIABLES[manager])
+    by_manager = manager_options()
+    if manager not in by_manager:
+        raise ValueError(f"unknown cuemm manager {manager!r}; choose one of {sorted(by_manager)}")
+    known = dict(_COMMON_VARIABLES, **by_manager[manager])
     settings = {"CUEMM_MEMORY_MANAGER": manager}
     for name, value in options.items():
         if name not in known:

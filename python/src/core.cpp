@@ -978,6 +978,20 @@ PYBIND11_MODULE(_core, module) {
       .def_property_readonly("staged", &IpcImport::staged);
 
   module.def("bundled_managers", &bundled_memory_managers);
+  module.def("settings", [] {
+    // (name, meaning, the bundled managers it is an option of): cuemm::settings().
+    py::list rows;
+    for (const Setting& setting : cuemm::settings()) {
+      py::list managers;
+      for (std::string_view rest = setting.managers ? setting.managers : ""; !rest.empty();) {
+        const std::size_t comma = rest.find(", ");
+        managers.append(std::string(rest.substr(0, comma)));
+        rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 2);
+      }
+      rows.append(py::make_tuple(setting.name, setting.meaning, managers));
+    }
+    return rows;
+  }, "Every environment variable cuemm reads: (name, meaning, the bundled managers it is an option of)");
   module.def("version", &cuemm::version);
   module.def("on_out_of_memory", [](py::object handler) {
     if (!handler.is_none() && !PyCallable_Check(handler.ptr()))

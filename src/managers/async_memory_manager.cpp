@@ -23,6 +23,7 @@ AsyncOptions AsyncOptions::from_environment() {
   if (const auto threshold = util::byte_size_from_environment("CUEMM_ASYNC_RELEASE_THRESHOLD"))
     options.release_threshold = *threshold;
   options.exportable = util::flag_from_environment("CUEMM_ASYNC_EXPORTABLE").value_or(options.exportable);
+  options.pinned_host_pool = util::flag_from_environment("CUEMM_PINNED_HOST_POOL").value_or(options.pinned_host_pool);
   return options;
 }
 

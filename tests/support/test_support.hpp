@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -48,6 +49,24 @@ class SimulatedDeviceAttribute {
  private:
   int device_;
   cuda::DeviceAttribute attribute_;
+};
+
+// An environment variable set (or, with nullptr, unset) while this lives; its
+// earlier value comes back after. (ctest runs some suites under settings of
+// its own: tests/CMakeLists.txt.)
+class ScopedVariable {
+ public:
+  ScopedVariable(const char* name, const char* value) : name_(name) {
+    if (const char* earlier = std::getenv(name)) earlier_ = earlier;
+    value ? setenv(name, value, 1) : unsetenv(name);
+  }
+  ~ScopedVariable() { earlier_ ? setenv(name_, earlier_->c_str(), 1) : unsetenv(name_); }
+  ScopedVariable(const ScopedVariable&) = delete;
+  ScopedVariable& operator=(const ScopedVariable&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> earlier_;
 };
 
 // The error that `call` throws as `Expected`, or nothing if it returns (an

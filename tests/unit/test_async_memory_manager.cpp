@@ -8,6 +8,7 @@
 #include "support/test_support.hpp"
 
 using namespace cuemm;
+using cuemm::testing::ScopedVariable;
 using cuemm::testing::throws;
 
 namespace {
@@ -154,6 +155,32 @@ TEST_F(Async, TheExportableOptionComesFromTheEnvironment) {
   EXPECT_THROW(AsyncOptions::from_environment(), InvalidArgument);
   unsetenv("CUEMM_ASYNC_EXPORTABLE");
   EXPECT_FALSE(AsyncOptions::from_environment().exportable);
+}
+
+// As for the pool: one switch turns both managers' pinned host pools off.
+TEST_F(Async, ThePinnedHostPoolsSwitchComesFromTheEnvironment) {
+  {
+    ScopedVariable unset("CUEMM_PINNED_HOST_POOL", nullptr);
+    EXPECT_TRUE(AsyncOptions::from_environment().pinned_host_pool);
+  }
+  {
+    ScopedVariable bad("CUEMM_PINNED_HOST_POOL", "no");
+    EXPECT_TRUE(throws<InvalidArgument>([] { AsyncOptions::from_environment(); }, "CUEMM_PINNED_HOST_POOL"));
+  }
+  ScopedVariable off("CUEMM_PINNED_HOST_POOL", "0");
+  EXPECT_FALSE(AsyncOptions::from_environment().pinned_host_pool);
+  if (!simulation::active()) return;  // (what follows counts the simulated driver's calls)
+  // 64 pinned blocks one after the other: without the pool, a driver
+  // allocation each; with it, a rotation of a few reused (test_pinned_host_pool.cpp).
+  const auto driver_allocations_for_64_blocks = [&](const AsyncOptions& options) {
+    AsyncMemoryManager manager(&context, options);
+    manager.initialize();
+    const auto before = simulation::call_count("cuMemHostAlloc");
+    for (int i = 0; i < 64; ++i) manager.memhostalloc(4096, false, false, false).reset();
+    return simulation::call_count("cuMemHostAlloc") - before;
+  };
+  EXPECT_EQ(driver_allocations_for_64_blocks(AsyncOptions::from_environment()), 64u);
+  EXPECT_LE(driver_allocations_for_64_blocks(AsyncOptions{}), 16u);
 }
 
 // A freed block's memory stays in the driver's pool (its release threshold

@@ -7,23 +7,12 @@
 #include <string>
 #include <vector>
 
-#include "cuemm/cuemm.hpp"
+#include "support/test_support.hpp"
 
 namespace {
 
 using cuemm::UnknownSetting;
-
-// Sets a variable for one scope.
-class ScopedVariable {
- public:
-  ScopedVariable(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
-  ~ScopedVariable() { unsetenv(name_); }
-  ScopedVariable(const ScopedVariable&) = delete;
-  ScopedVariable& operator=(const ScopedVariable&) = delete;
-
- private:
-  const char* name_;
-};
+using cuemm::testing::ScopedVariable;
 
 const UnknownSetting* find(const std::vector<UnknownSetting>& unknown, const std::string& name) {
   for (const auto& setting : unknown)
