@@ -4,6 +4,8 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -78,6 +80,25 @@ TEST(Settings, AnotherManagersOptionsAreNamedAndTheChosenOnesAreNot) {
             (Names{"CUEMM_POOL_INITIAL_SIZE", "CUEMM_PINNED_HOST_POOL", "CUEMM_ASYNC_EXPORTABLE"}));
   EXPECT_EQ(cuemm::settings_for_other_managers("/opt/plugins/libmine.so"),
             (Names{"CUEMM_POOL_INITIAL_SIZE", "CUEMM_PINNED_HOST_POOL", "CUEMM_ASYNC_EXPORTABLE"}));
+}
+
+// The table's word on whose option a setting is, held to what the managers
+// read: a bad value is an error in each manager the table names, and only there.
+TEST(Settings, EachManagersOptionIsReadByThatManagerAndNoOther) {
+  const std::map<std::string, std::function<void()>> read_options{
+      {"pool", [] { cuemm::PoolOptions::from_environment(); }},
+      {"async", [] { cuemm::AsyncOptions::from_environment(); }},
+  };
+  for (const cuemm::Setting& setting : cuemm::settings()) {
+    if (!setting.managers) continue;
+    ScopedVariable bad(setting.name, "bogus");
+    const std::string managers = setting.managers;
+    for (const auto& [manager, read] : read_options) {
+      const bool its_option = (", " + managers + ", ").find(", " + manager + ", ") != std::string::npos;
+      EXPECT_EQ(cuemm::testing::throws<cuemm::InvalidArgument>(read, setting.name), its_option)
+          << setting.name << " under the " << manager << " manager";
+    }
+  }
 }
 
 TEST(Settings, EveryManagersNameInTheTableIsABundledManager) {
