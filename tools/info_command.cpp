@@ -45,6 +45,7 @@ int info_command(const std::vector<std::string>& args) {
   for (const auto& name : bundled_memory_managers()) bundled += (bundled.empty() ? "" : ", ") + name;
   std::printf("manager for new contexts: %s; bundled: %s\n", memory_manager_name().c_str(), bundled.c_str());
   const std::string adaptors = adaptors_from_environment();
+  adaptor_names(adaptors);  // (an unknown adaptor, or one named twice, is an error here too)
   std::printf("adaptors: %s\n", adaptors.empty() ? "none" : adaptors.c_str());
   // The options a bundled pool takes from the environment (a bad value is an error here too).
   const auto yes_no = [](bool on) { return on ? "yes" : "no"; };

@@ -2,8 +2,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <sstream>
+#include <vector>
 
 #include "cuemm/adaptors/limiting_adaptor.hpp"
 #include "cuemm/adaptors/logging_adaptor.hpp"
@@ -55,12 +57,26 @@ std::string adaptors_from_environment() {
   return spec;
 }
 
+std::vector<std::string> adaptor_names(const std::string& spec) {
+  static constexpr const char* kKnown[] = {"statistics", "log", "tracking", "limit"};
+  std::vector<std::string> names;
+  std::stringstream listed(without_spaces(spec));
+  for (std::string name; std::getline(listed, name, ',');) {
+    if (name.empty()) continue;
+    if (std::find(std::begin(kKnown), std::end(kKnown), name) == std::end(kKnown))
+      throw InvalidArgument("CUEMM_ADAPTORS: unknown adaptor '" + name + "' (known: statistics, log, tracking, limit)");
+    // Each once: two logs would write one file from two writers, and a
+    // second of the others adds only cost.
+    if (std::find(names.begin(), names.end(), name) != names.end())
+      throw InvalidArgument("CUEMM_ADAPTORS: the adaptor '" + name + "' is named twice in '" + spec + "'");
+    names.push_back(name);
+  }
+  return names;
+}
+
 std::unique_ptr<BaseMemoryManager> wrap_with_adaptors(Context* context, std::unique_ptr<BaseMemoryManager> manager,
                                                       const std::string& spec) {
-  std::stringstream names(without_spaces(spec));
-  std::string name;
-  while (std::getline(names, name, ',')) {
-    if (name.empty()) continue;
+  for (const std::string& name : adaptor_names(spec)) {  // (all checked before any is made)
     if (name == "statistics") {
       manager = std::make_unique<StatisticsAdaptor>(context, std::move(manager));
     } else if (name == "log") {
@@ -68,13 +84,10 @@ std::unique_ptr<BaseMemoryManager> wrap_with_adaptors(Context* context, std::uni
       if (context) manager = std::make_unique<LoggingAdaptor>(context, std::move(manager), log_path(context));
     } else if (name == "tracking") {
       manager = std::make_unique<TrackingAdaptor>(context, std::move(manager));
-    } else if (name == "limit") {
+    } else {
       const auto limit = util::byte_size_from_environment("CUEMM_LIMIT");
       if (!limit) throw InvalidArgument("the limit adaptor needs CUEMM_LIMIT, a byte count such as 2G (it is not set)");
       manager = std::make_unique<LimitingAdaptor>(context, std::move(manager), *limit);
-    } else {
-      throw InvalidArgument("CUEMM_ADAPTORS: unknown adaptor '" + name +
-                            "' (known: statistics, log, tracking, limit)");
     }
   }
   return manager;

@@ -41,6 +41,12 @@ CUEMM_POOL_EXPANDABLE=1 CUEMM_POOL_INITAL_SIZE=1G "$tool" info >"$work/settings.
 grep -q "^settings in the environment: .*CUEMM_POOL_EXPANDABLE=1" "$work/settings.txt"
 [ "$(grep -c "CUEMM_POOL_INITAL_SIZE is not a setting cuemm reads (did you mean CUEMM_POOL_INITIAL_SIZE?)" \
   "$work/settings-stderr.txt")" = 1 ]
+# An adaptor named twice (two logs would write one file) is refused by name.
+if CUEMM_ADAPTORS=log,statistics,log "$tool" info >"$work/bad.txt" 2>&1; then
+  echo "cuemm info took CUEMM_ADAPTORS=log,statistics,log" >&2
+  exit 1
+fi
+grep -q "the adaptor 'log' is named twice" "$work/bad.txt"
 # A pool's option set while new contexts get another manager is named, on stdout and stderr; not under the pool.
 grep -q "^settings of other managers, unused by default: CUEMM_POOL_EXPANDABLE$" "$work/settings.txt"
 grep -q "CUEMM_POOL_EXPANDABLE set, but new contexts get the manager 'default', which does not read it" \

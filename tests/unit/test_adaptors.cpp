@@ -961,6 +961,18 @@ TEST_F(Adaptors, TheLogFileVariableAddsTheLog) {
   EXPECT_EQ(adaptors_from_environment(), "");
 }
 
+// Two logs would write one file from two writers: an adaptor named twice is
+// refused before any is made, with the name and the list.
+TEST_F(Adaptors, AnAdaptorNamedTwiceIsRefused) {
+  for (const char* spec : {"statistics,log,statistics", "log, log", "tracking,limit,tracking"}) {
+    const std::string twice = std::string(spec).substr(0, std::string(spec).find(','));
+    EXPECT_TRUE(throws<InvalidArgument>([&] { wrap_with_adaptors(&context, pool(), spec); },
+                                        "the adaptor '" + twice + "' is named twice", spec))
+        << spec;
+  }
+  EXPECT_NE(find_adaptor<StatisticsAdaptor>(*wrap_with_adaptors(&context, pool(), "statistics,,tracking")), nullptr);
+}
+
 // A cap set without naming its adaptor is a cap, not a setting ignored.
 TEST_F(Adaptors, TheLimitVariableAddsTheLimit) {
   setenv("CUEMM_LIMIT", "64M", 1);

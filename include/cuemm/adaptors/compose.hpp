@@ -11,14 +11,19 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cuemm/memory/memory_manager.hpp"
 
 namespace cuemm {
 
-// Wraps `manager` in the adaptors named in `spec` (comma-separated, innermost
-// first; spaces are ignored). InvalidArgument names an unknown adaptor or a
-// missing setting.
+// The adaptors named in `spec` (comma-separated, innermost first; spaces are
+// ignored), each once. InvalidArgument names an unknown adaptor or one named
+// twice.
+std::vector<std::string> adaptor_names(const std::string& spec);
+
+// Wraps `manager` in the adaptors named in `spec` (adaptor_names()).
+// InvalidArgument as adaptor_names() says, or for a missing setting.
 std::unique_ptr<BaseMemoryManager> wrap_with_adaptors(Context* context, std::unique_ptr<BaseMemoryManager> manager,
                                                       const std::string& spec);
 
