@@ -41,17 +41,21 @@ int info_command(const std::vector<std::string>& args) {
                       "synchronise a non-blocking stream before freeing what it uses)");
     epochs.retire();  // (its probe's event)
   }
+  const std::string manager = memory_manager_name();
+  const std::vector<std::string> bundled_names = bundled_memory_managers();
+  const bool plugin = std::find(bundled_names.begin(), bundled_names.end(), manager) == bundled_names.end();
   std::string bundled;
-  for (const auto& name : bundled_memory_managers()) bundled += (bundled.empty() ? "" : ", ") + name;
-  std::printf("manager for new contexts: %s; bundled: %s\n", memory_manager_name().c_str(), bundled.c_str());
+  for (const auto& name : bundled_names) bundled += (bundled.empty() ? "" : ", ") + name;
+  std::printf("manager for new contexts: %s; bundled: %s\n", manager.c_str(), bundled.c_str());
+  // A bad setting of the manager's or the adaptors' is an error here too, as
+  // it would be at a context's first allocation.
   const std::string adaptors = adaptors_from_environment();
-  adaptor_names(adaptors);  // (an unknown adaptor, or one named twice, is an error here too)
+  plugin ? (void)adaptor_names(adaptors) : check_memory_manager_settings(manager);
   std::printf("adaptors: %s\n", adaptors.empty() ? "none" : adaptors.c_str());
-  // The options a bundled pool takes from the environment (a bad value is an error here too).
+  // The options a bundled manager takes from the environment.
   const auto yes_no = [](bool on) { return on ? "yes" : "no"; };
-  if (memory_manager_name() == "pool") {
+  if (manager == "pool") {
     const PoolOptions pool = PoolOptions::from_environment();
-    pool.check();
     std::printf("pool options: initial size %s; maximum size %s; thread caches %s; segments of their own "
                 "from %s; expandable %s; assembled blocks %s; split spares %s; past its peak while the GPU is "
                 "busy by up to %.3f of it; pinned host pool %s\n",
@@ -60,7 +64,7 @@ int info_command(const std::vector<std::string>& args) {
                 pool.thread_cache_size ? (describe_bytes(pool.thread_cache_size) + " each").c_str() : "off",
                 describe_bytes(pool.dedicated_size).c_str(), yes_no(pool.expandable), yes_no(pool.assemble_blocks),
                 yes_no(pool.split_spares), pool.busy_overshoot, yes_no(pool.pinned_host_pool));
-  } else if (memory_manager_name() == "async") {
+  } else if (manager == "async") {
     const AsyncOptions async = AsyncOptions::from_environment();
     std::printf("async options: release threshold %s; exportable %s; pinned host pool %s\n",
                 async.release_threshold == UINT64_MAX ? "none (keeps every freed byte)"
@@ -76,16 +80,13 @@ int info_command(const std::vector<std::string>& args) {
   // Options of a bundled manager that new contexts do not get: most often a
   // pool's size set while CUEMM_MEMORY_MANAGER was left out. (A plugin may
   // read any of them.)
-  const auto& names = bundled_memory_managers();
-  const bool plugin = std::find(names.begin(), names.end(), memory_manager_name()) == names.end();
-  const std::vector<std::string> unused =
-      plugin ? std::vector<std::string>{} : settings_for_other_managers(memory_manager_name());
+  const std::vector<std::string> unused = plugin ? std::vector<std::string>{} : settings_for_other_managers(manager);
   if (!unused.empty()) {
     std::string names;
     for (const auto& name : unused) names += (names.empty() ? "" : ", ") + name;
-    std::printf("settings of other managers, unused by %s: %s\n", memory_manager_name().c_str(), names.c_str());
+    std::printf("settings of other managers, unused by %s: %s\n", manager.c_str(), names.c_str());
     std::fprintf(stderr, "cuemm: %s set, but new contexts get the manager '%s', which does not read %s\n",
-                 names.c_str(), memory_manager_name().c_str(), unused.size() == 1 ? "it" : "them");
+                 names.c_str(), manager.c_str(), unused.size() == 1 ? "it" : "them");
   }
   warn_of_unknown_settings();  // (on stderr, as wherever a manager is made)
   return 0;

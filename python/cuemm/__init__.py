@@ -84,7 +84,19 @@ def use_cuemm_for_numba(manager=None, *, log=False, **options):
     if log:
         settings["CUEMM_LOG"] = "1"
     _refuse_once_numba_has_contexts(settings)
+    # A bad value is refused here, with the environment as it was, rather
+    # than at Numba's first allocation.
+    earlier = {name: os.environ.get(name) for name in settings}
     os.environ.update(settings)
+    try:
+        _core.check_memory_manager_settings(manager)
+    except Exception:
+        for name, value in earlier.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
+        raise
     from numba import cuda
     from .numba_plugin import CuemmNumbaManager
 

@@ -978,6 +978,8 @@ PYBIND11_MODULE(_core, module) {
       .def_property_readonly("staged", &IpcImport::staged);
 
   module.def("bundled_managers", &bundled_memory_managers);
+  module.def("check_memory_manager_settings", &check_memory_manager_settings, py::arg("manager"),
+             "Checks the environment's settings for the bundled `manager` and its adaptors (ValueError names a bad one)");
   module.def("settings", [] {
     // (name, meaning, the bundled managers it is an option of): cuemm::settings().
     py::list rows;

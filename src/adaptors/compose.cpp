@@ -71,6 +71,8 @@ std::vector<std::string> adaptor_names(const std::string& spec) {
       throw InvalidArgument("CUEMM_ADAPTORS: the adaptor '" + name + "' is named twice in '" + spec + "'");
     names.push_back(name);
   }
+  if (std::find(names.begin(), names.end(), "limit") != names.end() && !util::byte_size_from_environment("CUEMM_LIMIT"))
+    throw InvalidArgument("the limit adaptor needs CUEMM_LIMIT, a byte count such as 2G (it is not set)");
   return names;
 }
 
@@ -85,9 +87,8 @@ std::unique_ptr<BaseMemoryManager> wrap_with_adaptors(Context* context, std::uni
     } else if (name == "tracking") {
       manager = std::make_unique<TrackingAdaptor>(context, std::move(manager));
     } else {
-      const auto limit = util::byte_size_from_environment("CUEMM_LIMIT");
-      if (!limit) throw InvalidArgument("the limit adaptor needs CUEMM_LIMIT, a byte count such as 2G (it is not set)");
-      manager = std::make_unique<LimitingAdaptor>(context, std::move(manager), *limit);
+      manager = std::make_unique<LimitingAdaptor>(context, std::move(manager),
+                                                  util::byte_size_from_environment("CUEMM_LIMIT").value());
     }
   }
   return manager;

@@ -154,6 +154,11 @@ std::unique_ptr<BaseMemoryManager> make_bundled_memory_manager(const std::string
   return factory(context);
 }
 
+void check_memory_manager_settings(const std::string& name) {
+  make_bundled_memory_manager(name, nullptr);  // (with no context, as the version probe: its options read)
+  adaptor_names(adaptors_from_environment());
+}
+
 bool names_a_plugin_library(const std::string& value) {
   return value.find('/') != std::string::npos || value.ends_with(".so");
 }

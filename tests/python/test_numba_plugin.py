@@ -102,6 +102,26 @@ def test_every_option_of_a_bundled_manager_can_be_chosen_from_python(run_python)
     """)
 
 
+def test_a_bad_value_is_refused_at_the_choice_and_changes_nothing(run_python):
+    # Not at Numba's first allocation, deep in its stack: at use_cuemm_for_numba().
+    run_python(REFUSED + """
+        import os
+        import cuemm
+        before = dict(os.environ)
+        refused(lambda: cuemm.use_cuemm_for_numba("pool", initial_size="lots"), ValueError,
+                "CUEMM_POOL_INITIAL_SIZE must be a byte count")
+        refused(lambda: cuemm.use_cuemm_for_numba("pool", assemble_blocks=True), ValueError, "expandable")
+        refused(lambda: cuemm.use_cuemm_for_numba("async", adaptors="log,statistics,log"), ValueError,
+                "the adaptor 'log' is named twice")
+        refused(lambda: cuemm.use_cuemm_for_numba("default", adaptors="limit"), ValueError, "CUEMM_LIMIT")
+        assert dict(os.environ) == before, set(os.environ.items()) ^ set(before.items())
+        cuemm.use_cuemm_for_numba("pool", initial_size="4M", adaptors="limit", limit="1G")
+        from numba import cuda
+        cuda.device_array(1000)
+        assert cuemm.statistics()["pool"]["reserved_bytes"] >= 4 << 20
+    """)
+
+
 def test_a_misspelt_setting_is_named_once_when_numba_first_allocates(run_python):
     # The variable would otherwise be ignored without a word.
     out = run_python("""

@@ -18,12 +18,12 @@
 namespace cuemm {
 
 // The adaptors named in `spec` (comma-separated, innermost first; spaces are
-// ignored), each once. InvalidArgument names an unknown adaptor or one named
-// twice.
+// ignored), each once. InvalidArgument names an unknown adaptor, one named
+// twice, or the limit without a valid CUEMM_LIMIT.
 std::vector<std::string> adaptor_names(const std::string& spec);
 
-// Wraps `manager` in the adaptors named in `spec` (adaptor_names()).
-// InvalidArgument as adaptor_names() says, or for a missing setting.
+// Wraps `manager` in the adaptors named in `spec` (InvalidArgument as
+// adaptor_names() says).
 std::unique_ptr<BaseMemoryManager> wrap_with_adaptors(Context* context, std::unique_ptr<BaseMemoryManager> manager,
                                                       const std::string& spec);
 

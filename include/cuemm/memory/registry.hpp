@@ -45,6 +45,12 @@ std::vector<std::string> bundled_memory_managers();
 // makes its own); InvalidArgument lists the bundled names for an unknown one.
 std::unique_ptr<BaseMemoryManager> make_bundled_memory_manager(const std::string& name, Context* context);
 
+// Checks what the bundled manager `name` and the environment's adaptors would
+// read from the environment, making nothing on a device: InvalidArgument
+// names a bad setting. (The Numba bridge asks at use_cuemm_for_numba(), rather
+// than fail at Numba's first allocation.)
+void check_memory_manager_settings(const std::string& name);
+
 // Whether CUEMM_MEMORY_MANAGER's `value` names a plugin library (it has a '/'
 // or ends in .so) rather than a bundled manager.
 bool names_a_plugin_library(const std::string& value);
