@@ -101,6 +101,35 @@ TEST(Settings, EachManagersOptionIsReadByThatManagerAndNoOther) {
   }
 }
 
+// What a context's first allocation would refuse, refused before any is made.
+TEST(Settings, AManagersSettingsAreCheckedWithoutMakingAnythingOnADevice) {
+  using cuemm::check_memory_manager_settings;
+  using cuemm::testing::throws;
+  using cuemm::InvalidArgument;
+  for (const char* manager : {"default", "pool", "async"}) EXPECT_NO_THROW(check_memory_manager_settings(manager));
+  {
+    ScopedVariable bad("CUEMM_POOL_MAXIMUM_SIZE", "lots");
+    EXPECT_TRUE(throws<InvalidArgument>([] { check_memory_manager_settings("pool"); }, "CUEMM_POOL_MAXIMUM_SIZE"));
+    EXPECT_NO_THROW(check_memory_manager_settings("async"));  // (not its setting)
+  }
+  {
+    ScopedVariable bad("CUEMM_MAX_PENDING_DEALLOCS_RATIO", "2");
+    for (const char* manager : {"default", "pool", "async"})
+      EXPECT_TRUE(throws<InvalidArgument>([&] { check_memory_manager_settings(manager); },
+                                          "CUEMM_MAX_PENDING_DEALLOCS_RATIO"))
+          << manager;
+  }
+  {
+    ScopedVariable twice("CUEMM_ADAPTORS", "tracking,tracking");
+    EXPECT_TRUE(throws<InvalidArgument>([] { check_memory_manager_settings("default"); }, "'tracking' is named twice"));
+  }
+  {
+    ScopedVariable limit("CUEMM_ADAPTORS", "limit"), no_cap("CUEMM_LIMIT", nullptr);
+    EXPECT_TRUE(throws<InvalidArgument>([] { check_memory_manager_settings("default"); }, "CUEMM_LIMIT"));
+  }
+  EXPECT_TRUE(throws<InvalidArgument>([] { check_memory_manager_settings("sparkly"); }, "sparkly"));
+}
+
 TEST(Settings, EveryManagersNameInTheTableIsABundledManager) {
   const auto bundled = cuemm::bundled_memory_managers();
   for (const cuemm::Setting& setting : cuemm::settings()) {
