@@ -8,27 +8,17 @@
 #include "cuemm/runtime/context.hpp"
 #include "cuemm/runtime/device.hpp"
 #include "driver/mapped_host_memory.hpp"
+#include "util/environment.hpp"
 #include "util/keep_until_exit.hpp"
 
 namespace cuemm {
 
 DeallocationPolicy DeallocationPolicy::from_environment() {
   DeallocationPolicy policy;
-  if (const char* text = std::getenv("CUEMM_MAX_PENDING_DEALLOCS_COUNT"); text && *text) {
-    char* end = nullptr;
-    const long long value = std::strtoll(text, &end, 10);
-    if (*end != '\0' || value < 0)
-      throw InvalidArgument(std::string("CUEMM_MAX_PENDING_DEALLOCS_COUNT must be a count >= 0 (got '") + text + "')");
-    policy.max_pending_count = static_cast<std::size_t>(value);
-  }
-  if (const char* text = std::getenv("CUEMM_MAX_PENDING_DEALLOCS_RATIO"); text && *text) {
-    char* end = nullptr;
-    const double value = std::strtod(text, &end);
-    if (*end != '\0' || !(value >= 0.0 && value <= 1.0))
-      throw InvalidArgument(std::string("CUEMM_MAX_PENDING_DEALLOCS_RATIO must be between 0 and 1 (got '") + text +
-                            "')");
-    policy.max_pending_ratio = value;
-  }
+  policy.max_pending_count =
+      util::count_from_environment("CUEMM_MAX_PENDING_DEALLOCS_COUNT").value_or(policy.max_pending_count);
+  policy.max_pending_ratio =
+      util::fraction_from_environment("CUEMM_MAX_PENDING_DEALLOCS_RATIO", 1.0).value_or(policy.max_pending_ratio);
   return policy;
 }
 

@@ -130,6 +130,29 @@ TEST(Settings, AManagersSettingsAreCheckedWithoutMakingAnythingOnADevice) {
   EXPECT_TRUE(throws<InvalidArgument>([] { check_memory_manager_settings("sparkly"); }, "sparkly"));
 }
 
+// Numba's CUDA_DEALLOCS_COUNT and _RATIO, as every manager's deferral reads them.
+TEST(Settings, TheDeferralsCountAndRatioAreReadOrRefusedByName) {
+  using cuemm::DeallocationPolicy;
+  using cuemm::testing::throws;
+  {
+    ScopedVariable count("CUEMM_MAX_PENDING_DEALLOCS_COUNT", "25"), ratio("CUEMM_MAX_PENDING_DEALLOCS_RATIO", "0.5");
+    EXPECT_EQ(DeallocationPolicy::from_environment().max_pending_count, 25u);
+    EXPECT_EQ(DeallocationPolicy::from_environment().max_pending_ratio, 0.5);
+  }
+  for (const char* bad : {"-1", "ten", "1e3", " 5", "99999999999999999999999"}) {
+    ScopedVariable count("CUEMM_MAX_PENDING_DEALLOCS_COUNT", bad);
+    EXPECT_TRUE(throws<cuemm::InvalidArgument>([] { DeallocationPolicy::from_environment(); },
+                                               "CUEMM_MAX_PENDING_DEALLOCS_COUNT", bad))
+        << bad;
+  }
+  for (const char* bad : {"1.5", "-0.1", "nan", "half"}) {
+    ScopedVariable ratio("CUEMM_MAX_PENDING_DEALLOCS_RATIO", bad);
+    EXPECT_TRUE(throws<cuemm::InvalidArgument>([] { DeallocationPolicy::from_environment(); },
+                                               "CUEMM_MAX_PENDING_DEALLOCS_RATIO", bad))
+        << bad;
+  }
+}
+
 TEST(Settings, EveryManagersNameInTheTableIsABundledManager) {
   const auto bundled = cuemm::bundled_memory_managers();
   for (const cuemm::Setting& setting : cuemm::settings()) {
