@@ -985,11 +985,7 @@ PYBIND11_MODULE(_core, module) {
     py::list rows;
     for (const Setting& setting : cuemm::settings()) {
       py::list managers;
-      for (std::string_view rest = setting.managers ? setting.managers : ""; !rest.empty();) {
-        const std::size_t comma = rest.find(", ");
-        managers.append(std::string(rest.substr(0, comma)));
-        rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 2);
-      }
+      for (std::string_view name : setting.manager_names()) managers.append(std::string(name));
       rows.append(py::make_tuple(setting.name, setting.meaning, managers));
     }
     return rows;

@@ -89,18 +89,22 @@ std::vector<UnknownSetting> unknown_settings() {
   return unknown;
 }
 
+std::vector<std::string_view> Setting::manager_names() const {
+  std::vector<std::string_view> names;
+  for (std::string_view rest = managers ? managers : ""; !rest.empty();) {
+    const std::size_t comma = rest.find(", ");
+    names.push_back(rest.substr(0, comma));
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 2);
+  }
+  return names;
+}
+
 std::vector<std::string> settings_for_other_managers(std::string_view manager) {
   std::vector<std::string> others;
   for (const Setting& setting : kSettings) {
     if (!setting.managers || !std::getenv(setting.name)) continue;
-    const std::string_view managers(setting.managers);
-    bool applies = false;
-    for (std::size_t at = 0; at <= managers.size() && !applies;) {
-      const std::size_t end = std::min(managers.find(", ", at), managers.size());
-      applies = managers.substr(at, end - at) == manager;
-      at = end + 2;
-    }
-    if (!applies) others.push_back(setting.name);
+    const auto names = setting.manager_names();
+    if (std::find(names.begin(), names.end(), manager) == names.end()) others.push_back(setting.name);
   }
   return others;
 }

@@ -92,9 +92,9 @@ TEST(Settings, EachManagersOptionIsReadByThatManagerAndNoOther) {
   for (const cuemm::Setting& setting : cuemm::settings()) {
     if (!setting.managers) continue;
     ScopedVariable bad(setting.name, "bogus");
-    const std::string managers = setting.managers;
+    const auto managers = setting.manager_names();
     for (const auto& [manager, read] : read_options) {
-      const bool its_option = (", " + managers + ", ").find(", " + manager + ", ") != std::string::npos;
+      const bool its_option = std::find(managers.begin(), managers.end(), manager) != managers.end();
       EXPECT_EQ(cuemm::testing::throws<cuemm::InvalidArgument>(read, setting.name), its_option)
           << setting.name << " under the " << manager << " manager";
     }
@@ -157,13 +157,9 @@ TEST(Settings, EveryManagersNameInTheTableIsABundledManager) {
   const auto bundled = cuemm::bundled_memory_managers();
   for (const cuemm::Setting& setting : cuemm::settings()) {
     if (!setting.managers) continue;
-    std::string names = setting.managers;
-    for (std::size_t at = 0; at < names.size();) {
-      const std::size_t end = std::min(names.find(", ", at), names.size());
-      const std::string name = names.substr(at, end - at);
+    EXPECT_FALSE(setting.manager_names().empty()) << setting.name;
+    for (std::string_view name : setting.manager_names())
       EXPECT_NE(std::find(bundled.begin(), bundled.end(), name), bundled.end()) << setting.name << ": " << name;
-      at = end + 2;
-    }
   }
 }
 

@@ -20,6 +20,9 @@ struct Setting {
   // The bundled managers it is an option of ("pool", "pool, async"); null
   // where it does not belong to one manager (the driver, the adaptors).
   const char* managers = nullptr;
+
+  // `managers` as a list: {"pool", "async"}; empty for null.
+  std::vector<std::string_view> manager_names() const;
 };
 
 // Every environment variable the library and the simulated driver read.
