@@ -2,6 +2,8 @@
 //
 //   cuemm info                               version, driver, devices, managers, settings
 //                                            (info_command.cpp)
+//   cuemm settings                           every CUEMM_* variable: what it sets, whose
+//                                            option it is, its value here (info_command.cpp)
 //   cuemm --version                          the library's version
 //   cuemm replay LOG.csv [--manager NAME]    replays an allocation log (the CSV of
 //                                            LoggingAdaptor, or of RMM's
@@ -614,6 +616,7 @@ void replay_by_device(const std::vector<Operation>& operations, const std::strin
 int usage(bool asked = false) {
   std::fprintf(asked ? stdout : stderr,
                "usage: cuemm info\n"
+               "       cuemm settings\n"
                "       cuemm --version\n"
                "       cuemm replay LOG.csv [--manager pool|async|default|best-fit|PLUGIN.so] [--trace-growth]\n"
                "                    [--stream-ordered] [--segments]\n"
@@ -646,6 +649,7 @@ int run(std::vector<std::string> args) {
     return 0;
   }
   if (command == "info") return tool::info_command(args);
+  if (command == "settings") return tool::settings_command(args);
   if (command == "replay" || command == "random") {
     const bool comparing = tool::flag(args, "--compare");
     if (comparing && std::find(args.begin(), args.end(), "--manager") != args.end())

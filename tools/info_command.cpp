@@ -92,4 +92,19 @@ int info_command(const std::vector<std::string>& args) {
   return 0;
 }
 
+int settings_command(const std::vector<std::string>& args) {
+  refuse_leftovers(args, "settings");
+  // A column of the bundled managers each setting is an option of (blank: not one manager's).
+  std::printf("%-34s %-12s %s\n", "variable", "option of", "what it sets (= its value here)");
+  for (const Setting& setting : settings()) {
+    std::string managers;
+    for (std::string_view name : setting.manager_names()) managers += (managers.empty() ? "" : ", ") + std::string(name);
+    const char* value = std::getenv(setting.name);
+    std::printf("%-34s %-12s %s%s\n", setting.name, managers.c_str(), setting.meaning,
+                value ? (std::string(" = ") + value).c_str() : "");
+  }
+  warn_of_unknown_settings();
+  return 0;
+}
+
 }  // namespace cuemm::tool

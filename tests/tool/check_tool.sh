@@ -41,6 +41,12 @@ CUEMM_POOL_EXPANDABLE=1 CUEMM_POOL_INITAL_SIZE=1G "$tool" info >"$work/settings.
 grep -q "^settings in the environment: .*CUEMM_POOL_EXPANDABLE=1" "$work/settings.txt"
 [ "$(grep -c "CUEMM_POOL_INITAL_SIZE is not a setting cuemm reads (did you mean CUEMM_POOL_INITIAL_SIZE?)" \
   "$work/settings-stderr.txt")" = 1 ]
+# `cuemm settings`: every variable the library reads, with whose option it is and its value here.
+CUEMM_POOL_INITIAL_SIZE=3G "$tool" settings >"$work/all-settings.txt"
+grep -Eq "^CUEMM_POOL_INITIAL_SIZE +pool +the pool's first segment.* = 3G$" "$work/all-settings.txt"
+grep -Eq "^CUEMM_PINNED_HOST_POOL +pool, async " "$work/all-settings.txt"
+grep -Eq "^CUEMM_LIMIT +the limit adaptor" "$work/all-settings.txt"
+[ "$(grep -c '^CUEMM_' "$work/all-settings.txt")" -ge 25 ]
 # An adaptor named twice (two logs would write one file) is refused by name.
 if CUEMM_ADAPTORS=log,statistics,log "$tool" info >"$work/bad.txt" 2>&1; then
   echo "cuemm info took CUEMM_ADAPTORS=log,statistics,log" >&2
@@ -289,7 +295,7 @@ for mistake in "random --operations 5 --operations 6|--operations is given more 
   "random --manager|--manager needs a value" "random --operations 0|--operations must be at least 1" \
   "random --bogus 3|random: not understood: '--bogus' '3'" "replay|replay needs a log" \
   "replay $work/made.csv extra|not understood: 'extra'" "plot $work/made.csv|plot needs a log and a picture" \
-  "info extra|info: not understood: 'extra'" "bench --threads 1 --threads 2|--threads is given more than once"; do
+  "info extra|info: not understood: 'extra'" "settings extra|settings: not understood: 'extra'" "bench --threads 1 --threads 2|--threads is given more than once"; do
   if "$tool" ${mistake%%|*} >/dev/null 2>"$work/error.txt"; then exit 1; fi
   grep -qF -- "${mistake#*|}" "$work/error.txt" || { echo "no '${mistake#*|}' for: ${mistake%%|*}"; cat "$work/error.txt"; exit 1; }
 done
