@@ -13,6 +13,7 @@ CUEMM_LOG_FILE and the others listed in the README.
 """
 
 import os
+import warnings
 
 from . import _core
 from ._core import CudaError
@@ -97,6 +98,10 @@ def use_cuemm_for_numba(manager=None, *, log=False, **options):
             else:
                 os.environ[name] = value
         raise
+    unused = _core.settings_for_other_managers(manager)
+    if unused:
+        warnings.warn(f"{', '.join(unused)} set, but the {manager} manager does not read "
+                      f"{'it' if len(unused) == 1 else 'them'}", stacklevel=2)
     from numba import cuda
     from .numba_plugin import CuemmNumbaManager
 

@@ -978,6 +978,8 @@ PYBIND11_MODULE(_core, module) {
       .def_property_readonly("staged", &IpcImport::staged);
 
   module.def("bundled_managers", &bundled_memory_managers);
+  module.def("settings_for_other_managers", &settings_for_other_managers, py::arg("manager"),
+             "The settings in the environment that are options of bundled managers other than `manager`");
   module.def("check_memory_manager_settings", &check_memory_manager_settings, py::arg("manager"),
              "Checks the environment's settings for the bundled `manager` and its adaptors (ValueError names a bad one)");
   module.def("settings", [] {

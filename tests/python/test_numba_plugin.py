@@ -122,6 +122,22 @@ def test_a_bad_value_is_refused_at_the_choice_and_changes_nothing(run_python):
     """)
 
 
+def test_another_managers_setting_is_warned_of_at_the_choice(run_python):
+    # A pool's size set in the shell, and then the default manager chosen: said, not ignored.
+    run_python("""
+        import warnings
+        import cuemm
+        def cuemms_warnings(manager):  # (importing Numba may warn of other things)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                cuemm.use_cuemm_for_numba(manager)
+            return [str(w.message) for w in caught if "does not read" in str(w.message)]
+        assert cuemms_warnings("default") == [
+            "CUEMM_POOL_INITIAL_SIZE set, but the default manager does not read it"]
+        assert cuemms_warnings("pool") == []  # its own option
+    """, CUEMM_POOL_INITIAL_SIZE="8M")
+
+
 def test_a_misspelt_setting_is_named_once_when_numba_first_allocates(run_python):
     # The variable would otherwise be ignored without a word.
     out = run_python("""
