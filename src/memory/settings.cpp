@@ -103,7 +103,8 @@ std::vector<std::string_view> Setting::manager_names() const {
 std::vector<std::string> settings_for_other_managers(std::string_view manager) {
   std::vector<std::string> others;
   for (const Setting& setting : kSettings) {
-    if (!setting.managers || !std::getenv(setting.name)) continue;
+    const char* value = std::getenv(setting.name);
+    if (!setting.managers || !value || !*value) continue;  // (set empty reads as unset)
     const auto names = setting.manager_names();
     if (std::find(names.begin(), names.end(), manager) == names.end()) others.push_back(setting.name);
   }

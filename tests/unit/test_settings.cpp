@@ -80,6 +80,8 @@ TEST(Settings, AnotherManagersOptionsAreNamedAndTheChosenOnesAreNot) {
             (Names{"CUEMM_POOL_INITIAL_SIZE", "CUEMM_PINNED_HOST_POOL", "CUEMM_ASYNC_EXPORTABLE"}));
   EXPECT_EQ(cuemm::settings_for_other_managers("/opt/plugins/libmine.so"),
             (Names{"CUEMM_POOL_INITIAL_SIZE", "CUEMM_PINNED_HOST_POOL", "CUEMM_ASYNC_EXPORTABLE"}));
+  ScopedVariable empty("CUEMM_POOL_MAXIMUM_SIZE", "");  // (set empty, as unset: not named)
+  EXPECT_EQ(cuemm::settings_for_other_managers("async"), Names{"CUEMM_POOL_INITIAL_SIZE"});
 }
 
 // The table's word on whose option a setting is, held to what the managers
