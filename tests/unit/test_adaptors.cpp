@@ -15,6 +15,7 @@
 #include "support/test_support.hpp"
 
 using namespace cuemm;
+using cuemm::testing::ScopedVariable;
 using cuemm::testing::throws;
 
 namespace {
@@ -908,35 +909,36 @@ TEST_F(Adaptors, AnOutOfMemoryHandlerDecidesHowOftenToRetry) {
 }
 
 TEST_F(Adaptors, AdaptorsComposeByName) {
-  setenv("CUEMM_LIMIT", "256M", 1);
-  auto manager = wrap_with_adaptors(&context, pool(), "statistics,tracking,limit");
-  ASSERT_NE(find_adaptor<LimitingAdaptor>(*manager), nullptr);
-  ASSERT_NE(find_adaptor<TrackingAdaptor>(*manager), nullptr);
-  ASSERT_NE(find_adaptor<StatisticsAdaptor>(*manager), nullptr);
-  ASSERT_NE(find_adaptor<PoolMemoryManager>(*manager), nullptr);
-  EXPECT_EQ(find_adaptor<LimitingAdaptor>(*manager)->limit(), std::size_t{256} << 20);
-  EXPECT_EQ(find_adaptor<LoggingAdaptor>(*manager), nullptr);
-  manager->initialize();
-  auto memory = manager->memalloc(1 << 20);
-  EXPECT_EQ(find_adaptor<StatisticsAdaptor>(*manager)->statistics().of(MemoryKind::Device).current_bytes, 1u << 20);
-  memory.reset();
-  EXPECT_TRUE(
-      throws<InvalidArgument>([&] { wrap_with_adaptors(&context, pool(), "statistics,sparkles"); }, "'sparkles'"));
-  unsetenv("CUEMM_LIMIT");
+  {
+    ScopedVariable limit("CUEMM_LIMIT", "256M");
+    auto manager = wrap_with_adaptors(&context, pool(), "statistics,tracking,limit");
+    ASSERT_NE(find_adaptor<LimitingAdaptor>(*manager), nullptr);
+    ASSERT_NE(find_adaptor<TrackingAdaptor>(*manager), nullptr);
+    ASSERT_NE(find_adaptor<StatisticsAdaptor>(*manager), nullptr);
+    ASSERT_NE(find_adaptor<PoolMemoryManager>(*manager), nullptr);
+    EXPECT_EQ(find_adaptor<LimitingAdaptor>(*manager)->limit(), std::size_t{256} << 20);
+    EXPECT_EQ(find_adaptor<LoggingAdaptor>(*manager), nullptr);
+    manager->initialize();
+    auto memory = manager->memalloc(1 << 20);
+    EXPECT_EQ(find_adaptor<StatisticsAdaptor>(*manager)->statistics().of(MemoryKind::Device).current_bytes, 1u << 20);
+    memory.reset();
+    EXPECT_TRUE(
+        throws<InvalidArgument>([&] { wrap_with_adaptors(&context, pool(), "statistics,sparkles"); }, "'sparkles'"));
+  }
+  ScopedVariable no_limit("CUEMM_LIMIT", nullptr);
   EXPECT_THROW(wrap_with_adaptors(&context, pool(), "limit"), InvalidArgument);
 }
 
 TEST_F(Adaptors, PercentPInTheLogFileIsTheProcessId) {
   const std::string directory = ::testing::TempDir();
-  setenv("CUEMM_LOG_FILE", (directory + "cuemm-%p.csv").c_str(), 1);
   const std::string expected = directory + "cuemm-" + std::to_string(::getpid()) + ".csv";
   std::remove(expected.c_str());
   {
+    ScopedVariable log_file("CUEMM_LOG_FILE", (directory + "cuemm-%p.csv").c_str());
     auto manager = wrap_with_adaptors(&context, pool(), "log");
     manager->initialize();
     manager->memalloc(4096).reset();
   }
-  unsetenv("CUEMM_LOG_FILE");
   std::ifstream log(expected);
   ASSERT_TRUE(log) << "no log at " << expected;
   const std::vector<LoggedEvent> events = read_memory_log(log, expected);
@@ -945,19 +947,20 @@ TEST_F(Adaptors, PercentPInTheLogFileIsTheProcessId) {
 }
 
 TEST_F(Adaptors, TheLogFileVariableAddsTheLog) {
-  setenv("CUEMM_LOG_FILE", "x.csv", 1);
-  setenv("CUEMM_ADAPTORS", "statistics", 1);
-  EXPECT_EQ(adaptors_from_environment(), "statistics,log");
-  setenv("CUEMM_ADAPTORS", "log,statistics", 1);
-  EXPECT_EQ(adaptors_from_environment(), "log,statistics");
-  // Spaces after the commas name the same adaptors (and the log once).
-  setenv("CUEMM_ADAPTORS", "statistics, log", 1);
-  EXPECT_EQ(adaptors_from_environment(), "statistics,log");
+  ScopedVariable no_limit("CUEMM_LIMIT", nullptr);  // (its adaptor would be added too)
+  {
+    ScopedVariable log_file("CUEMM_LOG_FILE", "x.csv");
+    // Spaces after the commas name the same adaptors (and the log once).
+    for (const auto& [named, spec] : {std::pair{"statistics", "statistics,log"}, {"log,statistics", "log,statistics"},
+                                      {"statistics, log", "statistics,log"}}) {
+      ScopedVariable adaptors("CUEMM_ADAPTORS", named);
+      EXPECT_EQ(adaptors_from_environment(), spec) << named;
+    }
+  }
   auto manager = wrap_with_adaptors(&context, pool(), " statistics , tracking ");
   EXPECT_NE(find_adaptor<StatisticsAdaptor>(*manager), nullptr);
   EXPECT_NE(find_adaptor<TrackingAdaptor>(*manager), nullptr);
-  unsetenv("CUEMM_LOG_FILE");
-  unsetenv("CUEMM_ADAPTORS");
+  ScopedVariable no_log_file("CUEMM_LOG_FILE", nullptr), no_adaptors("CUEMM_ADAPTORS", nullptr);
   EXPECT_EQ(adaptors_from_environment(), "");
 }
 
@@ -975,20 +978,23 @@ TEST_F(Adaptors, AnAdaptorNamedTwiceIsRefused) {
 
 // A cap set without naming its adaptor is a cap, not a setting ignored.
 TEST_F(Adaptors, TheLimitVariableAddsTheLimit) {
-  setenv("CUEMM_LIMIT", "64M", 1);
-  EXPECT_EQ(adaptors_from_environment(), "limit");
-  setenv("CUEMM_LOG_FILE", "x.csv", 1);
-  EXPECT_EQ(adaptors_from_environment(), "log,limit");
-  setenv("CUEMM_ADAPTORS", "limit, statistics", 1);
-  EXPECT_EQ(adaptors_from_environment(), "limit,statistics,log");
-  unsetenv("CUEMM_LOG_FILE");
-  unsetenv("CUEMM_ADAPTORS");
-  auto manager = wrap_with_adaptors(&context, pool(), adaptors_from_environment());
-  manager->initialize();
-  ASSERT_NE(find_adaptor<LimitingAdaptor>(*manager), nullptr);
-  EXPECT_EQ(find_adaptor<LimitingAdaptor>(*manager)->limit(), std::size_t{64} << 20);
-  EXPECT_THROW(manager->memalloc(std::size_t{65} << 20), OutOfMemory);
-  unsetenv("CUEMM_LIMIT");
+  ScopedVariable no_log_file("CUEMM_LOG_FILE", nullptr), no_adaptors("CUEMM_ADAPTORS", nullptr),
+      no_limit("CUEMM_LIMIT", nullptr);
+  {
+    ScopedVariable limit("CUEMM_LIMIT", "64M");
+    EXPECT_EQ(adaptors_from_environment(), "limit");
+    {
+      ScopedVariable log_file("CUEMM_LOG_FILE", "x.csv");
+      EXPECT_EQ(adaptors_from_environment(), "log,limit");
+      ScopedVariable adaptors("CUEMM_ADAPTORS", "limit, statistics");
+      EXPECT_EQ(adaptors_from_environment(), "limit,statistics,log");
+    }
+    auto manager = wrap_with_adaptors(&context, pool(), adaptors_from_environment());
+    manager->initialize();
+    ASSERT_NE(find_adaptor<LimitingAdaptor>(*manager), nullptr);
+    EXPECT_EQ(find_adaptor<LimitingAdaptor>(*manager)->limit(), std::size_t{64} << 20);
+    EXPECT_THROW(manager->memalloc(std::size_t{65} << 20), OutOfMemory);
+  }
   EXPECT_EQ(adaptors_from_environment(), "");
 }
 

@@ -149,11 +149,15 @@ TEST_F(Async, AFailedExportLeavesTheManagerAbleToExportLater) {
 }
 
 TEST_F(Async, TheExportableOptionComesFromTheEnvironment) {
-  setenv("CUEMM_ASYNC_EXPORTABLE", "1", 1);
-  EXPECT_TRUE(AsyncOptions::from_environment().exportable);
-  setenv("CUEMM_ASYNC_EXPORTABLE", "yes", 1);
-  EXPECT_THROW(AsyncOptions::from_environment(), InvalidArgument);
-  unsetenv("CUEMM_ASYNC_EXPORTABLE");
+  {
+    ScopedVariable exportable("CUEMM_ASYNC_EXPORTABLE", "1");
+    EXPECT_TRUE(AsyncOptions::from_environment().exportable);
+  }
+  {
+    ScopedVariable bad("CUEMM_ASYNC_EXPORTABLE", "yes");
+    EXPECT_THROW(AsyncOptions::from_environment(), InvalidArgument);
+  }
+  ScopedVariable unset("CUEMM_ASYNC_EXPORTABLE", nullptr);
   EXPECT_FALSE(AsyncOptions::from_environment().exportable);
 }
 
@@ -262,10 +266,14 @@ TEST_F(Async, TrimWhileOtherThreadsAllocateKeepsEveryBlock) {
 }
 
 TEST_F(Async, TheReleaseThresholdComesFromTheEnvironment) {
-  setenv("CUEMM_ASYNC_RELEASE_THRESHOLD", "256M", 1);
-  EXPECT_EQ(AsyncOptions::from_environment().release_threshold, std::uint64_t{256} << 20);
-  setenv("CUEMM_ASYNC_RELEASE_THRESHOLD", "plenty", 1);
-  EXPECT_THROW(AsyncOptions::from_environment(), InvalidArgument);
-  unsetenv("CUEMM_ASYNC_RELEASE_THRESHOLD");
+  {
+    ScopedVariable threshold("CUEMM_ASYNC_RELEASE_THRESHOLD", "256M");
+    EXPECT_EQ(AsyncOptions::from_environment().release_threshold, std::uint64_t{256} << 20);
+  }
+  {
+    ScopedVariable bad("CUEMM_ASYNC_RELEASE_THRESHOLD", "plenty");
+    EXPECT_THROW(AsyncOptions::from_environment(), InvalidArgument);
+  }
+  ScopedVariable unset("CUEMM_ASYNC_RELEASE_THRESHOLD", nullptr);
   EXPECT_EQ(AsyncOptions::from_environment().release_threshold, UINT64_MAX);
 }

@@ -5,6 +5,7 @@
 using namespace cuemm;
 using cuemm::testing::caught;
 using cuemm::testing::Pool;
+using cuemm::testing::ScopedVariable;
 using cuemm::testing::throws;
 
 // PoolStatistics counts the driver calls that took memory and gave it back
@@ -59,9 +60,11 @@ TEST_F(Pool, WithDedicatedSizeZeroEveryIpcHandleHasOffsetZero) {
   blocks.clear();
   auto again = pool.memalloc(80);
   EXPECT_EQ(again->device_pointer(), first) << "the spare segment was not reused";
-  setenv("CUEMM_POOL_DEDICATED_SIZE", "0", 1);
-  EXPECT_EQ(PoolOptions::from_environment().dedicated_size, 0u);
-  unsetenv("CUEMM_POOL_DEDICATED_SIZE");
+  {
+    ScopedVariable dedicated("CUEMM_POOL_DEDICATED_SIZE", "0");
+    EXPECT_EQ(PoolOptions::from_environment().dedicated_size, 0u);
+  }
+  ScopedVariable unset("CUEMM_POOL_DEDICATED_SIZE", nullptr);
   EXPECT_EQ(PoolOptions::from_environment().dedicated_size, std::size_t{4} << 20);
 }
 
@@ -317,36 +320,44 @@ TEST_F(Pool, AnInitialSizeServesSmallBlocksToo) {
 }
 
 TEST_F(Pool, SizesFromTheEnvironmentAreParsed) {
-  setenv("CUEMM_POOL_INITIAL_SIZE", "512M", 1);
-  setenv("CUEMM_POOL_MAXIMUM_SIZE", "2GiB", 1);
-  const PoolOptions options = PoolOptions::from_environment();
-  EXPECT_EQ(options.initial_size, std::size_t{512} << 20);
-  EXPECT_EQ(options.maximum_size, std::size_t{2} << 30);
-  setenv("CUEMM_POOL_MAXIMUM_SIZE", "lots", 1);
-  EXPECT_TRUE(throws<InvalidArgument>([&] { PoolOptions::from_environment(); }, "CUEMM_POOL_MAXIMUM_SIZE"));
-  unsetenv("CUEMM_POOL_INITIAL_SIZE");
-  unsetenv("CUEMM_POOL_MAXIMUM_SIZE");
-  EXPECT_FALSE(PoolOptions::from_environment().expandable);
-  setenv("CUEMM_POOL_EXPANDABLE", "1", 1);
-  EXPECT_TRUE(PoolOptions::from_environment().expandable);
-  setenv("CUEMM_POOL_EXPANDABLE", "yes", 1);
+  {
+    ScopedVariable initial("CUEMM_POOL_INITIAL_SIZE", "512M");
+    {
+      ScopedVariable maximum("CUEMM_POOL_MAXIMUM_SIZE", "2GiB");
+      const PoolOptions options = PoolOptions::from_environment();
+      EXPECT_EQ(options.initial_size, std::size_t{512} << 20);
+      EXPECT_EQ(options.maximum_size, std::size_t{2} << 30);
+    }
+    ScopedVariable bad("CUEMM_POOL_MAXIMUM_SIZE", "lots");
+    EXPECT_TRUE(throws<InvalidArgument>([&] { PoolOptions::from_environment(); }, "CUEMM_POOL_MAXIMUM_SIZE"));
+  }
+  {
+    ScopedVariable unset("CUEMM_POOL_EXPANDABLE", nullptr);
+    EXPECT_FALSE(PoolOptions::from_environment().expandable);
+  }
+  {
+    ScopedVariable expandable("CUEMM_POOL_EXPANDABLE", "1");
+    EXPECT_TRUE(PoolOptions::from_environment().expandable);
+  }
+  ScopedVariable bad("CUEMM_POOL_EXPANDABLE", "yes");
   EXPECT_TRUE(throws<InvalidArgument>([&] { PoolOptions::from_environment(); }, "CUEMM_POOL_EXPANDABLE must be 0 or 1",
                                       "'yes'"));
-  unsetenv("CUEMM_POOL_EXPANDABLE");
 }
 
 TEST_F(Pool, TheBusyOvershootComesFromTheEnvironmentAndIsChecked) {
-  EXPECT_EQ(PoolOptions::from_environment().busy_overshoot, 0.125);
-  setenv("CUEMM_POOL_BUSY_OVERSHOOT", "0.25", 1);
-  EXPECT_EQ(PoolOptions::from_environment().busy_overshoot, 0.25);
-  setenv("CUEMM_POOL_BUSY_OVERSHOOT", "0", 1);
-  EXPECT_EQ(PoolOptions::from_environment().busy_overshoot, 0.0);
+  {
+    ScopedVariable unset("CUEMM_POOL_BUSY_OVERSHOOT", nullptr);
+    EXPECT_EQ(PoolOptions::from_environment().busy_overshoot, 0.125);
+  }
+  for (const auto& [text, value] : {std::pair{"0.25", 0.25}, {"0", 0.0}}) {
+    ScopedVariable overshoot("CUEMM_POOL_BUSY_OVERSHOOT", text);
+    EXPECT_EQ(PoolOptions::from_environment().busy_overshoot, value) << text;
+  }
   for (const char* bad : {"-0.1", "nan", "5", "an eighth", "0.1x"}) {
-    setenv("CUEMM_POOL_BUSY_OVERSHOOT", bad, 1);
+    ScopedVariable overshoot("CUEMM_POOL_BUSY_OVERSHOOT", bad);
     EXPECT_TRUE(throws<InvalidArgument>([&] { PoolOptions::from_environment(); },
                                         "CUEMM_POOL_BUSY_OVERSHOOT must be a fraction", bad));
   }
-  unsetenv("CUEMM_POOL_BUSY_OVERSHOOT");
   PoolOptions options;
   options.busy_overshoot = -1;
   EXPECT_TRUE(throws<InvalidArgument>([&] { PoolMemoryManager pool(&context, options); }, "busy overshoot"));

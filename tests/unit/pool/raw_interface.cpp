@@ -4,6 +4,7 @@
 using namespace cuemm;
 using cuemm::testing::hex_of;
 using cuemm::testing::Pool;
+using cuemm::testing::ScopedVariable;
 
 TEST_F(Pool, TheRawInterfaceHandsOutAlignedDistinctBlocks) {
   PoolMemoryManager pool(&context);
@@ -99,8 +100,10 @@ TEST_F(Pool, WithCheckFreesEveryRawFreeThatMatchesNoLiveBlockIsRefused) {
 }
 
 TEST_F(Pool, CheckFreesComesFromTheEnvironment) {
-  EXPECT_FALSE(PoolOptions::from_environment().check_frees);
-  setenv("CUEMM_POOL_CHECK_FREES", "1", 1);
+  {
+    ScopedVariable unset("CUEMM_POOL_CHECK_FREES", nullptr);
+    EXPECT_FALSE(PoolOptions::from_environment().check_frees);
+  }
+  ScopedVariable check_frees("CUEMM_POOL_CHECK_FREES", "1");
   EXPECT_TRUE(PoolOptions::from_environment().check_frees);
-  unsetenv("CUEMM_POOL_CHECK_FREES");
 }
