@@ -2,7 +2,6 @@
 // simulated driver, which has no cuemm errors, reads its own).
 #pragma once
 
-#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -35,20 +34,15 @@ inline std::optional<bool> flag_from_environment(const char* variable) {
   return value == "1";
 }
 
-// A count such as "10" from `variable` (digits only, and within size_t);
-// nullopt when unset or empty, InvalidArgument naming the variable for
-// anything else.
+// A count such as "10" from `variable` (digits only, within size_t:
+// parse_whole_number); nullopt when unset or empty, InvalidArgument naming
+// the variable for anything else.
 inline std::optional<std::size_t> count_from_environment(const char* variable) {
   const char* text = std::getenv(variable);
   if (!text || !*text) return std::nullopt;
-  std::size_t value = 0;
-  for (const char* digit = text; *digit; ++digit) {
-    const bool fits = value <= (SIZE_MAX - 9) / 10;
-    if (*digit < '0' || *digit > '9' || !fits)
-      throw InvalidArgument(std::string(variable) + " must be a count such as 10 (got '" + text + "')");
-    value = value * 10 + static_cast<std::size_t>(*digit - '0');
-  }
-  return value;
+  const auto count = parse_whole_number(text);
+  if (!count) throw InvalidArgument(std::string(variable) + " must be a count such as 10 (got '" + text + "')");
+  return *count;
 }
 
 // A fraction such as "0.125" from `variable`, at least 0 and at most
