@@ -7,6 +7,16 @@ counting_plugin=${2:-}     # a plugin library (examples/plugin), and one of inte
 version_two_plugin=${3:-}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# `refused WORDS COMMAND...`: COMMAND must fail, and its output name WORDS (a grep pattern).
+refused() {
+  local words=$1
+  shift
+  if "$@" >"$work/refused.txt" 2>&1; then
+    echo "took: $*" >&2
+    exit 1
+  fi
+  grep -q -- "$words" "$work/refused.txt" || { echo "no '$words' for: $*" >&2; cat "$work/refused.txt" >&2; exit 1; }
+}
 
 "$tool" info >"$work/info.txt"
 grep -q "^device 0: " "$work/info.txt"
@@ -24,18 +34,12 @@ CUEMM_MEMORY_MANAGER=pool CUEMM_POOL_MAXIMUM_SIZE=8G CUEMM_POOL_THREAD_CACHE_SIZ
 CUEMM_MEMORY_MANAGER=pool CUEMM_POOL_EXPANDABLE=1 CUEMM_POOL_ASSEMBLE_BLOCKS=1 "$tool" info |
   grep -q "^pool options: .*; expandable yes; assembled blocks yes;"
 # An option that would be ignored is refused, as the pool refuses it.
-if CUEMM_MEMORY_MANAGER=pool CUEMM_POOL_ASSEMBLE_BLOCKS=1 "$tool" info >"$work/bad.txt" 2>&1; then
-  echo "cuemm info took CUEMM_POOL_ASSEMBLE_BLOCKS=1 without CUEMM_POOL_EXPANDABLE=1" >&2
-  exit 1
-fi
-grep -q "assembled blocks (CUEMM_POOL_ASSEMBLE_BLOCKS=1) .* the pool is not expandable (CUEMM_POOL_EXPANDABLE=1)" "$work/bad.txt"
+refused "assembled blocks (CUEMM_POOL_ASSEMBLE_BLOCKS=1) .* the pool is not expandable (CUEMM_POOL_EXPANDABLE=1)" \
+  env CUEMM_MEMORY_MANAGER=pool CUEMM_POOL_ASSEMBLE_BLOCKS=1 "$tool" info
 CUEMM_MEMORY_MANAGER=async CUEMM_ASYNC_RELEASE_THRESHOLD=1G CUEMM_ASYNC_EXPORTABLE=1 "$tool" info |
   grep -q "^async options: release threshold 1.00 GiB (1073741824 bytes); exportable yes;"
-if CUEMM_MEMORY_MANAGER=pool CUEMM_POOL_MAXIMUM_SIZE=lots "$tool" info >"$work/bad.txt" 2>&1; then
-  echo "cuemm info took CUEMM_POOL_MAXIMUM_SIZE=lots" >&2
-  exit 1
-fi
-grep -q "CUEMM_POOL_MAXIMUM_SIZE must be a byte count" "$work/bad.txt"
+refused "CUEMM_POOL_MAXIMUM_SIZE must be a byte count" \
+  env CUEMM_MEMORY_MANAGER=pool CUEMM_POOL_MAXIMUM_SIZE=lots "$tool" info
 # Every setting set is listed; one spelt wrong is named on stderr, once, beside the one it resembles.
 CUEMM_POOL_EXPANDABLE=1 CUEMM_POOL_INITAL_SIZE=1G "$tool" info >"$work/settings.txt" 2>"$work/settings-stderr.txt"
 grep -q "^settings in the environment: .*CUEMM_POOL_EXPANDABLE=1" "$work/settings.txt"
@@ -48,11 +52,7 @@ grep -Eq "^CUEMM_PINNED_HOST_POOL +pool, async " "$work/all-settings.txt"
 grep -Eq "^CUEMM_LIMIT +the limit adaptor" "$work/all-settings.txt"
 [ "$(grep -c '^CUEMM_' "$work/all-settings.txt")" -ge 25 ]
 # An adaptor named twice (two logs would write one file) is refused by name.
-if CUEMM_ADAPTORS=log,statistics,log "$tool" info >"$work/bad.txt" 2>&1; then
-  echo "cuemm info took CUEMM_ADAPTORS=log,statistics,log" >&2
-  exit 1
-fi
-grep -q "the adaptor 'log' is named twice" "$work/bad.txt"
+refused "the adaptor 'log' is named twice" env CUEMM_ADAPTORS=log,statistics,log "$tool" info
 # A pool's option set while new contexts get another manager is named, on stdout and stderr; not under the pool.
 grep -q "^settings of other managers, unused by default: CUEMM_POOL_EXPANDABLE$" "$work/settings.txt"
 grep -q "CUEMM_POOL_EXPANDABLE set, but new contexts get the manager 'default', which does not read it" \
@@ -83,18 +83,16 @@ grep -q "^manager best-fit: 208 operations" "$work/same-shapes.txt"
 # With sizes of each layer's own: as many operations again; and a name it does not know is refused.
 "$tool" random --pattern training --shapes per-layer --layers 8 --steps 3 --manager pool >"$work/per-layer.txt"
 grep -q "^manager pool: 208 operations" "$work/per-layer.txt"
-if "$tool" random --pattern training --shapes round 2>"$work/shapes-error.txt"; then exit 1; fi
-grep -q "shapes must be varied, same or per-layer (got 'round')" "$work/shapes-error.txt"
+refused "shapes must be varied, same or per-layer (got 'round')" "$tool" random --pattern training --shapes round
 grep -q "reserved/live" "$work/training.txt"
-if "$tool" random --pattern sometimes 2>"$work/error.txt"; then exit 1; fi
-grep -q "pattern must be rmm, training, temporaries, inference or queue (got 'sometimes')" "$work/error.txt"
+refused "pattern must be rmm, training, temporaries, inference or queue (got 'sometimes')" \
+  "$tool" random --pattern sometimes
 # A queue: each of 100 steps allocates, and once 4 are live the oldest goes (after the new one
 # came: 5 live at the peak), the rest freed at the end; blocks of 1 byte, so the peak is exact.
 "$tool" random --pattern queue --max-size 1 --depth 4 --operations 100 --manager pool >"$work/queue.txt"
 grep -q "^manager pool: 200 operations" "$work/queue.txt"
 grep -q "^peak live 5 bytes" "$work/queue.txt"
-if "$tool" random --pattern queue --depth 0 2>"$work/depth-error.txt"; then exit 1; fi
-grep -q "depth must be at least 1 (got 0)" "$work/depth-error.txt"
+refused "depth must be at least 1 (got 0)" "$tool" random --pattern queue --depth 0
 # Small blocks beside temporaries: 200 steps, each a small block, some a temporary (an allocation and a
 # free), and the small blocks' frees at the end; inference: 50 weights, 30 layers a request, all freed.
 "$tool" random --pattern temporaries --operations 200 --manager pool >"$work/temporaries.txt"
@@ -103,13 +101,12 @@ temporaries=$(grep -o '^manager pool: [0-9]* operations' "$work/temporaries.txt"
 "$tool" random --pattern inference --operations 3 --manager best-fit >"$work/inference.txt"
 grep -q "^manager best-fit: 280 operations" "$work/inference.txt"
 # A byte count that would not fit 64 bits is refused by name, not read as some other size.
-if "$tool" random --max-size 99999999999999999999T 2>"$work/size-error.txt"; then exit 1; fi
-grep -q "max-size must be a byte count such as 64M (got '99999999999999999999T')" "$work/size-error.txt"
+refused "max-size must be a byte count such as 64M (got '99999999999999999999T')" \
+  "$tool" random --max-size 99999999999999999999T
 # Through the pool's stream-ordered interface, as RMM and PyTorch call it; a manager without one is refused.
 "$tool" random --operations 2000 --max-size 2M --live 64M --manager pool --stream-ordered >"$work/ordered.txt"
 grep -q "^manager pool, stream-ordered: 2000 operations" "$work/ordered.txt"
-if "$tool" random --operations 10 --manager default --stream-ordered 2>"$work/ordered-error.txt"; then exit 1; fi
-grep -q "which manager 'default' does not have" "$work/ordered-error.txt"
+refused "which manager 'default' does not have" "$tool" random --operations 10 --manager default --stream-ordered
 # Blocks assembled from pages' free ends (Note [Assembled blocks]): the expandable pool reserves less
 # with them on RMM's workload up to 4 MiB with 128 MiB live (seed 1 without thread caches, whose
 # figures move with the GPU's timing: 1.125-1.141 against 1.188-1.235 in six runs each).
@@ -137,10 +134,9 @@ awk '/^segments at the peak/ { match($0, /\(([0-9]+) bytes\)/); reserved = subst
 # Up to 2 MiB the growth to the peak is a shared segment with room to spare: marked as new.
 "$tool" random --operations 3000 --max-size 2M --live 64M --manager pool --segments >"$work/segments-2m.txt"
 [ "$(grep -c " (new since the previous peak)$" "$work/segments-2m.txt")" -ge 1 ]
-if "$tool" random --operations 10 --manager async --segments 2>"$work/error.txt"; then exit 1; fi
-grep -q "segments lists the pool's segments, which manager 'async' does not have" "$work/error.txt"
-if "$tool" random --compare --segments 2>"$work/error.txt"; then exit 1; fi
-grep -q "compare takes none of" "$work/error.txt"
+refused "segments lists the pool's segments, which manager 'async' does not have" \
+  "$tool" random --operations 10 --manager async --segments
+refused "compare takes none of" "$tool" random --compare --segments
 
 # The log of a run of the tool itself: the context's manager logs everything.
 CUEMM_MEMORY_MANAGER=default CUEMM_LOG_FILE="$work/log.csv" "$tool" info >/dev/null
@@ -165,8 +161,8 @@ if [ -n "$counting_plugin" ]; then
   "$tool" bench --managers "$counting_plugin" --sizes 4K --threads 1 --seconds 0.01 --repeats 1 --warm-up 0.01 \
     >"$work/plugin-bench.txt"
   grep -q "^$counting_plugin  *[0-9]" "$work/plugin-bench.txt"
-  if "$tool" replay "$work/made.csv" --manager "$version_two_plugin" 2>"$work/error.txt"; then exit 1; fi
-  grep -q "implements EMM plugin interface version 2, but cuemm requires version 1" "$work/error.txt"
+  refused "implements EMM plugin interface version 2, but cuemm requires version 1" \
+    "$tool" replay "$work/made.csv" --manager "$version_two_plugin"
 fi
 # RMM's logging_resource_adaptor's log replays too.
 printf 'Thread,Time,Action,Pointer,Size,Stream\n1,10.5,allocate,0x7f0000000000,3000,0x0\n1,11,free,0x7f0000000000,3000,0x0\n' \
@@ -253,8 +249,7 @@ grep -q "^an ideal best fit (reference)  *-  *12.0 MiB  *1.091 " "$work/compare.
 grep -q "^least memory: .* of peak live); fastest: .* ns an operation)$" "$work/compare.txt"
 "$tool" random --operations 2000 --max-size 1M --live 32M --threads 2 --compare >"$work/compare-random.txt"
 [ "$(grep -c "^pool" "$work/compare-random.txt")" = 6 ]
-if "$tool" replay "$work/fit.csv" --compare --manager pool 2>"$work/error.txt"; then exit 1; fi
-grep -q "leave out --manager" "$work/error.txt"
+refused "leave out --manager" "$tool" replay "$work/fit.csv" --compare --manager pool
 # A log of two devices replays each device's rows on that device, where the driver has two.
 head -1 "$work/made.csv" >"$work/two.csv"
 printf 'Alloc,0,0x1000,0,3000,0,0,1,0.1,0.11,0,\nAlloc,1,0x1000,0,5000,0,0,1,0.2,0.21,0,\nAlloc,1,0x9000,0,7000,0,0,2,0.3,0.31,0,\nFree,1,0x1000,0,5000,0,0,1,0.4,0.41,0,\n' \
@@ -279,17 +274,13 @@ if [ "$("$tool" info 2>/dev/null | grep -c '^device [0-9]*: ')" = 1 ]; then
   grep -q "^device 1 (on device 0): manager pool: 3 operations" "$work/two-on-one.txt"
   grep -q "^device 1 (on device 0): peak live 11.72 KiB" "$work/two-on-one.txt"
 fi
-if "$tool" replay "$work/two.csv" --compare 2>"$work/error.txt"; then exit 1; fi
-grep -q "replays the rows of one device; this log has rows of 2 devices" "$work/error.txt"
+refused "replays the rows of one device; this log has rows of 2 devices" "$tool" replay "$work/two.csv" --compare
 "$tool" plot "$work/made.csv" "$work/plot.svg" >/dev/null
 grep -q "<polyline" "$work/plot.svg"
-if "$tool" replay "$work/missing.csv" 2>"$work/error.txt"; then exit 1; fi
-grep -q "cannot read the log" "$work/error.txt"
+refused "cannot read the log" "$tool" replay "$work/missing.csv"
 if "$tool" random --max-size lots 2>"$work/error.txt"; then exit 1; fi
-if "$tool" random --max-size 0 2>"$work/error.txt"; then exit 1; fi
-grep -q "at least 1 byte" "$work/error.txt"
-if "$tool" random --operations -3 2>"$work/error.txt"; then exit 1; fi
-grep -q "whole number (got '-3')" "$work/error.txt"
+refused "at least 1 byte" "$tool" random --max-size 0
+refused "whole number (got '-3')" "$tool" random --operations -3
 # Mistakes on the command line say what was wrong rather than print the usage.
 for mistake in "random --operations 5 --operations 6|--operations is given more than once" \
   "random --manager|--manager needs a value" "random --operations 0|--operations must be at least 1" \
@@ -302,8 +293,7 @@ done
 # A negative size in a log is an error that names the row, not a huge request.
 head -1 "$work/made.csv" >"$work/negative.csv"
 echo "Alloc,0,0x10,0,-5,0,0,1,0,0,0," >>"$work/negative.csv"
-if "$tool" replay "$work/negative.csv" 2>"$work/error.txt"; then exit 1; fi
-grep -q "negative.csv:2: the size '-5' is not a byte count" "$work/error.txt"
+refused "negative.csv:2: the size '-5' is not a byte count" "$tool" replay "$work/negative.csv"
 # bench: a row per manager and a column per size, for each thread count, and
 # the scaling of the most threads over one; every cell a time.
 "$tool" bench --managers cuMemAlloc,pool --sizes 256,1M --threads 1,2 --seconds 0.01 --repeats 1 >"$work/bench.txt"
@@ -322,14 +312,10 @@ grep -Eq '^async +[0-9.]+$' "$work/bench-after-pool.txt"
 CUEMM_ADAPTORS=statistics "$tool" bench --managers pool --sizes 4K --threads 1 --seconds 0.01 --repeats 1 \
   >"$work/statistics.txt"
 grep -q "adaptors: statistics" "$work/statistics.txt"
-if "$tool" bench --managers pool,nope 2>"$work/error.txt"; then exit 1; fi
-grep -q "no manager is called 'nope' (there are: cuMemAlloc, " "$work/error.txt"
-if "$tool" bench --sizes 256,0 2>"$work/error.txt"; then exit 1; fi
-grep -q "at least 1 byte each (got '0')" "$work/error.txt"
-if "$tool" bench --threads 0 2>"$work/error.txt"; then exit 1; fi
-grep -q "between 1 and 1024" "$work/error.txt"
-if "$tool" bench --seconds -1 2>"$work/error.txt"; then exit 1; fi
-grep -q "above 0" "$work/error.txt"
+refused "no manager is called 'nope' (there are: cuMemAlloc, " "$tool" bench --managers pool,nope
+refused "at least 1 byte each (got '0')" "$tool" bench --sizes 256,0
+refused "between 1 and 1024" "$tool" bench --threads 0
+refused "above 0" "$tool" bench --seconds -1
 # --help anywhere: the usage on stdout, status 0; no command: on stderr, status 2.
 "$tool" bench --help >"$work/help.txt"
 grep -q "cuemm bench \[--managers" "$work/help.txt"
