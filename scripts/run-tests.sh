@@ -42,6 +42,10 @@ if [ -x "$build/bin/bench_allocators" ]; then
   done
 fi
 
+echo "== the main job (the README's first command: the library, the tool and the examples alone, in build-main)"
+"$root/scripts/run-main.sh" >/tmp/cuemm-run-main.txt 2>&1 && grep -q "10 zeros, as sent" /tmp/cuemm-run-main.txt ||
+  { tail -20 /tmp/cuemm-run-main.txt; status=1; }
+
 echo "== install, and use through find_package(cuemm)"
 "$root/scripts/check-install.sh" || status=1
 

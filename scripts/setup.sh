@@ -1,16 +1,55 @@
 #!/usr/bin/env bash
-# Installs what building and testing cuemm needs on a fresh Debian machine.
-# Installs only what is missing, so it is cheap to run again.
+# Installs with apt-get what building cuemm needs and this machine lacks:
+#   setup.sh main    the library and the examples (the main job)
+#   setup.sh         every test too: GoogleTest, Google Benchmark, the
+#                    Python package's and classic Numba's tests
+# Each need is looked for as what it is (a command, a header, a Python
+# module), not as a Debian package, so a machine that has the tools from
+# elsewhere (the GPU machine: cmake and ninja in a venv, and no package
+# archive to reach) needs nothing installed. Cheap to run again.
 set -euo pipefail
-packages=(cmake ninja-build g++ libgtest-dev libbenchmark-dev python3 python3-dev python3-numpy python3-numba
-  python3-pytest pybind11-dev)
+purpose=${1:-tests}
+case $purpose in
+  main | tests) ;;
+  *) echo "setup: '$purpose' is not a purpose (main or tests)" >&2; exit 2 ;;
+esac
+
+has_header() { [ -e "/usr/include/$1" ] || [ -e "/usr/local/include/$1" ]; }
+# Classic Numba and the tests' modules come from Debian's python3 (run-tests.sh uses /usr/bin/python3).
+has_module() { [ -x /usr/bin/python3 ] && /usr/bin/python3 -c "import $1" 2>/dev/null; }
+
+# need: the package that provides it, and the check that it is here.
+needs=(
+  "cmake|command -v cmake"
+  "ninja-build|command -v ninja"
+  "g++|command -v g++"
+)
+if [ "$purpose" = tests ]; then
+  needs+=(
+    "libgtest-dev|has_header gtest/gtest.h"
+    "libbenchmark-dev|has_header benchmark/benchmark.h"
+    "python3|[ -x /usr/bin/python3 ]"
+    "python3-dev|ls /usr/include/python3*/Python.h"
+    "pybind11-dev|has_header pybind11/pybind11.h"
+    "python3-numpy|has_module numpy"
+    "python3-numba|has_module numba"
+    "python3-pytest|has_module pytest"
+  )
+fi
+
 missing=()
-for package in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+for need in "${needs[@]}"; do
+  eval "${need#*|}" >/dev/null 2>&1 || missing+=("${need%%|*}")
 done
-if ((${#missing[@]})); then
-  echo "setup: installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+((${#missing[@]})) || exit 0
+
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; }; then
+  echo "setup: apt-get could not install ${missing[*]}, which the $purpose need." >&2
+  if [ "$purpose" = tests ]; then
+    echo "setup: on a machine without a package archive (the GPU machine), scripts/gpu-check.sh runs the tests" \
+      "with what scripts/prepare-gpu-carry.sh brings." >&2
+  fi
+  exit 1
 fi
