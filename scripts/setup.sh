@@ -46,7 +46,9 @@ done
 echo "setup: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; }; then
-  echo "setup: apt-get could not install ${missing[*]}, which the $purpose need." >&2
+  what="the main job"
+  [ "$purpose" = tests ] && what="the tests"
+  echo "setup: apt-get could not install ${missing[*]}, needed by $what." >&2
   if [ "$purpose" = tests ]; then
     echo "setup: on a machine without a package archive (the GPU machine), scripts/gpu-check.sh runs the tests" \
       "with what scripts/prepare-gpu-carry.sh brings." >&2
