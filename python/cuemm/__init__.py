@@ -24,6 +24,7 @@ __all__ = [
     "use_cuemm_for_numba",
     "statistics",
     "release_unused_memory",
+    "segments",
     "on_out_of_memory",
     "write_log",
     "plot",

@@ -47,6 +47,21 @@ def test_the_version_is_the_projects(run_python):
     assert out.strip() == cmake == package, (out, cmake, package)
 
 
+def test_every_public_name_is_exported(run_python):
+    # `from cuemm import *` gives each function and class the package defines
+    # without a leading underscore, and nothing it does not have.
+    out = run_python("""
+        import inspect, cuemm
+        public = sorted(name for name, value in vars(cuemm).items()
+                        if not name.startswith("_") and (inspect.isfunction(value) or inspect.isclass(value)))
+        print(sorted(set(public) ^ set(cuemm.__all__)))
+        namespace = {}
+        exec("from cuemm import *", namespace)
+        print(sorted(set(cuemm.__all__) - set(namespace)))
+    """)
+    assert out.split("\n")[:2] == ["[]", "[]"], out
+
+
 def test_the_expandable_pool_assembles_blocks_for_numba(run_python):
     # Eight arrays of 1 MiB over four pages, the second and the fifth freed:
     # an array of 1.5 MiB is made of those two holes, not of a new page.
