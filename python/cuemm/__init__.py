@@ -150,7 +150,10 @@ def release_unused_memory(device=None):
     free segments, the async manager's driver pool down to what is in use, the cached
     pinned host blocks, and deferred frees. Arrays still alive are untouched; inside
     defer_cleanup() nothing is released. Returns the bytes released, as a dict of
-    device_bytes, pinned_host_bytes, deferred_frees and deferred_bytes."""
+    device_bytes, pinned_host_bytes, deferred_frees and deferred_bytes. Before cuemm
+    serves any context it holds nothing, and releases nothing (as empty_cache() then)."""
+    if device is None and not _bridges():
+        return dict.fromkeys(("device_bytes", "pinned_host_bytes", "deferred_frees", "deferred_bytes"), 0)
     return _bridge_for(device).release_unused_memory()
 
 

@@ -797,6 +797,8 @@ def test_release_unused_memory_gives_back_what_no_array_holds(run_python, manage
         import numpy as np
         from numba import cuda
         import cuemm
+        # Before anything is allocated there is nothing to give back (and no error).
+        nothing = cuemm.release_unused_memory()
         kept = cuda.to_device(np.arange(1 << 18, dtype=np.uint32))
         arrays = [cuda.device_array((i % 7 + 1) << 20, dtype="u1") for i in range(40)]
         pinned = [cuda.pinned_array(4 << 20, dtype="u1") for _ in range(3)]
@@ -805,6 +807,7 @@ def test_release_unused_memory_gives_back_what_no_array_holds(run_python, manage
             assert set(cuemm.release_unused_memory().values()) == {0}, "released under defer_cleanup"
         released = cuemm.release_unused_memory()
         assert sorted(released) == ["deferred_bytes", "deferred_frees", "device_bytes", "pinned_host_bytes"]
+        assert sorted(nothing) == sorted(released) and set(nothing.values()) == {0}, nothing
         if MANAGER != "default":
             assert released["device_bytes"] > 0, released
             assert released["pinned_host_bytes"] >= 4 << 20, released
