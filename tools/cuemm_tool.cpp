@@ -111,6 +111,10 @@ std::vector<LoggedEvent> read_log_events(const std::string& path, MemoryLogGaps*
     std::printf("the log: %zu row(s) of event types that are not allocations or frees, skipped (the first: '%s')\n",
                 gaps.rows_of_other_types, gaps.first_other_type.c_str());
   }
+  if (gaps.failed_allocations) {
+    std::printf("the log: %zu allocation(s) that failed when it was written (RMM's 'allocate failure'), "
+                "not replayed: they held nothing\n", gaps.failed_allocations);
+  }
   if (gaps.frees_inferred) {
     std::printf("the log: %zu address(es) allocated again while live, so freed before without a row: "
                 "the frees are replayed there\n", gaps.frees_inferred);

@@ -171,8 +171,10 @@ std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& so
     const auto type = std::find_if(columns.types_begin, columns.types_end,
                                    [&](const EventType& t) { return same_name(fields[columns.type], t.name); });
     if (type == columns.types_end) {
-      if (!(rmm && same_name(fields[columns.type], kRmmFailure))) {
-        if (found.rows_of_other_types++ == 0) found.first_other_type = fields[columns.type];
+      if (rmm && same_name(fields[columns.type], kRmmFailure)) {
+        ++found.failed_allocations;
+      } else if (found.rows_of_other_types++ == 0) {
+        found.first_other_type = fields[columns.type];
       }
       continue;
     }

@@ -165,11 +165,12 @@ if [ -n "$counting_plugin" ]; then
     "$tool" replay "$work/made.csv" --manager "$version_two_plugin"
 fi
 # RMM's logging_resource_adaptor's log replays too.
-printf 'Thread,Time,Action,Pointer,Size,Stream\n1,10.5,allocate,0x7f0000000000,3000,0x0\n1,11,free,0x7f0000000000,3000,0x0\n' \
+printf 'Thread,Time,Action,Pointer,Size,Stream\n1,10.5,allocate,0x7f0000000000,3000,0x0\n1,11,free,0x7f0000000000,3000,0x0\n1,12,allocate failure,0x0,99999999999,0x0\n' \
   >"$work/rmm.csv"
 "$tool" replay "$work/rmm.csv" --manager pool >"$work/rmm.txt"
 grep -q "2 operations" "$work/rmm.txt"
 grep -q "peak live 2.93 KiB" "$work/rmm.txt"
+grep -q "the log: 1 allocation(s) that failed when it was written" "$work/rmm.txt"
 # One that began mid-run and lost a free: the replay says so, and infers the free.
 printf 'Thread,Time,Action,Pointer,Size,Stream\n1,1,free,0x100,4096,0x0\n1,2,allocate,0x200,1024,0x0\n1,3,allocate,0x200,2048,0x0\n' \
   >"$work/gaps.csv"

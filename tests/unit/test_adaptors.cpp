@@ -568,6 +568,8 @@ TEST(MemoryLog, EventTypesInAnyCaseCountAndOtherTypesAreCountedAndNamed) {
   MemoryLogGaps rmm_gaps;
   EXPECT_EQ(read_memory_log(rmm, "rmm.csv", &rmm_gaps).size(), 2u);
   EXPECT_EQ(rmm_gaps.rows_of_other_types, 0u) << "a failed allocation is no unknown row";
+  EXPECT_EQ(rmm_gaps.failed_allocations, 1u);
+  EXPECT_EQ(gaps.failed_allocations, 0u) << "only RMM's logs hold failed allocations";
 }
 
 TEST_F(Adaptors, TheLogCanGoToAFile) {

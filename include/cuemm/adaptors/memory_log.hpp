@@ -37,10 +37,12 @@ struct MemoryLogGaps {
   std::size_t frees_inferred = 0;
   // Rows whose event type is none a replay knows (a log of another tool, a
   // misspelt "Aloc"): skipped; the first such type, to name in a warning.
-  // RMM's failed allocations ("allocate failure") hold nothing and are not
-  // counted.
+  // RMM's failed allocations are not among them: see below.
   std::size_t rows_of_other_types = 0;
   std::string first_other_type;
+  // RMM's failed allocations ("allocate failure"): they held nothing, so a
+  // replay leaves them out, but they say the program asked for more than it got.
+  std::size_t failed_allocations = 0;
   // The log ends in a row that does not read and has no newline, as a
   // process killed while writing it leaves: that row is left out.
   bool unfinished_last_row = false;
