@@ -17,6 +17,10 @@ esac
 has_header() { [ -e "/usr/include/$1" ] || [ -e "/usr/local/include/$1" ]; }
 # Classic Numba and the tests' modules come from Debian's python3 (run-tests.sh uses /usr/bin/python3).
 has_module() { [ -x /usr/bin/python3 ] && /usr/bin/python3 -c "import $1" 2>/dev/null; }
+has_python_headers() {  # those of that python3's own version
+  [ -x /usr/bin/python3 ] && /usr/bin/python3 -c \
+    "import os, sysconfig; assert os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h'))"
+}
 
 # need: the package that provides it, and the check that it is here.
 needs=(
@@ -29,7 +33,7 @@ if [ "$purpose" = tests ]; then
     "libgtest-dev|has_header gtest/gtest.h"
     "libbenchmark-dev|has_header benchmark/benchmark.h"
     "python3|[ -x /usr/bin/python3 ]"
-    "python3-dev|ls /usr/include/python3*/Python.h"
+    "python3-dev|has_python_headers"
     "pybind11-dev|has_header pybind11/pybind11.h"
     "python3-numpy|has_module numpy"
     "python3-numba|has_module numba"
