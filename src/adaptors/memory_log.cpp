@@ -80,6 +80,17 @@ std::string axis_bytes(std::size_t bytes) {
   return text;
 }
 
+// The round step nearest to `range / ticks`: 1, 2 or 5 times a power of ten.
+double round_step(double range, int ticks) {
+  const double rough = range / ticks;
+  const double power = std::pow(10.0, std::floor(std::log10(rough)));
+  double best = power;
+  for (const double multiple : {2.0, 5.0, 10.0}) {
+    if (std::abs(std::log(multiple * power / rough)) < std::abs(std::log(best / rough))) best = multiple * power;
+  }
+  return best;
+}
+
 struct EventType {
   const char* name;
   bool allocate;
@@ -252,8 +263,10 @@ std::string memory_plot_svg(const std::vector<LoggedEvent>& events, bool untimed
   }
   double end = 1e-9;
   std::size_t peak = 1;
-  for (const auto& points : series)
-    for (const auto& [t, b] : points) end = std::max(end, t), peak = std::max(peak, b);
+  std::array<std::size_t, 3> peaks{};
+  for (std::size_t k = 0; k < series.size(); ++k)
+    for (const auto& [t, b] : series[k]) end = std::max(end, t), peaks[k] = std::max(peaks[k], b);
+  for (const std::size_t kind_peak : peaks) peak = std::max(peak, kind_peak);
   constexpr int kWidth = 800, kHeight = 400, kLeft = 70, kBottom = 30;
   auto x = [&](double t) { return kLeft + (kWidth - kLeft - 10) * t / end; };
   auto y = [&](std::size_t b) { return kHeight - kBottom - (kHeight - kBottom - 10) * static_cast<double>(b) / peak; };
@@ -266,9 +279,41 @@ std::string memory_plot_svg(const std::vector<LoggedEvent>& events, bool untimed
       << "<line x1=\"" << kLeft << "\" y1=\"10\" x2=\"" << kLeft << "\" y2=\"" << kHeight - kBottom
       << "\" stroke=\"black\"/>\n";
   out << "<text x=\"" << kLeft - 5 << "\" y=\"14\" text-anchor=\"end\">" << axis_bytes(peak) << "</text>\n";
+  // Times in the unit that keeps the end's label short: s, ms or us.
+  const auto [time_unit, time_scale] = end >= 1.0    ? std::pair{"s", 1.0}
+                                       : end >= 1e-3 ? std::pair{"ms", 1e3}
+                                                     : std::pair{"us", 1e6};
   if (untimed) std::snprintf(text, sizeof text, "row %.0f", end + origin);
-  else std::snprintf(text, sizeof text, "%.3f s", end);
+  else std::snprintf(text, sizeof text, "%.3f %s", end * time_scale, time_unit);
   out << "<text x=\"" << kWidth - 10 << "\" y=\"" << kHeight - 8 << "\" text-anchor=\"end\">" << text << "</text>\n";
+  // Round ticks between the origin and the labelled ends, with faint lines
+  // across: a tick's label is left out where it would touch an end's.
+  const util::ScaledBytes scaled_peak = util::scale_byte_size(peak);
+  const double unit = static_cast<double>(peak) / scaled_peak.value;  // bytes in the peak's unit
+  const double byte_step = round_step(scaled_peak.value, 5) * unit;
+  for (int i = 0; i * byte_step < static_cast<double>(peak); ++i) {
+    const double b = i * byte_step;
+    const double at = y(static_cast<std::size_t>(b));
+    out << "<line x1=\"" << kLeft << "\" y1=\"" << at << "\" x2=\"" << kWidth - 10 << "\" y2=\"" << at
+        << "\" stroke=\"#e0e0e0\"/>\n";
+    if (at - 10 > 14) {
+      out << "<text x=\"" << kLeft - 5 << "\" y=\"" << at + 4 << "\" text-anchor=\"end\">"
+          << axis_bytes(static_cast<std::size_t>(b)) << "</text>\n";
+    }
+  }
+  const double time_step =
+      untimed ? std::max(1.0, round_step(end, 6)) : round_step(end * time_scale, 6) / time_scale;  // whole rows
+  for (int i = 0; i * time_step < end; ++i) {
+    const double t = i * time_step;
+    const double at = x(t);
+    out << "<line x1=\"" << at << "\" y1=\"" << kHeight - kBottom << "\" x2=\"" << at << "\" y2=\""
+        << kHeight - kBottom + 4 << "\" stroke=\"black\"/>\n";
+    if (at < kWidth - 10 - 70) {
+      if (untimed) std::snprintf(text, sizeof text, "row %.0f", t + origin);
+      else std::snprintf(text, sizeof text, "%g %s", t * time_scale, time_unit);
+      out << "<text x=\"" << at << "\" y=\"" << kHeight - 8 << "\" text-anchor=\"middle\">" << text << "</text>\n";
+    }
+  }
   int legend_row = 0;
   // Steps, one per event; where a series has more events than a few per
   // column of half a pixel, each column is drawn as the range its values
@@ -313,7 +358,7 @@ std::string memory_plot_svg(const std::vector<LoggedEvent>& events, bool untimed
       draw_column();
     }
     out << "\"/>\n<text x=\"" << kLeft + 10 << "\" y=\"" << 24 + 14 * legend_row++ << "\" fill=\"" << kKindColours[k]
-        << "\">" << kKindNames[k] << " memory in use</text>\n";
+        << "\">" << kKindNames[k] << " memory in use (peak " << axis_bytes(peaks[k]) << ")</text>\n";
   }
   out << "</svg>\n";
   return out.str();

@@ -450,6 +450,28 @@ TEST(MemoryLog, ALongLogsPlotKeepsItsPeakInASmallFile) {
   EXPECT_NE(svg.find(",10.0 "), std::string::npos) << "the spike was lost";
 }
 
+// Between its labelled ends the plot has round ticks, in the unit that suits
+// the log's length, and the legend gives each kind's own peak (a small host
+// line is flat beside device memory's).
+TEST(MemoryLog, ThePlotHasRoundTicksAndEachKindsPeak) {
+  std::vector<LoggedEvent> events;
+  for (std::uint64_t i = 0; i < 103; ++i)  // 1 MiB every 0.1 ms: 103 MiB at 10.2 ms
+    events.push_back({true, LoggedKind::Device, i, std::size_t{1} << 20, i * 1e-4});
+  events.push_back({true, LoggedKind::Host, 1000, 288 << 10, 0.005});
+  const std::string svg = memory_plot_svg(events);
+  for (const char* label : {">103.0 MiB<", ">0 B<", ">20.0 MiB<", ">80.0 MiB<", ">10.200 ms<", ">0 ms<", ">2 ms<",
+                            ">8 ms<", "device memory in use (peak 103.0 MiB)", "host memory in use (peak 288.0 KiB)"})
+    EXPECT_NE(svg.find(label), std::string::npos) << label << " is missing: " << svg;
+  EXPECT_EQ(svg.find(">100.0 MiB<"), std::string::npos) << "a tick's label touches the peak's";
+  EXPECT_EQ(svg.find(" s<"), std::string::npos) << "a log of milliseconds is labelled in seconds";
+  // A log without times counts whole rows.
+  std::vector<LoggedEvent> rows{{true, LoggedKind::Device, 1, 64, 2}, {false, LoggedKind::Device, 1, 64, 3}};
+  const std::string by_row = memory_plot_svg(rows, /*untimed=*/true);
+  EXPECT_NE(by_row.find(">row 2<"), std::string::npos) << by_row;
+  EXPECT_NE(by_row.find(">row 3<"), std::string::npos) << by_row;
+  EXPECT_EQ(by_row.find(">row 2<"), by_row.rfind(">row 2<")) << "a row is labelled twice: " << by_row;
+}
+
 // A log of several devices: each row keeps its device, and a free pairs with
 // the allocation of its own device (addresses may repeat across devices).
 TEST(MemoryLog, RowsKeepTheirDeviceAndPairOnIt) {
