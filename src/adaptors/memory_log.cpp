@@ -279,10 +279,12 @@ std::string memory_plot_svg(const std::vector<LoggedEvent>& events, bool untimed
       << "<line x1=\"" << kLeft << "\" y1=\"10\" x2=\"" << kLeft << "\" y2=\"" << kHeight - kBottom
       << "\" stroke=\"black\"/>\n";
   out << "<text x=\"" << kLeft - 5 << "\" y=\"14\" text-anchor=\"end\">" << axis_bytes(peak) << "</text>\n";
-  // Times in the unit that keeps the end's label short: s, ms or us.
-  const auto [time_unit, time_scale] = end >= 1.0    ? std::pair{"s", 1.0}
-                                       : end >= 1e-3 ? std::pair{"ms", 1e3}
-                                                     : std::pair{"us", 1e6};
+  // Times in the unit that keeps the end's label short: s, ms or us (s, and
+  // no ticks, where every event came at one instant).
+  const bool one_instant = end <= 1e-9;
+  const auto [time_unit, time_scale] = end >= 1.0 || one_instant ? std::pair{"s", 1.0}
+                                       : end >= 1e-3              ? std::pair{"ms", 1e3}
+                                                                  : std::pair{"us", 1e6};
   if (untimed) std::snprintf(text, sizeof text, "row %.0f", end + origin);
   else std::snprintf(text, sizeof text, "%.3f %s", end * time_scale, time_unit);
   out << "<text x=\"" << kWidth - 10 << "\" y=\"" << kHeight - 8 << "\" text-anchor=\"end\">" << text << "</text>\n";
@@ -290,7 +292,7 @@ std::string memory_plot_svg(const std::vector<LoggedEvent>& events, bool untimed
   // across: a tick's label is left out where it would touch an end's.
   const util::ScaledBytes scaled_peak = util::scale_byte_size(peak);
   const double unit = static_cast<double>(peak) / scaled_peak.value;  // bytes in the peak's unit
-  const double byte_step = round_step(scaled_peak.value, 5) * unit;
+  const double byte_step = std::max(1.0, round_step(scaled_peak.value, 5) * unit);  // whole bytes
   for (int i = 0; i * byte_step < static_cast<double>(peak); ++i) {
     const double b = i * byte_step;
     const double at = y(static_cast<std::size_t>(b));
@@ -303,7 +305,7 @@ std::string memory_plot_svg(const std::vector<LoggedEvent>& events, bool untimed
   }
   const double time_step =
       untimed ? std::max(1.0, round_step(end, 6)) : round_step(end * time_scale, 6) / time_scale;  // whole rows
-  for (int i = 0; i * time_step < end; ++i) {
+  for (int i = 0; !one_instant && i * time_step < end; ++i) {
     const double t = i * time_step;
     const double at = x(t);
     out << "<line x1=\"" << at << "\" y1=\"" << kHeight - kBottom << "\" x2=\"" << at << "\" y2=\""

@@ -470,6 +470,12 @@ TEST(MemoryLog, ThePlotHasRoundTicksAndEachKindsPeak) {
   EXPECT_NE(by_row.find(">row 2<"), std::string::npos) << by_row;
   EXPECT_NE(by_row.find(">row 3<"), std::string::npos) << by_row;
   EXPECT_EQ(by_row.find(">row 2<"), by_row.rfind(">row 2<")) << "a row is labelled twice: " << by_row;
+  // Three bytes at one instant: ticks of whole bytes, and no ticks of time.
+  const std::string instant = memory_plot_svg({{true, LoggedKind::Device, 1, 3, 5.0}});
+  EXPECT_EQ(instant.find(">0 B<"), instant.rfind(">0 B<")) << "a fraction of a byte is a tick: " << instant;
+  EXPECT_NE(instant.find(">2 B<"), std::string::npos) << instant;
+  EXPECT_NE(instant.find(">0.000 s<"), std::string::npos) << instant;
+  EXPECT_EQ(instant.find(" us<"), std::string::npos) << "an instant has ticks of time: " << instant;
 }
 
 // A log of several devices: each row keeps its device, and a free pairs with
