@@ -166,6 +166,8 @@ struct ReplayReport {
     std::vector<std::uintptr_t> before;
   };
   std::optional<PeakSegments> peak_segments;
+  // With --plot: the live bytes and the manager's reserved bytes after each operation.
+  std::vector<PlotSeries> plot;
 };
 
 // `--manager best-fit`: not a manager, the footprint of an ideal best fit
@@ -245,6 +247,7 @@ struct ReplayOptions {
   bool trace_growth = false;
   bool stream_ordered = false;
   bool segments = false;  // the pool's segments at its peak (--segments)
+  bool plot = false;      // ReplayReport::plot (--plot OUT.svg)
   // Makes the manager (--compare's candidates); else the manager is the bundled one or plugin library named.
   std::function<std::unique_ptr<BaseMemoryManager>(Context*)> make;
 };
@@ -275,6 +278,11 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
     return start.free > now.free ? start.free - now.free : std::size_t{0};
   };
   std::atomic<std::size_t> live_bytes{0}, peak_live{0}, peak_reserved{0}, failed{0}, done{0};
+  struct Sample {
+    std::size_t operation, live, reserved;
+  };
+  std::mutex samples_mutex;
+  std::vector<Sample> samples;  // with options.plot
   std::mutex peak_segments_mutex;
   std::optional<ReplayReport::PeakSegments> peak_segments;  // with options.segments
   std::vector<double> sampling(lists.size());  // each list's untimed seconds: sampling, and its final frees
@@ -358,6 +366,11 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
         }
       }
       util::raise_to(peak_reserved, reserved);
+      if (options.plot) {
+        std::unique_lock lock(samples_mutex, std::defer_lock);
+        if (lists.size() > 1) lock.lock();
+        samples.push_back({operations, now, reserved});
+      }
       sampling[index] += std::chrono::duration<double>(std::chrono::steady_clock::now() - paused).count();
     }
     // What the list leaves live goes now, while other lists may still run
@@ -405,6 +418,17 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
   report.adaptors = adaptors;
   report.stream_ordered = options.stream_ordered;
   report.peak_segments = std::move(peak_segments);
+  if (options.plot) {
+    // (Threads pushed their samples in turn, not always in their operations' order.)
+    std::sort(samples.begin(), samples.end(), [](const Sample& a, const Sample& b) { return a.operation < b.operation; });
+    PlotSeries live{"live bytes", {{0.0, 0}}, "#1f77b4"};
+    PlotSeries held{"reserved by " + manager_name, {{0.0, 0}}, "#d62728"};
+    for (const Sample& sample : samples) {
+      live.points.emplace_back(static_cast<double>(sample.operation), sample.live);
+      held.points.emplace_back(static_cast<double>(sample.operation), sample.reserved);
+    }
+    report.plot = {std::move(held), std::move(live)};
+  }
   return report;
 }
 
@@ -493,6 +517,13 @@ void print(const ReplayReport& report, const std::string& name, const std::strin
                 prefix.c_str(), describe_bytes(report.best_fit_reserved).c_str(),
                 static_cast<double>(report.best_fit_reserved) / report.best_fit_live);
   if (report.peak_segments) print_peak_segments(*report.peak_segments, prefix);
+}
+
+// --plot OUT.svg: the replay's live and reserved bytes, operation by operation.
+void write_plot(const ReplayReport& report, const std::string& path) {
+  std::ofstream out(path);
+  if (!(out << plot_series_svg(report.plot, "operation"))) throw InvalidArgument("cannot write '" + path + "'");
+  std::printf("wrote %s (live and reserved bytes after each operation)\n", path.c_str());
 }
 
 // --compare: the same operations against each bundled manager and the
@@ -594,12 +625,17 @@ std::map<int, std::vector<Operation>> rows_by_device(const std::vector<Operation
 // the driver lacks replay on device ordinal % count, which is free again by
 // then: a log of eight GPUs still replays on a machine of one.
 void replay_by_device(const std::vector<Operation>& operations, const std::string& manager,
-                      const ReplayOptions& options) {
+                      const ReplayOptions& options, const std::string& plot_path) {
   const std::map<int, std::vector<Operation>> by_device = rows_by_device(operations);
   if (by_device.size() <= 1) {
-    print(replay({operations}, current_context(), manager, options), manager);
+    const ReplayReport report = replay({operations}, current_context(), manager, options);
+    print(report, manager);
+    if (options.plot) write_plot(report, plot_path);
     return;
   }
+  if (options.plot)
+    throw InvalidArgument("--plot draws the replay of one device; this log has rows of " +
+                          std::to_string(by_device.size()) + " devices");
   const int count = Device::count();
   if (count == 0) throw InvalidArgument("the log has rows of " + std::to_string(by_device.size()) +
                                         " devices, but the driver has no device to replay them on");
@@ -623,11 +659,11 @@ int usage(bool asked = false) {
                "       cuemm settings\n"
                "       cuemm --version\n"
                "       cuemm replay LOG.csv [--manager pool|async|default|best-fit|PLUGIN.so] [--trace-growth]\n"
-               "                    [--stream-ordered] [--segments]\n"
+               "                    [--stream-ordered] [--segments] [--plot OUT.svg]\n"
                "       cuemm replay LOG.csv --compare     (every bundled manager and the pool's options, as a table;\n"
                "                                           random takes --compare too)\n"
                "       cuemm random [--manager NAME] [--max-size 64M] [--live 1G] [--operations 100000] [--seed 1]\n"
-               "                    [--threads 1] [--trace-growth] [--stream-ordered] [--segments]\n"
+               "                    [--threads 1] [--trace-growth] [--stream-ordered] [--segments] [--plot OUT.svg]\n"
                "       cuemm random --pattern training [--manager NAME] [--layers 60] [--steps 30] [--seed 1]\n"
                "                    [--shapes varied|same|per-layer]\n"
                "                    [--threads 1] [--trace-growth]\n"
@@ -663,9 +699,14 @@ int run(std::vector<std::string> args) {
     options.trace_growth = tool::flag(args, "--trace-growth");
     options.stream_ordered = tool::flag(args, "--stream-ordered");
     options.segments = tool::flag(args, "--segments");
-    if (comparing && (options.trace_growth || options.stream_ordered || options.segments))
-      throw InvalidArgument(
-          "--compare takes none of --trace-growth, --stream-ordered and --segments (it has a stream-ordered row)");
+    options.plot = std::find(args.begin(), args.end(), "--plot") != args.end();
+    const std::string plot_path = option(args, "--plot", "");
+    if (options.plot && plot_path.empty()) throw InvalidArgument("--plot needs the name of the picture to write");
+    if (comparing && (options.trace_growth || options.stream_ordered || options.segments || options.plot))
+      throw InvalidArgument("--compare takes none of --trace-growth, --stream-ordered, --segments and --plot (it has a "
+                            "stream-ordered row)");
+    if (options.plot && manager == kBestFit)
+      throw InvalidArgument("--plot draws a manager's reserved bytes; the best fit (a reference) has only its peak");
     std::vector<Operation> operations;
     if (command == "replay") {
       if (args.empty()) throw InvalidArgument("replay needs a log: cuemm replay LOG.csv");
@@ -721,7 +762,9 @@ int run(std::vector<std::string> args) {
       if (comparing) {
         compare(lists, current_context());
       } else {
-        print(replay(lists, current_context(), manager, options), manager);
+        const ReplayReport report = replay(lists, current_context(), manager, options);
+        print(report, manager);
+        if (options.plot) write_plot(report, plot_path);
       }
       return 0;
     }
@@ -732,7 +775,7 @@ int run(std::vector<std::string> args) {
       compare({operations}, current_context());
       return 0;
     }
-    replay_by_device(operations, manager, options);
+    replay_by_device(operations, manager, options, plot_path);
     return 0;
   }
   if (command == "bench") return tool::bench_command(std::move(args));

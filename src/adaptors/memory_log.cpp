@@ -10,6 +10,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <tuple>
 #include <utility>
 
@@ -128,6 +129,8 @@ struct LogColumns {
 
 constexpr std::array<const char*, 3> kKindNames{"device", "host", "managed"};
 constexpr std::array<const char*, 3> kKindColours{"#1f77b4", "#ff7f0e", "#2ca02c"};
+// Lines without a colour of their own (plot_series_svg), in turn.
+constexpr std::array<const char*, 4> kPalette{"#1f77b4", "#d62728", "#2ca02c", "#9467bd"};
 
 }  // namespace
 
@@ -243,12 +246,11 @@ std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& so
 }
 
 std::string memory_plot_svg(const std::vector<LoggedEvent>& events, bool untimed) {
-  std::array<std::vector<std::pair<double, std::size_t>>, 3> series;
+  std::array<PlotSeries, 3> by_kind;
   std::array<std::size_t, 3> live{};
   std::map<std::uint64_t, std::size_t> sizes;  // what each live allocation had
-  // Time runs from the first event: RMM's logs give seconds since 1970.
-  double origin = events.empty() ? 0.0 : events.front().time;
-  for (const LoggedEvent& event : events) origin = std::min(origin, event.time);
+  double first = events.empty() ? 0.0 : events.front().time;
+  for (const LoggedEvent& event : events) first = std::min(first, event.time);
   for (const LoggedEvent& event : events) {
     const auto k = static_cast<std::size_t>(event.kind);
     if (event.allocate) {
@@ -258,15 +260,37 @@ std::string memory_plot_svg(const std::vector<LoggedEvent>& events, bool untimed
       live[k] -= it->second;
       sizes.erase(it);
     }
-    if (series[k].empty()) series[k].emplace_back(0.0, 0);
-    series[k].emplace_back(event.time - origin, live[k]);
+    if (by_kind[k].points.empty()) by_kind[k].points.emplace_back(first, 0);
+    by_kind[k].points.emplace_back(event.time, live[k]);
+  }
+  std::vector<PlotSeries> series;
+  for (std::size_t k = 0; k < by_kind.size(); ++k) {
+    if (by_kind[k].points.empty()) continue;  // a kind the log never used
+    by_kind[k].label = std::string(kKindNames[k]) + " memory in use";
+    by_kind[k].colour = kKindColours[k];
+    series.push_back(std::move(by_kind[k]));
+  }
+  return plot_series_svg(series, untimed ? "row" : nullptr);
+}
+
+std::string plot_series_svg(const std::vector<PlotSeries>& series, const char* count_name) {
+  const bool untimed = count_name != nullptr;
+  // Time runs from the first point: RMM's logs give seconds since 1970. (A
+  // count is labelled as it is: row 2 is the log's second row.)
+  double origin = 0.0;
+  bool any_point = false;
+  for (const PlotSeries& line : series) {
+    for (const auto& [t, b] : line.points) {
+      origin = any_point ? std::min(origin, t) : t;
+      any_point = true;
+    }
   }
   double end = 1e-9;
   std::size_t peak = 1;
-  std::array<std::size_t, 3> peaks{};
+  std::vector<std::size_t> peaks(series.size());
   for (std::size_t k = 0; k < series.size(); ++k)
-    for (const auto& [t, b] : series[k]) end = std::max(end, t), peaks[k] = std::max(peaks[k], b);
-  for (const std::size_t kind_peak : peaks) peak = std::max(peak, kind_peak);
+    for (const auto& [t, b] : series[k].points) end = std::max(end, t - origin), peaks[k] = std::max(peaks[k], b);
+  for (const std::size_t line_peak : peaks) peak = std::max(peak, line_peak);
   constexpr int kWidth = 800, kHeight = 400, kLeft = 70, kBottom = 30;
   auto x = [&](double t) { return kLeft + (kWidth - kLeft - 10) * t / end; };
   auto y = [&](std::size_t b) { return kHeight - kBottom - (kHeight - kBottom - 10) * static_cast<double>(b) / peak; };
@@ -285,7 +309,7 @@ std::string memory_plot_svg(const std::vector<LoggedEvent>& events, bool untimed
   const auto [time_unit, time_scale] = end >= 1.0 || one_instant ? std::pair{"s", 1.0}
                                        : end >= 1e-3              ? std::pair{"ms", 1e3}
                                                                   : std::pair{"us", 1e6};
-  if (untimed) std::snprintf(text, sizeof text, "row %.0f", end + origin);
+  if (untimed) std::snprintf(text, sizeof text, "%s %.0f", count_name, end + origin);
   else std::snprintf(text, sizeof text, "%.3f %s", end * time_scale, time_unit);
   out << "<text x=\"" << kWidth - 10 << "\" y=\"" << kHeight - 8 << "\" text-anchor=\"end\">" << text << "</text>\n";
   // Round ticks between the origin and the labelled ends, with faint lines
@@ -311,7 +335,7 @@ std::string memory_plot_svg(const std::vector<LoggedEvent>& events, bool untimed
     out << "<line x1=\"" << at << "\" y1=\"" << kHeight - kBottom << "\" x2=\"" << at << "\" y2=\""
         << kHeight - kBottom + 4 << "\" stroke=\"black\"/>\n";
     if (at < kWidth - 10 - 70) {
-      if (untimed) std::snprintf(text, sizeof text, "row %.0f", t + origin);
+      if (untimed) std::snprintf(text, sizeof text, "%s %.0f", count_name, t + origin);
       else std::snprintf(text, sizeof text, "%g %s", t * time_scale, time_unit);
       out << "<text x=\"" << at << "\" y=\"" << kHeight - 8 << "\" text-anchor=\"middle\">" << text << "</text>\n";
     }
@@ -326,19 +350,36 @@ std::string memory_plot_svg(const std::vector<LoggedEvent>& events, bool untimed
     std::snprintf(text, sizeof text, "%.1f,%.1f ", at, y(bytes));
     out << text;
   };
+  // Lines without a colour take the palette's in turn, but those other lines have.
+  auto taken = [&](const char* colour) {
+    return std::any_of(series.begin(), series.end(),
+                       [&](const PlotSeries& line) { return line.colour && std::string_view(line.colour) == colour; });
+  };
+  std::vector<const char*> colours;
+  std::size_t next_colour = 0;
+  for (const PlotSeries& line : series) {
+    const char* colour = line.colour;
+    for (std::size_t tried = 0; !colour && tried < kPalette.size(); ++tried) {
+      const char* candidate = kPalette[next_colour++ % kPalette.size()];
+      if (!taken(candidate)) colour = candidate;
+    }
+    colours.push_back(colour ? colour : kPalette[0]);
+  }
   for (std::size_t k = 0; k < series.size(); ++k) {
-    if (series[k].empty()) continue;
-    out << "<polyline fill=\"none\" stroke=\"" << kKindColours[k] << "\" points=\"";
+    const auto& points = series[k].points;
+    if (points.empty()) continue;
+    const char* colour = colours[k];
+    out << "<polyline fill=\"none\" stroke=\"" << colour << "\" points=\"";
     std::size_t previous = 0;
-    if (series[k].size() <= 4 * static_cast<std::size_t>(kColumns)) {
-      for (const auto& [t, b] : series[k]) {
-        point(x(t), previous);
-        point(x(t), b);
+    if (points.size() <= 4 * static_cast<std::size_t>(kColumns)) {
+      for (const auto& [t, b] : points) {
+        point(x(t - origin), previous);
+        point(x(t - origin), b);
         previous = b;
       }
     } else {
       auto column_of = [&](double t) { return std::min(kColumns - 1, static_cast<int>(t / end * kColumns)); };
-      int column = column_of(series[k].front().first);
+      int column = column_of(points.front().first - origin);
       std::size_t entry = previous, lowest = previous, highest = previous;
       auto draw_column = [&] {  // from the value it began at, its range, to the value it ended at
         const double at = x(end * column / kColumns);
@@ -347,8 +388,8 @@ std::string memory_plot_svg(const std::vector<LoggedEvent>& events, bool untimed
         point(at, lowest);
         point(at, previous);
       };
-      for (const auto& [t, b] : series[k]) {
-        if (const int now = column_of(t); now != column) {
+      for (const auto& [t, b] : points) {
+        if (const int now = column_of(t - origin); now != column) {
           draw_column();
           column = now;
           entry = lowest = highest = previous;
@@ -359,8 +400,8 @@ std::string memory_plot_svg(const std::vector<LoggedEvent>& events, bool untimed
       }
       draw_column();
     }
-    out << "\"/>\n<text x=\"" << kLeft + 10 << "\" y=\"" << 24 + 14 * legend_row++ << "\" fill=\"" << kKindColours[k]
-        << "\">" << kKindNames[k] << " memory in use (peak " << axis_bytes(peaks[k]) << ")</text>\n";
+    out << "\"/>\n<text x=\"" << kLeft + 10 << "\" y=\"" << 24 + 14 * legend_row++ << "\" fill=\"" << colour
+        << "\">" << series[k].label << " (peak " << axis_bytes(peaks[k]) << ")</text>\n";
   }
   out << "</svg>\n";
   return out.str();

@@ -278,6 +278,19 @@ fi
 refused "replays the rows of one device; this log has rows of 2 devices" "$tool" replay "$work/two.csv" --compare
 "$tool" plot "$work/made.csv" "$work/plot.svg" >/dev/null
 grep -q "<polyline" "$work/plot.svg"
+# A replay's picture: the live bytes and what the manager reserved, operation by operation.
+"$tool" replay "$work/made.csv" --manager pool --plot "$work/replay.svg" >"$work/replay-plot.txt"
+grep -q "wrote $work/replay.svg" "$work/replay-plot.txt"
+[ "$(grep -c "<polyline" "$work/replay.svg")" = 2 ]
+grep -q ">reserved by pool (peak " "$work/replay.svg"
+grep -q ">live bytes (peak 5.9 KiB)<" "$work/replay.svg"
+grep -q ">operation 0<" "$work/replay.svg"
+"$tool" random --max-size 1M --live 64M --operations 2000 --threads 2 --plot "$work/random.svg" >/dev/null
+grep -q ">reserved by pool (peak " "$work/random.svg"
+refused "--plot draws the replay of one device" "$tool" replay "$work/two.csv" --plot "$work/two.svg"
+refused "the best fit (a reference) has only its peak" "$tool" replay "$work/made.csv" --manager best-fit --plot "$work/b.svg"
+refused "--compare takes none of" "$tool" random --compare --plot "$work/c.svg"
+refused "--plot needs the name of the picture" "$tool" random --plot ""
 refused "cannot read the log" "$tool" replay "$work/missing.csv"
 if "$tool" random --max-size lots 2>"$work/error.txt"; then exit 1; fi
 refused "at least 1 byte" "$tool" random --max-size 0

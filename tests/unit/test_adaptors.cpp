@@ -478,6 +478,31 @@ TEST(MemoryLog, ThePlotHasRoundTicksAndEachKindsPeak) {
   EXPECT_EQ(instant.find(" us<"), std::string::npos) << "an instant has ticks of time: " << instant;
 }
 
+// Any lines over one axis (cuemm replay --plot: live and reserved bytes by
+// operation): each in its own colour, counted as given, its peak in the legend.
+TEST(MemoryLog, SeriesPlotDrawsEachLineWithItsPeakOverACount) {
+  const std::vector<PlotSeries> lines{{"reserved", {{0, 0}, {10, 4 << 20}, {100, 4 << 20}}, "#d62728"},
+                                      {"live", {{0, 0}, {10, 3 << 20}, {50, 1 << 20}, {100, 2 << 20}}},
+                                      {"other", {{0, 0}, {100, 1 << 20}}}};
+  const std::string svg = plot_series_svg(lines, "operation");
+  std::size_t polylines = 0;
+  for (std::size_t at = svg.find("<polyline"); at != std::string::npos; at = svg.find("<polyline", at + 1)) ++polylines;
+  EXPECT_EQ(polylines, 3u) << svg;
+  for (const char* label : {">reserved (peak 4.0 MiB)<", ">live (peak 3.0 MiB)<", ">operation 0<", ">operation 100<",
+                            "stroke=\"#d62728\""})
+    EXPECT_NE(svg.find(label), std::string::npos) << label << " is missing: " << svg;
+  EXPECT_EQ(svg.find(" s<"), std::string::npos) << "a count is labelled as time: " << svg;
+  // Lines without a colour of their own take different ones.
+  const auto colour_of = [&](const std::string& label) {
+    const std::size_t text = svg.find(">" + label + " (peak");
+    const std::size_t fill = svg.rfind("fill=\"", text);
+    return svg.substr(fill, 14);
+  };
+  EXPECT_NE(colour_of("live"), colour_of("other")) << svg;
+  EXPECT_NE(colour_of("live"), colour_of("reserved")) << "a palette's colour is another line's own: " << svg;
+  EXPECT_NE(colour_of("other"), colour_of("reserved")) << svg;
+}
+
 // A log of several devices: each row keeps its device, and a free pairs with
 // the allocation of its own device (addresses may repeat across devices).
 TEST(MemoryLog, RowsKeepTheirDeviceAndPairOnIt) {

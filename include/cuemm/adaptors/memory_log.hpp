@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <istream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace cuemm {
@@ -62,5 +63,18 @@ std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& so
 // An SVG picture of the bytes in use over time, one line per kind present;
 // `untimed`: the events' times are row numbers (MemoryLogGaps::untimed).
 std::string memory_plot_svg(const std::vector<LoggedEvent>& events, bool untimed = false);
+
+// One line of such a picture: bytes that hold from each point to the next.
+struct PlotSeries {
+  std::string label;                                   // the legend's, before its peak
+  std::vector<std::pair<double, std::size_t>> points;  // (x, bytes), x not decreasing
+  const char* colour = nullptr;                        // an SVG colour; else the next of a palette
+};
+
+// Lines over one x axis: seconds, drawn from the first point (ticks in s, ms
+// or us), or, with `count_name` ("row", "operation"), a count labelled as it
+// is. What `cuemm replay --plot` draws (live bytes and the manager's reserved
+// bytes, operation by operation) and memory_plot_svg() is made of.
+std::string plot_series_svg(const std::vector<PlotSeries>& series, const char* count_name = nullptr);
 
 }  // namespace cuemm
