@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <set>
@@ -312,6 +313,9 @@ std::string plot_series_svg(const std::vector<PlotSeries>& series, const char* c
   if (untimed) std::snprintf(text, sizeof text, "%s %.0f", count_name, end + origin);
   else std::snprintf(text, sizeof text, "%.3f %s", end * time_scale, time_unit);
   out << "<text x=\"" << kWidth - 10 << "\" y=\"" << kHeight - 8 << "\" text-anchor=\"end\">" << text << "</text>\n";
+  // About how wide a label of the 11-pixel font is.
+  auto label_width = [](const char* label) { return 6.5 * static_cast<double>(std::strlen(label)); };
+  const double end_label_left = kWidth - 10 - label_width(text);
   // Round ticks between the origin and the labelled ends, with faint lines
   // across: a tick's label is left out where it would touch an end's.
   const util::ScaledBytes scaled_peak = util::scale_byte_size(peak);
@@ -334,11 +338,10 @@ std::string plot_series_svg(const std::vector<PlotSeries>& series, const char* c
     const double at = x(t);
     out << "<line x1=\"" << at << "\" y1=\"" << kHeight - kBottom << "\" x2=\"" << at << "\" y2=\""
         << kHeight - kBottom + 4 << "\" stroke=\"black\"/>\n";
-    if (at < kWidth - 10 - 70) {
-      if (untimed) std::snprintf(text, sizeof text, "%s %.0f", count_name, t + origin);
-      else std::snprintf(text, sizeof text, "%g %s", t * time_scale, time_unit);
+    if (untimed) std::snprintf(text, sizeof text, "%s %.0f", count_name, t + origin);
+    else std::snprintf(text, sizeof text, "%g %s", t * time_scale, time_unit);
+    if (at + label_width(text) / 2 + 10 < end_label_left)
       out << "<text x=\"" << at << "\" y=\"" << kHeight - 8 << "\" text-anchor=\"middle\">" << text << "</text>\n";
-    }
   }
   int legend_row = 0;
   // Steps, one per event; where a series has more events than a few per
