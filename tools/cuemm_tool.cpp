@@ -702,6 +702,8 @@ int run(std::vector<std::string> args) {
     options.plot = std::find(args.begin(), args.end(), "--plot") != args.end();
     const std::string plot_path = option(args, "--plot", "");
     if (options.plot && plot_path.empty()) throw InvalidArgument("--plot needs the name of the picture to write");
+    // (Refused now, not after a replay that may take minutes.)
+    if (options.plot && !std::ofstream(plot_path)) throw InvalidArgument("cannot write '" + plot_path + "'");
     if (comparing && (options.trace_growth || options.stream_ordered || options.segments || options.plot))
       throw InvalidArgument("--compare takes none of --trace-growth, --stream-ordered, --segments and --plot (it has a "
                             "stream-ordered row)");

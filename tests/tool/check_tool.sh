@@ -291,6 +291,7 @@ refused "--plot draws the replay of one device" "$tool" replay "$work/two.csv" -
 refused "the best fit (a reference) has only its peak" "$tool" replay "$work/made.csv" --manager best-fit --plot "$work/b.svg"
 refused "--compare takes none of" "$tool" random --compare --plot "$work/c.svg"
 refused "--plot needs the name of the picture" "$tool" random --plot ""
+refused "cannot write '$work/no/such/folder.svg'" "$tool" random --operations 10 --plot "$work/no/such/folder.svg"
 refused "cannot read the log" "$tool" replay "$work/missing.csv"
 if "$tool" random --max-size lots 2>"$work/error.txt"; then exit 1; fi
 refused "at least 1 byte" "$tool" random --max-size 0
