@@ -153,7 +153,7 @@ def release_unused_memory(device=None):
     device_bytes, pinned_host_bytes, deferred_frees and deferred_bytes. Before cuemm
     serves any context it holds nothing, and releases nothing (as empty_cache() then)."""
     if device is None and not _bridges():
-        return dict.fromkeys(("device_bytes", "pinned_host_bytes", "deferred_frees", "deferred_bytes"), 0)
+        return _core.nothing_released()
     return _bridge_for(device).release_unused_memory()
 
 

@@ -277,6 +277,16 @@ bool out_of_memory_handler_retries(const OutOfMemory& error, int attempt) {
   return retry != 0;
 }
 
+// What release_unused_memory() gave back, as the dict Python sees.
+py::dict released_memory_dict(const ReleasedMemory& released) {
+  py::dict out;
+  out["device_bytes"] = released.device_bytes;
+  out["pinned_host_bytes"] = released.pinned_host_bytes;
+  out["deferred_frees"] = released.deferred_frees;
+  out["deferred_bytes"] = released.deferred_bytes;
+  return out;
+}
+
 class Bridge {
  public:
   Bridge(int device, const std::string& manager, bool log) : context_(&Device::get(device).primary_context()) {
@@ -441,12 +451,7 @@ class Bridge {
       py::gil_scoped_release unlocked;  // takes the pools' locks and waits for the GPU
       return cuemm::release_unused_memory(*manager_);
     }();
-    py::dict out;
-    out["device_bytes"] = released.device_bytes;
-    out["pinned_host_bytes"] = released.pinned_host_bytes;
-    out["deferred_frees"] = released.deferred_frees;
-    out["deferred_bytes"] = released.deferred_bytes;
-    return out;
+    return released_memory_dict(released);
   }
 
   // The pool's segments by address, as dicts (PoolMemoryManager::segments()).
@@ -978,6 +983,8 @@ PYBIND11_MODULE(_core, module) {
       .def_property_readonly("staged", &IpcImport::staged);
 
   module.def("bundled_managers", &bundled_memory_managers);
+  module.def("nothing_released", [] { return released_memory_dict(ReleasedMemory{}); },
+             "release_unused_memory()'s dict where nothing went back (before cuemm serves a context)");
   module.def("settings_for_other_managers", &settings_for_other_managers, py::arg("manager"),
              "The settings in the environment that are options of bundled managers other than `manager`");
   module.def("check_memory_manager_settings", &check_memory_manager_settings, py::arg("manager"),
