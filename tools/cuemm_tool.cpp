@@ -247,7 +247,7 @@ struct ReplayOptions {
   bool trace_growth = false;
   bool stream_ordered = false;
   bool segments = false;  // the pool's segments at its peak (--segments)
-  bool plot = false;      // ReplayReport::plot (--plot OUT.svg)
+  std::string plot_path;  // --plot OUT.svg: ReplayReport::plot, written there; empty for none
   // Makes the manager (--compare's candidates); else the manager is the bundled one or plugin library named.
   std::function<std::unique_ptr<BaseMemoryManager>(Context*)> make;
 };
@@ -282,7 +282,7 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
     std::size_t operation, live, reserved;
   };
   std::mutex samples_mutex;
-  std::vector<Sample> samples;  // with options.plot
+  std::vector<Sample> samples;  // with options.plot_path
   std::mutex peak_segments_mutex;
   std::optional<ReplayReport::PeakSegments> peak_segments;  // with options.segments
   std::vector<double> sampling(lists.size());  // each list's untimed seconds: sampling, and its final frees
@@ -366,7 +366,7 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
         }
       }
       util::raise_to(peak_reserved, reserved);
-      if (options.plot) {
+      if (!options.plot_path.empty()) {
         std::unique_lock lock(samples_mutex, std::defer_lock);
         if (lists.size() > 1) lock.lock();
         samples.push_back({operations, now, reserved});
@@ -418,7 +418,7 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
   report.adaptors = adaptors;
   report.stream_ordered = options.stream_ordered;
   report.peak_segments = std::move(peak_segments);
-  if (options.plot) {
+  if (!options.plot_path.empty()) {
     // (Threads pushed their samples in turn, not always in their operations' order.)
     std::sort(samples.begin(), samples.end(), [](const Sample& a, const Sample& b) { return a.operation < b.operation; });
     PlotSeries live{"live bytes", {{0.0, 0}}, "#1f77b4"};
@@ -519,11 +519,14 @@ void print(const ReplayReport& report, const std::string& name, const std::strin
   if (report.peak_segments) print_peak_segments(*report.peak_segments, prefix);
 }
 
-// --plot OUT.svg: the replay's live and reserved bytes, operation by operation.
-void write_plot(const ReplayReport& report, const std::string& path) {
-  std::ofstream out(path);
-  if (!(out << plot_series_svg(report.plot, "operation"))) throw InvalidArgument("cannot write '" + path + "'");
-  std::printf("wrote %s (live and reserved bytes after each operation)\n", path.c_str());
+// The report, and with --plot OUT.svg the replay's live and reserved bytes, operation by operation.
+void print_and_plot(const ReplayReport& report, const std::string& name, const ReplayOptions& options) {
+  print(report, name);
+  if (options.plot_path.empty()) return;
+  std::ofstream out(options.plot_path);
+  if (!(out << plot_series_svg(report.plot, "operation")))
+    throw InvalidArgument("cannot write '" + options.plot_path + "'");
+  std::printf("wrote %s (live and reserved bytes after each operation)\n", options.plot_path.c_str());
 }
 
 // --compare: the same operations against each bundled manager and the
@@ -625,15 +628,13 @@ std::map<int, std::vector<Operation>> rows_by_device(const std::vector<Operation
 // the driver lacks replay on device ordinal % count, which is free again by
 // then: a log of eight GPUs still replays on a machine of one.
 void replay_by_device(const std::vector<Operation>& operations, const std::string& manager,
-                      const ReplayOptions& options, const std::string& plot_path) {
+                      const ReplayOptions& options) {
   const std::map<int, std::vector<Operation>> by_device = rows_by_device(operations);
   if (by_device.size() <= 1) {
-    const ReplayReport report = replay({operations}, current_context(), manager, options);
-    print(report, manager);
-    if (options.plot) write_plot(report, plot_path);
+    print_and_plot(replay({operations}, current_context(), manager, options), manager, options);
     return;
   }
-  if (options.plot)
+  if (!options.plot_path.empty())
     throw InvalidArgument("--plot draws the replay of one device; this log has rows of " +
                           std::to_string(by_device.size()) + " devices");
   const int count = Device::count();
@@ -699,15 +700,16 @@ int run(std::vector<std::string> args) {
     options.trace_growth = tool::flag(args, "--trace-growth");
     options.stream_ordered = tool::flag(args, "--stream-ordered");
     options.segments = tool::flag(args, "--segments");
-    options.plot = std::find(args.begin(), args.end(), "--plot") != args.end();
-    const std::string plot_path = option(args, "--plot", "");
-    if (options.plot && plot_path.empty()) throw InvalidArgument("--plot needs the name of the picture to write");
+    const bool plotting = std::find(args.begin(), args.end(), "--plot") != args.end();
+    options.plot_path = option(args, "--plot", "");
+    if (plotting && options.plot_path.empty()) throw InvalidArgument("--plot needs the name of the picture to write");
     // (Refused now, not after a replay that may take minutes.)
-    if (options.plot && !std::ofstream(plot_path)) throw InvalidArgument("cannot write '" + plot_path + "'");
-    if (comparing && (options.trace_growth || options.stream_ordered || options.segments || options.plot))
+    if (plotting && !std::ofstream(options.plot_path))
+      throw InvalidArgument("cannot write '" + options.plot_path + "'");
+    if (comparing && (options.trace_growth || options.stream_ordered || options.segments || plotting))
       throw InvalidArgument("--compare takes none of --trace-growth, --stream-ordered, --segments and --plot (it has a "
                             "stream-ordered row)");
-    if (options.plot && manager == kBestFit)
+    if (plotting && manager == kBestFit)
       throw InvalidArgument("--plot draws a manager's reserved bytes; the best fit (a reference) has only its peak");
     std::vector<Operation> operations;
     if (command == "replay") {
@@ -764,9 +766,7 @@ int run(std::vector<std::string> args) {
       if (comparing) {
         compare(lists, current_context());
       } else {
-        const ReplayReport report = replay(lists, current_context(), manager, options);
-        print(report, manager);
-        if (options.plot) write_plot(report, plot_path);
+        print_and_plot(replay(lists, current_context(), manager, options), manager, options);
       }
       return 0;
     }
@@ -777,7 +777,7 @@ int run(std::vector<std::string> args) {
       compare({operations}, current_context());
       return 0;
     }
-    replay_by_device(operations, manager, options, plot_path);
+    replay_by_device(operations, manager, options);
     return 0;
   }
   if (command == "bench") return tool::bench_command(std::move(args));
