@@ -278,14 +278,11 @@ std::string plot_series_svg(const std::vector<PlotSeries>& series, const char* c
   const bool untimed = count_name != nullptr;
   // Time runs from the first point: RMM's logs give seconds since 1970. (A
   // count is labelled as it is: row 2 is the log's second row.)
-  double origin = 0.0;
-  bool any_point = false;
-  for (const PlotSeries& line : series) {
-    for (const auto& [t, b] : line.points) {
-      origin = any_point ? std::min(origin, t) : t;
-      any_point = true;
-    }
-  }
+  // (A line's x does not decrease: its first point is its earliest.)
+  std::optional<double> first;
+  for (const PlotSeries& line : series)
+    if (!line.points.empty()) first = std::min(first.value_or(line.points.front().first), line.points.front().first);
+  const double origin = first.value_or(0.0);
   double end = 1e-9;
   std::size_t peak = 1;
   std::vector<std::size_t> peaks(series.size());
