@@ -97,10 +97,8 @@ int settings_command(const std::vector<std::string>& args) {
   // A column of the bundled managers each setting is an option of (blank: not one manager's).
   std::printf("%-34s %-12s %s\n", "variable", "option of", "what it sets (= its value here)");
   for (const Setting& setting : settings()) {
-    std::string managers;
-    for (std::string_view name : setting.manager_names()) managers += (managers.empty() ? "" : ", ") + std::string(name);
     const char* value = std::getenv(setting.name);
-    std::printf("%-34s %-12s %s%s\n", setting.name, managers.c_str(), setting.meaning,
+    std::printf("%-34s %-12s %s%s\n", setting.name, setting.managers ? setting.managers : "", setting.meaning,
                 value ? (std::string(" = ") + value).c_str() : "");
   }
   warn_of_unknown_settings();
