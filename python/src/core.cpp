@@ -292,7 +292,10 @@ class Bridge {
   Bridge(int device, const std::string& manager, bool log) : context_(&Device::get(device).primary_context()) {
     std::unique_ptr<BaseMemoryManager> made = make_bundled_memory_manager(manager, context_);
     made = std::make_unique<StatisticsAdaptor>(context_, std::move(made));
-    if (log) made = std::make_unique<LoggingAdaptor>(context_, std::move(made), log_text_);
+    if (log) {
+      made = std::make_unique<LoggingAdaptor>(context_, std::move(made), log_text_);
+      memory_log_ = static_cast<LoggingAdaptor*>(made.get());
+    }
     if (const std::string adaptors = adaptors_from_environment(); !adaptors.empty())
       made = wrap_with_adaptors(context_, std::move(made), adaptors);
     manager_ = std::move(made);
@@ -507,11 +510,14 @@ class Bridge {
     return *tracking;
   }
 
+  // The log write_log() and plot() read: log=True's in memory, else the log
+  // adaptor's file (CUEMM_ADAPTORS=log, log_file=...).
   std::string log_text() {
-    auto* log = find_adaptor<LoggingAdaptor>(*manager_);
-    if (!log) return {};
-    log->flush();
-    return log_text_.str();
+    LoggingAdaptor* log = memory_log_ ? memory_log_ : find_adaptor<LoggingAdaptor>(*manager_);
+    if (!log)
+      throw StateError("cuemm keeps no log: call use_cuemm_for_numba(log=True) (in memory) or add the log "
+                       "adaptor (adaptors=\"log\", log_file=...; CUEMM_LOG=1 or CUEMM_ADAPTORS=log) first");
+    return log->text();
   }
 
  private:
@@ -537,6 +543,7 @@ class Bridge {
 
   Context* context_;
   std::ostringstream log_text_;  // declared before manager_: the log adaptor writes here until it goes
+  LoggingAdaptor* memory_log_ = nullptr;  // log=True's, which writes log_text_ (within manager_)
   std::unique_ptr<BaseMemoryManager> manager_;
   std::string name_;
   bool gil_until_blocking_ = true;
@@ -970,7 +977,6 @@ PYBIND11_MODULE(_core, module) {
       .def("statistics", &Bridge::statistics)
       .def("release_unused_memory", &Bridge::release_unused_memory)
       .def("segments", &Bridge::segments)
-      .def_property_readonly("logging", &Bridge::logging)
       .def_property_readonly("wants_call_sites", &Bridge::wants_call_sites)
       .def("outstanding", &Bridge::outstanding)
       .def("leak_report", &Bridge::leak_report)

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <fstream>
 #include <mutex>
+#include <sstream>
 #include <string_view>
 
 #include "cuemm/error.hpp"
@@ -22,6 +23,7 @@ const char* LoggingAdaptor::header() noexcept {
 struct LoggingAdaptor::Log : AllocationObserver {
   BlockingAwareMutex mutex;
   std::unique_ptr<std::ofstream> file;
+  std::string path;  // the file's
   std::ostream* out;  // null once the adaptor is gone
   LoggingOptions options;
   int device = 0;
@@ -137,6 +139,7 @@ LoggingAdaptor::LoggingAdaptor(Context* context, std::unique_ptr<BaseMemoryManag
         if (!*file) throw InvalidArgument("cannot open the allocation log '" + path + "' for writing");
         auto log = std::make_shared<Log>(file.get(), with_environment(options));
         log->file = std::move(file);
+        log->path = path;
         util::at_exit_while_alive<Log>(log, [](Log& open) {  // (its adaptor lives until exit)
           std::lock_guard lock(open.mutex);
           if (open.out) open.out->flush();
@@ -167,6 +170,22 @@ LoggingAdaptor::~LoggingAdaptor() {
 void LoggingAdaptor::flush() {
   std::lock_guard lock(log_->mutex);
   log_->out->flush();
+}
+
+std::string LoggingAdaptor::text() {
+  // (Under the lock: no line is half written while it is read.)
+  std::lock_guard lock(log_->mutex);
+  log_->out->flush();
+  if (log_->file) {
+    std::ifstream in(log_->path);
+    if (!in) throw StateError("cannot read back the allocation log '" + log_->path + "' (moved or deleted?)");
+    std::ostringstream text;
+    text << in.rdbuf();  // (nothing, and failbit, where the file was emptied)
+    return text.str();
+  }
+  if (const auto* memory = dynamic_cast<const std::ostringstream*>(log_->out)) return memory->str();
+  throw NotSupported("the allocation log goes to a stream that cannot be read back (log to a file or a "
+                     "std::ostringstream to read it)");
 }
 
 }  // namespace cuemm

@@ -384,6 +384,53 @@ def test_the_log_the_statistics_and_the_plot(run_python, tmp_path):
     assert svg.read_text().startswith("<svg") and "polyline" in svg.read_text()
 
 
+def test_write_log_and_plot_read_the_log_adaptors_file_and_say_when_there_is_no_log(run_python, tmp_path):
+    # The log adaptor (adaptors="log") writes a file rather than memory:
+    # write_log() and plot() read that file back (they read an empty log
+    # before). With log=True as well, the log in memory serves, holding the
+    # same rows. Without any log they say how to keep one.
+    file, copy, svg = tmp_path / "adaptor.csv", tmp_path / "copy.csv", tmp_path / "memory.svg"
+    run_python(f"""
+        import numpy as np
+        from numba import cuda
+        import cuemm
+        {REFUSED}
+        cuemm.use_cuemm_for_numba("pool", adaptors="statistics,log", log_file={str(file)!r})
+        a = cuda.device_array(1000)
+        del a
+        cuemm.write_log({str(copy)!r})
+        cuemm.plot({str(svg)!r})
+    """)
+    assert copy.read_text() == file.read_text()
+    rows = copy.read_text().splitlines()
+    assert rows[0].startswith("Event Type,") and rows[1].startswith("Alloc,") and ",8000," in rows[1], rows
+    assert rows[2].startswith("Free,") and ",8000," in rows[2], rows
+    assert svg.read_text().startswith("<svg") and "polyline" in svg.read_text()
+
+    both = tmp_path / "both.csv"
+    run_python(f"""
+        from numba import cuda
+        import cuemm
+        cuemm.use_cuemm_for_numba("pool", log=True, adaptors="log", log_file={str(file)!r})
+        a = cuda.device_array(3000)
+        cuemm.write_log({str(both)!r})
+    """)
+    in_memory = [row.split(",")[0] + row.split(",")[4] for row in both.read_text().splitlines()[1:]]
+    in_file = [row.split(",")[0] + row.split(",")[4] for row in file.read_text().splitlines()[1:]]
+    # (The file goes on to the array's free as the process ends.)
+    assert in_memory == ["Alloc24000"] and in_file[:1] == in_memory, (in_memory, in_file)
+
+    run_python(f"""
+        from numba import cuda
+        import cuemm
+        {REFUSED}
+        cuemm.use_cuemm_for_numba("pool")
+        a = cuda.device_array(10)
+        refused(lambda: cuemm.plot({str(svg)!r}), RuntimeError, "keeps no log")
+        refused(lambda: cuemm.write_log({str(copy)!r}), RuntimeError, 'adaptors="log"')
+    """)
+
+
 def test_the_expandable_pool_serves_numba(run_python):
     run_python("""
         import numpy as np

@@ -647,6 +647,34 @@ TEST_F(Adaptors, TheLogCanGoToAFile) {
   EXPECT_THROW(LoggingAdaptor(&context, pool(), std::string("/nonexistent/dir/log.csv")), InvalidArgument);
 }
 
+// text(): the log so far, for a caller that did not keep the file's name or
+// the stream (Python's write_log() and plot() under CUEMM_ADAPTORS=log).
+TEST_F(Adaptors, TheLogReadsBackAsTextFromAFileOrAStringStreamAndSaysWhyNotElse) {
+  const std::string path = ::testing::TempDir() + "/cuemm_log_text.csv";
+  LoggingAdaptor to_file(&context, pool(), path);
+  to_file.initialize();
+  auto block = to_file.memalloc(4096);
+  const std::string text = to_file.text();  // unflushed rows come too
+  const auto lines = lines_of(text);
+  ASSERT_EQ(lines.size(), 2u) << text;
+  EXPECT_EQ(lines[0], LoggingAdaptor::header());
+  EXPECT_EQ(lines[1].rfind("Alloc,", 0), 0u) << lines[1];
+  std::remove(path.c_str());
+  EXPECT_TRUE(throws<StateError>([&] { (void)to_file.text(); }, path, "cannot read back"));
+  block.reset();
+
+  std::ostringstream memory;
+  LoggingAdaptor to_memory(&context, pool(), memory);
+  to_memory.initialize();
+  to_memory.memalloc(512).reset();
+  EXPECT_EQ(lines_of(to_memory.text()).size(), 3u);
+  EXPECT_EQ(to_memory.text(), memory.str());
+
+  std::stringstream elsewhere;  // a stream, but not one the adaptor knows how to read back
+  LoggingAdaptor to_elsewhere(&context, pool(), static_cast<std::ostream&>(elsewhere));
+  EXPECT_TRUE(throws<NotSupported>([&] { (void)to_elsewhere.text(); }, "cannot be read back"));
+}
+
 // A context, and so its manager and adaptors, lives until the process ends:
 // a program that exits with its log open still finds every row in the file
 // (in a child process of its own, which exits so), once: not again from a

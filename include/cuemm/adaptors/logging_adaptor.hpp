@@ -37,6 +37,10 @@ class LoggingAdaptor : public ManagerAdaptor {
                  LoggingOptions options = {});
   ~LoggingAdaptor() override;  // flushes and closes the log
   void flush();
+  // The log so far, header first: a file's read back (StateError naming it
+  // where it no longer reads), a std::ostringstream's text. NotSupported for
+  // other streams, which cannot be read back.
+  std::string text();
 
   static const char* header() noexcept;
 
