@@ -172,7 +172,8 @@ def on_out_of_memory(handler):
     free memory held elsewhere (gc.collect(), torch.cuda.empty_cache(), CuPy's
     free_all_blocks(), a cache of the program's own); the allocation is tried again
     while it returns True, and fails with MemoryError once it returns False (attempt:
-    1 after the first failure, 2 after the first retry, ...). An exception it raises
+    1 after the first failure, 2 after the first retry, ...; after 100 retries the
+    allocation fails with MemoryError saying so). An exception it raises
     fails the allocation. An allocation inside the handler that runs out does not
     call it again. None removes it."""
     return _core.on_out_of_memory(handler)

@@ -274,7 +274,9 @@ bool out_of_memory_handler_retries(const OutOfMemory& error, int attempt) {
   const py::object answer = handler(error.requested(), attempt);
   const int retry = PyObject_IsTrue(answer.ptr());
   if (retry < 0) throw py::error_already_set();
-  return retry != 0;
+  if (retry == 0) return false;
+  throw_if_no_retry_is_left(error, attempt);
+  return true;
 }
 
 // What release_unused_memory() gave back, as the dict Python sees.

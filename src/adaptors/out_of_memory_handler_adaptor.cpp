@@ -1,5 +1,6 @@
 #include "cuemm/adaptors/out_of_memory_handler_adaptor.hpp"
 
+#include <string>
 #include <utility>
 
 namespace cuemm {
@@ -18,7 +19,9 @@ class CallsHandler final : public AllocationObserver {
     struct Done {
       ~Done() { handling_out_of_memory = false; }
     } done;
-    return handler_(error, attempt);
+    if (!handler_(error, attempt)) return false;
+    throw_if_no_retry_is_left(error, attempt);
+    return true;
   }
   // Counts nothing: no clock, no call site.
   bool wants_times_and_call_sites() const noexcept override { return false; }
@@ -28,6 +31,14 @@ class CallsHandler final : public AllocationObserver {
 };
 
 }  // namespace
+
+void throw_if_no_retry_is_left(const OutOfMemory& error, int attempt) {
+  if (attempt <= kMostRetriesAfterOutOfMemory) return;
+  throw OutOfMemory(error.call(), error.requested(),
+                    "the out-of-memory handler still asked to try again after " +
+                        std::to_string(kMostRetriesAfterOutOfMemory) +
+                        " retries, the most cuemm makes; the last failure: " + error.what());
+}
 
 OutOfMemoryHandlerAdaptor::OutOfMemoryHandlerAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream,
                                                      OutOfMemoryHandler handler)

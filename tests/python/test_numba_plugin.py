@@ -978,6 +978,21 @@ def test_an_out_of_memory_handler_frees_memory_elsewhere_and_numba_retries(run_p
         except MemoryError:
             pass
         assert attempts == [1, 2], attempts
+        # One that always asks again gets 100 retries, then a MemoryError
+        # that says so, not a loop that never ends.
+        attempts.clear()
+        def always(size, attempt):
+            attempts.append(attempt)
+            return True
+        assert cuemm.on_out_of_memory(always) is allocating
+        try:
+            cuda.device_array(40 << 20, dtype="u1")
+        except MemoryError as error:
+            assert "still asked to try again after 100 retries" in str(error), error
+        else:
+            raise AssertionError("40 MiB beside 40 fitted under a 64 MiB limit")
+        assert attempts == list(range(1, 102)), attempts
+        assert cuemm.on_out_of_memory(allocating) is always
         assert cuemm.on_out_of_memory(None) is allocating
         try:
             cuemm.on_out_of_memory(5)

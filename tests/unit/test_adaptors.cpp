@@ -953,8 +953,10 @@ TEST_F(Adaptors, AnOutOfMemoryHandlerFreesMemoryElsewhereAndTheRequestIsRetried)
   EXPECT_EQ(pinned->size(), 4096u);
 }
 
-// A handler asks for retries as long as it likes (each call says which
-// attempt failed); one that throws fails the allocation with its exception;
+// A handler asks for retries as long as it likes, up to
+// kMostRetriesAfterOutOfMemory (each call says which attempt failed; one that
+// always asks again does not hang the program); one that throws fails the
+// allocation with its exception;
 // an allocation inside the handler that runs out does not call it again;
 // and a failed allocation leaves nothing counted in use.
 TEST_F(Adaptors, AnOutOfMemoryHandlerDecidesHowOftenToRetry) {
@@ -962,6 +964,7 @@ TEST_F(Adaptors, AnOutOfMemoryHandlerDecidesHowOftenToRetry) {
   std::vector<int> attempts;
   bool throw_instead = false;
   bool allocate_inside = false;
+  bool always_again = false;
   BaseMemoryManager* self = nullptr;
   auto handled = std::make_unique<OutOfMemoryHandlerAdaptor>(
       &context, std::make_unique<StatisticsAdaptor>(&context, std::make_unique<LimitingAdaptor>(&context, pool(), 8 * kMiB)),
@@ -971,7 +974,7 @@ TEST_F(Adaptors, AnOutOfMemoryHandlerDecidesHowOftenToRetry) {
         if (allocate_inside) {
           EXPECT_THROW(self->memalloc(9 * kMiB), OutOfMemory);
         }
-        return attempt < 3;
+        return always_again || attempt < 3;
       });
   self = handled.get();
   handled->initialize();
@@ -988,6 +991,14 @@ TEST_F(Adaptors, AnOutOfMemoryHandlerDecidesHowOftenToRetry) {
   allocate_inside = true;
   EXPECT_THROW(handled->memalloc(9 * kMiB), OutOfMemory);
   EXPECT_EQ(attempts, (std::vector<int>{1, 2, 3})) << "the allocation inside the handler called it again";
+
+  attempts.clear();
+  allocate_inside = false;
+  always_again = true;
+  EXPECT_TRUE(throws<OutOfMemory>([&] { handled->memalloc(9 * kMiB); }, "still asked to try again after 100 retries",
+                                  "requested 9.00 MiB"));
+  ASSERT_EQ(attempts.size(), std::size_t{kMostRetriesAfterOutOfMemory} + 1);
+  EXPECT_EQ(attempts.back(), kMostRetriesAfterOutOfMemory + 1);
 
   const MemoryStatistics counts = find_adaptor<StatisticsAdaptor>(*handled)->statistics();
   EXPECT_EQ(counts.of(MemoryKind::Device).current_bytes, 0u);

@@ -15,10 +15,13 @@
 // The handler runs on the allocating thread, outside every lock of cuemm's
 // (other threads allocate meanwhile). An allocation that runs out inside the
 // handler, on the same thread, fails without calling it again. A handler that
-// throws fails the allocation with its exception.
+// throws fails the allocation with its exception; one that asks for more than
+// kMostRetriesAfterOutOfMemory retries fails it with OutOfMemory.
 #pragma once
 
 #include <functional>
+
+#include "cuemm/error.hpp"
 
 #include "cuemm/adaptors/manager_adaptor.hpp"
 
@@ -26,6 +29,15 @@ namespace cuemm {
 
 // `attempt`: 1 after the first failure, 2 after the retry it asked for, ...
 using OutOfMemoryHandler = std::function<bool(const OutOfMemory& error, int attempt)>;
+
+// The most retries a handler gets for one allocation: where it asks for more,
+// the allocation fails with OutOfMemory saying so, rather than looping forever
+// on memory that does not come back (a handler that always returns true).
+inline constexpr int kMostRetriesAfterOutOfMemory = 100;
+
+// Where a handler asked to retry after its `attempt`: throws that OutOfMemory
+// once the retries are spent. (The Python bridge's handler too.)
+void throw_if_no_retry_is_left(const OutOfMemory& error, int attempt);
 
 class OutOfMemoryHandlerAdaptor : public ManagerAdaptor {
  public:
