@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <sstream>
@@ -23,7 +24,7 @@ const char* LoggingAdaptor::header() noexcept {
 struct LoggingAdaptor::Log : AllocationObserver {
   BlockingAwareMutex mutex;
   std::unique_ptr<std::ofstream> file;
-  std::string path;  // the file's
+  std::string path;  // the file's, absolute
   std::ostream* out;  // null once the adaptor is gone
   LoggingOptions options;
   int device = 0;
@@ -139,7 +140,9 @@ LoggingAdaptor::LoggingAdaptor(Context* context, std::unique_ptr<BaseMemoryManag
         if (!*file) throw InvalidArgument("cannot open the allocation log '" + path + "' for writing");
         auto log = std::make_shared<Log>(file.get(), with_environment(options));
         log->file = std::move(file);
-        log->path = path;
+        std::error_code unknown;  // (then the path as given)
+        const std::filesystem::path absolute = std::filesystem::absolute(path, unknown);
+        log->path = unknown ? path : absolute.string();  // text() reads it back after a chdir too
         util::at_exit_while_alive<Log>(log, [](Log& open) {  // (its adaptor lives until exit)
           std::lock_guard lock(open.mutex);
           if (open.out) open.out->flush();

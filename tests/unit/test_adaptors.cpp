@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -659,6 +660,18 @@ TEST_F(Adaptors, TheLogReadsBackAsTextFromAFileOrAStringStreamAndSaysWhyNotElse)
   ASSERT_EQ(lines.size(), 2u) << text;
   EXPECT_EQ(lines[0], LoggingAdaptor::header());
   EXPECT_EQ(lines[1].rfind("Alloc,", 0), 0u) << lines[1];
+  {  // A relative name is read back from where it was opened, whatever the directory now.
+    struct BackWhereItWas {
+      std::filesystem::path before = std::filesystem::current_path();
+      ~BackWhereItWas() { std::filesystem::current_path(before); }
+    } directory;
+    std::filesystem::current_path(::testing::TempDir());
+    LoggingAdaptor relative(&context, pool(), std::string("cuemm_log_text_relative.csv"));
+    std::filesystem::current_path("/");
+    relative.initialize();
+    relative.memalloc(256).reset();
+    EXPECT_EQ(lines_of(relative.text()).size(), 3u);
+  }
   std::remove(path.c_str());
   EXPECT_TRUE(throws<StateError>([&] { (void)to_file.text(); }, path, "cannot read back"));
   block.reset();
