@@ -21,9 +21,8 @@
 
 #include <functional>
 
-#include "cuemm/error.hpp"
-
 #include "cuemm/adaptors/manager_adaptor.hpp"
+#include "cuemm/error.hpp"
 
 namespace cuemm {
 
