@@ -87,6 +87,17 @@ struct TrackingAdaptor::Table : AllocationObserver {
     }
   }
 
+  // Up to kListed blocks are listed one by one. More (a program that exits
+  // holding its arrays: thousands of lines at exit) are summed up by call
+  // site, the most bytes first, before the oldest kListed; outstanding() has
+  // every one.
+  static constexpr std::size_t kListed = 32;
+  static constexpr std::size_t kSitesListed = 16;
+
+  static std::string site_of(const AllocationRecord& record) {
+    return record.call_site.empty() ? std::string("(call site unknown)") : record.call_site;
+  }
+
   std::string text() const {
     const std::vector<AllocationRecord> outstanding = records();
     if (outstanding.empty()) return "";
@@ -94,12 +105,46 @@ struct TrackingAdaptor::Table : AllocationObserver {
     for (const auto& record : outstanding) bytes += record.size;
     std::string out = "cuemm: " + std::to_string(outstanding.size()) + " allocation(s) outstanding, " +
                       describe_bytes(bytes) + ":\n";
-    for (const auto& record : outstanding) {
-      char line[160];
+    char line[160];
+    if (outstanding.size() > kListed) {
+      struct Held {
+        std::size_t count = 0, bytes = 0;
+      };
+      std::map<std::string, Held> by_site;
+      for (const auto& record : outstanding) {
+        Held& held = by_site[site_of(record)];
+        ++held.count;
+        held.bytes += record.size;
+      }
+      std::vector<std::pair<std::string, Held>> sites(by_site.begin(), by_site.end());
+      std::stable_sort(sites.begin(), sites.end(),
+                       [](const auto& a, const auto& b) { return a.second.bytes > b.second.bytes; });
+      out += "  by call site, the most bytes first:\n";
+      Held others;
+      for (std::size_t i = 0; i < sites.size(); ++i) {
+        const auto& [site, held] = sites[i];
+        if (i >= kSitesListed) {
+          others.count += held.count;
+          others.bytes += held.bytes;
+          continue;
+        }
+        std::snprintf(line, sizeof line, "  %10zu allocation(s), %s  ", held.count, describe_bytes(held.bytes).c_str());
+        out += line + site + "\n";
+      }
+      if (others.count)
+        out += "  and " + std::to_string(sites.size() - kSitesListed) + " other call site(s): " +
+               std::to_string(others.count) + " allocation(s), " + describe_bytes(others.bytes) + "\n";
+      out += "  the oldest " + std::to_string(kListed) + ":\n";
+    }
+    for (std::size_t i = 0; i < std::min(outstanding.size(), kListed); ++i) {
+      const AllocationRecord& record = outstanding[i];
       std::snprintf(line, sizeof line, "  %-8s 0x%" PRIxPTR " %12zu bytes at %.6f s  ", to_string(record.kind),
                     record.address, record.size, record.start);
-      out += line + (record.call_site.empty() ? std::string("(call site unknown)") : record.call_site) + "\n";
+      out += line + site_of(record) + "\n";
     }
+    if (outstanding.size() > kListed)
+      out += "  and " + std::to_string(outstanding.size() - kListed) +
+             " more (TrackingAdaptor::outstanding(), cuemm.outstanding(): every one)\n";
     return out;
   }
 

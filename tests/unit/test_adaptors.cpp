@@ -766,6 +766,42 @@ TEST_F(Adaptors, TrackingListsOutstandingAllocationsAndReportsLeaksAtReset) {
   EXPECT_TRUE(tracked.outstanding().empty());
 }
 
+// A long report (a program that exits holding thousands of arrays) is summed
+// up by call site, the most bytes first, then lists only the oldest blocks.
+TEST_F(Adaptors, TrackingSumsUpALongLeakReportByCallSite) {
+  std::ostringstream report;
+  TrackingAdaptor tracked(&context, pool(), &report);
+  tracked.initialize();
+  std::vector<std::shared_ptr<MemoryPointer>> kept;
+  auto from = [&](const std::string& site, int count, std::size_t size) {
+    ScopedCallSite scope(site);
+    for (int i = 0; i < count; ++i) kept.push_back(tracked.memalloc(size));
+  };
+  from("small.cpp:2", 30, 256);
+  from("big.cpp:1", 40, 4096);
+  for (int i = 0; i < 20; ++i) from("once.cpp:" + std::to_string(100 + i), 1, 512);
+  const std::string text = tracked.leak_report();
+  EXPECT_EQ(text.rfind("cuemm: 90 allocation(s) outstanding", 0), 0u) << text;
+  const auto big = text.find("40 allocation(s), 160.00 KiB (163840 bytes)  big.cpp:1\n");
+  const auto small = text.find("30 allocation(s), 7.50 KiB (7680 bytes)  small.cpp:2\n");
+  ASSERT_NE(big, std::string::npos) << text;
+  ASSERT_NE(small, std::string::npos) << text;
+  EXPECT_LT(big, small) << "the most bytes first";
+  EXPECT_NE(text.find("and 6 other call site(s): 6 allocation(s), 3.00 KiB (3072 bytes)"), std::string::npos) << text;
+  const auto oldest = text.find("the oldest 32:\n");
+  ASSERT_NE(oldest, std::string::npos) << text;
+  const auto listed = lines_of(text.substr(oldest));
+  ASSERT_EQ(listed.size(), 34u) << text;  // the heading, 32 blocks, what is left out
+  EXPECT_NE(listed[1].find("256 bytes"), std::string::npos) << "the oldest first: " << listed[1];
+  EXPECT_NE(listed[1].find("small.cpp:2"), std::string::npos) << listed[1];
+  EXPECT_NE(listed[32].find("big.cpp:1"), std::string::npos) << listed[32];
+  EXPECT_EQ(listed[33].rfind("  and 58 more", 0), 0u) << listed[33];
+  kept.resize(32);  // as many as are listed: one by one again, no summary
+  EXPECT_EQ(tracked.leak_report().find("by call site"), std::string::npos) << tracked.leak_report();
+  EXPECT_EQ(lines_of(tracked.leak_report()).size(), 33u);
+  kept.clear();
+}
+
 // Starts come from the coarse clock, so many blocks share one: a thread's
 // blocks are still listed in the order it allocated them.
 TEST_F(Adaptors, TrackingListsAThreadsBlocksInTheOrderItMadeThem) {

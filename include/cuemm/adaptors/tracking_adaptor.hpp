@@ -26,7 +26,9 @@ class TrackingAdaptor : public ManagerAdaptor {
   // Live allocations, oldest first: each thread's in the order it made
   // them, those of different threads to within a tick of the coarse clock.
   std::vector<AllocationRecord> outstanding() const;
-  // The leak report text ("" when nothing is outstanding).
+  // The leak report text ("" when nothing is outstanding): each block, or
+  // past 32 of them what each call site holds (the most bytes first) and the
+  // oldest 32 blocks.
   std::string leak_report() const;
 
  private:
