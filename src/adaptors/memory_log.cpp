@@ -250,9 +250,14 @@ std::string memory_plot_svg(const std::vector<LoggedEvent>& events, bool untimed
   std::array<PlotSeries, 3> by_kind;
   std::array<std::size_t, 3> live{};
   std::map<std::uint64_t, std::size_t> sizes;  // what each live allocation had
-  double first = events.empty() ? 0.0 : events.front().time;
-  for (const LoggedEvent& event : events) first = std::min(first, event.time);
+  // Rows come in the order their events took effect, but threads time them
+  // before they take the log's lock, so a row's time may lie a little before
+  // the row above's: each is drawn no earlier than the one before it (x does
+  // not decrease, as PlotSeries wants; a long log's columns would zigzag).
+  const double first = events.empty() ? 0.0 : events.front().time;
+  double latest = first;
   for (const LoggedEvent& event : events) {
+    latest = std::max(latest, event.time);
     const auto k = static_cast<std::size_t>(event.kind);
     if (event.allocate) {
       sizes[event.id] = event.size;
@@ -262,7 +267,7 @@ std::string memory_plot_svg(const std::vector<LoggedEvent>& events, bool untimed
       sizes.erase(it);
     }
     if (by_kind[k].points.empty()) by_kind[k].points.emplace_back(first, 0);
-    by_kind[k].points.emplace_back(event.time, live[k]);
+    by_kind[k].points.emplace_back(latest, live[k]);
   }
   std::vector<PlotSeries> series;
   for (std::size_t k = 0; k < by_kind.size(); ++k) {

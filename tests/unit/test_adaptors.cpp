@@ -454,6 +454,30 @@ TEST(MemoryLog, ALongLogsPlotKeepsItsPeakInASmallFile) {
   EXPECT_NE(svg.find(",10.0 "), std::string::npos) << "the spike was lost";
 }
 
+// Threads time their rows before they take the log's lock, so a row may be
+// timed a little before the row above it: the lines still only go forward
+// (a long log's columns zigzagged back and forth), and stay small.
+TEST(MemoryLog, RowsTimedOutOfOrderAreDrawnForwardOnly) {
+  std::vector<LoggedEvent> events;
+  std::uint64_t id = 0;
+  for (int i = 0; i < 100'000; ++i) {
+    const double jitter = (i % 7 == 3 ? -3e-3 : 0.0);  // a row timed before its neighbours
+    events.push_back({true, LoggedKind::Device, id, 4096, i * 1e-3 + jitter});
+    events.push_back({false, LoggedKind::Device, id++, 4096, i * 1e-3 + 5e-4 + jitter});
+  }
+  const std::string svg = memory_plot_svg(events);
+  EXPECT_LT(svg.size(), std::size_t{200'000});
+  const auto begin = svg.find("points=\"") + 8;
+  std::istringstream points(svg.substr(begin, svg.find('"', begin) - begin));
+  double previous = -1;
+  std::size_t count = 0;
+  for (double x, y; points >> x && points.ignore(1) && points >> y; ++count) {
+    ASSERT_GE(x, previous) << "point " << count << " went back";
+    previous = x;
+  }
+  EXPECT_GT(count, 1000u);
+}
+
 // Between its labelled ends the plot has round ticks, in the unit that suits
 // the log's length, and the legend gives each kind's own peak (a small host
 // line is flat beside device memory's).
