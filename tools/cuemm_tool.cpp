@@ -55,6 +55,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -94,6 +95,9 @@ struct Operation {
 
 // The log's events; says where it does not hold together (MemoryLogGaps).
 std::vector<LoggedEvent> read_log_events(const std::string& path, MemoryLogGaps* gaps_out = nullptr) {
+  std::error_code not_a_folder;
+  if (std::filesystem::is_directory(path, not_a_folder))
+    throw InvalidArgument("'" + path + "' is a folder, not a cuemm CSV log");
   std::ifstream in(path);
   if (!in) throw InvalidArgument("cannot read the log '" + path + "'");
   MemoryLogGaps gaps;

@@ -293,6 +293,8 @@ refused "--compare takes none of" "$tool" random --compare --plot "$work/c.svg"
 refused "--plot needs the name of the picture" "$tool" random --plot ""
 refused "cannot write '$work/no/such/folder.svg'" "$tool" random --operations 10 --plot "$work/no/such/folder.svg"
 refused "cannot read the log" "$tool" replay "$work/missing.csv"
+refused "is a folder, not a cuemm CSV log" "$tool" replay "$work"
+refused "is a folder, not a cuemm CSV log" "$tool" plot "$work" "$work/folder.svg"
 if "$tool" random --max-size lots 2>"$work/error.txt"; then exit 1; fi
 refused "at least 1 byte" "$tool" random --max-size 0
 refused "whole number (got '-3')" "$tool" random --operations -3
