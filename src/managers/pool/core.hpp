@@ -144,6 +144,27 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // enough that a fast loop's half ring (256 pairs of 256 B, about 5 us there
   // at 20 ns a pair) does not miss its seal: with 5 us it did, as pairs got faster.
   static constexpr std::chrono::microseconds kSealInterval{2};
+  // Note [A quarantine kept small]: a freed block waiting in the quarantine
+  // for its seal cannot merge with its free neighbours, so a request meanwhile
+  // splits another hole. Once the quarantine holds more than this share of
+  // what the pool reserves, a free into it seals (at most one seal every
+  // kSealInterval, so a pair costs at most a stream query per interval, and
+  // a Python caller a hand-over of the GIL) and returns its safe part to the
+  // index. That is the frees of blocks beyond the size classes that no
+  // thread holds, every free without thread caches, and a thread's frees
+  // while its rings are set aside (Note [Rings set aside]); not the halves
+  // of full rings. An eighth let a queue freed oldest first keep about 30 of
+  // its blocks apart. Simulated driver, seeds 1-8, peak reserved over live,
+  // an eighth -> a 64th: the pool, RMM's workload up to 4 MiB with 128 MiB
+  // live 1.350 -> 1.315; without thread caches 1.336 -> 1.305, a queue up to
+  // 1 MiB 1.182 -> 1.155, up to 256 KiB with 64 MiB 1.146 -> 1.129; the
+  // expandable pool up to 1 MiB with 512 MiB live 1.134 -> 1.111, per-layer
+  // training 1.108 -> 1.075 (its queue 1.041 -> 1.055); the rest within
+  // 0.01 (docs/pool-measurements.md).
+  static constexpr std::size_t kQuarantineShareOfReserved = 64;
+  bool quarantine_holds_much() const noexcept {
+    return quarantined_bytes > reserved_bytes() / kQuarantineShareOfReserved;
+  }
 
   Context* context;
   PoolOptions options;
@@ -1095,7 +1116,8 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // Blocks of one class that a thread's cache had no room for go to the
   // quarantine; with no host memory to record them there, to the index at
   // once (rather than leak), those not yet recorded.
-  void quarantine_spilled(const Freed* spilled, std::size_t count, std::size_t class_bytes) noexcept;
+  // With `kept_small`, seals once the quarantine holds much (Note [A quarantine kept small]).
+  void quarantine_spilled(const Freed* spilled, std::size_t count, std::size_t class_bytes, bool kept_small) noexcept;
 
   // --- stream-ordered, on a default stream (Note [Stream-ordered reuse]) ---
 

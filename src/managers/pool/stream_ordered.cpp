@@ -69,10 +69,10 @@ void PoolMemoryManager::Core::deallocate_ordered_spilling(ThreadCache& cache, st
       address = 0;
     }
   }
-  quarantine_spilled(spilled.data(), spill_count, detail::size_class_bytes(spill_class));
+  quarantine_spilled(spilled.data(), spill_count, detail::size_class_bytes(spill_class), false);
   if (address) {
     const Freed freed{address, epochs.tag()};
-    quarantine_spilled(&freed, 1, class_bytes);
+    quarantine_spilled(&freed, 1, class_bytes, false);
   }
 }
 

@@ -150,10 +150,7 @@ void PoolMemoryManager::Core::deallocate_otherwise(std::uintptr_t address, int s
           seal_if_due();
           reclaim(false);
         }
-      } else if (quarantined_bytes > reserved_bytes() / 8) {
-        // At most one seal every kSealInterval: in a small pool one block
-        // is 1/8 of it, and sealing at every free cost 1-4 MiB pairs a
-        // stream query each (and in Python the GIL's hand-over: 2-3 us).
+      } else if (quarantine_holds_much()) {
         seal_if_due();
         reclaim(false);
       }
@@ -173,13 +170,15 @@ void PoolMemoryManager::Core::deallocate_spilling(ThreadCache* cache, std::uintp
   std::array<Freed, kMaximumBinCapacity / 2> spilled;
   std::size_t spill_count = 0;
   int spill_class = size_class;
+  bool rings_set_aside = false;
   if (cache) {
     std::lock_guard cache_lock(cache->lock.owner());
     ThreadCache::Bin& bin = cache->bins[size_class];
     // Full ring: its older half goes to the shared quarantine; full
     // budget: see spill_stalest(). Rings set aside (Note [Rings set
     // aside]): the block goes alone.
-    if (!cache->rings_set_aside) {
+    rings_set_aside = cache->rings_set_aside;
+    if (!rings_set_aside) {
       if (bin.count == bin.capacity)
         spill_count = cache->take_oldest(size_class, bin.count / 2, spilled.data());
       else if (cache->bytes.load(std::memory_order_relaxed) + class_bytes > cache->budget)
@@ -190,22 +189,37 @@ void PoolMemoryManager::Core::deallocate_spilling(ThreadCache* cache, std::uintp
       }
     }
   }
-  quarantine_spilled(spilled.data(), spill_count, detail::size_class_bytes(spill_class));
+  quarantine_spilled(spilled.data(), spill_count, detail::size_class_bytes(spill_class), false);
   if (address) {  // no cache, or no room in it
     const Freed freed{address, epoch};
-    quarantine_spilled(&freed, 1, class_bytes);
+    // With the rings set aside, every free comes this way, to merge with its
+    // neighbours: kept small, as the index's own frees keep it (Note [A
+    // quarantine kept small]). Spilled halves of rings do not seal: a pair
+    // loop's spills would pay a stream query each.
+    quarantine_spilled(&freed, 1, class_bytes, rings_set_aside);
   }
 }
 
-void PoolMemoryManager::Core::quarantine_spilled(const Freed* spilled, std::size_t count,
-                                                 std::size_t class_bytes) noexcept {
+void PoolMemoryManager::Core::quarantine_spilled(const Freed* spilled, std::size_t count, std::size_t class_bytes,
+                                                 bool kept_small) noexcept {
   if (count == 0) return;
-  std::lock_guard lock(mutex);
-  std::size_t recorded = 0;
-  try {
-    for (; recorded < count; ++recorded) quarantine_block(spilled[recorded].address, class_bytes, spilled[recorded].epoch);
-  } catch (...) {
-    for (std::size_t i = recorded; i < count; ++i) deallocate_in_index(spilled[i].address);
+  bool holds_much = false;
+  {
+    std::lock_guard lock(mutex);
+    std::size_t recorded = 0;
+    try {
+      for (; recorded < count; ++recorded)
+        quarantine_block(spilled[recorded].address, class_bytes, spilled[recorded].epoch);
+    } catch (...) {
+      for (std::size_t i = recorded; i < count; ++i) deallocate_in_index(spilled[i].address);
+    }
+    holds_much = kept_small && quarantine_holds_much();
+  }
+  if (holds_much) {
+    try {
+      advance_epochs();  // (its seal's stream query outside the pool's lock)
+    } catch (...) {
+    }
   }
 }
 

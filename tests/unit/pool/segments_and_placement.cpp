@@ -141,7 +141,9 @@ TEST_F(Pool, SegmentsListWhereTheReservedBytesAndTheFreeOnesLie) {
   for (int i = 0; i < 4; ++i) shared.push_back(pool.memalloc(2 * kMiB + 512 * kKiB));
   for (int i = 0; i < 2; ++i) own.push_back(pool.memalloc(8 * kMiB));
   shared[1].reset();  // a hole between held blocks
-  own[0].reset();     // a spare segment
+  // (A free seals at most every few microseconds: this one may seal too.)
+  std::this_thread::sleep_for(std::chrono::microseconds(20));
+  own[0].reset();  // a spare segment
   small[2].reset();
 
   const std::vector<PoolSegment> segments = pool.segments();
@@ -200,4 +202,35 @@ TEST_F(Pool, AnExpandablePoolsSegmentIsItsRangeWithTheBytesMappedUnderIt) {
   EXPECT_LT(segments[0].mapped_bytes, segments[0].size) << "the unmapped pages under b's hole still count";
   EXPECT_GE(segments[0].free_bytes, 6 * kMiB);
   EXPECT_EQ(std::string(to_string(segments[0].kind)), "arena");
+}
+
+// Note [A quarantine kept small]: frees that wait for their seal do not merge
+// with their neighbours, so they go back to the index once they hold more
+// than a 64th of what the pool reserves, rather than an eighth: a queue
+// freed oldest first kept about 30 blocks apart before. (Each free comes
+// after the seal interval, so that every one may seal; the GPU is idle, but
+// a real one may not have finished the latest seal yet: a block more.)
+TEST_F(Pool, FreesWaitingForTheGpuAreKeptToASmallShareOfThePool) {
+  constexpr std::size_t kKiB = 1024, kMiB = kKiB * kKiB;
+  PoolOptions options;
+  options.thread_cache_size = 0;  // every free goes through the quarantine
+  options.initial_size = 64 * kMiB;
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  constexpr std::size_t kBlock = 1536 * kKiB;  // beyond the classes, in the shared segment
+  std::vector<cuda::CUdeviceptr> blocks;
+  for (int i = 0; i < 32; ++i) blocks.push_back(pool.allocate(kBlock));
+  const std::size_t reserved = pool.statistics().reserved_bytes;
+  ASSERT_EQ(reserved, 64 * kMiB) << "the blocks fit the initial segment";
+  std::size_t most_waiting = 0;
+  for (const cuda::CUdeviceptr block : blocks) {
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+    pool.deallocate(block, kBlock);
+    most_waiting = std::max(most_waiting, pool.statistics().quarantined_bytes);
+  }
+  EXPECT_LE(most_waiting, reserved / 64 + 2 * kBlock) << "an eighth would be " << reserved / 8;
+  // And what went back merged: the whole segment holds one block again.
+  const cuda::CUdeviceptr whole = pool.allocate(48 * kMiB);
+  EXPECT_EQ(pool.statistics().reserved_bytes, reserved);
+  pool.deallocate(whole, 48 * kMiB);
 }
