@@ -1,4 +1,6 @@
 // The expandable pool: one range of addresses, mapped page by page.
+#include <deque>
+
 #include "pool_test.hpp"
 
 using namespace cuemm;
@@ -442,4 +444,37 @@ TEST_F(Pool, AnExpandablePoolPacksABlockThatItsOwnSegmentWouldRoundUpByMoreThanA
   const std::size_t segments = pool.statistics().segments;
   auto own = pool.memalloc(kOdd);
   EXPECT_EQ(pool.statistics().segments, segments + 1) << "the pool without the arena packed it";
+}
+
+// Note [A quarantine kept small], with the rings set aside (Note [Rings set
+// aside]): a thread whose queue of varied sizes keeps missing its rings
+// frees each block alone into the quarantine, which goes back to the index
+// once it holds a 64th of the pool, so the freed neighbours merge.
+TEST_F(Pool, AThreadWhoseRingsAreSetAsideKeepsTheQuarantineSmall) {
+  constexpr std::size_t kKiB = 1024, kMiB = kKiB * kKiB;
+  PoolOptions options;
+  options.expandable = true;
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  std::mt19937 random(3);
+  std::uniform_int_distribution<std::size_t> size_of(1, kMiB);
+  std::deque<std::pair<cuda::CUdeviceptr, std::size_t>> queue;  // freed oldest first
+  std::size_t most_waiting = 0, reserved_then = 0;
+  for (int step = 0; step < 6000; ++step) {
+    const std::size_t size = size_of(random);
+    queue.emplace_back(pool.allocate(size), size);
+    if (queue.size() < 200) continue;
+    if (step % 8 == 0) std::this_thread::sleep_for(std::chrono::microseconds(5));  // (seals are due)
+    pool.deallocate(queue.front().first, queue.front().second);
+    queue.pop_front();
+    if (step < 3000) continue;  // the rings set aside by then
+    const PoolStatistics statistics = pool.statistics();
+    if (statistics.quarantined_bytes > most_waiting) {
+      most_waiting = statistics.quarantined_bytes;
+      reserved_then = statistics.reserved_bytes;
+    }
+  }
+  EXPECT_LE(most_waiting, reserved_then / 64 + 8 * kMiB)
+      << "reserved " << reserved_then << ": an eighth would be " << reserved_then / 8;
+  for (const auto& [block, size] : queue) pool.deallocate(block, size);
 }
