@@ -160,7 +160,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // 1 MiB 1.182 -> 1.155, up to 256 KiB with 64 MiB 1.146 -> 1.129; the
   // expandable pool up to 1 MiB with 512 MiB live 1.134 -> 1.111, per-layer
   // training 1.108 -> 1.075 (its queue 1.041 -> 1.055); the rest within
-  // 0.01 (docs/pool-measurements.md).
+  // 0.015 either way (docs/pool-measurements.md).
   static constexpr std::size_t kQuarantineShareOfReserved = 64;
   bool quarantine_holds_much() const noexcept {
     return quarantined_bytes > reserved_bytes() / kQuarantineShareOfReserved;
