@@ -88,9 +88,13 @@
 // within their noise (docs/pool-measurements.md). A small segment is one
 // 2 MiB page where a request found no free block (a larger step reserved
 // more: 4 MiB read 1.19 on those steps, and up to 256 KiB with 64 MiB live
-// 1.25 rather than 1.18), and room for 4 of the request, up to 4 MiB, where
-// a loop's seals bought it (Growth::bought_by_seals): a ring of 1 MiB blocks
-// otherwise took twice the seals to fill. With an initial size, small
+// 1.25 rather than 1.18); where a loop's seals bought it
+// (Growth::bought_by_seals), room for as many blocks as the loop's ring
+// holds, at least 4, up to 64 MiB: the ring doubles with each purchase. (A
+// loop of 1 MiB pairs, simulated: with room for 4 its ring sealed once per
+// 128 pairs after 800,000 pairs and 33 segments, now after 100,000 and 7;
+// 256 KiB pairs once per 256 after 100,000 rather than over 800,000; the
+// seed workloads' reserved over live the same.) With an initial size, small
 // segments are carved from the initial segment's free space first, so that
 // the memory reserved up front serves every size; where a new small segment
 // would take the pool past its peak, a small block takes a hole of the shared

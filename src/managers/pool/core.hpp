@@ -70,9 +70,11 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // No device holds more; growth for larger requests fails at once, before
   // rounding them to pages would wrap past 2^64.
   static constexpr std::size_t kLargestGrowth = std::size_t{1} << 62;
-  // Note [Small blocks apart]: segments of room for 4 of the request, in
-  // whole pages, up to kLargestSmallSegment.
-  static constexpr std::size_t kLargestSmallSegment = std::size_t{4} << 20;
+  // Note [Small blocks apart]: a small segment that a loop's seals bought
+  // holds 4 of the request or as many as the loop's ring, in whole pages, up
+  // to a quarter of the default thread cache budget (a ring of 1 MiB blocks
+  // seals 128 at a time: it reaches that batch from 64).
+  static constexpr std::size_t kLargestBoughtSmallSegment = std::size_t{64} << 20;
   // Free blocks of the initial segment's that a new small segment looks at
   // (a bound, so that it stays O(1)).
   static constexpr int kCarveLooks = 8;
@@ -506,17 +508,18 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   }
 
   // Why the pool grows: a request found no free block, or a loop's seals
-  // have cost as much as a new segment (RentOrBuy), which buys room for a
-  // few more blocks of its size (small segments: Note [Small blocks apart]).
+  // have cost as much as a new segment (RentOrBuy), which buys room for
+  // more blocks of its size: as many as `ring_bytes`, the bytes of the
+  // loop's ring, hold (small segments: Note [Small blocks apart]).
   enum class Growth { needed, bought_by_seals };
 
   // Takes a new segment of at least `size` bytes from the driver. Returns
   // false when the driver or the pool's maximum has no room. (The index finds
   // the new free block for a request of `size` even when it lies in the
   // request's own list: Note [Two-level segregated fit].)
-  bool grow(std::size_t size, Growth growth = Growth::needed) {
+  bool grow(std::size_t size, Growth growth = Growth::needed, std::size_t ring_bytes = 0) {
     if (options.expandable) return grow_arena(size);
-    if (is_small(size)) return grow_small(size, growth);
+    if (is_small(size)) return grow_small(size, growth, ring_bytes);
     return grow_shared(size).has_value();
   }
 
@@ -531,7 +534,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
 
   // One more small segment (Note [Small blocks apart]): carved from the
   // initial segment's free space if it has room, else from the driver.
-  bool grow_small(std::size_t size, Growth growth);
+  bool grow_small(std::size_t size, Growth growth, std::size_t ring_bytes);
 
   // A small segment of up to `segment` bytes from the initial segment's free
   // space (looking at a few of its free blocks only); whether there was room.
@@ -681,7 +684,8 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // A block that may cost memory: the pool grows for it (in the arena, the
   // pages under the best fit are mapped, after the range grows if no free
   // block fits). Nullopt when the driver or the pool's maximum has no room.
-  std::optional<std::uintptr_t> grow_and_take(std::size_t size, Growth growth = Growth::needed);
+  std::optional<std::uintptr_t> grow_and_take(std::size_t size, Growth growth = Growth::needed,
+                                             std::size_t ring_bytes = 0);
 
   // Maps the arena's pages under [address, address + bytes) (a block just
   // taken from the index, or the initial size), giving free pages back

@@ -57,11 +57,15 @@ std::optional<detail::TlsfBlockAllocator::Region> PoolMemoryManager::Core::add_n
   return detail::TlsfBlockAllocator::Region{base, segment};
 }
 
-bool PoolMemoryManager::Core::grow_small(std::size_t size, Growth growth) {
+bool PoolMemoryManager::Core::grow_small(std::size_t size, Growth growth, std::size_t ring_bytes) {
   constexpr std::size_t wanted = kSegmentGranularity;  // (holds any small request)
+  // Bought by a loop's seals: room for 4 of the request, or for as many
+  // blocks as the loop's ring holds, so that the ring doubles with each
+  // purchase (Note [Small blocks apart]).
   std::size_t segment =
       growth == Growth::bought_by_seals
-          ? std::clamp(util::round_up(4 * size, kSegmentGranularity), wanted, kLargestSmallSegment)
+          ? std::clamp(util::round_up(std::max(4 * size, ring_bytes), kSegmentGranularity), wanted,
+                       kLargestBoughtSmallSegment)
           : wanted;
   if (carve_small_segment(segment)) return true;
   give_back_spares_within_peak(segment);
@@ -185,8 +189,9 @@ std::optional<std::uintptr_t> PoolMemoryManager::Core::take_mapped_block(std::si
       kMappedLooks);
 }
 
-std::optional<std::uintptr_t> PoolMemoryManager::Core::grow_and_take(std::size_t size, Growth growth) {
-  if (!options.expandable) return grow(size, growth) ? take_block(size) : std::nullopt;
+std::optional<std::uintptr_t> PoolMemoryManager::Core::grow_and_take(std::size_t size, Growth growth,
+                                                                      std::size_t ring_bytes) {
+  if (!options.expandable) return grow(size, growth, ring_bytes) ? take_block(size) : std::nullopt;
   std::optional<std::uintptr_t> address = blocks.allocate(size);  // the best fit, mapped or not
   if (!address && grow(size)) address = blocks.allocate(size);
   if (!address) return std::nullopt;

@@ -13,7 +13,7 @@ TEST_F(Pool, ALoopOfTheLargestClassSealsOnceAHalfRing) {
   PoolMemoryManager pool(&context);
   pool.initialize();
   const std::size_t size = std::size_t{1} << 20;
-  pairs(pool, size, 800000);  // the pool grows to hold the ring: 4 MiB for each 256 seals
+  pairs(pool, size, 800000);  // the pool grows to hold the ring: a segment for each 256 seals
   simulation::reset_call_counts();
   const std::size_t seals_before = pool.statistics().seals;
   pairs(pool, size, 6400);
@@ -22,6 +22,24 @@ TEST_F(Pool, ALoopOfTheLargestClassSealsOnceAHalfRing) {
   // The statistics count those seals: each made one such call.
   EXPECT_EQ(pool.statistics().seals - seals_before, cuemm::testing::seal_calls());
   EXPECT_GT(pool.statistics().seals, seals_before);
+}
+
+// Each segment that the loop's seals buy holds as many blocks as its ring
+// does, so the ring doubles with each purchase: it holds its batch of 128
+// after 100,000 pairs and 7 segments, not 800,000 pairs and 33 segments of
+// room for 4 blocks each (simulated driver).
+TEST_F(Pool, TheSegmentsALoopsSealsBuyDoubleItsRing) {
+  CUEMM_REQUIRE_SIMULATION();
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  const std::size_t size = std::size_t{1} << 20;
+  simulation::reset_call_counts();
+  pairs(pool, size, 100000);
+  EXPECT_LE(simulation::call_count("cuMemAlloc"), 8u);
+  simulation::reset_call_counts();
+  pairs(pool, size, 6400);
+  EXPECT_LE(cuemm::testing::seal_calls(), 6400u / 128 + 1)
+      << "the pool holds " << pool.statistics().reserved_bytes << " bytes";
 }
 
 // A loop of a smaller class seals its ring whenever the index runs dry, a
