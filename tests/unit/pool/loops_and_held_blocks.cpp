@@ -42,6 +42,22 @@ TEST_F(Pool, TheSegmentsALoopsSealsBuyDoubleItsRing) {
       << "the pool holds " << pool.statistics().reserved_bytes << " bytes";
 }
 
+// Those purchases stay within the pool's maximum: where a doubled ring's
+// segment does not fit, the pool takes what fits, and the loop goes on
+// sealing within it.
+TEST_F(Pool, TheSegmentsALoopsSealsBuyStayWithinThePoolsMaximum) {
+  CUEMM_REQUIRE_SIMULATION();
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  PoolOptions options;
+  options.maximum_size = 24 * kMiB;
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  pairs(pool, kMiB, 100000);
+  EXPECT_LE(pool.statistics().reserved_bytes, options.maximum_size);
+  EXPECT_GT(pool.statistics().reserved_bytes, 8 * kMiB) << "the loop's seals bought no segment";
+  EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
+}
+
 // A loop of a smaller class seals its ring whenever the index runs dry, a
 // batch as large as the pool: once those seals have cost about as much as a
 // segment, the pool grows and the batches with it.
