@@ -29,12 +29,7 @@ std::uintptr_t PoolMemoryManager::Core::allocate_from_index(std::size_t size, Th
     if (cached_bytes(own) > reserved_bytes() / 32) {
       if (auto address = take_back_idle_rings(size, own)) return *address;
     }
-    std::size_t ring_bytes = 0;  // (what the loop's ring holds: the purchase may double it)
-    if (const int size_class = detail::size_class_of(size); own && size_class >= 0) {
-      std::lock_guard cache_lock(own->lock.owner());
-      ring_bytes = std::size_t{own->bins[size_class].count} * size;
-    }
-    if (auto address = grow_and_take(size, Growth::bought_by_seals, ring_bytes)) {
+    if (auto address = grow_and_take(size, Growth::bought_by_seals, own ? own->bytes_in_ring(size) : 0)) {
       index_rental.bought();
       return *address;
     }

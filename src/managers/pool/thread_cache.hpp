@@ -352,6 +352,14 @@ struct ThreadCache {
     if (size_class < 0) return all;
     return all - (bins[size_class].count + ordered[size_class].count) * size_class_bytes(size_class);
   }
+  // The bytes its ring of `size`'s class holds (0 beyond the classes): what a
+  // loop's purchase may double (Note [Small blocks apart]).
+  std::size_t bytes_in_ring(std::size_t size) noexcept {
+    const int size_class = size_class_of(size);
+    if (size_class < 0) return 0;
+    std::lock_guard cache_lock(lock.owner());
+    return std::size_t{bins[size_class].count} * size_class_bytes(size_class);
+  }
 
   // The caller checks that there is room.
   void push_held_large(const OrderedLarge& block, std::uint64_t epoch) noexcept {
