@@ -153,6 +153,7 @@ std::vector<Operation> device_operations(const std::vector<workload::RandomOpera
 struct ReplayReport {
   double seconds = 0;
   std::size_t operations = 0, peak_live = 0, peak_reserved = 0, failed = 0;
+  std::string first_failure;           // what the manager said of the first allocation that failed
   std::optional<PoolStatistics> pool;  // at the end, for a pool: its seals and driver calls
   bool reference = false;              // the ideal best fit's footprint, not a manager's (no time)
   // For a manager: the ideal best fit's peaks on the same operations, to
@@ -282,6 +283,13 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
     return start.free > now.free ? start.free - now.free : std::size_t{0};
   };
   std::atomic<std::size_t> live_bytes{0}, peak_live{0}, peak_reserved{0}, failed{0}, done{0};
+  std::mutex failure_mutex;
+  std::string first_failure;  // under failure_mutex
+  auto count_failure = [&](const OutOfMemory& error) {
+    if (failed.fetch_add(1) > 0) return;
+    std::lock_guard lock(failure_mutex);
+    first_failure = error.what();
+  };
   struct Sample {
     std::size_t operation, live, reserved;
   };
@@ -326,8 +334,8 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
             ordered.emplace(operation.id, std::make_pair(pool->allocate(operation.size, cuda::CU_STREAM_PER_THREAD),
                                                          operation.size));
             now = change_live(operation.size, true, position);
-          } catch (const OutOfMemory&) {
-            failed.fetch_add(1);
+          } catch (const OutOfMemory& error) {
+            count_failure(error);
           }
         } else if (auto it = ordered.find(operation.id); it != ordered.end()) {
           const std::size_t size = it->second.second;
@@ -341,8 +349,8 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
                                          : manager->memhostalloc(operation.size, false, false, false);
           live.emplace(operation.id, std::move(memory));
           if (operation.device) now = change_live(operation.size, true, position);
-        } catch (const OutOfMemory&) {
-          failed.fetch_add(1);
+        } catch (const OutOfMemory& error) {
+          count_failure(error);
         }
       } else if (auto it = live.find(operation.id); it != live.end()) {
         const bool device = it->second->kind() == MemoryKind::Device;
@@ -410,6 +418,7 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
   report.peak_live = peak_live.load();
   report.peak_reserved = peak_reserved.load();
   report.failed = failed.load();
+  report.first_failure = first_failure;
   if (pool) report.pool = pool->statistics();
   std::vector<std::pair<std::uint64_t, Ran>> ranked;
   for (const auto& list : completed) ranked.insert(ranked.end(), list.begin(), list.end());
@@ -501,6 +510,7 @@ void print(const ReplayReport& report, const std::string& name, const std::strin
   } else {
     std::printf("manager %s: %zu operations in %.3f s (%.0f ns each); %zu allocation(s) failed", manager.c_str(),
                 report.operations, report.seconds, 1e9 * report.seconds / report.operations, report.failed);
+    if (!report.first_failure.empty()) std::printf(" (the first: %s)", report.first_failure.c_str());
   }
   if (report.pool) {
     std::printf("; %zu seal(s), %zu driver allocation(s), %zu driver free(s)", report.pool->seals,

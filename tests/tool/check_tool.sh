@@ -233,6 +233,9 @@ printf 'Alloc,0,0xa0000,0,1125899906842624,0,0,1,0.1,0.1,0,\nAlloc,0,0xb0000,0,2
 "$tool" replay "$work/huge.csv" --manager best-fit >"$work/huge.txt"
 grep -q "; 1 allocation(s) failed, larger than the device's memory$" "$work/huge.txt"
 grep -q "^peak live 2.00 KiB (2048 bytes), peak reserved 2.00 MiB" "$work/huge.txt"
+# A manager's replay names what it said of the first failed request (its size among it).
+"$tool" replay "$work/huge.csv" --manager pool >"$work/huge-pool.txt"
+grep -q "; 1 allocation(s) failed (the first: .*1125899906842624 bytes.*);" "$work/huge-pool.txt"
 # Generated workloads too, on threads side by side (taking turns).
 "$tool" random --operations 2000 --max-size 1M --live 32M --threads 2 --manager best-fit >"$work/fit-random.txt"
 grep -q "^manager best-fit: 4000 operations" "$work/fit-random.txt"
