@@ -41,7 +41,8 @@ bool PoolMemoryManager::Core::give_back_ordered_blocks(ThreadCache& own, int kep
     moved |= quarantine_ordered_bins(own, kept, epoch);
     moved |= quarantine_ordered_large(own, epoch);
   }
-  for_each_other_cache(&own, [&](ThreadCache& other) { moved |= quarantine_ordered_large(other, epoch); });
+  for_each_other_cache_holding(&own, holds_large_blocks,
+                               [&](ThreadCache& other) { moved |= quarantine_ordered_large(other, epoch); });
   if (moved) {
     seal();
     reclaim(false);
