@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "benchmark_sizes.hpp"
+#include "hand_over.hpp"
 #include "cuemm/cuemm.hpp"
 
 namespace {
@@ -616,68 +617,14 @@ void DriverMemHostAllocFree(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 
-// Blocks handed over: the benchmark's thread allocates and a second thread
-// frees each block it is handed (a loader thread feeding a compute thread, or
-// Python's collector freeing on whichever thread it runs), in batches of
-// kHandOverBatch through two buffers, so that the threads' hand-over costs
-// little beside the allocator's work. ns a block, the pipeline's throughput.
-// A pool's blocks then miss the allocating thread's cache: its frees fill the
-// other thread's, and its large ones go through the pool's lock.
-constexpr std::size_t kHandOverBatch = 16;
-
-inline void spin_pause() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
-template <typename Allocate, typename Release>
-void hand_over_blocks(benchmark::State& state, Allocate allocate, Release release) {
-  struct alignas(64) Batch {
-    std::atomic<std::size_t> count{0};  // 0: empty, the allocating thread's to fill
-    std::array<cuemm::cuda::CUdeviceptr, kHandOverBatch> blocks{};
-  };
-  std::array<Batch, 2> batches;
-  std::atomic<bool> done{false};
-  std::thread freer([&] {
-    cuemm::ScopedContext scope(context());
-    for (std::size_t next = 0;; next ^= 1) {
-      std::size_t count;
-      while ((count = batches[next].count.load(std::memory_order_acquire)) == 0) {
-        // (done is set after the last batch: seen done, the count is read again.)
-        if (done.load(std::memory_order_acquire) && batches[next].count.load(std::memory_order_acquire) == 0) return;
-        spin_pause();
-      }
-      for (std::size_t i = 0; i < count; ++i) release(batches[next].blocks[i]);
-      batches[next].count.store(0, std::memory_order_release);
-    }
-  });
-  std::size_t next = 0, filled = 0;
-  std::array<cuemm::cuda::CUdeviceptr, kHandOverBatch> pending{};
-  auto hand_over = [&] {
-    while (batches[next].count.load(std::memory_order_acquire) != 0) spin_pause();
-    batches[next].blocks = pending;
-    batches[next].count.store(filled, std::memory_order_release);
-    next ^= 1;
-    filled = 0;
-  };
-  for (auto _ : state) {
-    pending[filled++] = allocate();
-    if (filled == kHandOverBatch) hand_over();
-  }
-  if (filled) hand_over();
-  done.store(true, std::memory_order_release);
-  freer.join();
-  state.SetItemsProcessed(state.iterations());
-}
-
 void PoolRawHandOver(benchmark::State& state) {
   auto& pool = shared_manager<cuemm::PoolMemoryManager>();
   cuemm::ScopedContext scope(context());
   const auto size = static_cast<std::size_t>(state.range(0));
   const cuemm::PoolStatistics before = pool.statistics();
-  hand_over_blocks(state, [&] { return pool.allocate(size); },
-                   [&](cuemm::cuda::CUdeviceptr pointer) { pool.deallocate(pointer, size); });
+  hand_over_blocks<cuemm::cuda::CUdeviceptr>(
+      state, [&] { return pool.allocate(size); }, [&](cuemm::cuda::CUdeviceptr pointer) { pool.deallocate(pointer, size); },
+      [] { return cuemm::ScopedContext(context()); });
   const cuemm::PoolStatistics after = pool.statistics();
   count_seals(state, before.seals, after.seals);
   state.counters["driver_calls_per_1000_blocks"] =
@@ -691,14 +638,15 @@ void DriverPoolHandOver(benchmark::State& state) {
   const cuemm::cuda::CUmemoryPool pool = driver_pool();
   cuemm::ScopedContext scope(context());
   const auto size = static_cast<std::size_t>(state.range(0));
-  hand_over_blocks(
+  hand_over_blocks<cuemm::cuda::CUdeviceptr>(
       state,
       [&] {
         cuemm::cuda::CUdeviceptr pointer = 0;
         CUEMM_CU(cuMemAllocFromPoolAsync, &pointer, size, pool, cuemm::cuda::CU_STREAM_PER_THREAD);
         return pointer;
       },
-      [](cuemm::cuda::CUdeviceptr pointer) { CUEMM_CU(cuMemFreeAsync, pointer, cuemm::cuda::CU_STREAM_PER_THREAD); });
+      [](cuemm::cuda::CUdeviceptr pointer) { CUEMM_CU(cuMemFreeAsync, pointer, cuemm::cuda::CU_STREAM_PER_THREAD); },
+      [] { return cuemm::ScopedContext(context()); });
   CUEMM_CU(cuStreamSynchronize, cuemm::cuda::CU_STREAM_PER_THREAD);
 }
 
@@ -743,8 +691,8 @@ BENCHMARK(PoolScalingAlternated)
     ->Iterations(1)
     ->Repetitions(1)  // (its rounds are its repetitions)
     ->UseRealTime();
-BENCHMARK(DriverPoolHandOver)->Setup(benchmarks_of<DriverPool>)->Arg(256)->Arg(1 << 20)->Arg(4 << 20)->Arg(64 << 20)->UseRealTime();
-BENCHMARK(PoolRawHandOver)->Setup(benchmarks_of<cuemm::PoolMemoryManager>)->Arg(256)->Arg(1 << 20)->Arg(4 << 20)->Arg(64 << 20)->UseRealTime();
+BENCHMARK(DriverPoolHandOver)->Setup(benchmarks_of<DriverPool>)->Apply(set_hand_over_sizes);
+BENCHMARK(PoolRawHandOver)->Setup(benchmarks_of<cuemm::PoolMemoryManager>)->Apply(set_hand_over_sizes);
 BENCHMARK(PoolWithFreeBlocks)->Setup(benchmarks_of<NoSharedManager>)->Arg(0)->Arg(65536);
 BENCHMARK(DriverPoolRandomAllocations)->Setup(benchmarks_of<DriverPool>)->Apply(set_random_workloads);
 BENCHMARK_TEMPLATE(RandomAllocations, cuemm::DefaultMemoryManager)->Setup(benchmarks_of<cuemm::DefaultMemoryManager>)->Apply(set_random_workloads);

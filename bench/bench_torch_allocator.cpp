@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 
 #include "benchmark_sizes.hpp"
+#include "hand_over.hpp"
 
 namespace {
 
@@ -37,9 +38,19 @@ void TorchRandomAllocations(benchmark::State& state) {
       [] { return static_cast<std::size_t>(allocator::getDeviceStats(0).reserved_bytes[0].peak); });
 }
 
+// Blocks one thread allocates and another frees (hand_over.hpp).
+void TorchRawHandOver(benchmark::State& state) {
+  namespace allocator = c10::cuda::CUDACachingAllocator;
+  const auto size = static_cast<std::size_t>(state.range(0));
+  hand_over_blocks<void*>(
+      state, [&] { return allocator::raw_alloc(size); }, [](void* pointer) { allocator::raw_delete(pointer); },
+      [] { c10::cuda::set_device(0); return 0; });
+}
+
 }  // namespace
 
 BENCHMARK(TorchRawAllocFree)->Apply(set_sizes);
+BENCHMARK(TorchRawHandOver)->Apply(set_hand_over_sizes);
 BENCHMARK(TorchRandomAllocations)->Apply(set_random_workloads);
 
 int main(int argc, char** argv) {

@@ -324,6 +324,25 @@ def splice_fragmentation(results, fragmentation, out):
         written.write("\n".join(text[:begin] + made + [""] + text[end:]))
 
 
+def hand_over_lines(m):
+    """The table of blocks one thread allocates and another frees, from the benchmarks' medians."""
+    rows = [("PyTorch CUDACachingAllocator raw_alloc/raw_delete", "TorchRawHandOver"),
+            ("driver's stream-ordered pool (each thread's per-thread stream)", "DriverPoolHandOver"),
+            ("pool manager, raw interface", "PoolRawHandOver")]
+    sizes = (256, 1 << 20, 4 << 20, 64 << 20)
+    if not any(f"{name}/{sz}/real_time" in m for _, name in rows for sz in sizes):
+        return []
+    lines = ["## Blocks handed over between threads (C++)", "",
+             "One thread allocates, another frees each block it is handed (in batches of 16, two batches in "
+             "flight: `bench/hand_over.hpp`), as a loader thread feeding a compute thread; ns a block.", "",
+             "| allocator | " + " | ".join(f"{sz:,} B" for sz in sizes) + " |",
+             "|---|" + "---|" * len(sizes)]
+    for label, name in rows:
+        cells = [fmt(m[f"{name}/{sz}/real_time"]) if f"{name}/{sz}/real_time" in m else "-" for sz in sizes]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def main():
     if "--splice-fragmentation" in sys.argv:
         parser = argparse.ArgumentParser()
@@ -468,6 +487,7 @@ def main():
             cells = [fmt(m[f"{name}/{s}/real_time"]) if f"{name}/{s}/real_time" in m else "-" for s in (65536, 4194304)]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("")
+    lines += hand_over_lines(m)
     lines += beside_kernels_lines(runs)
     empty, holes = m.get("PoolWithFreeBlocks/0"), m.get("PoolWithFreeBlocks/65536")
     if empty and holes:

@@ -198,3 +198,14 @@ def test_the_adaptors_scaling_line_names_each_adaptor_that_ran():
     assert line.endswith("limit 256 B 12.0x; tracking 256 B 5.0x")
     assert "statistics" not in line
     assert make_results.adaptor_scaling_line({}, [256]) == ""
+
+
+def test_the_hand_over_table_has_a_row_for_each_allocator_and_a_dash_where_one_did_not_run():
+    m = {"PoolRawHandOver/256/real_time": 230.0, "PoolRawHandOver/67108864/real_time": 1119.4,
+         "DriverPoolHandOver/1048576/real_time": 12266.9}
+    lines = make_results.hand_over_lines(m)
+    assert lines[0] == "## Blocks handed over between threads (C++)"
+    assert "| pool manager, raw interface | 230 | - | - | 1,119 |" in lines
+    assert "| driver's stream-ordered pool (each thread's per-thread stream) | - | 12,267 | - | - |" in lines
+    assert "| PyTorch CUDACachingAllocator raw_alloc/raw_delete | - | - | - | - |" in lines
+    assert make_results.hand_over_lines({"PoolRawAllocateFree/256/real_time/threads:1": 20.0}) == []
