@@ -305,3 +305,65 @@ TEST_F(Pool, SegmentsListedWhileThreadsAllocateAreEachOneMoments) {
     EXPECT_GT(segments_seen, 0u);
   });
 }
+
+// A pipeline: this thread allocates, another frees each block it is handed,
+// in batches of 16 with at most two batches waiting (a loader thread feeding
+// a compute thread). Neither thread's cache serves the other's blocks, yet
+// the pool's footprint stays bounded by the blocks out at once (the batch
+// being filled, two waiting, one being freed) and twice as many again
+// waiting for the GPU or in the freeing thread's cache; and every block
+// comes back. (Simulated: 16 MiB for 256 KiB blocks, 256 MiB for 4 MiB
+// ones, what the 64 blocks out at most take. A pool that grew at every
+// request its caches missed would pass the bound within 200 batches.)
+TEST_F(Pool, APipelineOfBlocksFreedByAnotherThreadKeepsABoundedFootprint) {
+  constexpr std::size_t kBatch = 16;
+  constexpr int kBatches = 1500;
+  constexpr std::size_t kMostOut = 4 * kBatch;
+  for (const std::size_t size : {std::size_t{256} << 10, std::size_t{4} << 20}) {
+    SCOPED_TRACE("blocks of " + std::to_string(size) + " bytes");
+    PoolMemoryManager pool(&context);
+    pool.initialize();
+    std::mutex mutex;
+    std::condition_variable changed;
+    std::deque<std::vector<cuda::CUdeviceptr>> waiting;  // batches handed over, at most two
+    bool done = false;
+    std::thread freer([&] {
+      ScopedContext scope(context);
+      for (;;) {
+        std::vector<cuda::CUdeviceptr> batch;
+        {
+          std::unique_lock lock(mutex);
+          changed.wait(lock, [&] { return done || !waiting.empty(); });
+          if (waiting.empty()) return;
+          batch = std::move(waiting.front());
+          waiting.pop_front();
+        }
+        changed.notify_all();
+        for (const cuda::CUdeviceptr block : batch) pool.deallocate(block, size);
+      }
+    });
+    std::size_t most_reserved = 0;
+    for (int b = 0; b < kBatches; ++b) {
+      std::vector<cuda::CUdeviceptr> batch;
+      for (std::size_t i = 0; i < kBatch; ++i) batch.push_back(pool.allocate(size));
+      {
+        std::unique_lock lock(mutex);
+        changed.wait(lock, [&] { return waiting.size() < 2; });
+        waiting.push_back(std::move(batch));
+      }
+      changed.notify_all();
+      most_reserved = std::max(most_reserved, pool.statistics().reserved_bytes);
+    }
+    {
+      std::lock_guard lock(mutex);
+      done = true;
+    }
+    changed.notify_all();
+    freer.join();
+    EXPECT_LE(most_reserved, 3 * kMostOut * size + (std::size_t{8} << 20))
+        << "reserved " << most_reserved << " bytes for " << kMostOut << " blocks out at most";
+    EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
+    pool.trim();
+    EXPECT_EQ(pool.statistics().reserved_bytes, 0u) << "a block was lost on the way";
+  }
+}
