@@ -518,6 +518,43 @@ def test_threads_allocate_safely(run_python):
     """, **PLUGIN)
 
 
+def test_arrays_made_on_one_thread_and_dropped_on_another_come_back(run_python):
+    # A loader thread makes device arrays and hands them over; the main
+    # thread checks and drops them, so the pool's blocks are freed on a
+    # thread other than the one that took them.
+    run_python("""
+        import queue, threading
+        import numpy as np
+        from numba import cuda
+        import cuemm
+        cuda.current_context()
+        handed = queue.Queue(maxsize=8)
+        def load():
+            for i in range(200):
+                n = (1 << 20) // 8 if i % 3 else 64 + i  # 1 MiB, or a few hundred bytes
+                handed.put((i, cuda.to_device(np.full(n, i, dtype=np.int64))))
+            handed.put(None)
+        loader = threading.Thread(target=load)
+        loader.start()
+        checked = 0
+        while (item := handed.get()) is not None:
+            i, array = item
+            assert (array.copy_to_host() == i).all(), i
+            del array, item
+            checked += 1
+        loader.join()
+        assert checked == 200
+        import gc; gc.collect()
+        cuda.current_context().deallocations.clear()
+        stats = cuemm.statistics()
+        assert stats["device"]["current_bytes"] == 0, stats["device"]
+        assert stats["pool"]["in_use_bytes"] == 0, stats["pool"]
+        # Freed on this thread, reused by the loader: the pool holds a few
+        # of them at once, not 200 (70 MiB).
+        assert stats["pool"]["reserved_bytes"] <= 48 << 20, stats["pool"]
+    """, **PLUGIN)
+
+
 def test_bad_input_raises_python_errors(run_python):
     run_python("""
         from numba import cuda
