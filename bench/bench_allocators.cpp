@@ -606,6 +606,20 @@ void PinnedHostPoolAllocateFree(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 
+// Pinned staging buffers that a loader thread fills and another thread
+// drops once it has copied them (hand_over.hpp), warmed up as above.
+void PinnedHostPoolHandOver(benchmark::State& state) {
+  static auto* pool = new cuemm::PinnedHostPool(context());
+  cuemm::ScopedContext scope(context());
+  const auto size = static_cast<std::size_t>(state.range(0));
+  const std::size_t seals_before = pool->statistics().seals;
+  using Pinned = std::shared_ptr<cuemm::MemoryPointer>;
+  hand_over_blocks<Pinned>(
+      state, [&] { return pool->allocate(size, false, false, false); }, [](Pinned memory) { memory.reset(); },
+      [] { return cuemm::ScopedContext(context()); });
+  count_seals(state, seals_before, pool->statistics().seals);
+}
+
 void DriverMemHostAllocFree(benchmark::State& state) {
   cuemm::ScopedContext scope(context());
   const auto size = static_cast<std::size_t>(state.range(0));
@@ -671,6 +685,7 @@ void ThreadPrivateLoop(benchmark::State& state) {
 
 BENCHMARK(DriverMemHostAllocFree)->Setup(benchmarks_of<NoSharedManager>)->Arg(4096)->Arg(1 << 20)->Arg(64 << 20)->UseRealTime();
 BENCHMARK(PinnedHostPoolAllocateFree)->Setup(benchmarks_of<cuemm::PinnedHostPool>)->Arg(4096)->Arg(1 << 20)->Arg(64 << 20)->UseRealTime();
+BENCHMARK(PinnedHostPoolHandOver)->Setup(benchmarks_of<cuemm::PinnedHostPool>)->Arg(4096)->Arg(1 << 20)->Arg(64 << 20)->UseRealTime();
 BENCHMARK(DriverMemAllocFree)->Setup(benchmarks_of<NoSharedManager>)->Arg(256)->Arg(1 << 20)->Arg(64 << 20)->ThreadRange(1, 4)->UseRealTime();
 BENCHMARK(DriverPoolAllocateFree)->Setup(benchmarks_of<DriverPool>)->Apply(set_sizes);
 BENCHMARK_TEMPLATE(AllocateFree, cuemm::DefaultMemoryManager)->Setup(benchmarks_of<cuemm::DefaultMemoryManager>)->Apply(set_sizes);

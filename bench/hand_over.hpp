@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstddef>
 #include <thread>
+#include <utility>
 
 inline constexpr std::size_t kHandOverBatch = 16;
 inline constexpr long kHandOverSizes[] = {256L, 1L << 20, 4L << 20, 64L << 20};
@@ -28,8 +29,9 @@ inline void spin_pause() noexcept {
 #endif
 }
 
-// allocate() returns a Pointer, release(pointer) frees it on the other
-// thread, which first keeps what prepare() returns (a current context, say)
+// allocate() returns a Pointer (an address, or an owner such as a
+// shared_ptr, which release() takes by value and drops), release(pointer)
+// frees it on the other thread, which first keeps what prepare() returns (a current context, say)
 // for as long as it runs.
 template <typename Pointer, typename Allocate, typename Release, typename Prepare>
 void hand_over_blocks(benchmark::State& state, Allocate allocate, Release release, Prepare prepare) {
@@ -48,7 +50,7 @@ void hand_over_blocks(benchmark::State& state, Allocate allocate, Release releas
         if (done.load(std::memory_order_acquire) && batches[next].count.load(std::memory_order_acquire) == 0) return;
         spin_pause();
       }
-      for (std::size_t i = 0; i < count; ++i) release(batches[next].blocks[i]);
+      for (std::size_t i = 0; i < count; ++i) release(std::move(batches[next].blocks[i]));
       batches[next].count.store(0, std::memory_order_release);
     }
   });
@@ -56,7 +58,7 @@ void hand_over_blocks(benchmark::State& state, Allocate allocate, Release releas
   std::array<Pointer, kHandOverBatch> pending{};
   auto hand_over = [&] {
     while (batches[next].count.load(std::memory_order_acquire) != 0) spin_pause();
-    batches[next].blocks = pending;
+    batches[next].blocks = std::move(pending);  // (an owning Pointer leaves pending empty)
     batches[next].count.store(filled, std::memory_order_release);
     next ^= 1;
     filled = 0;

@@ -340,6 +340,11 @@ def hand_over_lines(m):
     for label, name in rows:
         cells = [fmt(m[f"{name}/{sz}/real_time"]) if f"{name}/{sz}/real_time" in m else "-" for sz in sizes]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    pinned = {sz: m.get(f"PinnedHostPoolHandOver/{sz}/real_time") for sz in (4096, 1 << 20, 64 << 20)}
+    if any(pinned.values()):
+        lines += ["", "The pinned host pool's blocks handed over the same way (pinned staging buffers that a loader "
+                  "thread fills and another drops): " +
+                  ", ".join(f"{sz:,} B {fmt(ns)} ns" for sz, ns in pinned.items() if ns) + " a block."]
     return lines + [""]
 
 

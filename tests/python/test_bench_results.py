@@ -209,3 +209,5 @@ def test_the_hand_over_table_has_a_row_for_each_allocator_and_a_dash_where_one_d
     assert "| driver's stream-ordered pool (each thread's per-thread stream) | - | 12,267 | - | - |" in lines
     assert "| PyTorch CUDACachingAllocator raw_alloc/raw_delete | - | - | - | - |" in lines
     assert make_results.hand_over_lines({"PoolRawAllocateFree/256/real_time/threads:1": 20.0}) == []
+    pinned = make_results.hand_over_lines({**m, "PinnedHostPoolHandOver/4096/real_time": 1662.0})
+    assert pinned[-2].endswith("thread fills and another drops): 4,096 B 1,662 ns a block."), pinned[-2]
