@@ -29,10 +29,10 @@ inline void spin_pause() noexcept {
 #endif
 }
 
-// allocate() returns a Pointer (an address, or an owner such as a
-// shared_ptr, which release() takes by value and drops), release(pointer)
-// frees it on the other thread, which first keeps what prepare() returns (a current context, say)
-// for as long as it runs.
+// allocate() returns a Pointer: an address, or an owner such as a
+// shared_ptr, which release() takes by value and drops. release(pointer)
+// frees it on the other thread, which first keeps what prepare() returns
+// (a current context, say) for as long as it runs.
 template <typename Pointer, typename Allocate, typename Release, typename Prepare>
 void hand_over_blocks(benchmark::State& state, Allocate allocate, Release release, Prepare prepare) {
   struct alignas(64) Batch {
@@ -42,7 +42,7 @@ void hand_over_blocks(benchmark::State& state, Allocate allocate, Release releas
   std::array<Batch, 2> batches;
   std::atomic<bool> done{false};
   std::thread freer([&] {
-    const auto kept = prepare();
+    [[maybe_unused]] const auto kept = prepare();
     for (std::size_t next = 0;; next ^= 1) {
       std::size_t count;
       while ((count = batches[next].count.load(std::memory_order_acquire)) == 0) {
