@@ -119,6 +119,10 @@ std::vector<LoggedEvent> read_log_events(const std::string& path, MemoryLogGaps*
     std::printf("the log: %zu allocation(s) that failed when it was written (RMM's 'allocate failure'), "
                 "not replayed: they held nothing\n", gaps.failed_allocations);
   }
+  if (gaps.zero_byte_allocations) {
+    std::printf("the log: %zu allocation(s) of 0 bytes, left out with their frees (they hold no memory)\n",
+                gaps.zero_byte_allocations);
+  }
   if (gaps.frees_inferred) {
     std::printf("the log: %zu address(es) allocated again while live, so freed before without a row: "
                 "the frees are replayed there\n", gaps.frees_inferred);

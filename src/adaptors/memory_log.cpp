@@ -220,6 +220,7 @@ std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& so
     const auto key = std::make_tuple(event.device, event.kind, fields[columns.address]);
     if (event.size == 0 && event.allocate) {
       empty.insert(key);
+      ++found.zero_byte_allocations;
       continue;
     }
     if (event.allocate) {

@@ -233,6 +233,13 @@ printf 'Alloc,0,0xa0000,0,1125899906842624,0,0,1,0.1,0.1,0,\nAlloc,0,0xb0000,0,2
 "$tool" replay "$work/huge.csv" --manager best-fit >"$work/huge.txt"
 grep -q "; 1 allocation(s) failed, larger than the device's memory$" "$work/huge.txt"
 grep -q "^peak live 2.00 KiB (2048 bytes), peak reserved 2.00 MiB" "$work/huge.txt"
+# A zero-byte allocation is left out with its free, and said so.
+head -1 "$work/made.csv" >"$work/zero.csv"
+printf 'Alloc,0,0xc0000,0,0,0,0,1,0.1,0.1,0,\nAlloc,0,0xd0000,0,512,0,0,2,0.2,0.2,0,\nFree,0,0xc0000,0,0,0,0,1,0.3,0.3,0,\n' >>"$work/zero.csv"
+"$tool" replay "$work/zero.csv" --manager pool >"$work/zero.txt"
+grep -q "^the log: 1 allocation(s) of 0 bytes, left out with their frees" "$work/zero.txt"
+grep -q "^manager pool: 1 operations" "$work/zero.txt"
+if grep -q "never allocated" "$work/zero.txt"; then echo "a zero-byte allocation's free counted as a gap" >&2; exit 1; fi
 # A manager's replay names what it said of the first failed request (its size among it).
 "$tool" replay "$work/huge.csv" --manager pool >"$work/huge-pool.txt"
 grep -q "; 1 allocation(s) failed (the first: .*1125899906842624 bytes.*);" "$work/huge-pool.txt"

@@ -598,6 +598,7 @@ TEST(MemoryLog, FreesItNeverLoggedOrCannotPairAreInferredOrSkippedAndCounted) {
   MemoryLogGaps gaps;
   const std::vector<LoggedEvent> events = read_memory_log(log, "gaps.csv", &gaps);
   EXPECT_EQ(gaps.frees_of_unknown_addresses, 1u) << "(a zero-byte allocation's free is no gap)";
+  EXPECT_EQ(gaps.zero_byte_allocations, 1u);
   EXPECT_EQ(gaps.frees_inferred, 1u);
   ASSERT_EQ(events.size(), 4u);
   EXPECT_TRUE(events[0].allocate);

@@ -44,6 +44,9 @@ struct MemoryLogGaps {
   // RMM's failed allocations ("allocate failure"): they held nothing, so a
   // replay leaves them out, but they say the program asked for more than it got.
   std::size_t failed_allocations = 0;
+  // Allocations of 0 bytes: they hold no memory (and managers refuse them),
+  // so they and the frees of their addresses are left out.
+  std::size_t zero_byte_allocations = 0;
   // The log ends in a row that does not read and has no newline, as a
   // process killed while writing it leaves: that row is left out.
   bool unfinished_last_row = false;
