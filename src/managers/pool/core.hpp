@@ -1212,11 +1212,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // one), each under its visitor lock; the caller holds `mutex`.
   template <class Visit>
   void for_each_other_cache(const ThreadCache* own, Visit visit) {
-    for (auto& cache : caches) {
-      if (cache.get() == own) continue;
-      std::lock_guard cache_lock(cache->lock.visitor());
-      visit(*cache);
-    }
+    for_each_other_cache_holding(own, [](const ThreadCache&) { return true; }, visit);
   }
   // The same for the caches where holds(cache), read without their lock: a
   // visitor's lock costs a barrier across the process (a system call, about
