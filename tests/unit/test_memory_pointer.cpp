@@ -2,11 +2,14 @@
 // context, so no driver is involved.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <set>
 #include <thread>
 #include <vector>
 
 #include "cuemm/error.hpp"
+#include "cuemm/memory/detail/recycling_allocator.hpp"
 #include "cuemm/memory/memory_pointer.hpp"
 #include "support/test_support.hpp"
 
@@ -199,4 +202,47 @@ TEST(MemoryPointer, ConcurrentFreesRunTheFinalizerOnce) {
     EXPECT_EQ(counter.calls, 1);
     EXPECT_EQ(errors, 7);
   }
+}
+
+// Pointer objects made on one thread and dropped on another (a loader
+// thread's blocks): the chunks the dropping thread cannot keep go to the
+// depot in batches, and the making thread takes them from there, not from
+// malloc. (A chunk size no pointer class has: its recycler is this test's.)
+TEST(ChunkRecycler, ChunksDroppedOnAnotherThreadComeBackThroughTheDepot) {
+  using Recycler = detail::ChunkRecycler<1000>;
+  constexpr std::size_t kChunks = 4 * Recycler::kKeep;
+  std::vector<void*> made;
+  for (std::size_t i = 0; i < kChunks; ++i) made.push_back(Recycler::take());
+  std::thread([&] {
+    for (void* chunk : made) Recycler::give(chunk);
+  }).join();  // (at its exit, the thread's own list goes to the depot too)
+  EXPECT_EQ(Recycler::batches_in_depot(), kChunks / Recycler::kBatch);
+  std::vector<void*> again;
+  for (std::size_t i = 0; i < kChunks; ++i) again.push_back(Recycler::take());
+  const std::set<void*> first(made.begin(), made.end());
+  const auto reused = std::count_if(again.begin(), again.end(), [&](void* chunk) { return first.count(chunk) > 0; });
+  EXPECT_EQ(static_cast<std::size_t>(reused), kChunks) << "chunks came from malloc rather than the depot";
+  EXPECT_EQ(std::set<void*>(again.begin(), again.end()).size(), kChunks) << "a chunk was handed out twice";
+  for (void* chunk : again) Recycler::give(chunk);
+}
+
+// The depot keeps at most kDepotBatches batches: a thread that drops far
+// more than that gives the rest back to the heap.
+TEST(ChunkRecycler, TheDepotKeepsABoundedNumberOfBatches) {
+  using Recycler = detail::ChunkRecycler<1008>;
+  constexpr std::size_t kChunks = Recycler::kKeep + (Recycler::kDepotBatches + 8) * Recycler::kBatch;
+  std::vector<void*> made;
+  for (std::size_t i = 0; i < kChunks; ++i) made.push_back(Recycler::take());
+  std::thread([&] {
+    for (void* chunk : made) Recycler::give(chunk);
+  }).join();
+  EXPECT_EQ(Recycler::batches_in_depot(), Recycler::kDepotBatches);
+  const std::set<void*> first(made.begin(), made.end());
+  std::vector<void*> again;
+  for (std::size_t i = 0; i < kChunks; ++i) again.push_back(Recycler::take());
+  const auto reused = std::count_if(again.begin(), again.end(), [&](void* chunk) { return first.count(chunk) > 0; });
+  // The depot's batches, and no more of them (what malloc hands out again may repeat some).
+  EXPECT_GE(static_cast<std::size_t>(reused), Recycler::kDepotBatches * Recycler::kBatch);
+  EXPECT_EQ(std::set<void*>(again.begin(), again.end()).size(), kChunks) << "a chunk was handed out twice";
+  for (void* chunk : again) Recycler::give(chunk);
 }
