@@ -139,7 +139,8 @@ def statistics(device=None):
     with the pool manager, also its own figures under "pool" (reserved bytes, seals, and
     the driver calls that took and gave back memory); with a manager that pools pinned
     host memory (pool, async), that pool's under "pinned_host_pool" (bytes allocated and
-    cached, hits, misses, and seals: waits for the GPU's queued work before reuse)."""
+    cached, hits, of those front_hits (served by the calling thread's own cache), misses,
+    and seals: waits for the GPU's queued work before reuse)."""
     bridge = _bridge_for(device)
     return bridge.statistics()
 

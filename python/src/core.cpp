@@ -442,6 +442,7 @@ class Bridge {
         figures["cached_bytes"] = h->cached_bytes;
         figures["cached_registrations"] = h->cached_registrations;
         figures["hits"] = h->hits;
+        figures["front_hits"] = h->front_hits;
         figures["misses"] = h->misses;
         figures["seals"] = h->seals;
         out["pinned_host_pool"] = figures;

@@ -298,6 +298,7 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
         std::lock_guard front_lock(front->lock.visitor());
         empty_front(*front, leftovers);
       }
+      counters.front_hits += front->hits.load(std::memory_order_relaxed);  // (counted on after the thread)
       std::erase_if(fronts, [&](const auto& owned) { return owned.get() == front; });
     }
     leftovers.discard();
@@ -341,12 +342,57 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
       list->bytes = block->bytes;
       list->rotation = rotation_length(block->bytes);
     }
-    if (list->count >= list->rotation || !claim(front, block->bytes)) return false;
+    if (list->count >= list->rotation) {
+      // Full: its older half goes to the shared lists in one trip (the
+      // caller's), rather than every later release taking the lock, as a
+      // thread that frees what another allocates would (Note [Per-thread fronts]).
+      const std::uint32_t half = list->count / 2;
+      for (std::uint32_t i = 0; i < half; ++i) displaced.push(list->pop());
+      util::subtract_own(front.bytes, list->bytes * half);
+    }
+    if (!claim(front, block->bytes)) return false;
     list->last_used = ++front.uses;
     list->push({block, epochs.tag()});
     ++list->frees_since_seal;
     util::add_own(front.bytes, block->bytes);
     return true;
+  }
+
+  // After a shared list served the calling thread, moves up to half a
+  // rotation of its blocks that are already safe into the thread's front:
+  // a thread that allocates what another releases (a loader thread's
+  // staging buffers) then takes the pool's lock once a batch, not at every
+  // request. Only into the front's list of that kind and size, or an empty
+  // one, and within kRotationBytes: what a front holds counts against
+  // maximum_cached_bytes for as long as the thread lives, and a front of
+  // 64 MiB blocks would leave the shared lists too little (they evicted,
+  // and the loop bought new blocks, simulated). Under `mutex`; takes the
+  // front's lock.
+  void refill_front(Front& front, std::deque<Freed>& shared, unsigned flags, std::size_t bytes) noexcept {
+    const std::size_t limit = std::min(rotation_length(bytes) / 2, kRotationBytes / bytes);
+    if (limit == 0 || closed.load(std::memory_order_relaxed) || shared.empty() ||
+        !epochs.is_safe(shared.front().epoch))
+      return;
+    std::lock_guard front_lock(front.lock.owner());
+    Front::List* list = front.find(flags, bytes);
+    if (!list) {
+      for (Front::List& candidate : front.lists)
+        if (!candidate.count && (!list || candidate.last_used < list->last_used)) list = &candidate;
+      if (!list) return;
+      *list = Front::List{};
+      list->flags = flags;
+      list->bytes = bytes;
+      list->rotation = rotation_length(bytes);
+    }
+    list->last_used = ++front.uses;
+    while (list->count < limit && !shared.empty() && epochs.is_safe(shared.front().epoch) && claim(front, bytes)) {
+      const Freed freed = shared.front();
+      shared.pop_front();
+      counters.cached_bytes -= bytes;
+      hand_out(freed.block);  // (a front's blocks stay on the handed-out list)
+      list->push(freed);
+      util::add_own(front.bytes, bytes);
+    }
   }
 
   // Makes room in the front for `bytes` more within maximum_cached_bytes;
@@ -479,7 +525,10 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
       if (kept && !displaced.count) return;
       std::lock_guard lock(state.mutex);
       state.share(displaced, leftovers);
-      if (!kept) state.release_shared(block, leftovers);
+      if (kept)
+        state.evict_over_maximum(leftovers);
+      else
+        state.release_shared(block, leftovers);
     } else {
       std::lock_guard lock(state.mutex);
       state.release_shared(block, leftovers);
@@ -491,6 +540,10 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
   void release_shared(Block* block, Leftovers& leftovers) noexcept {
     if (!share({block, epochs.tag()}, leftovers)) return;
     ++frees_since_seal;
+    evict_over_maximum(leftovers);
+  }
+  // Evicts the shared lists' oldest blocks beyond maximum_cached_bytes. Under `mutex`.
+  void evict_over_maximum(Leftovers& leftovers) noexcept {
     // cuMemFreeHost waits until the GPU has run all its queued work, on every
     // stream (bench/probes/probe_free_stall.cpp: 50 ms behind a 50 ms kernel,
     // 0.4 ms idle): while the GPU reads busy, the cache may hold an
@@ -558,7 +611,8 @@ std::shared_ptr<MemoryPointer> PinnedHostPool::allocate(std::size_t size, bool m
   const std::size_t bytes = host_block_size(size);
   if (bytes < size) throw OutOfMemory("PinnedHostPool::allocate", size, "no block of host memory can be that large");
   State::Block* block = nullptr;
-  if (State::Front* front = state_->front_of_this_thread()) {
+  State::Front* front = state_->front_of_this_thread();
+  if (front) {
     std::lock_guard front_lock(front->lock.owner());
     block = state_->take_from_front(*front, flags, bytes);
   }
@@ -575,7 +629,10 @@ std::shared_ptr<MemoryPointer> PinnedHostPool::allocate(std::size_t size, bool m
     }
     if (state.last_list && state.last_key == key) block = state.take_cached(*state.last_list, bytes);
     ++(block ? state.counters.hits : state.counters.misses);
-    if (block) state.hand_out(block);
+    if (block) {
+      state.hand_out(block);
+      if (front) state.refill_front(*front, *state.last_list, flags, bytes);
+    }
   }
   if (!block) {
     ScopedContext scope(*state_->context);
@@ -707,7 +764,8 @@ PinnedHostPoolStatistics PinnedHostPool::statistics() const {
   std::lock_guard lock(state_->mutex);
   PinnedHostPoolStatistics statistics = state_->counters;
   statistics.cached_bytes += state_->front_bytes();
-  for (const auto& front : state_->fronts) statistics.hits += front->hits.load(std::memory_order_relaxed);
+  for (const auto& front : state_->fronts) statistics.front_hits += front->hits.load(std::memory_order_relaxed);
+  statistics.hits += statistics.front_hits;
   statistics.cached_registrations = state_->cached_registrations.size();
   statistics.seals = state_->epochs.seals();
   return statistics;

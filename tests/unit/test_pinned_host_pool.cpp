@@ -2,7 +2,11 @@
 // pinned ranges, trimming, and memory that outlives the pool.
 #include <sys/mman.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <thread>
@@ -448,4 +452,73 @@ TEST_F(HostPool, AManagersResetFreesItsHostMemory) {
   held.reset();
   auto fresh = manager.memhostalloc(4096, true, false, false);  // a new pool serves after the reset
   EXPECT_NE(fresh->device_pointer(), 0u);
+}
+
+// A loader thread's staging buffers, dropped by the thread that copies them:
+// one thread allocates, another releases, 16 blocks at a time. The blocks
+// come back to the allocating thread mostly through its own front, a trip
+// to the pool's lock per batch (refilled from the shared lists), the pool
+// buys no more than the blocks in flight and the fronts' rotations, and
+// what each block carries is its own.
+TEST_F(HostPool, BlocksReleasedByAnotherThreadComeBackInBatches) {
+  PinnedHostPool pool(context);
+  constexpr std::size_t kBlock = 4096, kBatch = 16, kBlocks = 8000;
+  using Batch = std::vector<std::shared_ptr<MemoryPointer>>;
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::deque<Batch> queue;  // at most two batches in flight
+  bool done = false;
+  std::atomic<int> corrupted{0};
+  std::thread releaser([&] {
+    ScopedContext scope(context);
+    for (;;) {
+      Batch batch;
+      {
+        std::unique_lock lock(mutex);
+        changed.wait(lock, [&] { return done || !queue.empty(); });
+        if (queue.empty()) return;
+        batch = std::move(queue.front());
+        queue.pop_front();
+      }
+      changed.notify_all();
+      for (auto& block : batch) {
+        const auto* bytes = reinterpret_cast<const std::uint32_t*>(block->host_pointer());
+        if (bytes[0] != static_cast<std::uint32_t>(block->host_pointer() ^ 0x5a5a5a5au)) ++corrupted;
+        block.reset();
+      }
+    }
+  });
+  const PinnedHostPoolStatistics before = pool.statistics();
+  Batch batch;
+  for (std::size_t i = 0; i < kBlocks; ++i) {
+    batch.push_back(pool.allocate(kBlock, false, false, false));
+    *reinterpret_cast<std::uint32_t*>(batch.back()->host_pointer()) =
+        static_cast<std::uint32_t>(batch.back()->host_pointer() ^ 0x5a5a5a5au);
+    if (batch.size() == kBatch) {
+      std::unique_lock lock(mutex);
+      changed.wait(lock, [&] { return queue.size() < 2; });
+      queue.push_back(std::move(batch));
+      batch.clear();
+      changed.notify_all();
+    }
+  }
+  {
+    std::lock_guard lock(mutex);
+    done = true;
+  }
+  changed.notify_all();
+  releaser.join();
+  const PinnedHostPoolStatistics after = pool.statistics();
+  EXPECT_EQ(corrupted.load(), 0);
+  const std::size_t requests = (after.hits + after.misses) - (before.hits + before.misses);
+  EXPECT_EQ(requests, kBlocks);
+  // In flight: up to three batches; the releasing thread's front keeps a
+  // rotation (64), the allocating one's half of one.
+  EXPECT_LE(after.allocated_bytes, (3 * kBatch + 64 + 32 + 16) * kBlock) << "the pool bought blocks it had";
+  EXPECT_GE(after.front_hits - before.front_hits, kBlocks * 3 / 4)
+      << "the allocating thread went to the shared lists for most blocks (hits "
+      << after.hits - before.hits << ", of them from its front " << after.front_hits - before.front_hits << ")";
+  EXPECT_EQ(after.cached_bytes, after.allocated_bytes);
+  pool.trim();
+  EXPECT_EQ(pool.statistics().allocated_bytes, 0u);
 }

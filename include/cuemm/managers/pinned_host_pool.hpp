@@ -47,6 +47,7 @@ struct PinnedHostPoolStatistics {
   std::size_t cached_bytes = 0;     // released blocks waiting for reuse
   std::size_t cached_registrations = 0;
   std::size_t hits = 0;             // allocations and pins served from the caches
+  std::size_t front_hits = 0;       // of those, served by a thread's own front, without the pool's lock
   std::size_t misses = 0;
   std::size_t seals = 0;            // epochs sealed so far, two driver calls each (ReuseEpochs)
 };
