@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -170,6 +171,7 @@ TEST_F(HostPool, TrimFreesEveryCachedBlock) {
 TEST_F(HostPool, TheCacheKeepsAtMostItsMaximum) {
   PinnedHostPoolOptions options;
   options.maximum_cached_bytes = 1 << 20;
+  options.idle_before_eviction = std::chrono::milliseconds(0);
   PinnedHostPool pool(context, options);
   {
     std::vector<std::shared_ptr<MemoryPointer>> blocks;
@@ -179,11 +181,43 @@ TEST_F(HostPool, TheCacheKeepsAtMostItsMaximum) {
   EXPECT_LE(pool.statistics().allocated_bytes, 1u << 20);
 }
 
+// Blocks that go round (released and taken again within
+// idle_before_eviction) stay cached past the maximum, rather than be freed
+// and bought again; once idle that long, the next release past the maximum
+// frees them.
+TEST_F(HostPool, BlocksThatGoRoundStayCachedPastTheMaximumUntilIdle) {
+  constexpr std::size_t kBlock = 1 << 20;  // large: waited for rather than bought while its epoch is open
+  PinnedHostPoolOptions options;
+  options.maximum_cached_bytes = 2 * kBlock;
+  options.idle_before_eviction = std::chrono::milliseconds(300);
+  PinnedHostPool pool(context, options);
+  auto take_and_release = [&](int count) {
+    std::vector<std::shared_ptr<MemoryPointer>> blocks;
+    for (int i = 0; i < count; ++i) blocks.push_back(pool.allocate(kBlock, false, false, false));
+  };
+  take_and_release(8);  // 8 MiB, released at once
+  EXPECT_EQ(pool.statistics().allocated_bytes, 8 * kBlock) << "released blocks were freed at once";
+  const PinnedHostPoolStatistics before = pool.statistics();
+  take_and_release(8);
+  EXPECT_EQ(pool.statistics().misses, before.misses) << "blocks past the maximum were bought again";
+  EXPECT_EQ(pool.statistics().allocated_bytes, 8 * kBlock);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  // The front holds its share of the maximum, so these three go to the
+  // shared lists, past the maximum: the idle blocks go, these stay.
+  take_and_release(3);
+  EXPECT_LE(pool.statistics().allocated_bytes, options.maximum_cached_bytes + 3 * kBlock)
+      << "idle blocks past the maximum were kept";
+  EXPECT_EQ(pool.statistics().cached_bytes, pool.statistics().allocated_bytes);
+  pool.trim();
+  EXPECT_EQ(pool.statistics().allocated_bytes, 0u);
+}
+
 // cuMemFreeHost would wait for a busy GPU: the cache passes its maximum by
 // up to an eighth rather than evict, and evicts once the GPU is idle.
 TEST_F(HostPool, TheCacheEvictsOnlyOnceTheGpuIsIdle) {
   PinnedHostPoolOptions options;
   options.maximum_cached_bytes = 1 << 20;
+  options.idle_before_eviction = std::chrono::milliseconds(0);
   PinnedHostPool pool(context, options);
   Stream stream = context.create_stream();
   DeviceArray<std::uint32_t> target(32, context);

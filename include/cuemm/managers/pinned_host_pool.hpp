@@ -29,6 +29,7 @@
 // Thread-safe. Blocks handed out stay valid after the pool goes.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <memory>
 
@@ -37,8 +38,13 @@
 namespace cuemm {
 
 struct PinnedHostPoolOptions {
-  // Cached (released) blocks beyond this many bytes are freed at once.
+  // Cached (released) blocks beyond this many bytes are freed once they have
+  // waited idle_before_eviction: a working set that goes round between
+  // threads (staging buffers a loader fills and another drops) stays cached
+  // whole however large, and what it leaves idle goes at the pool's next
+  // release past the maximum (or at trim()).
   std::size_t maximum_cached_bytes = std::size_t{1} << 30;
+  std::chrono::milliseconds idle_before_eviction{1000};
   std::size_t registration_cache_bytes = std::size_t{64} << 20;
 };
 
