@@ -33,8 +33,10 @@ inline void spin_pause() noexcept {
 // shared_ptr, which release() takes by value and drops. release(pointer)
 // frees it on the other thread, which first keeps what prepare() returns
 // (a current context, say) for as long as it runs.
-template <typename Pointer, typename Allocate, typename Release, typename Prepare>
-void hand_over_blocks(benchmark::State& state, Allocate allocate, Release release, Prepare prepare) {
+// The pipeline itself: allocates while more() says so. Untimed, it warms
+// an allocator up (see hand_over_blocks_untimed()).
+template <typename Pointer, typename More, typename Allocate, typename Release, typename Prepare>
+void hand_over_pipeline(More more, Allocate allocate, Release release, Prepare prepare) {
   struct alignas(64) Batch {
     std::atomic<std::size_t> count{0};  // 0: empty, the allocating thread's to fill
     std::array<Pointer, kHandOverBatch> blocks{};
@@ -63,12 +65,23 @@ void hand_over_blocks(benchmark::State& state, Allocate allocate, Release releas
     next ^= 1;
     filled = 0;
   };
-  for (auto _ : state) {
+  while (more()) {
     pending[filled++] = allocate();
     if (filled == kHandOverBatch) hand_over();
   }
   if (filled) hand_over();
   done.store(true, std::memory_order_release);
   freer.join();
+}
+
+template <typename Pointer, typename Allocate, typename Release, typename Prepare>
+void hand_over_blocks(benchmark::State& state, Allocate allocate, Release release, Prepare prepare) {
+  hand_over_pipeline<Pointer>([&] { return state.KeepRunning(); }, allocate, release, prepare);
   state.SetItemsProcessed(state.iterations());
+}
+
+// `blocks` handed over untimed.
+template <typename Pointer, typename Allocate, typename Release, typename Prepare>
+void hand_over_blocks_untimed(std::size_t blocks, Allocate allocate, Release release, Prepare prepare) {
+  hand_over_pipeline<Pointer>([&] { return blocks-- > 0; }, allocate, release, prepare);
 }
