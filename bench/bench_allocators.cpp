@@ -668,6 +668,18 @@ void PoolRawHandOver(benchmark::State& state) {
                                    before.driver_frees) / static_cast<double>(std::max<std::int64_t>(state.iterations(), 1));
 }
 
+// The same through memalloc, as Numba's arrays are made and dropped (their
+// pointer objects too go from one thread to the other).
+void PoolMemallocHandOver(benchmark::State& state) {
+  auto& pool = shared_manager<cuemm::PoolMemoryManager>();
+  cuemm::ScopedContext scope(context());
+  const auto size = static_cast<std::size_t>(state.range(0));
+  using Memory = std::shared_ptr<cuemm::MemoryPointer>;
+  hand_over_blocks<Memory>(
+      state, [&] { return pool.memalloc(size); }, [](Memory memory) { memory.reset(); },
+      [] { return cuemm::ScopedContext(context()); });
+}
+
 // The driver's pool: each thread's per-thread default stream, so that the
 // pool orders a block's reuse after the freeing stream's work itself.
 void DriverPoolHandOver(benchmark::State& state) {
@@ -730,6 +742,7 @@ BENCHMARK(PoolScalingAlternated)
     ->UseRealTime();
 BENCHMARK(DriverPoolHandOver)->Setup(benchmarks_of<DriverPool>)->Apply(set_hand_over_sizes);
 BENCHMARK(PoolRawHandOver)->Setup(benchmarks_of<cuemm::PoolMemoryManager>)->Apply(set_hand_over_sizes);
+BENCHMARK(PoolMemallocHandOver)->Setup(benchmarks_of<cuemm::PoolMemoryManager>)->Apply(set_hand_over_sizes);
 BENCHMARK(PoolWithFreeBlocks)->Setup(benchmarks_of<NoSharedManager>)->Arg(0)->Arg(65536);
 BENCHMARK(DriverPoolRandomAllocations)->Setup(benchmarks_of<DriverPool>)->Apply(set_random_workloads);
 BENCHMARK_TEMPLATE(RandomAllocations, cuemm::DefaultMemoryManager)->Setup(benchmarks_of<cuemm::DefaultMemoryManager>)->Apply(set_random_workloads);

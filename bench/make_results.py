@@ -328,7 +328,8 @@ def hand_over_lines(m):
     """The table of blocks one thread allocates and another frees, from the benchmarks' medians."""
     rows = [("PyTorch CUDACachingAllocator raw_alloc/raw_delete", "TorchRawHandOver"),
             ("driver's stream-ordered pool (each thread's per-thread stream)", "DriverPoolHandOver"),
-            ("pool manager, raw interface", "PoolRawHandOver")]
+            ("pool manager, raw interface", "PoolRawHandOver"),
+            ("pool manager, memalloc (MemoryPointer)", "PoolMemallocHandOver")]
     sizes = (256, 1 << 20, 4 << 20, 64 << 20)
     if not any(f"{name}/{sz}/real_time" in m for _, name in rows for sz in sizes):
         return []
