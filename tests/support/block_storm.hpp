@@ -10,11 +10,16 @@
 //   handed_over.leave(std::move(block));           // another thread frees it
 //   if (auto theirs = handed_over.take()) free(*theirs);
 //   EXPECT_EQ(live.overlaps(), 0);
+//
+// A pipeline (a loader thread feeding a compute thread) hands over whole
+// batches through a BatchPipeline instead, which holds at most two.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <iterator>
 #include <map>
 #include <mutex>
@@ -84,5 +89,46 @@ Block take_one(std::vector<Block>& blocks, Random& random) {
   blocks.erase(blocks.begin() + static_cast<std::ptrdiff_t>(drawn));
   return block;
 }
+
+// Batches handed from one thread to another, at most two waiting: push()
+// waits for room, pop() for a batch, and returns none once close() was
+// called and all were taken.
+template <typename Batch>
+class BatchPipeline {
+ public:
+  void push(Batch batch) {
+    {
+      std::unique_lock lock(mutex_);
+      changed_.wait(lock, [&] { return waiting_.size() < 2; });
+      waiting_.push_back(std::move(batch));
+    }
+    changed_.notify_all();
+  }
+  std::optional<Batch> pop() {
+    std::optional<Batch> batch;
+    {
+      std::unique_lock lock(mutex_);
+      changed_.wait(lock, [&] { return closed_ || !waiting_.empty(); });
+      if (waiting_.empty()) return batch;
+      batch = std::move(waiting_.front());
+      waiting_.pop_front();
+    }
+    changed_.notify_all();
+    return batch;
+  }
+  void close() {
+    {
+      std::lock_guard lock(mutex_);
+      closed_ = true;
+    }
+    changed_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<Batch> waiting_;
+  bool closed_ = false;
+};
 
 }  // namespace cuemm::testing

@@ -4,10 +4,7 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
-#include <mutex>
 #include <optional>
 #include <random>
 #include <thread>
@@ -498,24 +495,12 @@ TEST_F(HostPool, BlocksReleasedByAnotherThreadComeBackInBatches) {
   PinnedHostPool pool(context);
   constexpr std::size_t kBlock = 4096, kBatch = 16, kBlocks = 8000;
   using Batch = std::vector<std::shared_ptr<MemoryPointer>>;
-  std::mutex mutex;
-  std::condition_variable changed;
-  std::deque<Batch> queue;  // at most two batches in flight
-  bool done = false;
+  cuemm::testing::BatchPipeline<Batch> pipeline;
   std::atomic<int> corrupted{0};
   std::thread releaser([&] {
     ScopedContext scope(context);
-    for (;;) {
-      Batch batch;
-      {
-        std::unique_lock lock(mutex);
-        changed.wait(lock, [&] { return done || !queue.empty(); });
-        if (queue.empty()) return;
-        batch = std::move(queue.front());
-        queue.pop_front();
-      }
-      changed.notify_all();
-      for (auto& block : batch) {
+    while (auto batch = pipeline.pop()) {
+      for (auto& block : *batch) {
         const auto* bytes = reinterpret_cast<const std::uint32_t*>(block->host_pointer());
         if (bytes[0] != static_cast<std::uint32_t>(block->host_pointer() ^ 0x5a5a5a5au)) ++corrupted;
         block.reset();
@@ -529,18 +514,11 @@ TEST_F(HostPool, BlocksReleasedByAnotherThreadComeBackInBatches) {
     *reinterpret_cast<std::uint32_t*>(batch.back()->host_pointer()) =
         static_cast<std::uint32_t>(batch.back()->host_pointer() ^ 0x5a5a5a5au);
     if (batch.size() == kBatch) {
-      std::unique_lock lock(mutex);
-      changed.wait(lock, [&] { return queue.size() < 2; });
-      queue.push_back(std::move(batch));
+      pipeline.push(std::move(batch));
       batch.clear();
-      changed.notify_all();
     }
   }
-  {
-    std::lock_guard lock(mutex);
-    done = true;
-  }
-  changed.notify_all();
+  pipeline.close();
   releaser.join();
   const PinnedHostPoolStatistics after = pool.statistics();
   EXPECT_EQ(corrupted.load(), 0);

@@ -323,42 +323,20 @@ TEST_F(Pool, APipelineOfBlocksFreedByAnotherThreadKeepsABoundedFootprint) {
     SCOPED_TRACE("blocks of " + std::to_string(size) + " bytes");
     PoolMemoryManager pool(&context);
     pool.initialize();
-    std::mutex mutex;
-    std::condition_variable changed;
-    std::deque<std::vector<cuda::CUdeviceptr>> waiting;  // batches handed over, at most two
-    bool done = false;
+    cuemm::testing::BatchPipeline<std::vector<cuda::CUdeviceptr>> pipeline;
     std::thread freer([&] {
       ScopedContext scope(context);
-      for (;;) {
-        std::vector<cuda::CUdeviceptr> batch;
-        {
-          std::unique_lock lock(mutex);
-          changed.wait(lock, [&] { return done || !waiting.empty(); });
-          if (waiting.empty()) return;
-          batch = std::move(waiting.front());
-          waiting.pop_front();
-        }
-        changed.notify_all();
-        for (const cuda::CUdeviceptr block : batch) pool.deallocate(block, size);
-      }
+      while (auto batch = pipeline.pop())
+        for (const cuda::CUdeviceptr block : *batch) pool.deallocate(block, size);
     });
     std::size_t most_reserved = 0;
     for (int b = 0; b < kBatches; ++b) {
       std::vector<cuda::CUdeviceptr> batch;
       for (std::size_t i = 0; i < kBatch; ++i) batch.push_back(pool.allocate(size));
-      {
-        std::unique_lock lock(mutex);
-        changed.wait(lock, [&] { return waiting.size() < 2; });
-        waiting.push_back(std::move(batch));
-      }
-      changed.notify_all();
+      pipeline.push(std::move(batch));
       most_reserved = std::max(most_reserved, pool.statistics().reserved_bytes);
     }
-    {
-      std::lock_guard lock(mutex);
-      done = true;
-    }
-    changed.notify_all();
+    pipeline.close();
     freer.join();
     EXPECT_LE(most_reserved, 3 * kMostOut * size + (std::size_t{8} << 20))
         << "reserved " << most_reserved << " bytes for " << kMostOut << " blocks out at most";
