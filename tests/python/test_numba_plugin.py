@@ -557,6 +557,41 @@ def test_arrays_made_on_one_thread_and_dropped_on_another_come_back(run_python):
     """, **PLUGIN)
 
 
+def test_pinned_arrays_made_on_one_thread_and_dropped_on_another_are_reused(run_python):
+    # Pinned staging buffers as a data loader keeps them: a loader thread
+    # makes pinned arrays and fills them, the main thread copies each to the
+    # device and drops it. The pinned host pool buys a few blocks, not one a
+    # batch, and the loader takes most of them back from its own cache.
+    run_python("""
+        import queue, threading
+        import numpy as np
+        from numba import cuda
+        import cuemm
+        cuda.current_context()
+        handed = queue.Queue(maxsize=8)
+        count = 600
+        def load():
+            for i in range(count):
+                staging = cuda.pinned_array(4096, dtype=np.int32)
+                staging[:] = i
+                handed.put((i, staging))
+            handed.put(None)
+        loader = threading.Thread(target=load)
+        loader.start()
+        while (item := handed.get()) is not None:
+            i, staging = item
+            assert (cuda.to_device(staging).copy_to_host() == i).all(), i
+            del staging, item
+        loader.join()
+        import gc; gc.collect()
+        figures = cuemm.statistics()["pinned_host_pool"]
+        assert figures["hits"] + figures["misses"] == count, figures
+        assert figures["misses"] <= 200, figures  # blocks bought: those out at once and the caches' rotations
+        assert figures["front_hits"] >= figures["hits"] // 2, figures  # the loader's own cache, refilled in batches
+        assert figures["cached_bytes"] == figures["allocated_bytes"], figures  # every one came back
+    """, **PLUGIN)
+
+
 def test_bad_input_raises_python_errors(run_python):
     run_python("""
         from numba import cuda
