@@ -59,6 +59,10 @@ constexpr std::size_t kLargeRotationBytes = std::size_t{512} << 20;
 constexpr std::size_t seals_worth_a_host_block(std::size_t bytes) { return 300 + 1500 * (bytes >> 20); }
 // cuMemHostAlloc of a small block takes about 100 us: polling for a while first pays.
 constexpr std::chrono::microseconds kPollBeforeAllocating{50};
+// Blocks that go round stay cached past maximum_cached_bytes until idle, up
+// to this many times it (see evict_over_maximum()): a hand-over of 64 MiB
+// blocks, 16 at a time, holds 3.6 GiB.
+constexpr std::size_t kMostCachedOverMaximum = 4;
 // Kinds and sizes a thread's front keeps (Note [Per-thread fronts]).
 constexpr std::size_t kFrontLists = 4;
 
@@ -555,11 +559,13 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
     evict_over_maximum(leftovers);
   }
   // Evicts the shared lists' oldest blocks beyond maximum_cached_bytes that
-  // have been idle for idle_before_eviction: blocks that go round between
-  // threads (a loader thread's staging buffers, dropped by another) stay
-  // however many are cached at once. Evicted at once, a hand-over of 64 MiB
-  // blocks, 16 at a time (1 GiB, the maximum), evicted a block for each
-  // three it took, and bought it again (35 ms on the H200). Under `mutex`.
+  // have been idle for idle_before_eviction, and any beyond
+  // kMostCachedOverMaximum times that: blocks that go round between threads
+  // (a loader thread's staging buffers, dropped by another) stay, while
+  // most of a burst released at once goes back. Evicted at once, a
+  // hand-over of 64 MiB blocks, 16 at a time (1 GiB, the maximum), evicted
+  // a block for each three it took, and bought it again (35 ms on the
+  // H200); at twice the maximum, one for each nine (simulated). Under `mutex`.
   void evict_over_maximum(Leftovers& leftovers) noexcept {
     // cuMemFreeHost waits until the GPU has run all its queued work, on every
     // stream (bench/probes/probe_free_stall.cpp: 50 ms behind a 50 ms kernel,
@@ -570,6 +576,7 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
     if (counters.cached_bytes + front_claims.load(std::memory_order_relaxed) > keep && epochs.gpu_busy())
       keep += keep / 8;
     evict_blocks(keep, leftovers, /*idle_only=*/true);
+    evict_blocks(kMostCachedOverMaximum * keep, leftovers, /*idle_only=*/false);
   }
 
   static void release(Registration* registration) noexcept {
@@ -634,7 +641,8 @@ std::shared_ptr<MemoryPointer> PinnedHostPool::allocate(std::size_t size, bool m
     block = state_->take_from_front(*front, flags, bytes);
   }
   if (!block) {
-    std::lock_guard lock(state_->mutex);
+    State::Leftovers leftovers;  // idle blocks past the maximum, freed outside the lock
+    std::unique_lock lock(state_->mutex);
     State& state = *state_;
     const std::pair<unsigned, std::size_t> key{flags, bytes};
     if (!state.last_list || state.last_key != key) {
@@ -650,6 +658,10 @@ std::shared_ptr<MemoryPointer> PinnedHostPool::allocate(std::size_t size, bool m
       state.hand_out(block);
       if (front) state.refill_front(*front, *state.last_list, flags, bytes);
     }
+    // (A program that stops releasing still gives back what went idle.)
+    state.evict_over_maximum(leftovers);
+    lock.unlock();
+    leftovers.discard();
   }
   if (!block) {
     ScopedContext scope(*state_->context);

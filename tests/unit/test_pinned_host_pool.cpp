@@ -209,6 +209,23 @@ TEST_F(HostPool, BlocksThatGoRoundStayCachedPastTheMaximumUntilIdle) {
   EXPECT_EQ(pool.statistics().allocated_bytes, 0u);
 }
 
+// Past four times the maximum, blocks go back at once, idle or not: a burst
+// of releases keeps no more than that.
+TEST_F(HostPool, ABurstOfReleasesKeepsAtMostFourTimesTheMaximum) {
+  constexpr std::size_t kBlock = 1 << 20;
+  PinnedHostPoolOptions options;
+  options.maximum_cached_bytes = kBlock;
+  options.idle_before_eviction = std::chrono::seconds(60);
+  PinnedHostPool pool(context, options);
+  {
+    std::vector<std::shared_ptr<MemoryPointer>> blocks;
+    for (int i = 0; i < 16; ++i) blocks.push_back(pool.allocate(kBlock, false, false, false));
+  }
+  EXPECT_LE(pool.statistics().allocated_bytes, 4 * kBlock);
+  EXPECT_GE(pool.statistics().allocated_bytes, 2 * kBlock) << "blocks not yet idle were freed";
+  EXPECT_EQ(pool.statistics().cached_bytes, pool.statistics().allocated_bytes);
+}
+
 // cuMemFreeHost would wait for a busy GPU: the cache passes its maximum by
 // up to an eighth rather than evict, and evicts once the GPU is idle.
 TEST_F(HostPool, TheCacheEvictsOnlyOnceTheGpuIsIdle) {

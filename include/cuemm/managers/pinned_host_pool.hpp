@@ -39,10 +39,11 @@ namespace cuemm {
 
 struct PinnedHostPoolOptions {
   // Cached (released) blocks beyond this many bytes are freed once they have
-  // waited idle_before_eviction: a working set that goes round between
-  // threads (staging buffers a loader fills and another drops) stays cached
-  // whole however large, and what it leaves idle goes at the pool's next
-  // release past the maximum (or at trim()).
+  // waited idle_before_eviction, and any beyond four times as many at once: a
+  // working set that goes round between threads (staging buffers a loader
+  // fills and another drops) stays cached, and what it leaves idle goes at
+  // the pool's next release past the maximum or request it cannot serve
+  // from a thread's own blocks (or at trim()).
   std::size_t maximum_cached_bytes = std::size_t{1} << 30;
   std::chrono::milliseconds idle_before_eviction{1000};
   std::size_t registration_cache_bytes = std::size_t{64} << 20;
