@@ -24,6 +24,8 @@ AsyncOptions AsyncOptions::from_environment() {
     options.release_threshold = *threshold;
   options.exportable = util::flag_from_environment("CUEMM_ASYNC_EXPORTABLE").value_or(options.exportable);
   options.pinned_host_pool = util::flag_from_environment("CUEMM_PINNED_HOST_POOL").value_or(options.pinned_host_pool);
+  options.pinned_maximum_cached =
+      util::byte_size_from_environment("CUEMM_PINNED_MAXIMUM_CACHED").value_or(options.pinned_maximum_cached);
   return options;
 }
 
@@ -66,7 +68,7 @@ struct AsyncMemoryManager::Blocks {
 
 AsyncMemoryManager::AsyncMemoryManager(Context* context, AsyncOptions options)
     : HostOnlyMemoryManager(context), options_(options), blocks_(std::make_shared<Blocks>(context)) {
-  if (options_.pinned_host_pool) use_pinned_host_pool();
+  if (options_.pinned_host_pool) use_pinned_host_pool({.maximum_cached_bytes = options_.pinned_maximum_cached});
 }
 
 AsyncMemoryManager::~AsyncMemoryManager() {

@@ -34,6 +34,7 @@ constexpr std::array kSettings{
     Setting{"CUEMM_POOL_CHECK_FREES", "1: the raw interface refuses bad frees", "pool"},
     Setting{"CUEMM_POOL_BUSY_OVERSHOOT", "how far past its peak the pool grows rather than wait for the GPU", "pool"},
     Setting{"CUEMM_PINNED_HOST_POOL", "0: pinned and mapped host memory straight from the driver", "pool, async"},
+    Setting{"CUEMM_PINNED_MAXIMUM_CACHED", "released pinned blocks the pinned host pool keeps once idle", "pool, async"},
     Setting{"CUEMM_ASYNC_RELEASE_THRESHOLD", "bytes the driver's pool keeps past a synchronisation", "async"},
     Setting{"CUEMM_ASYNC_EXPORTABLE", "1: the driver's pool is made exportable (IPC)", "async"},
     Setting{"CUEMM_SIM_DRIVER", "the simulated driver library to load"},

@@ -104,12 +104,14 @@ def test_every_option_of_a_bundled_manager_can_be_chosen_from_python(run_python)
         names = {name for name, _meaning, _managers in cuemm._core.settings()}
         options = cuemm.manager_options()
         assert sorted(options) == sorted(cuemm.bundled_managers()), options
-        pool_settings = {name for name in names if name.startswith("CUEMM_POOL_")} | {"CUEMM_PINNED_HOST_POOL"}
+        pool_settings = ({name for name in names if name.startswith("CUEMM_POOL_")} |
+                         {"CUEMM_PINNED_HOST_POOL", "CUEMM_PINNED_MAXIMUM_CACHED"})
         assert set(options["pool"].values()) == pool_settings, options["pool"]
         assert options["pool"]["initial_size"] == "CUEMM_POOL_INITIAL_SIZE"
         assert options["async"] == {"release_threshold": "CUEMM_ASYNC_RELEASE_THRESHOLD",
                                     "exportable": "CUEMM_ASYNC_EXPORTABLE",
-                                    "pinned_host_pool": "CUEMM_PINNED_HOST_POOL"}, options["async"]
+                                    "pinned_host_pool": "CUEMM_PINNED_HOST_POOL",
+                                    "pinned_maximum_cached": "CUEMM_PINNED_MAXIMUM_CACHED"}, options["async"]
         assert options["default"] == {}, options["default"]
         cuemm.use_cuemm_for_numba("async", pinned_host_pool=False, release_threshold="1G")
         assert os.environ["CUEMM_PINNED_HOST_POOL"] == "0" and os.environ["CUEMM_ASYNC_RELEASE_THRESHOLD"] == "1G"

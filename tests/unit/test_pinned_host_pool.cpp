@@ -350,6 +350,34 @@ TEST_F(HostPool, ThePoolManagerUsesIt) {
   EXPECT_EQ(without.pinned_host_pool(), nullptr);
 }
 
+// CUEMM_PINNED_MAXIMUM_CACHED sets the pool and async managers' cap; a value
+// that is no byte count is refused, naming the variable.
+TEST_F(HostPool, TheManagersTakeTheCapFromTheEnvironment) {
+  {
+    cuemm::testing::ScopedVariable cap("CUEMM_PINNED_MAXIMUM_CACHED", "1M");
+    PoolMemoryManager manager(&context);
+    manager.initialize();
+    {
+      std::vector<std::shared_ptr<MemoryPointer>> blocks;
+      for (int i = 0; i < 8; ++i) blocks.push_back(manager.memhostalloc(1 << 20, false, false, false));
+    }
+    // Released at once, not idle: up to four times the cap stays.
+    EXPECT_LE(manager.pinned_host_pool()->statistics().allocated_bytes, 4u << 20);
+  }
+  {
+    PoolMemoryManager manager(&context);  // the default cap, 1 GiB: all eight stay
+    manager.initialize();
+    {
+      std::vector<std::shared_ptr<MemoryPointer>> blocks;
+      for (int i = 0; i < 8; ++i) blocks.push_back(manager.memhostalloc(1 << 20, false, false, false));
+    }
+    EXPECT_EQ(manager.pinned_host_pool()->statistics().allocated_bytes, 8u << 20);
+  }
+  cuemm::testing::ScopedVariable bad("CUEMM_PINNED_MAXIMUM_CACHED", "lots");
+  EXPECT_TRUE(cuemm::testing::throws<InvalidArgument>([&] { AsyncMemoryManager manager(&context); },
+                                                      "CUEMM_PINNED_MAXIMUM_CACHED", "lots"));
+}
+
 TEST_F(HostPool, ReleasingEverythingFreesBlocksStillHeld) {
   CUEMM_REQUIRE_SIMULATION();
   const auto before = simulation::live_allocations(simulation::AllocationKind::PinnedHost);

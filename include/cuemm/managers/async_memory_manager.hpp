@@ -39,7 +39,9 @@ struct AsyncOptions {
   // Created shareable through a POSIX file descriptor, so that get_ipc_handle()
   // works (CUEMM_ASYNC_EXPORTABLE=1).
   bool exportable = false;
+  // As PoolOptions' (CUEMM_PINNED_HOST_POOL, CUEMM_PINNED_MAXIMUM_CACHED).
   bool pinned_host_pool = true;
+  std::size_t pinned_maximum_cached = PinnedHostPoolOptions{}.maximum_cached_bytes;
   static AsyncOptions from_environment();
 };
 

@@ -223,8 +223,10 @@ struct PoolOptions {
   // decision. 0 keeps the footprint within the peak, waiting where it must.
   // CUEMM_POOL_BUSY_OVERSHOOT.
   double busy_overshoot = 0.125;
-  // Pinned and mapped host memory from a PinnedHostPool (CUEMM_PINNED_HOST_POOL=0 turns it off).
+  // Pinned and mapped host memory from a PinnedHostPool (CUEMM_PINNED_HOST_POOL=0 turns it off),
+  // which keeps this many bytes of released blocks once idle (CUEMM_PINNED_MAXIMUM_CACHED).
   bool pinned_host_pool = true;
+  std::size_t pinned_maximum_cached = PinnedHostPoolOptions{}.maximum_cached_bytes;
   // Checks each raw deallocate() against a record of the blocks that the raw
   // allocate() handed out: a second free, a pointer the pool did not hand out
   // (or handed out before a reset()), or a size other than the one asked

@@ -19,6 +19,8 @@ PoolOptions PoolOptions::from_environment() {
   options.small_blocks_apart =
       util::flag_from_environment("CUEMM_POOL_SMALL_BLOCKS_APART").value_or(options.small_blocks_apart);
   options.pinned_host_pool = util::flag_from_environment("CUEMM_PINNED_HOST_POOL").value_or(options.pinned_host_pool);
+  options.pinned_maximum_cached =
+      util::byte_size_from_environment("CUEMM_PINNED_MAXIMUM_CACHED").value_or(options.pinned_maximum_cached);
   options.check_frees = util::flag_from_environment("CUEMM_POOL_CHECK_FREES").value_or(options.check_frees);
   options.busy_overshoot = util::fraction_from_environment("CUEMM_POOL_BUSY_OVERSHOOT",
                                                            PoolMemoryManager::kLargestBusyOvershoot)
@@ -60,7 +62,7 @@ PoolMemoryManager::PoolMemoryManager(Context* context, PoolOptions options)
       core_(std::make_shared<Core>(context, options)),
       current_core_(core_.get()),
       core_context_(context) {
-  if (options_.pinned_host_pool) use_pinned_host_pool();
+  if (options_.pinned_host_pool) use_pinned_host_pool({.maximum_cached_bytes = options_.pinned_maximum_cached});
   if (options_.check_frees) free_checker_ = std::make_unique<detail::RawFreeChecker>();
 }
 
