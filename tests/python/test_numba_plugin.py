@@ -594,6 +594,22 @@ def test_pinned_arrays_made_on_one_thread_and_dropped_on_another_are_reused(run_
     """, **PLUGIN)
 
 
+def test_the_pinned_host_pools_cap_can_be_chosen_from_python(run_python):
+    # A burst of pinned arrays released at once: with a cap of 1 MiB, at most
+    # four times it stays cached (the blocks not yet idle).
+    run_python("""
+        import numpy as np
+        from numba import cuda
+        import cuemm
+        cuemm.use_cuemm_for_numba("pool", pinned_maximum_cached="1M")
+        arrays = [cuda.pinned_array(1 << 20, dtype=np.uint8) for _ in range(12)]
+        del arrays
+        figures = cuemm.statistics()["pinned_host_pool"]
+        assert figures["allocated_bytes"] <= 4 << 20, figures
+        assert figures["cached_bytes"] == figures["allocated_bytes"], figures
+    """)
+
+
 def test_bad_input_raises_python_errors(run_python):
     run_python("""
         from numba import cuda
