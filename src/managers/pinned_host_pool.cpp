@@ -572,11 +572,20 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
     // 0.4 ms idle): while the GPU reads busy, the cache may hold an
     // eighth more than its maximum rather than evict, as the device pool
     // grows rather than wait (Note [Growth while the GPU is busy]).
-    std::size_t keep = options.maximum_cached_bytes;
-    if (counters.cached_bytes + front_claims.load(std::memory_order_relaxed) > keep && epochs.gpu_busy())
-      keep += keep / 8;
-    evict_blocks(keep, leftovers, /*idle_only=*/true);
-    evict_blocks(kMostCachedOverMaximum * keep, leftovers, /*idle_only=*/false);
+    // The GPU is asked (an event recorded and queried) only when an idle
+    // block could go: requests and releases past the maximum whose blocks
+    // all go round would otherwise pay that query each.
+    const std::size_t maximum = options.maximum_cached_bytes;
+    if (counters.cached_bytes + front_claims.load(std::memory_order_relaxed) <= maximum) return;
+    if (holds_idle_blocks()) evict_blocks(epochs.gpu_busy() ? maximum + maximum / 8 : maximum, leftovers, true);
+    evict_blocks(kMostCachedOverMaximum * maximum, leftovers, /*idle_only=*/false);
+  }
+  // Whether a shared list's oldest block has waited idle_before_eviction. Under `mutex`.
+  bool holds_idle_blocks() const noexcept {
+    const auto idle_since = std::chrono::steady_clock::now() - options.idle_before_eviction;
+    return std::any_of(free_lists.begin(), free_lists.end(), [&](const auto& entry) {
+      return !entry.second.empty() && entry.second.front().block->released_at <= idle_since;
+    });
   }
 
   static void release(Registration* registration) noexcept {

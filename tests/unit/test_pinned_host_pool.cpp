@@ -209,6 +209,24 @@ TEST_F(HostPool, BlocksThatGoRoundStayCachedPastTheMaximumUntilIdle) {
   EXPECT_EQ(pool.statistics().allocated_bytes, 0u);
 }
 
+// Releases past the maximum whose blocks are all recent do not ask the
+// GPU whether it is busy (an event recorded and queried): only an idle
+// block could go.
+TEST_F(HostPool, ReleasesPastTheMaximumAskTheGpuNothingWhileNoBlockIsIdle) {
+  CUEMM_REQUIRE_SIMULATION();
+  constexpr std::size_t kBlock = 1 << 20;
+  PinnedHostPoolOptions options;
+  options.maximum_cached_bytes = kBlock;
+  options.idle_before_eviction = std::chrono::seconds(60);
+  PinnedHostPool pool(context, options);
+  std::vector<std::shared_ptr<MemoryPointer>> blocks;
+  for (int i = 0; i < 4; ++i) blocks.push_back(pool.allocate(kBlock, false, false, false));
+  simulation::reset_call_counts();
+  blocks.clear();
+  EXPECT_EQ(simulation::call_count("cuEventQuery") + simulation::call_count("cuStreamQuery"), 0u);
+  EXPECT_EQ(pool.statistics().allocated_bytes, 4 * kBlock);
+}
+
 // Past four times the maximum, blocks go back at once, idle or not: a burst
 // of releases keeps no more than that.
 TEST_F(HostPool, ABurstOfReleasesKeepsAtMostFourTimesTheMaximum) {
