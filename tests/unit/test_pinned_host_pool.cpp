@@ -209,38 +209,42 @@ TEST_F(HostPool, BlocksThatGoRoundStayCachedPastTheMaximumUntilIdle) {
   EXPECT_EQ(pool.statistics().allocated_bytes, 0u);
 }
 
+namespace {
+// A cap of one block, whose released blocks stay recent for the whole test.
+constexpr std::size_t kCapBlock = 1 << 20;
+PinnedHostPoolOptions one_block_cap_never_idle() {
+  PinnedHostPoolOptions options;
+  options.maximum_cached_bytes = kCapBlock;
+  options.idle_before_eviction = std::chrono::seconds(60);
+  return options;
+}
+std::vector<std::shared_ptr<MemoryPointer>> take_blocks(PinnedHostPool& pool, int count) {
+  std::vector<std::shared_ptr<MemoryPointer>> blocks;
+  for (int i = 0; i < count; ++i) blocks.push_back(pool.allocate(kCapBlock, false, false, false));
+  return blocks;
+}
+}  // namespace
+
 // Releases past the maximum whose blocks are all recent do not ask the
 // GPU whether it is busy (an event recorded and queried): only an idle
 // block could go.
 TEST_F(HostPool, ReleasesPastTheMaximumAskTheGpuNothingWhileNoBlockIsIdle) {
   CUEMM_REQUIRE_SIMULATION();
-  constexpr std::size_t kBlock = 1 << 20;
-  PinnedHostPoolOptions options;
-  options.maximum_cached_bytes = kBlock;
-  options.idle_before_eviction = std::chrono::seconds(60);
-  PinnedHostPool pool(context, options);
-  std::vector<std::shared_ptr<MemoryPointer>> blocks;
-  for (int i = 0; i < 4; ++i) blocks.push_back(pool.allocate(kBlock, false, false, false));
+  PinnedHostPool pool(context, one_block_cap_never_idle());
+  auto blocks = take_blocks(pool, 4);
   simulation::reset_call_counts();
   blocks.clear();
   EXPECT_EQ(simulation::call_count("cuEventQuery") + simulation::call_count("cuStreamQuery"), 0u);
-  EXPECT_EQ(pool.statistics().allocated_bytes, 4 * kBlock);
+  EXPECT_EQ(pool.statistics().allocated_bytes, 4 * kCapBlock);
 }
 
 // Past four times the maximum, blocks go back at once, idle or not: a burst
 // of releases keeps no more than that.
 TEST_F(HostPool, ABurstOfReleasesKeepsAtMostFourTimesTheMaximum) {
-  constexpr std::size_t kBlock = 1 << 20;
-  PinnedHostPoolOptions options;
-  options.maximum_cached_bytes = kBlock;
-  options.idle_before_eviction = std::chrono::seconds(60);
-  PinnedHostPool pool(context, options);
-  {
-    std::vector<std::shared_ptr<MemoryPointer>> blocks;
-    for (int i = 0; i < 16; ++i) blocks.push_back(pool.allocate(kBlock, false, false, false));
-  }
-  EXPECT_LE(pool.statistics().allocated_bytes, 4 * kBlock);
-  EXPECT_GE(pool.statistics().allocated_bytes, 2 * kBlock) << "blocks not yet idle were freed";
+  PinnedHostPool pool(context, one_block_cap_never_idle());
+  take_blocks(pool, 16).clear();
+  EXPECT_LE(pool.statistics().allocated_bytes, 4 * kCapBlock);
+  EXPECT_GE(pool.statistics().allocated_bytes, 2 * kCapBlock) << "blocks not yet idle were freed";
   EXPECT_EQ(pool.statistics().cached_bytes, pool.statistics().allocated_bytes);
 }
 
