@@ -334,6 +334,13 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
     util::add_own(front.hits, std::size_t{1});
     return block;
   }
+  // Makes an empty front list the one of a kind and size.
+  static void open_list(Front::List& list, unsigned flags, std::size_t bytes) noexcept {
+    list = Front::List{};
+    list.flags = flags;
+    list.bytes = bytes;
+    list.rotation = rotation_length(bytes);
+  }
   // Keeps a released block in the calling thread's front; false when its
   // list is full. A new kind and size takes the least recently used list,
   // whose blocks go to `displaced` (for the shared lists: the caller cannot
@@ -345,10 +352,7 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
                                 [](const auto& a, const auto& b) { return a.last_used < b.last_used; });
       util::subtract_own(front.bytes, list->bytes * list->count);
       while (list->count) displaced.push(list->pop());
-      *list = Front::List{};
-      list->flags = block->flags;
-      list->bytes = block->bytes;
-      list->rotation = rotation_length(block->bytes);
+      open_list(*list, block->flags, block->bytes);
     }
     if (list->count >= list->rotation) {
       // Full: its older half goes to the shared lists in one trip (the
@@ -387,10 +391,7 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
       for (Front::List& candidate : front.lists)
         if (!candidate.count && (!list || candidate.last_used < list->last_used)) list = &candidate;
       if (!list) return;
-      *list = Front::List{};
-      list->flags = flags;
-      list->bytes = bytes;
-      list->rotation = rotation_length(bytes);
+      open_list(*list, flags, bytes);
     }
     list->last_used = ++front.uses;
     while (list->count < limit && !shared.empty() && epochs.is_safe(shared.front().epoch) && claim(front, bytes)) {
@@ -489,20 +490,19 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
     return total;
   }
 
-  // Moves the oldest blocks of the shared lists into `leftovers` until at
-  // most `keep` bytes are cached there and in the fronts; with `idle_only`,
-  // only blocks released idle_before_eviction ago or more. Returns the bytes.
-  std::size_t evict_blocks(std::size_t keep, Leftovers& leftovers, bool idle_only) noexcept {
+  // Moves the oldest blocks of the shared lists released by `released_by`
+  // (kAnyTime: all) into `leftovers` until at most `keep` bytes are cached
+  // there and in the fronts; returns the bytes.
+  static constexpr auto kAnyTime = std::chrono::steady_clock::time_point::max();
+  std::size_t evict_blocks(std::size_t keep, Leftovers& leftovers,
+                           std::chrono::steady_clock::time_point released_by) noexcept {
     const std::size_t in_fronts = front_claims.load(std::memory_order_relaxed);
     keep = keep > in_fronts ? keep - in_fronts : 0;
-    if (counters.cached_bytes <= keep) return 0;
-    const auto idle_since = std::chrono::steady_clock::now() - options.idle_before_eviction;
     std::size_t evicted = 0;
     for (auto it = free_lists.begin(); it != free_lists.end() && counters.cached_bytes > keep; ++it) {
       auto& list = it->second;
       // (Oldest first: once one is too recent, so are the rest.)
-      while (!list.empty() && counters.cached_bytes > keep &&
-             (!idle_only || list.front().block->released_at <= idle_since)) {
+      while (!list.empty() && counters.cached_bytes > keep && list.front().block->released_at <= released_by) {
         Block* block = list.front().block;
         list.pop_front();
         counters.cached_bytes -= block->bytes;
@@ -577,14 +577,15 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
     // all go round would otherwise pay that query each.
     const std::size_t maximum = options.maximum_cached_bytes;
     if (counters.cached_bytes + front_claims.load(std::memory_order_relaxed) <= maximum) return;
-    if (holds_idle_blocks()) evict_blocks(epochs.gpu_busy() ? maximum + maximum / 8 : maximum, leftovers, true);
-    evict_blocks(kMostCachedOverMaximum * maximum, leftovers, /*idle_only=*/false);
-  }
-  // Whether a shared list's oldest block has waited idle_before_eviction. Under `mutex`.
-  bool holds_idle_blocks() const noexcept {
     const auto idle_since = std::chrono::steady_clock::now() - options.idle_before_eviction;
+    if (holds_blocks_released_by(idle_since))
+      evict_blocks(epochs.gpu_busy() ? maximum + maximum / 8 : maximum, leftovers, idle_since);
+    evict_blocks(kMostCachedOverMaximum * maximum, leftovers, kAnyTime);
+  }
+  // Whether a shared list's oldest block was released by `time`. Under `mutex`.
+  bool holds_blocks_released_by(std::chrono::steady_clock::time_point time) const noexcept {
     return std::any_of(free_lists.begin(), free_lists.end(), [&](const auto& entry) {
-      return !entry.second.empty() && entry.second.front().block->released_at <= idle_since;
+      return !entry.second.empty() && entry.second.front().block->released_at <= time;
     });
   }
 
@@ -756,7 +757,7 @@ std::size_t PinnedHostPool::trim() {
     state.empty_fronts(leftovers);
     state.epochs.seal();
     state.epochs.poll(true);  // cached blocks may still be read by queued copies
-    freed = state.evict_blocks(0, leftovers, /*idle_only=*/false);
+    freed = state.evict_blocks(0, leftovers, State::kAnyTime);
     registrations = state.evict_registrations(0);
   }
   leftovers.discard();
