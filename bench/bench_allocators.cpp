@@ -91,6 +91,26 @@ void count_seals(benchmark::State& state, std::size_t seals_before, std::size_t 
   state.counters["seals_per_1000_pairs"] = 1000.0 * static_cast<double>(seals_after - seals_before) / pairs;
 }
 
+// Runs `round` (`per_round` operations each) untimed until `purchases()`, a
+// count of what the allocator bought, has stayed the same for `window`
+// operations, or `limit` has passed; returns the operations run.
+template <typename Purchases, typename Round>
+std::size_t warm_up_until_still(Purchases purchases, Round round, std::size_t per_round, std::size_t window,
+                                std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  std::size_t operations = 0, since_purchase = 0;
+  for (auto bought = purchases(); since_purchase < window && std::chrono::steady_clock::now() < deadline;) {
+    round();
+    operations += per_round;
+    since_purchase += per_round;
+    if (const auto now = purchases(); now != bought) {
+      bought = now;
+      since_purchase = 0;
+    }
+  }
+  return operations;
+}
+
 // Untimed pairs from each thread before its timed loop, until the pool bought
 // no block from the driver while this thread ran a window of them (at most
 // 10 s): a thread's rotation of large blocks grows by a block as its seals
@@ -103,16 +123,12 @@ template <typename Pair>
 void warm_up_until_the_pool_stops_buying(const cuemm::PoolMemoryManager& pool, Pair&& pair) {
   constexpr std::size_t kChunk = 1'000;
   constexpr std::size_t kWindow = 50'000;  // more pairs than one purchase's worth of seals at 1 MiB
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  std::size_t bought = pool.statistics().driver_allocations;
-  for (std::size_t since_purchase = 0; since_purchase < kWindow && std::chrono::steady_clock::now() < deadline;) {
-    for (std::size_t i = 0; i < kChunk; ++i) pair();
-    since_purchase += kChunk;
-    if (const std::size_t now = pool.statistics().driver_allocations; now != bought) {
-      bought = now;
-      since_purchase = 0;
-    }
-  }
+  warm_up_until_still(
+      [&] { return pool.statistics().driver_allocations; },
+      [&] {
+        for (std::size_t i = 0; i < kChunk; ++i) pair();
+      },
+      kChunk, kWindow, std::chrono::seconds(10));
 }
 
 template <typename Manager>
@@ -574,18 +590,12 @@ void PoolWithFreeBlocks(benchmark::State& state) {
 std::size_t warm_until_pool_stops_growing(cuemm::PinnedHostPool& pool, std::size_t size) {
   constexpr std::size_t kChunk = 10'000;
   constexpr std::size_t kPairsWithoutGrowth = 500'000;  // more than one purchase's worth of seals
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  std::size_t pairs = 0, since_growth = 0, allocated = pool.statistics().allocated_bytes;
-  while (since_growth < kPairsWithoutGrowth && std::chrono::steady_clock::now() < deadline) {
-    for (std::size_t i = 0; i < kChunk; ++i) benchmark::DoNotOptimize(pool.allocate(size, false, false, false));
-    pairs += kChunk;
-    since_growth += kChunk;
-    if (const std::size_t now = pool.statistics().allocated_bytes; now != allocated) {
-      allocated = now;
-      since_growth = 0;
-    }
-  }
-  return pairs;
+  return warm_up_until_still(
+      [&] { return pool.statistics().allocated_bytes; },
+      [&] {
+        for (std::size_t i = 0; i < kChunk; ++i) benchmark::DoNotOptimize(pool.allocate(size, false, false, false));
+      },
+      kChunk, kPairsWithoutGrowth, std::chrono::seconds(5));
 }
 
 // Page-locked host memory: the pinned host pool against cuMemHostAlloc/cuMemFreeHost,
@@ -622,14 +632,10 @@ void PinnedHostPoolHandOver(benchmark::State& state) {
   // 64 MiB, which a short timed run would take for its steady state.
   if (!warm_up_blocks.contains(size)) {
     constexpr std::size_t kRound = 2'000;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    std::size_t blocks = 0, misses = pool->statistics().misses;
-    do {
-      hand_over_blocks_untimed<Pinned>(kRound, allocate, release, prepare);
-      blocks += kRound;
-    } while (std::exchange(misses, pool->statistics().misses) != misses &&
-             std::chrono::steady_clock::now() < deadline);
-    warm_up_blocks[size] = blocks;
+    warm_up_blocks[size] = warm_up_until_still(
+        [&] { return pool->statistics().misses; },
+        [&] { hand_over_blocks_untimed<Pinned>(kRound, allocate, release, prepare); }, kRound, kRound,
+        std::chrono::seconds(5));
   }
   state.counters["warm_up_blocks"] = static_cast<double>(warm_up_blocks[size]);
   const cuemm::PinnedHostPoolStatistics before = pool->statistics();
