@@ -229,22 +229,53 @@ inline std::uint64_t seal_calls() {
 // is released, and B of the same size is allocated and written with 9 from
 // the host on another stream; only then is the kernel let go, unless the
 // manager waited for it. `count` 32-bit words each (the default: 1 MiB).
+// With `released_by_another_thread`, a thread that has used the manager
+// before releases A after this thread allocated it (a loader's block dropped
+// by the compute thread).
 struct ReuseRace {
   bool b_intact;  // B still holds the nines once the kernel has finished
   cuda::CUdeviceptr a;
   cuda::CUdeviceptr b;
 };
 inline ReuseRace run_reuse_race(Context& context, BaseMemoryManager& manager, std::uint64_t count = 1 << 18,
-                                bool non_blocking = false) {
+                                bool non_blocking = false, bool released_by_another_thread = false) {
   Stream kernel_stream = context.create_stream(non_blocking);
   Stream copy_stream = context.create_stream();
-  auto a = manager.memalloc(count * 4);
+  std::shared_ptr<MemoryPointer> a;
+  std::mutex turn_mutex;
+  std::condition_variable turn_changed;
+  enum class Turn { releaser_starts, allocator_allocates, releaser_releases, done } turn = Turn::releaser_starts;
+  const auto take_turn = [&](Turn wait_for, Turn next) {
+    std::unique_lock lock(turn_mutex);
+    turn_changed.wait(lock, [&] { return turn == wait_for; });
+    turn = next;
+    turn_changed.notify_all();
+  };
+  std::thread releaser;
+  if (released_by_another_thread) {
+    releaser = std::thread([&] {
+      ScopedContext scope(context);
+      manager.memalloc(256).reset();  // (whatever the manager sets up for a thread, before A)
+      take_turn(Turn::releaser_starts, Turn::allocator_allocates);
+      take_turn(Turn::releaser_releases, Turn::releaser_releases);
+      a.reset();
+      take_turn(Turn::releaser_releases, Turn::done);
+    });
+    take_turn(Turn::allocator_allocates, Turn::allocator_allocates);
+  }
+  a = manager.memalloc(count * 4);
   const auto a_address = a->device_pointer();
   std::shared_ptr<MemoryPointer> b;
   const std::vector<std::uint32_t> nines(count, 9u);
   {
     HeldKernel kernel(context, kernel_stream, a_address, 7u, count);
-    a.reset();
+    if (released_by_another_thread) {
+      take_turn(Turn::allocator_allocates, Turn::releaser_releases);
+      take_turn(Turn::done, Turn::done);
+      releaser.join();
+    } else {
+      a.reset();
+    }
     kernel.waited_for_by([&] {
       b = manager.memalloc(count * 4);
       DeviceArray<std::uint32_t>(b, count).copy_to_device(nines, copy_stream);

@@ -275,6 +275,10 @@ struct PoolStatistics {
   // PoolOptions::busy_overshoot past it (Note [Growth while the GPU is
   // busy], in pool/core.hpp).
   std::size_t gpu_waits_avoided = 0;
+  // Large blocks freed by a thread that did not take them, while another
+  // worked in the pool, queued for it rather than waiting for the pool's
+  // lock (Note [Large frees from another thread], in pool/core.hpp).
+  std::size_t queued_large_frees = 0;
   // Raw deallocate()s refused: a pointer no block starts at (see PoolOptions::check_frees).
   std::size_t rejected_frees = 0;
 };

@@ -42,6 +42,7 @@
 #include "cuemm/runtime/context.hpp"
 #include "cuemm/runtime/device.hpp"
 #include "cuemm/threading/blocking_hook.hpp"
+#include "foreign_frees.hpp"
 #include "raw_free_checker.hpp"
 #include "thread_cache.hpp"
 #include "threading/owner_biased_lock.hpp"
@@ -170,7 +171,44 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
 
   Context* context;
   PoolOptions options;
-  mutable BlockingAwareMutex mutex;
+  // The pool's lock. Whoever takes it or gives it up takes in the large
+  // blocks that other threads queued (Note [Large frees from another
+  // thread]), so that every path under it finds them in the quarantine.
+  class Lock {
+   public:
+    explicit Lock(Core& core) noexcept : core_(core) {}
+    void lock() {
+      mutex_.lock();
+      taken();
+    }
+    bool try_lock() {
+      if (!mutex_.try_lock()) return false;
+      taken();
+      return true;
+    }
+    void unlock() {
+      core_.take_in_foreign_frees();  // (queued while it held the lock)
+      mutex_.unlock();
+    }
+    // Whether another thread took the lock last (and so is at work in the pool).
+    bool taken_last_by_another_thread() const noexcept {
+      return last_holder_.load(std::memory_order_relaxed) != this_thread_token();
+    }
+
+   private:
+    void taken() noexcept {
+      last_holder_.store(this_thread_token(), std::memory_order_relaxed);
+      core_.take_in_foreign_frees();
+    }
+    static const void* this_thread_token() noexcept {
+      static thread_local const char token = 0;
+      return &token;
+    }
+    Core& core_;
+    BlockingAwareMutex mutex_;
+    std::atomic<const void*> last_holder_{nullptr};
+  };
+  mutable Lock mutex{*this};
   detail::TlsfBlockAllocator blocks{kBlockGranularity};
   // With options.small_blocks_apart, the blocks up to kLargestCachedSize, in
   // small segments (Note [Small blocks apart]); some carved from the
@@ -240,6 +278,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // because the pool waited, which says nothing of the program's pace.
   bool room_forced_a_wait = false;
   std::size_t gpu_waits_avoided = 0;  // PoolStatistics'
+  std::size_t queued_large_frees = 0;  // PoolStatistics': taken in from foreign_frees
   std::vector<std::unique_ptr<ThreadCache>> caches;
   int defer_depth = 0;
   cuda::CUevent ordering_event = nullptr;  // order_after()'s
@@ -247,6 +286,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // from the fields written under `mutex` and from last_seal.
   // Large frees that did not go through their thread's lent blocks (ThreadCache::Lent).
   alignas(64) std::atomic<std::uint64_t> large_frees_elsewhere{0};
+  detail::ForeignFrees foreign_frees;  // Note [Large frees from another thread]
+  // Whether the quarantine wanted a seal when it last took in such a free.
+  std::atomic<bool> foreign_free_wanted_seal{false};
   std::atomic<bool> retired{false};
   // For util::ThreadSlots: every fast path compares it with its thread's last slot.
   const std::uint64_t thread_slots_id_ = util::next_thread_slots_id();
@@ -397,6 +439,16 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   }
 
   std::size_t reclaim_quarantine();
+
+  // A seal if one is due, then the quarantine's safe part back to the index.
+  // A failed poll leaves the quarantine as it is, for a later one.
+  void seal_and_reclaim() noexcept {
+    try {
+      seal_if_due();
+      reclaim(false);
+    } catch (...) {
+    }
+  }
 
   // --- without `mutex` ---
 
@@ -1096,6 +1148,37 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   }
 
   [[gnu::noinline]] void deallocate_otherwise(std::uintptr_t address, int size_class, std::uint64_t epoch) noexcept;
+
+  // Note [Large frees from another thread]
+  // A large block that its thread did not lend to the freeing thread (a
+  // loader's block freed by the compute thread; one lent too long ago) needs
+  // the pool's lock: its size is in the index. Taken at each such free, the
+  // lock went back and forth between a thread that allocates and one that
+  // frees, each waiting for the other (the freeing thread held it through
+  // the index, the quarantine and, about one free in three, a seal): 1.3 us
+  // a block handed over at 4 and 64 MiB, against 0.2-0.3 up to 1 MiB, whose
+  // frees stay in the freeing thread's cache. Where another thread took the
+  // pool's lock last, and so is at work in the pool, such a free now queues
+  // the block (detail::ForeignFrees) and returns; whoever next takes or
+  // gives up the lock moves the queue into the quarantine, so that nothing
+  // under the lock sees the pool without those blocks. A full queue, or a
+  // thread that took the lock last itself, takes the lock as before (one
+  // thread's frees keep their order and their seals). The seal that the
+  // quarantine wanted at its last such block (quarantine_large_free()) is
+  // the freeing thread's, made without the pool's lock, so that the block's
+  // epoch closes at its free, as it did. Drains make no driver call: a lock
+  // may be taken at a thread's end, whose driver state may be gone.
+  //
+  // Under `mutex`: the queued blocks go to the quarantine.
+  void take_in_foreign_frees() noexcept {
+    if (foreign_frees.may_hold()) [[unlikely]]
+      take_in_queued_frees();
+  }
+  [[gnu::noinline]] void take_in_queued_frees() noexcept;
+  // One large block freed by another thread to the quarantine; returns (and
+  // records, for the frees that queue) whether the quarantine then wants a
+  // seal, so that requests of its size seldom wait.
+  bool quarantine_large_free(const Freed& freed) noexcept;
 
   // The common free: room in the ring and in the budget. Apart from the
   // spilling path, whose 4 KiB of stack the pair otherwise paid for (a stack

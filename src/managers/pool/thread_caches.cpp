@@ -134,34 +134,45 @@ void PoolMemoryManager::Core::deallocate_otherwise(std::uintptr_t address, int s
   if (size_class < 0) {
     ThreadCache* cache = cache_for_a_free();
     if (cache && hold_large(address, epoch, *cache)) return;
-    std::lock_guard lock(mutex);
+    // (Before the block can merge: every thread's lent entries are stale.)
     large_frees_elsewhere.fetch_add(1, std::memory_order_acq_rel);
-    const auto [block, in_segment_of_its_own] = block_at(address);
-    if (block == 0) return;
-    if (!quarantine_or_reuse({address, block, epoch, in_segment_of_its_own})) return;
-    // The block is in the quarantine now: a failed poll below leaves it
-    // there for a later one (reusing it here as well counted it twice).
-    try {
-      if (in_segment_of_its_own) {
-        // Beyond the segments that rotate (see allocate_dedicated()), a
-        // request of this size may wait for this one: seal now, so that it seldom does.
-        if (quarantined_segments >= kMaximumRotation ||
-            quarantined_segment_bytes + dedicated.spare_bytes() > rotation_budget(block)) {
-          seal_if_due();
-          reclaim(false);
-        }
-      } else if (quarantine_holds_much()) {
-        seal_if_due();
-        reclaim(false);
-      }
-    } catch (...) {
+    // Where another thread is at work in the pool, it takes the block in
+    // (Note [Large frees from another thread]).
+    if (mutex.taken_last_by_another_thread() && foreign_frees.offer({address, epoch})) {
+      // The seal its free would have made, without the pool's lock.
+      if (foreign_free_wanted_seal.load(std::memory_order_relaxed)) seal_if_due();
+      return;
     }
+    std::lock_guard lock(mutex);
+    if (quarantine_large_free({address, epoch})) seal_and_reclaim();
     return;
   }
   ThreadCache* cache = cache_for_a_free();
   if (cache && keep_in_ring(*cache, address, size_class, epoch))
     return;
   deallocate_spilling(cache, address, size_class, epoch);
+}
+
+bool PoolMemoryManager::Core::quarantine_large_free(const Freed& freed) noexcept {
+  const auto [block, in_segment_of_its_own] = block_at(freed.address);
+  if (block == 0) return false;
+  if (!quarantine_or_reuse({freed.address, block, freed.epoch, in_segment_of_its_own})) return false;
+  // Beyond the segments that rotate (see allocate_dedicated()), a request of
+  // this size may wait for this one: seal now, so that it seldom does.
+  const bool wants_seal = in_segment_of_its_own ? quarantined_segments >= kMaximumRotation ||
+                                                      quarantined_segment_bytes + dedicated.spare_bytes() >
+                                                          rotation_budget(block)
+                                                : quarantine_holds_much();
+  foreign_free_wanted_seal.store(wants_seal, std::memory_order_relaxed);
+  return wants_seal;
+}
+
+void PoolMemoryManager::Core::take_in_queued_frees() noexcept {
+  Freed freed;
+  while (foreign_frees.take(freed)) {
+    quarantine_large_free(freed);
+    ++queued_large_frees;
+  }
 }
 
 void PoolMemoryManager::Core::deallocate_spilling(ThreadCache* cache, std::uintptr_t address, int size_class,

@@ -26,6 +26,23 @@ TEST_F(Pool, AFreedLargeBlockIsNotReusedWhileQueuedWorkMayStillWriteIt) {
   EXPECT_TRUE(race.b_intact) << "the kernel's late write landed in the reused block";
 }
 
+// A large block freed by a thread that did not take it, while another
+// thread worked in the pool last, is queued for that thread (Note [Large
+// frees from another thread]); it still waits for the work queued before
+// its free: at 2 MiB (a block of the shared segments) and at 4 MiB (one
+// with a segment of its own).
+TEST_F(Pool, ALargeBlockFreedByAnotherThreadIsNotReusedWhileQueuedWorkMayStillWriteIt) {
+  for (const std::uint64_t words : {std::uint64_t{1} << 19, std::uint64_t{1} << 20}) {
+    SCOPED_TRACE(std::to_string(words * 4) + " bytes");
+    PoolMemoryManager pool(&context);
+    pool.initialize();
+    const cuemm::testing::ReuseRace race =
+        cuemm::testing::run_reuse_race(context, pool, words, /*non_blocking=*/false, /*released_by_another_thread=*/true);
+    EXPECT_TRUE(race.b_intact) << "the kernel's late write landed in the reused block";
+    EXPECT_EQ(pool.statistics().queued_large_frees, 1u) << "A's free did not go through the queue";
+  }
+}
+
 // Note [Growth while the GPU is busy]: with a kernel queued, giving spares
 // back (cuMemFree) or waiting for freed blocks would wait for it, so growth
 // past the peak does neither, up to an eighth of the peak; once the GPU is

@@ -338,6 +338,12 @@ TEST_F(Pool, APipelineOfBlocksFreedByAnotherThreadKeepsABoundedFootprint) {
     }
     pipeline.close();
     freer.join();
+    // Large blocks: the freeing thread queues them for the allocating one
+    // (Note [Large frees from another thread]) rather than wait for the lock.
+    if (size > detail::kLargestCachedSize)
+      EXPECT_GE(pool.statistics().queued_large_frees, kBatches * kBatch / 2);
+    else
+      EXPECT_EQ(pool.statistics().queued_large_frees, 0u);
     EXPECT_LE(most_reserved, 3 * kMostOut * size + (std::size_t{8} << 20))
         << "reserved " << most_reserved << " bytes for " << kMostOut << " blocks out at most";
     EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
