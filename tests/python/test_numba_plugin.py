@@ -594,6 +594,38 @@ def test_pinned_arrays_made_on_one_thread_and_dropped_on_another_are_reused(run_
     """, **PLUGIN)
 
 
+def test_device_arrays_made_on_one_thread_and_dropped_on_another_are_reused(run_python):
+    # A loader thread puts 4 MiB batches on the device, the main thread reads
+    # each back and drops it. The main thread's frees queue for the loader,
+    # which is at work in the pool (Note [Large frees from another thread]),
+    # and the pool reuses the blocks rather than grow with every batch.
+    run_python("""
+        import queue, threading
+        import numpy as np
+        from numba import cuda
+        import cuemm
+        cuda.current_context()
+        handed = queue.Queue(maxsize=8)
+        count, words = 400, 1 << 20
+        def load():
+            for i in range(count):
+                handed.put((i, cuda.to_device(np.full(words, i, dtype=np.int32))))
+            handed.put(None)
+        loader = threading.Thread(target=load)
+        loader.start()
+        while (item := handed.get()) is not None:
+            i, batch = item
+            assert (batch.copy_to_host() == i).all(), i
+            del batch, item
+        loader.join()
+        import gc; gc.collect()
+        figures = cuemm.statistics()["pool"]
+        assert figures["queued_large_frees"] > 0, figures
+        assert figures["in_use_bytes"] == 0, figures  # every block came back
+        assert figures["reserved_bytes"] <= 64 * (4 << 20), figures  # those out at once and a rotation's, not one a batch
+    """, **PLUGIN)
+
+
 def test_the_pinned_host_pools_cap_can_be_chosen_from_python(run_python):
     # A burst of pinned arrays released at once: with a cap of 1 MiB, at most
     # four times it stays cached (the blocks not yet idle).
