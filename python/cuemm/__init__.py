@@ -136,8 +136,10 @@ def _bridges():
 
 def statistics(device=None):
     """Counts of what cuemm handed out to Numba on `device` (default: the current one);
-    with the pool manager, also its own figures under "pool" (reserved bytes, seals, and
-    the driver calls that took and gave back memory); with a manager that pools pinned
+    with the pool manager, also its own figures under "pool" (reserved bytes, seals, the
+    driver calls that took and gave back memory, and queued_large_frees: large arrays
+    dropped on a thread that did not make them, queued for the thread at work in the
+    pool rather than waiting for its lock); with a manager that pools pinned
     host memory (pool, async), that pool's under "pinned_host_pool" (bytes allocated and
     cached, hits, of those front_hits (served by the calling thread's own cache), misses,
     and seals: waits for the GPU's queued work before reuse)."""
