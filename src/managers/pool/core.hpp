@@ -1166,8 +1166,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // thread's frees keep their order and their seals). The seal that the
   // quarantine wanted at its last such block (quarantine_large_free()) is
   // the freeing thread's, made without the pool's lock, so that the block's
-  // epoch closes at its free, as it did. Drains make no driver call: a lock
-  // may be taken at a thread's end, whose driver state may be gone.
+  // epoch closes at its free, as it did. Drains seal nothing: a lock may be
+  // taken at a thread's end, whose driver state may be gone. (Their one
+  // driver call is quarantine_or_reuse()'s, with no host memory left.)
   //
   // Under `mutex`: the queued blocks go to the quarantine.
   void take_in_foreign_frees() noexcept {
