@@ -174,9 +174,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // The pool's lock. Whoever takes it or gives it up takes in the large
   // blocks that other threads queued (Note [Large frees from another
   // thread]), so that every path under it finds them in the quarantine.
-  class Lock {
+  class PoolMutex {
    public:
-    explicit Lock(Core& core) noexcept : core_(core) {}
+    explicit PoolMutex(Core& core) noexcept : core_(core) {}
     void lock() {
       mutex_.lock();
       taken();
@@ -208,7 +208,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     BlockingAwareMutex mutex_;
     std::atomic<const void*> last_holder_{nullptr};
   };
-  mutable Lock mutex{*this};
+  mutable PoolMutex mutex{*this};
   detail::TlsfBlockAllocator blocks{kBlockGranularity};
   // With options.small_blocks_apart, the blocks up to kLargestCachedSize, in
   // small segments (Note [Small blocks apart]); some carved from the
