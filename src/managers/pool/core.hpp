@@ -11,8 +11,9 @@
 //   stream_ordered.cpp   allocate(size, stream) and deallocate(..., stream)
 //
 // pool_memory_manager.cpp is the manager itself, the notes in
-// cuemm/managers/pool_memory_manager.hpp say why blocks come and go, and
-// thread_cache.hpp is one thread's bookkeeping.
+// cuemm/managers/pool_memory_manager.hpp say why blocks come and go,
+// thread_cache.hpp is one thread's bookkeeping, and foreign_frees.hpp the
+// queue of large frees from threads that did not take the blocks.
 #pragma once
 
 #include <algorithm>
