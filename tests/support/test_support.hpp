@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <latch>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -242,26 +243,17 @@ inline ReuseRace run_reuse_race(Context& context, BaseMemoryManager& manager, st
   Stream kernel_stream = context.create_stream(non_blocking);
   Stream copy_stream = context.create_stream();
   std::shared_ptr<MemoryPointer> a;
-  std::mutex turn_mutex;
-  std::condition_variable turn_changed;
-  enum class Turn { releaser_starts, allocator_allocates, releaser_releases, done } turn = Turn::releaser_starts;
-  const auto take_turn = [&](Turn wait_for, Turn next) {
-    std::unique_lock lock(turn_mutex);
-    turn_changed.wait(lock, [&] { return turn == wait_for; });
-    turn = next;
-    turn_changed.notify_all();
-  };
+  std::latch releaser_ready(1), release_a(1);
   std::thread releaser;
   if (released_by_another_thread) {
     releaser = std::thread([&] {
       ScopedContext scope(context);
       manager.memalloc(256).reset();  // (whatever the manager sets up for a thread, before A)
-      take_turn(Turn::releaser_starts, Turn::allocator_allocates);
-      take_turn(Turn::releaser_releases, Turn::releaser_releases);
+      releaser_ready.count_down();
+      release_a.wait();
       a.reset();
-      take_turn(Turn::releaser_releases, Turn::done);
     });
-    take_turn(Turn::allocator_allocates, Turn::allocator_allocates);
+    releaser_ready.wait();
   }
   a = manager.memalloc(count * 4);
   const auto a_address = a->device_pointer();
@@ -270,8 +262,7 @@ inline ReuseRace run_reuse_race(Context& context, BaseMemoryManager& manager, st
   {
     HeldKernel kernel(context, kernel_stream, a_address, 7u, count);
     if (released_by_another_thread) {
-      take_turn(Turn::allocator_allocates, Turn::releaser_releases);
-      take_turn(Turn::done, Turn::done);
+      release_a.count_down();
       releaser.join();
     } else {
       a.reset();
