@@ -16,7 +16,9 @@
 #include <utility>
 
 inline constexpr std::size_t kHandOverBatch = 16;
-inline constexpr long kHandOverSizes[] = {256L, 1L << 20, 4L << 20, 64L << 20};
+// Up to 1 MiB the size classes; 2 MiB a large block of the shared segments;
+// 4 and 64 MiB segments of their own (the pool's default dedicated size).
+inline constexpr long kHandOverSizes[] = {256L, 1L << 20, 2L << 20, 4L << 20, 64L << 20};
 
 inline void set_hand_over_sizes(benchmark::internal::Benchmark* benchmark) {
   for (long size : kHandOverSizes) benchmark->Arg(size);

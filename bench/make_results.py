@@ -330,7 +330,7 @@ def hand_over_lines(m):
             ("driver's stream-ordered pool (each thread's per-thread stream)", "DriverPoolHandOver"),
             ("pool manager, raw interface", "PoolRawHandOver"),
             ("pool manager, memalloc (MemoryPointer)", "PoolMemallocHandOver")]
-    sizes = (256, 1 << 20, 4 << 20, 64 << 20)
+    sizes = (256, 1 << 20, 2 << 20, 4 << 20, 64 << 20)
     if not any(f"{name}/{sz}/real_time" in m for _, name in rows for sz in sizes):
         return []
     lines = ["## Blocks handed over between threads (C++)", "",

@@ -75,6 +75,17 @@ void ReuseEpochs::seal_through(std::uint64_t epoch) noexcept {
   }
 }
 
+void ReuseEpochs::seal_or_join(std::uint64_t epoch) noexcept {
+  {
+    std::unique_lock lock(mutex_, std::try_to_lock);
+    if (lock.owns_lock()) {
+      seal_locked();
+      return;
+    }
+  }
+  seal_through(epoch);
+}
+
 bool ReuseEpochs::capture_under_way() const noexcept { return context_ && context_->capturing(); }
 
 bool ReuseEpochs::covers_every_stream() const noexcept {

@@ -202,13 +202,15 @@ def test_the_adaptors_scaling_line_names_each_adaptor_that_ran():
 
 def test_the_hand_over_table_has_a_row_for_each_allocator_and_a_dash_where_one_did_not_run():
     m = {"PoolRawHandOver/256/real_time": 230.0, "PoolRawHandOver/67108864/real_time": 1119.4,
-         "DriverPoolHandOver/1048576/real_time": 12266.9, "PoolMemallocHandOver/4194304/real_time": 901.2}
+         "DriverPoolHandOver/1048576/real_time": 12266.9, "PoolMemallocHandOver/4194304/real_time": 901.2,
+         "PoolRawHandOver/2097152/real_time": 344.6}
     lines = make_results.hand_over_lines(m)
     assert lines[0] == "## Blocks handed over between threads (C++)"
-    assert "| pool manager, raw interface | 230 | - | - | 1,119 |" in lines
-    assert "| driver's stream-ordered pool (each thread's per-thread stream) | - | 12,267 | - | - |" in lines
-    assert "| PyTorch CUDACachingAllocator raw_alloc/raw_delete | - | - | - | - |" in lines
-    assert "| pool manager, memalloc (MemoryPointer) | - | - | 901 | - |" in lines
+    assert "| allocator | 256 B | 1,048,576 B | 2,097,152 B | 4,194,304 B | 67,108,864 B |" in lines
+    assert "| pool manager, raw interface | 230 | - | 345 | - | 1,119 |" in lines
+    assert "| driver's stream-ordered pool (each thread's per-thread stream) | - | 12,267 | - | - | - |" in lines
+    assert "| PyTorch CUDACachingAllocator raw_alloc/raw_delete | - | - | - | - | - |" in lines
+    assert "| pool manager, memalloc (MemoryPointer) | - | - | - | 901 | - |" in lines
     assert make_results.hand_over_lines({"PoolRawAllocateFree/256/real_time/threads:1": 20.0}) == []
     pinned = make_results.hand_over_lines({**m, "PinnedHostPoolHandOver/4096/real_time": 1662.0})
     assert pinned[-2].endswith("thread fills and another drops): 4,096 B 1,662 ns a block."), pinned[-2]

@@ -255,6 +255,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // take the pool's lock at every seal to find the quarantine empty.
   std::atomic<bool> quarantine_may_hold{false};
   std::size_t quarantined_bytes = 0;
+  std::uint64_t newest_quarantined_epoch = 0;  // of any block it took in (seal_for_quarantine())
   std::size_t quarantined_segment_bytes = 0;  // the part in segments of their own
   std::size_t quarantined_segments = 0;
   // The seals that requests for a segment of their own (for a block from
@@ -417,6 +418,13 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   }
 
   void seal() noexcept { epochs.seal(); }
+  // seal(), under `mutex`, unless another thread is sealing: then its seal,
+  // where that covers the quarantine's blocks, without a second one. In a
+  // hand-over the freeing thread seals at its frees (Note [Large frees from
+  // another thread]), and the allocating thread slept on the epochs' lock
+  // behind that seal, then sealed again. (With the lock free, seal(): it
+  // also covers the caller's held blocks, which its rotation waits for.)
+  void seal_for_quarantine() noexcept { epochs.seal_or_join(newest_quarantined_epoch); }
 
   // Looks for completed epochs (with `wait`, waits for all), then returns the
   // safe part of the quarantine to the index.

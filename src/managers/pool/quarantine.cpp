@@ -10,6 +10,7 @@ void PoolMemoryManager::Core::quarantine_block(std::uintptr_t address, std::size
   quarantine.push_back({address, size, epoch, in_segment_of_its_own});
   quarantine_may_hold.store(true, std::memory_order_relaxed);
   quarantined_bytes += size;
+  newest_quarantined_epoch = std::max(newest_quarantined_epoch, epoch);
   if (in_segment_of_its_own) {
     quarantined_segment_bytes += size;
     ++quarantined_segments;

@@ -34,7 +34,7 @@ std::uintptr_t PoolMemoryManager::Core::allocate_from_index(std::size_t size, Th
       return *address;
     }
   }
-  seal();
+  seal_for_quarantine();
   index_rental.rent();
   reclaim(false);
   if (auto address = take_block(size)) return *address;
@@ -162,7 +162,7 @@ std::uintptr_t PoolMemoryManager::Core::allocate_dedicated(std::size_t size, boo
       return *base;
     }
   }
-  seal();
+  seal_for_quarantine();
   segment_rental.rent();
   reclaim(false);
   if (auto base = dedicated.take_spare(segment)) return *base;

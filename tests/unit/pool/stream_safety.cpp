@@ -244,6 +244,34 @@ TEST_F(Pool, ASealThatCannotWaitForTheGpuLeavesItsFreesUnsafe) {
   epochs.retire();
 }
 
+// A seal asked for while another thread holds the epochs (here, waiting for
+// the GPU) rides on that thread's work: where it covers the epoch asked for,
+// no second seal. (A hand-over's allocating thread slept behind the freeing
+// thread's seal, then sealed again.) With the epochs free, it seals as seal().
+TEST_F(Pool, ASealAskedForWhileAnotherThreadHoldsTheEpochsRidesOnItsWork) {
+  CUEMM_REQUIRE_SIMULATION();  // (sees the other thread wait in the driver)
+  ScopedContext scope(context);
+  const Stream stream = context.create_stream();
+  detail::ReuseEpochs epochs(&context);
+  HeldKernel kernel(context, stream);
+  const std::uint64_t freed = epochs.tag();
+  epochs.seal();
+  ASSERT_FALSE(epochs.is_safe(freed)) << "the seal's event completed under a held kernel";
+  const std::uint64_t freed_later = epochs.tag();
+  const std::uint64_t seals_before = epochs.seals();
+  simulation::reset_call_counts();
+  std::thread waiter([&] { epochs.poll(/*wait=*/true); });  // (holds the epochs until the kernel ends)
+  while (simulation::call_count("cuEventSynchronize") == 0) std::this_thread::yield();
+  kernel.waited_for_by([&] { epochs.seal_or_join(freed); }, std::chrono::milliseconds(100));
+  waiter.join();
+  EXPECT_TRUE(epochs.is_safe(freed));
+  EXPECT_EQ(epochs.seals(), seals_before) << "a second seal for an epoch that the other thread's covered";
+  EXPECT_FALSE(epochs.is_sealed(freed_later));
+  epochs.seal_or_join(freed);
+  EXPECT_TRUE(epochs.is_sealed(freed_later)) << "with the epochs free, the open epoch was not sealed";
+  epochs.retire();
+}
+
 // While a CaptureScope is open, the pool (and its pinned host pool) makes
 // none of the calls that end a graph capture (bench/probes/probe_capture.cpp):
 // no seal, no wait, no synchronisation, no ordering on the legacy stream. It grows instead, its

@@ -70,6 +70,10 @@ class ReuseEpochs {
   // find their tags sealed already: one seal serves them all.
   // (The caller checks is_safe() after.)
   void seal_through(std::uint64_t epoch) noexcept;
+  // seal(), unless another thread holds the lock (sealing, say): then
+  // seal_through(epoch), which needs no second seal where the other's covers
+  // `epoch`.
+  void seal_or_join(std::uint64_t epoch) noexcept;
   // Marks completed epochs safe; with `wait`, waits for every sealed one.
   void poll(bool wait);
   // poll(false) unless another thread is sealing or polling.
