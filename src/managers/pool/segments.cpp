@@ -24,6 +24,7 @@ std::optional<detail::TlsfBlockAllocator::Region> PoolMemoryManager::Core::grow_
   if (passes_peak(segment)) {
     if (auto adopted = adopt_spare(size, segment)) return adopted;
   }
+  give_back_the_other_kind_within_peak(/*small=*/false, segment);
   give_back_spares_within_peak(segment);
   return add_new_segment(blocks, wanted, segment);
 }
@@ -68,6 +69,7 @@ bool PoolMemoryManager::Core::grow_small(std::size_t size, Growth growth, std::s
                        kLargestBoughtSmallSegment)
           : wanted;
   if (carve_small_segment(segment)) return true;
+  give_back_the_other_kind_within_peak(/*small=*/true, segment);
   give_back_spares_within_peak(segment);
   return add_new_segment(small_blocks, wanted, segment).has_value();
 }
@@ -403,9 +405,23 @@ std::size_t PoolMemoryManager::Core::release_free_segments() {
   std::size_t released = 0;
   for (const auto& spare : spares) released += spare.size;
   released += release_free_small_segments();
+  if (arena) {
+    ScopedContext scope(*context);
+    return released + shrink_arena();
+  }
+  return released + release_free_shared_segments();
+}
+
+std::size_t PoolMemoryManager::Core::release_free_shared_segments() noexcept {
+  std::vector<detail::TlsfBlockAllocator::Region> free;
+  try {
+    free = blocks.take_free_regions();
+  } catch (...) {
+    return 0;  // (no host memory for the list: they stay until the next try)
+  }
+  std::size_t released = 0;
   ScopedContext scope(*context);
-  if (arena) return released + shrink_arena();
-  for (const auto& region : blocks.take_free_regions()) {
+  for (const auto& region : free) {
     if (initial_segment && region.base == initial_segment->base) initial_segment.reset();
     CUEMM_CU_RESULT(cuMemFree, region.base);
     ++driver_frees;

@@ -23,6 +23,29 @@ TEST_F(Pool, SparesAndEmptySegmentsGoBackBeforeTheFootprintPassesItsPeak) {
       << "the pool kept the first phases' memory idle beside the last one's";
 }
 
+// Small and shared segments do not peak apart: before one kind grows past
+// the pool's peak, the other kind's entirely free segments go back, both ways.
+TEST_F(Pool, SegmentsOfOneKindLeftFreeGoBackBeforeTheOtherKindGrowsPastThePeak) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  PoolMemoryManager pool(&context, with_thread_cache(0));  // (a thread's cache keeps what it frees)
+  pool.initialize();
+  auto phase = [&](std::size_t size, int count) {
+    std::vector<std::shared_ptr<MemoryPointer>> blocks;
+    for (int i = 0; i < count; ++i) blocks.push_back(pool.memalloc(size));
+  };
+  phase(kMiB, 16);  // 16 MiB of small blocks in small segments, then free
+  const std::size_t peak = pool.statistics().reserved_bytes;
+  ASSERT_GE(peak, 16 * kMiB);
+  phase(3 * kMiB / 2, 10);  // 15 MiB in shared segments (not a class's size)
+  EXPECT_LE(pool.statistics().reserved_bytes, peak + 2 * kMiB)
+      << "the shared segments grew beside the small ones left free";
+  const std::size_t shared_peak = pool.statistics().reserved_bytes;
+  phase(kMiB, 16);  // and back
+  EXPECT_LE(pool.statistics().reserved_bytes, shared_peak + 2 * kMiB)
+      << "the small segments grew beside the shared ones left free";
+  EXPECT_GT(pool.statistics().driver_frees, 0u);
+}
+
 // The shared segments, about to grow past the pool's peak, take over a spare
 // segment of its own instead: memory the pool holds anyway, and no driver
 // call. The blocks placed in it are ordinary blocks of a shared segment:
