@@ -614,10 +614,11 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // the spares do (give_back_spares_within_peak()); not while the GPU is
   // busy, as cuMemFree would wait for it. The two kinds otherwise peak
   // apart, each growing beside what the other left free. (Simulated, RMM's
-  // workload, seeds 1-16, reserved over live: up to 2 MiB with 32 MiB live
-  // 1.785 -> 1.672, with 128 MiB 1.270 -> 1.257, up to 8 MiB with 64 MiB
-  // 1.487 -> 1.479, the seed workloads within 0.01; either direction alone
-  // bought nothing: docs/pool-measurements.md.)
+  // workload, seeds 1-16, reserved over live, three alternated runs: up to
+  // 2 MiB with 32 MiB live 1.746-1.762 -> 1.676-1.688, with 128 MiB
+  // 1.265-1.289 -> 1.254-1.266, up to 8 MiB with 64 MiB 1.502-1.520 ->
+  // 1.489-1.494, the seed workloads within their noise; the shared side
+  // alone bought nothing: docs/pool-measurements.md.)
   void give_back_the_other_kind_within_peak(bool small, std::size_t more) {
     if (arena || !passes_peak(more) || grows_rather_than_waits(more)) return;
     if (small)
