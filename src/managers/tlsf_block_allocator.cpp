@@ -262,6 +262,10 @@ void TlsfBlockAllocator::shrink_region(std::uintptr_t base, std::uintptr_t end) 
 std::vector<TlsfBlockAllocator::Region> TlsfBlockAllocator::take_free_regions() {
   std::vector<Region> taken;
   std::vector<Bounds> kept;
+  // Room first: a push that threw after remove_free() would leave a free
+  // block outside every list. Out of host memory, nothing has changed.
+  taken.reserve(regions_.size());
+  kept.reserve(regions_.size());
   for (const Bounds& bounds : regions_) {
     Block* first = bounds.first;
     if (first->free && first->next_in_memory == bounds.sentinel) {

@@ -98,13 +98,20 @@ bool PoolMemoryManager::Core::carve_small_segment(std::size_t segment) {
   return true;
 }
 
-std::size_t PoolMemoryManager::Core::release_free_small_segments() noexcept {
-  std::vector<detail::TlsfBlockAllocator::Region> free;
+namespace {
+// The index's entirely free regions, taken out of it; none where there is no
+// host memory for the list (they stay until the next try).
+std::vector<detail::TlsfBlockAllocator::Region> take_free_regions_of(detail::TlsfBlockAllocator& index) noexcept {
   try {
-    free = small_blocks.take_free_regions();
+    return index.take_free_regions();
   } catch (...) {
-    return 0;  // (no host memory for the list: they stay until the next try)
+    return {};
   }
+}
+}  // namespace
+
+std::size_t PoolMemoryManager::Core::release_free_small_segments() noexcept {
+  const std::vector<detail::TlsfBlockAllocator::Region> free = take_free_regions_of(small_blocks);
   std::size_t released = 0;
   ScopedContext scope(*context);
   for (const auto& region : free) {
@@ -413,12 +420,7 @@ std::size_t PoolMemoryManager::Core::release_free_segments() {
 }
 
 std::size_t PoolMemoryManager::Core::release_free_shared_segments() noexcept {
-  std::vector<detail::TlsfBlockAllocator::Region> free;
-  try {
-    free = blocks.take_free_regions();
-  } catch (...) {
-    return 0;  // (no host memory for the list: they stay until the next try)
-  }
+  const std::vector<detail::TlsfBlockAllocator::Region> free = take_free_regions_of(blocks);
   std::size_t released = 0;
   ScopedContext scope(*context);
   for (const auto& region : free) {
