@@ -110,10 +110,20 @@ std::vector<detail::TlsfBlockAllocator::Region> take_free_regions_of(detail::Tls
 }
 }  // namespace
 
+bool PoolMemoryManager::Core::enter_context(std::optional<ScopedContext>& scope) const noexcept {
+  try {
+    scope.emplace(*context);
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
 std::size_t PoolMemoryManager::Core::release_free_small_segments() noexcept {
+  std::optional<ScopedContext> scope;
+  if (!enter_context(scope)) return 0;
   const std::vector<detail::TlsfBlockAllocator::Region> free = take_free_regions_of(small_blocks);
   std::size_t released = 0;
-  ScopedContext scope(*context);
   for (const auto& region : free) {
     if (carved_small_segments.erase(region.base)) {
       blocks.deallocate(region.base);
@@ -420,9 +430,10 @@ std::size_t PoolMemoryManager::Core::release_free_segments() {
 }
 
 std::size_t PoolMemoryManager::Core::release_free_shared_segments() noexcept {
+  std::optional<ScopedContext> scope;
+  if (!enter_context(scope)) return 0;
   const std::vector<detail::TlsfBlockAllocator::Region> free = take_free_regions_of(blocks);
   std::size_t released = 0;
-  ScopedContext scope(*context);
   for (const auto& region : free) {
     if (initial_segment && region.base == initial_segment->base) initial_segment.reset();
     CUEMM_CU_RESULT(cuMemFree, region.base);
