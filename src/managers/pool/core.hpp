@@ -605,10 +605,6 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // initial segment to it, the others to the driver. Returns the bytes that
   // left the pool.
   std::size_t release_free_small_segments() noexcept;
-  // Makes the pool's context current for the caller's scope; false (nothing
-  // done) where the driver refuses, so that the noexcept paths that give
-  // segments back take none out of the index that they cannot free.
-  bool enter_context(std::optional<ScopedContext>& scope) const noexcept;
   // Gives the entirely free shared segments back to the driver (the arena's
   // pages are another matter: shrink_arena()). Returns their bytes.
   std::size_t release_free_shared_segments() noexcept;

@@ -99,42 +99,40 @@ bool PoolMemoryManager::Core::carve_small_segment(std::size_t segment) {
 }
 
 namespace {
-// The index's entirely free regions, taken out of it; none where there is no
-// host memory for the list (they stay until the next try).
-std::vector<detail::TlsfBlockAllocator::Region> take_free_regions_of(detail::TlsfBlockAllocator& index) noexcept {
-  try {
-    return index.take_free_regions();
-  } catch (...) {
-    return {};
-  }
-}
-}  // namespace
-
-bool PoolMemoryManager::Core::enter_context(std::optional<ScopedContext>& scope) const noexcept {
-  try {
-    scope.emplace(*context);
-    return true;
-  } catch (...) {
-    return false;
-  }
-}
-
-std::size_t PoolMemoryManager::Core::release_free_small_segments() noexcept {
+// Gives the entirely free regions of `index` back to the driver, but those
+// that `kept` takes care of itself (returning true). Nothing leaves the index
+// where the driver refuses the context or there is no host memory for the
+// list (they stay until the next try). Returns the bytes freed.
+template <typename Kept>
+std::size_t free_empty_regions(const Context& context, detail::TlsfBlockAllocator& index, std::size_t& driver_frees,
+                               Kept kept) noexcept {
   std::optional<ScopedContext> scope;
-  if (!enter_context(scope)) return 0;
-  const std::vector<detail::TlsfBlockAllocator::Region> free = take_free_regions_of(small_blocks);
+  std::vector<detail::TlsfBlockAllocator::Region> free;
+  try {
+    scope.emplace(context);
+    free = index.take_free_regions();
+  } catch (...) {
+    return 0;
+  }
   std::size_t released = 0;
   for (const auto& region : free) {
-    if (carved_small_segments.erase(region.base)) {
-      blocks.deallocate(region.base);
-      carved_small_bytes -= region.size;
-      continue;
-    }
+    if (kept(region)) continue;
     CUEMM_CU_RESULT(cuMemFree, region.base);
     ++driver_frees;
     released += region.size;
   }
   return released;
+}
+}  // namespace
+
+std::size_t PoolMemoryManager::Core::release_free_small_segments() noexcept {
+  // Those carved from the initial segment go back to it.
+  return free_empty_regions(*context, small_blocks, driver_frees, [&](const detail::TlsfBlockAllocator::Region& region) {
+    if (!carved_small_segments.erase(region.base)) return false;
+    blocks.deallocate(region.base);
+    carved_small_bytes -= region.size;
+    return true;
+  });
 }
 
 std::optional<detail::TlsfBlockAllocator::Region> PoolMemoryManager::Core::move_spare_into(
@@ -430,17 +428,10 @@ std::size_t PoolMemoryManager::Core::release_free_segments() {
 }
 
 std::size_t PoolMemoryManager::Core::release_free_shared_segments() noexcept {
-  std::optional<ScopedContext> scope;
-  if (!enter_context(scope)) return 0;
-  const std::vector<detail::TlsfBlockAllocator::Region> free = take_free_regions_of(blocks);
-  std::size_t released = 0;
-  for (const auto& region : free) {
+  return free_empty_regions(*context, blocks, driver_frees, [&](const detail::TlsfBlockAllocator::Region& region) {
     if (initial_segment && region.base == initial_segment->base) initial_segment.reset();
-    CUEMM_CU_RESULT(cuMemFree, region.base);
-    ++driver_frees;
-    released += region.size;
-  }
-  return released;
+    return false;
+  });
 }
 
 std::size_t PoolMemoryManager::Core::shrink_arena() {
