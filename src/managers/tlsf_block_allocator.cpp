@@ -1,5 +1,7 @@
 #include "cuemm/managers/detail/tlsf_block_allocator.hpp"
 
+#include <algorithm>
+
 #include <bit>
 #include <limits>
 #include <stdexcept>
@@ -257,6 +259,12 @@ void TlsfBlockAllocator::shrink_region(std::uintptr_t base, std::uintptr_t end) 
   sentinel->address = end;
   region_bytes_ -= removed;
   free_bytes_ -= removed;
+}
+
+bool TlsfBlockAllocator::has_free_region() const noexcept {
+  return std::any_of(regions_.begin(), regions_.end(), [](const Bounds& bounds) {
+    return bounds.first->free && bounds.first->next_in_memory == bounds.sentinel;
+  });
 }
 
 std::vector<TlsfBlockAllocator::Region> TlsfBlockAllocator::take_free_regions() {

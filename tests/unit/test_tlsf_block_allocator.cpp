@@ -90,13 +90,17 @@ TEST(TlsfBlockAllocator, OnlyEntirelyFreeRegionsAreTaken) {
   auto held = allocator.allocate(1 << 20);  // fills one region exactly
   ASSERT_TRUE(held);
   EXPECT_FALSE(allocator.allocate(512 << 10 | 1 << 20)) << "larger than any region";
+  EXPECT_TRUE(allocator.has_free_region());
   auto regions = allocator.take_free_regions();
   ASSERT_EQ(regions.size(), 1u);
   EXPECT_NE(regions[0].base, *held);
+  EXPECT_FALSE(allocator.has_free_region()) << "the one region left holds a block";
   EXPECT_EQ(allocator.region_count(), 1u);
   EXPECT_FALSE(allocator.allocate(256)) << "space of a taken region was handed out";
   allocator.deallocate(*held);
+  EXPECT_TRUE(allocator.has_free_region());
   EXPECT_EQ(allocator.take_free_regions().size(), 1u);
+  EXPECT_FALSE(allocator.has_free_region()) << "no region left";
 }
 
 TEST(TlsfBlockAllocator, ManyFreeBlocksStillGiveAGoodFit) {

@@ -612,7 +612,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // Before one kind of segment (small with `small`, else shared) takes the
   // pool past its peak, the other kind's entirely free segments go back, as
   // the spares do (give_back_spares_within_peak()); not while the GPU is
-  // busy, as cuMemFree would wait for it. The two kinds otherwise peak
+  // busy, as cuMemFree would wait for it (asked only where there is one to
+  // give back: the question decides how the growth counts, Note [Growth
+  // while the GPU is busy]). The two kinds otherwise peak
   // apart, each growing beside what the other left free. (Simulated, RMM's
   // workload, seeds 1-16, reserved over live, three alternated runs: up to
   // 2 MiB with 32 MiB live 1.746-1.762 -> 1.676-1.688, with 128 MiB
@@ -620,7 +622,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // 1.489-1.494, the seed workloads within their noise; the shared side
   // alone bought nothing: docs/pool-measurements.md.)
   void give_back_the_other_kind_within_peak(bool small, std::size_t more) {
-    if (arena || !passes_peak(more) || grows_rather_than_waits(more)) return;
+    if (arena || !passes_peak(more) || !(small ? blocks : small_blocks).has_free_region() ||
+        grows_rather_than_waits(more))
+      return;
     if (small)
       release_free_shared_segments();
     else

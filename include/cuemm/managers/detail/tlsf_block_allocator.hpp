@@ -97,6 +97,8 @@ class TlsfBlockAllocator {
 
   // Removes and returns every region that is entirely free.
   std::vector<Region> take_free_regions();
+  // Whether any region is entirely free (a look at each region's first block).
+  bool has_free_region() const noexcept;
   // Forgets everything (the owner frees the regions).
   std::vector<Region> take_all_regions();
 
