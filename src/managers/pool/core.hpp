@@ -612,10 +612,10 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // Before one kind of segment (small with `small`, else shared) takes the
   // pool past its peak, the other kind's entirely free segments go back, as
   // the spares do (give_back_spares_within_peak()); not while the GPU is
-  // busy, as cuMemFree would wait for it (asked only where there is one to
-  // give back: the question decides how the growth counts, Note [Growth
-  // while the GPU is busy]). The two kinds otherwise peak
-  // apart, each growing beside what the other left free. (Simulated, RMM's
+  // busy, as cuMemFree would wait for it. (That is asked only where there is
+  // one to give back: the answer decides how the growth counts, Note
+  // [Growth while the GPU is busy].) The two kinds otherwise peak apart,
+  // each growing beside what the other left free. (Simulated, RMM's
   // workload, seeds 1-16, reserved over live, three alternated runs: up to
   // 2 MiB with 32 MiB live 1.746-1.762 -> 1.676-1.688, with 128 MiB
   // 1.265-1.289 -> 1.254-1.266, up to 8 MiB with 64 MiB 1.502-1.520 ->
