@@ -1,7 +1,6 @@
 #include "cuemm/managers/detail/tlsf_block_allocator.hpp"
 
 #include <algorithm>
-
 #include <bit>
 #include <limits>
 #include <stdexcept>
@@ -262,9 +261,7 @@ void TlsfBlockAllocator::shrink_region(std::uintptr_t base, std::uintptr_t end) 
 }
 
 bool TlsfBlockAllocator::has_free_region() const noexcept {
-  return std::any_of(regions_.begin(), regions_.end(), [](const Bounds& bounds) {
-    return bounds.first->free && bounds.first->next_in_memory == bounds.sentinel;
-  });
+  return std::any_of(regions_.begin(), regions_.end(), entirely_free);
 }
 
 std::vector<TlsfBlockAllocator::Region> TlsfBlockAllocator::take_free_regions() {
@@ -276,7 +273,7 @@ std::vector<TlsfBlockAllocator::Region> TlsfBlockAllocator::take_free_regions() 
   kept.reserve(regions_.size());
   for (const Bounds& bounds : regions_) {
     Block* first = bounds.first;
-    if (first->free && first->next_in_memory == bounds.sentinel) {
+    if (entirely_free(bounds)) {
       remove_free(first);
       taken.push_back({first->address, first->size});
       region_bytes_ -= first->size;

@@ -610,25 +610,28 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   std::size_t release_free_shared_segments() noexcept;
 
   // Before one kind of segment (small with `small`, else shared) takes the
-  // pool past its peak, the other kind's entirely free segments go back, as
-  // the spares do (give_back_spares_within_peak()); not while the GPU is
-  // busy, as cuMemFree would wait for it. (That is asked only where there is
-  // one to give back: the answer decides how the growth counts, Note
-  // [Growth while the GPU is busy].) The two kinds otherwise peak apart,
+  // pool past its peak, the other kind's entirely free segments go back with
+  // the spares (give_back_spares_within_peak()); not while the GPU is busy,
+  // as cuMemFree would wait for it. (That is asked once, and only where there
+  // is something to give back: the answer decides how the growth counts,
+  // Note [Growth while the GPU is busy].) The two kinds otherwise peak apart,
   // each growing beside what the other left free. (Simulated, RMM's
   // workload, seeds 1-16, reserved over live, three alternated runs: up to
   // 2 MiB with 32 MiB live 1.746-1.762 -> 1.676-1.688, with 128 MiB
   // 1.265-1.289 -> 1.254-1.266, up to 8 MiB with 64 MiB 1.502-1.520 ->
   // 1.489-1.494, the seed workloads within their noise; the shared side
   // alone bought nothing: docs/pool-measurements.md.)
-  void give_back_the_other_kind_within_peak(bool small, std::size_t more) {
-    if (arena || !passes_peak(more) || !(small ? blocks : small_blocks).has_free_region() ||
-        grows_rather_than_waits(more))
+  void give_back_idle_segments_within_peak(bool small, std::size_t more) {
+    const bool other_kind_free = !arena && (small ? blocks : small_blocks).has_free_region();
+    if (!passes_peak(more) || (!other_kind_free && dedicated.spare_bytes() == 0) || grows_rather_than_waits(more))
       return;
-    if (small)
-      release_free_shared_segments();
-    else
-      release_free_small_segments();
+    if (other_kind_free) {
+      if (small)
+        release_free_shared_segments();
+      else
+        release_free_small_segments();
+    }
+    free_spares_past_peak(more);
   }
 
   // Where the shared segments would grow past the pool's peak footprint
@@ -670,6 +673,11 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // segment of their own.)
   void give_back_spares_within_peak(std::size_t more) {
     if (!passes_peak(more) || dedicated.spare_bytes() == 0 || grows_rather_than_waits(more)) return;
+    free_spares_past_peak(more);
+  }
+  // Its giving back, once the GPU was asked: the spares over the peak.
+  void free_spares_past_peak(std::size_t more) {
+    if (!passes_peak(more) || dedicated.spare_bytes() == 0) return;
     const std::size_t over = reserved_bytes() + more - peak_reserved;
     const std::size_t spare = dedicated.spare_bytes();
     free_segments(dedicated.take_spares_over(spare > over ? spare - over : 0));

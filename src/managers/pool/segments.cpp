@@ -24,8 +24,7 @@ std::optional<detail::TlsfBlockAllocator::Region> PoolMemoryManager::Core::grow_
   if (passes_peak(segment)) {
     if (auto adopted = adopt_spare(size, segment)) return adopted;
   }
-  give_back_the_other_kind_within_peak(/*small=*/false, segment);
-  give_back_spares_within_peak(segment);
+  give_back_idle_segments_within_peak(/*small=*/false, segment);
   return add_new_segment(blocks, wanted, segment);
 }
 
@@ -69,8 +68,7 @@ bool PoolMemoryManager::Core::grow_small(std::size_t size, Growth growth, std::s
                        kLargestBoughtSmallSegment)
           : wanted;
   if (carve_small_segment(segment)) return true;
-  give_back_the_other_kind_within_peak(/*small=*/true, segment);
-  give_back_spares_within_peak(segment);
+  give_back_idle_segments_within_peak(/*small=*/true, segment);
   return add_new_segment(small_blocks, wanted, segment).has_value();
 }
 

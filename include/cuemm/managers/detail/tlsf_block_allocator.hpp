@@ -152,6 +152,10 @@ class TlsfBlockAllocator {
     Block* first;
     Block* sentinel;
   };
+  // Whether the region holds one block, free.
+  static bool entirely_free(const Bounds& bounds) noexcept {
+    return bounds.first->free && bounds.first->next_in_memory == bounds.sentinel;
+  }
   const Bounds& bounds_of(std::uintptr_t base) const;
 
   struct Index {
