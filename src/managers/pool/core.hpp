@@ -198,7 +198,10 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
 
    private:
     void taken() noexcept {
-      last_holder_.store(this_thread_token(), std::memory_order_relaxed);
+      // (Stored only where it changes, on a line of its own: a freeing
+      // thread reads it at each large free, as its holder locks again.)
+      if (last_holder_.load(std::memory_order_relaxed) != this_thread_token())
+        last_holder_.store(this_thread_token(), std::memory_order_relaxed);
       core_.take_in_foreign_frees();
     }
     static const void* this_thread_token() noexcept {
@@ -207,7 +210,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     }
     Core& core_;
     BlockingAwareMutex mutex_;
-    std::atomic<const void*> last_holder_{nullptr};
+    alignas(64) std::atomic<const void*> last_holder_{nullptr};
   };
   mutable PoolMutex mutex{*this};
   detail::TlsfBlockAllocator blocks{kBlockGranularity};
@@ -291,7 +294,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   detail::ForeignFrees foreign_frees;  // Note [Large frees from another thread]
   // Whether the quarantine wanted a seal when it last took in such a free.
   std::atomic<bool> foreign_free_wanted_seal{false};
-  std::atomic<bool> retired{false};
+  // Read at every free and every fast path: a line of its own, away from
+  // the flag above, which the pool's lock holder writes.
+  alignas(64) std::atomic<bool> retired{false};
   // For util::ThreadSlots: every fast path compares it with its thread's last slot.
   const std::uint64_t thread_slots_id_ = util::next_thread_slots_id();
   // Bytes a thread's rotation of large blocks may take beyond its cache

@@ -134,15 +134,16 @@ void PoolMemoryManager::Core::deallocate_otherwise(std::uintptr_t address, int s
   if (size_class < 0) {
     ThreadCache* cache = cache_for_a_free();
     if (cache && hold_large(address, epoch, *cache)) return;
-    // (Before the block can merge: every thread's lent entries are stale.)
-    large_frees_elsewhere.fetch_add(1, std::memory_order_acq_rel);
     // Where another thread is at work in the pool, it takes the block in
-    // (Note [Large frees from another thread]).
+    // (Note [Large frees from another thread]), and marks the lent entries
+    // stale then (take_in_queued_frees()).
     if (mutex.taken_last_by_another_thread() && foreign_frees.offer({address, epoch})) {
       // The seal its free would have made, without the pool's lock.
       if (foreign_free_wanted_seal.load(std::memory_order_relaxed)) seal_if_due();
       return;
     }
+    // (Before the block can merge: every thread's lent entries are stale.)
+    large_frees_elsewhere.fetch_add(1, std::memory_order_acq_rel);
     std::lock_guard lock(mutex);
     if (quarantine_large_free({address, epoch})) seal_and_reclaim();
     return;
@@ -163,13 +164,23 @@ bool PoolMemoryManager::Core::quarantine_large_free(const Freed& freed) noexcept
                                                       quarantined_segment_bytes + dedicated.spare_bytes() >
                                                           rotation_budget(block)
                                                 : quarantine_holds_much();
-  foreign_free_wanted_seal.store(wants_seal, std::memory_order_relaxed);
+  // (Stored only where it changes: the freeing thread reads it at each free.)
+  if (foreign_free_wanted_seal.load(std::memory_order_relaxed) != wants_seal)
+    foreign_free_wanted_seal.store(wants_seal, std::memory_order_relaxed);
   return wants_seal;
 }
 
 void PoolMemoryManager::Core::take_in_queued_frees() noexcept {
   Freed freed;
+  bool lent_entries_stale = false;
   while (foreign_frees.take(freed)) {
+    // Before the first block can merge, once for the batch: an increment at
+    // each queued free moved the counter's line, which every lend reads, to
+    // the freeing thread and back for each block handed over.
+    if (!lent_entries_stale) {
+      large_frees_elsewhere.fetch_add(1, std::memory_order_acq_rel);
+      lent_entries_stale = true;
+    }
     quarantine_large_free(freed);
     ++queued_large_frees;
   }

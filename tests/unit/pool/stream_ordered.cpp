@@ -208,6 +208,50 @@ TEST_F(Pool, AStreamOrderedFreeLearnsTheSizeOfABlockReusedSinceItsThreadTookIt) 
   pool.deallocate(keeper, (2 << 20) + 1);
 }
 
+// The same, where another thread frees the block (its free queued for this
+// thread, which took the pool's lock last: Note [Large frees from another
+// thread]) and later takes a smaller block at its address: taking the queue
+// in made this thread's note of the size stale.
+TEST_F(Pool, AStreamOrderedFreeLearnsTheSizeOfABlockAnotherThreadQueuedSinceItsThreadTookIt) {
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  ScopedContext scope(context);
+  const cuda::CUdeviceptr keeper = pool.allocate((2 << 20) + 1);  // keeps the segment through trim()
+  std::atomic<int> stage{0};  // 1: the other thread's cache made; 2: `a` taken; 3: `a` freed; 4: trimmed; 5: `b` taken
+  cuda::CUdeviceptr a = 0, b = 0;
+  auto wait_for = [&](int wanted) {
+    while (stage.load() < wanted) std::this_thread::yield();
+  };
+  std::thread other([&] {
+    ScopedContext other_scope(context);
+    pool.deallocate(pool.allocate(256), 256);  // (its cache made first: that takes the pool's lock)
+    stage = 1;
+    wait_for(2);
+    pool.deallocate(a, 3 << 20);
+    stage = 3;
+    wait_for(4);
+    b = pool.allocate(3 << 19);
+    stage = 5;
+  });
+  wait_for(1);
+  a = pool.allocate(3 << 20, cuda::CU_STREAM_PER_THREAD);  // this thread notes its size, and took the lock last
+  stage = 2;
+  wait_for(3);
+  pool.trim();
+  ASSERT_EQ(pool.statistics().queued_large_frees, 1u) << "the test needs the other thread's free queued";
+  stage = 4;
+  other.join();
+  ASSERT_EQ(b, a) << "the test needs the smaller block where the freed one was";
+  pool.deallocate(b, 3 << 19, cuda::CU_STREAM_PER_THREAD);
+  EXPECT_EQ(pool.statistics().in_use_bytes, (2u << 20) + 256) << "the freed block was counted with its old size";
+  const cuda::CUdeviceptr c = pool.allocate(3 << 20, cuda::CU_STREAM_PER_THREAD);
+  const cuda::CUdeviceptr d = pool.allocate(3 << 19);
+  EXPECT_TRUE(d + (3 << 19) <= c || c + (3 << 20) <= d) << "a 1.5 MiB block was handed out for 3 MiB";
+  pool.deallocate(d, 3 << 19);
+  pool.deallocate(c, 3 << 20, cuda::CU_STREAM_PER_THREAD);
+  pool.deallocate(keeper, (2 << 20) + 1);
+}
+
 // Threads mix stream-ordered and stream-less frees, of their own blocks and of
 // other threads', at every size: blocks stay distinct and keep their contents,
 // and the bookkeeping adds up at the end.
