@@ -46,14 +46,17 @@ class ForeignFrees {
     }
   }
 
-  // Whether a block may be waiting, for a look before taking the pool's lock's
-  // slow path: one load.
+  // Whether a block is waiting, for a look before taking the pool's lock's
+  // slow path: one load, of the next slot, as take() would read it (the
+  // consumer's: a look at the producers' end would move its line away from
+  // them at every lock).
   bool may_hold() const noexcept {
-    return tail_.load(std::memory_order_acquire) != head_.load(std::memory_order_relaxed);
+    const std::size_t position = head_.load(std::memory_order_relaxed);
+    return slots_[position % kCapacity].sequence.load(std::memory_order_acquire) == position + 1;
   }
 
   // The oldest block whose producer has finished writing it; false if none.
-  // One caller at a time (the pool's lock holder).
+  // One caller at a time (the pool's lock holder), as for may_hold().
   bool take(Freed& freed) noexcept {
     const std::size_t position = head_.load(std::memory_order_relaxed);
     Slot& slot = slots_[position % kCapacity];
@@ -65,7 +68,8 @@ class ForeignFrees {
   }
 
  private:
-  struct Slot {
+  // A line each: a producer writes one slot while the consumer reads the one before.
+  struct alignas(64) Slot {
     std::atomic<std::size_t> sequence;
     Freed freed;
   };
