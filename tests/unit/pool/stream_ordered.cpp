@@ -185,6 +185,24 @@ TEST_F(Pool, StreamOrderedFreesStayWithinTheThreadsBudget) {
   EXPECT_THROW(pool.allocate(0, cuda::CU_STREAM_LEGACY), InvalidArgument);
 }
 
+namespace {
+// The end of the two tests below: the 1.5 MiB block `b`, where its thread
+// noted a 3 MiB one, freed stream-ordered, counts its own size, and the free
+// space left does not overlap a 3 MiB block handed out after it (b's
+// address again only where b merged with the free space after it).
+void expect_the_stream_ordered_free_of_b_counted_its_size(PoolMemoryManager& pool, cuda::CUdeviceptr b,
+                                                          cuda::CUdeviceptr keeper) {
+  pool.deallocate(b, 3 << 19, cuda::CU_STREAM_PER_THREAD);
+  EXPECT_EQ(pool.statistics().in_use_bytes, (2u << 20) + 256) << "the freed block was counted with its old size";
+  const cuda::CUdeviceptr c = pool.allocate(3 << 20, cuda::CU_STREAM_PER_THREAD);
+  const cuda::CUdeviceptr d = pool.allocate(3 << 19);
+  EXPECT_TRUE(d + (3 << 19) <= c || c + (3 << 20) <= d) << "a 1.5 MiB block was handed out for 3 MiB";
+  pool.deallocate(d, 3 << 19);
+  pool.deallocate(c, 3 << 20, cuda::CU_STREAM_PER_THREAD);
+  pool.deallocate(keeper, (2 << 20) + 1);
+}
+}  // namespace
+
 TEST_F(Pool, AStreamOrderedFreeLearnsTheSizeOfABlockReusedSinceItsThreadTookIt) {
   PoolMemoryManager pool(&context);
   pool.initialize();
@@ -195,17 +213,7 @@ TEST_F(Pool, AStreamOrderedFreeLearnsTheSizeOfABlockReusedSinceItsThreadTookIt) 
   pool.trim();
   const cuda::CUdeviceptr b = pool.allocate(3 << 19);
   ASSERT_EQ(b, a) << "the test needs the smaller block where the freed one was";
-  pool.deallocate(b, 3 << 19, cuda::CU_STREAM_PER_THREAD);
-  const PoolStatistics statistics = pool.statistics();
-  EXPECT_EQ(statistics.in_use_bytes, (2u << 20) + 256) << "the freed block was counted with its old size";
-  // A block of 3 MiB (b's address again only where b merged with the free
-  // space after it): the free space the pool still has does not overlap it.
-  const cuda::CUdeviceptr c = pool.allocate(3 << 20, cuda::CU_STREAM_PER_THREAD);
-  const cuda::CUdeviceptr d = pool.allocate(3 << 19);
-  EXPECT_TRUE(d + (3 << 19) <= c || c + (3 << 20) <= d) << "a 1.5 MiB block was handed out for 3 MiB";
-  pool.deallocate(d, 3 << 19);
-  pool.deallocate(c, 3 << 20, cuda::CU_STREAM_PER_THREAD);
-  pool.deallocate(keeper, (2 << 20) + 1);
+  expect_the_stream_ordered_free_of_b_counted_its_size(pool, b, keeper);
 }
 
 // The same, where another thread frees the block (its free queued for this
@@ -242,14 +250,7 @@ TEST_F(Pool, AStreamOrderedFreeLearnsTheSizeOfABlockAnotherThreadQueuedSinceItsT
   stage = 4;
   other.join();
   ASSERT_EQ(b, a) << "the test needs the smaller block where the freed one was";
-  pool.deallocate(b, 3 << 19, cuda::CU_STREAM_PER_THREAD);
-  EXPECT_EQ(pool.statistics().in_use_bytes, (2u << 20) + 256) << "the freed block was counted with its old size";
-  const cuda::CUdeviceptr c = pool.allocate(3 << 20, cuda::CU_STREAM_PER_THREAD);
-  const cuda::CUdeviceptr d = pool.allocate(3 << 19);
-  EXPECT_TRUE(d + (3 << 19) <= c || c + (3 << 20) <= d) << "a 1.5 MiB block was handed out for 3 MiB";
-  pool.deallocate(d, 3 << 19);
-  pool.deallocate(c, 3 << 20, cuda::CU_STREAM_PER_THREAD);
-  pool.deallocate(keeper, (2 << 20) + 1);
+  expect_the_stream_ordered_free_of_b_counted_its_size(pool, b, keeper);
 }
 
 // Threads mix stream-ordered and stream-less frees, of their own blocks and of
