@@ -324,8 +324,9 @@ def splice_fragmentation(results, fragmentation, out):
         written.write("\n".join(text[:begin] + made + [""] + text[end:]))
 
 
-def hand_over_lines(m):
-    """The table of blocks one thread allocates and another frees, from the benchmarks' medians."""
+def hand_over_lines(m, seals=None):
+    """The table of blocks one thread allocates and another frees, from the benchmarks' medians, with the pool's
+    seals per 1000 blocks (`seals`: the medians of the runs' seals_per_1000_pairs) where the runs counted them."""
     rows = [("PyTorch CUDACachingAllocator raw_alloc/raw_delete", "TorchRawHandOver"),
             ("driver's stream-ordered pool (each thread's per-thread stream)", "DriverPoolHandOver"),
             ("pool manager, raw interface", "PoolRawHandOver"),
@@ -341,6 +342,11 @@ def hand_over_lines(m):
     for label, name in rows:
         cells = [fmt(m[f"{name}/{sz}/real_time"]) if f"{name}/{sz}/real_time" in m else "-" for sz in sizes]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    pool_seals = {sz: (seals or {}).get(f"PoolRawHandOver/{sz}/real_time") for sz in sizes}
+    if any(v is not None for v in pool_seals.values()):
+        # (What the large sizes' time goes to: each seal is one or two driver calls, between the two threads.)
+        lines += ["", "The pool's seals per 1000 blocks handed over (raw interface): " +
+                  ", ".join(f"{sz:,} B {v:.1f}" for sz, v in pool_seals.items() if v is not None) + "."]
     pinned = {sz: m.get(f"PinnedHostPoolHandOver/{sz}/real_time") for sz in (4096, 1 << 20, 64 << 20)}
     if any(pinned.values()):
         lines += ["", "The pinned host pool's blocks handed over the same way (pinned staging buffers that a loader "
@@ -493,7 +499,7 @@ def main():
             cells = [fmt(m[f"{name}/{s}/real_time"]) if f"{name}/{s}/real_time" in m else "-" for s in (65536, 4194304)]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("")
-    lines += hand_over_lines(m)
+    lines += hand_over_lines(m, seals)
     lines += beside_kernels_lines(runs)
     empty, holes = m.get("PoolWithFreeBlocks/0"), m.get("PoolWithFreeBlocks/65536")
     if empty and holes:

@@ -214,3 +214,9 @@ def test_the_hand_over_table_has_a_row_for_each_allocator_and_a_dash_where_one_d
     assert make_results.hand_over_lines({"PoolRawAllocateFree/256/real_time/threads:1": 20.0}) == []
     pinned = make_results.hand_over_lines({**m, "PinnedHostPoolHandOver/4096/real_time": 1662.0})
     assert pinned[-2].endswith("thread fills and another drops): 4,096 B 1,662 ns a block."), pinned[-2]
+    assert not any("seals per 1000 blocks" in line for line in pinned)
+    counted = make_results.hand_over_lines(m, {"PoolRawHandOver/256/real_time": 0.12,
+                                               "PoolRawHandOver/67108864/real_time": 193.49,
+                                               "PoolRawAllocateFree/256/real_time/threads:1": 3.9})
+    assert ("The pool's seals per 1000 blocks handed over (raw interface): 256 B 0.1, 67,108,864 B 193.5."
+            in counted), counted
