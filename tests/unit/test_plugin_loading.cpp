@@ -1,7 +1,7 @@
 // Choosing the manager with CUEMM_MEMORY_MANAGER: bad choices fail clearly at
 // the first context and leave nothing behind, a good one is used, and
-// set_memory_manager() is then ignored. Runs in its own process; the tests
-// run in order, changing the variable before the first context succeeds.
+// set_memory_manager() is then ignored. Each test runs in a process of its
+// own (support/test_per_process_main.cpp), whose first context it makes.
 #include <cstdlib>
 
 #include "support/test_support.hpp"
@@ -45,6 +45,10 @@ TEST(PluginLoading, AVersionTwoPluginIsRefusedNamingBothVersions) {
 
 TEST(PluginLoading, FailedAttemptsLeftNoContextBehind) {
   if (!simulation::active()) GTEST_SKIP() << "reads the simulated driver's primary-context state";
+  for (const char* choice : {"no-such-manager", "/nonexistent/libplugin.so", CUEMM_SIM_DRIVER_PATH,
+                             CUEMM_VERSION_TWO_PLUGIN_PATH})
+    EXPECT_NE(plugin_error_for(choice), "no PluginError") << choice;
+  EXPECT_GT(simulation::call_count("cuDevicePrimaryCtxRetain"), 0u) << "no attempt reached the device";
   EXPECT_EQ(simulation::call_count("cuDevicePrimaryCtxRetain"), simulation::call_count("cuDevicePrimaryCtxRelease"));
 }
 
@@ -59,6 +63,7 @@ TEST(PluginLoading, AValidPluginServesEveryAllocation) {
 }
 
 TEST(PluginLoading, SetMemoryManagerIsIgnoredWhileTheVariableIsSet) {
+  setenv("CUEMM_MEMORY_MANAGER", CUEMM_COUNTING_PLUGIN_PATH, 1);
   EXPECT_NO_THROW(set_memory_manager<DefaultMemoryManager>()) << "should warn and be ignored, not fail";
   EXPECT_EQ(memory_manager_name(), std::string("plugin:") + CUEMM_COUNTING_PLUGIN_PATH);
 }
