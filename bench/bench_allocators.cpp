@@ -363,17 +363,25 @@ cuemm::cuda::CUmemoryPool driver_pool() {
   return pool;
 }
 
-void DriverPoolAllocateFree(benchmark::State& state) {
+void driver_pool_pairs(benchmark::State& state, cuemm::cuda::CUstream stream) {
   const cuemm::cuda::CUmemoryPool pool = driver_pool();
   cuemm::ScopedContext scope(context());
   const auto size = static_cast<std::size_t>(state.range(0));
   for (auto _ : state) {
     cuemm::cuda::CUdeviceptr pointer = 0;
-    CUEMM_CU(cuMemAllocFromPoolAsync, &pointer, size, pool, cuemm::cuda::CU_STREAM_PER_THREAD);
-    CUEMM_CU(cuMemFreeAsync, pointer, cuemm::cuda::CU_STREAM_PER_THREAD);
+    CUEMM_CU(cuMemAllocFromPoolAsync, &pointer, size, pool, stream);
+    CUEMM_CU(cuMemFreeAsync, pointer, stream);
   }
-  CUEMM_CU(cuStreamSynchronize, cuemm::cuda::CU_STREAM_PER_THREAD);
+  CUEMM_CU(cuStreamSynchronize, stream);
   state.SetItemsProcessed(state.iterations());
+}
+
+void DriverPoolAllocateFree(benchmark::State& state) { driver_pool_pairs(state, cuemm::cuda::CU_STREAM_PER_THREAD); }
+
+// On the legacy stream, where the async manager's stream-less requests go:
+// beside the manager's row, what the manager itself adds to the driver's pool.
+void DriverPoolLegacyStreamAllocateFree(benchmark::State& state) {
+  driver_pool_pairs(state, cuemm::cuda::CU_STREAM_LEGACY);
 }
 
 // The same workload through the driver's pool, on the thread's per-thread
@@ -728,6 +736,7 @@ BENCHMARK(PinnedHostPoolAllocateFree)->Setup(benchmarks_of<cuemm::PinnedHostPool
 BENCHMARK(PinnedHostPoolHandOver)->Setup(benchmarks_of<cuemm::PinnedHostPool>)->Arg(4096)->Arg(1 << 20)->Arg(64 << 20)->UseRealTime();
 BENCHMARK(DriverMemAllocFree)->Setup(benchmarks_of<NoSharedManager>)->Arg(256)->Arg(1 << 20)->Arg(64 << 20)->ThreadRange(1, 4)->UseRealTime();
 BENCHMARK(DriverPoolAllocateFree)->Setup(benchmarks_of<DriverPool>)->Apply(set_sizes);
+BENCHMARK(DriverPoolLegacyStreamAllocateFree)->Setup(benchmarks_of<DriverPool>)->Apply(set_sizes);
 BENCHMARK_TEMPLATE(AllocateFree, cuemm::DefaultMemoryManager)->Setup(benchmarks_of<cuemm::DefaultMemoryManager>)->Apply(set_sizes);
 BENCHMARK_TEMPLATE(AllocateFree, cuemm::PoolMemoryManager)->Setup(benchmarks_of<cuemm::PoolMemoryManager>)->Apply(set_sizes);
 BENCHMARK_TEMPLATE(AllocateFree, cuemm::AsyncMemoryManager)->Setup(benchmarks_of<cuemm::AsyncMemoryManager>)->Apply(set_sizes);

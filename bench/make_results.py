@@ -324,6 +324,37 @@ def splice_fragmentation(results, fragmentation, out):
         written.write("\n".join(text[:begin] + made + [""] + text[end:]))
 
 
+def pair_tables(m, sizes):
+    """The tables of allocate+free pairs at 1, 4 and 16 threads, a row per allocator ("-" where it did not run)."""
+    rows = [("cuMemAlloc + cuMemFree", "DriverMemAllocFree/{s}/real_time/threads:{t}"),
+            ("driver's stream-ordered pool (threshold max, per-thread stream)",
+             "DriverPoolAllocateFree/{s}/real_time/threads:{t}"),
+            ("PyTorch CUDACachingAllocator raw_alloc/raw_delete", "TorchRawAllocFree/{s}/real_time/threads:{t}"),
+            ("default manager (Numba's behaviour)", "AllocateFree<cuemm::DefaultMemoryManager>/{s}/real_time/threads:{t}"),
+            ("driver's stream-ordered pool on the legacy stream (where the async manager's requests go)",
+             "DriverPoolLegacyStreamAllocateFree/{s}/real_time/threads:{t}"),
+            ("async manager (driver's stream-ordered pool)", "AllocateFree<cuemm::AsyncMemoryManager>/{s}/real_time/threads:{t}"),
+            ("pool manager, memalloc (MemoryPointer)", "AllocateFree<cuemm::PoolMemoryManager>/{s}/real_time/threads:{t}"),
+            ("pool under the statistics adaptor, memalloc",
+             "AllocateFree<PoolWithStatistics>/{s}/real_time/threads:{t}"),
+            ("pool under the limit adaptor (a cap not reached), memalloc",
+             "AllocateFree<PoolWithLimit>/{s}/real_time/threads:{t}"),
+            ("pool under the tracking adaptor, memalloc", "AllocateFree<PoolWithTracking>/{s}/real_time/threads:{t}"),
+            ("pool, raw allocate/deallocate", "PoolRawAllocateFree/{s}/real_time/threads:{t}"),
+            ("pool, stream-ordered allocate/deallocate (per-thread stream)",
+             "PoolStreamOrderedAllocateFree/{s}/real_time/threads:{t}")]
+    lines = []
+    for threads in (1, 4, 16):
+        lines += [f"### {threads} thread(s)", "", "| allocator | " + " | ".join(f"{s:,} B" for s in sizes) + " |",
+                  "|---|" + "---|" * len(sizes)]
+        for label, pattern in rows:
+            cells = [fmt(m[pattern.format(s=s, t=threads)]) if pattern.format(s=s, t=threads) in m else "-"
+                     for s in sizes]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
 def hand_over_lines(m, seals=None):
     """The table of blocks one thread allocates and another frees, from the benchmarks' medians, with the pool's
     seals per 1000 blocks (`seals`: the medians of the runs' seals_per_1000_pairs) where the runs counted them."""
@@ -411,29 +442,7 @@ def main():
         "",
     ]
     sizes = [256, 65536, 1048576, 4194304, 67108864]
-    rows = [("cuMemAlloc + cuMemFree", "DriverMemAllocFree/{s}/real_time/threads:{t}"),
-            ("driver's stream-ordered pool (threshold max, per-thread stream)",
-             "DriverPoolAllocateFree/{s}/real_time/threads:{t}"),
-            ("PyTorch CUDACachingAllocator raw_alloc/raw_delete", "TorchRawAllocFree/{s}/real_time/threads:{t}"),
-            ("default manager (Numba's behaviour)", "AllocateFree<cuemm::DefaultMemoryManager>/{s}/real_time/threads:{t}"),
-            ("async manager (driver's stream-ordered pool)", "AllocateFree<cuemm::AsyncMemoryManager>/{s}/real_time/threads:{t}"),
-            ("pool manager, memalloc (MemoryPointer)", "AllocateFree<cuemm::PoolMemoryManager>/{s}/real_time/threads:{t}"),
-            ("pool under the statistics adaptor, memalloc",
-             "AllocateFree<PoolWithStatistics>/{s}/real_time/threads:{t}"),
-            ("pool under the limit adaptor (a cap not reached), memalloc",
-             "AllocateFree<PoolWithLimit>/{s}/real_time/threads:{t}"),
-            ("pool under the tracking adaptor, memalloc", "AllocateFree<PoolWithTracking>/{s}/real_time/threads:{t}"),
-            ("pool, raw allocate/deallocate", "PoolRawAllocateFree/{s}/real_time/threads:{t}"),
-            ("pool, stream-ordered allocate/deallocate (per-thread stream)",
-             "PoolStreamOrderedAllocateFree/{s}/real_time/threads:{t}")]
-    for threads in (1, 4, 16):
-        lines += [f"### {threads} thread(s)", "", "| allocator | " + " | ".join(f"{s:,} B" for s in sizes) + " |",
-                  "|---|" + "---|" * len(sizes)]
-        for label, pattern in rows:
-            cells = [fmt(m[pattern.format(s=s, t=threads)]) if pattern.format(s=s, t=threads) in m else "-"
-                     for s in sizes]
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
-        lines.append("")
+    lines += pair_tables(m, sizes)
     torch = {s: m.get(f"TorchRawAllocFree/{s}/real_time/threads:1") for s in sizes}
     for label, name in (("raw interface", "PoolRawAllocateFree"), ("stream-ordered", "PoolStreamOrderedAllocateFree")):
         one = {s: m.get(f"{name}/{s}/real_time/threads:1") for s in sizes}

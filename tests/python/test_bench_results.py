@@ -220,3 +220,18 @@ def test_the_hand_over_table_has_a_row_for_each_allocator_and_a_dash_where_one_d
                                                "PoolRawAllocateFree/256/real_time/threads:1": 3.9})
     assert ("The pool's seals per 1000 blocks handed over (raw interface): 256 B 0.1, 67,108,864 B 193.5."
             in counted), counted
+
+
+def test_the_pair_tables_put_the_driver_pool_on_the_legacy_stream_beside_the_async_manager():
+    m = {"DriverPoolAllocateFree/256/real_time/threads:1": 1186.0,
+         "DriverPoolLegacyStreamAllocateFree/256/real_time/threads:1": 1250.4,
+         "AllocateFree<cuemm::AsyncMemoryManager>/256/real_time/threads:1": 1584.0,
+         "PoolRawAllocateFree/65536/real_time/threads:16": 1.84}
+    lines = make_results.pair_tables(m, [256, 65536])
+    assert [line for line in lines if line.startswith("### ")] == ["### 1 thread(s)", "### 4 thread(s)",
+                                                                   "### 16 thread(s)"]
+    one = lines[:lines.index("### 4 thread(s)")]
+    legacy = "| driver's stream-ordered pool on the legacy stream (where the async manager's requests go) | 1,250 | - |"
+    assert legacy in one
+    assert one.index(legacy) + 1 == one.index("| async manager (driver's stream-ordered pool) | 1,584 | - |")
+    assert "| pool, raw allocate/deallocate | - | 1.8 |" in lines[lines.index("### 16 thread(s)"):]
