@@ -81,7 +81,8 @@ std::vector<std::string> selected_tests(const std::string& program) {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  if (getenv(kChildMark)) return RUN_ALL_TESTS();
+  // (A listing runs nothing: as gtest_main would.)
+  if (getenv(kChildMark) || ::testing::GTEST_FLAG(list_tests)) return RUN_ALL_TESTS();
 
   const std::string program = argv[0];
   std::vector<std::string> tests = selected_tests(program);
