@@ -1222,6 +1222,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     if (foreign_frees.may_hold()) [[unlikely]]
       take_in_queued_frees();
   }
+  // (Only where may_hold() found a block: its caller's.)
   [[gnu::noinline]] void take_in_queued_frees() noexcept;
   // One large block freed by another thread to the quarantine; returns (and
   // records, for the frees that queue) whether the quarantine then wants a

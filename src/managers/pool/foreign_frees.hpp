@@ -58,9 +58,9 @@ class ForeignFrees {
   // The oldest block whose producer has finished writing it; false if none.
   // One caller at a time (the pool's lock holder), as for may_hold().
   bool take(Freed& freed) noexcept {
+    if (!may_hold()) return false;
     const std::size_t position = head_.load(std::memory_order_relaxed);
     Slot& slot = slots_[position % kCapacity];
-    if (slot.sequence.load(std::memory_order_acquire) != position + 1) return false;
     freed = slot.freed;
     slot.sequence.store(position + kCapacity, std::memory_order_release);
     head_.store(position + 1, std::memory_order_relaxed);

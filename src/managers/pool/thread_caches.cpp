@@ -171,16 +171,13 @@ bool PoolMemoryManager::Core::quarantine_large_free(const Freed& freed) noexcept
 }
 
 void PoolMemoryManager::Core::take_in_queued_frees() noexcept {
+  // Before the first block can merge, once for the batch (its caller found
+  // one waiting): an increment at each queued free moved the counter's line,
+  // which every lend reads, to the freeing thread and back for each block
+  // handed over.
+  large_frees_elsewhere.fetch_add(1, std::memory_order_acq_rel);
   Freed freed;
-  bool lent_entries_stale = false;
   while (foreign_frees.take(freed)) {
-    // Before the first block can merge, once for the batch: an increment at
-    // each queued free moved the counter's line, which every lend reads, to
-    // the freeing thread and back for each block handed over.
-    if (!lent_entries_stale) {
-      large_frees_elsewhere.fetch_add(1, std::memory_order_acq_rel);
-      lent_entries_stale = true;
-    }
     quarantine_large_free(freed);
     ++queued_large_frees;
   }
