@@ -30,15 +30,15 @@ int run_child(const std::vector<std::string>& arguments, std::string* output = n
   std::vector<char*> argv;
   for (const std::string& argument : arguments) argv.push_back(const_cast<char*>(argument.c_str()));
   argv.push_back(nullptr);
-  setenv(kChildMark, "1", 1);
   int pipe_ends[2] = {-1, -1};
+  if (output && pipe(pipe_ends) != 0) return -1;
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   if (output) {
-    if (pipe(pipe_ends) != 0) return -1;
     posix_spawn_file_actions_adddup2(&actions, pipe_ends[1], STDOUT_FILENO);
     posix_spawn_file_actions_addclose(&actions, pipe_ends[0]);
   }
+  setenv(kChildMark, "1", 1);
   pid_t child = 0;
   const int spawned = posix_spawn(&child, "/proc/self/exe", &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
