@@ -263,6 +263,21 @@ def pair_cells(text):
     return cells
 
 
+def gpu_name(results):
+    """The GPU's name in a RESULTS.md's header ('NVIDIA H200'), or None."""
+    match = re.search(r"^- GPU, driver, memory: ([^,\n]+)", results, re.MULTILINE)
+    return match.group(1).strip() if match else None
+
+
+def previous_of_the_same_gpu(paths, name):
+    """Of earlier runs' RESULTS.md files, the first that exists and was measured on the GPU `name`: timings
+    of another GPU (an H100's against an H200's) would flag what the machine changed, not the code."""
+    for path in paths:
+        if name and os.path.exists(path) and gpu_name(open(path).read()) == name:
+            return path
+    return None
+
+
 def slower_cells(previous, current, factor):
     """Pair cells that took over `factor` times the previous run's time, slowest first."""
     before, now = pair_cells(previous), pair_cells(current)
@@ -405,8 +420,9 @@ def main():
     parser.add_argument("--fragmentation", help="the output of the `cuemm random` runs (optional)")
     parser.add_argument("--python-pools", help="bench_python_pools.py's JSON: CuPy's and PyTorch's pools from "
                         "Python beside cuemm's (optional)")
-    parser.add_argument("--previous", help="the RESULTS.md of an earlier run: pair cells over 2x slower, and "
-                        "fragmentation means over 0.04 higher, are printed")
+    parser.add_argument("--previous", nargs="+", default=[],
+                        help="RESULTS.md files of earlier runs: against the one of the same GPU, pair cells over 2x "
+                        "slower, and fragmentation means over 0.04 higher, are printed")
     args = parser.parse_args()
     runs = [json.load(open(path)) for path in args.allocators]
     allocators = runs[0]
@@ -625,15 +641,21 @@ def main():
     text = "\n".join(lines)
     with open(args.out, "w") as out:
         out.write(text)
-    if args.previous and os.path.exists(args.previous):
-        previous = open(args.previous).read()
+    if args.previous:
+        path = previous_of_the_same_gpu(args.previous, gpu_name(text))
+        if path is None:
+            missing = f"nothing to compare with (no earlier run on {gpu_name(text)} in {', '.join(args.previous)})"
+            print(f"pairs over 2x slower than the previous results: {missing}")
+            print(f"fragmentation means over 0.04 above the previous results: {missing}")
+            return
+        previous = open(path).read()
         # Timings are noisy (README), so only large changes are named; a
         # regression once went unseen through two runs of this table.
         slower = slower_cells(previous, text, 2.0)
-        print("pairs over 2x slower than the previous results: " + ("; ".join(slower) if slower else "none"))
+        print(f"pairs over 2x slower than the previous results ({path}): " + ("; ".join(slower) if slower else "none"))
         # Seeds move by a few hundredths from run to run (seals are paced in time).
         higher = higher_means(previous, text, 0.04)
-        print("fragmentation means over 0.04 above the previous results: " + ("; ".join(higher) if higher else "none"))
+        print(f"fragmentation means over 0.04 above the previous results ({path}): " + ("; ".join(higher) if higher else "none"))
 
 
 if __name__ == "__main__":

@@ -490,7 +490,7 @@ if [ -f "$logs/bench_allocators.json" ] && [ -f "$logs/bench_numba.json" ]; then
   [ -s "$logs/bench_python_pools.json" ] && results_args+=(--python-pools "$logs/bench_python_pools.json")
   (cd "$root" && "$python" bench/make_results.py --allocators "$logs/bench_allocators.json" "${anchors[@]}" \
     --numba "$logs/bench_numba.json" --gpu "$logs/gpu.txt" --out "$logs/RESULTS.md" \
-    "${results_args[@]}" --previous bench/RESULTS.md \
+    "${results_args[@]}" --previous bench/RESULTS*.md \
     ${CUEMM_COMMIT:+--commit "$CUEMM_COMMIT"}) >"$logs/results.log" 2>&1
   summary+=("bench/RESULTS.md: written to $logs/RESULTS.md (exit $?)")
   summary+=("$(grep -m1 '^pairs over 2x slower' "$logs/results.log")")

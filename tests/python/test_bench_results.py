@@ -235,3 +235,17 @@ def test_the_pair_tables_put_the_driver_pool_on_the_legacy_stream_beside_the_asy
     assert legacy in one
     assert one.index(legacy) + 1 == one.index("| async manager (driver's stream-ordered pool) | 1,584 | - |")
     assert "| pool, raw allocate/deallocate | - | 1.8 |" in lines[lines.index("### 16 thread(s)"):]
+
+
+def test_a_run_is_compared_with_the_earlier_results_of_its_own_gpu(tmp_path):
+    def results(name):
+        return f"# cuemm benchmark results\n\n- commit: `abc1234`\n- GPU, driver, memory: {name}, 580.159.04, 1 MiB\n"
+    h100, h200 = tmp_path / "RESULTS.md", tmp_path / "RESULTS-H200.md"
+    h100.write_text(results("NVIDIA H100 80GB HBM3"))
+    h200.write_text(results("NVIDIA H200"))
+    assert make_results.gpu_name(h200.read_text()) == "NVIDIA H200"
+    paths = [str(h100), str(h200), str(tmp_path / "missing.md")]
+    assert make_results.previous_of_the_same_gpu(paths, "NVIDIA H200") == str(h200)
+    assert make_results.previous_of_the_same_gpu(paths, "NVIDIA H100 80GB HBM3") == str(h100)
+    assert make_results.previous_of_the_same_gpu(paths, "NVIDIA B200") is None
+    assert make_results.gpu_name("no header") is None
