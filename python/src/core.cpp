@@ -426,6 +426,7 @@ class Bridge {
       figures["blocks_assembled"] = p.blocks_assembled;
       figures["gpu_waits_avoided"] = p.gpu_waits_avoided;
       figures["queued_large_frees"] = p.queued_large_frees;
+      figures["queued_small_frees"] = p.queued_small_frees;
       out["pool"] = figures;
     }
     // The pinned host pool that the pool and async managers use (seals: how

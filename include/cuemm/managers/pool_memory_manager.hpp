@@ -279,6 +279,10 @@ struct PoolStatistics {
   // worked in the pool, queued for it rather than waiting for the pool's
   // lock (Note [Large frees from another thread], in pool/core.hpp).
   std::size_t queued_large_frees = 0;
+  // Blocks of the size classes queued so: the frees of a class that their
+  // thread does not ask for, once another thread has taken back what its
+  // cache kept of it (Note [Classes a thread frees for others]).
+  std::size_t queued_small_frees = 0;
   // Raw deallocate()s refused: a pointer no block starts at (see PoolOptions::check_frees).
   std::size_t rejected_frees = 0;
 };

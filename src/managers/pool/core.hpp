@@ -284,6 +284,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   bool room_forced_a_wait = false;
   std::size_t gpu_waits_avoided = 0;  // PoolStatistics'
   std::size_t queued_large_frees = 0;  // PoolStatistics': taken in from foreign_frees
+  std::size_t queued_small_frees = 0;  // PoolStatistics': the same, of the size classes
   std::vector<std::unique_ptr<ThreadCache>> caches;
   int defer_depth = 0;
   cuda::CUevent ordering_event = nullptr;  // order_after()'s
@@ -509,8 +510,13 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   }
 
   // The same for the blocks of its rings and ordered bins only, but for its
-  // latest request's class (which a loop is using).
+  // latest request's class (which a loop is using). The classes whose rings
+  // it empties go to the pool at the thread's later frees (Note [Classes a
+  // thread frees for others]).
   void quarantine_idle_ring_blocks(ThreadCache& cache) {
+    for (int c = 0; c < detail::kSizeClassCount; ++c) {
+      if (c != cache.latest_class && cache.bins[c].count > 0) cache.bins[c].given_to_others = true;
+    }
     quarantine_ring_blocks(cache, cache.latest_class, epochs.tag());
   }
 
@@ -1211,11 +1217,24 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // under the lock sees the pool without those blocks. A full queue, or a
   // thread that took the lock last itself, takes the lock as before (one
   // thread's frees keep their order and their seals). The seal that the
-  // quarantine wanted at its last such block (quarantine_large_free()) is
+  // quarantine wanted at its last such block (quarantine_foreign_free()) is
   // the freeing thread's, made without the pool's lock, so that the block's
   // epoch closes at its free, as it did. Drains seal nothing: a lock may be
   // taken at a thread's end, whose driver state may be gone. (Their one
   // driver call is quarantine_or_reuse()'s, with no host memory left.)
+  //
+  // Note [Classes a thread frees for others]
+  // A thread that frees blocks of a class it does not ask for (the compute
+  // thread of a loader's 1 MiB blocks) keeps them in its ring, where the
+  // thread that asks for them finds them only by taking them back
+  // (take_back_idle_rings()) once the index runs dry: a barrier across the
+  // process for each visit of that cache (OwnerBiasedLock), once per ring's
+  // worth of blocks. On a virtual machine of two CPUs that barrier was a
+  // third of the 1 MiB hand-over's time. So a class whose ring another
+  // thread empties so, while its own thread asks for other classes, is
+  // marked given to others: that thread's later frees of the class skip its
+  // ring and go to the pool as a large free from another thread does (the
+  // queue above, or the pool's lock), until it asks for the class itself.
   //
   // Under `mutex`: the queued blocks go to the quarantine.
   void take_in_foreign_frees() noexcept {
@@ -1224,10 +1243,21 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   }
   // (Only where may_hold() found a block: its caller's.)
   [[gnu::noinline]] void take_in_queued_frees() noexcept;
-  // One large block freed by another thread to the quarantine; returns (and
+  // One block freed by another thread to the quarantine; returns (and
   // records, for the frees that queue) whether the quarantine then wants a
-  // seal, so that requests of its size seldom wait.
-  bool quarantine_large_free(const Freed& freed) noexcept;
+  // seal, so that requests of its size seldom wait. Its size (0: no block
+  // starts there) in `bytes`.
+  bool quarantine_foreign_free(const Freed& freed, std::size_t* bytes = nullptr) noexcept;
+  // Queues a block freed by a thread that did not take it, for the thread at
+  // work in the pool (Note [Large frees from another thread]); false where
+  // this thread took the pool's lock last, or the queue is full: the caller
+  // takes the lock.
+  bool queue_for_the_lock_holder(const Freed& freed) noexcept {
+    if (!mutex.taken_last_by_another_thread() || !foreign_frees.offer(freed)) return false;
+    // The seal its free would have made, without the pool's lock.
+    if (foreign_free_wanted_seal.load(std::memory_order_relaxed)) seal_if_due();
+    return true;
+  }
 
   // The common free: room in the ring and in the budget. Apart from the
   // spilling path, whose 4 KiB of stack the pair otherwise paid for (a stack
@@ -1239,7 +1269,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // The same; the caller holds the cache's lock.
   static bool push_if_room(ThreadCache& cache, std::uintptr_t address, int size_class, std::uint64_t epoch) noexcept {
     ThreadCache::Bin& bin = cache.bins[size_class];
-    if (bin.count == bin.capacity || cache.rings_set_aside ||
+    if (bin.count == bin.capacity || cache.rings_set_aside || bin.given_to_others ||
         cache.bytes.load(std::memory_order_relaxed) + detail::size_class_bytes(size_class) > cache.budget)
       return false;
     cache.push_to_ring(size_class, address, epoch);

@@ -425,6 +425,7 @@ PoolStatistics PoolMemoryManager::statistics() const {
   statistics.blocks_assembled = core.blocks_assembled;
   statistics.gpu_waits_avoided = core.gpu_waits_avoided;
   statistics.queued_large_frees = core.queued_large_frees;
+  statistics.queued_small_frees = core.queued_small_frees;
   statistics.driver_frees = core.driver_frees;
   statistics.rejected_frees = rejected_frees_.load(std::memory_order_relaxed);
   return statistics;

@@ -59,6 +59,10 @@ struct ThreadCache {
     std::uint32_t capacity = 0;
     std::uint32_t frees_since_advance = 0;
     std::uint64_t last_free = 0;  // the cache's free_serial at its latest free
+    // Another thread took this ring's blocks back while its own thread asked
+    // for other classes: its frees of the class go to the pool until it asks
+    // for the class itself (Note [Classes a thread frees for others]).
+    bool given_to_others = false;
 
     Freed& at(std::uint32_t i) noexcept { return ring[(head + i) & (capacity - 1)]; }  // capacity: a power of two
   };

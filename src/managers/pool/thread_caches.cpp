@@ -49,6 +49,7 @@ std::uintptr_t PoolMemoryManager::Core::allocate_otherwise_here(std::size_t size
     {
       std::lock_guard cache_lock(cache.lock.owner());
       cache.latest_class = size_class;
+      cache.bins[size_class].given_to_others = false;  // (it asks for the class now)
       if (const std::uintptr_t address = cache.take_oldest_if_safe(size_class, epochs)) [[likely]]
         return address;
       ThreadCache::Bin& bin = cache.bins[size_class];
@@ -137,15 +138,11 @@ void PoolMemoryManager::Core::deallocate_otherwise(std::uintptr_t address, int s
     // Where another thread is at work in the pool, it takes the block in
     // (Note [Large frees from another thread]), and marks the lent entries
     // stale then (take_in_queued_frees()).
-    if (mutex.taken_last_by_another_thread() && foreign_frees.offer({address, epoch})) {
-      // The seal its free would have made, without the pool's lock.
-      if (foreign_free_wanted_seal.load(std::memory_order_relaxed)) seal_if_due();
-      return;
-    }
+    if (queue_for_the_lock_holder({address, epoch})) return;
     // (Before the block can merge: every thread's lent entries are stale.)
     large_frees_elsewhere.fetch_add(1, std::memory_order_acq_rel);
     std::lock_guard lock(mutex);
-    if (quarantine_large_free({address, epoch})) seal_and_reclaim();
+    if (quarantine_foreign_free({address, epoch})) seal_and_reclaim();
     return;
   }
   ThreadCache* cache = cache_for_a_free();
@@ -154,8 +151,9 @@ void PoolMemoryManager::Core::deallocate_otherwise(std::uintptr_t address, int s
   deallocate_spilling(cache, address, size_class, epoch);
 }
 
-bool PoolMemoryManager::Core::quarantine_large_free(const Freed& freed) noexcept {
+bool PoolMemoryManager::Core::quarantine_foreign_free(const Freed& freed, std::size_t* bytes) noexcept {
   const auto [block, in_segment_of_its_own] = block_at(freed.address);
+  if (bytes) *bytes = block;
   if (block == 0) return false;
   if (!quarantine_or_reuse({freed.address, block, freed.epoch, in_segment_of_its_own})) return false;
   // Beyond the segments that rotate (see allocate_dedicated()), a request of
@@ -178,8 +176,9 @@ void PoolMemoryManager::Core::take_in_queued_frees() noexcept {
   large_frees_elsewhere.fetch_add(1, std::memory_order_acq_rel);
   Freed freed;
   while (foreign_frees.take(freed)) {
-    quarantine_large_free(freed);
-    ++queued_large_frees;
+    std::size_t bytes = 0;
+    quarantine_foreign_free(freed, &bytes);
+    ++(bytes > detail::kLargestCachedSize ? queued_large_frees : queued_small_frees);
   }
 }
 
@@ -189,15 +188,17 @@ void PoolMemoryManager::Core::deallocate_spilling(ThreadCache* cache, std::uintp
   std::array<Freed, kMaximumBinCapacity / 2> spilled;
   std::size_t spill_count = 0;
   int spill_class = size_class;
-  bool rings_set_aside = false;
+  bool rings_set_aside = false, given_to_others = false;
   if (cache) {
     std::lock_guard cache_lock(cache->lock.owner());
     ThreadCache::Bin& bin = cache->bins[size_class];
     // Full ring: its older half goes to the shared quarantine; full
     // budget: see spill_stalest(). Rings set aside (Note [Rings set
-    // aside]): the block goes alone.
+    // aside]), or a class given to others (Note [Classes a thread frees
+    // for others]): the block goes alone.
     rings_set_aside = cache->rings_set_aside;
-    if (!rings_set_aside) {
+    given_to_others = bin.given_to_others;
+    if (!rings_set_aside && !given_to_others) {
       if (bin.count == bin.capacity)
         spill_count = cache->take_oldest(size_class, bin.count / 2, spilled.data());
       else if (cache->bytes.load(std::memory_order_relaxed) + class_bytes > cache->budget)
@@ -208,9 +209,10 @@ void PoolMemoryManager::Core::deallocate_spilling(ThreadCache* cache, std::uintp
       }
     }
   }
-  quarantine_spilled(spilled.data(), spill_count, detail::size_class_bytes(spill_class), false);
+  if (spill_count) quarantine_spilled(spilled.data(), spill_count, detail::size_class_bytes(spill_class), false);
   if (address) {  // no cache, or no room in it
     const Freed freed{address, epoch};
+    if (given_to_others && queue_for_the_lock_holder(freed)) return;
     // With the rings set aside, every free comes this way, to merge with its
     // neighbours: kept small, as the index's own frees keep it (Note [A
     // quarantine kept small]). Spilled halves of rings do not seal: a pair

@@ -340,14 +340,57 @@ TEST_F(Pool, APipelineOfBlocksFreedByAnotherThreadKeepsABoundedFootprint) {
     freer.join();
     // Large blocks: the freeing thread queues them for the allocating one
     // (Note [Large frees from another thread]) rather than wait for the lock.
-    if (size > detail::kLargestCachedSize)
+    // Small ones too, once the allocating thread has taken back what the
+    // freeing thread's ring kept (Note [Classes a thread frees for others]).
+    if (size > detail::kLargestCachedSize) {
       EXPECT_GE(pool.statistics().queued_large_frees, kBatches * kBatch / 2);
-    else
+      EXPECT_EQ(pool.statistics().queued_small_frees, 0u);
+    } else {
       EXPECT_EQ(pool.statistics().queued_large_frees, 0u);
+      EXPECT_GE(pool.statistics().queued_small_frees, kBatches * kBatch / 2);
+    }
     EXPECT_LE(most_reserved, 3 * kMostOut * size + (std::size_t{8} << 20))
         << "reserved " << most_reserved << " bytes for " << kMostOut << " blocks out at most";
     EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
     pool.trim();
     EXPECT_EQ(pool.statistics().reserved_bytes, 0u) << "a block was lost on the way";
   }
+}
+
+// Note [Classes a thread frees for others]: a thread that frees a loader's
+// 1 MiB blocks, and asks for none itself, sends them to the pool once the
+// loader has taken back what its ring kept, rather than keep them for the
+// loader to take back again (a barrier across the process each time); once
+// it asks for that size itself, its frees of it keep to its ring again.
+TEST_F(Pool, AClassAThreadFreesForOthersGoesToThePoolUntilItAsksForTheClass) {
+  constexpr std::size_t kSize = detail::kLargestCachedSize;
+  constexpr std::size_t kBatch = 16;
+  constexpr int kBatches = 300;
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  cuemm::testing::BatchPipeline<std::vector<cuda::CUdeviceptr>> pipeline;
+  std::size_t queued_before_its_own = 0, queued_after_its_own = 0, cached_after_its_own = 0;
+  std::thread freer([&] {
+    ScopedContext scope(context);
+    while (auto batch = pipeline.pop())
+      for (const cuda::CUdeviceptr block : *batch) pool.deallocate(block, kSize);
+    queued_before_its_own = pool.statistics().queued_small_frees;
+    const cuda::CUdeviceptr own = pool.allocate(kSize);
+    pool.deallocate(own, kSize);
+    queued_after_its_own = pool.statistics().queued_small_frees;
+    cached_after_its_own = pool.statistics().cached_bytes;
+  });
+  for (int b = 0; b < kBatches; ++b) {
+    std::vector<cuda::CUdeviceptr> batch;
+    for (std::size_t i = 0; i < kBatch; ++i) batch.push_back(pool.allocate(kSize));
+    pipeline.push(std::move(batch));
+  }
+  pipeline.close();
+  freer.join();
+  EXPECT_GE(queued_before_its_own, kBatches * kBatch / 2) << "the freeing thread kept the loader's blocks in its ring";
+  EXPECT_EQ(queued_after_its_own, queued_before_its_own) << "its free of a size it asked for went past its ring";
+  EXPECT_GE(cached_after_its_own, kSize);
+  EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
+  pool.trim();
+  EXPECT_EQ(pool.statistics().reserved_bytes, 0u) << "a block was lost on the way";
 }
