@@ -140,10 +140,11 @@ def statistics(device=None):
     driver calls that took and gave back memory, and queued_large_frees: large arrays
     dropped on a thread that did not make them, queued for the thread at work in the
     pool rather than waiting for its lock, and queued_small_frees: the same of sizes
-    up to 1 MiB, where the dropping thread does not allocate that size itself); with a manager that pools pinned
-    host memory (pool, async), that pool's under "pinned_host_pool" (bytes allocated and
-    cached, hits, of those front_hits (served by the calling thread's own cache), misses,
-    and seals: waits for the GPU's queued work before reuse)."""
+    up to 1 MiB, where the dropping thread does not allocate that size itself); with
+    a manager that pools pinned host memory (pool, async), that pool's under
+    "pinned_host_pool" (bytes allocated and cached, hits, of those front_hits (served
+    by the calling thread's own cache), misses, and seals: waits for the GPU's queued
+    work before reuse)."""
     bridge = _bridge_for(device)
     return bridge.statistics()
 
