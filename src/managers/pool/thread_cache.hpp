@@ -59,10 +59,11 @@ struct ThreadCache {
     std::uint32_t capacity = 0;
     std::uint32_t frees_since_advance = 0;
     std::uint64_t last_free = 0;  // the cache's free_serial at its latest free
-    // Another thread took this ring's blocks back while its own thread asked
-    // for other classes: its frees of the class go to the pool until it asks
-    // for the class itself (Note [Classes a thread frees for others]).
+    // Another thread took this ring's blocks back, and its own thread has
+    // never asked for the class: its frees of the class go to the pool until
+    // it does (Note [Classes a thread frees for others]).
     bool given_to_others = false;
+    bool asked_for = false;  // by its own thread, past its ring (sticky)
 
     Freed& at(std::uint32_t i) noexcept { return ring[(head + i) & (capacity - 1)]; }  // capacity: a power of two
   };

@@ -49,7 +49,8 @@ std::uintptr_t PoolMemoryManager::Core::allocate_otherwise_here(std::size_t size
     {
       std::lock_guard cache_lock(cache.lock.owner());
       cache.latest_class = size_class;
-      cache.bins[size_class].given_to_others = false;  // (it asks for the class now)
+      cache.bins[size_class].asked_for = true;
+      cache.bins[size_class].given_to_others = false;
       if (const std::uintptr_t address = cache.take_oldest_if_safe(size_class, epochs)) [[likely]]
         return address;
       ThreadCache::Bin& bin = cache.bins[size_class];
