@@ -1236,14 +1236,13 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // worth of blocks. On a virtual machine of two CPUs that barrier was a
   // third of the 1 MiB hand-over's time. So a class that another thread
   // asks for and takes back so, and which its own thread has kept blocks of
-  // but never asked for, is marked given to others: that thread's later frees of the class skip its
-  // ring and go to the pool as a large free from another thread does (the
-  // queue above, or the pool's lock), until it asks for the class itself.
-  // (The class asked for, never asked for by the other: threads of random
-  // sizes, whose rings are all taken back where the pool would grow, keep
-  // their frees of the classes they use: marking every class taken back
-  // read 0.015 more reserved over live on RMM's workload up to 1 MiB from 4
-  // threads, simulated.)
+  // but never asked for, is marked given to others: that thread's later
+  // frees of the class skip its ring and go to the pool as a large free from
+  // another thread does (the queue above, or the pool's lock), until it asks
+  // for the class itself. (Only that class, and only if never asked for:
+  // threads of random sizes, whose rings are all taken back where the pool
+  // would grow, keep their frees of the classes they use;
+  // docs/pool-measurements.md.)
   //
   // Under `mutex`: the queued blocks go to the quarantine.
   void take_in_foreign_frees() noexcept {
