@@ -516,8 +516,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // (Note [Classes a thread frees for others]).
   void quarantine_idle_ring_blocks(ThreadCache& cache, int wanted) {
     if (wanted >= 0 && wanted != cache.latest_class) {
+      using Taker = ThreadCache::Bin::Taker;
       ThreadCache::Bin& bin = cache.bins[wanted];
-      if (bin.count > 0 && !bin.asked_for) bin.given_to_others = true;
+      if (bin.count > 0 && bin.taker == Taker::unknown) bin.taker = Taker::others;
     }
     quarantine_ring_blocks(cache, cache.latest_class, epochs.tag());
   }
@@ -1277,7 +1278,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // The same; the caller holds the cache's lock.
   static bool push_if_room(ThreadCache& cache, std::uintptr_t address, int size_class, std::uint64_t epoch) noexcept {
     ThreadCache::Bin& bin = cache.bins[size_class];
-    if (bin.count == bin.capacity || cache.rings_set_aside || bin.given_to_others ||
+    if (bin.count == bin.capacity || cache.rings_set_aside || bin.taker == ThreadCache::Bin::Taker::others ||
         cache.bytes.load(std::memory_order_relaxed) + detail::size_class_bytes(size_class) > cache.budget)
       return false;
     cache.push_to_ring(size_class, address, epoch);

@@ -59,11 +59,12 @@ struct ThreadCache {
     std::uint32_t capacity = 0;
     std::uint32_t frees_since_advance = 0;
     std::uint64_t last_free = 0;  // the cache's free_serial at its latest free
-    // Another thread took this ring's blocks back, and its own thread has
-    // never asked for the class: its frees of the class go to the pool until
-    // it does (Note [Classes a thread frees for others]).
-    bool given_to_others = false;
-    bool asked_for = false;  // by its own thread, past its ring (sticky)
+    // Who takes the class's blocks (Note [Classes a thread frees for
+    // others]): its own thread once it has asked for the class past its ring
+    // (for good), or others, after another thread took this ring's blocks
+    // back before that: then its frees of the class go to the pool.
+    enum class Taker : std::uint8_t { unknown, own_thread, others };
+    Taker taker = Taker::unknown;
 
     Freed& at(std::uint32_t i) noexcept { return ring[(head + i) & (capacity - 1)]; }  // capacity: a power of two
   };

@@ -49,8 +49,7 @@ std::uintptr_t PoolMemoryManager::Core::allocate_otherwise_here(std::size_t size
     {
       std::lock_guard cache_lock(cache.lock.owner());
       cache.latest_class = size_class;
-      cache.bins[size_class].asked_for = true;
-      cache.bins[size_class].given_to_others = false;
+      cache.bins[size_class].taker = ThreadCache::Bin::Taker::own_thread;
       if (const std::uintptr_t address = cache.take_oldest_if_safe(size_class, epochs)) [[likely]]
         return address;
       ThreadCache::Bin& bin = cache.bins[size_class];
@@ -198,7 +197,7 @@ void PoolMemoryManager::Core::deallocate_spilling(ThreadCache* cache, std::uintp
     // aside]), or a class given to others (Note [Classes a thread frees
     // for others]): the block goes alone.
     rings_set_aside = cache->rings_set_aside;
-    given_to_others = bin.given_to_others;
+    given_to_others = bin.taker == ThreadCache::Bin::Taker::others;
     if (!rings_set_aside && !given_to_others) {
       if (bin.count == bin.capacity)
         spill_count = cache->take_oldest(size_class, bin.count / 2, spilled.data());
