@@ -642,9 +642,10 @@ def main():
     with open(args.out, "w") as out:
         out.write(text)
     if args.previous:
-        path = previous_of_the_same_gpu(args.previous, gpu_name(text))
+        gpu = gpu_name(text)
+        path = previous_of_the_same_gpu(args.previous, gpu)
         if path is None:
-            missing = f"nothing to compare with (no earlier run on {gpu_name(text)} in {', '.join(args.previous)})"
+            missing = f"nothing to compare with (no earlier run on {gpu} in {', '.join(args.previous)})"
             print(f"pairs over 2x slower than the previous results: {missing}")
             print(f"fragmentation means over 0.04 above the previous results: {missing}")
             return
