@@ -10,23 +10,11 @@
 #   bash scripts/gpu-ab.sh   # without a GPU: on the simulated driver (CUEMM_DRIVER=auto|cuda|sim)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-base_source=${BASE_SOURCE:-$root/.carry/base}
 filter=${FILTER:-'PoolRawAllocateFree/.*/threads:(1|16)$|PoolStreamOrderedAllocateFree/.*/threads:1$|PinnedHostPoolAllocateFree/|AllocateFree<cuemm::PoolMemoryManager>/(256|1048576)/.*threads:1$'}
 rounds=${ROUNDS:-3}
-work=${AB_WORK:-/tmp/cuemm-ab}
-[ -f "$base_source/CMakeLists.txt" ] || { echo "gpu-ab: no source in $base_source (scripts/prepare-gpu-carry.sh --base COMMIT)" >&2; exit 1; }
-mkdir -p "$work"
-
-build() {  # source folder, build folder
-  local args=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUEMM_BUILD_TESTS=OFF -DCUEMM_BUILD_EXAMPLES=OFF
-              -DCUEMM_BUILD_PYTHON=OFF)
-  [ -d "$root/.carry/benchmark" ] && args+=(-DCUEMM_BENCHMARK_ROOT="$root/.carry/benchmark")
-  CMAKE_POLICY_VERSION_MINIMUM=3.5 cmake -S "$1" -B "$2" "${args[@]}" >"$2.log" 2>&1 &&
-    cmake --build "$2" --target bench_allocators >>"$2.log" 2>&1 || { tail -20 "$2.log"; return 1; }
-}
-build "$base_source" "$work/base" & base_build=$!
-build "$root" "$work/new" & new_build=$!
-wait $base_build && wait $new_build
+# shellcheck source=scripts/ab-common.sh
+source "$root/scripts/ab-common.sh"
+build_both bench_allocators
 
 : >"$work/times"
 for ((round = 1; round <= rounds; ++round)); do

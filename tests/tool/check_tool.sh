@@ -367,4 +367,14 @@ done
 CUEMM_TOOL="$tool" SEEDS=2 WORKLOADS='--pattern training --layers 8 --steps 3' \
   bash "$(dirname "$0")/../../scripts/fragmentation-seeds.sh" >"$work/seeds.txt"
 grep -q "^  --pattern training --layers 8 --steps 3 *1\.[0-9]* (1\.[0-9]*) \[1\.[0-9]*\]$" "$work/seeds.txt"
+# scripts/fragmentation-ab.sh over two tools (the same one twice): each build's mean over the rounds, each
+# round's, and the difference, which for one tool on a one-thread workload is nothing.
+BASE_TOOL="$tool" NEW_TOOL="$tool" ROUNDS=2 SEEDS=2 WORKLOADS='--pattern training --layers 8 --steps 3' \
+  bash "$(dirname "$0")/../../scripts/fragmentation-ab.sh" >"$work/ab.txt"
+grep -q "^    base 1\.[0-9]* (1\.[0-9]* 1\.[0-9]*) \[1\.[0-9]*\]$" "$work/ab.txt"
+grep -q "^    new - base +0\.000$" "$work/ab.txt"
+# A workload that fails says so, and so does the exit status.
+if BASE_TOOL="$tool" NEW_TOOL="$tool" ROUNDS=1 SEEDS=1 WORKLOADS='--pattern training --no-such-option' \
+     bash "$(dirname "$0")/../../scripts/fragmentation-ab.sh" >"$work/ab-failed.txt"; then exit 1; fi
+grep -q "^    base - (failed); 1 round(s) with a failed seed$" "$work/ab-failed.txt"
 echo "cuemm tool: ok"
