@@ -1,5 +1,6 @@
 #include "cuemm/managers/async_memory_manager.hpp"
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -48,8 +49,29 @@ struct AsyncMemoryManager::Blocks {
     std::size_t size;
     std::weak_ptr<MemoryPointer> memory;  // for reset(): its finalizer must not run after
   };
-  BlockingAwareMutex mutex;
-  std::map<cuda::CUdeviceptr, Live> live;
+  // In shards by address, each under a lock of its own, so that threads
+  // allocating at once seldom meet on one (the driver's pool serves them
+  // side by side; the record should not make them take turns).
+  struct alignas(64) Shard {
+    BlockingAwareMutex mutex;
+    std::map<cuda::CUdeviceptr, Live> live;
+  };
+  static constexpr int kShardBits = 6;
+  std::array<Shard, std::size_t{1} << kShardBits> shards;
+  // (Blocks are at least 256-byte aligned, and the driver hands out neighbours.)
+  Shard& shard_of(cuda::CUdeviceptr pointer) noexcept {
+    return shards[(pointer >> 8) * 0x9E3779B97F4A7C15ull >> (64 - kShardBits)];
+  }
+  // The live block that holds [address, address + size), or 0.
+  cuda::CUdeviceptr start_of_block_holding(cuda::CUdeviceptr address, std::size_t size) {
+    for (Shard& shard : shards) {
+      std::lock_guard lock(shard.mutex);
+      auto after = shard.live.upper_bound(address);
+      if (after != shard.live.begin() && address + size <= std::prev(after)->first + std::prev(after)->second.size)
+        return std::prev(after)->first;
+    }
+    return 0;
+  }
   // Held shared while a request or a release uses the pool (Note [The
   // pool's users]); a reset() that waits for it goes before later requests.
   BlockingAwareSharedMutex pool_use;
@@ -58,8 +80,9 @@ struct AsyncMemoryManager::Blocks {
   void release(cuda::CUdeviceptr pointer) {
     std::shared_lock use(pool_use);  // (until its free is queued)
     {
-      std::lock_guard lock(mutex);
-      if (live.erase(pointer) == 0) return;
+      Shard& shard = shard_of(pointer);
+      std::lock_guard lock(shard.mutex);
+      if (shard.live.erase(pointer) == 0) return;
     }
     ScopedContext scope(*context);
     CUEMM_CU(cuMemFreeAsync, pointer, cuda::CU_STREAM_LEGACY);
@@ -133,9 +156,9 @@ void AsyncMemoryManager::on_reset() {
   // block it handed out is recorded (Note [The pool's users]).
   std::lock_guard alone(blocks_->pool_use);
   std::map<cuda::CUdeviceptr, Blocks::Live> live;
-  {
-    std::lock_guard lock(blocks_->mutex);
-    live.swap(blocks_->live);
+  for (Blocks::Shard& shard : blocks_->shards) {
+    std::lock_guard lock(shard.mutex);
+    live.merge(shard.live);
   }
   std::lock_guard lock(mutex_);
   const cuda::CUmemoryPool pool = pool_.exchange(nullptr);  // the next allocation makes a new one
@@ -166,8 +189,10 @@ void AsyncMemoryManager::on_reset() {
 // taking its block off the record until its free is queued, or reset()
 // destroyed the pool with that block still out, and the driver crashed in
 // a later cuMemAllocFromPoolAsync (H100, resets in a loop beside four
-// allocating threads). The cost, one atomic update a request and a release,
-// is small beside the driver's call.
+// allocating threads). The cost, two atomic updates a request and a release
+// on a line of the thread's own (BlockingAwareSharedMutex), is small beside
+// the driver's call, and threads do not take turns for it. (Before, every
+// reader passed a mutex of the lock's, in turn.)
 
 namespace {
 // The driver pool's reserved and used bytes, without throwing: statistics()
@@ -221,8 +246,9 @@ std::shared_ptr<MemoryPointer> AsyncMemoryManager::memalloc(std::size_t size) {
   try {
     memory = detail::make_recycled<MemoryPointer>(ctx, pointer, size, nullptr,
                                                   [blocks, pointer] { blocks->release(pointer); });
-    std::lock_guard lock(blocks->mutex);
-    blocks->live.insert_or_assign(pointer, Blocks::Live{size, memory});
+    Blocks::Shard& shard = blocks->shard_of(pointer);
+    std::lock_guard lock(shard.mutex);
+    shard.live.insert_or_assign(pointer, Blocks::Live{size, memory});
   } catch (...) {
     if (memory) memory->mark_released();  // not recorded: its finalizer would find nothing to free
     CUEMM_CU_RESULT(cuMemFreeAsync, pointer, cuda::CU_STREAM_LEGACY);
@@ -240,14 +266,7 @@ IpcHandle AsyncMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer
         "or AsyncOptions::exportable) or use CUEMM_MEMORY_MANAGER=pool");
   }
   const cuda::CUdeviceptr address = memory->device_pointer();
-  cuda::CUdeviceptr base = 0;
-  {
-    std::lock_guard lock(blocks_->mutex);
-    const auto& live = blocks_->live;
-    auto after = live.upper_bound(address);
-    if (after != live.begin() && address + memory->size() <= std::prev(after)->first + std::prev(after)->second.size)
-      base = std::prev(after)->first;
-  }
+  const cuda::CUdeviceptr base = blocks_->start_of_block_holding(address, memory->size());
   if (!base) {
     throw InvalidArgument("get_ipc_handle: " + util::hex_address(address) + " (" + describe_bytes(memory->size()) +
                           ") is not within a block of this manager's stream-ordered pool");

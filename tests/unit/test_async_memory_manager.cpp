@@ -131,6 +131,28 @@ TEST_F(Async, AnExportablePoolsHandleCarriesItsExportAndSurvivesSerialisation) {
                                       "is not within a block of this manager's stream-ordered pool"));
 }
 
+// The record of live blocks is kept in shards by address: a view's block is
+// found among many neighbours (its offset is from that block's start).
+TEST_F(Async, AViewsHandleIsOfItsOwnBlockAmongMany) {
+  AsyncOptions options;
+  options.exportable = true;
+  AsyncMemoryManager manager(&context, options);
+  manager.initialize();
+  std::vector<std::shared_ptr<MemoryPointer>> blocks;
+  for (int i = 0; i < 64; ++i) blocks.push_back(manager.memalloc(8192));
+  const auto expect_each_found = [&] {
+    for (const auto& block : blocks) {
+      const IpcHandle handle = manager.get_ipc_handle(block->view(4096, 5120));
+      EXPECT_EQ(handle.offset(), 4096u) << "the handle of a view of the block at " << block->device_pointer();
+      EXPECT_EQ(handle.size(), 1024u);
+    }
+  };
+  expect_each_found();
+  for (std::size_t i = 0; i < blocks.size(); i += 2) blocks[i].reset();  // (every other one released)
+  std::erase(blocks, nullptr);
+  expect_each_found();
+}
+
 TEST_F(Async, AFailedExportLeavesTheManagerAbleToExportLater) {
   CUEMM_REQUIRE_SIMULATION();
   AsyncOptions options;

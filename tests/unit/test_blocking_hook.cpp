@@ -2,7 +2,10 @@
 // before cuemm may block, and only then: every driver call and every wait for
 // a contended lock runs it; a block from a thread's cache does not.
 #include <atomic>
+#include <chrono>
+#include <shared_mutex>
 #include <thread>
+#include <vector>
 
 #include "support/test_support.hpp"
 
@@ -97,4 +100,124 @@ TEST(BlockingHook, APoolRunsItOnlyWhenItMayBlock) {
   const std::size_t segment_bytes = pool.statistics().reserved_bytes;
   auto large = pool.memalloc(segment_bytes + (1u << 20));  // more than the pool holds: the driver
   EXPECT_GE(hook.calls, 1) << "the pool grew without running the hook";
+}
+
+namespace {
+// Runs its hook's signal, so that a test knows its thread is about to wait
+// (no clock decides whether a lock is still held when a thread asks for it).
+struct SignallingHook final : BlockingHook {
+  std::atomic<int> calls{0};
+  void before_blocking() noexcept override { calls.fetch_add(1); }
+};
+// Whether the hook ran (false after 10 s: a thread that should have waited
+// went in instead, and the test fails rather than hang).
+bool ran(const std::atomic<int>& calls) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (calls.load() == 0)
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    else std::this_thread::yield();
+  return true;
+}
+}  // namespace
+
+TEST(BlockingAwareSharedMutex, RunsTheHookOnlyBeforeItWaits) {
+  BlockingAwareSharedMutex mutex;
+  CountingHook hook;
+  ScopedBlockingHook scope(hook);
+  mutex.lock_shared();
+  mutex.unlock_shared();
+  mutex.lock();
+  mutex.unlock();
+  EXPECT_EQ(hook.calls, 0);
+
+  // A writer waits for a reader, and runs its hook first.
+  mutex.lock_shared();
+  SignallingHook writer_hook;
+  std::atomic<bool> written{false};
+  std::thread writer([&] {
+    ScopedBlockingHook writer_scope(writer_hook);
+    std::lock_guard lock(mutex);
+    written = true;
+  });
+  EXPECT_TRUE(ran(writer_hook.calls)) << "the writer did not wait for the reader";
+  EXPECT_FALSE(written) << "the writer went in beside a reader";
+  mutex.unlock_shared();
+  writer.join();
+  EXPECT_TRUE(written);
+
+  // A reader waits for a writer, and runs its hook first.
+  mutex.lock();
+  SignallingHook reader_hook;
+  std::atomic<bool> read{false};
+  std::thread reader([&] {
+    ScopedBlockingHook reader_scope(reader_hook);
+    std::shared_lock lock(mutex);
+    read = true;
+  });
+  EXPECT_TRUE(ran(reader_hook.calls)) << "the reader did not wait for the writer";
+  EXPECT_FALSE(read) << "a reader went in beside the writer";
+  mutex.unlock();
+  reader.join();
+  EXPECT_TRUE(read);
+  EXPECT_EQ(hook.calls, 0) << "this thread never waited";
+}
+
+// What reset() of the async manager relies on: readers whose holds always
+// overlap do not keep a writer out.
+TEST(BlockingAwareSharedMutex, AWaitingWriterGoesBeforeReadersThatComeAfterIt) {
+  BlockingAwareSharedMutex mutex;
+  mutex.lock_shared();  // the reader already in
+  SignallingHook writer_hook;
+  std::atomic<bool> writer_in{false}, writer_was_first{false};
+  std::thread writer([&] {
+    ScopedBlockingHook writer_scope(writer_hook);
+    std::lock_guard lock(mutex);
+    writer_in = true;
+  });
+  ASSERT_TRUE(ran(writer_hook.calls)) << "the writer did not wait for the reader";
+  // (Waits for the reader now.)
+  EXPECT_FALSE(mutex.try_lock_shared()) << "a new reader went in before a waiting writer";
+  SignallingHook later_hook;
+  std::thread later_reader([&] {
+    ScopedBlockingHook later_scope(later_hook);
+    std::shared_lock lock(mutex);
+    writer_was_first = writer_in.load();
+  });
+  EXPECT_TRUE(ran(later_hook.calls)) << "the later reader did not wait behind the writer";
+  mutex.unlock_shared();
+  writer.join();
+  later_reader.join();
+  EXPECT_TRUE(writer_was_first) << "a later reader went in before the waiting writer";
+}
+
+TEST(BlockingAwareSharedMutex, ReadersShareItAndAWriterHasItAlone) {
+  BlockingAwareSharedMutex mutex;
+  std::atomic<int> readers_in{0}, writers_in{0}, readers_side_by_side{0};
+  std::atomic<int> overlaps{0};
+  constexpr int kThreads = 8, kRounds = 3000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < kRounds; ++round) {
+        if (t == 0 && round % 16 == 0) {
+          std::lock_guard lock(mutex);
+          if (writers_in.fetch_add(1) != 0 || readers_in.load() != 0) overlaps.fetch_add(1);
+          std::this_thread::yield();
+          if (readers_in.load() != 0) overlaps.fetch_add(1);
+          writers_in.fetch_sub(1);
+        } else {
+          std::shared_lock lock(mutex);
+          if (readers_in.fetch_add(1) > 0) readers_side_by_side.fetch_add(1);
+          if (writers_in.load() != 0) overlaps.fetch_add(1);
+          std::this_thread::yield();
+          readers_in.fetch_sub(1);
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(overlaps.load(), 0) << "a writer held it beside another holder";
+  EXPECT_GT(readers_side_by_side.load(), 0) << "readers never held it at once";
+  EXPECT_TRUE(mutex.try_lock()) << "left held";
+  mutex.unlock();
 }

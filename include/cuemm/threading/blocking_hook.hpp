@@ -19,8 +19,13 @@
 // Locks that such a waiter may meet are BlockingAwareMutex.
 #pragma once
 
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
 #include <mutex>
-#include <shared_mutex>
+#include <shared_mutex>  // (std::shared_lock, for BlockingAwareSharedMutex)
 
 namespace cuemm {
 
@@ -69,30 +74,43 @@ class BasicBlockingAwareMutex {
 
 using BlockingAwareMutex = BasicBlockingAwareMutex<std::mutex>;
 
-// The same for a std::shared_mutex, either way it is taken; a writer that
-// waits goes before readers that come after it. (glibc's lock lets readers in
-// while a writer waits: threads whose shared holds always overlapped kept
-// the async manager's reset waiting for seconds on the H100.) Readers pass a
-// turnstile that a waiting writer holds, so the shared side is not
-// recursive: a thread that holds it must not take it again.
-class BlockingAwareSharedMutex : public BasicBlockingAwareMutex<std::shared_mutex> {
+// A shared lock that runs the thread's hook before it waits, either way it is
+// taken. A writer that waits goes before readers that come after it (glibc's
+// shared_mutex lets readers in while a writer waits: threads whose shared
+// holds always overlapped kept the async manager's reset waiting for seconds
+// on the H100). Readers count themselves on their own thread's line of
+// several, so that threads reading at once move no line between them (a
+// writer is rare; it reads every line). So the shared side is not recursive
+// (a thread that holds it must not take it again: a waiting writer shuts it
+// out), and a thread unlocks what it locked, as with std::shared_mutex.
+class BlockingAwareSharedMutex {
  public:
-  void lock() {
-    std::lock_guard hold(turnstile_);
-    BasicBlockingAwareMutex::lock();
-  }
-  void lock_shared() {
-    { std::lock_guard pass(turnstile_); }
-    if (mutex_.try_lock_shared()) [[likely]]
-      return;
-    before_blocking();
-    mutex_.lock_shared();
-  }
-  bool try_lock_shared() { return mutex_.try_lock_shared(); }
-  void unlock_shared() { mutex_.unlock_shared(); }
+  BlockingAwareSharedMutex() = default;
+  BlockingAwareSharedMutex(const BlockingAwareSharedMutex&) = delete;
+  BlockingAwareSharedMutex& operator=(const BlockingAwareSharedMutex&) = delete;
+
+  void lock();
+  bool try_lock();
+  void unlock();
+  void lock_shared();
+  bool try_lock_shared() noexcept;
+  void unlock_shared() noexcept;
 
  private:
-  BasicBlockingAwareMutex<std::mutex> turnstile_;
+  struct alignas(128) Readers {  // (128: a line and the one the CPU fetches with it)
+    std::atomic<std::uint32_t> count{0};
+  };
+  static constexpr std::size_t kReaderLines = 32;
+  Readers& this_threads_readers() noexcept;
+  void wait_for_the_writer(Readers& readers);
+  bool readers_gone() const noexcept;
+  void open_to_readers() noexcept;
+
+  std::array<Readers, kReaderLines> readers_;
+  std::atomic<bool> writer_{false};  // a writer holds the lock, or waits for the readers to leave
+  BlockingAwareMutex writers_;       // one writer at a time
+  std::mutex gate_;                  // readers that met a writer wait here for it to leave
+  std::condition_variable opened_;
 };
 
 }  // namespace cuemm
