@@ -624,6 +624,26 @@ void PinnedHostPoolAllocateFree(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 
+// The same from 1 and from 16 threads at once, each pairing on its own (as
+// loader threads that stage through pinned buffers): whether they wait for
+// each other. Each run's threads are new, their caches empty, so each warms
+// up before timing. (Up to 1 MiB: 16 threads' rotations of 64 MiB blocks
+// would pin gigabytes.)
+void PinnedHostPoolScaling(benchmark::State& state) {
+  static auto* pool = new cuemm::PinnedHostPool(context());
+  cuemm::ScopedContext scope(context());
+  const auto size = static_cast<std::size_t>(state.range(0));
+  const std::size_t warm_up_pairs = warm_until_pool_stops_growing(*pool, size);
+  if (state.thread_index() == 0) state.counters["warm_up_pairs"] = static_cast<double>(warm_up_pairs);
+  const std::size_t seals_before = pool->statistics().seals;
+  for (auto _ : state) {
+    auto memory = pool->allocate(size, false, false, false);
+    benchmark::DoNotOptimize(memory->host_pointer());
+  }
+  count_seals(state, seals_before, pool->statistics().seals);
+  state.SetItemsProcessed(state.iterations());
+}
+
 // Pinned staging buffers that a loader thread fills and another thread
 // drops once it has copied them (hand_over.hpp), warmed up as above.
 void PinnedHostPoolHandOver(benchmark::State& state) {
@@ -733,6 +753,9 @@ void ThreadPrivateLoop(benchmark::State& state) {
 
 BENCHMARK(DriverMemHostAllocFree)->Setup(benchmarks_of<NoSharedManager>)->Arg(4096)->Arg(1 << 20)->Arg(64 << 20)->UseRealTime();
 BENCHMARK(PinnedHostPoolAllocateFree)->Setup(benchmarks_of<cuemm::PinnedHostPool>)->Arg(4096)->Arg(1 << 20)->Arg(64 << 20)->UseRealTime();
+// (Every size's lone thread first: on the simulated driver, a seal costs more once other threads have been.)
+BENCHMARK(PinnedHostPoolScaling)->Setup(benchmarks_of<cuemm::PinnedHostPool>)->Arg(4096)->Arg(1 << 20)->UseRealTime()->Threads(1);
+BENCHMARK(PinnedHostPoolScaling)->Setup(benchmarks_of<cuemm::PinnedHostPool>)->Arg(4096)->Arg(1 << 20)->UseRealTime()->Threads(16);
 BENCHMARK(PinnedHostPoolHandOver)->Setup(benchmarks_of<cuemm::PinnedHostPool>)->Arg(4096)->Arg(1 << 20)->Arg(64 << 20)->UseRealTime();
 BENCHMARK(DriverMemAllocFree)->Setup(benchmarks_of<NoSharedManager>)->Arg(256)->Arg(1 << 20)->Arg(64 << 20)->ThreadRange(1, 4)->UseRealTime();
 BENCHMARK(DriverPoolAllocateFree)->Setup(benchmarks_of<DriverPool>)->Apply(set_sizes);

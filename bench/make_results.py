@@ -64,6 +64,21 @@ def adaptor_scaling_line(m, sizes):
             "; ".join(parts))
 
 
+def pinned_scaling_line(m):
+    """16 threads over one through the pinned host pool, each thread its own pairs ("" if it did not run)."""
+    sizes = (4096, 1048576)
+    cells = scaling_cells(m, "PinnedHostPoolScaling", sizes)
+    if not cells:
+        return ""
+    times = [f"{s:,} B {fmt(m[f'PinnedHostPoolScaling/{s}/real_time/threads:1'])} / "
+             f"{fmt(m[f'PinnedHostPoolScaling/{s}/real_time/threads:16'])}"
+             for s in sizes if f"PinnedHostPoolScaling/{s}/real_time/threads:16" in m
+             and f"PinnedHostPoolScaling/{s}/real_time/threads:1" in m]
+    return ("The pinned host pool from 16 threads at once, each pairing on its own (each thread warmed up as "
+            "above): aggregate throughput of 16 threads over one thread's: " + cells +
+            " (ns a pair, one thread / 16 threads' aggregate: " + ", ".join(times) + ").")
+
+
 def fmt(ns):
     return f"{ns:,.0f}" if ns >= 100 else f"{ns:.1f}"
 
@@ -586,6 +601,8 @@ def main():
                   "pool had bought no block for 500,000 pairs (a list of large blocks lengthens its rotation only as "
                   "its seals pay for a block, so a short timed loop would time purchases of 50 ms each): " +
                   ", ".join(f"{s:,} B {v:,.0f} pairs" for s, v in warm.items() if v) + "."]
+    if line := pinned_scaling_line(m):
+        lines += ["", line]
     if args.fragmentation:
         lines += fragmentation_lines(args.fragmentation)
     else:

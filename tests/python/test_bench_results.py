@@ -200,6 +200,18 @@ def test_the_adaptors_scaling_line_names_each_adaptor_that_ran():
     assert make_results.adaptor_scaling_line({}, [256]) == ""
 
 
+def test_the_pinned_pools_scaling_line_gives_each_size_that_ran_at_both_thread_counts():
+    m = {"PinnedHostPoolScaling/4096/real_time/threads:1": 60.0,
+         "PinnedHostPoolScaling/4096/real_time/threads:16": 5.0,
+         # One thread alone is no ratio.
+         "PinnedHostPoolScaling/1048576/real_time/threads:1": 90.0}
+    line = make_results.pinned_scaling_line(m)
+    assert "over one thread's: 4,096 B 12.0x (" in line
+    assert "4,096 B 60.0 / 5.0)" in line
+    assert "1,048,576" not in line
+    assert make_results.pinned_scaling_line({}) == ""
+
+
 def test_the_hand_over_table_has_a_row_for_each_allocator_and_a_dash_where_one_did_not_run():
     m = {"PoolRawHandOver/256/real_time": 230.0, "PoolRawHandOver/67108864/real_time": 1119.4,
          "DriverPoolHandOver/1048576/real_time": 12266.9, "PoolMemallocHandOver/4194304/real_time": 901.2,
