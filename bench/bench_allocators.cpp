@@ -606,6 +606,17 @@ std::size_t warm_until_pool_stops_growing(cuemm::PinnedHostPool& pool, std::size
       kChunk, kPairsWithoutGrowth, std::chrono::seconds(5));
 }
 
+// The timed loop of pinned pairs, and the seals they took.
+void time_pinned_pairs(benchmark::State& state, cuemm::PinnedHostPool& pool, std::size_t size) {
+  const std::size_t seals_before = pool.statistics().seals;
+  for (auto _ : state) {
+    auto memory = pool.allocate(size, false, false, false);
+    benchmark::DoNotOptimize(memory->host_pointer());
+  }
+  count_seals(state, seals_before, pool.statistics().seals);
+  state.SetItemsProcessed(state.iterations());
+}
+
 // Page-locked host memory: the pinned host pool against cuMemHostAlloc/cuMemFreeHost,
 // in the steady state of a loop (see above).
 void PinnedHostPoolAllocateFree(benchmark::State& state) {
@@ -615,13 +626,7 @@ void PinnedHostPoolAllocateFree(benchmark::State& state) {
   const auto size = static_cast<std::size_t>(state.range(0));
   if (!warm_up_pairs.contains(size)) warm_up_pairs[size] = warm_until_pool_stops_growing(*pool, size);
   state.counters["warm_up_pairs"] = static_cast<double>(warm_up_pairs[size]);
-  const std::size_t seals_before = pool->statistics().seals;
-  for (auto _ : state) {
-    auto memory = pool->allocate(size, false, false, false);
-    benchmark::DoNotOptimize(memory->host_pointer());
-  }
-  count_seals(state, seals_before, pool->statistics().seals);
-  state.SetItemsProcessed(state.iterations());
+  time_pinned_pairs(state, *pool, size);
 }
 
 // The same from 1 and from 16 threads at once, each pairing on its own (as
@@ -635,13 +640,7 @@ void PinnedHostPoolScaling(benchmark::State& state) {
   const auto size = static_cast<std::size_t>(state.range(0));
   const std::size_t warm_up_pairs = warm_until_pool_stops_growing(*pool, size);
   if (state.thread_index() == 0) state.counters["warm_up_pairs"] = static_cast<double>(warm_up_pairs);
-  const std::size_t seals_before = pool->statistics().seals;
-  for (auto _ : state) {
-    auto memory = pool->allocate(size, false, false, false);
-    benchmark::DoNotOptimize(memory->host_pointer());
-  }
-  count_seals(state, seals_before, pool->statistics().seals);
-  state.SetItemsProcessed(state.iterations());
+  time_pinned_pairs(state, *pool, size);
 }
 
 // Pinned staging buffers that a loader thread fills and another thread

@@ -118,6 +118,25 @@ bool ran(const std::atomic<int>& calls) {
     else std::this_thread::yield();
   return true;
 }
+
+// This thread takes the lock (`hold`); another then takes it (`take`), which
+// must wait, its hook run first, until this thread lets go (`let_go`).
+template <typename Hold, typename Take, typename LetGo>
+void expect_to_wait_for_this_thread(const char* who, Hold hold, Take take, LetGo let_go) {
+  hold();
+  SignallingHook hook;
+  std::atomic<bool> through{false};
+  std::thread other([&] {
+    ScopedBlockingHook scope(hook);
+    take();
+    through = true;
+  });
+  EXPECT_TRUE(ran(hook.calls)) << who << ": it did not wait";
+  EXPECT_FALSE(through) << who << ": it went in beside the holder";
+  let_go();
+  other.join();
+  EXPECT_TRUE(through) << who;
+}
 }  // namespace
 
 TEST(BlockingAwareSharedMutex, RunsTheHookOnlyBeforeItWaits) {
@@ -130,35 +149,13 @@ TEST(BlockingAwareSharedMutex, RunsTheHookOnlyBeforeItWaits) {
   mutex.unlock();
   EXPECT_EQ(hook.calls, 0);
 
-  // A writer waits for a reader, and runs its hook first.
-  mutex.lock_shared();
-  SignallingHook writer_hook;
-  std::atomic<bool> written{false};
-  std::thread writer([&] {
-    ScopedBlockingHook writer_scope(writer_hook);
-    std::lock_guard lock(mutex);
-    written = true;
-  });
-  EXPECT_TRUE(ran(writer_hook.calls)) << "the writer did not wait for the reader";
-  EXPECT_FALSE(written) << "the writer went in beside a reader";
-  mutex.unlock_shared();
-  writer.join();
-  EXPECT_TRUE(written);
-
-  // A reader waits for a writer, and runs its hook first.
-  mutex.lock();
-  SignallingHook reader_hook;
-  std::atomic<bool> read{false};
-  std::thread reader([&] {
-    ScopedBlockingHook reader_scope(reader_hook);
-    std::shared_lock lock(mutex);
-    read = true;
-  });
-  EXPECT_TRUE(ran(reader_hook.calls)) << "the reader did not wait for the writer";
-  EXPECT_FALSE(read) << "a reader went in beside the writer";
-  mutex.unlock();
-  reader.join();
-  EXPECT_TRUE(read);
+  // A writer waits for a reader, and a reader for a writer, each running its hook first.
+  expect_to_wait_for_this_thread(
+      "a writer behind a reader", [&] { mutex.lock_shared(); }, [&] { std::lock_guard lock(mutex); },
+      [&] { mutex.unlock_shared(); });
+  expect_to_wait_for_this_thread(
+      "a reader behind a writer", [&] { mutex.lock(); }, [&] { std::shared_lock lock(mutex); },
+      [&] { mutex.unlock(); });
   EXPECT_EQ(hook.calls, 0) << "this thread never waited";
 }
 
