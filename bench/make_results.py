@@ -42,14 +42,15 @@ def scaling_rounds(runs):
 ADAPTOR_ROWS = (("statistics", "PoolWithStatistics"), ("limit", "PoolWithLimit"), ("tracking", "PoolWithTracking"))
 
 
+def one_and_sixteen(m, name, sizes):
+    """(size, one thread's ns, 16 threads' ns) of the benchmark `name`, for the sizes where both ran."""
+    times = ((s, m.get(f"{name}/{s}/real_time/threads:1"), m.get(f"{name}/{s}/real_time/threads:16")) for s in sizes)
+    return [(s, one, sixteen) for s, one, sixteen in times if one and sixteen]
+
+
 def scaling_cells(m, name, sizes):
     """The benchmark `name`'s 16 threads over one, "256 B 12.5x, ..." for the sizes where both ran."""
-    ratios = []
-    for s in sizes:
-        one, sixteen = m.get(f"{name}/{s}/real_time/threads:1"), m.get(f"{name}/{s}/real_time/threads:16")
-        if one and sixteen:
-            ratios.append(f"{s:,} B {one / sixteen:.1f}x")
-    return ", ".join(ratios)
+    return ", ".join(f"{s:,} B {one / sixteen:.1f}x" for s, one, sixteen in one_and_sixteen(m, name, sizes))
 
 
 def adaptor_scaling_line(m, sizes):
@@ -66,17 +67,14 @@ def adaptor_scaling_line(m, sizes):
 
 def pinned_scaling_line(m):
     """16 threads over one through the pinned host pool, each thread its own pairs ("" if it did not run)."""
-    sizes = (4096, 1048576)
-    cells = scaling_cells(m, "PinnedHostPoolScaling", sizes)
-    if not cells:
+    ran = one_and_sixteen(m, "PinnedHostPoolScaling", (4096, 1048576))
+    if not ran:
         return ""
-    times = [f"{s:,} B {fmt(m[f'PinnedHostPoolScaling/{s}/real_time/threads:1'])} / "
-             f"{fmt(m[f'PinnedHostPoolScaling/{s}/real_time/threads:16'])}"
-             for s in sizes if f"PinnedHostPoolScaling/{s}/real_time/threads:16" in m
-             and f"PinnedHostPoolScaling/{s}/real_time/threads:1" in m]
     return ("The pinned host pool from 16 threads at once, each pairing on its own (each thread warmed up as "
-            "above): aggregate throughput of 16 threads over one thread's: " + cells +
-            " (ns a pair, one thread / 16 threads' aggregate: " + ", ".join(times) + ").")
+            "above): aggregate throughput of 16 threads over one thread's: " +
+            ", ".join(f"{s:,} B {one / sixteen:.1f}x" for s, one, sixteen in ran) +
+            " (ns a pair, one thread / 16 threads' aggregate: " +
+            ", ".join(f"{s:,} B {fmt(one)} / {fmt(sixteen)}" for s, one, sixteen in ran) + ").")
 
 
 def fmt(ns):
