@@ -1240,10 +1240,11 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // but never asked for, is marked given to others: that thread's later
   // frees of the class skip its ring and go to the pool as a large free from
   // another thread does (the queue above, or the pool's lock), until it asks
-  // for the class itself. (Only that class, and only if never asked for:
-  // threads of random sizes, whose rings are all taken back where the pool
-  // would grow, keep their frees of the classes they use;
-  // docs/pool-measurements.md.)
+  // for the class itself, and without the seal such a free would make: the
+  // thread that asks for the class seals once it needs the blocks. (Only
+  // that class, and only if never asked for: threads of random sizes, whose
+  // rings are all taken back where the pool would grow, keep their frees of
+  // the classes they use; docs/pool-measurements.md.)
   //
   // Under `mutex`: the queued blocks go to the quarantine.
   void take_in_foreign_frees() noexcept {
