@@ -43,6 +43,80 @@ TEST_F(Pool, ALargeBlockFreedByAnotherThreadIsNotReusedWhileQueuedWorkMayStillWr
   }
 }
 
+// Note [Classes a thread frees for others]: once a loader's class is given
+// to the thread that frees its blocks, that thread's frees of it go to the
+// pool's queue without a seal of their own; such a block still waits for the
+// GPU work queued before its free. This thread hands 1 MiB blocks to a
+// freeing thread until their class is given to it, then takes every block
+// the pool's maximum allows, and hands the freeing thread one of them, A,
+// which a held kernel writes: B, asked for meanwhile, can only be A, and
+// must wait for the kernel.
+TEST_F(Pool, ASmallBlockFreedForOthersIsNotReusedWhileQueuedWorkMayStillWriteIt) {
+  constexpr std::size_t kSize = detail::kLargestCachedSize;
+  constexpr std::uint64_t kWords = kSize / sizeof(std::uint32_t);
+  PoolOptions options;
+  options.maximum_size = std::size_t{96} << 20;
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  using Batch = std::vector<std::shared_ptr<MemoryPointer>>;
+  cuemm::testing::BatchPipeline<Batch> pipeline;
+  std::atomic<std::size_t> batches_freed{0};
+  std::thread freer([&] {
+    ScopedContext scope(context);
+    while (auto batch = pipeline.pop()) {
+      batch->clear();
+      batches_freed.fetch_add(1);
+      batches_freed.notify_all();
+    }
+  });
+  std::size_t batches_handed = 0;
+  auto hand_over_and_wait = [&](Batch batch) {
+    pipeline.push(std::move(batch));
+    ++batches_handed;
+    for (std::size_t freed = batches_freed.load(); freed < batches_handed; freed = batches_freed.load())
+      batches_freed.wait(freed);
+  };
+  for (int round = 0; round < 200 && pool.statistics().queued_small_frees == 0; ++round) {
+    Batch batch;
+    for (int i = 0; i < 16; ++i) batch.push_back(pool.memalloc(kSize));
+    hand_over_and_wait(std::move(batch));
+  }
+  const std::size_t queued_before_a = pool.statistics().queued_small_frees;
+  EXPECT_GT(queued_before_a, 0u) << "the class was never given to the freeing thread";
+
+  Batch everything;  // the pool's every block of the size, up to its maximum
+  for (;;) {
+    try {
+      everything.push_back(pool.memalloc(kSize));
+    } catch (const OutOfMemory&) {
+      break;
+    }
+  }
+  ASSERT_FALSE(everything.empty());
+  Stream kernel_stream = context.create_stream();
+  Stream copy_stream = context.create_stream();
+  const cuda::CUdeviceptr a_address = everything.back()->device_pointer();
+  std::shared_ptr<MemoryPointer> b;
+  const std::vector<std::uint32_t> nines(kWords, 9u);
+  {
+    HeldKernel kernel(context, kernel_stream, a_address, 7u, kWords);
+    Batch only_a{std::move(everything.back())};
+    everything.pop_back();
+    hand_over_and_wait(std::move(only_a));
+    EXPECT_EQ(pool.statistics().queued_small_frees, queued_before_a + 1) << "A's free did not go through the queue";
+    kernel.waited_for_by([&] {
+      b = pool.memalloc(kSize);
+      DeviceArray<std::uint32_t>(b, kWords).copy_to_device(nines, copy_stream);
+      copy_stream.synchronize();
+    });
+  }
+  pipeline.close();
+  freer.join();
+  EXPECT_EQ(b->device_pointer(), a_address) << "B is not A: the pool had room for another block";
+  EXPECT_TRUE(DeviceArray<std::uint32_t>(b, kWords).copy_to_host() == nines)
+      << "the kernel's late write landed in the reused block";
+}
+
 // Note [Growth while the GPU is busy]: with a kernel queued, giving spares
 // back (cuMemFree) or waiting for freed blocks would wait for it, so growth
 // past the peak does neither, up to an eighth of the peak; once the GPU is
