@@ -1261,11 +1261,14 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // Queues a block freed by a thread that did not take it, for the thread at
   // work in the pool (Note [Large frees from another thread]); false where
   // this thread took the pool's lock last, or the queue is full: the caller
-  // takes the lock. `seal_as_wanted`: seal as the quarantine last wanted.
-  bool queue_for_the_lock_holder(const Freed& freed, bool seal_as_wanted = true) noexcept {
+  // takes the lock. With QueuedSeal::as_wanted the freeing thread seals
+  // where the quarantine last wanted a seal; with left_to_the_taker it
+  // leaves that to the thread that will ask for the block.
+  enum class QueuedSeal { as_wanted, left_to_the_taker };
+  bool queue_for_the_lock_holder(const Freed& freed, QueuedSeal seal = QueuedSeal::as_wanted) noexcept {
     if (!mutex.taken_last_by_another_thread() || !foreign_frees.offer(freed)) return false;
     // The seal its free would have made, without the pool's lock.
-    if (seal_as_wanted && foreign_free_wanted_seal.load(std::memory_order_relaxed)) seal_if_due();
+    if (seal == QueuedSeal::as_wanted && foreign_free_wanted_seal.load(std::memory_order_relaxed)) seal_if_due();
     return true;
   }
 

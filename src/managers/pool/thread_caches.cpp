@@ -216,7 +216,7 @@ void PoolMemoryManager::Core::deallocate_spilling(ThreadCache* cache, std::uintp
     // the class seals once it needs these blocks, as it does for the frees
     // that cannot queue, below. The 1 MiB hand-over on the H200: 130-149 ->
     // 16-21 seals per 1000 blocks, 299 -> 200 ns a block.)
-    if (given_to_others && queue_for_the_lock_holder(freed, false)) return;
+    if (given_to_others && queue_for_the_lock_holder(freed, QueuedSeal::left_to_the_taker)) return;
     // With the rings set aside, every free comes this way, to merge with its
     // neighbours: kept small, as the index's own frees keep it (Note [A
     // quarantine kept small]). Spilled halves of rings do not seal: a pair
