@@ -48,9 +48,14 @@ def one_and_sixteen(m, name, sizes):
     return [(s, one, sixteen) for s, one, sixteen in times if one and sixteen]
 
 
+def ratio_cells(ran):
+    """"256 B 12.5x, ...": 16 threads over one, of one_and_sixteen()'s rows."""
+    return ", ".join(f"{s:,} B {one / sixteen:.1f}x" for s, one, sixteen in ran)
+
+
 def scaling_cells(m, name, sizes):
     """The benchmark `name`'s 16 threads over one, "256 B 12.5x, ..." for the sizes where both ran."""
-    return ", ".join(f"{s:,} B {one / sixteen:.1f}x" for s, one, sixteen in one_and_sixteen(m, name, sizes))
+    return ratio_cells(one_and_sixteen(m, name, sizes))
 
 
 def adaptor_scaling_line(m, sizes):
@@ -71,8 +76,7 @@ def pinned_scaling_line(m):
     if not ran:
         return ""
     return ("The pinned host pool from 16 threads at once, each pairing on its own (each thread warmed up as "
-            "above): aggregate throughput of 16 threads over one thread's: " +
-            ", ".join(f"{s:,} B {one / sixteen:.1f}x" for s, one, sixteen in ran) +
+            "above): aggregate throughput of 16 threads over one thread's: " + ratio_cells(ran) +
             " (ns a pair, one thread / 16 threads' aggregate: " +
             ", ".join(f"{s:,} B {fmt(one)} / {fmt(sixteen)}" for s, one, sixteen in ran) + ").")
 
