@@ -28,6 +28,8 @@
 # commit measured where the machine's copy has no up-to-date git history.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=scripts/ctest-summary.sh
+source "$root/scripts/ctest-summary.sh"
 build=${BUILD_DIR:-/tmp/cuemm-gpu-build}
 logs=${OUT:-/tmp/cuemm-gpu-logs}
 mkdir -p "$logs"
@@ -314,7 +316,7 @@ if [ $tests_part = 1 ]; then
   grep -q "No tests were found" "$logs/ctest.log" && { echo "ctest found no tests in $build"; ctest_status=1; }
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests passed|^[0-9]+: \[  SKIPPED" "$logs/ctest.log" | tail -40
   summary+=("ctest (real driver): $(grep -E 'tests passed' "$logs/ctest.log" | tail -1)")
-  summary+=("gtest cases: $(grep -hoE '^[0-9]+: \[  PASSED  \] [0-9]+' "$logs/ctest.log" | awk '{s+=$NF} END {print s+0}') passed, $(grep -cE '^[0-9]+: \[  SKIPPED \] [A-Za-z].* \([0-9]+ ms\)' "$logs/ctest.log") skipped, $(grep -cE '^[0-9]+: \[  FAILED  \] [A-Za-z].* \([0-9]+ ms\)' "$logs/ctest.log") failed")
+  summary+=("gtest cases: $(gtest_case_counts "$logs/ctest.log")")
   phase_done build+ctest
 
   # The fragmentation runs (below) measure memory, not time: the pool's, the async manager's and

@@ -18,6 +18,8 @@
 # GoogleTest of its own. Logs go to $OUT when it is set.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=scripts/ctest-summary.sh
+source "$root/scripts/ctest-summary.sh"
 build=${BUILD_DIR:-/tmp/cuemm-quick-build}
 logs=${OUT:-/tmp/cuemm-quick-logs}
 driver=${CUEMM_DRIVER:-cuda}
@@ -54,7 +56,7 @@ ctest_status=$?
 grep -q "No tests were found" "$logs/ctest.log" && { echo "no ctest entry matches $selection"; ctest_status=1; }
 grep -E "^[0-9]+: \[  FAILED  \] [A-Za-z]" "$logs/ctest.log" | head -20
 summary+=("ctest ($driver driver): $(grep -E 'tests passed' "$logs/ctest.log" | tail -1)")
-summary+=("gtest cases: $(grep -hoE '^[0-9]+: \[  PASSED  \] [0-9]+' "$logs/ctest.log" | awk '{s+=$NF} END {print s+0}') passed, $(grep -cE '^[0-9]+: \[  SKIPPED \] [A-Za-z].* \([0-9]+ ms\)' "$logs/ctest.log") skipped, $(grep -cE '^[0-9]+: \[  FAILED  \] [A-Za-z].* \([0-9]+ ms\)' "$logs/ctest.log") failed")
+summary+=("gtest cases: $(gtest_case_counts "$logs/ctest.log")")
 
 pytest_status=0
 if [ $python_checks = 1 ]; then
