@@ -6,6 +6,9 @@
 # folders (say, a branch's source carried beside main's), so that one carried
 # tree serves several comparisons.
 
+# shellcheck source=scripts/carried-flags.sh
+source "$root/scripts/carried-flags.sh"
+
 base_source=${BASE_SOURCE:-$root/.carry/base}
 new_source=${NEW_SOURCE:-$root}
 work=${AB_WORK:-/tmp/cuemm-ab}
@@ -20,7 +23,7 @@ build_both() {  # target
   build_one() {  # source folder, build folder
     local args=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUEMM_BUILD_TESTS=OFF -DCUEMM_BUILD_EXAMPLES=OFF
                 -DCUEMM_BUILD_PYTHON=OFF)
-    [ -d "$root/.carry/benchmark" ] && args+=(-DCUEMM_BENCHMARK_ROOT="$root/.carry/benchmark")
+    add_carried_flags args
     if ! { CMAKE_POLICY_VERSION_MINIMUM=3.5 cmake -S "$1" -B "$2" "${args[@]}" >"$2.log" 2>&1 &&
            cmake --build "$2" --target "$target" >>"$2.log" 2>&1; }; then
       tail -20 "$2.log"

@@ -8,9 +8,11 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$root/build}
 if [ "${1:-}" = --python-only ]; then
   shift
-  python=$(command -v python3)
-  set -- -DCUEMM_BUILD_TESTS=OFF -DCUEMM_BUILD_BENCHMARKS=OFF -DCUEMM_BUILD_EXAMPLES=OFF \
-    -Dpybind11_DIR="$("$python" -m pybind11 --cmakedir)" -DPython_EXECUTABLE="$python" "$@"
+  # shellcheck source=scripts/carried-flags.sh
+  source "$root/scripts/carried-flags.sh"
+  flags=(-DCUEMM_BUILD_TESTS=OFF -DCUEMM_BUILD_BENCHMARKS=OFF -DCUEMM_BUILD_EXAMPLES=OFF)
+  add_python_flags flags "$(command -v python3)" || true
+  set -- "${flags[@]}" "$@"
 fi
 # Ninja, or the generator a build folder configured before chose (cmake refuses another there).
 generator=Ninja

@@ -24,6 +24,7 @@ for ((round = 1; round <= rounds; ++round)); do
     "$work/$variant/bin/bench_allocators" --benchmark_min_time=0.3 --benchmark_filter="$filter" \
         --benchmark_format=json 2>"$work/$variant.stderr" >"$work/run.json" ||
       { tail -5 "$work/$variant.stderr"; exit 1; }
+    [ -s "$work/run.json" ] || { echo "gpu-ab: no benchmark matches FILTER=$filter" >&2; exit 1; }
     python3 -c 'import json, sys
 for b in json.load(open(sys.argv[1]))["benchmarks"]:
     print(sys.argv[2], b["name"], b["real_time"])' "$work/run.json" "$variant" >>"$work/times"

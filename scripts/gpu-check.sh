@@ -30,6 +30,8 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=scripts/ctest-summary.sh
 source "$root/scripts/ctest-summary.sh"
+# shellcheck source=scripts/carried-flags.sh
+source "$root/scripts/carried-flags.sh"
 build=${BUILD_DIR:-/tmp/cuemm-gpu-build}
 logs=${OUT:-/tmp/cuemm-gpu-logs}
 mkdir -p "$logs"
@@ -253,11 +255,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"
 summary+=("gpu: $(head -1 "$logs/gpu.txt")")
 
 gtest_args=()
-[ -d "$root/.carry/googletest" ] && gtest_args+=(-DCUEMM_GTEST_SOURCE_DIR="$root/.carry/googletest")
-[ -d "$root/.carry/benchmark" ] && gtest_args+=(-DCUEMM_BENCHMARK_ROOT="$root/.carry/benchmark")
+add_carried_flags gtest_args
 python=$(command -v python3)
-pybind11_dir=$("$python" -m pybind11 --cmakedir 2>/dev/null || true)
-[ -n "$pybind11_dir" ] && gtest_args+=(-Dpybind11_DIR="$pybind11_dir" -DPython_EXECUTABLE="$python")
+add_python_flags gtest_args "$python"
 # PyTorch's caching allocator as a benchmark anchor, where torch is installed.
 torch_dir=$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null || true)
 torch_abi=$("$python" -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))' 2>/dev/null || true)

@@ -20,6 +20,8 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=scripts/ctest-summary.sh
 source "$root/scripts/ctest-summary.sh"
+# shellcheck source=scripts/carried-flags.sh
+source "$root/scripts/carried-flags.sh"
 build=${BUILD_DIR:-/tmp/cuemm-quick-build}
 logs=${OUT:-/tmp/cuemm-quick-logs}
 driver=${CUEMM_DRIVER:-cuda}
@@ -32,12 +34,9 @@ began=$SECONDS
 
 args=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUEMM_BUILD_TESTS=ON -DCUEMM_BUILD_EXAMPLES=OFF
       -DCUEMM_BUILD_BENCHMARKS=OFF -DCUEMM_TEST_DRIVER="$driver")
-[ -d "$root/.carry/googletest" ] && args+=(-DCUEMM_GTEST_SOURCE_DIR="$root/.carry/googletest")
+add_carried_flags args
 python=${PYTHON:-$(command -v python3)}
-# pip's pybind11 where there is one (the GPU machine); else CMake finds the system's.
-pybind11_dir=$("$python" -m pybind11 --cmakedir 2>/dev/null || true)
-[ -n "$pybind11_dir" ] && args+=(-Dpybind11_DIR="$pybind11_dir")
-args+=(-DPython_EXECUTABLE="$python")
+add_python_flags args "$python"
 targets=("${programs[@]}")
 [ $python_checks = 1 ] && targets+=(cuemm_python)
 [ "$driver" = sim ] && targets+=(cuemm_simdriver)
