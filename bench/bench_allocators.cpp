@@ -145,16 +145,43 @@ void AllocateFree(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 
+// A dedicated size larger than any request (`CUEMM_POOL_DEDICATED_SIZE=1T`):
+// large blocks in the shared segments, the pool's choice for speed where
+// large sizes vary.
+constexpr std::size_t kNoDedicatedSegments = std::size_t{1} << 40;
+
 // RMM's random-allocations workload through a manager's memalloc (ns per
-// allocation or free); for the pool, with its peak reserved over peak live.
-template <typename Manager>
+// allocation or free). The pool is one of its own (`Dedicated`: its
+// dedicated size; 0, the default), since no trim() lowers the peak footprint
+// up to which it keeps spares; with its driver calls an operation and its
+// peak reserved over peak live.
+template <typename Manager, std::size_t Dedicated = 0>
 void RandomAllocations(benchmark::State& state) {
-  Manager& manager = shared_manager<Manager>();
   cuemm::ScopedContext scope(context());
-  run_random_workload<std::shared_ptr<cuemm::MemoryPointer>>(
-      state, [&](std::size_t size) { return manager.memalloc(size); },
-      [](std::shared_ptr<cuemm::MemoryPointer>& memory) { memory.reset(); });
-  if constexpr (std::is_same_v<Manager, cuemm::PoolMemoryManager>) {
+  auto pool_options = [] {
+    cuemm::PoolOptions options = cuemm::PoolOptions::from_environment();
+    if (Dedicated != 0) options.dedicated_size = Dedicated;
+    return options;
+  };
+  auto release = [](std::shared_ptr<cuemm::MemoryPointer>& memory) { memory.reset(); };
+  if constexpr (!std::is_same_v<Manager, cuemm::PoolMemoryManager>) {
+    static_assert(Dedicated == 0, "a dedicated size is the pool's");
+    Manager& manager = shared_manager<Manager>();
+    run_random_workload<std::shared_ptr<cuemm::MemoryPointer>>(
+        state, [&](std::size_t size) { return manager.memalloc(size); }, release, [&] {
+          if constexpr (std::is_same_v<Manager, cuemm::AsyncMemoryManager>) manager.trim();
+        });
+  } else {
+    cuemm::PoolMemoryManager pool(&context(), pool_options());
+    pool.initialize();
+    auto allocate = [&](std::size_t size) { return pool.memalloc(size); };
+    auto driver_calls = [&] { return pool.statistics().driver_allocations + pool.statistics().driver_frees; };
+    warm_up_on_random_workload<std::shared_ptr<cuemm::MemoryPointer>>(state, allocate, release, [] {});
+    const std::size_t calls_before = driver_calls();
+    time_random_workload<std::shared_ptr<cuemm::MemoryPointer>>(state, allocate, release);
+    state.counters["driver_calls_per_operation"] =
+        static_cast<double>(driver_calls() - calls_before) /
+        static_cast<double>(state.iterations() * random_workload_of(state).size());
     // A new pool, sampled after every operation (as `cuemm random`): the pool keeps no high-water mark.
     std::optional<cuemm::PoolMemoryManager> fresh;
     std::size_t peak = 0;
@@ -170,7 +197,7 @@ void RandomAllocations(benchmark::State& state) {
           peak = std::max(peak, fresh->statistics().reserved_bytes);
         },
         [&] {
-          fresh.emplace(&context());
+          fresh.emplace(&context(), pool_options());
           fresh->initialize();
         },
         [&] {
@@ -398,7 +425,10 @@ void DriverPoolRandomAllocations(benchmark::State& state) {
   auto release = [](cuemm::cuda::CUdeviceptr pointer) {
     CUEMM_CU(cuMemFreeAsync, pointer, cuemm::cuda::CU_STREAM_PER_THREAD);
   };
-  run_random_workload<cuemm::cuda::CUdeviceptr>(state, allocate, release);
+  run_random_workload<cuemm::cuda::CUdeviceptr>(state, allocate, release, [&] {
+    CUEMM_CU(cuStreamSynchronize, cuemm::cuda::CU_STREAM_PER_THREAD);
+    CUEMM_CU(cuMemPoolTrimTo, pool, 0);
+  });
   CUEMM_CU(cuStreamSynchronize, cuemm::cuda::CU_STREAM_PER_THREAD);
   report_random_workload_memory<cuemm::cuda::CUdeviceptr>(
       state, allocate, release,
@@ -784,14 +814,16 @@ BENCHMARK(PoolWithFreeBlocks)->Setup(benchmarks_of<NoSharedManager>)->Arg(0)->Ar
 BENCHMARK(DriverPoolRandomAllocations)->Setup(benchmarks_of<DriverPool>)->Apply(set_random_workloads);
 BENCHMARK_TEMPLATE(RandomAllocations, cuemm::DefaultMemoryManager)->Setup(benchmarks_of<cuemm::DefaultMemoryManager>)->Apply(set_random_workloads);
 BENCHMARK_TEMPLATE(RandomAllocations, cuemm::AsyncMemoryManager)->Setup(benchmarks_of<cuemm::AsyncMemoryManager>)->Apply(set_random_workloads);
-BENCHMARK_TEMPLATE(RandomAllocations, cuemm::PoolMemoryManager)->Setup(benchmarks_of<cuemm::PoolMemoryManager>)->Apply(set_random_workloads);
+BENCHMARK_TEMPLATE(RandomAllocations, cuemm::PoolMemoryManager)->Setup(benchmarks_of<NoSharedManager>)->Apply(set_random_workloads);
+BENCHMARK_TEMPLATE(RandomAllocations, cuemm::PoolMemoryManager, kNoDedicatedSegments)
+    ->Setup(benchmarks_of<NoSharedManager>)
+    ->Apply(set_random_workloads);
 BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::DefaultMemoryManager)->Setup(benchmarks_of<cuemm::DefaultMemoryManager>)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
 BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::PoolMemoryManager)->Setup(benchmarks_of<cuemm::PoolMemoryManager>)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
 BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::AsyncMemoryManager)->Setup(benchmarks_of<cuemm::AsyncMemoryManager>)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
 BENCHMARK(DriverPoolStreamsWithKernels)->Setup(benchmarks_of<DriverPool>)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
 BENCHMARK(PoolStreamOrderedStreamsWithKernels)->Setup(benchmarks_of<cuemm::PoolMemoryManager>)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
 // Up to 64 MiB with 1 GiB live, a few passes (each launches about 5,000 kernels).
-constexpr std::size_t kNoDedicatedSegments = std::size_t{1} << 40;
 BENCHMARK_TEMPLATE(RandomSizesBesideKernels, cuemm::PoolMemoryManager)->Setup(benchmarks_of<NoSharedManager>)->Args({64L << 20, 1L << 30})->Iterations(2)->UseRealTime();
 BENCHMARK_TEMPLATE(RandomSizesBesideKernels, cuemm::PoolMemoryManager, kNoDedicatedSegments)
     ->Setup(benchmarks_of<NoSharedManager>)

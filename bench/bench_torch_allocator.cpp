@@ -27,7 +27,7 @@ void TorchRandomAllocations(benchmark::State& state) {
   namespace allocator = c10::cuda::CUDACachingAllocator;
   auto allocate = [](std::size_t size) { return allocator::raw_alloc(size); };
   auto release = [](void* pointer) { allocator::raw_delete(pointer); };
-  run_random_workload<void*>(state, allocate, release);
+  run_random_workload<void*>(state, allocate, release, [] { allocator::emptyCache(); });
   report_random_workload_memory<void*>(
       state, allocate, release,
       [] {

@@ -554,7 +554,9 @@ def main():
                    ("PyTorch CUDACachingAllocator raw_alloc/raw_delete", "TorchRandomAllocations"),
                    ("default manager (Numba's behaviour)", "RandomAllocations<cuemm::DefaultMemoryManager>"),
                    ("async manager (driver's stream-ordered pool)", "RandomAllocations<cuemm::AsyncMemoryManager>"),
-                   ("pool manager, memalloc (MemoryPointer)", "RandomAllocations<cuemm::PoolMemoryManager>")]
+                   ("pool manager, memalloc (MemoryPointer)", "RandomAllocations<cuemm::PoolMemoryManager>"),
+                   ("pool manager, no segments of their own (`CUEMM_POOL_DEDICATED_SIZE=1T`)",
+                    "RandomAllocations<cuemm::PoolMemoryManager, kNoDedicatedSegments>")]
     if any(f"{name}/{w}/real_time" in m for _, name in random_rows for w, _ in workloads):
         lines += ["## RMM's random-allocations workload, and training steps (C++)", "",
                   "ns per allocation or free, one thread: 10,000 operations an iteration, of random sizes (the workload of "
@@ -569,12 +571,20 @@ def main():
             per_second = [rates.get(f"{name}/{w}/real_time") for w, _ in workloads]
             cells = [fmt(1e9 / rate) if rate else "-" for rate in per_second]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
-        lines += ["", "Each allocator is timed warm, as a long-running program meets it: one instance serves all of "
-                  "its benchmarks and the timed passes repeat, so the pool keeps the footprint that the passes before "
-                  "reached, as PyTorch's cache keeps its blocks (each manager gives back what it holds idle only when "
-                  "the benchmarks move on to another). From empty, where large sizes vary, the pool's segments of their "
-                  "own call the driver instead (README, \"Large blocks get segments of their own\"): the pool's ns "
-                  "per operation in the fragmentation table below are of a new pool.", ""]
+        lines += ["", "Each allocator is timed as a program that runs the workload again and again meets it: "
+                  "first it gives back what the benchmarks before left cached (PyTorch's `emptyCache()`, the driver's "
+                  "pool trimmed to 0, the async manager's `trim()`; the pool is a new one of its own, as no trim "
+                  "lowers the peak footprint up to which it keeps spares), then one untimed pass of the same "
+                  "workload warms it, then the timed passes repeat it. Where large sizes vary, the pool's segments "
+                  "of their own keep calling the driver in that steady state (README, \"Large blocks get segments "
+                  "of their own\"); its calls per operation in the timed passes:", ""]
+        calls = medians(runs, "driver_calls_per_operation")
+        for label, name in random_rows:
+            counted = [(w_label, calls.get(f"{name}/{w}/real_time")) for w, w_label in workloads]
+            if any(value is not None for _, value in counted):
+                lines.append(f"- {label}: " + "; ".join(f"{w_label} {value:.4f}" for w_label, value in counted
+                                                         if value is not None) + ".")
+        lines.append("")
         # What the speed costs in memory, where the allocator can say.
         ratios = medians(runs, "peak_reserved_over_live")
         reporting = [(label, name) for label, name in random_rows
