@@ -150,6 +150,15 @@ void AllocateFree(benchmark::State& state) {
 // large sizes vary.
 constexpr std::size_t kNoDedicatedSegments = std::size_t{1} << 40;
 
+// The pool's options from the environment, with `Dedicated` as its dedicated
+// size where that is not 0.
+template <std::size_t Dedicated>
+cuemm::PoolOptions pool_options() {
+  cuemm::PoolOptions options = cuemm::PoolOptions::from_environment();
+  if (Dedicated != 0) options.dedicated_size = Dedicated;
+  return options;
+}
+
 // RMM's random-allocations workload through a manager's memalloc (ns per
 // allocation or free). The pool is one of its own (`Dedicated`: its
 // dedicated size; 0, the default), since no trim() lowers the peak footprint
@@ -158,11 +167,6 @@ constexpr std::size_t kNoDedicatedSegments = std::size_t{1} << 40;
 template <typename Manager, std::size_t Dedicated = 0>
 void RandomAllocations(benchmark::State& state) {
   cuemm::ScopedContext scope(context());
-  auto pool_options = [] {
-    cuemm::PoolOptions options = cuemm::PoolOptions::from_environment();
-    if (Dedicated != 0) options.dedicated_size = Dedicated;
-    return options;
-  };
   auto release = [](std::shared_ptr<cuemm::MemoryPointer>& memory) { memory.reset(); };
   if constexpr (!std::is_same_v<Manager, cuemm::PoolMemoryManager>) {
     static_assert(Dedicated == 0, "a dedicated size is the pool's");
@@ -172,10 +176,13 @@ void RandomAllocations(benchmark::State& state) {
           if constexpr (std::is_same_v<Manager, cuemm::AsyncMemoryManager>) manager.trim();
         });
   } else {
-    cuemm::PoolMemoryManager pool(&context(), pool_options());
+    cuemm::PoolMemoryManager pool(&context(), pool_options<Dedicated>());
     pool.initialize();
     auto allocate = [&](std::size_t size) { return pool.memalloc(size); };
-    auto driver_calls = [&] { return pool.statistics().driver_allocations + pool.statistics().driver_frees; };
+    auto driver_calls = [&] {
+      const cuemm::PoolStatistics statistics = pool.statistics();
+      return statistics.driver_allocations + statistics.driver_frees;
+    };
     warm_up_on_random_workload<std::shared_ptr<cuemm::MemoryPointer>>(state, allocate, release, [] {});
     const std::size_t calls_before = driver_calls();
     time_random_workload<std::shared_ptr<cuemm::MemoryPointer>>(state, allocate, release);
@@ -197,7 +204,7 @@ void RandomAllocations(benchmark::State& state) {
           peak = std::max(peak, fresh->statistics().reserved_bytes);
         },
         [&] {
-          fresh.emplace(&context(), pool_options());
+          fresh.emplace(&context(), pool_options<Dedicated>());
           fresh->initialize();
         },
         [&] {
@@ -547,13 +554,10 @@ void run_beside_kernels(benchmark::State& state, std::uint64_t spin_ns) {
   KernelStreams& work = kernel_streams();
   cuemm::ScopedContext scope(context());
   std::optional<Manager> manager;
-  if constexpr (Dedicated != 0) {
-    cuemm::PoolOptions options = cuemm::PoolOptions::from_environment();
-    options.dedicated_size = Dedicated;
-    manager.emplace(&context(), options);
-  } else {
+  if constexpr (Dedicated != 0)
+    manager.emplace(&context(), pool_options<Dedicated>());
+  else
     manager.emplace(&context());
-  }
   manager->initialize();
   // The simulated driver's kernels write every byte on the host: there (the
   // CI's smoke) only the first operations run.
