@@ -82,15 +82,10 @@ void release_live(std::vector<Handle>& handles, std::vector<bool>& live, Release
   }
 }
 
-// The workload of state.range(0) (largest size) and range(1) (live cap) as a
-// program that runs it again and again meets the allocator: `empty()` first
-// gives back what the benchmarks before left cached (their blocks, or the
-// footprint they reached, would spare this workload driver calls that it
-// makes on its own: for the pool, 0.44 against 0.0002 an operation up to
-// 64 MiB, simulated), then one untimed pass warms it on this workload alone.
+// One untimed pass of the workload of state.range(0) (largest size) and
+// range(1) (live cap), after `empty()`; what it leaves live is released.
 template <typename Handle, typename Allocate, typename Release, typename Empty>
-void warm_up_on_random_workload(const benchmark::State& state, Allocate&& allocate, Release&& release,
-                                Empty&& empty) {
+void run_untimed_pass(const benchmark::State& state, Allocate&& allocate, Release&& release, Empty&& empty) {
   const auto& operations = random_workload_of(state);
   std::vector<Handle> handles(operations.size());
   std::vector<bool> live(operations.size());
@@ -99,8 +94,8 @@ void warm_up_on_random_workload(const benchmark::State& state, Allocate&& alloca
   release_live(handles, live, release);
 }
 
-// Then the timed passes, one an iteration; what is still live at the end of
-// each is released untimed.
+// The timed passes, one an iteration; what is still live at the end of each
+// is released untimed.
 template <typename Handle, typename Allocate, typename Release>
 void time_random_workload(benchmark::State& state, Allocate&& allocate, Release&& release) {
   const auto& operations = random_workload_of(state);
@@ -115,9 +110,15 @@ void time_random_workload(benchmark::State& state, Allocate&& allocate, Release&
   state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(operations.size()));
 }
 
+// The workload timed as a program that runs it again and again meets the
+// allocator: `empty()` gives back what the benchmarks before left cached
+// (their blocks, or the footprint they reached, would spare this workload
+// driver calls that it makes on its own: for the pool, 0.44 against 0.0002 an
+// operation up to 64 MiB, simulated), one untimed pass warms it on this
+// workload alone, then the timed passes.
 template <typename Handle, typename Allocate, typename Release, typename Empty>
 void run_random_workload(benchmark::State& state, Allocate&& allocate, Release&& release, Empty&& empty) {
-  warm_up_on_random_workload<Handle>(state, allocate, release, empty);
+  run_untimed_pass<Handle>(state, allocate, release, empty);
   time_random_workload<Handle>(state, allocate, release);
 }
 
@@ -133,11 +134,7 @@ void report_random_workload_memory(benchmark::State& state, Allocate&& allocate,
   const auto& operations = random_workload_of(state);
   auto known = measured.find(&operations);
   if (known == measured.end()) {
-    empty();
-    std::vector<Handle> handles(operations.size());
-    std::vector<bool> live(operations.size());
-    run_operations(operations, handles, live, allocate, release);
-    release_live(handles, live, release);
+    run_untimed_pass<Handle>(state, allocate, release, empty);
     known = measured.emplace(&operations, peak()).first;
   }
   report_peak_reserved(state, known->second);
