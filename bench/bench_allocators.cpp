@@ -412,6 +412,22 @@ void driver_pool_pairs(benchmark::State& state, cuemm::cuda::CUstream stream) {
 
 void DriverPoolAllocateFree(benchmark::State& state) { driver_pool_pairs(state, cuemm::cuda::CU_STREAM_PER_THREAD); }
 
+// The async manager's stream-ordered pairs on the same stream: beside the
+// row above, what its record of live blocks (which checks every free) adds
+// to the driver's pool.
+void AsyncStreamOrderedAllocateFree(benchmark::State& state) {
+  auto& manager = shared_manager<cuemm::AsyncMemoryManager>();
+  cuemm::ScopedContext scope(context());
+  const auto size = static_cast<std::size_t>(state.range(0));
+  for (auto _ : state) {
+    const cuemm::cuda::CUdeviceptr pointer = manager.allocate(size, cuemm::cuda::CU_STREAM_PER_THREAD);
+    benchmark::DoNotOptimize(pointer);
+    manager.deallocate(pointer, size, cuemm::cuda::CU_STREAM_PER_THREAD);
+  }
+  CUEMM_CU(cuStreamSynchronize, cuemm::cuda::CU_STREAM_PER_THREAD);
+  state.SetItemsProcessed(state.iterations());
+}
+
 // On the legacy stream, where the async manager's stream-less requests go:
 // beside the manager's row, what the manager itself adds to the driver's pool.
 void DriverPoolLegacyStreamAllocateFree(benchmark::State& state) {
@@ -796,6 +812,7 @@ BENCHMARK(DriverPoolLegacyStreamAllocateFree)->Setup(benchmarks_of<DriverPool>)-
 BENCHMARK_TEMPLATE(AllocateFree, cuemm::DefaultMemoryManager)->Setup(benchmarks_of<cuemm::DefaultMemoryManager>)->Apply(set_sizes);
 BENCHMARK_TEMPLATE(AllocateFree, cuemm::PoolMemoryManager)->Setup(benchmarks_of<cuemm::PoolMemoryManager>)->Apply(set_sizes);
 BENCHMARK_TEMPLATE(AllocateFree, cuemm::AsyncMemoryManager)->Setup(benchmarks_of<cuemm::AsyncMemoryManager>)->Apply(set_sizes);
+BENCHMARK(AsyncStreamOrderedAllocateFree)->Setup(benchmarks_of<cuemm::AsyncMemoryManager>)->Apply(set_sizes);
 BENCHMARK_TEMPLATE(AllocateFree, PoolWithStatistics)->Setup(benchmarks_of<PoolWithStatistics>)->Apply(set_sizes);
 BENCHMARK_TEMPLATE(AllocateFree, PoolWithLimit)->Setup(benchmarks_of<PoolWithLimit>)->Apply(set_sizes);
 BENCHMARK_TEMPLATE(AllocateFree, PoolWithTracking)->Setup(benchmarks_of<PoolWithTracking>)->Apply(set_sizes);

@@ -366,6 +366,8 @@ def pair_tables(m, sizes):
             ("driver's stream-ordered pool on the legacy stream (where the async manager's requests go)",
              "DriverPoolLegacyStreamAllocateFree/{s}/real_time/threads:{t}"),
             ("async manager (driver's stream-ordered pool)", "AllocateFree<cuemm::AsyncMemoryManager>/{s}/real_time/threads:{t}"),
+            ("async manager, stream-ordered allocate/deallocate (per-thread stream)",
+             "AsyncStreamOrderedAllocateFree/{s}/real_time/threads:{t}"),
             ("pool manager, memalloc (MemoryPointer)", "AllocateFree<cuemm::PoolMemoryManager>/{s}/real_time/threads:{t}"),
             ("pool under the statistics adaptor, memalloc",
              "AllocateFree<PoolWithStatistics>/{s}/real_time/threads:{t}"),

@@ -31,8 +31,9 @@
 //   (either with --trace-growth: a line whenever the pool reserves more, with
 //   where its bytes were: in use, waiting for the GPU, in thread caches, free;
 //   with threads, from whichever thread saw it, all threads' bytes; with
-//   --stream-ordered, the pool's device blocks through allocate(size, stream)
-//   on each thread's per-thread stream, as RMM and PyTorch call it)
+//   --stream-ordered, the pool's or the async manager's device blocks through
+//   allocate(size, stream) on each thread's per-thread stream, as RMM and
+//   PyTorch call it)
 //   (either with --segments: the pool's segments right after it reached its
 //   peak, by kind, and those with the most free bytes: where the peak's free
 //   space lay, segments new since the previous peak marked; every pattern
@@ -249,8 +250,8 @@ void trace_growth(std::size_t operation, std::size_t request, std::size_t live_b
               pool.free_blocks);
 }
 
-// How a replay runs: --trace-growth, and --stream-ordered (the pool's
-// allocate(size, stream) and deallocate(..., stream) on the calling thread's
+// How a replay runs: --trace-growth, and --stream-ordered (the pool's or the
+// async manager's allocate(size, stream) and deallocate(..., stream) on the calling thread's
 // per-thread stream, as RMM and PyTorch call it, rather than memalloc).
 struct ReplayOptions {
   bool trace_growth = false;
@@ -272,9 +273,20 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
       &context, options.make ? options.make(&context) : make_memory_manager(manager_name, &context), adaptors);
   manager->initialize();
   auto* pool = find_adaptor<PoolMemoryManager>(*manager);
-  if (options.stream_ordered && !pool)
-    throw InvalidArgument("--stream-ordered replays through the pool's allocate(size, stream), which manager '" +
-                          manager_name + "' does not have");
+  auto* async = find_adaptor<AsyncMemoryManager>(*manager);
+  if (options.stream_ordered && !pool && !async)
+    throw InvalidArgument("--stream-ordered replays through allocate(size, stream), which the pool and the async "
+                          "manager have and manager '" + manager_name + "' does not");
+  // --stream-ordered's calls, on the calling thread's per-thread stream.
+  auto allocate_ordered = [&](std::size_t size) {
+    return pool ? pool->allocate(size, cuda::CU_STREAM_PER_THREAD) : async->allocate(size, cuda::CU_STREAM_PER_THREAD);
+  };
+  auto deallocate_ordered = [&](cuda::CUdeviceptr pointer, std::size_t size) {
+    if (pool)
+      pool->deallocate(pointer, size, cuda::CU_STREAM_PER_THREAD);
+    else
+      async->deallocate(pointer, size, cuda::CU_STREAM_PER_THREAD);
+  };
   if (options.segments && !pool)
     throw InvalidArgument("--segments lists the pool's segments, which manager '" + manager_name + "' does not have");
   // The pool and the driver's stream-ordered pool count their own reserved
@@ -335,15 +347,14 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
       if (options.stream_ordered && operation.device) {
         if (operation.allocate) {
           try {
-            ordered.emplace(operation.id, std::make_pair(pool->allocate(operation.size, cuda::CU_STREAM_PER_THREAD),
-                                                         operation.size));
+            ordered.emplace(operation.id, std::make_pair(allocate_ordered(operation.size), operation.size));
             now = change_live(operation.size, true, position);
           } catch (const OutOfMemory& error) {
             count_failure(error);
           }
         } else if (auto it = ordered.find(operation.id); it != ordered.end()) {
           const std::size_t size = it->second.second;
-          pool->deallocate(it->second.first, size, cuda::CU_STREAM_PER_THREAD);
+          deallocate_ordered(it->second.first, size);
           ordered.erase(it);
           now = change_live(size, false, position);
         }
@@ -400,7 +411,7 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
       if (device) change_live(size, false, Ran::kLeftLive, id);
     }
     for (const auto& [id, block] : ordered) {
-      pool->deallocate(block.first, block.second, cuda::CU_STREAM_PER_THREAD);
+      deallocate_ordered(block.first, block.second);
       change_live(block.second, false, Ran::kLeftLive, id);
     }
     sampling[index] += std::chrono::duration<double>(std::chrono::steady_clock::now() - paused).count();

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "cuemm/driver/driver.hpp"
@@ -48,6 +49,7 @@ struct AsyncMemoryManager::Blocks {
   struct Live {
     std::size_t size;
     std::weak_ptr<MemoryPointer> memory;  // for reset(): its finalizer must not run after
+    bool raw = false;                     // allocate()'s, which deallocate() frees
   };
   // In shards by address, each under a lock of its own, so that threads
   // allocating at once seldom meet on one (the driver's pool serves them
@@ -87,6 +89,35 @@ struct AsyncMemoryManager::Blocks {
     ScopedContext scope(*context);
     CUEMM_CU(cuMemFreeAsync, pointer, cuda::CU_STREAM_LEGACY);
   }
+
+  // deallocate()'s: null once the block's free is queued on `stream`, else
+  // why nothing was freed.
+  std::optional<std::string> release_raw(cuda::CUdeviceptr pointer, std::size_t size, cuda::CUstream stream) {
+    std::shared_lock use(pool_use);  // (until its free is queued)
+    Shard& shard = shard_of(pointer);
+    Live block;
+    {
+      std::lock_guard lock(shard.mutex);
+      const auto it = shard.live.find(pointer);
+      if (it == shard.live.end()) {
+        return std::string("no live block of this manager starts there (freed already, never handed out by "
+                           "allocate(), or handed out before a reset())");
+      }
+      if (!it->second.raw) return std::string("the block there is memalloc's: it is freed when its MemoryPointer is");
+      if (it->second.size != size)
+        return "the block there was allocated with " + std::to_string(it->second.size) + " bytes";
+      block = std::move(it->second);
+      shard.live.erase(it);
+    }
+    ScopedContext scope(*context);
+    if (const cuda::CUresult result = CUEMM_CU_RESULT(cuMemFreeAsync, pointer, stream)) {
+      std::lock_guard lock(shard.mutex);
+      shard.live.emplace(pointer, std::move(block));  // still the pool's: a reset() frees it
+      return std::string(CudaError(result, "cuMemFreeAsync").what()) + "; the block is still allocated";
+    }
+    return std::nullopt;
+  }
+  std::atomic<std::uint64_t> rejected_frees{0};
 };
 
 AsyncMemoryManager::AsyncMemoryManager(Context* context, AsyncOptions options)
@@ -228,19 +259,52 @@ OutOfMemory out_of_memory(std::size_t size, cuda::CUmemoryPool pool, Context& co
 }
 }  // namespace
 
+cuda::CUdeviceptr AsyncMemoryManager::allocate_from_pool(std::size_t size, cuda::CUstream stream) {
+  const cuda::CUmemoryPool pool = this->pool();
+  return with_flush_and_retry(
+      [&] {
+        cuda::CUdeviceptr allocated = 0;
+        CUEMM_CU_ALLOC(size, cuMemAllocFromPoolAsync, &allocated, size, pool, stream);
+        return allocated;
+      },
+      [&] { return out_of_memory(size, pool, context()); });
+}
+
+cuda::CUdeviceptr AsyncMemoryManager::allocate(std::size_t size, cuda::CUstream stream) {
+  require_allocation_size(size, "allocate");
+  ScopedContext scope(context());
+  std::shared_lock use(blocks_->pool_use);  // (until the block is recorded)
+  const cuda::CUdeviceptr pointer = allocate_from_pool(size, stream);
+  try {
+    Blocks::Shard& shard = blocks_->shard_of(pointer);
+    std::lock_guard lock(shard.mutex);
+    shard.live.insert_or_assign(pointer, Blocks::Live{size, {}, true});
+  } catch (...) {
+    CUEMM_CU_RESULT(cuMemFreeAsync, pointer, stream);  // not recorded: nothing would free it
+    throw;
+  }
+  return pointer;
+}
+
+void AsyncMemoryManager::deallocate(cuda::CUdeviceptr pointer, std::size_t size, cuda::CUstream stream) noexcept {
+  std::optional<std::string> refused;
+  try {
+    refused = blocks_->release_raw(pointer, size, stream);
+  } catch (const std::exception& error) {
+    refused = std::string("its free failed: ") + error.what();
+  }
+  if (!refused) return;
+  blocks_->rejected_frees.fetch_add(1, std::memory_order_relaxed);
+  std::fprintf(stderr, "cuemm: AsyncMemoryManager::deallocate(%s, %zu bytes) refused: %s; nothing was freed\n",
+               util::hex_address(pointer).c_str(), size, refused->c_str());
+}
+
 std::shared_ptr<MemoryPointer> AsyncMemoryManager::memalloc(std::size_t size) {
   require_allocation_size(size, "memalloc");
   Context* ctx = &context();
   ScopedContext scope(*ctx);
   std::shared_lock use(blocks_->pool_use);  // (until the block is recorded)
-  const cuda::CUmemoryPool pool = this->pool();
-  const cuda::CUdeviceptr pointer = with_flush_and_retry(
-      [&] {
-        cuda::CUdeviceptr allocated = 0;
-        CUEMM_CU_ALLOC(size, cuMemAllocFromPoolAsync, &allocated, size, pool, cuda::CU_STREAM_LEGACY);
-        return allocated;
-      },
-      [&] { return out_of_memory(size, pool, *ctx); });
+  const cuda::CUdeviceptr pointer = allocate_from_pool(size, cuda::CU_STREAM_LEGACY);
   Blocks* blocks = blocks_.get();
   std::shared_ptr<MemoryPointer> memory;
   try {
@@ -296,6 +360,7 @@ IpcHandle AsyncMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer
 
 AsyncStatistics AsyncMemoryManager::statistics() const {
   AsyncStatistics statistics;
+  statistics.rejected_frees = blocks_->rejected_frees.load(std::memory_order_relaxed);
   std::shared_lock use(blocks_->pool_use);
   if (cuda::CUmemoryPool pool = pool_.load()) {
     ScopedContext scope(context());

@@ -105,10 +105,14 @@ grep -q "^manager best-fit: 280 operations" "$work/inference.txt"
 # A byte count that would not fit 64 bits is refused by name, not read as some other size.
 refused "max-size must be a byte count such as 64M (got '99999999999999999999T')" \
   "$tool" random --max-size 99999999999999999999T
-# Through the pool's stream-ordered interface, as RMM and PyTorch call it; a manager without one is refused.
+# Through the pool's and the async manager's stream-ordered interfaces, as RMM and PyTorch call
+# them; a manager without one is refused.
 "$tool" random --operations 2000 --max-size 2M --live 64M --manager pool --stream-ordered >"$work/ordered.txt"
 grep -q "^manager pool, stream-ordered: 2000 operations" "$work/ordered.txt"
-refused "which manager 'default' does not have" "$tool" random --operations 10 --manager default --stream-ordered
+"$tool" random --operations 2000 --max-size 2M --live 64M --manager async --stream-ordered --threads 2 \
+  >"$work/ordered-async.txt"
+grep -q "^manager async, stream-ordered: 4000 operations in .*; 0 allocation(s) failed" "$work/ordered-async.txt"
+refused "and manager 'default' does not" "$tool" random --operations 10 --manager default --stream-ordered
 # Blocks assembled from pages' free ends (Note [Assembled blocks]): the expandable pool reserves less
 # with them on RMM's workload up to 4 MiB with 128 MiB live (without thread caches, whose figures
 # move with the GPU's timing: seed 1 read 1.110-1.141 against 1.188-1.250 in eight runs each).

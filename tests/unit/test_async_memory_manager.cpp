@@ -8,6 +8,7 @@
 #include "support/test_support.hpp"
 
 using namespace cuemm;
+using cuemm::testing::HeldKernel;
 using cuemm::testing::ScopedVariable;
 using cuemm::testing::throws;
 
@@ -298,4 +299,164 @@ TEST_F(Async, TheReleaseThresholdComesFromTheEnvironment) {
   }
   ScopedVariable unset("CUEMM_ASYNC_RELEASE_THRESHOLD", nullptr);
   EXPECT_EQ(AsyncOptions::from_environment().release_threshold, UINT64_MAX);
+}
+
+// allocate(size, stream) and deallocate(pointer, size, stream): blocks on a
+// stream of the caller's, whose contents survive, and which the driver's pool
+// takes back.
+TEST_F(Async, StreamOrderedBlocksAreAlignedDistinctAndKeepTheirContents) {
+  AsyncMemoryManager manager(&context);
+  manager.initialize();
+  ScopedContext scope(context);
+  Stream stream = context.create_stream();
+  std::vector<std::pair<cuda::CUdeviceptr, std::size_t>> blocks;
+  for (const std::size_t size : {std::size_t{1}, std::size_t{300}, std::size_t{64} << 10, std::size_t{3} << 20}) {
+    const cuda::CUdeviceptr block = manager.allocate(size, stream.handle());
+    EXPECT_EQ(block % 256, 0u) << size;
+    for (const auto& [other, other_size] : blocks)
+      EXPECT_TRUE(block + size <= other || other + other_size <= block) << size << " bytes overlap another block";
+    blocks.emplace_back(block, size);
+  }
+  std::uint32_t value = 1;
+  std::vector<std::vector<std::uint8_t>> sent;  // (until the copies have run)
+  for (const auto& [block, size] : blocks) {
+    sent.emplace_back(size, static_cast<std::uint8_t>(value++));
+    CUEMM_CU(cuMemcpyHtoDAsync, block, sent.back().data(), size, stream.handle());
+  }
+  stream.synchronize();
+  EXPECT_GE(manager.statistics().used_bytes, (std::size_t{3} << 20) + (std::size_t{64} << 10));
+  value = 1;
+  for (const auto& [block, size] : blocks) {
+    std::vector<std::uint8_t> back(size);
+    CUEMM_CU(cuMemcpyDtoH, back.data(), block, size);
+    EXPECT_EQ(back, std::vector<std::uint8_t>(size, static_cast<std::uint8_t>(value++))) << size << " bytes";
+    manager.deallocate(block, size, stream.handle());
+  }
+  stream.synchronize();
+  EXPECT_EQ(manager.statistics().used_bytes, 0u);
+  EXPECT_EQ(manager.statistics().rejected_frees, 0u);
+  EXPECT_TRUE(throws<InvalidArgument>([&] { manager.allocate(0, stream.handle()); }, "allocate"));
+}
+
+// A block freed on a stream whose held kernel still writes it is not given
+// to work on another stream before that kernel has finished.
+TEST_F(Async, AStreamOrderedFreeIsNotReusedElsewhereWhileItsStreamsWorkMayStillWriteIt) {
+  AsyncMemoryManager manager(&context);
+  manager.initialize();
+  ScopedContext scope(context);
+  Stream kernel_stream = context.create_stream();
+  Stream other_stream = context.create_stream(/*non_blocking=*/true);
+  const std::uint64_t count = 1 << 18;
+  const cuda::CUdeviceptr a = manager.allocate(count * 4, kernel_stream.handle());
+  cuda::CUdeviceptr b = 0;
+  const std::vector<std::uint32_t> nines(count, 9u);
+  {
+    HeldKernel kernel(context, kernel_stream, a, 7u, count);
+    manager.deallocate(a, count * 4, kernel_stream.handle());
+    kernel.waited_for_by([&] {
+      b = manager.allocate(count * 4, other_stream.handle());
+      CUEMM_CU(cuMemcpyHtoDAsync, b, nines.data(), count * 4, other_stream.handle());
+      other_stream.synchronize();
+    });
+  }
+  std::vector<std::uint32_t> back(count);
+  CUEMM_CU(cuMemcpyDtoH, back.data(), b, count * 4);
+  EXPECT_EQ(back, nines) << "the kernel's late write landed in a block handed to another stream";
+  manager.deallocate(b, count * 4, other_stream.handle());
+}
+
+// A free that no live block of allocate()'s matches frees nothing: it is
+// counted, and the blocks it did not match stay the caller's.
+TEST_F(Async, AStreamOrderedFreeThatMatchesNoLiveBlockFreesNothing) {
+  AsyncMemoryManager manager(&context);
+  manager.initialize();
+  ScopedContext scope(context);
+  const cuda::CUstream stream = cuda::CU_STREAM_PER_THREAD;
+  const cuda::CUdeviceptr block = manager.allocate(1 << 20, stream);
+  auto owned = manager.memalloc(1 << 20);
+  manager.deallocate(block + 256, 1 << 20, stream);              // not a block's start
+  manager.deallocate(block, 4096, stream);                       // not its size
+  manager.deallocate(owned->device_pointer(), 1 << 20, stream);  // memalloc's
+  EXPECT_EQ(manager.statistics().rejected_frees, 3u);
+  context.synchronize();
+  EXPECT_GE(manager.statistics().used_bytes, std::size_t{2} << 20) << "a refused free freed a block";
+  manager.deallocate(block, 1 << 20, stream);
+  manager.deallocate(block, 1 << 20, stream);  // a second free
+  EXPECT_EQ(manager.statistics().rejected_frees, 4u);
+  owned.reset();
+  context.synchronize();
+  EXPECT_EQ(manager.statistics().used_bytes, 0u);
+}
+
+// reset() gives allocate()'s blocks back with the rest: the pool it destroys
+// has nothing out, and a later free of such a block is refused, not sent to
+// the new pool.
+TEST_F(Async, ResetGivesBackStreamOrderedBlocksAndRefusesTheirLaterFree) {
+  AsyncMemoryManager manager(&context);
+  manager.initialize();
+  ScopedContext scope(context);
+  const cuda::CUdeviceptr block = manager.allocate(2 << 20, cuda::CU_STREAM_PER_THREAD);
+  manager.reset();
+  EXPECT_EQ(manager.statistics().used_bytes, 0u);
+  const cuda::CUdeviceptr next = manager.allocate(1 << 20, cuda::CU_STREAM_PER_THREAD);
+  if (next != block) manager.deallocate(block, 2 << 20, cuda::CU_STREAM_PER_THREAD);
+  EXPECT_EQ(manager.statistics().rejected_frees, next != block ? 1u : 0u);
+  manager.deallocate(next, 1 << 20, cuda::CU_STREAM_PER_THREAD);
+  context.synchronize();
+  EXPECT_EQ(manager.statistics().used_bytes, 0u);
+}
+
+// The driver's refusal leaves the manager as it was: a failed allocation
+// records nothing, and a failed free keeps its block live for a later one.
+TEST_F(Async, AFailingDriverCallInTheStreamOrderedPathsLeavesTheRecordRight) {
+  CUEMM_REQUIRE_SIMULATION();
+  AsyncMemoryManager manager(&context);
+  manager.initialize();
+  ScopedContext scope(context);
+  const cuda::CUstream stream = cuda::CU_STREAM_PER_THREAD;
+  simulation::inject_fault("cuMemAllocFromPoolAsync", 1, cuda::CUDA_ERROR_OUT_OF_MEMORY, 2);  // (and its retry)
+  EXPECT_TRUE(throws<OutOfMemory>([&] { manager.allocate(1 << 20, stream); }, "cuMemAllocFromPoolAsync"));
+  simulation::clear_faults();
+  context.synchronize();
+  EXPECT_EQ(manager.statistics().used_bytes, 0u);
+  const cuda::CUdeviceptr block = manager.allocate(1 << 20, stream);
+  simulation::inject_fault("cuMemFreeAsync", 1, cuda::CUDA_ERROR_INVALID_VALUE);
+  manager.deallocate(block, 1 << 20, stream);
+  simulation::clear_faults();
+  EXPECT_EQ(manager.statistics().rejected_frees, 1u);
+  manager.deallocate(block, 1 << 20, stream);
+  EXPECT_EQ(manager.statistics().rejected_frees, 1u) << "the block whose free failed was no longer recorded";
+  context.synchronize();
+  EXPECT_EQ(manager.statistics().used_bytes, 0u);
+}
+
+// Threads on streams of their own (blocking and not), with trim() beside them:
+// every block keeps its contents until its free.
+TEST_F(Async, ThreadsOnTheirOwnStreamsKeepTheirBlocksContents) {
+  AsyncMemoryManager manager(&context);
+  manager.initialize();
+  std::atomic<int> corrupted{0};
+  std::vector<std::thread> threads;
+  for (std::uint32_t t = 0; t < 6; ++t) {
+    threads.emplace_back([&, t] {
+      ScopedContext scope(context);
+      Stream stream = context.create_stream(t % 2 == 1);
+      for (std::uint32_t step = 0; step < 150; ++step) {
+        const std::size_t count = (1 + (step * 13 + t) % 96) * 512;
+        std::vector<std::uint32_t> values(count, t << 16 | step), back(count);
+        const cuda::CUdeviceptr block = manager.allocate(count * 4, stream.handle());
+        CUEMM_CU(cuMemcpyHtoDAsync, block, values.data(), count * 4, stream.handle());
+        CUEMM_CU(cuMemcpyDtoHAsync, back.data(), block, count * 4, stream.handle());
+        manager.deallocate(block, count * 4, stream.handle());
+        stream.synchronize();
+        if (back != values) corrupted.fetch_add(1);
+      }
+    });
+  }
+  for (int i = 0; i < 20; ++i) manager.trim();
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(corrupted, 0);
+  EXPECT_EQ(manager.statistics().rejected_frees, 0u);
+  context.synchronize();
+  EXPECT_EQ(manager.statistics().used_bytes, 0u);
 }

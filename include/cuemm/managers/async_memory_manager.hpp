@@ -5,7 +5,9 @@
 // (not the device's default pool, so other libraries' settings do not leak
 // in), freed with cuMemFreeAsync. The EMM interface has no stream, so both run
 // on the legacy default stream: a block freed while blocking-stream work still
-// uses it is reused only after that work. The pool keeps freed memory up to
+// uses it is reused only after that work. C++ callers that have a stream use
+// allocate(size, stream) and deallocate(pointer, size, stream), as they would
+// cudaMallocAsync. The pool keeps freed memory up to
 // the release threshold (CUEMM_ASYNC_RELEASE_THRESHOLD, default: all of it).
 // Host memory comes from a PinnedHostPool.
 //
@@ -48,6 +50,7 @@ struct AsyncOptions {
 struct AsyncStatistics {
   std::uint64_t reserved_bytes = 0;  // held by the driver's pool
   std::uint64_t used_bytes = 0;      // in blocks not yet freed
+  std::uint64_t rejected_frees = 0;  // deallocate() calls that no live block matched (nothing was freed)
 };
 
 class AsyncMemoryManager : public HostOnlyMemoryManager {
@@ -56,6 +59,20 @@ class AsyncMemoryManager : public HostOnlyMemoryManager {
   ~AsyncMemoryManager() override;
 
   std::shared_ptr<MemoryPointer> memalloc(std::size_t size) override;
+
+  // Stream-ordered, without a MemoryPointer (as cudaMallocAsync and
+  // cudaFreeAsync, or RMM's cuda_async_memory_resource): `size` bytes, ready
+  // for work on `stream` at once, and for other streams once they wait for
+  // it. deallocate() queues the free on `stream`: the driver's pool gives the
+  // block to later work on that stream, and to other streams once the free
+  // has run. `size` must be the size allocate() was asked with. A free that
+  // no live block of allocate()'s matches (freed already, never handed out,
+  // memalloc's, or out before a reset(), which gives these blocks back too)
+  // frees nothing: it is reported on stderr and counted
+  // (AsyncStatistics::rejected_frees).
+  cuda::CUdeviceptr allocate(std::size_t size, cuda::CUstream stream);
+  void deallocate(cuda::CUdeviceptr pointer, std::size_t size, cuda::CUstream stream) noexcept;
+
   IpcHandle get_ipc_handle(const std::shared_ptr<MemoryPointer>& memory) override;
   // Driver free memory plus the pool's reserved but unused bytes; the device total.
   MemoryInfo get_memory_info() override;
@@ -64,7 +81,8 @@ class AsyncMemoryManager : public HostOnlyMemoryManager {
   // Gives the memory the pool keeps back to the driver, once the frees queued
   // on the legacy stream have run (the driver's pool keeps it up to the
   // release threshold, though an allocation elsewhere that would run out
-  // takes it back); returns the bytes given back.
+  // takes it back); returns the bytes given back. Blocks that deallocate()
+  // freed on other streams come back once their streams reach the frees.
   std::uint64_t trim();
 
  protected:
@@ -73,6 +91,9 @@ class AsyncMemoryManager : public HostOnlyMemoryManager {
 
  private:
   cuda::CUmemoryPool pool();
+  // A block of the driver's pool on `stream`, after a flush and a retry where
+  // the first try runs out; the caller holds Blocks::pool_use and records it.
+  cuda::CUdeviceptr allocate_from_pool(std::size_t size, cuda::CUstream stream);
   AsyncOptions options_;
   BlockingAwareMutex mutex_;
   std::atomic<cuda::CUmemoryPool> pool_{nullptr};
