@@ -460,3 +460,34 @@ TEST_F(Async, ThreadsOnTheirOwnStreamsKeepTheirBlocksContents) {
   context.synchronize();
   EXPECT_EQ(manager.statistics().used_bytes, 0u);
 }
+
+// Under a capture, allocate() and deallocate() on the recording stream become
+// the graph's allocation and free (the driver's graph memory nodes): every
+// launch computes its output, and no free is refused.
+TEST_F(Async, StreamOrderedBlocksAllocatedAndFreedInACaptureServeEveryLaunch) {
+  if (simulation::active())
+    GTEST_SKIP() << "the simulated driver does not capture stream-ordered allocations (graph memory nodes)";
+  AsyncMemoryManager manager(&context);
+  manager.initialize();
+  ScopedContext scope(context);
+  Stream stream = context.create_stream();
+  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
+  const Function fill = module.function("cuemm_fill_u32");
+  const std::uint64_t words = 1 << 16;
+  auto output = context.memalloc(words * 4);
+  Graph graph = capture_graph(stream, [&](const Stream& recording) {
+    const cuda::CUdeviceptr scratch = manager.allocate(words * 4, recording.handle());
+    fill.launch({64}, {256}, recording, scratch, 0xA5u, words);
+    CUEMM_CU(cuMemcpyDtoDAsync, output->device_pointer(), scratch, words * 4, recording.handle());
+    manager.deallocate(scratch, words * 4, recording.handle());
+  });
+  EXPECT_EQ(manager.statistics().rejected_frees, 0u);
+  for (int launch = 0; launch < 2; ++launch) {
+    CUEMM_CU(cuMemsetD32, output->device_pointer(), 0u, words);
+    graph.launch(stream);
+    stream.synchronize();
+    std::vector<std::uint32_t> back(words);
+    CUEMM_CU(cuMemcpyDtoH, back.data(), output->device_pointer(), words * 4);
+    EXPECT_EQ(back, std::vector<std::uint32_t>(words, 0xA5u)) << "launch " << launch;
+  }
+}
