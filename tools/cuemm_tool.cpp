@@ -251,8 +251,9 @@ void trace_growth(std::size_t operation, std::size_t request, std::size_t live_b
 }
 
 // How a replay runs: --trace-growth, and --stream-ordered (the pool's or the
-// async manager's allocate(size, stream) and deallocate(..., stream) on the calling thread's
-// per-thread stream, as RMM and PyTorch call it, rather than memalloc).
+// async manager's allocate(size, stream) and deallocate(..., stream) on the
+// calling thread's per-thread stream, as RMM and PyTorch call it, rather than
+// memalloc).
 struct ReplayOptions {
   bool trace_growth = false;
   bool stream_ordered = false;

@@ -8,7 +8,7 @@
 //   +current       the same with cuCtxGetCurrent before each of the two calls
 //   +lock          the same with a lock of one of 64 mutexes around each
 // Build and run on the GPU machine (docs/pool-measurements.md has its figures):
-//   g++ -O2 -std=c++17 -pthread -I/usr/local/cuda/include -o /tmp/probe_pool_pair_extras \
+//   g++ -O2 -std=c++17 -pthread -I/usr/local/cuda/include -o /tmp/probe_pool_pair_extras
 //     bench/probes/probe_pool_pair_extras.cpp -L/usr/local/cuda/lib64/stubs -lcuda && /tmp/probe_pool_pair_extras
 #include <array>
 #include <atomic>
@@ -35,7 +35,7 @@ double run(CUcontext context, CUmemoryPool pool, Extra extra, int threads, int p
   std::atomic<bool> go{false};
   std::vector<std::thread> workers;
   for (int t = 0; t < threads; ++t) {
-    workers.emplace_back([&, t] {
+    workers.emplace_back([&] {
       CHECK(cuCtxSetCurrent(context));
       ready.fetch_add(1);
       while (!go.load()) {
@@ -51,7 +51,6 @@ double run(CUcontext context, CUmemoryPool pool, Extra extra, int threads, int p
         CHECK(cuMemFreeAsync(pointer, CU_STREAM_PER_THREAD));
       }
       CHECK(cuStreamSynchronize(CU_STREAM_PER_THREAD));
-      (void)t;
     });
   }
   while (ready.load() < threads) {

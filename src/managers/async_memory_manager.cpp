@@ -74,6 +74,12 @@ struct AsyncMemoryManager::Blocks {
     }
     return 0;
   }
+  // Puts a block on the record (its shard's lock held only for that).
+  void record(cuda::CUdeviceptr pointer, Live block) {
+    Shard& shard = shard_of(pointer);
+    std::lock_guard lock(shard.mutex);
+    shard.live.insert_or_assign(pointer, std::move(block));
+  }
   // Held shared while a request or a release uses the pool (Note [The
   // pool's users]); a reset() that waits for it goes before later requests.
   BlockingAwareSharedMutex pool_use;
@@ -111,8 +117,7 @@ struct AsyncMemoryManager::Blocks {
     }
     ScopedContext scope(*context);
     if (const cuda::CUresult result = CUEMM_CU_RESULT(cuMemFreeAsync, pointer, stream)) {
-      std::lock_guard lock(shard.mutex);
-      shard.live.emplace(pointer, std::move(block));  // still the pool's: a reset() frees it
+      record(pointer, std::move(block));  // still the pool's: a reset() frees it
       return std::string(CudaError(result, "cuMemFreeAsync").what()) + "; the block is still allocated";
     }
     return std::nullopt;
@@ -276,9 +281,7 @@ cuda::CUdeviceptr AsyncMemoryManager::allocate(std::size_t size, cuda::CUstream 
   std::shared_lock use(blocks_->pool_use);  // (until the block is recorded)
   const cuda::CUdeviceptr pointer = allocate_from_pool(size, stream);
   try {
-    Blocks::Shard& shard = blocks_->shard_of(pointer);
-    std::lock_guard lock(shard.mutex);
-    shard.live.insert_or_assign(pointer, Blocks::Live{size, {}, true});
+    blocks_->record(pointer, Blocks::Live{size, {}, true});
   } catch (...) {
     CUEMM_CU_RESULT(cuMemFreeAsync, pointer, stream);  // not recorded: nothing would free it
     throw;
@@ -310,9 +313,7 @@ std::shared_ptr<MemoryPointer> AsyncMemoryManager::memalloc(std::size_t size) {
   try {
     memory = detail::make_recycled<MemoryPointer>(ctx, pointer, size, nullptr,
                                                   [blocks, pointer] { blocks->release(pointer); });
-    Blocks::Shard& shard = blocks->shard_of(pointer);
-    std::lock_guard lock(shard.mutex);
-    shard.live.insert_or_assign(pointer, Blocks::Live{size, memory});
+    blocks->record(pointer, Blocks::Live{size, memory});
   } catch (...) {
     if (memory) memory->mark_released();  // not recorded: its finalizer would find nothing to free
     CUEMM_CU_RESULT(cuMemFreeAsync, pointer, cuda::CU_STREAM_LEGACY);
