@@ -33,7 +33,7 @@
 //   with threads, from whichever thread saw it, all threads' bytes; with
 //   --stream-ordered, the pool's or the async manager's device blocks through
 //   allocate(size, stream) on each thread's per-thread stream, as RMM and
-//   PyTorch call it)
+//   PyTorch call it, and through the adaptors CUEMM_ADAPTORS names)
 //   (either with --segments: the pool's segments right after it reached its
 //   peak, by kind, and those with the most free bytes: where the peak's free
 //   space lay, segments new since the previous peak marked; every pattern
@@ -250,10 +250,10 @@ void trace_growth(std::size_t operation, std::size_t request, std::size_t live_b
               pool.free_blocks);
 }
 
-// How a replay runs: --trace-growth, and --stream-ordered (the pool's or the
-// async manager's allocate(size, stream) and deallocate(..., stream) on the
-// calling thread's per-thread stream, as RMM and PyTorch call it, rather than
-// memalloc).
+// How a replay runs: --trace-growth, and --stream-ordered (the manager's
+// allocate(size, stream) and deallocate(..., stream), StreamOrderedAllocator,
+// on the calling thread's per-thread stream, as RMM and PyTorch call it,
+// rather than memalloc).
 struct ReplayOptions {
   bool trace_growth = false;
   bool stream_ordered = false;
@@ -274,19 +274,15 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
       &context, options.make ? options.make(&context) : make_memory_manager(manager_name, &context), adaptors);
   manager->initialize();
   auto* pool = find_adaptor<PoolMemoryManager>(*manager);
-  auto* async = find_adaptor<AsyncMemoryManager>(*manager);
-  if (options.stream_ordered && !pool && !async)
+  // --stream-ordered's calls, on the calling thread's per-thread stream,
+  // through the adaptors (which observe them) to the manager's.
+  StreamOrderedAllocator* ordered = stream_ordered_allocator(*manager);
+  if (options.stream_ordered && !ordered)
     throw InvalidArgument("--stream-ordered replays through allocate(size, stream), which the pool and the async "
                           "manager have and manager '" + manager_name + "' does not");
-  // --stream-ordered's calls, on the calling thread's per-thread stream.
-  auto allocate_ordered = [&](std::size_t size) {
-    return pool ? pool->allocate(size, cuda::CU_STREAM_PER_THREAD) : async->allocate(size, cuda::CU_STREAM_PER_THREAD);
-  };
+  auto allocate_ordered = [&](std::size_t size) { return ordered->allocate(size, cuda::CU_STREAM_PER_THREAD); };
   auto deallocate_ordered = [&](cuda::CUdeviceptr pointer, std::size_t size) {
-    if (pool)
-      pool->deallocate(pointer, size, cuda::CU_STREAM_PER_THREAD);
-    else
-      async->deallocate(pointer, size, cuda::CU_STREAM_PER_THREAD);
+    ordered->deallocate(pointer, size, cuda::CU_STREAM_PER_THREAD);
   };
   if (options.segments && !pool)
     throw InvalidArgument("--segments lists the pool's segments, which manager '" + manager_name + "' does not have");

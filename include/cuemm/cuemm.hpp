@@ -11,6 +11,7 @@
 #include "cuemm/memory/memory_pointer.hpp"
 #include "cuemm/memory/registry.hpp"
 #include "cuemm/memory/settings.hpp"
+#include "cuemm/memory/stream_ordered_allocator.hpp"
 #include "cuemm/runtime/capture_scope.hpp"
 #include "cuemm/runtime/context.hpp"
 #include "cuemm/runtime/device.hpp"

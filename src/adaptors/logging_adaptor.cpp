@@ -104,7 +104,13 @@ struct LoggingAdaptor::Log : AllocationObserver {
       number(device);
       put(",0x");
       number(record.address, 16);
-      put(",0,");
+      if (record.stream) {  // a stream-ordered call's stream, as its handle
+        put(",0x");
+        number(*record.stream, 16);
+        put(",");
+      } else {
+        put(",0,");
+      }
       number(record.size);
       put(",");
       number(info.free);

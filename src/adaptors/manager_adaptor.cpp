@@ -1,12 +1,19 @@
 #include "cuemm/adaptors/manager_adaptor.hpp"
 
+#include <cxxabi.h>
 #include <time.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <type_traits>
+#include <typeinfo>
+#include <unordered_map>
+#include <variant>
 
 #include "cuemm/error.hpp"
 #include "cuemm/threading/blocking_hook.hpp"
@@ -78,11 +85,74 @@ struct alignas(64) ManagerAdaptor::Shared {
   BlockingAwareMutex resetting;              // one reset() at a time closes the gate
 };
 
+// Note [Stream-ordered blocks of an adaptor]
+// A block from allocate(size, stream) has no pointer object to carry what
+// its release needs: the generation it was counted in (Note [Counting across
+// a reset]). The adaptor keeps that by address until deallocate(), in shards
+// under locks of their own, so that threads seldom meet on one. The record
+// also lets the adaptor refuse a free of no block of its, or of the wrong
+// size, before the upstream sees it: its counts stay right whatever the
+// upstream checks (the pool checks frees only with PoolOptions::check_frees).
+// A reset() forgets the record after it starts a new generation, and an
+// allocation that finds the generation changed once it is recorded takes
+// its entry out again: either way nothing stays from before a reset, and a
+// later free of such a block is refused (the upstream gave it back).
+struct ManagerAdaptor::StreamOrderedBlocks {
+  struct Entry {
+    std::size_t size;
+    std::uint64_t generation;
+  };
+  struct alignas(64) Shard {
+    BlockingAwareMutex mutex;
+    std::unordered_map<cuda::CUdeviceptr, Entry> live;
+  };
+  static constexpr int kShardBits = 6;
+  std::array<Shard, std::size_t{1} << kShardBits> shards;
+  std::atomic<std::uint64_t> refused{0};
+
+  // (Blocks are 256-byte aligned; neighbours go to different shards.)
+  Shard& shard_of(cuda::CUdeviceptr pointer) noexcept {
+    return shards[(pointer >> 8) * 0x9E3779B97F4A7C15ull >> (64 - kShardBits)];
+  }
+  void record(cuda::CUdeviceptr pointer, Entry entry) {
+    Shard& shard = shard_of(pointer);
+    std::lock_guard lock(shard.mutex);
+    shard.live.insert_or_assign(pointer, entry);
+  }
+  void forget(cuda::CUdeviceptr pointer) noexcept {
+    Shard& shard = shard_of(pointer);
+    std::lock_guard lock(shard.mutex);
+    shard.live.erase(pointer);
+  }
+  void forget_all() noexcept {
+    for (Shard& shard : shards) {
+      std::lock_guard lock(shard.mutex);
+      shard.live.clear();
+    }
+  }
+  // The block's entry, taken off the record; else why the free is refused.
+  std::variant<Entry, std::string> take(cuda::CUdeviceptr pointer, std::size_t size) {
+    Shard& shard = shard_of(pointer);
+    std::lock_guard lock(shard.mutex);
+    const auto it = shard.live.find(pointer);
+    if (it == shard.live.end())
+      return std::string("no block from this adaptor's allocate(size, stream) starts there (freed already, "
+                         "never allocated through it, or given back by a reset())");
+    if (it->second.size != size)
+      return "the block there was allocated with " + std::to_string(it->second.size) + " bytes";
+    const Entry entry = it->second;
+    shard.live.erase(it);
+    return entry;
+  }
+};
+
 ManagerAdaptor::ManagerAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream,
                                std::shared_ptr<AllocationObserver> observer)
     : BaseMemoryManager(context), upstream_(std::move(upstream)) {
   if (!upstream_) throw InvalidArgument("an adaptor needs a manager to wrap (upstream is null)");
   raw_upstream_ = dynamic_cast<RawDeviceAllocator*>(upstream_.get());
+  stream_ordered_upstream_ = stream_ordered_allocator(*upstream_);
+  stream_ordered_blocks_ = std::make_unique<StreamOrderedBlocks>();
   if (!observer) throw InvalidArgument("an adaptor needs an observer (it is null)");
   shared_ = std::make_shared<Shared>();
   shared_->observer = std::move(observer);
@@ -113,8 +183,9 @@ void report_release(Shared& shared, const AllocationRecord& record, std::uint64_
 // with `detailed_release`, timed and with the call site.
 template <typename Shared, typename LetGo>
 void release_and_report(Shared& shared, LetGo&& let_go, const ObservedBlock& block, std::uint64_t generation,
-                        bool detailed_release) noexcept {
+                        bool detailed_release, std::optional<std::uintptr_t> stream = std::nullopt) noexcept {
   AllocationRecord record = block.release_record();
+  record.stream = stream;
   if (detailed_release) record.start = adaptor_clock();
   let_go();
   if (detailed_release) {
@@ -137,17 +208,29 @@ struct UpstreamBlock {
   void let_go(const ObservedBlock& block) noexcept { releaser.release(releaser.state, block.address, block.size); }
 };
 
+// A block from the upstream's allocate(size, stream), and how to give it back.
+struct UpstreamStreamOrderedBlock {
+  cuda::CUdeviceptr address;
+  StreamOrderedAllocator* upstream;
+  cuda::CUstream stream;
+};
+
 // What the upstream returned, as a record names it; null is the upstream's error.
 struct Made {
   MemoryKind kind;
   std::uintptr_t address;
+  std::optional<std::uintptr_t> stream;  // a stream-ordered call's
 };
 Made made_by(const std::shared_ptr<MemoryPointer>& upstream) {
   if (!upstream) throw PluginError("the wrapped memory manager returned no pointer");
   const MemoryKind kind = upstream->kind();
-  return {kind, kind == MemoryKind::Pinned ? upstream->host_pointer() : upstream->handle()};
+  return {kind, kind == MemoryKind::Pinned ? upstream->host_pointer() : upstream->handle(), std::nullopt};
 }
-Made made_by(const RawDeviceAllocator::Allocation& block) { return {MemoryKind::Device, block.address}; }
+Made made_by(const RawDeviceAllocator::Allocation& block) { return {MemoryKind::Device, block.address, std::nullopt}; }
+Made made_by(const UpstreamStreamOrderedBlock& block) {
+  if (!block.address) throw PluginError("the wrapped memory manager's allocate(size, stream) returned a null pointer");
+  return {MemoryKind::Device, block.address, reinterpret_cast<std::uintptr_t>(block.stream)};
+}
 
 // What an adaptor hands out: a pointer of the upstream's kind, at the same
 // addresses, that holds the upstream's allocation and reports its release.
@@ -201,6 +284,18 @@ void give_back_upstream(std::shared_ptr<MemoryPointer>& memory, const ObservedBl
 void give_back_upstream(RawDeviceAllocator::Allocation& allocation, const ObservedBlock& block) noexcept {
   UpstreamBlock{allocation.releaser}.let_go(block);
 }
+void give_back_upstream(UpstreamStreamOrderedBlock& allocation, const ObservedBlock& block) noexcept {
+  allocation.upstream->deallocate(allocation.address, block.size, allocation.stream);
+}
+
+std::string type_name(const BaseMemoryManager& manager) {
+  const char* mangled = typeid(manager).name();
+  int status = 0;
+  char* readable = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+  std::string name = status == 0 && readable ? readable : mangled;
+  std::free(readable);
+  return name;
+}
 }  // namespace
 
 template <typename Allocate>
@@ -234,7 +329,7 @@ auto ManagerAdaptor::allocate_observed(MemoryKind kind, std::size_t size, Alloca
     throw;
   }
   AllocationRecord record{made.kind, made.address, size, start, durations ? adaptor_clock() : start,
-                          detailed ? ScopedCallSite::current() : std::string()};
+                          detailed ? ScopedCallSite::current() : std::string(), made.stream};
   const ObservedBlock block{made.kind, made.address, size};
   std::exception_ptr refused;
   {
@@ -349,8 +444,57 @@ void ManagerAdaptor::reset() {
     shared_->generation.fetch_add(1);
     observer().reset();
     shared_->gate.open();
+    stream_ordered_blocks_->forget_all();  // (after the new generation)
   }
   upstream_->reset();
+}
+
+cuda::CUdeviceptr ManagerAdaptor::allocate(std::size_t size, cuda::CUstream stream) {
+  require_allocation_size(size, "allocate(size, stream)");
+  if (!stream_ordered_upstream_) {
+    const BaseMemoryManager* bottom = upstream_.get();
+    while (const auto* adaptor = dynamic_cast<const ManagerAdaptor*>(bottom)) bottom = &adaptor->upstream();
+    throw NotSupported("allocate(size, stream) of " + std::to_string(size) + " bytes: the memory manager under "
+                       "this adaptor (" + type_name(*bottom) + ") has no stream-ordered calls (the pool and the "
+                       "async manager have them)");
+  }
+  StreamOrderedAllocator* upstream = stream_ordered_upstream_;
+  auto [allocation, block, generation, detailed_release] = allocate_observed(
+      MemoryKind::Device, size, [&] { return UpstreamStreamOrderedBlock{upstream->allocate(size, stream), upstream, stream}; });
+  try {
+    stream_ordered_blocks_->record(allocation.address, {size, generation});
+  } catch (...) {
+    release_and_report(*shared_, [&] { give_back_upstream(allocation, block); }, block, generation, detailed_release,
+                       reinterpret_cast<std::uintptr_t>(stream));
+    throw;
+  }
+  if (shared_->generation.load() != generation) stream_ordered_blocks_->forget(allocation.address);
+  return allocation.address;
+}
+
+void ManagerAdaptor::deallocate(cuda::CUdeviceptr pointer, std::size_t size, cuda::CUstream stream) noexcept {
+  std::variant<StreamOrderedBlocks::Entry, std::string> taken;
+  try {
+    taken = stream_ordered_blocks_->take(pointer, size);
+  } catch (...) {  // (no memory for the reason)
+    taken = std::string();
+  }
+  if (const auto* why = std::get_if<std::string>(&taken)) {
+    stream_ordered_blocks_->refused.fetch_add(1, std::memory_order_relaxed);
+    std::fprintf(stderr, "cuemm: ManagerAdaptor::deallocate(0x%llx, %zu bytes, stream %p) refused, nothing freed: %s\n",
+                 static_cast<unsigned long long>(pointer), size, static_cast<void*>(stream), why->empty() ? "its record could not be read" : why->c_str());
+    return;
+  }
+  const auto entry = std::get<StreamOrderedBlocks::Entry>(taken);
+  const bool detailed_release = observer().wants_times_and_call_sites() && observer().wants_durations();
+  release_and_report(
+      *shared_, [&] { stream_ordered_upstream_->deallocate(pointer, size, stream); },
+      ObservedBlock{MemoryKind::Device, pointer, size}, entry.generation, detailed_release,
+      reinterpret_cast<std::uintptr_t>(stream));
+}
+
+std::uint64_t ManagerAdaptor::refused_frees() const noexcept {
+  return stream_ordered_blocks_->refused.load(std::memory_order_relaxed);
 }
 
 }  // namespace cuemm

@@ -140,7 +140,12 @@ struct TrackingAdaptor::Table : AllocationObserver {
       const AllocationRecord& record = outstanding[i];
       std::snprintf(line, sizeof line, "  %-8s 0x%" PRIxPTR " %12zu bytes at %.6f s  ", to_string(record.kind),
                     record.address, record.size, record.start);
-      out += line + site_of(record) + "\n";
+      out += line + site_of(record);
+      if (record.stream) {  // a stream-ordered block: its free goes on a stream too
+        std::snprintf(line, sizeof line, " (stream 0x%" PRIxPTR ")", *record.stream);
+        out += line;
+      }
+      out += "\n";
     }
     if (outstanding.size() > kListed)
       out += "  and " + std::to_string(outstanding.size() - kListed) +

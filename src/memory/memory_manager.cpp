@@ -3,6 +3,7 @@
 #include <typeinfo>
 
 #include "cuemm/error.hpp"
+#include "cuemm/memory/stream_ordered_allocator.hpp"
 
 namespace cuemm {
 
@@ -18,6 +19,11 @@ std::shared_ptr<MemoryPointer> BaseMemoryManager::memallocmanaged(std::size_t si
 Context& BaseMemoryManager::context() const {
   if (!context_) throw StateError("this memory manager instance has no context (it was made to read its version)");
   return *context_;
+}
+
+StreamOrderedAllocator* stream_ordered_allocator(BaseMemoryManager& manager) noexcept {
+  auto* ordered = dynamic_cast<StreamOrderedAllocator*>(&manager);
+  return ordered && ordered->serves_stream_ordered() ? ordered : nullptr;
 }
 
 }  // namespace cuemm

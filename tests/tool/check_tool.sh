@@ -113,6 +113,16 @@ grep -q "^manager pool, stream-ordered: 2000 operations" "$work/ordered.txt"
   >"$work/ordered-async.txt"
 grep -q "^manager async, stream-ordered: 4000 operations in .*; 0 allocation(s) failed" "$work/ordered-async.txt"
 refused "and manager 'default' does not" "$tool" random --operations 10 --manager default --stream-ordered
+refused "and manager 'default' does not" env CUEMM_ADAPTORS=statistics "$tool" random --operations 10 \
+  --manager default --stream-ordered
+# Through the adaptors too: the log's rows carry the per-thread stream (0x2), and read back.
+CUEMM_ADAPTORS=log,limit CUEMM_LOG_FILE="$work/ordered-log.csv" CUEMM_LIMIT=1G "$tool" random --operations 500 \
+  --max-size 1M --live 16M --manager async --stream-ordered >"$work/ordered-logged.txt"
+grep -q "^manager async under log,limit, stream-ordered: 500 operations" "$work/ordered-logged.txt"
+[ "$(grep -c '^Alloc,0,0x[0-9a-f]*,0x2,' "$work/ordered-log.csv")" -gt 100 ]
+[ "$(grep -c '^Alloc,' "$work/ordered-log.csv")" = "$(grep -c '^Free,' "$work/ordered-log.csv")" ]
+"$tool" replay "$work/ordered-log.csv" --manager pool --stream-ordered >"$work/ordered-replayed.txt"
+grep -q "^manager pool, stream-ordered: [0-9]* operations in .*; 0 allocation(s) failed" "$work/ordered-replayed.txt"
 # Blocks assembled from pages' free ends (Note [Assembled blocks]): the expandable pool reserves less
 # with them on RMM's workload up to 4 MiB with 128 MiB live (without thread caches, whose figures
 # move with the GPU's timing: seed 1 read 1.110-1.141 against 1.188-1.250 in eight runs each).

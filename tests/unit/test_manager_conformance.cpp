@@ -15,6 +15,7 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "support/block_storm.hpp"
 #include "support/test_support.hpp"
@@ -940,6 +941,124 @@ TYPED_TEST(Conformance, AnyDriverCallFailingLeavesNothingBehind) {
       EXPECT_EQ(simulation::device_bytes_in_use(0), baseline) << "device memory leaked";
       EXPECT_EQ(simulation::live_allocations(simulation::AllocationKind::PinnedHost), host_baseline)
           << "pinned host memory leaked";
+    }
+  }
+}
+
+// Where the manager has stream-ordered calls (StreamOrderedAllocator: the
+// pools, and adaptors over one): threads on streams of their own get blocks
+// that never overlap and keep what was written to them, and the adaptors
+// count nothing in use after. Where it has none, stream_ordered_allocator()
+// says so and a call through an adaptor is NotSupported, not a crash.
+TYPED_TEST(Conformance, StreamOrderedBlocksKeepTheirContentsOrTheCallsSayWhyNot) {
+  StreamOrderedAllocator* ordered = stream_ordered_allocator(*this->manager);
+  if (!ordered) {
+    if (auto* adaptor = dynamic_cast<ManagerAdaptor*>(this->manager.get())) {
+      EXPECT_TRUE(throws<NotSupported>([&] { adaptor->allocate(4096, cuda::CU_STREAM_PER_THREAD); },
+                                       "no stream-ordered calls"));
+    }
+    EXPECT_EQ(dynamic_cast<PoolMemoryManager*>(this->manager.get()), nullptr) << "the pool has them";
+    return;
+  }
+  cuemm::testing::LiveRanges live;
+  std::atomic<int> lost{0};
+  std::vector<std::thread> threads;
+  for (std::uint32_t t = 0; t < 6; ++t) {
+    threads.emplace_back([&, t] {
+      ScopedContext scope(this->context);
+      Stream stream = this->context.create_stream();
+      std::mt19937 random(t + 11);
+      std::vector<std::tuple<cuda::CUdeviceptr, std::size_t, unsigned char>> held;
+      auto release = [&](std::size_t index) {
+        const auto [block, size, mark] = held[index];
+        std::vector<unsigned char> back(size);
+        CUEMM_CU(cuMemcpyDtoHAsync, back.data(), block, size, stream.handle());
+        stream.synchronize();
+        if (std::count(back.begin(), back.end(), mark) != static_cast<long>(size)) ++lost;
+        live.remove(block);
+        ordered->deallocate(block, size, stream.handle());
+        held.erase(held.begin() + static_cast<long>(index));
+      };
+      for (std::uint32_t step = 0; step < 100; ++step) {
+        if (held.size() < 6 && random() % 3) {
+          const std::size_t size = random() % 8 ? 256 + random() % (1 << 20) : (std::size_t{4} << 20) + random() % (8 << 20);
+          const cuda::CUdeviceptr block = ordered->allocate(size, stream.handle());
+          live.add(block, size);
+          const auto mark = static_cast<unsigned char>(t * 40 + step);
+          CUEMM_CU(cuMemsetD8Async, block, mark, size, stream.handle());
+          held.emplace_back(block, size, mark);
+        } else if (!held.empty()) {
+          release(random() % held.size());
+        }
+      }
+      while (!held.empty()) release(0);
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(live.overlaps(), 0) << "a block was handed out while another overlapped it";
+  EXPECT_EQ(lost, 0) << "a block lost what was written to it";
+  this->expect_adaptors_count_nothing_in_use("after every stream-ordered block was freed");
+}
+
+// Each driver call failing once on the stream-ordered path, at its first,
+// second or third use: the manager works after, the adaptors count only
+// what is held, and a reset leaves nothing with the driver.
+TYPED_TEST(Conformance, AnyDriverCallFailingOnTheStreamOrderedPathLeavesNothingBehind) {
+  CUEMM_REQUIRE_SIMULATION();
+  if (!stream_ordered_allocator(*this->manager)) GTEST_SKIP() << "this manager has no stream-ordered calls (the test before checks that a call says so)";
+  this->manager.reset();
+  this->context.deallocations().flush_all();
+  this->context.synchronize();
+  auto baseline = simulation::device_bytes_in_use(0);
+  for (const std::string function :
+       {"cuMemAlloc", "cuMemFree", "cuMemAllocFromPoolAsync", "cuMemFreeAsync", "cuMemPoolCreate",
+        "cuEventCreate", "cuEventRecord", "cuEventQuery", "cuStreamWaitEvent", "cuCtxSynchronize", "cuMemCreate",
+        "cuMemMap", "cuMemSetAccess"}) {
+    for (std::uint64_t nth = 1; nth <= 3; ++nth) {
+      SCOPED_TRACE(function + " failing at call " + std::to_string(nth));
+      {
+        auto manager = TypeParam::make(&this->context);
+        StreamOrderedAllocator* ordered = stream_ordered_allocator(*manager);
+        ASSERT_NE(ordered, nullptr);
+        Stream stream = this->context.create_stream();
+        std::vector<std::pair<cuda::CUdeviceptr, std::size_t>> held;
+        simulation::inject_fault(function, nth, cuda::CUDA_ERROR_UNKNOWN);
+        try {
+          manager->initialize();
+          for (int i = 0; i < 40; ++i) {
+            const std::size_t size = std::size_t{1} << (8 + i % 16);  // 256 B to 8 MiB
+            held.emplace_back(ordered->allocate(size, stream.handle()), size);
+            if (i % 3 == 0) {
+              ordered->deallocate(held.front().first, held.front().second, stream.handle());
+              held.erase(held.begin());
+            }
+          }
+        } catch (const Error&) {
+          // Whatever failed said so with an exception; the checks below matter.
+        }
+        simulation::clear_faults();
+        for (const auto& [block, size] : held) ordered->deallocate(block, size, stream.handle());
+        held.clear();
+        this->manager.swap(manager);  // (for the adaptors' counts)
+        this->expect_adaptors_count_nothing_in_use("after the blocks held were freed");
+        this->manager.swap(manager);
+        const cuda::CUdeviceptr block = ordered->allocate(1 << 20, stream.handle());
+        CUEMM_CU(cuMemsetD8Async, block, 0x5a, 1 << 20, stream.handle());
+        unsigned char last = 0;
+        CUEMM_CU(cuMemcpyDtoHAsync, &last, block + (1 << 20) - 1, 1, stream.handle());
+        stream.synchronize();
+        EXPECT_EQ(last, 0x5a);
+        ordered->deallocate(block, 1 << 20, stream.handle());
+        stream.synchronize();
+        manager->reset();
+      }
+      this->context.deallocations().flush_all();
+      this->context.synchronize();
+      if (function.starts_with("cuMemFree")) {  // the driver kept what it refused to free
+        baseline = simulation::device_bytes_in_use(0);
+        continue;
+      }
+      EXPECT_EQ(simulation::device_bytes_in_use(0), baseline) << "device memory leaked";
     }
   }
 }

@@ -5,7 +5,9 @@
 //   Current Allocs,Start,End,Elapsed,Location
 // Event Type is Alloc or Free (HostAlloc/HostFree, ManagedAlloc/ManagedFree
 // for other kinds); Size is given for frees too, so a log can be replayed
-// (`cuemm replay`). Start and End are seconds on the adaptors' clock, Elapsed
+// (`cuemm replay`). Stream is 0 for the plugin interface's calls, which have
+// none, and the stream's handle in hex (0x2: the per-thread default stream)
+// for stream-ordered ones (StreamOrderedAllocator). Start and End are seconds on the adaptors' clock, Elapsed
 // is End - Start. Free and Total Memory are the manager's memory info when
 // asked for (it costs a driver call per event), else 0.
 //

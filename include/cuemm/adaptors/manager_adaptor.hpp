@@ -9,6 +9,9 @@
 //   auto logged = std::make_unique<cuemm::LoggingAdaptor>(context, std::move(limited), "alloc.csv");
 //
 // or, for every context, CUEMM_ADAPTORS=limit,log (see adaptors/compose.hpp).
+// Over a manager with stream-ordered calls (StreamOrderedAllocator: the pool,
+// the async manager), an adaptor's allocate(size, stream) and deallocate()
+// are observed as memalloc is (Note [Stream-ordered blocks of an adaptor]).
 // The pointers an adaptor returns have the upstream's kind and addresses; the
 // upstream pointer is released when the adaptor's is. (Over a manager that can
 // allocate without a pointer object, a RawDeviceAllocator such as the pool,
@@ -21,11 +24,13 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "cuemm/error.hpp"
 #include "cuemm/memory/memory_manager.hpp"
 #include "cuemm/memory/raw_device_allocator.hpp"
+#include "cuemm/memory/stream_ordered_allocator.hpp"
 
 namespace cuemm {
 
@@ -39,6 +44,9 @@ struct AllocationRecord {
   double start;
   double end;
   std::string call_site;  // see ScopedCallSite; empty when unknown
+  // The stream of a stream-ordered call (StreamOrderedAllocator); empty for
+  // the plugin interface's, which have none.
+  std::optional<std::uintptr_t> stream;
 };
 
 // Names the code that is allocating, for the log and the leak report (the
@@ -97,7 +105,7 @@ class AllocationObserver {
   virtual bool wants_durations() const noexcept { return true; }
 };
 
-class ManagerAdaptor : public BaseMemoryManager {
+class ManagerAdaptor : public BaseMemoryManager, public StreamOrderedAllocator {
  public:
   ManagerAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream,
                  std::shared_ptr<AllocationObserver> observer);
@@ -116,6 +124,16 @@ class ManagerAdaptor : public BaseMemoryManager {
   int interface_version() const override { return upstream_->interface_version(); }
 
   BaseMemoryManager& upstream() const noexcept { return *upstream_; }
+
+  // StreamOrderedAllocator: the upstream's calls, observed. allocate() throws
+  // NotSupported where the upstream has none. deallocate() refuses (says so
+  // on stderr, frees and reports nothing, counts it in refused_frees()) a
+  // pointer that no block from this adaptor's allocate() starts at, freed
+  // already or given back by a reset(), and a size other than the block's.
+  cuda::CUdeviceptr allocate(std::size_t size, cuda::CUstream stream) final;
+  void deallocate(cuda::CUdeviceptr pointer, std::size_t size, cuda::CUstream stream) noexcept final;
+  bool serves_stream_ordered() const noexcept override { return stream_ordered_upstream_ != nullptr; }
+  std::uint64_t refused_frees() const noexcept;
 
   // For a caller that keeps an object of its own per allocation (the Python
   // bridge): memalloc without the adaptor's own pointer. Over a
@@ -158,9 +176,12 @@ class ManagerAdaptor : public BaseMemoryManager {
   std::shared_ptr<MemoryPointer> observe_raw(std::size_t size);
 
   struct Shared;  // what the pointers handed out need, as they may outlive the adaptor
+  struct StreamOrderedBlocks;  // allocate(size, stream)'s blocks until their deallocate()
 
   std::unique_ptr<BaseMemoryManager> upstream_;
   RawDeviceAllocator* raw_upstream_ = nullptr;  // the upstream, where it can allocate without a pointer
+  StreamOrderedAllocator* stream_ordered_upstream_ = nullptr;  // the upstream, where its stream-ordered calls work
+  std::unique_ptr<StreamOrderedBlocks> stream_ordered_blocks_;
   std::shared_ptr<Shared> shared_;  // holds the observer
 };
 

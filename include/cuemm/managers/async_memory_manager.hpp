@@ -31,6 +31,7 @@
 #include <mutex>
 
 #include "cuemm/memory/host_only_memory_manager.hpp"
+#include "cuemm/memory/stream_ordered_allocator.hpp"
 #include "cuemm/threading/blocking_hook.hpp"
 
 namespace cuemm {
@@ -53,7 +54,7 @@ struct AsyncStatistics {
   std::uint64_t rejected_frees = 0;  // deallocate() calls that no live block matched (nothing was freed)
 };
 
-class AsyncMemoryManager : public HostOnlyMemoryManager {
+class AsyncMemoryManager : public HostOnlyMemoryManager, public StreamOrderedAllocator {
  public:
   explicit AsyncMemoryManager(Context* context, AsyncOptions options = AsyncOptions::from_environment());
   ~AsyncMemoryManager() override;
@@ -70,8 +71,8 @@ class AsyncMemoryManager : public HostOnlyMemoryManager {
   // memalloc's, or out before a reset(), which gives these blocks back too)
   // frees nothing: it is reported on stderr and counted
   // (AsyncStatistics::rejected_frees).
-  cuda::CUdeviceptr allocate(std::size_t size, cuda::CUstream stream);
-  void deallocate(cuda::CUdeviceptr pointer, std::size_t size, cuda::CUstream stream) noexcept;
+  cuda::CUdeviceptr allocate(std::size_t size, cuda::CUstream stream) final;
+  void deallocate(cuda::CUdeviceptr pointer, std::size_t size, cuda::CUstream stream) noexcept final;
 
   IpcHandle get_ipc_handle(const std::shared_ptr<MemoryPointer>& memory) override;
   // Driver free memory plus the pool's reserved but unused bytes; the device total.

@@ -152,6 +152,7 @@
 #include "cuemm/managers/detail/tlsf_block_allocator.hpp"
 #include "cuemm/memory/host_only_memory_manager.hpp"
 #include "cuemm/memory/raw_device_allocator.hpp"
+#include "cuemm/memory/stream_ordered_allocator.hpp"
 
 namespace cuemm {
 namespace detail {
@@ -311,7 +312,7 @@ struct PoolSegment {
 };
 const char* to_string(PoolSegment::Kind kind) noexcept;
 
-class PoolMemoryManager : public HostOnlyMemoryManager, public RawDeviceAllocator {
+class PoolMemoryManager : public HostOnlyMemoryManager, public RawDeviceAllocator, public StreamOrderedAllocator {
  public:
   // Blocks are multiples of this (and the returned pointers aligned to it).
   static constexpr std::size_t kBlockGranularity = 256;
@@ -338,8 +339,10 @@ class PoolMemoryManager : public HostOnlyMemoryManager, public RawDeviceAllocato
   // deallocate on a stream, and PyTorch's raw_alloc and raw_delete on its
   // current stream. A block from either allocate() may be freed by either
   // deallocate().
-  cuda::CUdeviceptr allocate(std::size_t size, cuda::CUstream stream);
-  void deallocate(cuda::CUdeviceptr pointer, std::size_t size, cuda::CUstream stream) noexcept;
+  // (StreamOrderedAllocator's; final, so calls through the pool's own type
+  // are direct.)
+  cuda::CUdeviceptr allocate(std::size_t size, cuda::CUstream stream) final;
+  void deallocate(cuda::CUdeviceptr pointer, std::size_t size, cuda::CUstream stream) noexcept final;
 
   IpcHandle get_ipc_handle(const std::shared_ptr<MemoryPointer>& memory) override;
   // Driver free memory plus the pool's free bytes; the device total. Under a
