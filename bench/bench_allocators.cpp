@@ -334,6 +334,26 @@ void PoolStreamOrderedAllocateFree(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 
+// The same through an adaptor over the pool: what observing a stream-ordered
+// pair costs (the adaptor's record of its blocks, Note [Stream-ordered blocks
+// of an adaptor], and its observer), beside the pool's own row.
+template <typename Adaptor>
+void AdaptorStreamOrderedAllocateFree(benchmark::State& state) {
+  auto& adaptor = shared_manager<Adaptor>();
+  cuemm::ScopedContext scope(context());
+  const auto size = static_cast<std::size_t>(state.range(0));
+  const auto stream = cuemm::cuda::CU_STREAM_PER_THREAD;
+  warm_up_until_the_pool_stops_buying(*pool_of(adaptor), [&] {
+    adaptor.deallocate(adaptor.allocate(size, stream), size, stream);
+  });
+  for (auto _ : state) {
+    const cuemm::cuda::CUdeviceptr pointer = adaptor.allocate(size, stream);
+    benchmark::DoNotOptimize(pointer);
+    adaptor.deallocate(pointer, size, stream);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
 // What one seal costs on this host: the pools make a freed block reusable
 // after a query of the legacy stream (Note [Stream-safe reuse]), one per
 // batch of frees, so it sets their large pairs' cost. From 16 threads at
@@ -820,6 +840,8 @@ BENCHMARK(DriverLegacyStreamQuery)->Setup(benchmarks_of<NoSharedManager>)->Threa
 BENCHMARK(ThreadPrivateLoop)->Setup(benchmarks_of<NoSharedManager>)->Threads(1)->Threads(16)->UseRealTime();
 BENCHMARK(PoolRawAllocateFree)->Setup(benchmarks_of<cuemm::PoolMemoryManager>)->Apply(set_sizes);
 BENCHMARK(PoolStreamOrderedAllocateFree)->Setup(benchmarks_of<cuemm::PoolMemoryManager>)->Apply(set_sizes);
+BENCHMARK_TEMPLATE(AdaptorStreamOrderedAllocateFree, PoolWithStatistics)->Setup(benchmarks_of<PoolWithStatistics>)->Apply(set_sizes);
+BENCHMARK_TEMPLATE(AdaptorStreamOrderedAllocateFree, PoolWithLimit)->Setup(benchmarks_of<PoolWithLimit>)->Apply(set_sizes);
 BENCHMARK(PoolScalingAlternated)
     ->Setup(benchmarks_of<cuemm::PoolMemoryManager>)
     ->Apply([](benchmark::internal::Benchmark* benchmark) {

@@ -376,7 +376,11 @@ def pair_tables(m, sizes):
             ("pool under the tracking adaptor, memalloc", "AllocateFree<PoolWithTracking>/{s}/real_time/threads:{t}"),
             ("pool, raw allocate/deallocate", "PoolRawAllocateFree/{s}/real_time/threads:{t}"),
             ("pool, stream-ordered allocate/deallocate (per-thread stream)",
-             "PoolStreamOrderedAllocateFree/{s}/real_time/threads:{t}")]
+             "PoolStreamOrderedAllocateFree/{s}/real_time/threads:{t}"),
+            ("pool under the statistics adaptor, stream-ordered",
+             "AdaptorStreamOrderedAllocateFree<PoolWithStatistics>/{s}/real_time/threads:{t}"),
+            ("pool under the limit adaptor (a cap not reached), stream-ordered",
+             "AdaptorStreamOrderedAllocateFree<PoolWithLimit>/{s}/real_time/threads:{t}")]
     lines = []
     for threads in (1, 4, 16):
         lines += [f"### {threads} thread(s)", "", "| allocator | " + " | ".join(f"{s:,} B" for s in sizes) + " |",

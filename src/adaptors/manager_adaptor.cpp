@@ -12,13 +12,13 @@
 #include <mutex>
 #include <type_traits>
 #include <typeinfo>
-#include <unordered_map>
 #include <variant>
 
 #include "cuemm/error.hpp"
 #include "cuemm/threading/blocking_hook.hpp"
 #include "cuemm/memory/detail/recycling_allocator.hpp"
 #include "threading/section_gate.hpp"
+#include "util/address_map.hpp"
 #include "util/keep_until_exit.hpp"
 
 namespace cuemm {
@@ -104,7 +104,7 @@ struct ManagerAdaptor::StreamOrderedBlocks {
   };
   struct alignas(64) Shard {
     BlockingAwareMutex mutex;
-    std::unordered_map<cuda::CUdeviceptr, Entry> live;
+    util::AddressMap<Entry> live;
   };
   static constexpr int kShardBits = 6;
   std::array<Shard, std::size_t{1} << kShardBits> shards;
@@ -122,7 +122,7 @@ struct ManagerAdaptor::StreamOrderedBlocks {
   void forget(cuda::CUdeviceptr pointer) noexcept {
     Shard& shard = shard_of(pointer);
     std::lock_guard lock(shard.mutex);
-    shard.live.erase(pointer);
+    shard.live.take(pointer);
   }
   void forget_all() noexcept {
     for (Shard& shard : shards) {
@@ -134,15 +134,12 @@ struct ManagerAdaptor::StreamOrderedBlocks {
   std::variant<Entry, std::string> take(cuda::CUdeviceptr pointer, std::size_t size) {
     Shard& shard = shard_of(pointer);
     std::lock_guard lock(shard.mutex);
-    const auto it = shard.live.find(pointer);
-    if (it == shard.live.end())
+    const Entry* found = shard.live.find(pointer);
+    if (!found)
       return std::string("no block from this adaptor's allocate(size, stream) starts there (freed already, "
                          "never allocated through it, or given back by a reset())");
-    if (it->second.size != size)
-      return "the block there was allocated with " + std::to_string(it->second.size) + " bytes";
-    const Entry entry = it->second;
-    shard.live.erase(it);
-    return entry;
+    if (found->size != size) return "the block there was allocated with " + std::to_string(found->size) + " bytes";
+    return *shard.live.take(pointer);
   }
 };
 

@@ -7,8 +7,10 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <unordered_map>
 
 #include "support/test_support.hpp"
+#include "util/address_map.hpp"
 
 using namespace cuemm;
 using cuemm::testing::throws;
@@ -322,4 +324,47 @@ TEST(StreamOrderedAdaptorsOverOthers, TheCallsSayTheManagerHasNone) {
   EXPECT_EQ(stream_ordered_allocator(over_pool), &over_pool);
   DefaultMemoryManager plain(&context);
   EXPECT_EQ(stream_ordered_allocator(plain), nullptr);
+}
+
+// The adaptor's record (util::AddressMap): through runs of neighbouring and
+// scattered addresses, inserts, replacements, takes of present and absent
+// ones and a clear, it holds what a standard map holds.
+TEST(AddressMap, AgreesWithAStandardMapThroughRandomInsertsAndTakes) {
+  util::AddressMap<std::uint64_t> map;
+  std::unordered_map<std::uintptr_t, std::uint64_t> expected;
+  std::mt19937_64 random(5);
+  for (int round = 0; round < 4; ++round) {
+    for (int step = 0; step < 60000; ++step) {
+      // Neighbours (as a pool hands out) half the time, else anywhere.
+      const std::uintptr_t address =
+          random() % 2 ? 0x7f0000000000 + 256 * (random() % 2048) : (random() | 1) & 0x7fffffffffff;
+      const std::uint64_t value = random();
+      switch (random() % 3) {
+        case 0:
+          map.insert_or_assign(address, value);
+          expected[address] = value;
+          break;
+        default: {
+          const std::optional<std::uint64_t> taken = map.take(address);
+          const auto it = expected.find(address);
+          ASSERT_EQ(taken.has_value(), it != expected.end()) << "step " << step;
+          if (taken) {
+            ASSERT_EQ(*taken, it->second);
+            expected.erase(it);
+          }
+        }
+      }
+      ASSERT_EQ(map.size(), expected.size());
+    }
+    for (const auto& [address, value] : expected) {
+      const std::uint64_t* found = map.find(address);
+      ASSERT_NE(found, nullptr);
+      EXPECT_EQ(*found, value);
+    }
+    if (round == 2) {
+      map.clear();
+      expected.clear();
+      EXPECT_EQ(map.find(0x7f0000000000), nullptr);
+    }
+  }
 }
