@@ -93,10 +93,16 @@ struct alignas(64) ManagerAdaptor::Shared {
 // also lets the adaptor refuse a free of no block of its, or of the wrong
 // size, before the upstream sees it: its counts stay right whatever the
 // upstream checks (the pool checks frees only with PoolOptions::check_frees).
-// A reset() forgets the record after it starts a new generation, and an
-// allocation that finds the generation changed once it is recorded takes
-// its entry out again: either way nothing stays from before a reset, and a
-// later free of such a block is refused (the upstream gave it back).
+// A reset() forgets the record after it starts a new generation, with the
+// gate still closed, and an allocation that finds the generation changed
+// once it is recorded takes its entry out again: either way nothing stays
+// from before a reset, and a later free of such a block is refused (the
+// upstream gave it back). An allocation counted in the new generation
+// reported it after the gate opened, so its entry comes after the forgetting
+// (forgotten while the gate was open, its count would stay for good). Once
+// the upstream hands such an address out again, a late free of the old
+// block cannot be told from one of the new: as with any allocator, a block
+// a reset gave back must not be freed after.
 struct ManagerAdaptor::StreamOrderedBlocks {
   struct Entry {
     std::size_t size;
@@ -114,15 +120,21 @@ struct ManagerAdaptor::StreamOrderedBlocks {
   Shard& shard_of(cuda::CUdeviceptr pointer) noexcept {
     return shards[(pointer >> 8) * 0x9E3779B97F4A7C15ull >> (64 - kShardBits)];
   }
+  // A block handed out before a reset and recorded late may share its
+  // address with one handed out after it (the upstream gave it back and
+  // out again): the later generation's entry is the one kept.
   void record(cuda::CUdeviceptr pointer, Entry entry) {
     Shard& shard = shard_of(pointer);
     std::lock_guard lock(shard.mutex);
+    if (const Entry* there = shard.live.find(pointer); there && there->generation > entry.generation) return;
     shard.live.insert_or_assign(pointer, entry);
   }
-  void forget(cuda::CUdeviceptr pointer) noexcept {
+  // Takes out the entry of `generation` at `pointer`, if that is there.
+  void forget(cuda::CUdeviceptr pointer, std::uint64_t generation) noexcept {
     Shard& shard = shard_of(pointer);
     std::lock_guard lock(shard.mutex);
-    shard.live.take(pointer);
+    if (const Entry* there = shard.live.find(pointer); there && there->generation == generation)
+      shard.live.take(pointer);
   }
   void forget_all() noexcept {
     for (Shard& shard : shards) {
@@ -440,8 +452,8 @@ void ManagerAdaptor::reset() {
     shared_->gate.close_and_drain();
     shared_->generation.fetch_add(1);
     observer().reset();
+    stream_ordered_blocks_->forget_all();  // (with the gate closed: Note [Stream-ordered blocks of an adaptor])
     shared_->gate.open();
-    stream_ordered_blocks_->forget_all();  // (after the new generation)
   }
   upstream_->reset();
 }
@@ -465,7 +477,7 @@ cuda::CUdeviceptr ManagerAdaptor::allocate(std::size_t size, cuda::CUstream stre
                        reinterpret_cast<std::uintptr_t>(stream));
     throw;
   }
-  if (shared_->generation.load() != generation) stream_ordered_blocks_->forget(allocation.address);
+  if (shared_->generation.load() != generation) stream_ordered_blocks_->forget(allocation.address, generation);
   return allocation.address;
 }
 
