@@ -468,8 +468,9 @@ cuda::CUdeviceptr ManagerAdaptor::allocate(std::size_t size, cuda::CUstream stre
                        "async manager have them)");
   }
   StreamOrderedAllocator* upstream = stream_ordered_upstream_;
-  auto [allocation, block, generation, detailed_release] = allocate_observed(
-      MemoryKind::Device, size, [&] { return UpstreamStreamOrderedBlock{upstream->allocate(size, stream), upstream, stream}; });
+  auto [allocation, block, generation, detailed_release] = allocate_observed(MemoryKind::Device, size, [&] {
+    return UpstreamStreamOrderedBlock{upstream->allocate(size, stream), upstream, stream};
+  });
   try {
     stream_ordered_blocks_->record(allocation.address, {size, generation});
   } catch (...) {
@@ -491,7 +492,8 @@ void ManagerAdaptor::deallocate(cuda::CUdeviceptr pointer, std::size_t size, cud
   if (const auto* why = std::get_if<std::string>(&taken)) {
     stream_ordered_blocks_->refused.fetch_add(1, std::memory_order_relaxed);
     std::fprintf(stderr, "cuemm: ManagerAdaptor::deallocate(0x%llx, %zu bytes, stream %p) refused, nothing freed: %s\n",
-                 static_cast<unsigned long long>(pointer), size, static_cast<void*>(stream), why->empty() ? "its record could not be read" : why->c_str());
+                 static_cast<unsigned long long>(pointer), size, static_cast<void*>(stream),
+                 why->empty() ? "its record could not be read" : why->c_str());
     return;
   }
   const auto entry = std::get<StreamOrderedBlocks::Entry>(taken);

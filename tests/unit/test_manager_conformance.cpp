@@ -981,7 +981,8 @@ TYPED_TEST(Conformance, StreamOrderedBlocksKeepTheirContentsOrTheCallsSayWhyNot)
       };
       for (std::uint32_t step = 0; step < 100; ++step) {
         if (held.size() < 6 && random() % 3) {
-          const std::size_t size = random() % 8 ? 256 + random() % (1 << 20) : (std::size_t{4} << 20) + random() % (8 << 20);
+          const std::size_t size =
+              random() % 8 ? 256 + random() % (1 << 20) : (std::size_t{4} << 20) + random() % (8 << 20);
           const cuda::CUdeviceptr block = ordered->allocate(size, stream.handle());
           live.add(block, size);
           const auto mark = static_cast<unsigned char>(t * 40 + step);
@@ -1005,7 +1006,8 @@ TYPED_TEST(Conformance, StreamOrderedBlocksKeepTheirContentsOrTheCallsSayWhyNot)
 // what is held, and a reset leaves nothing with the driver.
 TYPED_TEST(Conformance, AnyDriverCallFailingOnTheStreamOrderedPathLeavesNothingBehind) {
   CUEMM_REQUIRE_SIMULATION();
-  if (!stream_ordered_allocator(*this->manager)) GTEST_SKIP() << "this manager has no stream-ordered calls (the test before checks that a call says so)";
+  if (!stream_ordered_allocator(*this->manager))
+    GTEST_SKIP() << "this manager has no stream-ordered calls (the test before checks that a call says so)";
   this->manager.reset();
   this->context.deallocations().flush_all();
   this->context.synchronize();
