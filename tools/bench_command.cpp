@@ -30,7 +30,7 @@ namespace cuemm::tool {
 
 const char* const kBenchUsage =
     "       cuemm bench [--managers cuMemAlloc,default,pool,async] [--sizes 256,64K,1M,4M,64M]\n"
-    "                   [--threads 1,4,16] [--seconds 0.05] [--repeats 3] [--warm-up 0.2]\n";
+    "                   [--threads 1,4,16] [--seconds 0.05] [--repeats 3] [--warm-up 0.2] [--stream-ordered]\n";
 
 namespace {
 
@@ -149,7 +149,12 @@ struct Subject {
   Purchases purchases;  // for the pool
 };
 
-Subject make_subject(const std::string& name, Context& context, const std::string& adaptors) {
+// With `stream_ordered`, the pairs are allocate(size, stream) and
+// deallocate() on the thread's per-thread stream (StreamOrderedAllocator,
+// through the adaptors), as RMM and PyTorch call their allocators.
+Subject make_subject(const std::string& name, Context& context, const std::string& adaptors, bool stream_ordered) {
+  if (name == "cuMemAlloc" && stream_ordered)
+    throw InvalidArgument("--stream-ordered: cuMemAlloc has no stream (leave it out of --managers)");
   if (name == "cuMemAlloc") {
     return {name, nullptr, [](std::size_t size) {
               cuda::CUdeviceptr pointer = 0;
@@ -171,13 +176,23 @@ Subject make_subject(const std::string& name, Context& context, const std::strin
   Purchases purchases;
   if (auto* pool = find_adaptor<PoolMemoryManager>(*manager))
     purchases = [pool] { return pool->statistics().driver_allocations; };
-  return {name, manager, [raw](std::size_t size) { raw->memalloc(size); }, purchases};
+  if (!stream_ordered) return {name, manager, [raw](std::size_t size) { raw->memalloc(size); }, purchases};
+  StreamOrderedAllocator* ordered = stream_ordered_allocator(*manager);
+  if (!ordered)
+    throw InvalidArgument("--stream-ordered: manager '" + name + "' has no allocate(size, stream) (the pool and "
+                          "the async manager have it)");
+  return {name, manager,
+          [ordered](std::size_t size) {
+            ordered->deallocate(ordered->allocate(size, cuda::CU_STREAM_PER_THREAD), size, cuda::CU_STREAM_PER_THREAD);
+          },
+          purchases};
 }
 
 }  // namespace
 
 int bench_command(std::vector<std::string> args) {
-  const auto managers = list_option(args, "--managers", "cuMemAlloc,default,pool,async");
+  const bool stream_ordered = flag(args, "--stream-ordered");
+  const auto managers = list_option(args, "--managers", stream_ordered ? "pool,async" : "cuMemAlloc,default,pool,async");
   std::vector<std::size_t> sizes, thread_counts;
   for (const auto& text : list_option(args, "--sizes", "256,64K,1M,4M,64M")) {
     sizes.push_back(parse_bytes("--sizes", text));
@@ -197,11 +212,13 @@ int bench_command(std::vector<std::string> args) {
   ScopedContext scope(context);
   const std::string adaptors = adaptors_from_environment();
   std::vector<Subject> subjects;
-  for (const auto& name : managers) subjects.push_back(make_subject(name, context, adaptors));
+  for (const auto& name : managers) subjects.push_back(make_subject(name, context, adaptors, stream_ordered));
 
-  std::printf("ns per allocate+free pair (memalloc, then its pointer released), median of %zu windows of %g s "
+  std::printf("ns per allocate+free pair (%s), median of %zu windows of %g s "
               "after %g s of warm-up (for the pool, until it bought no block for that long),\nfrom the same "
               "threads; with several threads, wall time over the pairs of all threads. Driver: %s; adaptors: %s.\n",
+              stream_ordered ? "allocate(size, stream) and deallocate() on each thread's per-thread stream"
+                             : "memalloc, then its pointer released",
               repeats, seconds, warm_up, simulation::active() ? "simulated" : "cuda",
               adaptors.empty() ? "none" : adaptors.c_str());
   std::size_t width = 10;

@@ -350,6 +350,15 @@ grep -Eq '^manager +256 B +1 MiB$' "$work/bench.txt"
 [ "$(grep -Ec '^pool +[0-9.]+ +[0-9.]+$' "$work/bench.txt")" = 2 ]
 [ "$(grep -Ec '^cuMemAlloc +[0-9.]+ +[0-9.]+$' "$work/bench.txt")" = 2 ]
 grep -Eq '^pool +[0-9.]+x +[0-9.]+x$' "$work/bench.txt"
+# --stream-ordered: the pairs through allocate(size, stream), the adaptors' too;
+# a manager without them, or cuMemAlloc, is refused by name.
+CUEMM_ADAPTORS=statistics "$tool" bench --stream-ordered --sizes 256,1M --threads 1 --seconds 0.01 --repeats 1 \
+  >"$work/bench-ordered.txt"
+grep -q "allocate(size, stream) and deallocate() on each thread's per-thread stream" "$work/bench-ordered.txt"
+grep -Eq '^pool +[0-9.]+ +[0-9.]+$' "$work/bench-ordered.txt"
+grep -Eq '^async +[0-9.]+ +[0-9.]+$' "$work/bench-ordered.txt"
+refused "manager 'default' has no allocate(size, stream)" "$tool" bench --stream-ordered --managers default
+refused "cuMemAlloc has no stream" "$tool" bench --stream-ordered --managers cuMemAlloc
 # A manager's row does not inherit the memory that the row before it kept: 16
 # threads of 64 MiB pairs had the pool's rotations hold the whole simulated
 # device, and the async manager's row after it read OOM.
