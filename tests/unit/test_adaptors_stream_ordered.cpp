@@ -21,23 +21,12 @@ namespace {
 // The managers with stream-ordered calls, and the driver call that gives
 // each its device memory (to fail it).
 struct OverPool {
-  static std::unique_ptr<BaseMemoryManager> make(Context* context) {
-    return std::make_unique<PoolMemoryManager>(context);
-  }
+  using Manager = PoolMemoryManager;
   static constexpr const char* kDriverAllocation = "cuMemAlloc";
-  // Frees the upstream refused: the pool counts them where it checks frees.
-  static std::uint64_t upstream_refusals(BaseMemoryManager& manager) {
-    return find_adaptor<PoolMemoryManager>(manager)->statistics().rejected_frees;
-  }
 };
 struct OverAsync {
-  static std::unique_ptr<BaseMemoryManager> make(Context* context) {
-    return std::make_unique<AsyncMemoryManager>(context);
-  }
+  using Manager = AsyncMemoryManager;
   static constexpr const char* kDriverAllocation = "cuMemAllocFromPoolAsync";
-  static std::uint64_t upstream_refusals(BaseMemoryManager& manager) {
-    return find_adaptor<AsyncMemoryManager>(manager)->statistics().rejected_frees;
-  }
 };
 
 template <typename Upstream>
@@ -48,6 +37,12 @@ class StreamOrderedAdaptors : public ::testing::Test {
   }
   void TearDown() override {
     if (simulation::active()) simulation::clear_faults();
+  }
+
+  std::unique_ptr<BaseMemoryManager> upstream() { return std::make_unique<typename Upstream::Manager>(&context); }
+  // Frees the manager under `chain` refused itself (the pool counts them where it checks frees).
+  static std::uint64_t upstream_refusals(BaseMemoryManager& chain) {
+    return find_adaptor<typename Upstream::Manager>(chain)->statistics().rejected_frees;
   }
 
   // Writes `bytes` bytes of `value` at `block` on `stream` and reads them
@@ -77,7 +72,7 @@ std::uintptr_t handle_of(cuda::CUstream stream) { return reinterpret_cast<std::u
 }  // namespace
 
 TYPED_TEST(StreamOrderedAdaptors, TheyAreCountedAsMemallocsAre) {
-  StatisticsAdaptor stats(&this->context, TypeParam::make(&this->context));
+  StatisticsAdaptor stats(&this->context, this->upstream());
   stats.initialize();
   ASSERT_EQ(stream_ordered_allocator(stats), &stats);
   Stream stream = this->context.create_stream();
@@ -108,7 +103,7 @@ TYPED_TEST(StreamOrderedAdaptors, TheyAreCountedAsMemallocsAre) {
 // The seed's Stream column holds the call's stream; the log still reads back.
 TYPED_TEST(StreamOrderedAdaptors, TheLogsRowsCarryTheirStream) {
   std::ostringstream out;
-  LoggingAdaptor logged(&this->context, TypeParam::make(&this->context), out);
+  LoggingAdaptor logged(&this->context, this->upstream(), out);
   logged.initialize();
   Stream stream = this->context.create_stream();
   const cuda::CUdeviceptr own = logged.allocate(4096, stream.handle());
@@ -138,7 +133,7 @@ TYPED_TEST(StreamOrderedAdaptors, TheLogsRowsCarryTheirStream) {
 
 TYPED_TEST(StreamOrderedAdaptors, TrackingListsTheBlocksOutstandingWithTheirStream) {
   std::ostringstream report;
-  TrackingAdaptor tracking(&this->context, TypeParam::make(&this->context), &report);
+  TrackingAdaptor tracking(&this->context, this->upstream(), &report);
   tracking.initialize();
   const cuda::CUdeviceptr kept = [&] {
     ScopedCallSite site("loader.cpp:40");
@@ -159,7 +154,7 @@ TYPED_TEST(StreamOrderedAdaptors, TrackingListsTheBlocksOutstandingWithTheirStre
 }
 
 TYPED_TEST(StreamOrderedAdaptors, TheLimitCapsThemWithMemallocs) {
-  LimitingAdaptor limited(&this->context, TypeParam::make(&this->context), 10 << 20);
+  LimitingAdaptor limited(&this->context, this->upstream(), 10 << 20);
   limited.initialize();
   auto memory = limited.memalloc(6 << 20);
   EXPECT_TRUE(throws<OutOfMemory>([&] { limited.allocate(5 << 20, cuda::CU_STREAM_PER_THREAD); }, "5.00 MiB",
@@ -176,7 +171,7 @@ TYPED_TEST(StreamOrderedAdaptors, TheLimitCapsThemWithMemallocs) {
 // the wrong size, or a second one, is refused before the upstream sees it,
 // and the counts stay right.
 TYPED_TEST(StreamOrderedAdaptors, FreesOfNoBlockOrOfTheWrongSizeAreRefusedAndFreeNothing) {
-  StatisticsAdaptor stats(&this->context, TypeParam::make(&this->context));
+  StatisticsAdaptor stats(&this->context, this->upstream());
   stats.initialize();
   const cuda::CUstream stream = cuda::CU_STREAM_PER_THREAD;
   const cuda::CUdeviceptr block = stats.allocate(1 << 20, stream);
@@ -192,7 +187,7 @@ TYPED_TEST(StreamOrderedAdaptors, FreesOfNoBlockOrOfTheWrongSizeAreRefusedAndFre
   EXPECT_EQ(stats.refused_frees(), 4u) << said;
   EXPECT_NE(said.find("allocated with 1048576 bytes"), std::string::npos) << said;
   EXPECT_NE(said.find(hex(block + 256)), std::string::npos) << said;
-  EXPECT_EQ(TypeParam::upstream_refusals(stats), 0u) << "the upstream saw a refused free";
+  EXPECT_EQ(this->upstream_refusals(stats), 0u) << "the upstream saw a refused free";
   const AllocationCounts device = stats.statistics().of(MemoryKind::Device);
   EXPECT_EQ(device.current_count, 1u);
   EXPECT_EQ(device.current_bytes, std::size_t{1} << 20);
@@ -202,7 +197,7 @@ TYPED_TEST(StreamOrderedAdaptors, FreesOfNoBlockOrOfTheWrongSizeAreRefusedAndFre
 // A reset gives every block back: the adaptor forgets them, and a later free
 // of one is refused (the upstream has it no more) rather than counted twice.
 TYPED_TEST(StreamOrderedAdaptors, AResetForgetsTheBlocksAndTheirLaterFreesAreRefused) {
-  StatisticsAdaptor stats(&this->context, TypeParam::make(&this->context));
+  StatisticsAdaptor stats(&this->context, this->upstream());
   stats.initialize();
   const cuda::CUstream stream = cuda::CU_STREAM_PER_THREAD;
   const cuda::CUdeviceptr first = stats.allocate(1 << 20, stream);
@@ -216,7 +211,7 @@ TYPED_TEST(StreamOrderedAdaptors, AResetForgetsTheBlocksAndTheirLaterFreesAreRef
   EXPECT_EQ(stats.refused_frees(), 2u) << said;
   EXPECT_NE(said.find("given back by a reset()"), std::string::npos) << said;
   EXPECT_EQ(stats.statistics().of(MemoryKind::Device).current_count, 0u) << "a release was counted twice";
-  EXPECT_EQ(TypeParam::upstream_refusals(stats), 0u);
+  EXPECT_EQ(this->upstream_refusals(stats), 0u);
   const cuda::CUdeviceptr after = stats.allocate(2 << 20, stream);
   EXPECT_TRUE(this->keeps(after, 2 << 20, 9, stream));
   stats.deallocate(after, 2 << 20, stream);
@@ -232,15 +227,21 @@ TEST(StreamOrderedAdaptorsOverAsync, ResetsBesideThreadsLeaveTheCountsRight) {
   Context& context = current_context();
   StatisticsAdaptor stats(&context, std::make_unique<AsyncMemoryManager>(&context));
   stats.initialize();
+  // The resets begin once every thread has made its first step, and the
+  // threads go on until kResets have been made, however the machine
+  // schedules them.
+  constexpr int kThreads = 4, kResets = 30;
+  std::atomic<int> started{0}, resets{0};
   std::atomic<bool> done{false};
+  ::testing::internal::CaptureStderr();  // (the refused frees' lines)
   std::vector<std::thread> threads;
-  for (int t = 0; t < 4; ++t) {
+  for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       ScopedContext scope(context);
       Stream stream = context.create_stream();
       std::mt19937 random(t + 3);
       std::vector<std::pair<cuda::CUdeviceptr, std::size_t>> held;
-      for (int step = 0; step < 400; ++step) {
+      for (int step = 0; step < 400 || resets.load() < kResets; ++step) {
         if (held.size() < 8 && random() % 2) {
           const std::size_t size = 256 * (1 + random() % 1024);
           held.emplace_back(stats.allocate(size, stream.handle()), size);
@@ -248,22 +249,25 @@ TEST(StreamOrderedAdaptorsOverAsync, ResetsBesideThreadsLeaveTheCountsRight) {
           stats.deallocate(held.back().first, held.back().second, stream.handle());
           held.pop_back();
         }
+        if (step == 0) started.fetch_add(1);
       }
       for (const auto& [block, size] : held) stats.deallocate(block, size, stream.handle());
       stream.synchronize();
     });
   }
   std::thread resetting([&] {
+    while (started.load() < kThreads) std::this_thread::yield();
     while (!done.load()) {
       stats.reset();
+      resets.fetch_add(1);
       std::this_thread::sleep_for(std::chrono::microseconds(300));
     }
   });
-  ::testing::internal::CaptureStderr();  // (the refused frees' lines)
   for (auto& thread : threads) thread.join();
   done = true;
   resetting.join();
   ::testing::internal::GetCapturedStderr();
+  EXPECT_GE(resets.load(), kResets);
   const AllocationCounts device = stats.statistics().of(MemoryKind::Device);
   EXPECT_EQ(device.current_count, 0u) << "a count outlived its block";
   EXPECT_EQ(device.current_bytes, 0u);
@@ -276,7 +280,7 @@ TEST(StreamOrderedAdaptorsOverAsync, ResetsBesideThreadsLeaveTheCountsRight) {
 // Threads on their own streams, each writing and checking its blocks, through
 // a limit over statistics: no block loses its contents, and the counts add up.
 TYPED_TEST(StreamOrderedAdaptors, ThreadsOnTheirOwnStreamsAddUp) {
-  auto stats_owned = std::make_unique<StatisticsAdaptor>(&this->context, TypeParam::make(&this->context));
+  auto stats_owned = std::make_unique<StatisticsAdaptor>(&this->context, this->upstream());
   StatisticsAdaptor* stats = stats_owned.get();
   LimitingAdaptor limited(&this->context, std::move(stats_owned), std::size_t{1} << 30);
   limited.initialize();
@@ -317,7 +321,7 @@ TYPED_TEST(StreamOrderedAdaptors, ThreadsOnTheirOwnStreamsAddUp) {
 
 TYPED_TEST(StreamOrderedAdaptors, AFailedAllocationIsCountedAndLeavesTheLimitAsItWas) {
   CUEMM_REQUIRE_SIMULATION();
-  auto stats_owned = std::make_unique<StatisticsAdaptor>(&this->context, TypeParam::make(&this->context));
+  auto stats_owned = std::make_unique<StatisticsAdaptor>(&this->context, this->upstream());
   StatisticsAdaptor* stats = stats_owned.get();
   LimitingAdaptor limited(&this->context, std::move(stats_owned), std::size_t{1} << 30);
   limited.initialize();
@@ -336,7 +340,7 @@ TYPED_TEST(StreamOrderedAdaptors, AFailedAllocationIsCountedAndLeavesTheLimitAsI
 TYPED_TEST(StreamOrderedAdaptors, AnOutOfMemoryHandlerRetriesThem) {
   CUEMM_REQUIRE_SIMULATION();
   int calls = 0;
-  OutOfMemoryHandlerAdaptor handled(&this->context, TypeParam::make(&this->context),
+  OutOfMemoryHandlerAdaptor handled(&this->context, this->upstream(),
                                     [&](const OutOfMemory&, int attempt) {
                                       ++calls;
                                       simulation::clear_faults();  // (memory found elsewhere)
