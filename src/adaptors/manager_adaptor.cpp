@@ -19,6 +19,8 @@
 #include "cuemm/memory/detail/recycling_allocator.hpp"
 #include "threading/section_gate.hpp"
 #include "util/address_map.hpp"
+#include "util/address_shard.hpp"
+#include "util/hex_address.hpp"
 #include "util/keep_until_exit.hpp"
 
 namespace cuemm {
@@ -116,10 +118,7 @@ struct ManagerAdaptor::StreamOrderedBlocks {
   std::array<Shard, std::size_t{1} << kShardBits> shards;
   std::atomic<std::uint64_t> refused{0};
 
-  // (Blocks are 256-byte aligned; neighbours go to different shards.)
-  Shard& shard_of(cuda::CUdeviceptr pointer) noexcept {
-    return shards[(pointer >> 8) * 0x9E3779B97F4A7C15ull >> (64 - kShardBits)];
-  }
+  Shard& shard_of(cuda::CUdeviceptr pointer) noexcept { return shards[util::address_shard(pointer, kShardBits)]; }
   // A block handed out before a reset and recorded late may share its
   // address with one handed out after it (the upstream gave it back and
   // out again): the later generation's entry is the one kept.
@@ -491,8 +490,8 @@ void ManagerAdaptor::deallocate(cuda::CUdeviceptr pointer, std::size_t size, cud
   }
   if (const auto* why = std::get_if<std::string>(&taken)) {
     stream_ordered_blocks_->refused.fetch_add(1, std::memory_order_relaxed);
-    std::fprintf(stderr, "cuemm: ManagerAdaptor::deallocate(0x%llx, %zu bytes, stream %p) refused, nothing freed: %s\n",
-                 static_cast<unsigned long long>(pointer), size, static_cast<void*>(stream),
+    std::fprintf(stderr, "cuemm: ManagerAdaptor::deallocate(%s, %zu bytes, stream %p) refused, nothing freed: %s\n",
+                 util::hex_address(pointer).c_str(), size, static_cast<void*>(stream),
                  why->empty() ? "its record could not be read" : why->c_str());
     return;
   }

@@ -10,6 +10,7 @@
 
 #include "cuemm/error.hpp"
 #include "cuemm/threading/blocking_hook.hpp"
+#include "util/address_shard.hpp"
 #include "util/at_exit.hpp"
 
 namespace cuemm {
@@ -42,10 +43,7 @@ struct TrackingAdaptor::Table : AllocationObserver {
 
   explicit Table(std::ostream* report_) : report(report_) {}
 
-  // Blocks are at least 256-byte aligned, and a pool hands out neighbours.
-  Shard& shard_of(std::uintptr_t address) noexcept {
-    return shards[(address >> 8) * 0x9E3779B97F4A7C15ull >> (64 - kShardBits)];
-  }
+  Shard& shard_of(std::uintptr_t address) noexcept { return shards[util::address_shard(address, kShardBits)]; }
 
   void allocated(const AllocationRecord& record) noexcept override {
     thread_local std::uint64_t allocations_on_this_thread = 0;

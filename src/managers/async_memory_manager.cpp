@@ -14,6 +14,7 @@
 #include "cuemm/runtime/device.hpp"
 #include "driver/peer_access.hpp"
 #include "memory/descriptor_passing.hpp"
+#include "util/address_shard.hpp"
 #include "util/environment.hpp"
 #include "util/hex_address.hpp"
 #include "util/keep_until_exit.hpp"
@@ -60,10 +61,7 @@ struct AsyncMemoryManager::Blocks {
   };
   static constexpr int kShardBits = 6;
   std::array<Shard, std::size_t{1} << kShardBits> shards;
-  // (Blocks are at least 256-byte aligned, and the driver hands out neighbours.)
-  Shard& shard_of(cuda::CUdeviceptr pointer) noexcept {
-    return shards[(pointer >> 8) * 0x9E3779B97F4A7C15ull >> (64 - kShardBits)];
-  }
+  Shard& shard_of(cuda::CUdeviceptr pointer) noexcept { return shards[util::address_shard(pointer, kShardBits)]; }
   // The live block that holds [address, address + size), or 0.
   cuda::CUdeviceptr start_of_block_holding(cuda::CUdeviceptr address, std::size_t size) {
     for (Shard& shard : shards) {

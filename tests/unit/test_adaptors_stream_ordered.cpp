@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstdio>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -12,6 +11,7 @@
 
 #include "support/test_support.hpp"
 #include "util/address_map.hpp"
+#include "util/hex_address.hpp"
 
 using namespace cuemm;
 using cuemm::testing::throws;
@@ -62,11 +62,6 @@ class StreamOrderedAdaptors : public ::testing::Test {
 using Upstreams = ::testing::Types<OverPool, OverAsync>;
 TYPED_TEST_SUITE(StreamOrderedAdaptors, Upstreams);
 
-std::string hex(std::uintptr_t value) {
-  char text[32];
-  std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(value));
-  return text;
-}
 std::uintptr_t handle_of(cuda::CUstream stream) { return reinterpret_cast<std::uintptr_t>(stream); }
 
 }  // namespace
@@ -118,11 +113,11 @@ TYPED_TEST(StreamOrderedAdaptors, TheLogsRowsCarryTheirStream) {
   std::stringstream in(out.str());
   for (std::string line; std::getline(in, line);) lines.push_back(line);
   ASSERT_EQ(lines.size(), 7u) << out.str();
-  const std::string stream_hex = hex(handle_of(stream.handle()));
-  EXPECT_EQ(lines[1].rfind("Alloc,0," + hex(own) + "," + stream_hex + ",4096,", 0), 0u) << lines[1];
-  EXPECT_EQ(lines[2].rfind("Alloc,0," + hex(per_thread) + ",0x2,80,", 0), 0u) << lines[2];
-  EXPECT_EQ(lines[3].rfind("Free,0," + hex(per_thread) + ",0x2,80,", 0), 0u) << lines[3];
-  EXPECT_EQ(lines[4].rfind("Free,0," + hex(own) + "," + stream_hex + ",4096,", 0), 0u) << lines[4];
+  const std::string stream_hex = util::hex_address(handle_of(stream.handle()));
+  EXPECT_EQ(lines[1].rfind("Alloc,0," + util::hex_address(own) + "," + stream_hex + ",4096,", 0), 0u) << lines[1];
+  EXPECT_EQ(lines[2].rfind("Alloc,0," + util::hex_address(per_thread) + ",0x2,80,", 0), 0u) << lines[2];
+  EXPECT_EQ(lines[3].rfind("Free,0," + util::hex_address(per_thread) + ",0x2,80,", 0), 0u) << lines[3];
+  EXPECT_EQ(lines[4].rfind("Free,0," + util::hex_address(own) + "," + stream_hex + ",4096,", 0), 0u) << lines[4];
   EXPECT_NE(lines[5].find(",0,256,"), std::string::npos) << "memalloc's row has no stream: " << lines[5];
   for (const std::string& line : lines) EXPECT_EQ(std::count(line.begin(), line.end(), ','), 11) << line;
 
@@ -186,7 +181,7 @@ TYPED_TEST(StreamOrderedAdaptors, FreesOfNoBlockOrOfTheWrongSizeAreRefusedAndFre
   const std::string said = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(stats.refused_frees(), 4u) << said;
   EXPECT_NE(said.find("allocated with 1048576 bytes"), std::string::npos) << said;
-  EXPECT_NE(said.find(hex(block + 256)), std::string::npos) << said;
+  EXPECT_NE(said.find(util::hex_address(block + 256)), std::string::npos) << said;
   EXPECT_EQ(this->upstream_refusals(stats), 0u) << "the upstream saw a refused free";
   const AllocationCounts device = stats.statistics().of(MemoryKind::Device);
   EXPECT_EQ(device.current_count, 1u);
