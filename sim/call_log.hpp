@@ -58,6 +58,17 @@ enum class Fn : int {
 };
 inline constexpr int kFunctionCount = static_cast<int>(Fn::kCount);
 
+// The calling thread's driver calls under way. A test that makes the
+// library's host allocations fail spares the driver's own (the real driver
+// lets no C++ exception out): sim_control.h, cuemmSimDriverCallsUnderWay.
+inline thread_local int driver_calls_under_way = 0;
+struct DriverCall {
+  DriverCall() noexcept { ++driver_calls_under_way; }
+  ~DriverCall() { --driver_calls_under_way; }
+  DriverCall(const DriverCall&) = delete;
+  DriverCall& operator=(const DriverCall&) = delete;
+};
+
 class CallLog {
  public:
   static CallLog& instance();
@@ -99,6 +110,7 @@ class CallLog {
 }  // namespace cuemm::sim
 
 #define SIM_ENTER(name)                                                                       \
+  const ::cuemm::sim::DriverCall sim_driver_call;                                             \
   do {                                                                                        \
     if (const ::cuemm::cuda::CUresult injected =                                              \
             ::cuemm::sim::CallLog::instance().enter(::cuemm::sim::Fn::name))                  \

@@ -41,6 +41,11 @@ unsigned long long cuemmSimDeviceBytesInUse(int device);
  * unknown device or attribute. */
 int cuemmSimSetDeviceAttribute(int device, int attribute, int value);
 
+/* The address of the calling thread's count of driver calls under way (its
+ * own for each thread), so that a test which makes the library's host
+ * allocations fail can spare the driver's, without a call per allocation. */
+int* cuemmSimDriverCallsUnderWay(void);
+
 #ifdef __cplusplus
 }
 #endif

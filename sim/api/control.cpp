@@ -1,5 +1,6 @@
 // sim/api/control.cpp: the simulation's own control API (sim_control.h): live
-// allocations and streams, device attributes, a device's bytes in use.
+// allocations and streams, device attributes, a device's bytes in use, the
+// calling thread's driver calls under way.
 #include "../driver_internals.hpp"
 
 using namespace cuemm::sim;
@@ -41,3 +42,5 @@ SIM_EXPORT unsigned long long cuemmSimDeviceBytesInUse(int ordinal) {
   Device* device = device_at(s, ordinal);
   return device ? device->used : 0;
 }
+
+SIM_EXPORT int* cuemmSimDriverCallsUnderWay() { return &driver_calls_under_way; }

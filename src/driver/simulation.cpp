@@ -48,6 +48,8 @@ std::uint64_t live_allocations(AllocationKind kind) {
 
 std::uint64_t live_streams() { return control<unsigned long long (*)()>("cuemmSimLiveStreams")(); }
 
+const int* driver_calls_under_way() { return control<int* (*)()>("cuemmSimDriverCallsUnderWay")(); }
+
 std::uint64_t device_bytes_in_use(int device) {
   return control<unsigned long long (*)(int)>("cuemmSimDeviceBytesInUse")(device);
 }

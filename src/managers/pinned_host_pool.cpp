@@ -9,8 +9,9 @@
 #include <deque>
 #include <list>
 #include <map>
-#include <set>
 #include <mutex>
+#include <set>
+#include <span>
 #include <tuple>
 #include <vector>
 
@@ -223,7 +224,7 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
 
   // Gives the memory of records no pointer names back to the driver, and
   // forgets them. Outside the lock: deleting the last record may destroy the state.
-  static void discard(const std::vector<Registration*>& registrations) noexcept {
+  static void discard(std::span<Registration* const> registrations) noexcept {
     for (Registration* registration : registrations) {
       unregister(registration);
       delete registration;
@@ -518,10 +519,10 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
     std::vector<Registration*> evicted;
     while (registration_bytes > keep && !cached_registrations.empty()) {
       Registration* oldest = cached_registrations.back();
+      evicted.push_back(oldest);  // (first: where it cannot grow, the cache is left as it was)
       cached_registrations.pop_back();
       registration_index.erase({reinterpret_cast<std::uintptr_t>(oldest->pointer), oldest->size, oldest->mapped});
       registration_bytes -= oldest->size;
-      evicted.push_back(oldest);
     }
     return evicted;
   }
@@ -605,22 +606,32 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
       // unmap it next, and a later mapping at the same addresses, pinned
       // again, would find the old pages' registration.
       if (!state.closed && registration->owner && registration->size <= state.options.registration_cache_bytes) {
+        // Both records or neither (no host memory for one: the range is unpinned below).
+        const RegistrationKey key{reinterpret_cast<std::uintptr_t>(registration->pointer), registration->size,
+                                  registration->mapped};
+        bool cached = false;
         try {
-          const RegistrationKey key{reinterpret_cast<std::uintptr_t>(registration->pointer), registration->size,
-                                    registration->mapped};
-          if (state.registration_index.emplace(key, registration).second) {
-            state.cached_registrations.push_front(registration);
-            registration->in_cache = state.cached_registrations.begin();
-            state.registration_bytes += registration->size;
-            evicted = state.evict_registrations(state.options.registration_cache_bytes);
-            registration = nullptr;
+          state.cached_registrations.push_front(registration);
+          try {
+            cached = state.registration_index.emplace(key, registration).second;
+          } catch (...) {
           }
+          if (!cached) state.cached_registrations.pop_front();
         } catch (...) {
+        }
+        if (cached) {
+          registration->in_cache = state.cached_registrations.begin();
+          state.registration_bytes += registration->size;
+          registration = nullptr;
+          try {
+            evicted = state.evict_registrations(state.options.registration_cache_bytes);
+          } catch (...) {  // (the cache stays over its bytes until a later release evicts)
+          }
         }
       }
     }
-    if (registration) evicted.push_back(registration);
     discard(evicted);
+    if (registration) discard(std::span(&registration, 1));
   }
 };
 
@@ -687,7 +698,12 @@ std::shared_ptr<MemoryPointer> PinnedHostPool::allocate(std::size_t size, bool m
                       "requested " + describe_bytes(size) + " in a pinned block of " + describe_bytes(bytes));
     const cuda::CUdeviceptr device =
         mapped ? driver::mapped_device_pointer(host, [&] { CUEMM_CU_RESULT(cuMemFreeHost, host); }) : 0;
-    block = new State::Block{state_, host, device, bytes, flags};
+    try {
+      block = new State::Block{state_, host, device, bytes, flags};
+    } catch (...) {  // (no host memory for the record: the block goes back rather than leak)
+      State::free_host(*state_->context, host);
+      throw;
+    }
     std::lock_guard lock(state_->mutex);
     state_->counters.allocated_bytes += bytes;
     state_->hand_out(block);
@@ -705,6 +721,7 @@ std::shared_ptr<MemoryPointer> PinnedHostPool::pin(std::shared_ptr<const void> o
                                                    std::size_t size, bool mapped) {
   State& state = *state_;
   State::Registration* registration = nullptr;
+  State::Registration* unrecorded = nullptr;
   {
     std::lock_guard lock(state.mutex);
     auto found = state.registration_index.find({reinterpret_cast<std::uintptr_t>(pointer), size, mapped});
@@ -715,7 +732,18 @@ std::shared_ptr<MemoryPointer> PinnedHostPool::pin(std::shared_ptr<const void> o
       state.registration_bytes -= size;
     }
     ++(registration ? state.counters.hits : state.counters.misses);
-    if (registration) state.pinned_out.insert(registration);
+    if (registration) {
+      try {
+        state.pinned_out.insert(registration);
+      } catch (...) {  // (no host memory for the record: the cached range is unpinned below, not left so)
+        unrecorded = registration;
+      }
+    }
+  }
+  if (unrecorded) {
+    State::unregister(unrecorded);
+    delete unrecorded;
+    throw std::bad_alloc();
   }
   if (!registration) {
     ScopedContext scope(*state.context);
@@ -734,9 +762,15 @@ std::shared_ptr<MemoryPointer> PinnedHostPool::pin(std::shared_ptr<const void> o
     if (result != cuda::CUDA_SUCCESS) driver::throw_allocation_error(result, "cuMemHostRegister", size);
     const cuda::CUdeviceptr device =
         mapped ? driver::mapped_device_pointer(pointer, [&] { CUEMM_CU_RESULT(cuMemHostUnregister, pointer); }) : 0;
-    registration = new State::Registration{state_, owner, pointer, size, mapped, device, {}};
-    std::lock_guard lock(state.mutex);
-    state.pinned_out.insert(registration);
+    try {
+      registration = new State::Registration{state_, owner, pointer, size, mapped, device, {}};
+      std::lock_guard lock(state.mutex);
+      state.pinned_out.insert(registration);
+    } catch (...) {  // (no host memory for the record: the range is unpinned rather than left so)
+      State::unregister_range(*state.context, pointer);
+      delete registration;
+      throw;
+    }
   }
   try {
     return host_memory_pointer(state.context, pointer, registration->device, size, std::move(owner),

@@ -20,10 +20,10 @@ std::shared_ptr<MemoryPointer> DefaultMemoryManager::memalloc(std::size_t size) 
         return allocated;
       },
       [&] { return OutOfMemory("cuMemAlloc", size, describe_device_memory(ctx)); });
-  Finalizer finalizer = track(pointer, size, [pointer] { CUEMM_CU(cuMemFree, pointer); });
-  auto memory = std::make_shared<MemoryPointer>(&ctx, pointer, size, nullptr, std::move(finalizer));
-  adopt(pointer, memory);
-  return memory;
+  return track_new(pointer, size, [pointer] { CUEMM_CU(cuMemFree, pointer); }, Release::deferred,
+                   [&](Finalizer finalizer) {
+                     return std::make_shared<MemoryPointer>(&ctx, pointer, size, nullptr, std::move(finalizer));
+                   });
 }
 
 IpcHandle DefaultMemoryManager::get_ipc_handle(const std::shared_ptr<MemoryPointer>& memory) {

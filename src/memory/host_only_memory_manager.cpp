@@ -47,20 +47,37 @@ void HostOnlyMemoryManager::Tracker::finalize(std::uintptr_t address) noexcept {
   }
 }
 
+bool HostOnlyMemoryManager::Tracker::forget(std::uintptr_t address) noexcept {
+  std::lock_guard lock(mutex);
+  return live.erase(address) == 1;
+}
+
+void HostOnlyMemoryManager::release_after_failure(const std::function<void()>& release) noexcept {
+  try {
+    release();
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "cuemm: releasing an allocation whose pointer could not be made failed: %s\n",
+                 error.what());
+  }
+}
+
 Finalizer HostOnlyMemoryManager::track(std::uintptr_t address, std::size_t bytes, std::function<void()> release,
                                        Release when) {
   // Releases run later, from whichever thread flushes: in our context.
-  auto in_context = [&context = context(), release = std::move(release)] {
-    ScopedContext scope(context);
-    release();
+  Tracker::Entry entry{{}, [&context = context(), release = std::move(release)] {
+                          ScopedContext scope(context);
+                          release();
+                        },
+                        bytes, when};
+  // (Made before the record: if it throws, nothing is recorded that nothing would release.)
+  Finalizer finalizer = [tracker = std::weak_ptr<Tracker>(tracker_), address] {
+    if (auto owner = tracker.lock()) owner->finalize(address);
   };
   {
     std::lock_guard lock(tracker_->mutex);
-    tracker_->live[address] = Tracker::Entry{{}, std::move(in_context), bytes, when};
+    tracker_->live.insert_or_assign(address, std::move(entry));
   }
-  return [tracker = std::weak_ptr<Tracker>(tracker_), address] {
-    if (auto owner = tracker.lock()) owner->finalize(address);
-  };
+  return finalizer;
 }
 
 void HostOnlyMemoryManager::adopt(std::uintptr_t address, const std::shared_ptr<MemoryPointer>& memory) {
@@ -138,20 +155,6 @@ CleanupGuard HostOnlyMemoryManager::defer_cleanup() {
   return guard;
 }
 
-namespace {
-// Turns a fresh allocation into a tracked pointer; if making the pointer
-// fails, the allocation is released at once rather than leaked.
-template <typename Make>
-std::shared_ptr<MemoryPointer> make_tracked(Make&& make, const std::function<void()>& release_now) {
-  try {
-    return make();
-  } catch (...) {
-    release_now();
-    throw;
-  }
-}
-}  // namespace
-
 std::shared_ptr<MemoryPointer> HostOnlyMemoryManager::memhostalloc(std::size_t size, bool mapped, bool portable,
                                                                    bool wc) {
   require_allocation_size(size, "memhostalloc");
@@ -174,15 +177,13 @@ std::shared_ptr<MemoryPointer> HostOnlyMemoryManager::memhostalloc(std::size_t s
   const auto address = reinterpret_cast<std::uintptr_t>(pointer);
   // Only mapped memory counts towards the pending bytes, as in Numba's
   // _hostalloc_finalizer: the byte threshold is a share of the device's memory.
-  Finalizer finalizer = track(address, mapped ? size : 0, [pointer] { CUEMM_CU(cuMemFreeHost, pointer); });
-  auto memory = make_tracked(
-      [&]() -> std::shared_ptr<MemoryPointer> {
-        if (mapped) return std::make_shared<MappedMemory>(&ctx, pointer, device, size, nullptr, finalizer);
-        return std::make_shared<PinnedMemory>(&ctx, pointer, size, nullptr, finalizer);
-      },
-      [&] { finalizer(); deallocations().flush_all(); });
-  adopt(address, memory);
-  return memory;
+  return track_new(address, mapped ? size : 0, [pointer] { CUEMM_CU(cuMemFreeHost, pointer); }, Release::deferred,
+                   [&](Finalizer finalizer) -> std::shared_ptr<MemoryPointer> {
+                     if (mapped)
+                       return std::make_shared<MappedMemory>(&ctx, pointer, device, size, nullptr,
+                                                             std::move(finalizer));
+                     return std::make_shared<PinnedMemory>(&ctx, pointer, size, nullptr, std::move(finalizer));
+                   });
 }
 
 std::shared_ptr<MemoryPointer> HostOnlyMemoryManager::mempin(std::shared_ptr<const void> owner, void* pointer,
@@ -205,16 +206,13 @@ std::shared_ptr<MemoryPointer> HostOnlyMemoryManager::mempin(std::shared_ptr<con
   // and the proposal describes: a range may be pinned again at once, under
   // defer_cleanup() too. The owner is kept until then, so its memory cannot
   // go to another buffer while pinned.
-  Finalizer finalizer =
-      track(address, size, [pointer, owner] { CUEMM_CU(cuMemHostUnregister, pointer); }, Release::at_once);
-  auto memory = make_tracked(
-      [&]() -> std::shared_ptr<MemoryPointer> {
-        if (mapped) return std::make_shared<MappedMemory>(&ctx, pointer, device, size, owner, finalizer);
-        return std::make_shared<PinnedMemory>(&ctx, pointer, size, owner, finalizer);
-      },
-      [&] { finalizer(); deallocations().flush_all(); });
-  adopt(address, memory);
-  return memory;
+  return track_new(address, size, [pointer, owner] { CUEMM_CU(cuMemHostUnregister, pointer); }, Release::at_once,
+                   [&](Finalizer finalizer) -> std::shared_ptr<MemoryPointer> {
+                     if (mapped)
+                       return std::make_shared<MappedMemory>(&ctx, pointer, device, size, owner,
+                                                             std::move(finalizer));
+                     return std::make_shared<PinnedMemory>(&ctx, pointer, size, owner, std::move(finalizer));
+                   });
 }
 
 std::shared_ptr<MemoryPointer> HostOnlyMemoryManager::memallocmanaged(std::size_t size, bool attach_global) {
@@ -227,10 +225,10 @@ std::shared_ptr<MemoryPointer> HostOnlyMemoryManager::memallocmanaged(std::size_
     CUEMM_CU_ALLOC(size, cuMemAllocManaged, &allocated, size, flags);
     return allocated;
   });
-  Finalizer finalizer = track(pointer, size, [pointer] { CUEMM_CU(cuMemFree, pointer); });
-  auto memory = std::make_shared<ManagedMemory>(&ctx, pointer, size, nullptr, finalizer);
-  adopt(pointer, memory);
-  return memory;
+  return track_new(pointer, size, [pointer] { CUEMM_CU(cuMemFree, pointer); }, Release::deferred,
+                   [&](Finalizer finalizer) -> std::shared_ptr<MemoryPointer> {
+                     return std::make_shared<ManagedMemory>(&ctx, pointer, size, nullptr, std::move(finalizer));
+                   });
 }
 
 }  // namespace cuemm

@@ -10,15 +10,29 @@ PendingDeallocations::PendingDeallocations(std::size_t max_count, std::size_t ma
     : max_count_(max_count), max_bytes_(max_bytes) {}
 
 void PendingDeallocations::add(std::function<void()> release, std::size_t bytes) {
+  Pending item{std::move(release), bytes};
+  bool queued = false;
   std::vector<Pending> batch;
   {
     std::lock_guard lock(mutex_);
-    pending_.push_back({std::move(release), bytes});
-    pending_bytes_ += bytes;
-    const bool over = pending_.size() > max_count_ || pending_bytes_ > max_bytes_;
-    if (!over || defer_depth_ > 0) return;
-    batch = std::exchange(pending_, {});
-    pending_bytes_ = 0;
+    try {
+      pending_.push_back(std::move(item));  // (where the queue cannot grow, `item` is left as it was)
+      queued = true;
+    } catch (const std::bad_alloc&) {
+      // No room to queue it (the host is out of memory): released below, which
+      // is only sooner than asked, rather than lost.
+    }
+    if (queued) {
+      pending_bytes_ += bytes;
+      const bool over = pending_.size() > max_count_ || pending_bytes_ > max_bytes_;
+      if (!over || defer_depth_ > 0) return;
+      batch = std::exchange(pending_, {});
+      pending_bytes_ = 0;
+    }
+  }
+  if (!queued) {
+    run_one(item);
+    return;
   }
   run(std::move(batch));
 }
@@ -61,14 +75,16 @@ CleanupGuard PendingDeallocations::defer() {
   });
 }
 
-std::size_t PendingDeallocations::run(std::vector<Pending> batch) noexcept {
-  for (auto& item : batch) {
-    try {
-      item.release();
-    } catch (const std::exception& error) {
-      std::fprintf(stderr, "cuemm: a deferred release failed: %s\n", error.what());
-    }
+void PendingDeallocations::run_one(Pending& item) noexcept {
+  try {
+    item.release();
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "cuemm: a deferred release failed: %s\n", error.what());
   }
+}
+
+std::size_t PendingDeallocations::run(std::vector<Pending> batch) noexcept {
+  for (auto& item : batch) run_one(item);
   return batch.size();
 }
 

@@ -18,6 +18,7 @@
 #include <tuple>
 
 #include "support/block_storm.hpp"
+#include "support/host_allocation_faults.hpp"
 #include "support/test_support.hpp"
 
 using namespace cuemm;
@@ -1063,6 +1064,87 @@ TYPED_TEST(Conformance, AnyDriverCallFailingOnTheStreamOrderedPathLeavesNothingB
       EXPECT_EQ(simulation::device_bytes_in_use(0), baseline) << "device memory leaked";
     }
   }
+}
+
+// Each host allocation that the manager makes on a short workload fails in
+// turn with std::bad_alloc, as where the process runs out of memory: each
+// call throws or completes (none ends the program from a noexcept path),
+// and after it the manager works, the adaptors count only what is held, and
+// a reset leaves nothing with the driver.
+TYPED_TEST(Conformance, AnyHostAllocationFailingLeavesNothingBehind) {
+  CUEMM_REQUIRE_SIMULATION();  // (the leak checks read the driver's counts; the fault spares its own allocations)
+  this->manager.reset();
+  this->context.deallocations().flush_all();
+  this->context.synchronize();
+  const auto baseline = simulation::device_bytes_in_use(0);
+  const auto host_baseline = simulation::live_allocations(simulation::AllocationKind::PinnedHost);
+  const auto registered_baseline = simulation::live_allocations(simulation::AllocationKind::RegisteredHost);
+  std::uint64_t nth = 1;
+  for (bool struck = true; struck; ++nth) {
+    ASSERT_LT(nth, 20000u) << "the workload makes more allocations than a run of this test can fail in turn";
+    SCOPED_TRACE("host allocation " + std::to_string(nth) + " failing");
+    {
+      auto manager = TypeParam::make(&this->context);
+      StreamOrderedAllocator* ordered = stream_ordered_allocator(*manager);
+      std::vector<std::shared_ptr<MemoryPointer>> held;
+      held.reserve(16);
+      std::vector<std::pair<cuda::CUdeviceptr, std::size_t>> ordered_held;
+      ordered_held.reserve(4);
+      auto buffer = std::make_shared<std::vector<char>>(std::size_t{64} << 10);
+      std::string failed;
+      {
+        cuemm::testing::HostAllocationFault fault(nth);
+        try {
+          manager->initialize();
+          for (int i = 0; i < 12; ++i) {
+            held.push_back(manager->memalloc(std::size_t{1} << (8 + i * 5 % 16)));  // 256 B to 8 MiB
+            if (i % 3 == 2) held.erase(held.begin());
+          }
+          held.push_back(manager->memhostalloc(8192, nth % 2 == 1, false, false));
+          for (int pinned = 0; pinned < 2; ++pinned) {  // (the second finds the first's range where a pool keeps it)
+            manager->mempin(buffer, buffer->data(), buffer->size(), nth % 2 == 0).reset();
+          }
+          if (ordered) {
+            for (std::size_t size : {std::size_t{4096}, std::size_t{6} << 20}) {
+              ordered_held.emplace_back(ordered->allocate(size, cuda::CU_STREAM_PER_THREAD), size);
+            }
+            ordered->deallocate(ordered_held.back().first, ordered_held.back().second, cuda::CU_STREAM_PER_THREAD);
+            ordered_held.pop_back();
+          }
+          (void)manager->get_memory_info();
+          held.erase(held.begin(), held.begin() + 2);
+        } catch (const std::bad_alloc&) {
+          failed = "std::bad_alloc";
+        } catch (const Error& error) {
+          failed = error.what();  // (a message that could not be made is still an Error)
+        }
+        struck = fault.struck();
+      }
+      if (!struck) {
+        EXPECT_EQ(failed, "") << "the workload failed though no allocation did";
+      }
+      for (const auto& [block, size] : ordered_held) ordered->deallocate(block, size, cuda::CU_STREAM_PER_THREAD);
+      held.clear();
+      this->manager.swap(manager);  // (for the adaptors' counts)
+      this->flush();
+      this->expect_adaptors_count_nothing_in_use("after the blocks held were freed");
+      auto memory = this->manager->memalloc(1 << 20);
+      auto values = this->fill(memory, 7);
+      EXPECT_TRUE(this->holds(memory, values));
+      memory.reset();
+      this->manager.swap(manager);
+      manager->reset();
+    }
+    this->context.deallocations().flush_all();
+    this->context.synchronize();
+    EXPECT_EQ(simulation::device_bytes_in_use(0), baseline) << "device memory leaked";
+    EXPECT_EQ(simulation::live_allocations(simulation::AllocationKind::PinnedHost), host_baseline)
+        << "pinned host memory leaked";
+    EXPECT_EQ(simulation::live_allocations(simulation::AllocationKind::RegisteredHost), registered_baseline)
+        << "host memory left pinned";
+    if (::testing::Test::HasFailure()) break;  // (one allocation's failures say enough)
+  }
+  std::printf("[          ] %llu host allocations failed in turn\n", static_cast<unsigned long long>(nth - 2));
 }
 
 TYPED_TEST(Conformance, DestroyingTheManagerReturnsItsMemory) {

@@ -42,5 +42,10 @@ void set_device_attribute(int device, cuda::DeviceAttribute attribute, int value
 // Streams of every live context: those created and not destroyed, and the
 // per-thread default streams of threads still running.
 std::uint64_t live_streams();
+// The address of the calling thread's count of driver calls under way, which
+// a test's replacement of operator new reads to spare the driver's own
+// allocations when it makes the library's fail (the real driver lets no C++
+// exception out): tests/support/host_allocation_faults.hpp.
+const int* driver_calls_under_way();
 
 }  // namespace cuemm::simulation

@@ -85,6 +85,13 @@ class HostOnlyMemoryManager : public BaseMemoryManager {
   Finalizer track(std::uintptr_t address, std::size_t bytes, std::function<void()> release,
                   Release when = Release::deferred);
   void adopt(std::uintptr_t address, const std::shared_ptr<MemoryPointer>& memory);
+  // track(), the pointer that make(finalizer) returns, then adopt(). Where
+  // the record or the pointer cannot be made (the host is out of memory),
+  // `release` runs at once and the error goes on: the allocation is not
+  // leaked. (`release` is run as it is, so it must not need the record.)
+  template <typename ReleaseNow, typename Make>
+  std::shared_ptr<MemoryPointer> track_new(std::uintptr_t address, std::size_t bytes, ReleaseNow release,
+                                           Release when, Make make);
 
   // Runs `allocate`; on out-of-memory flushes pending releases and retries
   // once (Numba's behaviour).
@@ -109,7 +116,10 @@ class HostOnlyMemoryManager : public BaseMemoryManager {
     std::unordered_map<std::uintptr_t, Entry> live;  // Invariant: released blocks are never here
     PendingDeallocations pending;
     void finalize(std::uintptr_t address) noexcept;
+    // Takes `address` off the record; false where it was not there (released already).
+    bool forget(std::uintptr_t address) noexcept;
   };
+  static void release_after_failure(const std::function<void()>& release) noexcept;
 
   DeallocationPolicy policy_;
   std::optional<PinnedHostPoolOptions> host_pool_options_;
@@ -121,6 +131,23 @@ class HostOnlyMemoryManager : public BaseMemoryManager {
 };
 
 void flush_pending_and_log(PendingDeallocations& pending, const char* why) noexcept;
+
+template <typename ReleaseNow, typename Make>
+std::shared_ptr<MemoryPointer> HostOnlyMemoryManager::track_new(std::uintptr_t address, std::size_t bytes,
+                                                                ReleaseNow release, Release when, Make make) {
+  bool recorded = false;
+  try {
+    Finalizer finalizer = track(address, bytes, release, when);
+    recorded = true;
+    std::shared_ptr<MemoryPointer> memory = make(std::move(finalizer));
+    adopt(address, memory);
+    return memory;
+  } catch (...) {
+    // (Unless the pointer's finalizer or a reset() from another thread took the record and released it.)
+    if (!recorded || tracker_->forget(address)) release_after_failure(release);
+    throw;
+  }
+}
 
 }  // namespace cuemm
 

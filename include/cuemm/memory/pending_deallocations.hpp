@@ -52,6 +52,7 @@ class PendingDeallocations {
     std::function<void()> release;
     std::size_t bytes;
   };
+  static void run_one(Pending& item) noexcept;
   std::size_t run(std::vector<Pending> batch) noexcept;
 
   mutable BlockingAwareMutex mutex_;

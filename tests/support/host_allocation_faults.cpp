@@ -1,0 +1,94 @@
+// The global operator new and delete of a test program, able to fail one
+// allocation of a thread on purpose (host_allocation_faults.hpp).
+#include "support/host_allocation_faults.hpp"
+
+#include <cstdlib>
+#include <new>
+
+#include "cuemm/driver/simulation.hpp"
+
+namespace {
+
+// Per thread, so that other threads (a driver's, the test's own) never see
+// the failure. 0: not armed.
+thread_local std::uint64_t countdown = 0;
+thread_local bool failed_one = false;
+thread_local const int* driver_calls_under_way = nullptr;
+
+bool fail_this_one() noexcept {
+  if (countdown == 0 || (driver_calls_under_way && *driver_calls_under_way > 0)) return false;
+  if (--countdown != 0) return false;
+  failed_one = true;
+  return true;
+}
+
+void* take(std::size_t size, std::size_t alignment) noexcept {
+  if (size == 0) size = 1;
+  if (alignment <= alignof(std::max_align_t)) return std::malloc(size);
+  void* pointer = nullptr;
+  return posix_memalign(&pointer, alignment, size) == 0 ? pointer : nullptr;
+}
+
+void* take_or_throw(std::size_t size, std::size_t alignment) {
+  if (fail_this_one()) throw std::bad_alloc();
+  for (;;) {
+    if (void* pointer = take(size, alignment)) return pointer;
+    std::new_handler handler = std::get_new_handler();
+    if (!handler) throw std::bad_alloc();
+    handler();
+  }
+}
+
+void* take_or_null(std::size_t size, std::size_t alignment) noexcept {
+  if (fail_this_one()) return nullptr;
+  return take(size, alignment);
+}
+
+}  // namespace
+
+namespace cuemm::testing {
+
+HostAllocationFault::HostAllocationFault(std::uint64_t nth) {
+  // (Asked before arming: the lookup may allocate.)
+  driver_calls_under_way = simulation::active() ? simulation::driver_calls_under_way() : nullptr;
+  failed_one = false;
+  countdown = nth;
+}
+
+HostAllocationFault::~HostAllocationFault() { countdown = 0; }
+
+bool HostAllocationFault::struck() const noexcept { return failed_one; }
+
+}  // namespace cuemm::testing
+
+constexpr std::size_t kPlain = alignof(std::max_align_t);
+
+void* operator new(std::size_t size) { return take_or_throw(size, kPlain); }
+void* operator new[](std::size_t size) { return take_or_throw(size, kPlain); }
+void* operator new(std::size_t size, std::align_val_t alignment) {
+  return take_or_throw(size, static_cast<std::size_t>(alignment));
+}
+void* operator new[](std::size_t size, std::align_val_t alignment) {
+  return take_or_throw(size, static_cast<std::size_t>(alignment));
+}
+void* operator new(std::size_t size, const std::nothrow_t&) noexcept { return take_or_null(size, kPlain); }
+void* operator new[](std::size_t size, const std::nothrow_t&) noexcept { return take_or_null(size, kPlain); }
+void* operator new(std::size_t size, std::align_val_t alignment, const std::nothrow_t&) noexcept {
+  return take_or_null(size, static_cast<std::size_t>(alignment));
+}
+void* operator new[](std::size_t size, std::align_val_t alignment, const std::nothrow_t&) noexcept {
+  return take_or_null(size, static_cast<std::size_t>(alignment));
+}
+
+void operator delete(void* pointer) noexcept { std::free(pointer); }
+void operator delete[](void* pointer) noexcept { std::free(pointer); }
+void operator delete(void* pointer, std::size_t) noexcept { std::free(pointer); }
+void operator delete[](void* pointer, std::size_t) noexcept { std::free(pointer); }
+void operator delete(void* pointer, std::align_val_t) noexcept { std::free(pointer); }
+void operator delete[](void* pointer, std::align_val_t) noexcept { std::free(pointer); }
+void operator delete(void* pointer, std::size_t, std::align_val_t) noexcept { std::free(pointer); }
+void operator delete[](void* pointer, std::size_t, std::align_val_t) noexcept { std::free(pointer); }
+void operator delete(void* pointer, const std::nothrow_t&) noexcept { std::free(pointer); }
+void operator delete[](void* pointer, const std::nothrow_t&) noexcept { std::free(pointer); }
+void operator delete(void* pointer, std::align_val_t, const std::nothrow_t&) noexcept { std::free(pointer); }
+void operator delete[](void* pointer, std::align_val_t, const std::nothrow_t&) noexcept { std::free(pointer); }

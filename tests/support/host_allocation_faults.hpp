@@ -1,0 +1,35 @@
+// tests/support/host_allocation_faults.hpp: one host allocation of the calling
+// thread fails with std::bad_alloc, so that a test can check what the library
+// does where its bookkeeping cannot grow: each operation throws or completes,
+// nothing terminates the program, and the manager stays consistent.
+//
+// A test program links host_allocation_faults.cpp, which replaces the global
+// operator new and delete (the library's calls reach the program's). The
+// simulated driver's own allocations are spared: the real driver lets no C++
+// exception out.
+//
+//   for (std::uint64_t nth = 1;; ++nth) {
+//     cuemm::testing::HostAllocationFault fault(nth);
+//     try { workload(); } catch (const std::bad_alloc&) {}
+//     if (!fault.struck()) break;  // the workload ran through: each of its allocations failed once
+//   }
+#pragma once
+
+#include <cstdint>
+
+namespace cuemm::testing {
+
+class HostAllocationFault {
+ public:
+  // Fails the nth allocation (1: the next) that this thread makes outside the
+  // simulated driver while this lives.
+  explicit HostAllocationFault(std::uint64_t nth);
+  ~HostAllocationFault();
+  HostAllocationFault(const HostAllocationFault&) = delete;
+  HostAllocationFault& operator=(const HostAllocationFault&) = delete;
+
+  // Whether the failure happened (false: the thread made fewer allocations).
+  bool struck() const noexcept;
+};
+
+}  // namespace cuemm::testing
