@@ -71,14 +71,10 @@ std::vector<DedicatedSegments::Segment> DedicatedSegments::take_spares_over(std:
   return taken;
 }
 
-std::vector<DedicatedSegments::Segment> DedicatedSegments::take_all() {
-  std::vector<Segment> taken;
-  taken.reserve(sizes_.size());
-  for (const auto& [base, size] : sizes_) taken.push_back({base, size});
+void DedicatedSegments::forget_all() noexcept {
   sizes_.clear();
   spares_.clear();
   bytes_ = spare_bytes_ = 0;
-  return taken;
 }
 
 }  // namespace cuemm::detail

@@ -288,14 +288,13 @@ std::vector<TlsfBlockAllocator::Region> TlsfBlockAllocator::take_free_regions() 
   return taken;
 }
 
-std::vector<TlsfBlockAllocator::Region> TlsfBlockAllocator::take_all_regions() {
-  std::vector<Region> taken;
-  for (const Bounds& bounds : regions_) {
-    Block* block = bounds.first;
-    Region region{block->address, 0};
-    for (; block; block = block->next_in_memory) region.size += block->size;
-    taken.push_back(region);
-  }
+TlsfBlockAllocator::Region TlsfBlockAllocator::region_of(const Bounds& bounds) const noexcept {
+  Region region{bounds.first->address, 0};
+  for (const Block* block = bounds.first; block; block = block->next_in_memory) region.size += block->size;
+  return region;
+}
+
+void TlsfBlockAllocator::forget_all() noexcept {
   regions_.clear();
   allocated_.clear();
   spare_nodes_.clear();
@@ -304,7 +303,6 @@ std::vector<TlsfBlockAllocator::Region> TlsfBlockAllocator::take_all_regions() {
   for (auto& bitmap : second_level_bitmaps_) bitmap = 0;
   free_lists_.reset();
   region_bytes_ = free_bytes_ = free_count_ = 0;
-  return taken;
 }
 
 std::vector<TlsfBlockAllocator::RegionUse> TlsfBlockAllocator::region_use() const {

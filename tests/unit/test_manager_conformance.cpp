@@ -1087,32 +1087,52 @@ TYPED_TEST(Conformance, AnyHostAllocationFailingLeavesNothingBehind) {
       auto manager = TypeParam::make(&this->context);
       StreamOrderedAllocator* ordered = stream_ordered_allocator(*manager);
       std::vector<std::shared_ptr<MemoryPointer>> held;
-      held.reserve(16);
+      held.reserve(48);
       std::vector<std::pair<cuda::CUdeviceptr, std::size_t>> ordered_held;
-      ordered_held.reserve(4);
+      ordered_held.reserve(16);
       auto buffer = std::make_shared<std::vector<char>>(std::size_t{64} << 10);
       std::string failed;
       {
         cuemm::testing::HostAllocationFault fault(nth);
         try {
           manager->initialize();
-          for (int i = 0; i < 12; ++i) {
-            held.push_back(manager->memalloc(std::size_t{1} << (8 + i * 5 % 16)));  // 256 B to 8 MiB
+          for (int i = 0; i < 40; ++i) {  // 256 B to 8 MiB, and 20 MiB; freed oldest first and from the middle
+            held.push_back(manager->memalloc(i % 9 == 8 ? std::size_t{20} << 20 : std::size_t{1} << (8 + i * 5 % 16)));
             if (i % 3 == 2) held.erase(held.begin());
+            if (i % 7 == 6) held.erase(held.begin() + static_cast<long>(held.size() / 2));
           }
           held.push_back(manager->memhostalloc(8192, nth % 2 == 1, false, false));
           for (int pinned = 0; pinned < 2; ++pinned) {  // (the second finds the first's range where a pool keeps it)
             manager->mempin(buffer, buffer->data(), buffer->size(), nth % 2 == 0).reset();
           }
           if (ordered) {
-            for (std::size_t size : {std::size_t{4096}, std::size_t{6} << 20}) {
-              ordered_held.emplace_back(ordered->allocate(size, cuda::CU_STREAM_PER_THREAD), size);
+            for (int round = 0; round < 3; ++round) {
+              for (std::size_t size : {std::size_t{4096}, std::size_t{65536}, std::size_t{1} << 20,
+                                       std::size_t{6} << 20, std::size_t{20} << 20}) {
+                ordered_held.emplace_back(ordered->allocate(size, cuda::CU_STREAM_PER_THREAD), size);
+              }
+              for (int freed = 0; freed < 4; ++freed) {
+                const auto [block, size] = ordered_held[ordered_held.size() / 2];
+                ordered_held.erase(ordered_held.begin() + static_cast<long>(ordered_held.size() / 2));
+                ordered->deallocate(block, size, cuda::CU_STREAM_PER_THREAD);
+              }
             }
-            ordered->deallocate(ordered_held.back().first, ordered_held.back().second, cuda::CU_STREAM_PER_THREAD);
-            ordered_held.pop_back();
           }
           (void)manager->get_memory_info();
+          try {
+            (void)manager->get_ipc_handle(held.front());
+          } catch (const NotSupported&) {  // (the async manager's pool, unless made exportable)
+          }
+          // Blocks of another thread, freed here (a pool's frees for other threads).
+          std::vector<std::shared_ptr<MemoryPointer>> theirs;
+          std::thread([&] {
+            ScopedContext scope(this->context);
+            for (std::size_t size : {512, 4096, 65536, 2 << 20}) theirs.push_back(manager->memalloc(size));
+          }).join();
+          theirs.clear();
           held.erase(held.begin(), held.begin() + 2);
+          held.clear();
+          manager->reset();
         } catch (const std::bad_alloc&) {
           failed = "std::bad_alloc";
         } catch (const Error& error) {

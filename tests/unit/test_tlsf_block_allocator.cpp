@@ -243,12 +243,14 @@ TEST(TlsfBlockAllocator, AllocationInAHoleTakesOnlyABlockWithinTheBound) {
   EXPECT_NE(*small, last);
 }
 
-TEST(TlsfBlockAllocator, TakeAllRegionsForgetsEverything) {
+TEST(TlsfBlockAllocator, ReleaseAllRegionsForgetsEverything) {
   TlsfBlockAllocator allocator(512);
   allocator.add_region(kBase, 1 << 20);
   allocator.allocate(5000);
-  auto regions = allocator.take_all_regions();
+  std::vector<TlsfBlockAllocator::Region> regions;
+  allocator.release_all_regions([&](const TlsfBlockAllocator::Region& region) { regions.push_back(region); });
   ASSERT_EQ(regions.size(), 1u);
+  EXPECT_EQ(regions[0].base, kBase);
   EXPECT_EQ(regions[0].size, std::size_t{1} << 20);
   EXPECT_EQ(allocator.region_bytes(), 0u);
   EXPECT_FALSE(allocator.allocate(512));

@@ -484,15 +484,24 @@ void PoolMemoryManager::Core::retire() noexcept {
     ScopedContext scope(*context);
     CUEMM_CU_RESULT(cuCtxSynchronize);  // blocks in use may still be read by queued work
     if (ordering_event) CUEMM_CU_RESULT(cuEventDestroy, std::exchange(ordering_event, nullptr));
-    for (const auto& region : blocks.take_all_regions())
-      if (!arena) CUEMM_CU_RESULT(cuMemFree, region.base);
+    // (Nothing below allocates: the segments go back where the host is out of memory too.)
+    auto free_region = [](const detail::TlsfBlockAllocator::Region& region) {
+      CUEMM_CU_RESULT(cuMemFree, region.base);
+    };
+    blocks.release_all_regions([&](const detail::TlsfBlockAllocator::Region& region) {
+      if (!arena) free_region(region);
+    });
     if (arena) arena->release();  // (its assembled blocks too)
     assembled.clear();
     assembled_own_bytes = 0;
-    for (const auto& region : recurring.take_all_regions()) CUEMM_CU_RESULT(cuMemFree, region.base);
-    for (const auto& region : small_blocks.take_all_regions())
-      if (!carved_small_segments.count(region.base)) CUEMM_CU_RESULT(cuMemFree, region.base);
-    free_segments(dedicated.take_all());
+    recurring.release_all_regions(free_region);
+    small_blocks.release_all_regions([&](const detail::TlsfBlockAllocator::Region& region) {
+      if (!carved_small_segments.count(region.base)) free_region(region);
+    });
+    dedicated.release_all([&](const detail::DedicatedSegments::Segment& segment) {
+      ++driver_frees;
+      CUEMM_CU_RESULT(cuMemFree, segment.base);
+    });
   } catch (const std::exception& error) {
     std::fprintf(stderr, "cuemm pool: returning memory failed: %s\n", error.what());
   }

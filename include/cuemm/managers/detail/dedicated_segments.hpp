@@ -85,8 +85,14 @@ class DedicatedSegments {
   // Removes the largest spares until at most `keep` spare bytes remain.
   // Throws std::bad_alloc and changes nothing when out of host memory.
   std::vector<Segment> take_spares_over(std::size_t keep);
-  // Forgets everything (the owner frees the segments).
-  std::vector<Segment> take_all();
+  // Calls release(segment) for every segment, then forgets everything: the
+  // owner's reset, which allocates nothing on the way (the segments go back
+  // even where the host is out of memory).
+  template <class Release>
+  void release_all(Release release) {
+    for (const auto& [base, size] : sizes_) release(Segment{base, size});
+    forget_all();
+  }
 
   std::size_t bytes() const noexcept { return bytes_; }
   std::size_t spare_bytes() const noexcept { return spare_bytes_; }
@@ -102,6 +108,7 @@ class DedicatedSegments {
   std::size_t largest_spare() const noexcept { return spares_.empty() ? 0 : spares_.rbegin()->first; }
 
  private:
+  void forget_all() noexcept;
   std::unordered_map<std::uintptr_t, std::size_t> sizes_;  // every segment: base -> size
   std::multimap<std::size_t, std::uintptr_t> spares_;      // size -> base
   std::size_t bytes_ = 0;

@@ -99,8 +99,14 @@ class TlsfBlockAllocator {
   std::vector<Region> take_free_regions();
   // Whether any region is entirely free (a look at each region's first block).
   bool has_free_region() const noexcept;
-  // Forgets everything (the owner frees the regions).
-  std::vector<Region> take_all_regions();
+  // Calls release(region) for every region, then forgets everything: the
+  // owner's reset, which allocates nothing on the way, so that the regions go
+  // back even where the host is out of memory.
+  template <class Release>
+  void release_all_regions(Release release) {
+    for (const Bounds& bounds : regions_) release(region_of(bounds));
+    forget_all();
+  }
 
   std::size_t granularity() const noexcept { return granularity_; }
   std::size_t rounded_size(std::size_t size) const noexcept {
@@ -240,11 +246,14 @@ class TlsfBlockAllocator {
   std::uint64_t first_level_bitmap_ = 0;
   std::uint32_t second_level_bitmaps_[kFirstLevels] = {};
   // Each list's first block, kSecondLevels per first level. Made with the
-  // first region and dropped with the last (take_all_regions()): a retired
+  // first region and dropped with the last (release_all_regions()): a retired
   // pool core, kept until exit, then keeps no 8 KiB of empty lists.
   std::unique_ptr<Block*[]> free_lists_;
   Block*& head(int first, int second) const noexcept { return free_lists_[first * kSecondLevels + second]; }
   std::unordered_map<std::uintptr_t, Block*> allocated_;
+  Region region_of(const Bounds& bounds) const noexcept;
+  void forget_all() noexcept;
+
   std::vector<Bounds> regions_;
   std::vector<std::unique_ptr<Block[]>> node_chunks_;
   std::vector<Block*> spare_nodes_;
