@@ -88,7 +88,8 @@ class HostOnlyMemoryManager : public BaseMemoryManager {
   // track(), the pointer that make(finalizer) returns, then adopt(). Where
   // the record or the pointer cannot be made (the host is out of memory),
   // `release` runs at once and the error goes on: the allocation is not
-  // leaked. (`release` is run as it is, so it must not need the record.)
+  // leaked. (`release` then runs as it is, with the caller's context
+  // current, so it must not need the record.)
   template <typename ReleaseNow, typename Make>
   std::shared_ptr<MemoryPointer> track_new(std::uintptr_t address, std::size_t bytes, ReleaseNow release,
                                            Release when, Make make);
