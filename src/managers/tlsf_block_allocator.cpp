@@ -21,19 +21,23 @@ TlsfBlockAllocator::Index TlsfBlockAllocator::index_of(std::size_t size) const n
 }
 
 TlsfBlockAllocator::Block* TlsfBlockAllocator::new_block() {
-  if (spare_nodes_.empty()) {
+  if (!spare_nodes_) {
     constexpr std::size_t kChunk = 256;
     node_chunks_.push_back(std::make_unique<Block[]>(kChunk));
     Block* chunk = node_chunks_.back().get();
-    spare_nodes_.reserve(spare_nodes_.size() + kChunk);
-    for (std::size_t i = 0; i < kChunk; ++i) spare_nodes_.push_back(&chunk[i]);
+    for (std::size_t i = 0; i < kChunk; ++i) recycle(&chunk[i]);
   }
-  Block* block = spare_nodes_.back();
-  spare_nodes_.pop_back();
+  Block* block = spare_nodes_;
+  spare_nodes_ = block->next_free;
   return block;
 }
 
-void TlsfBlockAllocator::recycle(Block* block) noexcept { spare_nodes_.push_back(block); }
+// (Linked through next_free, not kept in a container: a free, which must not
+// fail, never allocates.)
+void TlsfBlockAllocator::recycle(Block* block) noexcept {
+  block->next_free = spare_nodes_;
+  spare_nodes_ = block;
+}
 
 void TlsfBlockAllocator::insert_free(Block* block) noexcept {
   const Index index = index_of(block->size);
@@ -297,7 +301,7 @@ TlsfBlockAllocator::Region TlsfBlockAllocator::region_of(const Bounds& bounds) c
 void TlsfBlockAllocator::forget_all() noexcept {
   regions_.clear();
   allocated_.clear();
-  spare_nodes_.clear();
+  spare_nodes_ = nullptr;
   node_chunks_.clear();
   first_level_bitmap_ = 0;
   for (auto& bitmap : second_level_bitmaps_) bitmap = 0;

@@ -1101,6 +1101,11 @@ TYPED_TEST(Conformance, AnyHostAllocationFailingLeavesNothingBehind) {
             if (i % 3 == 2) held.erase(held.begin());
             if (i % 7 == 6) held.erase(held.begin() + static_cast<long>(held.size() / 2));
           }
+          {  // Small blocks past what a thread keeps, freed at once (its caches spill to the shared index).
+            std::vector<std::shared_ptr<MemoryPointer>> burst;
+            burst.reserve(300);
+            for (int i = 0; i < 300; ++i) burst.push_back(manager->memalloc(std::size_t{256} << (i % 9)));
+          }
           held.push_back(manager->memhostalloc(8192, nth % 2 == 1, false, false));
           for (int pinned = 0; pinned < 2; ++pinned) {  // (the second finds the first's range where a pool keeps it)
             manager->mempin(buffer, buffer->data(), buffer->size(), nth % 2 == 0).reset();

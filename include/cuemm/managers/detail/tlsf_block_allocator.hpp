@@ -256,7 +256,7 @@ class TlsfBlockAllocator {
 
   std::vector<Bounds> regions_;
   std::vector<std::unique_ptr<Block[]>> node_chunks_;
-  std::vector<Block*> spare_nodes_;
+  Block* spare_nodes_ = nullptr;  // nodes not in use, linked through next_free
   std::size_t region_bytes_ = 0;
   std::size_t free_bytes_ = 0;
   std::size_t free_count_ = 0;
