@@ -52,13 +52,8 @@ bool HostOnlyMemoryManager::Tracker::forget(std::uintptr_t address) noexcept {
   return live.erase(address) == 1;
 }
 
-void HostOnlyMemoryManager::release_after_failure(const std::function<void()>& release) noexcept {
-  try {
-    release();
-  } catch (const std::exception& error) {
-    std::fprintf(stderr, "cuemm: releasing an allocation whose pointer could not be made failed: %s\n",
-                 error.what());
-  }
+void HostOnlyMemoryManager::report_failed_release(const std::exception& error) noexcept {
+  std::fprintf(stderr, "cuemm: releasing an allocation whose pointer could not be made failed: %s\n", error.what());
 }
 
 Finalizer HostOnlyMemoryManager::track(std::uintptr_t address, std::size_t bytes, std::function<void()> release,

@@ -23,6 +23,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -120,7 +121,8 @@ class HostOnlyMemoryManager : public BaseMemoryManager {
     // Takes `address` off the record; false where it was not there (released already).
     bool forget(std::uintptr_t address) noexcept;
   };
-  static void release_after_failure(const std::function<void()>& release) noexcept;
+  // Says on stderr that releasing an allocation whose pointer could not be made failed.
+  static void report_failed_release(const std::exception& error) noexcept;
 
   DeallocationPolicy policy_;
   std::optional<PinnedHostPoolOptions> host_pool_options_;
@@ -145,7 +147,13 @@ std::shared_ptr<MemoryPointer> HostOnlyMemoryManager::track_new(std::uintptr_t a
     return memory;
   } catch (...) {
     // (Unless the pointer's finalizer or a reset() from another thread took the record and released it.)
-    if (!recorded || tracker_->forget(address)) release_after_failure(release);
+    if (!recorded || tracker_->forget(address)) {
+      try {
+        release();  // (as it is: wrapping it in a std::function could fail for want of memory too)
+      } catch (const std::exception& error) {
+        report_failed_release(error);
+      }
+    }
     throw;
   }
 }
