@@ -1,5 +1,9 @@
 #include "cuemm/runtime/detail/context_owned_handle.hpp"
 
+#include <cstdio>
+#include <new>
+
+#include "cuemm/driver/driver.hpp"
 #include "cuemm/runtime/context.hpp"
 
 namespace cuemm::detail {
@@ -25,10 +29,22 @@ void ContextOwnedHandle::release() noexcept {
   const Destroy destroy = std::exchange(destroy_, nullptr);
   if (!handle || !destroy || !context_ || stale()) return;
   Context* context = context_;
-  context->deallocations().add([context, handle, destroy] {
-    ScopedContext scope(*context);
-    destroy(handle);
-  });
+  try {
+    context->deallocations().add([context, handle, destroy] {
+      ScopedContext scope(*context);
+      destroy(handle);
+    });
+  } catch (const std::bad_alloc&) {
+    // No memory to queue it: destroyed now, once the context's queued work
+    // (which may still use it) has finished, rather than left with the driver.
+    try {
+      ScopedContext scope(*context);
+      CUEMM_CU_RESULT(cuCtxSynchronize);
+      destroy(handle);
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "cuemm: destroying a stream, event or module failed: %s\n", error.what());
+    }
+  }
 }
 
 }  // namespace cuemm::detail

@@ -3,6 +3,7 @@
 #include <limits>
 #include <thread>
 
+#include "support/host_allocation_faults.hpp"
 #include "support/test_support.hpp"
 
 using namespace cuemm;
@@ -278,4 +279,70 @@ TEST_F(Runtime, AHandleIsReleasedOnceByItsLastOwner) {
   { Event gone = std::move(event); }
   EXPECT_EQ(context.deallocations().pending_count(), 2u) << "a context reset leaked its streams and events";
   context.deallocations().flush_all();
+}
+
+// Each host allocation of a runtime workload fails in turn, as where the
+// process runs out of memory (a stream, an event, a module and its kernel,
+// device arrays, a callback, pinned memory through the context): each call
+// throws or completes, and once all is released the driver holds no more
+// streams, events, modules or memory than before.
+TEST_F(Runtime, AnyHostAllocationFailingLeavesNothingBehind) {
+  CUEMM_REQUIRE_SIMULATION();  // (the counts are the simulated driver's; the fault spares its own allocations)
+  const std::string ptx = cuemm::testing::test_kernels_ptx();
+  const std::uint32_t count = 1024;
+  const std::vector<std::uint32_t> values(count, 41u);
+  std::vector<std::uint32_t> back(count);
+  context.deallocations().flush_all();
+  if (auto* host = find_adaptor<HostOnlyMemoryManager>(context.memory_manager())) host->deallocations().flush_all();
+  context.synchronize();
+  const auto streams = simulation::live_streams();
+  const auto allocations = simulation::live_allocations();
+  const auto device_bytes = simulation::device_bytes_in_use(0);
+  simulation::reset_call_counts();
+  std::uint64_t nth = 1;
+  for (bool struck = true; struck; ++nth) {
+    ASSERT_LT(nth, 20000u);
+    SCOPED_TRACE("host allocation " + std::to_string(nth) + " failing");
+    std::string failed;
+    std::atomic<bool> called_back{false};
+    {
+      cuemm::testing::HostAllocationFault fault(nth);
+      try {
+        Stream stream = context.create_stream();
+        Event event = context.create_event();
+        Module module = context.load_module(ptx);
+        Function add = module.function("cuemm_add_u32");
+        auto array = to_device(values, stream);
+        add.launch({4}, {256}, stream, array.device_pointer(), 1u, std::uint64_t{count});
+        event.record(stream);
+        stream.add_callback([&] { called_back = true; });
+        array.copy_to_host(back, stream);
+        auto pinned = context.memhostalloc(4096, true);
+        stream.synchronize();
+        if (back != std::vector<std::uint32_t>(count, 42u)) failed = "the kernel's result was not copied back";
+      } catch (const std::bad_alloc&) {
+        failed = "std::bad_alloc";
+      } catch (const Error& error) {
+        failed = error.what();
+      }
+      struck = fault.struck();
+    }
+    if (!struck) {
+      EXPECT_EQ(failed, "") << "the workload failed though no allocation did";
+      EXPECT_TRUE(called_back);
+    }
+    context.deallocations().flush_all();
+    if (auto* host = find_adaptor<HostOnlyMemoryManager>(context.memory_manager())) host->deallocations().flush_all();
+    context.synchronize();
+    EXPECT_EQ(simulation::live_streams(), streams) << "a stream was left with the driver";
+    EXPECT_EQ(simulation::live_allocations(), allocations) << "memory was left with the driver";
+    EXPECT_EQ(simulation::device_bytes_in_use(0), device_bytes) << "device memory was left with the driver";
+    EXPECT_EQ(simulation::call_count("cuEventCreate"), simulation::call_count("cuEventDestroy"))
+        << "an event was left with the driver";
+    EXPECT_EQ(simulation::call_count("cuModuleLoadData") + simulation::call_count("cuModuleLoadDataEx"),
+              simulation::call_count("cuModuleUnload"))
+        << "a module was left with the driver";
+    if (HasFailure()) break;
+  }
+  std::printf("[          ] %llu host allocations failed in turn\n", static_cast<unsigned long long>(nth - 2));
 }
