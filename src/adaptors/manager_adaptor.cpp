@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <new>
 #include <type_traits>
 #include <typeinfo>
 #include <variant>
@@ -198,7 +199,10 @@ void release_and_report(Shared& shared, LetGo&& let_go, const ObservedBlock& blo
   let_go();
   if (detailed_release) {
     record.end = adaptor_clock();
-    record.call_site = ScopedCallSite::current();
+    try {
+      record.call_site = ScopedCallSite::current();
+    } catch (const std::bad_alloc&) {  // (no memory for its copy: the release is reported without it)
+    }
   }
   report_release(shared, record, generation);
 }

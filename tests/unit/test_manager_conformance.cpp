@@ -1092,6 +1092,8 @@ TYPED_TEST(Conformance, AnyHostAllocationFailingLeavesNothingBehind) {
       ordered_held.reserve(16);
       auto buffer = std::make_shared<std::vector<char>>(std::size_t{64} << 10);
       std::string failed;
+      // (Longer than a short string holds: the log's releases copy it.)
+      ScopedCallSite site("AnyHostAllocationFailingLeavesNothingBehind, test_manager_conformance.cpp");
       {
         cuemm::testing::HostAllocationFault fault(nth);
         try {
