@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <exception>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <utility>
 
@@ -131,9 +132,21 @@ bool ReuseEpochs::gpu_busy() const noexcept {
   }
 }
 
+void ReuseEpochs::keep_spare_locked(cuda::CUevent event) noexcept {
+  try {
+    spare_events_.push_back(event);
+  } catch (const std::bad_alloc&) {  // (no room to keep it: the next seal makes another)
+    try {
+      ScopedContext scope(*context_);
+      CUEMM_CU_RESULT(cuEventDestroy, event);
+    } catch (const std::exception&) {
+    }
+  }
+}
+
 void ReuseEpochs::mark_safe_through_locked(std::uint64_t closed) noexcept {
   for (const Sealed& sealed : sealed_)
-    if (sealed.event) spare_events_.push_back(sealed.event);
+    if (sealed.event) keep_spare_locked(sealed.event);
   sealed_.clear();
   safe_.store(closed + 1, std::memory_order_release);
 }
@@ -170,7 +183,7 @@ void ReuseEpochs::seal_locked() noexcept {
     if (every_stream) {
       CUEMM_CU(cuCtxRecordEvent, context_->handle(), entry.event);
       if (CUEMM_CU_RESULT(cuEventQuery, entry.event) == cuda::CUDA_SUCCESS) {
-        spare_events_.push_back(entry.event);
+        keep_spare_locked(std::exchange(entry.event, nullptr));
         mark_safe_through_locked(closed);
         return;
       }
@@ -188,7 +201,7 @@ void ReuseEpochs::seal_locked() noexcept {
     // The event may be stale (its context was reset): never reuse it.
     if (entry.event) CUEMM_CU_RESULT(cuEventDestroy, entry.event);
     if (CUEMM_CU_RESULT(cuCtxSynchronize) == cuda::CUDA_SUCCESS) {
-      sealed_.push_back({closed, nullptr});
+      mark_safe_through_locked(closed);  // (all of the context's work has run: every sealed epoch is safe)
       return;
     }
     // Not waited for either (the driver refuses both while a graph is being
@@ -226,7 +239,7 @@ bool ReuseEpochs::retire_oldest_locked(bool wait) {
                                        : CUEMM_CU_RESULT(cuEventQuery, oldest.event);
     if (result == cuda::CUDA_ERROR_NOT_READY) return false;
     driver::check(result, wait ? "cuEventSynchronize" : "cuEventQuery");
-    spare_events_.push_back(oldest.event);
+    keep_spare_locked(oldest.event);
   }
   safe_.store(oldest.epoch + 1, std::memory_order_release);
   sealed_.pop_front();

@@ -109,6 +109,9 @@ class ReuseEpochs {
     cuda::CUevent event;  // null: known complete
   };
   void seal_locked() noexcept;
+  // Keeps a completed event for the next seal; without room for it (the
+  // host out of memory), destroys it instead.
+  void keep_spare_locked(cuda::CUevent event) noexcept;
   // Every epoch through `closed` is safe: its events go back to the spares.
   void mark_safe_through_locked(std::uint64_t closed) noexcept;
   // Records probe_event_ (made at first use) for the whole context. Under probe_mutex_.
