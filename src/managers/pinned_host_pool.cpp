@@ -741,8 +741,7 @@ std::shared_ptr<MemoryPointer> PinnedHostPool::pin(std::shared_ptr<const void> o
     }
   }
   if (unrecorded) {
-    State::unregister(unrecorded);
-    delete unrecorded;
+    State::discard(std::span(&unrecorded, 1));
     throw std::bad_alloc();
   }
   if (!registration) {

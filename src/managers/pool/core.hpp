@@ -409,18 +409,22 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // again (or go back to the driver, without host memory to keep them).
   void return_whole_recurring_regions() noexcept;
 
+  // Gives a dedicated segment's memory back to the driver (its context current).
+  void free_segment_memory(std::uintptr_t base) noexcept {
+    ++driver_frees;
+    CUEMM_CU_RESULT(cuMemFree, base);
+  }
+
   void free_segment(std::uintptr_t base) noexcept {
     dedicated.forget(base);
-    ++driver_frees;
     ScopedContext scope(*context);
-    CUEMM_CU_RESULT(cuMemFree, base);
+    free_segment_memory(base);
   }
 
   void free_segments(const std::vector<detail::DedicatedSegments::Segment>& segments) noexcept {
     if (segments.empty()) return;
-    driver_frees += segments.size();
     ScopedContext scope(*context);
-    for (const auto& segment : segments) CUEMM_CU_RESULT(cuMemFree, segment.base);
+    for (const auto& segment : segments) free_segment_memory(segment.base);
   }
 
   void seal() noexcept { epochs.seal(); }

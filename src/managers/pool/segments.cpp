@@ -498,10 +498,8 @@ void PoolMemoryManager::Core::retire() noexcept {
     small_blocks.release_all_regions([&](const detail::TlsfBlockAllocator::Region& region) {
       if (!carved_small_segments.count(region.base)) free_region(region);
     });
-    dedicated.release_all([&](const detail::DedicatedSegments::Segment& segment) {
-      ++driver_frees;
-      CUEMM_CU_RESULT(cuMemFree, segment.base);
-    });
+    dedicated.release_all(
+        [&](const detail::DedicatedSegments::Segment& segment) { free_segment_memory(segment.base); });
   } catch (const std::exception& error) {
     std::fprintf(stderr, "cuemm pool: returning memory failed: %s\n", error.what());
   }
