@@ -387,17 +387,19 @@ PerThreadStreams::~PerThreadStreams() {
   // query of it from another thread) still waits for it.
   for (auto& entry : of_context)
     if (entry.second) entry.second->synchronize();
-  std::vector<std::shared_ptr<SimStream>> ending;
-  {
-    State& s = state();
-    std::lock_guard lock(s.mutex);
-    for (auto& [context, stream] : of_context) {
+  // One at a time, allocating nothing: a thread's end may come where host
+  // memory has run out, and a destructor must not throw.
+  State& s = state();
+  for (auto& [context, stream] : of_context) {
+    std::shared_ptr<SimStream> ending;
+    {
+      std::lock_guard lock(s.mutex);
       if (!stream || !is_live(s, context) || !context->streams.erase(stream)) continue;
       s.streams.erase(stream.get());
-      ending.push_back(std::move(stream));
+      ending = std::move(stream);
     }
+    ending.reset();  // unlocked: a stream's end joins its worker
   }
-  ending.clear();  // unlocked: a stream's end joins its worker
 }
 
 
