@@ -254,6 +254,16 @@ bool ReuseEpochs::wait_for_oldest() {
   return true;
 }
 
+bool ReuseEpochs::wait_until_safe(std::uint64_t epoch) noexcept {
+  seal_through(epoch);
+  try {
+    while (!is_safe(epoch) && wait_for_oldest()) {
+    }
+  } catch (const std::exception&) {  // (a failed wait: not safe)
+  }
+  return is_safe(epoch);
+}
+
 bool ReuseEpochs::poll_until_safe(std::uint64_t epoch, std::chrono::nanoseconds budget) {
   // Safe already (a seal that found the GPU idle): no clock to read, no lock
   // to take (60 ns of a 0.5 us seal on the H100).

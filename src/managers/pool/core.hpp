@@ -506,7 +506,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // holds the cache's lock (or the cache's thread has finished).
   // Its stream-ordered blocks are tagged with the open epoch: their freeing
   // work is on a default stream, which the next seal's event covers.
-  void quarantine_cached_blocks(ThreadCache& cache) {
+  void quarantine_cached_blocks(ThreadCache& cache) noexcept {
     const std::uint64_t epoch = epochs.tag();
     quarantine_ring_blocks(cache, -1, epoch);
     quarantine_ordered_large(cache, epoch);
@@ -529,15 +529,15 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
 
   // Moves the blocks of a thread's rings and ordered bins into the
   // quarantine, but for class `kept` (-1: none); stream-ordered ones get `epoch`.
-  void quarantine_ring_blocks(ThreadCache& cache, int kept, std::uint64_t epoch);
+  void quarantine_ring_blocks(ThreadCache& cache, int kept, std::uint64_t epoch) noexcept;
   // The blocks of a thread's ordered bins, but for class `kept`, with `epoch`; whether there were any.
-  bool quarantine_ordered_bins(ThreadCache& cache, int kept, std::uint64_t epoch);
+  bool quarantine_ordered_bins(ThreadCache& cache, int kept, std::uint64_t epoch) noexcept;
   // The large blocks a thread keeps from its stream-ordered frees, with `epoch`; whether there were any.
-  bool quarantine_ordered_large(ThreadCache& cache, std::uint64_t epoch) {
+  bool quarantine_ordered_large(ThreadCache& cache, std::uint64_t epoch) noexcept {
     const bool any = cache.ordered_large_count > 0;
     while (cache.ordered_large_count) {
       const ThreadCache::OrderedLarge large = cache.remove_ordered_large(cache.ordered_large_count - 1);
-      quarantine_block(large.address, large.bytes, epoch, large.dedicated);
+      quarantine_or_reuse({large.address, large.bytes, epoch, large.dedicated});
     }
     return any;
   }
@@ -572,7 +572,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   }
   void quarantine_held_block(ThreadCache& cache, std::uint32_t i) {
     const ThreadCache::HeldLarge& held = cache.held(i);
-    quarantine_block(held.block.address, held.block.bytes, held.epoch, held.block.dedicated);
+    quarantine_or_reuse({held.block.address, held.block.bytes, held.epoch, held.block.dedicated});
     cache.remove_held_large(i);
   }
 

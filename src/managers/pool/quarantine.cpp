@@ -36,9 +36,18 @@ bool PoolMemoryManager::Core::quarantine_or_reuse(const Quarantined& block) noex
     quarantine_block(block.address, block.size, block.epoch, block.dedicated);
     return true;
   } catch (...) {
-    reuse(block);
-    return false;
   }
+  // No room in the quarantine: the GPU's work queued before the free runs
+  // out first, so that the block is not handed out under it. Where that
+  // cannot be waited for (a capture, a driver error) the block stays out
+  // of use, counted as in use, until the pool's reset.
+  if (epochs.wait_until_safe(block.epoch)) {
+    try {
+      reuse(block);
+    } catch (...) {
+    }
+  }
+  return false;
 }
 
 void PoolMemoryManager::Core::reuse(const Quarantined& block) {
@@ -86,23 +95,24 @@ std::size_t PoolMemoryManager::Core::reclaim_quarantine() {
   return reclaimed;
 }
 
-void PoolMemoryManager::Core::quarantine_ring_blocks(ThreadCache& cache, int kept, std::uint64_t epoch) {
+void PoolMemoryManager::Core::quarantine_ring_blocks(ThreadCache& cache, int kept, std::uint64_t epoch) noexcept {
   std::array<Freed, kMaximumBinCapacity> taken;
   for (int c = 0; c < detail::kSizeClassCount; ++c) {
     if (c == kept) continue;
     while (const std::size_t n = cache.take_oldest(c, kMaximumBinCapacity, taken.data()))
-      for (std::size_t i = 0; i < n; ++i) quarantine_block(taken[i].address, detail::size_class_bytes(c), taken[i].epoch);
+      for (std::size_t i = 0; i < n; ++i)
+        quarantine_or_reuse({taken[i].address, detail::size_class_bytes(c), taken[i].epoch, false});
   }
   quarantine_ordered_bins(cache, kept, epoch);
 }
 
-bool PoolMemoryManager::Core::quarantine_ordered_bins(ThreadCache& cache, int kept, std::uint64_t epoch) {
+bool PoolMemoryManager::Core::quarantine_ordered_bins(ThreadCache& cache, int kept, std::uint64_t epoch) noexcept {
   bool any = false;
   std::array<Freed, kMaximumBinCapacity> taken;
   for (int c = 0; c < detail::kSizeClassCount; ++c) {
     if (c == kept) continue;
     while (const std::size_t n = cache.take_oldest_ordered(c, kMaximumBinCapacity, epoch, taken.data())) {
-      for (std::size_t i = 0; i < n; ++i) quarantine_block(taken[i].address, detail::size_class_bytes(c), epoch);
+      for (std::size_t i = 0; i < n; ++i) quarantine_or_reuse({taken[i].address, detail::size_class_bytes(c), epoch, false});
       any = true;
     }
   }

@@ -15,13 +15,7 @@ void PoolMemoryManager::Core::forget_cache(ThreadCache* cache) noexcept {
   std::lock_guard lock(mutex);
   auto it = std::find_if(caches.begin(), caches.end(), [&](const auto& owned) { return owned.get() == cache; });
   if (it == caches.end()) return;
-  if (!retired) {
-    try {
-      quarantine_cached_blocks(*cache);
-    } catch (...) {
-      std::fprintf(stderr, "cuemm pool: could not return a finished thread's cached blocks\n");
-    }
-  }
+  if (!retired) quarantine_cached_blocks(*cache);
   caches.erase(it);
 }
 
@@ -231,13 +225,7 @@ void PoolMemoryManager::Core::quarantine_spilled(const Freed* spilled, std::size
   bool holds_much = false;
   {
     std::lock_guard lock(mutex);
-    std::size_t recorded = 0;
-    try {
-      for (; recorded < count; ++recorded)
-        quarantine_block(spilled[recorded].address, class_bytes, spilled[recorded].epoch);
-    } catch (...) {
-      for (std::size_t i = recorded; i < count; ++i) deallocate_in_index(spilled[i].address);
-    }
+    for (std::size_t i = 0; i < count; ++i) quarantine_or_reuse({spilled[i].address, class_bytes, spilled[i].epoch, false});
     holds_much = kept_small && quarantine_holds_much();
   }
   if (holds_much) {

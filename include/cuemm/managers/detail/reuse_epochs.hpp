@@ -82,6 +82,10 @@ class ReuseEpochs {
   // whatever else has completed safe): less of the GPU's queued work than
   // poll(true) waits for. False when none was pending.
   bool wait_for_oldest();
+  // Seals `epoch` if need be and waits until it is safe: for a freed block
+  // with no room to wait in a queue (the host out of memory). False where
+  // it cannot be (a graph being captured, or the driver refused).
+  bool wait_until_safe(std::uint64_t epoch) noexcept;
   // Polls until `epoch` is safe or `budget` has passed; returns whether it is.
   bool poll_until_safe(std::uint64_t epoch, std::chrono::nanoseconds budget);
   // Waits for and destroys every event (the owner is going away).
