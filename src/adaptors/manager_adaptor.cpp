@@ -96,13 +96,14 @@ struct alignas(64) ManagerAdaptor::Shared {
 // also lets the adaptor refuse a free of no block of its, or of the wrong
 // size, before the upstream sees it: its counts stay right whatever the
 // upstream checks (the pool checks frees only with PoolOptions::check_frees).
-// A reset() forgets the record after it starts a new generation, with the
-// gate still closed, and an allocation that finds the generation changed
-// once it is recorded takes its entry out again: either way nothing stays
+// A reset() starts a new generation, resets the upstream, and only then
+// forgets the entries of earlier generations (those of the new one stay,
+// whenever they were made); an allocation that finds the generation changed
+// once it is recorded takes its entry out again. Either way nothing stays
 // from before a reset, and a later free of such a block is refused (the
-// upstream gave it back). An allocation counted in the new generation
-// reported it after the gate opened, so its entry comes after the forgetting
-// (forgotten while the gate was open, its count would stay for good). Once
+// upstream gave it back). Where the upstream's reset fails (the host out of
+// memory), nothing is forgotten: the blocks it still holds can be freed, and
+// their releases go uncounted, as the counts were reset. Once
 // the upstream hands such an address out again, a late free of the old
 // block cannot be told from one of the new: as with any allocator, a block
 // a reset gave back must not be freed after.
@@ -136,10 +137,11 @@ struct ManagerAdaptor::StreamOrderedBlocks {
     if (const Entry* there = shard.live.find(pointer); there && there->generation == generation)
       shard.live.take(pointer);
   }
-  void forget_all() noexcept {
+  // Takes out the entries of generations before `generation`.
+  void forget_before(std::uint64_t generation) noexcept {
     for (Shard& shard : shards) {
       std::lock_guard lock(shard.mutex);
-      shard.live.clear();
+      shard.live.erase_if([&](const Entry& entry) { return entry.generation < generation; });
     }
   }
   // The block's entry, taken off the record; else why the free is refused.
@@ -340,9 +342,18 @@ auto ManagerAdaptor::allocate_observed(MemoryKind kind, std::size_t size, Alloca
     if (shared_->generation.load(std::memory_order_relaxed) == generation) observer().allocation_failed(kind, size);
     throw;
   }
-  AllocationRecord record{made.kind, made.address, size, start, durations ? adaptor_clock() : start,
-                          detailed ? ScopedCallSite::current() : std::string(), made.stream};
   const ObservedBlock block{made.kind, made.address, size};
+  const AllocationRecord record = [&] {
+    try {
+      return AllocationRecord{made.kind, made.address, size, start, durations ? adaptor_clock() : start,
+                              detailed ? ScopedCallSite::current() : std::string(), made.stream};
+    } catch (...) {  // (the call site's copy: the host out of memory) The block goes back, uncounted.
+      give_back_upstream(upstream, block);
+      detail::SectionGate::Section section(shared_->gate);
+      if (shared_->generation.load(std::memory_order_relaxed) == generation) observer().allocation_failed(kind, size);
+      throw;
+    }
+  }();
   std::exception_ptr refused;
   {
     detail::SectionGate::Section section(shared_->gate);
@@ -450,15 +461,17 @@ IpcHandle ManagerAdaptor::get_ipc_handle(const std::shared_ptr<MemoryPointer>& m
 }
 
 void ManagerAdaptor::reset() {
+  std::uint64_t generation;
   {
     std::lock_guard lock(shared_->resetting);
     shared_->gate.close_and_drain();
-    shared_->generation.fetch_add(1);
+    generation = shared_->generation.fetch_add(1) + 1;
     observer().reset();
-    stream_ordered_blocks_->forget_all();  // (with the gate closed: Note [Stream-ordered blocks of an adaptor])
     shared_->gate.open();
   }
   upstream_->reset();
+  // Once the upstream has given them back (Note [Stream-ordered blocks of an adaptor]).
+  stream_ordered_blocks_->forget_before(generation);
 }
 
 cuda::CUdeviceptr ManagerAdaptor::allocate(std::size_t size, cuda::CUstream stream) {

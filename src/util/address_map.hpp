@@ -41,6 +41,19 @@ class AddressMap {
     return value;
   }
 
+  // Takes out every entry whose value `drop` picks.
+  template <typename Drop>
+  void erase_if(Drop&& drop) noexcept {
+    for (std::size_t at = 0; at < slots_.size();) {
+      // (An erase moves a later entry of the run here, never to a slot
+      // already looked at but from the run's wrapped start: look again.)
+      if (slots_[at].address && drop(std::as_const(slots_[at].value)))
+        erase_slot(at);
+      else
+        ++at;
+    }
+  }
+
   // Empties the map and gives its array back.
   void clear() noexcept {
     std::vector<Slot>().swap(slots_);

@@ -417,3 +417,31 @@ TEST(AddressMap, AgreesWithAStandardMapThroughRandomInsertsAndTakes) {
     }
   }
 }
+
+// erase_if (a reset's forgetting of earlier generations): whatever the map's
+// runs of neighbours and their wrap past the array's end, it takes out
+// exactly the values picked, and every other entry is still found.
+TEST(AddressMap, EraseIfTakesOutExactlyWhatItPicks) {
+  std::mt19937_64 random(11);
+  for (int trial = 0; trial < 200; ++trial) {
+    util::AddressMap<std::uint64_t> map;
+    std::unordered_map<std::uintptr_t, std::uint64_t> expected;
+    const int count = 1 + static_cast<int>(random() % 3000);
+    for (int i = 0; i < count; ++i) {
+      const std::uintptr_t address =
+          random() % 2 ? 0x7f0000000000 + 256 * (random() % 4096) : (random() | 1) & 0x7fffffffffff;
+      const std::uint64_t generation = random() % 4;
+      map.insert_or_assign(address, generation);
+      expected[address] = generation;
+    }
+    const std::uint64_t below = random() % 5;
+    map.erase_if([&](std::uint64_t generation) { return generation < below; });
+    std::erase_if(expected, [&](const auto& entry) { return entry.second < below; });
+    ASSERT_EQ(map.size(), expected.size()) << "trial " << trial;
+    for (const auto& [address, generation] : expected) {
+      const std::uint64_t* found = map.find(address);
+      ASSERT_NE(found, nullptr) << "trial " << trial << ": an entry kept was lost";
+      EXPECT_EQ(*found, generation);
+    }
+  }
+}
