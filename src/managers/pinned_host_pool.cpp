@@ -515,16 +515,37 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
     return evicted;
   }
 
-  std::vector<Registration*> evict_registrations(std::size_t keep) {
-    std::vector<Registration*> evicted;
-    while (registration_bytes > keep && !cached_registrations.empty()) {
+  // Cached registrations to unpin outside the lock, taken a batch at a time
+  // into an array of the caller's: eviction allocates nothing, so a reset
+  // or a trim where the host has run out of memory still unpins them all.
+  using EvictedBatch = std::array<Registration*, 32>;
+  // Takes up to a batch out, the oldest first, while over `keep` bytes; how many.
+  std::size_t evict_registrations(std::size_t keep, EvictedBatch& evicted) noexcept {
+    std::size_t taken = 0;
+    while (taken < evicted.size() && registration_bytes > keep && !cached_registrations.empty()) {
       Registration* oldest = cached_registrations.back();
-      evicted.push_back(oldest);  // (first: where it cannot grow, the cache is left as it was)
       cached_registrations.pop_back();
       registration_index.erase({reinterpret_cast<std::uintptr_t>(oldest->pointer), oldest->size, oldest->mapped});
       registration_bytes -= oldest->size;
+      evicted[taken++] = oldest;
     }
-    return evicted;
+    return taken;
+  }
+  // Unpins every cached registration; whether there were any. Takes the
+  // lock; the caller holds the state (discard() may drop a record's share).
+  bool evict_all_registrations() noexcept {
+    bool any = false;
+    for (;;) {
+      EvictedBatch evicted;
+      std::size_t taken = 0;
+      {
+        std::lock_guard lock(mutex);
+        taken = evict_registrations(0, evicted);
+      }
+      discard(std::span(evicted.data(), taken));
+      any |= taken > 0;
+      if (taken < evicted.size()) return any;
+    }
   }
 
   // --- the finalizers ---
@@ -592,7 +613,8 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
 
   static void release(Registration* registration) noexcept {
     State& state = *registration->state;
-    std::vector<Registration*> evicted;
+    EvictedBatch evicted;
+    std::size_t evicted_count = 0;
     std::shared_ptr<State> keep;  // outlives the lock below
     {
       std::lock_guard lock(state.mutex);
@@ -623,14 +645,12 @@ struct PinnedHostPool::State : std::enable_shared_from_this<PinnedHostPool::Stat
           registration->in_cache = state.cached_registrations.begin();
           state.registration_bytes += registration->size;
           registration = nullptr;
-          try {
-            evicted = state.evict_registrations(state.options.registration_cache_bytes);
-          } catch (...) {  // (the cache stays over its bytes until a later release evicts)
-          }
+          // (Past a batch, the cache stays over its bytes until a later release.)
+          evicted_count = state.evict_registrations(state.options.registration_cache_bytes, evicted);
         }
       }
     }
-    discard(evicted);
+    discard(std::span(evicted.data(), evicted_count));
     if (registration) discard(std::span(&registration, 1));
   }
 };
@@ -750,13 +770,7 @@ std::shared_ptr<MemoryPointer> PinnedHostPool::pin(std::shared_ptr<const void> o
     cuda::CUresult result = CUEMM_CU_RESULT(cuMemHostRegister, pointer, size, flags);
     if (result == cuda::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED || result == cuda::CUDA_ERROR_OUT_OF_MEMORY) {
       // A cached registration may overlap the range, or hold the pinned memory the driver needs.
-      std::vector<State::Registration*> evicted;
-      {
-        std::lock_guard lock(state.mutex);
-        evicted = state.evict_registrations(0);
-      }
-      State::discard(evicted);
-      if (!evicted.empty()) result = CUEMM_CU_RESULT(cuMemHostRegister, pointer, size, flags);
+      if (state.evict_all_registrations()) result = CUEMM_CU_RESULT(cuMemHostRegister, pointer, size, flags);
     }
     if (result != cuda::CUDA_SUCCESS) driver::throw_allocation_error(result, "cuMemHostRegister", size);
     const cuda::CUdeviceptr device =
@@ -783,7 +797,6 @@ std::shared_ptr<MemoryPointer> PinnedHostPool::pin(std::shared_ptr<const void> o
 std::size_t PinnedHostPool::trim() {
   State& state = *state_;
   State::Leftovers leftovers;
-  std::vector<State::Registration*> registrations;
   std::size_t freed = 0;
   {
     std::lock_guard lock(state.mutex);
@@ -791,10 +804,9 @@ std::size_t PinnedHostPool::trim() {
     state.epochs.seal();
     state.epochs.poll(true);  // cached blocks may still be read by queued copies
     freed = state.evict_blocks(0, leftovers, State::kAnyTime);
-    registrations = state.evict_registrations(0);
   }
   leftovers.discard();
-  State::discard(registrations);
+  state.evict_all_registrations();
   return freed;
 }
 
@@ -813,16 +825,22 @@ void PinnedHostPool::release_everything() {
     state.closed = true;
     // The fronts first: a release after this sees `closed` and keeps nothing.
     state.empty_fronts(leftovers);
-    for (State::Block* block = state.handed_out; block; block = block->next_out) {
-      if (block->dead) continue;  // (an earlier call freed it)
-      block->dead = true;
-      blocks.push_back(block->host);
-      state.counters.allocated_bytes -= block->bytes;
-    }
-    for (State::Registration* registration : state.pinned_out) {
-      if (registration->dead) continue;
-      registration->dead = true;
-      ranges.emplace_back(registration->pointer, registration->owner);
+    // Each listed before it is marked dead: where the list cannot grow (the
+    // host out of memory), the rest stay alive, and their pointers' releases
+    // free them (the pool keeps nothing once closed).
+    try {
+      for (State::Block* block = state.handed_out; block; block = block->next_out) {
+        if (block->dead) continue;  // (an earlier call freed it)
+        blocks.push_back(block->host);
+        block->dead = true;
+        state.counters.allocated_bytes -= block->bytes;
+      }
+      for (State::Registration* registration : state.pinned_out) {
+        if (registration->dead) continue;
+        ranges.emplace_back(registration->pointer, registration->owner);
+        registration->dead = true;
+      }
+    } catch (const std::bad_alloc&) {
     }
   }
   leftovers.discard();

@@ -1,6 +1,7 @@
 #include "cuemm/memory/host_only_memory_manager.hpp"
 
 #include <cstdio>
+#include <exception>
 #include <cstdlib>
 #include <string>
 
@@ -136,11 +137,17 @@ void HostOnlyMemoryManager::reset() {
     host_pool = std::move(host_pool_);  // the next host allocation makes a fresh pool
     current_host_pool_.store(nullptr, std::memory_order_release);
   }
+  std::exception_ptr failed;  // (the subclass's reset runs all the same; then this is thrown)
   if (host_pool) {
-    host_pool->release_everything();
+    try {
+      host_pool->release_everything();
+    } catch (...) {
+      failed = std::current_exception();
+    }
     util::keep_until_exit(std::move(host_pool));  // other threads' requests may still be under way in it
   }
   on_reset();
+  if (failed) std::rethrow_exception(failed);
 }
 
 CleanupGuard HostOnlyMemoryManager::defer_cleanup() {

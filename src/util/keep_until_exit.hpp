@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <new>
 #include <mutex>
 #include <vector>
 
@@ -12,12 +13,22 @@
 
 namespace cuemm::util {
 
-inline void keep_until_exit(std::shared_ptr<void> object) {
-  // Never destroyed: a pointer freed during static destruction may still reach them.
-  static auto* kept = new std::vector<std::shared_ptr<void>>();
-  static BlockingAwareMutex mutex;
-  std::lock_guard lock(mutex);
-  kept->push_back(std::move(object));
+inline void keep_until_exit(std::shared_ptr<void> object) noexcept {
+  {
+    static BlockingAwareMutex mutex;
+    std::lock_guard lock(mutex);
+    try {
+      // Never destroyed: a pointer freed during static destruction may still reach them.
+      static auto* kept = new std::vector<std::shared_ptr<void>>();
+      kept->push_back(std::move(object));
+      return;
+    } catch (const std::bad_alloc&) {
+    }
+  }
+  // No room to list it (the host out of memory): a reference whose
+  // destructor never runs keeps it all the same.
+  alignas(std::shared_ptr<void>) unsigned char never_released[sizeof(std::shared_ptr<void>)];
+  new (never_released) std::shared_ptr<void>(std::move(object));
 }
 
 }  // namespace cuemm::util

@@ -416,6 +416,10 @@ class PoolMemoryManager : public HostOnlyMemoryManager, public RawDeviceAllocato
   PoolOptions options_;
   std::shared_ptr<Core> core_;  // owns the current core; replaced under reset_mutex_
   std::atomic<Core*> current_core_;
+  // The core the next reset() puts in place, made ahead, so that a reset
+  // still succeeds where the host has run out of memory (an adaptor above
+  // has forgotten its blocks by then). Under reset_mutex_.
+  std::shared_ptr<Core> next_core_;
   std::mutex reset_mutex_;
   // Read beside core_ on the raw interface's fast path: the context (or
   // null), asked at each allocation whether a graph is being captured, and

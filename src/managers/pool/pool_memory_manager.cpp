@@ -61,6 +61,7 @@ PoolMemoryManager::PoolMemoryManager(Context* context, PoolOptions options)
       options_(checked(options)),  // before any part of the pool is made
       core_(std::make_shared<Core>(context, options)),
       current_core_(core_.get()),
+      next_core_(std::make_shared<Core>(context, options)),
       core_context_(context) {
   if (options_.pinned_host_pool) use_pinned_host_pool({.maximum_cached_bytes = options_.pinned_maximum_cached});
   if (options_.check_frees) free_checker_ = std::make_unique<detail::RawFreeChecker>();
@@ -126,11 +127,16 @@ void PoolMemoryManager::on_reset() {
   std::shared_ptr<Core> retiring;
   {
     std::lock_guard lock(reset_mutex_);  // (two resets at once retire one core each)
-    auto next = std::make_shared<Core>(has_context() ? &context() : nullptr, options_);
+    std::shared_ptr<Core> next = std::move(next_core_);
+    if (!next) next = std::make_shared<Core>(has_context() ? &context() : nullptr, options_);  // (may throw: nothing changed)
     next->held_rotation_budget.store(core_->held_rotation_budget.load());
     retiring = std::exchange(core_, std::move(next));
     retiring->successor.store(core_.get(), std::memory_order_release);  // (before it refuses anything)
     current_core_.store(core_.get(), std::memory_order_release);
+    try {
+      next_core_ = std::make_shared<Core>(has_context() ? &context() : nullptr, options_);
+    } catch (const std::bad_alloc&) {  // (the next reset makes it, or says why not)
+    }
   }
   retiring->retire();
   util::keep_until_exit(std::move(retiring));

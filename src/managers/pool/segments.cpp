@@ -307,9 +307,14 @@ std::optional<std::uintptr_t> PoolMemoryManager::Core::assemble_block(std::size_
   const std::size_t from_tail = tail ? tail->length : 0;
   const std::size_t head_bytes = head ? (bytes - from_tail) % page : 0;
   if (tail && !blocks.allocate_at(tail->address, tail->length, kAssemblyLooks)) return std::nullopt;
-  if (head && !blocks.allocate_at(head->address, head_bytes, kAssemblyLooks)) {
+  try {
+    if (head && !blocks.allocate_at(head->address, head_bytes, kAssemblyLooks)) {
+      if (tail) blocks.deallocate(tail->address);
+      return std::nullopt;
+    }
+  } catch (...) {  // (the index's node for the split: the host out of memory)
     if (tail) blocks.deallocate(tail->address);
-    return std::nullopt;
+    throw;
   }
   auto give_back_ends = [&] {
     if (tail) blocks.deallocate(tail->address);
@@ -343,8 +348,17 @@ std::optional<std::uintptr_t> PoolMemoryManager::Core::assemble_block(std::size_
     return std::nullopt;
   }
   const std::size_t own_bytes = bytes - from_tail - head_bytes;
-  assembled.emplace(*address, AssembledBlock{bytes, tail ? tail->address : 0, head ? head->address : 0, own_bytes,
-                                             fewest});  // (room reserved above)
+  try {
+    assembled.emplace(*address, AssembledBlock{bytes, tail ? tail->address : 0, head ? head->address : 0, own_bytes,
+                                               fewest});  // (the buckets reserved above; its node may still fail)
+  } catch (...) {
+    {
+      ScopedContext scope(*context);
+      arena->disassemble(*address);
+    }
+    give_back_ends();
+    throw;
+  }
   assembled_own_bytes += own_bytes;
   driver_allocations += fewest;
   ++blocks_assembled;
