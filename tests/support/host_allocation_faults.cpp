@@ -2,6 +2,7 @@
 // allocation of a thread on purpose (host_allocation_faults.hpp).
 #include "support/host_allocation_faults.hpp"
 
+#include <atomic>
 #include <cstdlib>
 #include <new>
 
@@ -14,11 +15,13 @@ namespace {
 thread_local std::uint64_t countdown = 0;
 thread_local bool failed_one = false;
 thread_local const int* driver_calls_under_way = nullptr;
+thread_local std::atomic<bool>* struck_at_exit = nullptr;  // (read by another thread once this one ends)
 
 bool fail_this_one() noexcept {
   if (countdown == 0 || (driver_calls_under_way && *driver_calls_under_way > 0)) return false;
   if (--countdown != 0) return false;
   failed_one = true;
+  if (struck_at_exit) struck_at_exit->store(true);
   return true;
 }
 
@@ -52,12 +55,21 @@ HostAllocationFault::HostAllocationFault(std::uint64_t nth) {
   // (Asked before arming: the lookup may allocate.)
   driver_calls_under_way = simulation::active() ? simulation::driver_calls_under_way() : nullptr;
   failed_one = false;
+  struck_at_exit = nullptr;
   countdown = nth;
 }
 
 HostAllocationFault::~HostAllocationFault() { countdown = 0; }
 
 bool HostAllocationFault::struck() const noexcept { return failed_one; }
+
+void fail_host_allocation_until_thread_exit(std::uint64_t nth, std::atomic<bool>& struck) {
+  driver_calls_under_way = simulation::active() ? simulation::driver_calls_under_way() : nullptr;
+  failed_one = false;
+  struck = false;
+  struck_at_exit = &struck;
+  countdown = nth;  // (never disarmed: the thread's end takes its thread_locals, these with them)
+}
 
 }  // namespace cuemm::testing
 

@@ -15,6 +15,7 @@
 //   }
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 namespace cuemm::testing {
@@ -31,5 +32,12 @@ class HostAllocationFault {
   // Whether the failure happened (false: the thread made fewer allocations).
   bool struck() const noexcept;
 };
+
+// Fails the nth allocation (1: the next) that the calling thread makes
+// outside the simulated driver from now to its end, the destructors of its
+// thread_locals included: they run after every scope of the thread's body
+// has closed, so a HostAllocationFault cannot reach them. Sets `struck`
+// where the failure happens; read it once the thread is joined.
+void fail_host_allocation_until_thread_exit(std::uint64_t nth, std::atomic<bool>& struck);
 
 }  // namespace cuemm::testing

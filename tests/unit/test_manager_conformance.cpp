@@ -188,6 +188,14 @@ class Conformance : public ::testing::Test {
     }
   }
 
+  // With every block released: a pool under the chain counts none in use
+  // (a block lost on a failure path stays counted so until a reset).
+  void expect_pool_counts_nothing_in_use(const std::string& after) {
+    if (auto* pool = find_adaptor<PoolMemoryManager>(*manager)) {
+      EXPECT_EQ(pool->statistics().in_use_bytes, 0u) << "bytes the pool counts in use " << after;
+    }
+  }
+
   // After threads raced resets and released every block: the adaptors count
   // nothing in use, nothing stays with the driver past `device_baseline`
   // (bytes in use before; simulated driver), and a new block works.
@@ -1155,6 +1163,7 @@ TYPED_TEST(Conformance, AnyHostAllocationFailingLeavesNothingBehind) {
       this->manager.swap(manager);  // (for the adaptors' counts)
       this->flush();
       this->expect_adaptors_count_nothing_in_use("after the blocks held were freed");
+      this->expect_pool_counts_nothing_in_use("after the blocks held were freed");
       auto memory = this->manager->memalloc(1 << 20);
       auto values = this->fill(memory, 7);
       EXPECT_TRUE(this->holds(memory, values));
@@ -1172,6 +1181,100 @@ TYPED_TEST(Conformance, AnyHostAllocationFailingLeavesNothingBehind) {
     if (::testing::Test::HasFailure()) break;  // (one allocation's failures say enough)
   }
   std::printf("[          ] %llu host allocations failed in turn\n", static_cast<unsigned long long>(nth - 2));
+}
+
+// The same on a thread other than the one that made the manager: each host
+// allocation of that thread fails in turn, up to and through its end, where
+// its caches go back to their owners. It allocates, frees its own blocks and
+// the first thread's, hands blocks back, and pins; afterwards the first
+// thread finds the manager working and nothing left with the driver.
+TYPED_TEST(Conformance, AnyHostAllocationFailingOnAnotherThreadLeavesNothingBehind) {
+  CUEMM_REQUIRE_SIMULATION();  // (as the test before)
+  this->manager.reset();
+  this->context.deallocations().flush_all();
+  this->context.synchronize();
+  const auto baseline = simulation::device_bytes_in_use(0);
+  const auto host_baseline = simulation::live_allocations(simulation::AllocationKind::PinnedHost);
+  const auto registered_baseline = simulation::live_allocations(simulation::AllocationKind::RegisteredHost);
+  std::uint64_t nth = 1;
+  for (std::atomic<bool> struck{true}; struck; ++nth) {
+    ASSERT_LT(nth, 20000u) << "the workload makes more allocations than a run of this test can fail in turn";
+    SCOPED_TRACE("host allocation " + std::to_string(nth) + " of the other thread failing");
+    {
+      auto manager = TypeParam::make(&this->context);
+      manager->initialize();
+      StreamOrderedAllocator* ordered = stream_ordered_allocator(*manager);
+      // The first thread's blocks, freed by the other; the other's, handed back.
+      std::vector<std::shared_ptr<MemoryPointer>> given;
+      for (std::size_t size : {256, 4096, 65536, 1 << 20, 3 << 20, 20 << 20}) given.push_back(manager->memalloc(size));
+      std::vector<std::shared_ptr<MemoryPointer>> handed_back;
+      handed_back.reserve(8);
+      auto buffer = std::make_shared<std::vector<char>>(std::size_t{64} << 10);
+      std::string failed;
+      std::thread([&] {
+        cuemm::testing::fail_host_allocation_until_thread_exit(nth, struck);
+        std::vector<std::shared_ptr<MemoryPointer>> held;
+        std::vector<std::pair<cuda::CUdeviceptr, std::size_t>> ordered_held;
+        try {
+          ScopedContext scope(this->context);
+          ScopedCallSite site("AnyHostAllocationFailingOnAnotherThreadLeavesNothingBehind, test_manager_conformance.cpp");
+          held.reserve(48);
+          ordered_held.reserve(16);
+          for (int i = 0; i < 30; ++i) {  // 256 B to 8 MiB, and 20 MiB; freed oldest first and from the middle
+            held.push_back(manager->memalloc(i % 9 == 8 ? std::size_t{20} << 20 : std::size_t{1} << (8 + i * 5 % 16)));
+            if (i % 3 == 2) held.erase(held.begin());
+            if (i % 7 == 6) held.erase(held.begin() + static_cast<long>(held.size() / 2));
+          }
+          {  // Past what a thread keeps, freed at once.
+            std::vector<std::shared_ptr<MemoryPointer>> burst;
+            burst.reserve(300);
+            for (int i = 0; i < 300; ++i) burst.push_back(manager->memalloc(std::size_t{256} << (i % 9)));
+          }
+          given.clear();  // (the first thread's blocks, freed here)
+          held.push_back(manager->memhostalloc(8192, nth % 2 == 1, false, false));
+          manager->mempin(buffer, buffer->data(), buffer->size(), nth % 2 == 0).reset();
+          if (ordered) {
+            for (std::size_t size : {std::size_t{4096}, std::size_t{1} << 20, std::size_t{20} << 20})
+              ordered_held.emplace_back(ordered->allocate(size, cuda::CU_STREAM_PER_THREAD), size);
+          }
+          for (std::size_t size : {512, 65536, 2 << 20}) handed_back.push_back(manager->memalloc(size));
+          (void)manager->get_memory_info();
+        } catch (const std::bad_alloc&) {
+          failed = "std::bad_alloc";
+        } catch (const Error& error) {
+          failed = error.what();
+        }
+        // Still on this thread, the fault armed where it has not struck.
+        for (const auto& [block, size] : ordered_held) ordered->deallocate(block, size, cuda::CU_STREAM_PER_THREAD);
+        held.clear();
+      }).join();  // (and the thread's end: its caches go back to their owners)
+      if (!struck) {
+        EXPECT_EQ(failed, "") << "the workload failed though no allocation did";
+      }
+      given.clear();
+      handed_back.clear();
+      this->manager.swap(manager);  // (for the adaptors' counts)
+      this->flush();
+      this->expect_adaptors_count_nothing_in_use("after the blocks held were freed");
+      this->expect_pool_counts_nothing_in_use("after the blocks held were freed");
+      auto memory = this->manager->memalloc(1 << 20);
+      auto values = this->fill(memory, 7);
+      EXPECT_TRUE(this->holds(memory, values));
+      memory.reset();
+      this->manager.swap(manager);
+      manager->reset();
+    }
+    this->context.deallocations().flush_all();
+    this->context.synchronize();
+    EXPECT_EQ(simulation::device_bytes_in_use(0), baseline) << "device memory leaked";
+    EXPECT_EQ(simulation::live_allocations(simulation::AllocationKind::PinnedHost), host_baseline)
+        << "pinned host memory leaked";
+    EXPECT_EQ(simulation::live_allocations(simulation::AllocationKind::RegisteredHost), registered_baseline)
+        << "host memory left pinned";
+    if (::testing::Test::HasFailure()) break;  // (one allocation's failures say enough)
+  }
+  std::printf("[          ] %llu host allocations of the other thread failed in turn\n",
+              static_cast<unsigned long long>(nth - 2));
 }
 
 TYPED_TEST(Conformance, DestroyingTheManagerReturnsItsMemory) {
