@@ -196,6 +196,39 @@ class Conformance : public ::testing::Test {
     }
   }
 
+  // After a fault test's workload, every block of `manager` freed: nothing
+  // is counted in use, a new block holds what is written to it, and
+  // `manager` is reset.
+  void expect_intact_once_all_freed(std::unique_ptr<BaseMemoryManager>& tested) {
+    manager.swap(tested);  // (for the adaptors' counts)
+    flush();
+    expect_adaptors_count_nothing_in_use("after the blocks held were freed");
+    expect_pool_counts_nothing_in_use("after the blocks held were freed");
+    auto memory = manager->memalloc(1 << 20);
+    auto values = fill(memory, 7);
+    EXPECT_TRUE(holds(memory, values));
+    memory.reset();
+    manager.swap(tested);
+    tested->reset();
+  }
+
+  // What the simulated driver holds: device memory, pinned and registered host memory.
+  struct DriverHoldings {
+    std::uint64_t device_bytes, pinned, registered;
+  };
+  DriverHoldings driver_holdings() {
+    context.deallocations().flush_all();
+    context.synchronize();
+    return {simulation::device_bytes_in_use(0), simulation::live_allocations(simulation::AllocationKind::PinnedHost),
+            simulation::live_allocations(simulation::AllocationKind::RegisteredHost)};
+  }
+  void expect_nothing_left_since(const DriverHoldings& before) {
+    const DriverHoldings now = driver_holdings();
+    EXPECT_EQ(now.device_bytes, before.device_bytes) << "device memory leaked";
+    EXPECT_EQ(now.pinned, before.pinned) << "pinned host memory leaked";
+    EXPECT_EQ(now.registered, before.registered) << "host memory left pinned";
+  }
+
   // After threads raced resets and released every block: the adaptors count
   // nothing in use, nothing stays with the driver past `device_baseline`
   // (bytes in use before; simulated driver), and a new block works.
@@ -1082,11 +1115,7 @@ TYPED_TEST(Conformance, AnyDriverCallFailingOnTheStreamOrderedPathLeavesNothingB
 TYPED_TEST(Conformance, AnyHostAllocationFailingLeavesNothingBehind) {
   CUEMM_REQUIRE_SIMULATION();  // (the leak checks read the driver's counts; the fault spares its own allocations)
   this->manager.reset();
-  this->context.deallocations().flush_all();
-  this->context.synchronize();
-  const auto baseline = simulation::device_bytes_in_use(0);
-  const auto host_baseline = simulation::live_allocations(simulation::AllocationKind::PinnedHost);
-  const auto registered_baseline = simulation::live_allocations(simulation::AllocationKind::RegisteredHost);
+  const auto before = this->driver_holdings();
   std::uint64_t nth = 1;
   for (bool struck = true; struck; ++nth) {
     ASSERT_LT(nth, 20000u) << "the workload makes more allocations than a run of this test can fail in turn";
@@ -1160,24 +1189,9 @@ TYPED_TEST(Conformance, AnyHostAllocationFailingLeavesNothingBehind) {
       }
       for (const auto& [block, size] : ordered_held) ordered->deallocate(block, size, cuda::CU_STREAM_PER_THREAD);
       held.clear();
-      this->manager.swap(manager);  // (for the adaptors' counts)
-      this->flush();
-      this->expect_adaptors_count_nothing_in_use("after the blocks held were freed");
-      this->expect_pool_counts_nothing_in_use("after the blocks held were freed");
-      auto memory = this->manager->memalloc(1 << 20);
-      auto values = this->fill(memory, 7);
-      EXPECT_TRUE(this->holds(memory, values));
-      memory.reset();
-      this->manager.swap(manager);
-      manager->reset();
+      this->expect_intact_once_all_freed(manager);
     }
-    this->context.deallocations().flush_all();
-    this->context.synchronize();
-    EXPECT_EQ(simulation::device_bytes_in_use(0), baseline) << "device memory leaked";
-    EXPECT_EQ(simulation::live_allocations(simulation::AllocationKind::PinnedHost), host_baseline)
-        << "pinned host memory leaked";
-    EXPECT_EQ(simulation::live_allocations(simulation::AllocationKind::RegisteredHost), registered_baseline)
-        << "host memory left pinned";
+    this->expect_nothing_left_since(before);
     if (::testing::Test::HasFailure()) break;  // (one allocation's failures say enough)
   }
   std::printf("[          ] %llu host allocations failed in turn\n", static_cast<unsigned long long>(nth - 2));
@@ -1191,11 +1205,7 @@ TYPED_TEST(Conformance, AnyHostAllocationFailingLeavesNothingBehind) {
 TYPED_TEST(Conformance, AnyHostAllocationFailingOnAnotherThreadLeavesNothingBehind) {
   CUEMM_REQUIRE_SIMULATION();  // (as the test before)
   this->manager.reset();
-  this->context.deallocations().flush_all();
-  this->context.synchronize();
-  const auto baseline = simulation::device_bytes_in_use(0);
-  const auto host_baseline = simulation::live_allocations(simulation::AllocationKind::PinnedHost);
-  const auto registered_baseline = simulation::live_allocations(simulation::AllocationKind::RegisteredHost);
+  const auto before = this->driver_holdings();
   std::uint64_t nth = 1;
   for (std::atomic<bool> struck{true}; struck; ++nth) {
     ASSERT_LT(nth, 20000u) << "the workload makes more allocations than a run of this test can fail in turn";
@@ -1253,24 +1263,9 @@ TYPED_TEST(Conformance, AnyHostAllocationFailingOnAnotherThreadLeavesNothingBehi
       }
       given.clear();
       handed_back.clear();
-      this->manager.swap(manager);  // (for the adaptors' counts)
-      this->flush();
-      this->expect_adaptors_count_nothing_in_use("after the blocks held were freed");
-      this->expect_pool_counts_nothing_in_use("after the blocks held were freed");
-      auto memory = this->manager->memalloc(1 << 20);
-      auto values = this->fill(memory, 7);
-      EXPECT_TRUE(this->holds(memory, values));
-      memory.reset();
-      this->manager.swap(manager);
-      manager->reset();
+      this->expect_intact_once_all_freed(manager);
     }
-    this->context.deallocations().flush_all();
-    this->context.synchronize();
-    EXPECT_EQ(simulation::device_bytes_in_use(0), baseline) << "device memory leaked";
-    EXPECT_EQ(simulation::live_allocations(simulation::AllocationKind::PinnedHost), host_baseline)
-        << "pinned host memory leaked";
-    EXPECT_EQ(simulation::live_allocations(simulation::AllocationKind::RegisteredHost), registered_baseline)
-        << "host memory left pinned";
+    this->expect_nothing_left_since(before);
     if (::testing::Test::HasFailure()) break;  // (one allocation's failures say enough)
   }
   std::printf("[          ] %llu host allocations of the other thread failed in turn\n",
