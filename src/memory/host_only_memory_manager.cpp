@@ -1,8 +1,8 @@
 #include "cuemm/memory/host_only_memory_manager.hpp"
 
 #include <cstdio>
-#include <exception>
 #include <cstdlib>
+#include <exception>
 #include <string>
 
 #include "cuemm/driver/driver.hpp"

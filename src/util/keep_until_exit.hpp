@@ -5,8 +5,8 @@
 #pragma once
 
 #include <memory>
-#include <new>
 #include <mutex>
+#include <new>
 #include <vector>
 
 #include "cuemm/threading/blocking_hook.hpp"

@@ -17,6 +17,15 @@ thread_local bool failed_one = false;
 thread_local const int* driver_calls_under_way = nullptr;
 thread_local std::atomic<bool>* struck_at_exit = nullptr;  // (read by another thread once this one ends)
 
+// Fails the thread's nth allocation from now; reports it to `report` too.
+void arm(std::uint64_t nth, std::atomic<bool>* report) {
+  // (Asked before arming: the lookup may allocate.)
+  driver_calls_under_way = cuemm::simulation::active() ? cuemm::simulation::driver_calls_under_way() : nullptr;
+  failed_one = false;
+  struck_at_exit = report;
+  countdown = nth;
+}
+
 bool fail_this_one() noexcept {
   if (countdown == 0 || (driver_calls_under_way && *driver_calls_under_way > 0)) return false;
   if (--countdown != 0) return false;
@@ -51,24 +60,15 @@ void* take_or_null(std::size_t size, std::size_t alignment) noexcept {
 
 namespace cuemm::testing {
 
-HostAllocationFault::HostAllocationFault(std::uint64_t nth) {
-  // (Asked before arming: the lookup may allocate.)
-  driver_calls_under_way = simulation::active() ? simulation::driver_calls_under_way() : nullptr;
-  failed_one = false;
-  struck_at_exit = nullptr;
-  countdown = nth;
-}
+HostAllocationFault::HostAllocationFault(std::uint64_t nth) { arm(nth, nullptr); }
 
 HostAllocationFault::~HostAllocationFault() { countdown = 0; }
 
 bool HostAllocationFault::struck() const noexcept { return failed_one; }
 
 void fail_host_allocation_until_thread_exit(std::uint64_t nth, std::atomic<bool>& struck) {
-  driver_calls_under_way = simulation::active() ? simulation::driver_calls_under_way() : nullptr;
-  failed_one = false;
   struck = false;
-  struck_at_exit = &struck;
-  countdown = nth;  // (never disarmed: the thread's end takes its thread_locals, these with them)
+  arm(nth, &struck);  // (never disarmed: the thread's end takes its thread_locals, these with them)
 }
 
 }  // namespace cuemm::testing

@@ -1227,7 +1227,8 @@ TYPED_TEST(Conformance, AnyHostAllocationFailingOnAnotherThreadLeavesNothingBehi
         std::vector<std::pair<cuda::CUdeviceptr, std::size_t>> ordered_held;
         try {
           ScopedContext scope(this->context);
-          ScopedCallSite site("AnyHostAllocationFailingOnAnotherThreadLeavesNothingBehind, test_manager_conformance.cpp");
+          ScopedCallSite site(
+              "AnyHostAllocationFailingOnAnotherThreadLeavesNothingBehind, test_manager_conformance.cpp");
           held.reserve(48);
           ordered_held.reserve(16);
           for (int i = 0; i < 30; ++i) {  // 256 B to 8 MiB, and 20 MiB; freed oldest first and from the middle

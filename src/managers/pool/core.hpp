@@ -382,8 +382,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   };
   BlockAt block_at(std::uintptr_t address) const;
 
-  // Defers `block` to the quarantine; without host memory to, reuses it at
-  // once rather than leak it. Returns whether it is in the quarantine.
+  // Defers `block` to the quarantine; without host memory to, waits for the
+  // GPU's work before its free and then reuses it, rather than leak it or
+  // hand it out under that work. Returns whether it is in the quarantine.
   bool quarantine_or_reuse(const Quarantined& block) noexcept;
 
   // A safe block goes back to the index, or to the spares.
@@ -1229,8 +1230,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // quarantine wanted at its last such block (quarantine_foreign_free()) is
   // the freeing thread's, made without the pool's lock, so that the block's
   // epoch closes at its free, as it did. Drains seal nothing: a lock may be
-  // taken at a thread's end, whose driver state may be gone. (Their one
-  // driver call is quarantine_or_reuse()'s, with no host memory left.)
+  // taken at a thread's end, whose driver state may be gone. (Their only
+  // driver calls are quarantine_or_reuse()'s seal and wait, with no host
+  // memory left.)
   //
   // Note [Classes a thread frees for others]
   // A thread that frees blocks of a class it does not ask for (the compute

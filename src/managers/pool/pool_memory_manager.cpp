@@ -127,14 +127,15 @@ void PoolMemoryManager::on_reset() {
   std::shared_ptr<Core> retiring;
   {
     std::lock_guard lock(reset_mutex_);  // (two resets at once retire one core each)
+    auto make_core = [&] { return std::make_shared<Core>(has_context() ? &context() : nullptr, options_); };
     std::shared_ptr<Core> next = std::move(next_core_);
-    if (!next) next = std::make_shared<Core>(has_context() ? &context() : nullptr, options_);  // (may throw: nothing changed)
+    if (!next) next = make_core();  // (may throw: nothing has changed yet)
     next->held_rotation_budget.store(core_->held_rotation_budget.load());
     retiring = std::exchange(core_, std::move(next));
     retiring->successor.store(core_.get(), std::memory_order_release);  // (before it refuses anything)
     current_core_.store(core_.get(), std::memory_order_release);
     try {
-      next_core_ = std::make_shared<Core>(has_context() ? &context() : nullptr, options_);
+      next_core_ = make_core();
     } catch (const std::bad_alloc&) {  // (the next reset makes it, or says why not)
     }
   }

@@ -112,7 +112,8 @@ bool PoolMemoryManager::Core::quarantine_ordered_bins(ThreadCache& cache, int ke
   for (int c = 0; c < detail::kSizeClassCount; ++c) {
     if (c == kept) continue;
     while (const std::size_t n = cache.take_oldest_ordered(c, kMaximumBinCapacity, epoch, taken.data())) {
-      for (std::size_t i = 0; i < n; ++i) quarantine_or_reuse({taken[i].address, detail::size_class_bytes(c), epoch, false});
+      for (std::size_t i = 0; i < n; ++i)
+        quarantine_or_reuse({taken[i].address, detail::size_class_bytes(c), epoch, false});
       any = true;
     }
   }

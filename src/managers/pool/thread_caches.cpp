@@ -225,7 +225,8 @@ void PoolMemoryManager::Core::quarantine_spilled(const Freed* spilled, std::size
   bool holds_much = false;
   {
     std::lock_guard lock(mutex);
-    for (std::size_t i = 0; i < count; ++i) quarantine_or_reuse({spilled[i].address, class_bytes, spilled[i].epoch, false});
+    for (std::size_t i = 0; i < count; ++i)
+      quarantine_or_reuse({spilled[i].address, class_bytes, spilled[i].epoch, false});
     holds_much = kept_small && quarantine_holds_much();
   }
   if (holds_much) {
