@@ -16,6 +16,8 @@ thread_local std::uint64_t countdown = 0;
 thread_local bool failed_one = false;
 thread_local const int* driver_calls_under_way = nullptr;
 thread_local std::atomic<bool>* struck_at_exit = nullptr;  // (read by another thread once this one ends)
+thread_local bool failing_every_one = false;
+thread_local std::uint64_t failures_of_every_one = 0;
 
 // Fails the thread's nth allocation from now; reports it to `report` too.
 void arm(std::uint64_t nth, std::atomic<bool>* report) {
@@ -27,7 +29,12 @@ void arm(std::uint64_t nth, std::atomic<bool>* report) {
 }
 
 bool fail_this_one() noexcept {
-  if (countdown == 0 || (driver_calls_under_way && *driver_calls_under_way > 0)) return false;
+  if (driver_calls_under_way && *driver_calls_under_way > 0) return false;
+  if (failing_every_one) {
+    ++failures_of_every_one;
+    return true;
+  }
+  if (countdown == 0) return false;
   if (--countdown != 0) return false;
   failed_one = true;
   if (struck_at_exit) struck_at_exit->store(true);
@@ -65,6 +72,16 @@ HostAllocationFault::HostAllocationFault(std::uint64_t nth) { arm(nth, nullptr);
 HostAllocationFault::~HostAllocationFault() { countdown = 0; }
 
 bool HostAllocationFault::struck() const noexcept { return failed_one; }
+
+EveryHostAllocationFails::EveryHostAllocationFails() {
+  arm(0, nullptr);  // (for the driver's calls under way)
+  failures_of_every_one = 0;
+  failing_every_one = true;
+}
+
+EveryHostAllocationFails::~EveryHostAllocationFails() { failing_every_one = false; }
+
+std::uint64_t EveryHostAllocationFails::failures() const noexcept { return failures_of_every_one; }
 
 void fail_host_allocation_until_thread_exit(std::uint64_t nth, std::atomic<bool>& struck) {
   struck = false;

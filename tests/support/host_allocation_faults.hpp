@@ -33,6 +33,20 @@ class HostAllocationFault {
   bool struck() const noexcept;
 };
 
+// Fails every allocation that this thread makes outside the simulated
+// driver while this lives: for the paths that only a full stop reaches,
+// such as a container's growth that comes once in many calls.
+class EveryHostAllocationFails {
+ public:
+  EveryHostAllocationFails();
+  ~EveryHostAllocationFails();
+  EveryHostAllocationFails(const EveryHostAllocationFails&) = delete;
+  EveryHostAllocationFails& operator=(const EveryHostAllocationFails&) = delete;
+
+  // How many allocations failed so far.
+  std::uint64_t failures() const noexcept;
+};
+
 // Fails the nth allocation (1: the next) that the calling thread makes
 // outside the simulated driver from now to its end, the destructors of its
 // thread_locals included: they run after every scope of the thread's body

@@ -2,6 +2,7 @@
 // work queued before its free; seals, graph captures, and growth rather than a
 // wait while the GPU is busy.
 #include "pool_test.hpp"
+#include "support/host_allocation_faults.hpp"
 
 using namespace cuemm;
 using cuemm::testing::HeldKernel;
@@ -13,6 +14,110 @@ TEST_F(Pool, AFreedBlockIsNotReusedWhileQueuedWorkMayStillWriteIt) {
   const cuemm::testing::ReuseRace race = cuemm::testing::run_reuse_race(context, pool);
   EXPECT_TRUE(race.b_intact) << "the kernel's late write landed in the reused block";
   EXPECT_NE(race.b, race.a) << "A was handed out again before the kernel finished";
+}
+
+// A freed block that the quarantine has no host memory to take in (its
+// deque grows a chunk only now and then, so every allocation fails here)
+// waits for the GPU's work queued before its free, rather than going back
+// to the index under that work: the frees of blocks that a held kernel may
+// still write return only once it has finished, and the blocks asked for
+// and written right after keep what was written (the kernel writes the
+// block freed last, which without the thread caches is sure to find the
+// quarantine full). Nothing is lost on the way: the pool counts no block
+// in use once all are freed. With the thread caches (the spilled halves of
+// full rings) and without them (each free goes to the quarantine).
+TEST_F(Pool, AFreedBlockWithoutRoomInTheQuarantineWaitsForQueuedWorkBeforeReuse) {
+  constexpr std::size_t kSize = std::size_t{4} << 10;
+  constexpr std::uint64_t kWords = kSize / sizeof(std::uint32_t);
+  constexpr int kBlocks = 2048;  // (4x a ring's most: rings fill, and spill)
+  const std::vector<std::uint32_t> nines(kWords, 9u);
+  for (const std::size_t thread_cache_size : {std::size_t{0}, PoolOptions{}.thread_cache_size}) {
+    SCOPED_TRACE("thread caches of " + std::to_string(thread_cache_size) + " bytes");
+    PoolOptions options;
+    options.thread_cache_size = thread_cache_size;
+    PoolMemoryManager pool(&context, options);
+    pool.initialize();
+    std::vector<std::shared_ptr<MemoryPointer>> blocks;
+    for (int i = 0; i < kBlocks; ++i) blocks.push_back(pool.memalloc(kSize));
+    const Stream kernel_stream = context.create_stream();
+    const Stream copy_stream = context.create_stream();
+    std::uint64_t failures = 0;
+    bool kernel_finished_when_freed = false;
+    {
+      HeldKernel kernel(context, kernel_stream, blocks.back()->device_pointer(), 7u, kWords);
+      kernel.waited_for_by([&] {
+        {
+          cuemm::testing::EveryHostAllocationFails no_host_memory;
+          blocks.clear();
+          failures = no_host_memory.failures();
+        }
+        kernel_finished_when_freed = kernel.finished();
+        for (int i = 0; i < kBlocks; ++i) {
+          blocks.push_back(pool.memalloc(kSize));
+          DeviceArray<std::uint32_t>(blocks.back(), kWords).copy_to_device(nines, copy_stream);
+        }
+        copy_stream.synchronize();
+      });
+    }
+    EXPECT_GT(failures, 0u) << "no host allocation was tried: the quarantine never grew";
+    EXPECT_TRUE(kernel_finished_when_freed) << "the frees returned with the kernel still running";
+    const auto overwritten = std::count_if(blocks.begin(), blocks.end(), [&](const auto& block) {
+      return DeviceArray<std::uint32_t>(block, kWords).copy_to_host() != nines;
+    });
+    EXPECT_EQ(overwritten, 0) << "the kernel's late write landed in a block handed out again";
+    blocks.clear();
+    EXPECT_EQ(pool.statistics().in_use_bytes, 0u) << "a block freed without room in the quarantine was lost";
+  }
+}
+
+// Where the GPU cannot be waited for either (the driver refuses here; a
+// capture would too), such a block stays out of use until the pool's
+// reset, counted as in use: never handed out while the kernel may write it.
+TEST_F(Pool, AFreedBlockWithoutRoomInTheQuarantineOrAWaitStaysOutOfUseUntilAReset) {
+  CUEMM_REQUIRE_SIMULATION();  // (refuses the driver's waits)
+  constexpr std::size_t kSize = std::size_t{4} << 10;
+  constexpr std::uint64_t kWords = kSize / sizeof(std::uint32_t);
+  constexpr int kBlocks = 256;
+  const std::vector<std::uint32_t> nines(kWords, 9u);
+  PoolOptions options;
+  options.thread_cache_size = 0;  // (each free to the quarantine)
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  std::vector<std::shared_ptr<MemoryPointer>> blocks;
+  for (int i = 0; i < kBlocks; ++i) blocks.push_back(pool.memalloc(kSize));
+  const Stream kernel_stream = context.create_stream();
+  const Stream copy_stream = context.create_stream();
+  bool kernel_running_when_freed = false;
+  std::size_t in_use_once_freed = 0;
+  {
+    HeldKernel kernel(context, kernel_stream, blocks.back()->device_pointer(), 7u, kWords);
+    kernel.waited_for_by([&] {
+      cuemm::testing::refuse_the_next_seals(4 * kBlocks);
+      simulation::inject_fault("cuEventSynchronize", 1, cuda::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, 4 * kBlocks);
+      {
+        cuemm::testing::EveryHostAllocationFails no_host_memory;
+        blocks.clear();
+      }
+      simulation::clear_faults();
+      kernel_running_when_freed = !kernel.finished();
+      in_use_once_freed = pool.statistics().in_use_bytes;
+      for (int i = 0; i < kBlocks; ++i) {
+        blocks.push_back(pool.memalloc(kSize));
+        DeviceArray<std::uint32_t>(blocks.back(), kWords).copy_to_device(nines, copy_stream);
+      }
+      copy_stream.synchronize();
+    });
+  }
+  EXPECT_TRUE(kernel_running_when_freed) << "the frees waited for the kernel, though the driver refused";
+  EXPECT_GT(in_use_once_freed, 0u) << "no block was kept out of use";
+  const auto overwritten = std::count_if(blocks.begin(), blocks.end(), [&](const auto& block) {
+    return DeviceArray<std::uint32_t>(block, kWords).copy_to_host() != nines;
+  });
+  EXPECT_EQ(overwritten, 0) << "the kernel's late write landed in a block handed out again";
+  blocks.clear();
+  EXPECT_EQ(pool.statistics().in_use_bytes, in_use_once_freed) << "the blocks kept out came back before a reset";
+  pool.reset();
+  EXPECT_EQ(pool.statistics().in_use_bytes, 0u) << "the reset left blocks counted in use";
 }
 
 // A block with a segment of its own is sealed at its free, and B may be A
