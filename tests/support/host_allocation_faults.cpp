@@ -7,6 +7,7 @@
 #include <new>
 
 #include "cuemm/driver/simulation.hpp"
+#include "cuemm/error.hpp"
 
 namespace {
 
@@ -82,6 +83,15 @@ EveryHostAllocationFails::EveryHostAllocationFails() {
 EveryHostAllocationFails::~EveryHostAllocationFails() { failing_every_one = false; }
 
 std::uint64_t EveryHostAllocationFails::failures() const noexcept { return failures_of_every_one; }
+
+bool host_allocation_faults_reach_the_library() {
+  EveryHostAllocationFails no_host_memory;
+  try {
+    (void)cuemm::error_name(cuemm::cuda::CUDA_ERROR_OUT_OF_MEMORY);  // (longer than a short string's room)
+  } catch (const std::bad_alloc&) {
+  }
+  return no_host_memory.failures() > 0;
+}
 
 void fail_host_allocation_until_thread_exit(std::uint64_t nth, std::atomic<bool>& struck) {
   struck = false;

@@ -47,6 +47,11 @@ class EveryHostAllocationFails {
   std::uint64_t failures() const noexcept;
 };
 
+// Whether the library's allocations reach the test program's operator new:
+// not where the toolchain links the C++ runtime into libcuemm statically
+// (the GPU machine's), which then keeps its own.
+bool host_allocation_faults_reach_the_library();
+
 // Fails the nth allocation (1: the next) that the calling thread makes
 // outside the simulated driver from now to its end, the destructors of its
 // thread_locals included: they run after every scope of the thread's body
