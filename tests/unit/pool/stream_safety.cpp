@@ -16,6 +16,48 @@ TEST_F(Pool, AFreedBlockIsNotReusedWhileQueuedWorkMayStillWriteIt) {
   EXPECT_NE(race.b, race.a) << "A was handed out again before the kernel finished";
 }
 
+// The quarantine-fallback tests' pool, with thread caches of the size given,
+// its 4 KiB blocks, each written with nines as it is handed out (a held
+// kernel's late write shows in one as other words), and the streams for
+// that kernel and the copies.
+namespace {
+constexpr std::uint64_t kSmallWords = (std::size_t{4} << 10) / sizeof(std::uint32_t);
+
+PoolOptions with_thread_caches_of(std::size_t bytes) {
+  PoolOptions options;
+  options.thread_cache_size = bytes;
+  return options;
+}
+
+struct WrittenBlocks {
+  WrittenBlocks(Context& context, std::size_t thread_cache_size, int count)
+      : pool(&context, with_thread_caches_of(thread_cache_size)),
+        kernel_stream(context.create_stream()),
+        copy_stream(context.create_stream()) {
+    pool.initialize();
+    take(count);
+  }
+  void take(int count) {
+    for (int i = 0; i < count; ++i) {
+      blocks.push_back(pool.memalloc(kSmallWords * sizeof(std::uint32_t)));
+      DeviceArray<std::uint32_t>(blocks.back(), kSmallWords).copy_to_device(nines, copy_stream);
+    }
+    copy_stream.synchronize();
+  }
+  long overwritten() const {
+    return std::count_if(blocks.begin(), blocks.end(), [&](const auto& block) {
+      return DeviceArray<std::uint32_t>(block, kSmallWords).copy_to_host() != nines;
+    });
+  }
+
+  const std::vector<std::uint32_t> nines = std::vector<std::uint32_t>(kSmallWords, 9u);
+  PoolMemoryManager pool;
+  const Stream kernel_stream;
+  const Stream copy_stream;
+  std::vector<std::shared_ptr<MemoryPointer>> blocks;
+};
+}  // namespace
+
 // A freed block that the quarantine has no host memory to take in (its
 // deque grows a chunk only now and then, so every allocation fails here)
 // waits for the GPU's work queued before its free, rather than going back
@@ -30,46 +72,29 @@ TEST_F(Pool, AFreedBlockWithoutRoomInTheQuarantineWaitsForQueuedWorkBeforeReuse)
   if (!cuemm::testing::host_allocation_faults_reach_the_library())
     GTEST_SKIP() << "the library keeps a C++ runtime of its own here: the test's operator new cannot fail its "
                     "allocations";
-  constexpr std::size_t kSize = std::size_t{4} << 10;
-  constexpr std::uint64_t kWords = kSize / sizeof(std::uint32_t);
   constexpr int kBlocks = 2048;  // (4x a ring's most: rings fill, and spill)
-  const std::vector<std::uint32_t> nines(kWords, 9u);
   for (const std::size_t thread_cache_size : {std::size_t{0}, PoolOptions{}.thread_cache_size}) {
     SCOPED_TRACE("thread caches of " + std::to_string(thread_cache_size) + " bytes");
-    PoolOptions options;
-    options.thread_cache_size = thread_cache_size;
-    PoolMemoryManager pool(&context, options);
-    pool.initialize();
-    std::vector<std::shared_ptr<MemoryPointer>> blocks;
-    for (int i = 0; i < kBlocks; ++i) blocks.push_back(pool.memalloc(kSize));
-    const Stream kernel_stream = context.create_stream();
-    const Stream copy_stream = context.create_stream();
+    WrittenBlocks written(context, thread_cache_size, kBlocks);
     std::uint64_t failures = 0;
     bool kernel_finished_when_freed = false;
     {
-      HeldKernel kernel(context, kernel_stream, blocks.back()->device_pointer(), 7u, kWords);
+      HeldKernel kernel(context, written.kernel_stream, written.blocks.back()->device_pointer(), 7u, kSmallWords);
       kernel.waited_for_by([&] {
         {
           cuemm::testing::EveryHostAllocationFails no_host_memory;
-          blocks.clear();
+          written.blocks.clear();
           failures = no_host_memory.failures();
         }
         kernel_finished_when_freed = kernel.finished();
-        for (int i = 0; i < kBlocks; ++i) {
-          blocks.push_back(pool.memalloc(kSize));
-          DeviceArray<std::uint32_t>(blocks.back(), kWords).copy_to_device(nines, copy_stream);
-        }
-        copy_stream.synchronize();
+        written.take(kBlocks);
       });
     }
     EXPECT_GT(failures, 0u) << "no host allocation was tried: the quarantine never grew";
     EXPECT_TRUE(kernel_finished_when_freed) << "the frees returned with the kernel still running";
-    const auto overwritten = std::count_if(blocks.begin(), blocks.end(), [&](const auto& block) {
-      return DeviceArray<std::uint32_t>(block, kWords).copy_to_host() != nines;
-    });
-    EXPECT_EQ(overwritten, 0) << "the kernel's late write landed in a block handed out again";
-    blocks.clear();
-    EXPECT_EQ(pool.statistics().in_use_bytes, 0u) << "a block freed without room in the quarantine was lost";
+    EXPECT_EQ(written.overwritten(), 0) << "the kernel's late write landed in a block handed out again";
+    written.blocks.clear();
+    EXPECT_EQ(written.pool.statistics().in_use_bytes, 0u) << "a block freed without room in the quarantine was lost";
   }
 }
 
@@ -78,49 +103,33 @@ TEST_F(Pool, AFreedBlockWithoutRoomInTheQuarantineWaitsForQueuedWorkBeforeReuse)
 // reset, counted as in use: never handed out while the kernel may write it.
 TEST_F(Pool, AFreedBlockWithoutRoomInTheQuarantineOrAWaitStaysOutOfUseUntilAReset) {
   CUEMM_REQUIRE_SIMULATION();  // (refuses the driver's waits)
-  constexpr std::size_t kSize = std::size_t{4} << 10;
-  constexpr std::uint64_t kWords = kSize / sizeof(std::uint32_t);
   constexpr int kBlocks = 256;
-  const std::vector<std::uint32_t> nines(kWords, 9u);
-  PoolOptions options;
-  options.thread_cache_size = 0;  // (each free to the quarantine)
-  PoolMemoryManager pool(&context, options);
-  pool.initialize();
-  std::vector<std::shared_ptr<MemoryPointer>> blocks;
-  for (int i = 0; i < kBlocks; ++i) blocks.push_back(pool.memalloc(kSize));
-  const Stream kernel_stream = context.create_stream();
-  const Stream copy_stream = context.create_stream();
+  WrittenBlocks written(context, /*thread_cache_size=*/0, kBlocks);  // (each free to the quarantine)
   bool kernel_running_when_freed = false;
   std::size_t in_use_once_freed = 0;
   {
-    HeldKernel kernel(context, kernel_stream, blocks.back()->device_pointer(), 7u, kWords);
+    HeldKernel kernel(context, written.kernel_stream, written.blocks.back()->device_pointer(), 7u, kSmallWords);
     kernel.waited_for_by([&] {
       cuemm::testing::refuse_the_next_seals(4 * kBlocks);
       simulation::inject_fault("cuEventSynchronize", 1, cuda::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, 4 * kBlocks);
       {
         cuemm::testing::EveryHostAllocationFails no_host_memory;
-        blocks.clear();
+        written.blocks.clear();
       }
       simulation::clear_faults();
       kernel_running_when_freed = !kernel.finished();
-      in_use_once_freed = pool.statistics().in_use_bytes;
-      for (int i = 0; i < kBlocks; ++i) {
-        blocks.push_back(pool.memalloc(kSize));
-        DeviceArray<std::uint32_t>(blocks.back(), kWords).copy_to_device(nines, copy_stream);
-      }
-      copy_stream.synchronize();
+      in_use_once_freed = written.pool.statistics().in_use_bytes;
+      written.take(kBlocks);
     });
   }
   EXPECT_TRUE(kernel_running_when_freed) << "the frees waited for the kernel, though the driver refused";
   EXPECT_GT(in_use_once_freed, 0u) << "no block was kept out of use";
-  const auto overwritten = std::count_if(blocks.begin(), blocks.end(), [&](const auto& block) {
-    return DeviceArray<std::uint32_t>(block, kWords).copy_to_host() != nines;
-  });
-  EXPECT_EQ(overwritten, 0) << "the kernel's late write landed in a block handed out again";
-  blocks.clear();
-  EXPECT_EQ(pool.statistics().in_use_bytes, in_use_once_freed) << "the blocks kept out came back before a reset";
-  pool.reset();
-  EXPECT_EQ(pool.statistics().in_use_bytes, 0u) << "the reset left blocks counted in use";
+  EXPECT_EQ(written.overwritten(), 0) << "the kernel's late write landed in a block handed out again";
+  written.blocks.clear();
+  EXPECT_EQ(written.pool.statistics().in_use_bytes, in_use_once_freed)
+      << "the blocks kept out came back before a reset";
+  written.pool.reset();
+  EXPECT_EQ(written.pool.statistics().in_use_bytes, 0u) << "the reset left blocks counted in use";
 }
 
 // A block with a segment of its own is sealed at its free, and B may be A
