@@ -329,6 +329,18 @@ CUresult run_on_stream(State& s, CUstream handle, SimStream::Operation operation
   return queue_or_capture(s, stream, std::move(operation));
 }
 
+CUresult run_on_stream_and_wait(State& s, std::unique_lock<std::mutex>& lock, CUstream handle,
+                                SimStream::Operation operation) {
+  CUresult error = CUDA_SUCCESS;
+  auto stream = resolve_stream(s, handle, &error);
+  if (!stream) return error;
+  if (capture_of(s, stream)) return queue_or_capture(s, stream, std::move(operation));
+  const auto ticket = submit(stream, std::move(operation));
+  lock.unlock();
+  stream->wait_for(ticket);
+  return CUDA_SUCCESS;
+}
+
 Allocation* map_exported_memory(State& s, Context* context, int fd, std::uint64_t arena_offset, std::uint64_t size,
                                 int device, std::uint64_t id, int exporter_pid) {
   const std::size_t page = page_size();

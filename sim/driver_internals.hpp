@@ -144,6 +144,10 @@ CUresult run_synchronously(State& s, std::unique_lock<std::mutex>& lock, CUdevic
 bool memset_returns_early(State& s, CUdeviceptr memory);
 // Queues `operation` on the stream `handle` names, or keeps it for its capture.
 CUresult run_on_stream(State& s, CUstream handle, SimStream::Operation operation);
+// The same, and waits until it has run (outside a capture): an async copy
+// into pageable host memory, which CUDA returns from only once it is done.
+CUresult run_on_stream_and_wait(State& s, std::unique_lock<std::mutex>& lock, CUstream handle,
+                                SimStream::Operation operation);
 
 // --- Stream capture (capture_rules.cpp) ---
 extern thread_local int thread_capture_mode;  // cuThreadExchangeStreamCaptureMode

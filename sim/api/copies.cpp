@@ -29,11 +29,31 @@ SIM_EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, std::size_
   });
 }
 
+// Async copies with pageable (not page-locked) host memory behave as CUDA's:
+// the source of a host-to-device copy is staged at the call, so the caller may
+// reuse or free it at once; a device-to-host copy returns once it is done.
+// (In a capture both read and write the host memory when the graph runs.)
+namespace {
+bool pageable(State& s, const void* host, std::size_t bytes) {
+  return bytes && !device_accessible(s, reinterpret_cast<CUdeviceptr>(host), bytes);
+}
+}  // namespace
+
 SIM_EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, std::size_t bytes,
                                          CUstream stream) {
   SIM_BEGIN(cuMemcpyHtoDAsync);
   SIM_CHECK_DEVICE_RANGE(dst, bytes);
   if (bytes && !src) return CUDA_ERROR_INVALID_VALUE;
+  if (pageable(s, src, bytes)) {
+    CUresult error = CUDA_SUCCESS;
+    const auto resolved = resolve_stream(s, stream, &error);
+    if (!resolved) return error;
+    if (!capture_of(s, resolved)) {
+      auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                        static_cast<const char*>(src) + bytes);
+      return run_on_stream(s, stream, [=] { std::memcpy(reinterpret_cast<void*>(dst), staged->data(), bytes); });
+    }
+  }
   return run_on_stream(s, stream, [=] { std::memcpy(reinterpret_cast<void*>(dst), src, bytes); });
 }
 
@@ -41,7 +61,9 @@ SIM_EXPORT CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, std::size_t
   SIM_BEGIN(cuMemcpyDtoHAsync);
   SIM_CHECK_DEVICE_RANGE(src, bytes);
   if (bytes && !dst) return CUDA_ERROR_INVALID_VALUE;
-  return run_on_stream(s, stream, [=] { std::memcpy(dst, reinterpret_cast<void*>(src), bytes); });
+  auto copy = [=] { std::memcpy(dst, reinterpret_cast<void*>(src), bytes); };
+  if (pageable(s, dst, bytes)) return run_on_stream_and_wait(s, lock, stream, copy);
+  return run_on_stream(s, stream, copy);
 }
 
 SIM_EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes,
