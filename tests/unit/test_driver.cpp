@@ -2,9 +2,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <thread>
+#include <vector>
 
 #include "support/test_support.hpp"
 
@@ -161,6 +163,39 @@ TEST(Driver, SimulatedFreesWaitForQueuedWorkOnAnyStreamAndAllocationsDoNot) {
         << "cuMemFreeHost returned with the kernel queued";
   }
   CUEMM_CU(cuMemFree, more);
+  CUEMM_CU(cuMemFree, words);
+}
+
+// Async copies with pageable (not page-locked) host memory, behind queued
+// work: the source of a host-to-device copy may be reused as soon as the call
+// returns, and a device-to-host copy returns only once it is done. CUDA's
+// driver does so, and the simulated one must: callers copy from and into
+// temporaries (Numba's copy_to_host(stream=...) and copy_to_device(ary, stream)).
+TEST(Driver, AsyncCopiesWithPageableHostMemoryAreDoneWithItOnReturn) {
+  Context& context = current_context();
+  ScopedContext scope(context);
+  Stream stream = context.create_stream(/*non_blocking=*/true);
+  constexpr std::uint64_t kCount = 1024;
+  cuda::CUdeviceptr words = 0;
+  CUEMM_CU(cuMemAlloc, &words, kCount * 4);
+  std::vector<std::uint32_t> host(kCount, 9u);
+  {
+    HeldKernel kernel(context, stream);
+    // (A driver may wait for the kernel before it stages the source: the
+    // kernel is let go then, and the overwrite below comes after the copy.)
+    kernel.waited_for_by([&] {
+      CUEMM_CU(cuMemcpyHtoDAsync, words, host.data(), kCount * 4, stream.handle());
+      std::fill(host.begin(), host.end(), 5u);
+    });
+  }
+  std::vector<std::uint32_t> back(kCount, 0u);
+  {
+    HeldKernel kernel(context, stream);
+    EXPECT_TRUE(kernel.waited_for_by(
+        [&] { CUEMM_CU(cuMemcpyDtoHAsync, back.data(), words, kCount * 4, stream.handle()); }))
+        << "a copy into pageable memory returned before the work queued ahead of it had run";
+  }
+  EXPECT_EQ(back, std::vector<std::uint32_t>(kCount, 9u)) << "the copy read its source after the call had returned";
   CUEMM_CU(cuMemFree, words);
 }
 
