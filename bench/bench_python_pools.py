@@ -9,7 +9,8 @@ Two measurements, every allocator in this one process:
   loop in turn (so that the host's drift falls on all alike); medians over the
   rounds, and the median of the per-round ratios to cuemm's pool. cuemm's pool
   through its Python bridge (`Bridge.allocator().memalloc`, the Numba plugin's
-  fast path), CuPy's `MemoryPool.malloc`, PyTorch's
+  fast path, and `Bridge.allocate_on_stream` on the legacy stream, what
+  `cuemm.device_array(stream=...)` calls), CuPy's `MemoryPool.malloc`, PyTorch's
   `caching_allocator_alloc`/`caching_allocator_delete`, and a Python call that
   allocates nothing (the interpreter's own floor).
 - peak reserved over peak live on the operations of `cuemm random`'s workloads:
@@ -64,6 +65,12 @@ def pair_loops(cuemm_core):
         for _ in range(count):
             memalloc(size)  # (the Allocation it returns is released at once)
     loops["cuemm pool"] = cuemm_pool
+    allocate_on_stream = bridge.allocate_on_stream
+
+    def cuemm_pool_on_a_stream(size, count):
+        for _ in range(count):
+            allocate_on_stream(size, 0)  # (given back on the legacy stream as it is dropped)
+    loops["cuemm pool, stream-ordered"] = cuemm_pool_on_a_stream
 
     try:
         import cupy

@@ -160,7 +160,8 @@ def python_pools_lines(pools):
     sizes = [int(size) for size in next(iter(pools["pairs"].values()))]
     lines = ["## CuPy's memory pool and PyTorch's caching allocator from Python", "",
              f"`bench/bench_python_pools.py`, one process: allocate+free pairs called as each allocator's users call "
-             f"it (cuemm's pool through its Python bridge, the Numba plugin's fast path; CuPy's `MemoryPool.malloc`; "
+             f"it (cuemm's pool through its Python bridge: the Numba plugin's fast path, and stream-ordered on the "
+             f"legacy stream as `cuemm.device_array(stream=...)` allocates; CuPy's `MemoryPool.malloc`; "
              f"PyTorch's `caching_allocator_alloc`/`caching_allocator_delete`), {pools['pairs_per_loop']:,} pairs a "
              f"loop, each size's loops in turn in each of {pools['rounds']} rounds: ns a pair (median), and in "
              "brackets the median of the rounds' ratios to cuemm's pool.", ""]

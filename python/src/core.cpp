@@ -10,6 +10,7 @@
 #include <pybind11/stl.h>
 
 #include <array>
+#include <atomic>
 #include <optional>
 #include <fstream>
 #include <sstream>
@@ -253,6 +254,86 @@ py::object wrap_allocation(std::shared_ptr<MemoryPointer> memory, bool gil_until
   return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(self));
 }
 
+// --- StreamAllocation: a block allocated on a stream (cuemm.device_array(stream=...)) ---
+//
+// Given back on the same stream (StreamOrderedAllocator::deallocate): work
+// queued there later may reuse it at once, other streams once the work queued
+// before the free has run. It keeps the Python stream object alive until then,
+// as the free is queued on that stream.
+struct PyStreamAllocation {
+  PyObject_HEAD
+  StreamOrderedAllocator* allocator;  // null once released
+  PyObject* owner;                    // the Bridge, which keeps `allocator` alive
+  PyObject* stream_owner;             // the Python stream (or None), kept until the free is queued
+  const std::atomic<std::uint64_t>* resets;  // the Bridge's count of resets
+  std::uint64_t resets_at_allocation;        // a reset since gave the block back already
+  cuda::CUstream stream;
+  cuda::CUdeviceptr address;
+  std::size_t size;
+  bool gil_until_blocking;
+};
+
+// Gives the block back on its stream, once (the GIL is held; given up while
+// the manager may block).
+void release_stream_allocation(PyStreamAllocation* self) noexcept {
+  StreamOrderedAllocator* allocator = std::exchange(self->allocator, nullptr);
+  if (!allocator) return;
+  if (self->resets->load(std::memory_order_acquire) == self->resets_at_allocation) {
+    GilForCall gil(self->gil_until_blocking);
+    allocator->deallocate(self->address, self->size, self->stream);
+  }
+  Py_CLEAR(self->stream_owner);  // (may destroy the stream: its queued free still runs)
+  Py_CLEAR(self->owner);
+}
+
+void stream_allocation_dealloc(PyObject* object) {
+  release_stream_allocation(reinterpret_cast<PyStreamAllocation*>(object));
+  PyTypeObject* type = Py_TYPE(object);
+  type->tp_free(object);
+  Py_DECREF(type);
+}
+
+PyObject* stream_allocation_address(PyObject* object, void*) {
+  const auto* self = reinterpret_cast<PyStreamAllocation*>(object);
+  if (self->allocator) return PyLong_FromUnsignedLongLong(self->address);
+  PyErr_SetString(PyExc_RuntimeError, "this cuemm allocation was already released");
+  return nullptr;
+}
+PyObject* stream_allocation_size(PyObject* object, void*) {
+  return PyLong_FromSize_t(reinterpret_cast<PyStreamAllocation*>(object)->size);
+}
+PyObject* stream_allocation_stream(PyObject* object, void*) {
+  return PyLong_FromVoidPtr(reinterpret_cast<PyStreamAllocation*>(object)->stream);
+}
+PyObject* stream_allocation_alive(PyObject* object, void*) {
+  return PyBool_FromLong(reinterpret_cast<PyStreamAllocation*>(object)->allocator != nullptr);
+}
+PyObject* stream_allocation_release(PyObject* object, PyObject*) {
+  release_stream_allocation(reinterpret_cast<PyStreamAllocation*>(object));
+  Py_RETURN_NONE;
+}
+
+PyGetSetDef stream_allocation_properties[] = {
+    {"address", stream_allocation_address, nullptr, "the device address (RuntimeError once released)", nullptr},
+    {"size", stream_allocation_size, nullptr, "bytes", nullptr},
+    {"stream", stream_allocation_stream, nullptr, "the stream's handle, on which the block is given back", nullptr},
+    {"alive", stream_allocation_alive, nullptr, "False once released", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+PyMethodDef stream_allocation_methods[] = {
+    {"release", stream_allocation_release, METH_NOARGS,
+     "Gives the block back on its stream (once; later calls do nothing)"},
+    {nullptr, nullptr, 0, nullptr}};
+PyType_Slot stream_allocation_slots[] = {
+    {Py_tp_dealloc, reinterpret_cast<void*>(stream_allocation_dealloc)},
+    {Py_tp_getset, stream_allocation_properties},
+    {Py_tp_methods, stream_allocation_methods},
+    {Py_tp_doc, const_cast<char*>("Device memory allocated on a stream; release() or dropping it gives it back "
+                                  "on that stream")},
+    {0, nullptr}};
+PyType_Spec stream_allocation_spec{"cuemm._core.StreamAllocation", sizeof(PyStreamAllocation), 0,
+                                   Py_TPFLAGS_DEFAULT, stream_allocation_slots};
+PyTypeObject* stream_allocation_type = nullptr;  // made when the module loads; never freed
+
 // The handler cuemm.on_out_of_memory() set, or None; read and set with the
 // GIL. (Never destroyed: allocations may run while the interpreter ends.)
 py::object& out_of_memory_handler() {
@@ -310,6 +391,7 @@ class Bridge {
   void initialize() {
     GilForCall gil(gil_until_blocking_);
     manager_->initialize();
+    initialized_.store(true, std::memory_order_release);
   }
 
   // The fast path's memalloc (Allocator): the new Allocation. Through
@@ -348,6 +430,39 @@ class Bridge {
     return wrap(call({}, [&] { return manager_->memallocmanaged(size, attach_global); }));
   }
 
+  // `size` bytes on `stream` (a handle; `stream_owner` is its Python object),
+  // as a StreamAllocation given back on that stream; `bridge_object` is this
+  // bridge's Python object. NotImplementedError where the manager has no
+  // stream-ordered calls (the default manager).
+  py::object allocate_on_stream(std::size_t size, std::uintptr_t stream, py::object stream_owner, std::string site,
+                                py::object bridge_object) {
+    StreamOrderedAllocator* ordered = stream_ordered_allocator(*manager_);
+    if (!ordered)
+      throw NotSupported("allocating " + std::to_string(size) + " bytes on a stream: device " +
+                         std::to_string(context_->device().id()) + "'s cuemm manager is '" + name_ +
+                         "', which has no stream-ordered calls (CUEMM_MEMORY_MANAGER=pool or async have them)");
+    if (!initialized_.load(std::memory_order_acquire)) initialize();
+    const auto handle = reinterpret_cast<cuda::CUstream>(stream);
+    const cuda::CUdeviceptr address = call(site, [&] { return ordered->allocate(size, handle); });
+    const std::uint64_t resets = resets_.load(std::memory_order_acquire);  // (after: see reset())
+    auto* self = PyObject_New(PyStreamAllocation, stream_allocation_type);
+    if (!self) {
+      GilForCall gil(gil_until_blocking_);
+      ordered->deallocate(address, size, handle);
+      throw py::error_already_set();
+    }
+    self->allocator = ordered;
+    self->owner = bridge_object.release().ptr();
+    self->stream_owner = stream_owner.release().ptr();
+    self->resets = &resets_;
+    self->resets_at_allocation = resets;
+    self->stream = handle;
+    self->address = address;
+    self->size = size;
+    self->gil_until_blocking = gil_until_blocking_;
+    return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(self));
+  }
+
   // (handle bytes, offset of [address, address + size) in the exported allocation, size, and
   // cuemm's serialised handle where the driver has no handle for the memory, else None)
   py::tuple ipc_handle(std::uintptr_t address, std::size_t size) {
@@ -377,6 +492,10 @@ class Bridge {
 
   void reset() {
     py::gil_scoped_release unlocked;
+    // Counted first: a block whose allocation read the count before this was
+    // made before it, and the reset gives it back.
+    resets_.fetch_add(1, std::memory_order_acq_rel);
+    initialized_.store(false, std::memory_order_release);
     manager_->reset();
   }
 
@@ -553,6 +672,8 @@ class Bridge {
   std::string name_;
   bool gil_until_blocking_ = true;
   ManagerAdaptor* outermost_adaptor_ = nullptr;  // manager_, when it is an adaptor
+  std::atomic<bool> initialized_{false};  // initialize() ran since the last reset()
+  std::atomic<std::uint64_t> resets_{0};   // StreamAllocations made before a reset give nothing back
 };
 
 // --- Allocator: Bridge.memalloc and memhostalloc without pybind11's dispatcher ---
@@ -929,6 +1050,9 @@ PYBIND11_MODULE(_core, module) {
   allocation_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&allocation_spec));
   if (!allocation_type) throw py::error_already_set();
   module.add_object("Allocation", reinterpret_cast<PyObject*>(allocation_type));
+  stream_allocation_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&stream_allocation_spec));
+  if (!stream_allocation_type) throw py::error_already_set();
+  module.add_object("StreamAllocation", reinterpret_cast<PyObject*>(stream_allocation_type));
   allocator_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&allocator_spec));
   if (!allocator_type) throw py::error_already_set();
   module.add_object("Allocator", reinterpret_cast<PyObject*>(allocator_type));
@@ -976,6 +1100,14 @@ PYBIND11_MODULE(_core, module) {
              return bridge.ipc_handle(address, python_size(size, "get_ipc_handle"));
            },
            py::arg("address"), py::arg("size"))
+      .def("allocate_on_stream",
+           [](py::object self, py::handle size, std::uintptr_t stream, py::object stream_owner, std::string site) {
+             return self.cast<Bridge&>().allocate_on_stream(python_size(size, "allocate_on_stream"), stream,
+                                                             std::move(stream_owner), std::move(site), self);
+           },
+           py::arg("size"), py::arg("stream"), py::arg("stream_owner") = py::none(), py::arg("site") = "",
+           "A StreamAllocation of `size` bytes, ready for work on `stream` (a CUstream handle) at once, given "
+           "back on it when released or dropped; stream_owner (the stream's Python object) is kept alive until then")
       .def("memory_info", &Bridge::memory_info)
       .def("reset", &Bridge::reset)
       .def("defer_cleanup", &Bridge::defer_cleanup)
