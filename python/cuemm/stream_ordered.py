@@ -84,6 +84,7 @@ def device_array(shape, dtype=np.float64, strides=None, order="C", stream=0):
 
 def _device_array(shape, dtype, strides, order, numba_stream, owner):
     shape, strides, dtype = prepare_shape_strides_dtype(shape, strides, dtype, order)
+    shape, strides = tuple(shape), tuple(strides)  # (a list given: numba-cuda caches sizes by them)
     gpu_data = None
     if int(np.prod(shape, dtype=np.int64)) > 0:  # (Numba gives an empty array a null pointer of its own)
         gpu_data = _memalloc(_driver.memory_size_from_info(shape, strides, dtype.itemsize), numba_stream, owner)

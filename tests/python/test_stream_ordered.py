@@ -56,7 +56,7 @@ def test_arrays_on_a_stream_hold_their_data_and_are_counted(run_python, setting)
         assert (f.copy_to_host(stream=s) == fortran).all()
         like = cuemm.device_array_like(fortran, stream=s)
         assert like.strides == fortran.strides and like.dtype == np.int16
-        on_default = cuemm.device_array((5, 7), dtype=np.int32)  # (stream 0: Numba's default stream)
+        on_default = cuemm.device_array([5, 7], dtype=np.int32)  # (stream 0: Numba's default stream)
         assert on_default.gpu_data.stream_handle == int(cuda.default_stream())
         empty = cuemm.device_array((4, 0), dtype=np.float32, stream=s)
         assert empty.size == 0 and empty.copy_to_host().shape == (4, 0)
