@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-PLUGIN = {"NUMBA_CUDA_MEMORY_MANAGER": "cuemm"}
+from test_numba_plugin import PLUGIN, REFUSED
+
 PTX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "kernels", "test_kernels.ptx")
 
 # spin_fill(array, value, stream, spin_ns): the project's test kernel, which
@@ -271,19 +272,10 @@ def test_without_numba_allocating_through_cuemm(run_python):
 
 
 def test_bad_input_is_a_clear_error(run_python):
-    run_python("""
+    run_python(REFUSED + """
         import numpy as np
         from numba import cuda
         import cuemm
-
-        def refused(call, error, words):
-            try:
-                call()
-            except error as caught:
-                assert words in str(caught), caught
-            else:
-                raise AssertionError(f"no {error.__name__} ({words})")
-
         s = cuda.stream()
         refused(lambda: cuemm.device_array(10, stream="s"), TypeError, "stream must be a Numba stream")
         refused(lambda: cuemm.device_array(10, stream=-1), ValueError, "must not be negative (got -1)")
