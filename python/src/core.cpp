@@ -256,10 +256,10 @@ py::object wrap_allocation(std::shared_ptr<MemoryPointer> memory, bool gil_until
 
 // --- StreamAllocation: a block allocated on a stream (cuemm.device_array(stream=...)) ---
 //
-// Given back on the same stream (StreamOrderedAllocator::deallocate): work
-// queued there later may reuse it at once, other streams once the work queued
-// before the free has run. It keeps the Python stream object alive until then,
-// as the free is queued on that stream.
+// Given back on the same stream (StreamOrderedAllocator::deallocate); when
+// that stream or another may take it again is the manager's rule
+// (cuemm/stream_ordered.py). It keeps the Python stream object alive until
+// then, as the free is queued on that stream.
 struct PyStreamAllocation {
   PyObject_HEAD
   StreamOrderedAllocator* allocator;  // null once released
