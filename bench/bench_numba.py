@@ -102,6 +102,27 @@ if kind.startswith("interleaved"):
                 flush_pending(managers[name])
                 results[name][str(n)].append((time.perf_counter_ns() - start) / iterations)
     context.memory_manager = managers["cuemm"]
+elif kind == "stream":
+    # cuemm.device_array on Numba's default stream (stream-ordered, no seal)
+    # beside cuda.device_array through cuemm's plugin, in turn in one process
+    # (each first in every other round): per call and size, one median per round.
+    import cuemm
+    calls = {"cuda.device_array": lambda n: cuda.device_array(n, dtype=np.uint8),
+             "cuemm.device_array(stream=0)": lambda n: cuemm.device_array(n, dtype=np.uint8)}
+    results = {name: {str(n): [] for n in sizes} for name in calls}
+    for call in calls.values():
+        for n in sizes:
+            for _ in range(WARM_UP_PAIRS):
+                call(n)
+    for round_ in range(repeats):
+        for n in sizes:
+            for name in list(calls)[::1 if round_ % 2 == 0 else -1]:
+                start = time.perf_counter_ns()
+                for _ in range(1000):
+                    a = calls[name](n)
+                    del a
+                flush_pending(context.memory_manager)
+                results[name][str(n)].append((time.perf_counter_ns() - start) / 1000)
 elif kind == "threads":
     def work(seed, count, errors):
         for i in range(count):
@@ -180,6 +201,17 @@ def interleaved_summary(samples):
     return summary
 
 
+def stream_summary(samples):
+    """Per size: each call's median, and the median over rounds of the stream-ordered one's ratio to Numba's."""
+    summary = {}
+    numba, ordered = samples["cuda.device_array"], samples["cuemm.device_array(stream=0)"]
+    for size in numba:
+        summary[int(size)] = {"cuda.device_array": statistics.median(numba[size]),
+                              "cuemm.device_array(stream=0)": statistics.median(ordered[size]),
+                              "ratio": statistics.median(o / c for o, c in zip(ordered[size], numba[size]))}
+    return summary
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--cuemm", required=True, help="folder holding the cuemm package")
@@ -188,7 +220,9 @@ def main():
     parser.add_argument("--interleaved-rounds", type=int, default=31, help="rounds of all three managers")
     parser.add_argument("--interleaved-extra-rounds", type=int, default=60,
                         help="more rounds of device_array, of cuemm and the floor only (their ratio is held to 5%%)")
-    parser.add_argument("--kinds", default="device,pinned,mapped,threads,interleaved",
+    parser.add_argument("--stream-rounds", type=int, default=15,
+                        help="rounds of cuemm.device_array on the default stream beside cuda.device_array")
+    parser.add_argument("--kinds", default="device,pinned,mapped,threads,interleaved,stream",
                         help="which measurements to make (comma-separated; the default makes all)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="each round runs every manager once, in a rotated order, so that drifts in the "
@@ -231,6 +265,9 @@ def main():
             figures[f"interleaved-{kind}"] = measure("cuemm", f"interleaved-{kind}", HOST_SIZES,
                                                      min(args.interleaved_rounds, 5), environment)
 
+    if "stream" in kinds:
+        figures["stream"] = measure("cuemm", "stream", DEVICE_SIZES, args.stream_rounds, environment)
+
     def median(samples):
         return statistics.median(samples)
 
@@ -262,6 +299,13 @@ def main():
             print(f"{n:>10} default {row['default']:>9.0f} cuemm {row['cuemm']:>9.0f} floor {row['floor']:>9.0f} "
                   f"default/cuemm {row['default/cuemm']:>6.1f}x default/floor {row['default/floor']:>6.1f}x "
                   f"cuemm/floor {row['cuemm/floor']:.3f}")
+    if "stream" in figures:
+        print("cuemm.device_array(n) on Numba's default stream beside cuda.device_array(n) under the plugin, "
+              "one process: median ns per pair, and the median of the rounds' ratios")
+        for n, row in stream_summary(figures["stream"]).items():
+            print(f"{n:>10} cuda.device_array {row['cuda.device_array']:>9.0f} "
+                  f"cuemm.device_array(stream=0) {row['cuemm.device_array(stream=0)']:>9.0f} "
+                  f"ratio {row['ratio']:.2f}")
     if args.out:
         figures["environment"] = versions()
         figures["repeats"] = args.repeats  # samples per process: how make_results tells processes apart

@@ -16,7 +16,7 @@ import statistics
 import sys
 import subprocess
 
-from bench_numba import interleaved_summary, versions
+from bench_numba import interleaved_summary, stream_summary, versions
 
 
 def medians(runs, field="real_time"):
@@ -667,6 +667,15 @@ def main():
                       "untimed). In one warm process the default's small pinned allocations cost less than in a "
                       "fresh one, so default / floor, what any plugin could reach, is lower here:", ""]
             lines += interleaved_table(numba[f"interleaved-{kind}"], "cuemm")
+    if numba.get("stream"):
+        rounds = len(next(iter(numba["stream"]["cuda.device_array"].values())))
+        lines += ["", "`cuemm.device_array(n)` on Numba's default stream (stream-ordered: no seal) beside "
+                  f"`cuda.device_array(n)` through the plugin, in turn in one process ({rounds} rounds of 1,000 "
+                  "pairs; the ratio is the median of each round's):", "",
+                  "| size | cuda.device_array | cuemm.device_array(stream=0) | ratio |", "|---|---|---|---|"]
+        for n, row in stream_summary(numba["stream"]).items():
+            lines.append(f"| {n:,} B | {fmt(row['cuda.device_array'])} | {fmt(row['cuemm.device_array(stream=0)'])} "
+                         f"| {row['ratio']:.2f}x |")
     lines += ["", "Python threads, `cuda.to_device(8 KiB)` + release with content checks, pairs per second:", ""]
     for manager, row in numba["threads"].items():
         lines.append(f"- {manager}: " + ", ".join(f"{t} thread(s) {row[t]['pairs_per_second']:,.0f} "

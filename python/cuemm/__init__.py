@@ -213,35 +213,41 @@ def leak_report(device=None):
     return _bridge_for(device).leak_report()
 
 
+def _stream_ordered():
+    # Imported at the first call (it imports Numba), then kept: an import
+    # statement at every call cost as much as the allocation.
+    global _stream_ordered_module
+    if _stream_ordered_module is None:
+        from . import stream_ordered
+
+        _stream_ordered_module = stream_ordered
+    return _stream_ordered_module
+
+
+_stream_ordered_module = None
+
+
 def device_array(shape, dtype=float, strides=None, order="C", stream=0):
     """Numba's cuda.device_array, allocated on `stream` and given back on it when dropped:
     work queued on that stream later reuses the block at once, with no wait for the GPU
     (cuemm.stream_ordered). `stream`: a Numba stream, an object with __cuda_stream__, a
     stream handle, or 0 for the default stream. Needs the pool or async manager."""
-    from .stream_ordered import device_array as allocate
-
-    return allocate(shape, dtype, strides, order, stream)
+    return _stream_ordered().device_array(shape, dtype, strides, order, stream)
 
 
 def device_array_like(ary, stream=0):
     """device_array() with the shape, strides and dtype of `ary`."""
-    from .stream_ordered import device_array_like as allocate
-
-    return allocate(ary, stream)
+    return _stream_ordered().device_array_like(ary, stream)
 
 
 def to_device(obj, stream=0, copy=True):
     """Numba's cuda.to_device, allocated on `stream` (as device_array()) and copied on it."""
-    from .stream_ordered import to_device as copy_over
-
-    return copy_over(obj, stream, copy)
+    return _stream_ordered().to_device(obj, stream, copy)
 
 
 def memalloc(size, stream=0):
     """`size` bytes of device memory on `stream`, as Numba's MemoryPointer (as device_array())."""
-    from .stream_ordered import memalloc as allocate
-
-    return allocate(size, stream)
+    return _stream_ordered().memalloc(size, stream)
 
 
 def _log_text(device):

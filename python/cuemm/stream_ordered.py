@@ -38,10 +38,14 @@ class StreamOrderedMemory(_HoldsAllocation, _driver.MemoryPointer):
         return self._allocation.stream
 
 
+_PER_THREAD_STREAM = 2  # CU_STREAM_PER_THREAD
+
+
 def _numba_stream(stream):
-    """Numba's Stream for `stream`, and what must stay alive while a free is queued on it."""
+    """Numba's Stream for `stream` (0 for Numba's default stream, as its own arrays
+    take), and what must stay alive while a free is queued on it."""
     if stream is None or (isinstance(stream, int) and stream == 0):
-        return cuda.default_stream(), None
+        return 0, None  # (no Stream object made per array: that cost as much as the allocation)
     if isinstance(stream, _driver.Stream):
         return stream, stream
     if hasattr(stream, "__cuda_stream__"):  # CUDA's stream protocol: (version, handle)
@@ -54,13 +58,21 @@ def _numba_stream(stream):
                     f"for the default stream, not {type(stream).__name__}")
 
 
+def _handle_of(numba_stream):
+    if not isinstance(numba_stream, int):
+        return int(numba_stream)
+    # Numba's default stream: the legacy one, or the per-thread one where Numba is set to use it.
+    per_thread = getattr(getattr(_driver, "config", None), "CUDA_PER_THREAD_DEFAULT_STREAM", False)
+    return _PER_THREAD_STREAM if per_thread else 0
+
+
 def _bridge_of(numba_stream):
     context = cuda.current_context()
-    stream_context = getattr(numba_stream, "context", None)
-    stream_device = getattr(getattr(stream_context, "device", None), "id", context.device.id)
-    if stream_device != context.device.id:
-        raise ValueError(f"the stream belongs to device {stream_device}, but the current device is "
-                         f"{context.device.id} (select it with cuda.select_device or a `with gpus[i]:` block)")
+    if not isinstance(numba_stream, int):
+        stream_device = getattr(getattr(numba_stream.context, "device", None), "id", context.device.id)
+        if stream_device != context.device.id:
+            raise ValueError(f"the stream belongs to device {stream_device}, but the current device is "
+                             f"{context.device.id} (select it with cuda.select_device or a `with gpus[i]:` block)")
     return context, _bridge_for_device(context.device.id)
 
 
@@ -72,7 +84,7 @@ def memalloc(size, stream=0):
 def _memalloc(size, numba_stream, owner):
     context, bridge = _bridge_of(numba_stream)
     site = _caller() if bridge.wants_call_sites else ""
-    allocation = bridge.allocate_on_stream(size, int(numba_stream), (numba_stream, owner), site)
+    allocation = bridge.allocate_on_stream(size, _handle_of(numba_stream), (numba_stream, owner), site)
     return StreamOrderedMemory(context, _device_pointer(allocation.address), allocation.size, allocation)
 
 
@@ -110,5 +122,5 @@ def to_device(obj, stream=0, copy=True):
         host = np.ascontiguousarray(host)
     array = _device_array_like(host, numba_stream, owner)
     if copy and array.size:
-        array.copy_to_device(host, stream=numba_stream)
+        array.copy_to_device(host, stream=numba_stream)  # (0: Numba's default stream)
     return array

@@ -157,6 +157,19 @@ def test_another_stream_gets_the_block_only_after_the_freeing_streams_work(run_p
     assert "block" in out
 
 
+def test_numbas_per_thread_default_stream_is_the_default_where_numba_is_set_to_it(run_python):
+    run_python("""
+        import numpy as np
+        from numba import cuda
+        import cuemm
+        # (Numba's handle stays 0: its calls take the per-thread variants. cuemm's
+        # driver calls do not, so its frees name the per-thread stream outright.)
+        d = cuemm.to_device(np.arange(10))
+        assert d.gpu_data.stream_handle == 2, d.gpu_data.stream_handle  # CU_STREAM_PER_THREAD
+        assert (d.copy_to_host() == np.arange(10)).all()
+    """, NUMBA_CUDA_PER_THREAD_DEFAULT_STREAM=1, **PLUGIN)
+
+
 def test_a_stream_stays_alive_until_the_free_queued_on_it(run_python):
     run_python("""
         import gc, weakref
