@@ -54,9 +54,9 @@ echo "== the Python package and its Numba plugin (pytest, simulated driver)"
 (cd /tmp && PYTHONPATH="$build/python" CUEMM_DRIVER=sim NUMBA_CUDA_DRIVER="$sim_driver" \
   /usr/bin/python3 -m pytest -q -p no:cacheprovider "$root/tests/python") || status=1
 
-echo "== Numba benchmark smoke (the three managers interleaved in one process; never on timing)"
+echo "== Numba benchmark smoke (the three managers interleaved in one process, and arrays on a stream; never on timing)"
 (cd /tmp && CUEMM_DRIVER=sim NUMBA_CUDA_DRIVER="$sim_driver" /usr/bin/python3 "$root/bench/bench_numba.py" \
-  --cuemm "$build/python" --kinds interleaved --interleaved-rounds 2 --interleaved-extra-rounds 2 \
+  --cuemm "$build/python" --kinds interleaved,stream --interleaved-rounds 2 --interleaved-extra-rounds 2 --stream-rounds 2 \
   >/tmp/cuemm-numba-bench-smoke.txt 2>&1) ||
   { tail -20 /tmp/cuemm-numba-bench-smoke.txt; status=1; }
 
