@@ -155,6 +155,19 @@ def process_spread(samples_by_manager, repeats):
     return max(gaps, default=None)
 
 
+def numba_stream_lines(samples):
+    """The table of bench_numba.py's 'stream' kind: cuemm.device_array on the default stream beside Numba's."""
+    rounds = len(next(iter(samples["cuda.device_array"].values())))
+    lines = ["", "`cuemm.device_array(n)` on Numba's default stream (stream-ordered: no seal) beside "
+             f"`cuda.device_array(n)` through the plugin, in turn in one process ({rounds} rounds of 1,000 pairs; the "
+             "ratio is the median of each round's):", "",
+             "| size | cuda.device_array | cuemm.device_array(stream=0) | ratio |", "|---|---|---|---|"]
+    for n, row in stream_summary(samples).items():
+        lines.append(f"| {n:,} B | {fmt(row['cuda.device_array'])} | {fmt(row['cuemm.device_array(stream=0)'])} "
+                     f"| {row['ratio']:.2f}x |")
+    return lines
+
+
 def python_pools_lines(pools):
     """The section of bench_python_pools.py's figures: pairs, then reserved over live."""
     sizes = [int(size) for size in next(iter(pools["pairs"].values()))]
@@ -668,14 +681,7 @@ def main():
                       "fresh one, so default / floor, what any plugin could reach, is lower here:", ""]
             lines += interleaved_table(numba[f"interleaved-{kind}"], "cuemm")
     if numba.get("stream"):
-        rounds = len(next(iter(numba["stream"]["cuda.device_array"].values())))
-        lines += ["", "`cuemm.device_array(n)` on Numba's default stream (stream-ordered: no seal) beside "
-                  f"`cuda.device_array(n)` through the plugin, in turn in one process ({rounds} rounds of 1,000 "
-                  "pairs; the ratio is the median of each round's):", "",
-                  "| size | cuda.device_array | cuemm.device_array(stream=0) | ratio |", "|---|---|---|---|"]
-        for n, row in stream_summary(numba["stream"]).items():
-            lines.append(f"| {n:,} B | {fmt(row['cuda.device_array'])} | {fmt(row['cuemm.device_array(stream=0)'])} "
-                         f"| {row['ratio']:.2f}x |")
+        lines += numba_stream_lines(numba["stream"])
     lines += ["", "Python threads, `cuda.to_device(8 KiB)` + release with content checks, pairs per second:", ""]
     for manager, row in numba["threads"].items():
         lines.append(f"- {manager}: " + ", ".join(f"{t} thread(s) {row[t]['pairs_per_second']:,.0f} "

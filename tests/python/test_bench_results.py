@@ -261,3 +261,12 @@ def test_a_run_is_compared_with_the_earlier_results_of_its_own_gpu(tmp_path):
     assert make_results.previous_of_the_same_gpu(paths, "NVIDIA H100 80GB HBM3") == str(h100)
     assert make_results.previous_of_the_same_gpu(paths, "NVIDIA B200") is None
     assert make_results.gpu_name("no header") is None
+
+
+def test_the_stream_table_gives_each_size_both_calls_and_the_median_of_the_rounds_ratios():
+    samples = {"cuda.device_array": {"256": [100.0, 200.0, 300.0]},
+               "cuemm.device_array(stream=0)": {"256": [150.0, 200.0, 600.0]}}
+    lines = make_results.numba_stream_lines(samples)
+    assert "3 rounds of 1,000 pairs" in lines[1], lines
+    row = [line for line in lines if line.startswith("| 256 B")]
+    assert row == ["| 256 B | 200 | 200 | 1.50x |"], lines  # ratios 1.5, 1.0, 2.0
