@@ -22,6 +22,7 @@ from numba.cuda.api_util import prepare_shape_strides_dtype
 from numba.cuda.cudadrv import devicearray
 from numba.cuda.cudadrv import driver as _driver
 
+from . import _core
 from .numba_plugin import _HoldsAllocation, _bridge_for_device, _caller, _device_pointer
 
 
@@ -69,7 +70,7 @@ def _handle_of(numba_stream):
 def _bridge_of(numba_stream):
     context = cuda.current_context()
     if not isinstance(numba_stream, int):
-        stream_device = getattr(getattr(numba_stream.context, "device", None), "id", context.device.id)
+        stream_device = _core.stream_device(_handle_of(numba_stream))  # (asks the driver: any library's stream)
         if stream_device != context.device.id:
             raise ValueError(f"the stream belongs to device {stream_device}, but the current device is "
                              f"{context.device.id} (select it with cuda.select_device or a `with gpus[i]:` block)")

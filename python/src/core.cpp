@@ -1160,5 +1160,20 @@ PYBIND11_MODULE(_core, module) {
     CUEMM_CU(cuCtxGetDevice, &device);
     return device;
   }, "The device of the calling thread's current CUDA context");
+  module.def("stream_device", [](std::uintptr_t handle) {
+    // The device of the context the stream belongs to, so that an array is not
+    // allocated in one device's pool on another device's stream.
+    cuda::CUcontext owner = nullptr, current = nullptr;
+    CUEMM_CU(cuStreamGetCtx, reinterpret_cast<cuda::CUstream>(handle), &owner);
+    CUEMM_CU(cuCtxGetCurrent, &current);
+    const bool pushed = owner != current;
+    if (pushed) CUEMM_CU(cuCtxPushCurrent, owner);
+    cuda::CUdevice device = 0;
+    const cuda::CUresult got = CUEMM_CU_RESULT(cuCtxGetDevice, &device);
+    cuda::CUcontext popped = nullptr;
+    if (pushed) CUEMM_CU(cuCtxPopCurrent, &popped);
+    if (got != cuda::CUDA_SUCCESS) throw CudaError(got, "cuCtxGetDevice");
+    return device;
+  }, py::arg("handle"), "The device whose context the stream `handle` belongs to (the current one for 0, 1 and 2)");
   module.def("driver_kind", [] { return simulation::active() ? "simulated" : "cuda"; });
 }

@@ -42,6 +42,14 @@ SIM_EXPORT CUresult cuStreamSynchronize(CUstream handle) {
   return CUDA_SUCCESS;
 }
 
+SIM_EXPORT CUresult cuStreamGetCtx(CUstream handle, CUcontext* out) {
+  SIM_BEGIN(cuStreamGetCtx);
+  if (!out) return CUDA_ERROR_INVALID_VALUE;
+  SIM_STREAM(stream, handle);
+  *out = reinterpret_cast<CUcontext>(stream->context());
+  return CUDA_SUCCESS;
+}
+
 SIM_EXPORT CUresult cuStreamQuery(CUstream handle) {
   SIM_BEGIN(cuStreamQuery);
   SIM_STREAM(stream, handle);
