@@ -74,7 +74,18 @@ def _bridge_of(numba_stream):
         if stream_device != context.device.id:
             raise ValueError(f"the stream belongs to device {stream_device}, but the current device is "
                              f"{context.device.id} (select it with cuda.select_device or a `with gpus[i]:` block)")
-    return context, _bridge_for_device(context.device.id)
+    return context, _bridge_and_call_sites(context.device.id)
+
+
+_served = {}  # device -> (its bridge, whether it wants call sites): both fixed once the bridge exists
+
+
+def _bridge_and_call_sites(device):
+    served = _served.get(device)
+    if served is None:
+        bridge = _bridge_for_device(device)
+        served = _served[device] = (bridge, bridge.wants_call_sites)
+    return served
 
 
 def memalloc(size, stream=0):
@@ -83,8 +94,8 @@ def memalloc(size, stream=0):
 
 
 def _memalloc(size, numba_stream, owner):
-    context, bridge = _bridge_of(numba_stream)
-    site = _caller() if bridge.wants_call_sites else ""
+    context, (bridge, call_sites) = _bridge_of(numba_stream)
+    site = _caller() if call_sites else ""
     allocation = bridge.allocate_on_stream(size, _handle_of(numba_stream), (numba_stream, owner), site)
     return StreamOrderedMemory(context, _device_pointer(allocation.address), allocation.size, allocation)
 
@@ -99,7 +110,7 @@ def _device_array(shape, dtype, strides, order, numba_stream, owner):
     shape, strides, dtype = prepare_shape_strides_dtype(shape, strides, dtype, order)
     shape, strides = tuple(shape), tuple(strides)  # (a list given: numba-cuda caches sizes by them)
     gpu_data = None
-    if int(np.prod(shape, dtype=np.int64)) > 0:  # (Numba gives an empty array a null pointer of its own)
+    if 0 not in shape:  # (Numba gives an empty array a null pointer of its own)
         gpu_data = _memalloc(_driver.memory_size_from_info(shape, strides, dtype.itemsize), numba_stream, owner)
     return devicearray.DeviceNDArray(shape, strides, dtype, stream=numba_stream, gpu_data=gpu_data)
 
