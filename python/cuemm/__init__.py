@@ -228,9 +228,9 @@ _stream_ordered_module = None
 
 
 def device_array(shape, dtype=float, strides=None, order="C", stream=0):
-    """Numba's cuda.device_array, allocated on `stream` and given back on it when dropped:
-    work queued on that stream later reuses the block at once, with no wait for the GPU
-    (cuemm.stream_ordered). `stream`: a Numba stream, an object with __cuda_stream__, a
+    """Numba's cuda.device_array, allocated on `stream` and given back on it when dropped,
+    with no wait on the host; when the block serves again is the manager's rule (the pool:
+    at once on a default stream, after the stream's queued work elsewhere; cuemm.stream_ordered). `stream`: a Numba stream, an object with __cuda_stream__, a
     stream handle, or 0 for the default stream. Needs the pool or async manager."""
     return _stream_ordered().device_array(shape, dtype, strides, order, stream)
 

@@ -67,10 +67,10 @@ def _handle_of(numba_stream):
     return _PER_THREAD_STREAM if per_thread else 0
 
 
-def _bridge_of(numba_stream):
+def _bridge_of(numba_stream, handle):
     context = cuda.current_context()
     if not isinstance(numba_stream, int):
-        stream_device = _core.stream_device(_handle_of(numba_stream))  # (asks the driver: any library's stream)
+        stream_device = _core.stream_device(handle)  # (asks the driver: any library's stream)
         if stream_device != context.device.id:
             raise ValueError(f"the stream belongs to device {stream_device}, but the current device is "
                              f"{context.device.id} (select it with cuda.select_device or a `with gpus[i]:` block)")
@@ -94,9 +94,10 @@ def memalloc(size, stream=0):
 
 
 def _memalloc(size, numba_stream, owner):
-    context, (bridge, call_sites) = _bridge_of(numba_stream)
+    handle = _handle_of(numba_stream)
+    context, (bridge, call_sites) = _bridge_of(numba_stream, handle)
     site = _caller() if call_sites else ""
-    allocation = bridge.allocate_on_stream(size, _handle_of(numba_stream), (numba_stream, owner), site)
+    allocation = bridge.allocate_on_stream(size, handle, (numba_stream, owner), site)
     return StreamOrderedMemory(context, _device_pointer(allocation.address), allocation.size, allocation)
 
 
