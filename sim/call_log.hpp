@@ -31,7 +31,7 @@
   X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery)                    \
   X(cuStreamWaitEvent) X(cuStreamAddCallback) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) \
   X(cuEventQuery) X(cuEventSynchronize) X(cuCtxRecordEvent) X(cuThreadExchangeStreamCaptureMode)  \
-  X(cuEventElapsedTime) X(cuStreamGetCtx)                                                          \
+  X(cuEventElapsedTime) X(cuStreamGetCtx) X(cuStreamGetId)                                                          \
   X(cuModuleLoadData) X(cuModuleLoadDataEx) X(cuModuleUnload) X(cuModuleGetFunction) X(cuModuleGetGlobal)             \
   X(cuLaunchKernel) X(cuFuncGetAttribute) X(cuFuncSetCacheConfig) X(cuLinkCreate)                 \
   X(cuProfilerStart) X(cuProfilerStop) X(cuMemPoolCreate) X(cuMemPoolDestroy)                    \

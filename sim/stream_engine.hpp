@@ -8,6 +8,7 @@
 // synchronisation is built from such dependencies by the driver front end.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -31,13 +32,15 @@ class SimStream {
     std::uint64_t ticket;
   };
 
-  SimStream(Context* context, unsigned flags) : context_(context), flags_(flags) {}
+  SimStream(Context* context, unsigned flags) : context_(context), flags_(flags), id_(next_id()) {}
   ~SimStream() { shut_down(); }
   SimStream(const SimStream&) = delete;
   SimStream& operator=(const SimStream&) = delete;
 
   Context* context() const { return context_; }
   bool blocking() const { return (flags_ & 0x1u) == 0; }
+  // cuStreamGetId's: no two streams of the process share one, as the driver's.
+  std::uint64_t id() const { return id_; }
 
   // Queues an operation that first waits for every dependency. Returns the
   // operation's ticket. A `marker` (an event's record) runs once its ticket
@@ -106,8 +109,14 @@ class SimStream {
     }
   }
 
+  static std::uint64_t next_id() {
+    static std::atomic<std::uint64_t> issued{0};
+    return ++issued;
+  }
+
   Context* context_;
   unsigned flags_;
+  std::uint64_t id_;
   mutable std::mutex mutex_;
   mutable std::condition_variable wake_;
   mutable std::condition_variable done_;

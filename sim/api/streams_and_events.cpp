@@ -50,6 +50,14 @@ SIM_EXPORT CUresult cuStreamGetCtx(CUstream handle, CUcontext* out) {
   return CUDA_SUCCESS;
 }
 
+SIM_EXPORT CUresult cuStreamGetId(CUstream handle, unsigned long long* out) {
+  SIM_BEGIN(cuStreamGetId);
+  if (!out) return CUDA_ERROR_INVALID_VALUE;
+  SIM_STREAM(stream, handle);
+  *out = stream->id();
+  return CUDA_SUCCESS;
+}
+
 SIM_EXPORT CUresult cuStreamQuery(CUstream handle) {
   SIM_BEGIN(cuStreamQuery);
   SIM_STREAM(stream, handle);

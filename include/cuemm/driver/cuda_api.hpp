@@ -258,6 +258,7 @@ inline bool is_default_stream(CUstream stream) noexcept {
   X(cuStreamSynchronize, "cuStreamSynchronize", (CUstream stream))                                 \
   X(cuStreamQuery, "cuStreamQuery", (CUstream stream))                                             \
   X(cuStreamGetCtx, "cuStreamGetCtx", (CUstream stream, CUcontext * context))                      \
+  X(cuStreamGetId, "cuStreamGetId", (CUstream stream, unsigned long long* id))                     \
   X(cuStreamWaitEvent, "cuStreamWaitEvent", (CUstream stream, CUevent event, unsigned flags))      \
   X(cuStreamAddCallback, "cuStreamAddCallback",                                                    \
     (CUstream stream, CUstreamCallback callback, void* user_data, unsigned flags))                 \
