@@ -46,11 +46,33 @@
 // request would take the pool past its peak: the requesting thread's kept
 // blocks of other sizes and every thread's large ones go, and are sealed),
 // tagged with the open epoch as every other free. A free on any other
-// stream goes to the quarantine too: the next epoch's event covers that
+// stream is kept the same way for that stream's requests (Note [Same-stream
+// reuse]) or goes to the quarantine: the next epoch's event covers that
 // stream's work. (Before CUDA 12.5 it records an event there and makes the
 // legacy stream wait for it, so that the legacy stream's event covers it,
 // non-blocking streams too; two driver calls, and later legacy-stream work is
 // ordered after the stream's.)
+//
+// Note [Same-stream reuse]
+// A thread also keeps its frees on a stream of the program's for its next
+// requests on that stream, as RMM, PyTorch and cudaMallocAsync do: a loop on
+// one stream then holds one block rather than a ring of them waiting for
+// seals, even while the GPU runs behind. The thread's ordered bins hold one
+// stream's frees at a time, named by a tag, the stream's id (cuStreamGetId)
+// rather than its handle: a destroyed stream's handle may come back for a
+// new stream, whose work would not wait for the old one's. Frees on other
+// streams go to the quarantine, until the stream the bins hold has seen no
+// use in 64 of them (Core::kOrderedStreamPatience): its blocks then go there
+// too and the bins take the new stream's, so a thread that moves on to
+// another stream (or whose stream was destroyed) reuses there, and one that
+// takes turns between streams keeps the first's. It is skipped (the free
+// goes to the quarantine, the request to the pool) while the stream is
+// being captured into a graph: the graph's launches would use a block kept
+// during the capture, and would not wait for the work of a block freed
+// before it. So each such request and free asks the driver twice (the id;
+// whether the stream is captured), tens of nanoseconds. Only where the seals
+// cover every stream (cuCtxRecordEvent, CUDA 12.5): kept blocks go to the
+// quarantine later, when their stream's work is no longer tied to them.
 //
 // Note [Large blocks in the thread caches]
 // A thread also keeps the blocks beyond the size classes that it frees

@@ -324,17 +324,20 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // successor at a time, a thread that fell behind resets made in a loop
   // never caught up, and recursed until its stack ran out. Tries again, in
   // a loop, where a reset retired that one too meanwhile.
-  [[gnu::noinline, gnu::cold]] std::uintptr_t forward(std::size_t size, int size_class, bool ordered);
+  // (`ordered`: a stream-ordered request, on the stream that `stream` tags.)
+  [[gnu::noinline, gnu::cold]] std::uintptr_t forward(std::size_t size, int size_class, bool ordered,
+                                                       std::uint64_t stream = detail::kDefaultStreams);
   // Whether this thread is in forward(): Retired then goes to its loop.
   [[gnu::tls_model("initial-exec")]] static inline thread_local bool forwarding = false;
   // serve(), or where it met Retired, forward() (the slow paths' entries).
   template <typename Serve>
-  std::uintptr_t serve_or_forward(std::size_t size, int size_class, bool ordered, Serve&& serve) {
+  std::uintptr_t serve_or_forward(std::size_t size, int size_class, bool ordered, Serve&& serve,
+                                  std::uint64_t stream = detail::kDefaultStreams) {
     try {
       return serve();
     } catch (const Retired&) {
       if (forwarding) throw;
-      return forward(size, size_class, ordered);
+      return forward(size, size_class, ordered, stream);
     }
   }
   // Every growth calls this first, under `mutex` (as retire() sets
@@ -1304,26 +1307,59 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // With `kept_small`, seals once the quarantine holds much (Note [A quarantine kept small]).
   void quarantine_spilled(const Freed* spilled, std::size_t count, std::size_t class_bytes, bool kept_small) noexcept;
 
-  // --- stream-ordered, on a default stream (Note [Stream-ordered reuse]) ---
+  // --- stream-ordered (Note [Stream-ordered reuse], Note [Same-stream reuse]) ---
 
-  // The common case (a block in the thread's bin) apart, as allocate()'s.
-  std::uintptr_t allocate_ordered(std::size_t size, int size_class) {
+  // The tag of a stream that is not a default one, under which a thread may
+  // reuse its frees on it at once: its id plus one (cuStreamGetId's ids are
+  // never given to another stream, as a destroyed stream's handle may be).
+  // 0 where it may not: the seals do not cover every stream (so blocks freed
+  // there could not go to the quarantine later), the stream is being
+  // captured into a graph, or the driver cannot say. Two driver calls.
+  std::uint64_t same_stream_tag(cuda::CUstream stream) const noexcept;
+
+  // The common case (a block in the thread's bin, freed on the same stream)
+  // apart, as allocate()'s. `stream`: kDefaultStreams or same_stream_tag()'s.
+  std::uintptr_t allocate_ordered(std::size_t size, int size_class, std::uint64_t stream = detail::kDefaultStreams) {
     if (size_class >= 0) [[likely]] {
       if (ThreadCache* own = last_cache_of_this_thread()) [[likely]] {
         const OwnerBiasedLock::TriedOwnerLock cache_lock(own->lock.owner());
-        if (cache_lock.held()) [[likely]] {
-          if (const std::uintptr_t address = own->take_ordered(size_class)) [[likely]]
+        if (cache_lock.held() && own->ordered_stream == stream) [[likely]] {
+          if (const std::uintptr_t address = own->take_ordered(size_class)) [[likely]] {
+            own->ordered_misses = 0;
             return address;
+          }
         }
       }
     }
-    return allocate_ordered_otherwise(size, size_class);
+    return allocate_ordered_otherwise(size, size_class, stream);
   }
 
-  [[gnu::noinline]] std::uintptr_t allocate_ordered_otherwise(std::size_t size, int size_class) {
-    return serve_or_forward(size, size_class, true, [&] { return allocate_ordered_otherwise_here(size, size_class); });
+  [[gnu::noinline]] std::uintptr_t allocate_ordered_otherwise(std::size_t size, int size_class, std::uint64_t stream) {
+    return serve_or_forward(
+        size, size_class, true, [&] { return allocate_ordered_otherwise_here(size, size_class, stream); }, stream);
   }
-  std::uintptr_t allocate_ordered_otherwise_here(std::size_t size, int size_class);
+  std::uintptr_t allocate_ordered_otherwise_here(std::size_t size, int size_class, std::uint64_t stream);
+
+  // Frees on other streams than the one whose blocks a thread keeps, in a
+  // row, after which that stream's blocks go to the quarantine and the
+  // thread keeps the new stream's (Note [Same-stream reuse]).
+  static constexpr std::uint32_t kOrderedStreamPatience = 64;
+  // Whether a thread's ordered bins take a free on `stream` (a tag, as
+  // allocate_ordered()'s): they hold that stream's blocks or none (they are
+  // then its), or the stream they hold has had no use in
+  // kOrderedStreamPatience of the thread's frees on others: its blocks then
+  // go to the quarantine, and the bins are the new stream's. Takes the
+  // cache's lock, and `mutex` to give blocks back.
+  bool keep_frees_of(ThreadCache& cache, std::uint64_t stream) noexcept;
+  // The same without giving blocks back; the caller holds the cache's lock.
+  static bool claim_ordered_bins(ThreadCache& cache, std::uint64_t stream) noexcept {
+    if (cache.ordered_stream != stream) {
+      if (cache.ordered_count) return false;
+      cache.ordered_stream = stream;
+    }
+    cache.ordered_misses = 0;
+    return true;
+  }
 
   // Before the pool grows past its peak for a request of class `kept` (-1:
   // beyond the classes): the blocks that `own` keeps from its stream-ordered
@@ -1339,22 +1375,31 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // here: its frees serve it.
   bool give_back_ordered_blocks(ThreadCache& own, int kept);
 
-  // The common case (room in the thread's bin) apart, as deallocate()'s.
-  void deallocate_ordered(std::uintptr_t address, int size_class) noexcept {
+  // The common case (room in the thread's bin, which holds the same
+  // stream's frees) apart, as deallocate()'s. `stream`: as allocate_ordered()'s.
+  void deallocate_ordered(std::uintptr_t address, int size_class,
+                          std::uint64_t stream = detail::kDefaultStreams) noexcept {
     if (retired.load(std::memory_order_acquire)) return;
     if (size_class >= 0) [[likely]] {
       if (ThreadCache* cache = last_cache_of_this_thread()) [[likely]] {
         const OwnerBiasedLock::TriedOwnerLock cache_lock(cache->lock.owner());
-        if (cache_lock.held() && push_ordered_if_room(*cache, address, size_class)) [[likely]]
+        if (cache_lock.held() && cache->ordered_stream == stream && push_ordered_if_room(*cache, address, size_class))
+            [[likely]] {
+          cache->ordered_misses = 0;
           return;
+        }
       }
     }
-    deallocate_ordered_otherwise(address, size_class);
+    deallocate_ordered_otherwise(address, size_class, stream);
   }
 
-  [[gnu::noinline]] void deallocate_ordered_otherwise(std::uintptr_t address, int size_class) noexcept {
+  [[gnu::noinline]] void deallocate_ordered_otherwise(std::uintptr_t address, int size_class,
+                                                      std::uint64_t stream) noexcept {
     ThreadCache* cache = cache_for_a_free();
     if (!cache) return deallocate(address, size_class);  // tagged with the epoch: still safe
+    // (Only this thread changes whose frees its bins hold: once they are
+    // the stream's, they stay so below.)
+    if (!keep_frees_of(*cache, stream)) return deallocate(address, size_class);  // (as above)
     if (size_class < 0) return deallocate_ordered_large(address, *cache);
     if (keep_in_ordered_bin(*cache, address, size_class)) return;
     deallocate_ordered_spilling(*cache, address, size_class);

@@ -346,8 +346,12 @@ cuda::CUdeviceptr PoolMemoryManager::allocate_unrecorded(Core& core, std::size_t
   const int size_class = core.size_class(size);
   // The default streams' work is what the legacy stream's events cover, so a
   // thread may reuse its frees on them at once (Note [Stream-ordered reuse]);
-  // a block for any other stream is one that every stream may use.
-  return cuda::is_default_stream(stream) ? core.allocate_ordered(size, size_class) : core.allocate(size, size_class);
+  // so too its frees on another stream, for that stream, where the stream
+  // has a tag (Note [Same-stream reuse]). Otherwise a block for any other
+  // stream is one that every stream may use.
+  if (cuda::is_default_stream(stream)) return core.allocate_ordered(size, size_class);
+  const std::uint64_t tag = core.same_stream_tag(stream);
+  return tag ? core.allocate_ordered(size, size_class, tag) : core.allocate(size, size_class);
 }
 
 void PoolMemoryManager::deallocate(cuda::CUdeviceptr pointer, std::size_t size, cuda::CUstream stream) noexcept {
@@ -361,6 +365,7 @@ void PoolMemoryManager::deallocate_unchecked(Core& core, cuda::CUdeviceptr point
                                              cuda::CUstream stream) noexcept {
   const int size_class = core.size_class(size);
   if (cuda::is_default_stream(stream)) return core.deallocate_ordered(pointer, size_class);
+  if (const std::uint64_t tag = core.same_stream_tag(stream)) return core.deallocate_ordered(pointer, size_class, tag);
   core.order_after(stream);
   core.deallocate(pointer, size_class);
 }

@@ -463,7 +463,7 @@ std::size_t PoolMemoryManager::Core::shrink_arena() {
   return before - arena->mapped_bytes();
 }
 
-std::uintptr_t PoolMemoryManager::Core::forward(std::size_t size, int size_class, bool ordered) {
+std::uintptr_t PoolMemoryManager::Core::forward(std::size_t size, int size_class, bool ordered, std::uint64_t stream) {
   struct Forwarding {
     Forwarding() noexcept { forwarding = true; }
     ~Forwarding() { forwarding = false; }
@@ -474,7 +474,7 @@ std::uintptr_t PoolMemoryManager::Core::forward(std::size_t size, int size_class
     while (Core* newer = next->successor.load(std::memory_order_acquire)) next = newer;
     forwarded_to = next;
     try {
-      return ordered ? next->allocate_ordered(size, size_class) : next->allocate(size, size_class);
+      return ordered ? next->allocate_ordered(size, size_class, stream) : next->allocate(size, size_class);
     } catch (const Retired&) {
       retired_core = next;
     }
@@ -488,6 +488,7 @@ void PoolMemoryManager::Core::retire() noexcept {
     for (auto& bin : cache.bins) bin.count = bin.head = bin.frees_since_advance = 0;
     for (auto& bin : cache.ordered) bin.count = 0;
     cache.ordered_large_count = 0;
+    cache.ordered_count = 0;
     cache.forget_held_large();
     cache.bytes = 0;
     cache.large_bytes = 0;

@@ -1,10 +1,42 @@
-// pool/stream_ordered.cpp: stream-ordered requests and frees, on a default stream
-// (Note [Stream-ordered reuse]).
+// pool/stream_ordered.cpp: stream-ordered requests and frees that a thread
+// reuses at once (Note [Stream-ordered reuse], Note [Same-stream reuse]).
 #include "core.hpp"
 
 namespace cuemm {
 
-std::uintptr_t PoolMemoryManager::Core::allocate_ordered_otherwise_here(std::size_t size, int size_class) {
+std::uint64_t PoolMemoryManager::Core::same_stream_tag(cuda::CUstream stream) const noexcept {
+  if (!epochs.covers_every_stream()) return 0;
+  try {
+    unsigned long long id = 0;
+    int capture = cuda::CU_STREAM_CAPTURE_STATUS_NONE;
+    if (CUEMM_CU_RESULT(cuStreamGetId, stream, &id) != cuda::CUDA_SUCCESS || id == ~0ull) return 0;
+    if (CUEMM_CU_RESULT(cuStreamIsCapturing, stream, &capture) != cuda::CUDA_SUCCESS ||
+        capture != cuda::CU_STREAM_CAPTURE_STATUS_NONE)
+      return 0;
+    return id + 1;
+  } catch (const std::exception&) {
+    return 0;  // (no driver)
+  }
+}
+
+bool PoolMemoryManager::Core::keep_frees_of(ThreadCache& cache, std::uint64_t stream) noexcept {
+  {
+    std::lock_guard cache_lock(cache.lock.owner());
+    if (claim_ordered_bins(cache, stream)) return true;
+    if (++cache.ordered_misses < kOrderedStreamPatience) return false;
+  }
+  // The stream the bins hold has gone quiet (or away): its blocks wait for
+  // their epoch in the quarantine, as any other free's.
+  std::lock_guard lock(mutex);
+  std::lock_guard cache_lock(cache.lock.owner());
+  const std::uint64_t epoch = epochs.tag();
+  quarantine_ordered_bins(cache, -1, epoch);
+  quarantine_ordered_large(cache, epoch);
+  return claim_ordered_bins(cache, stream);
+}
+
+std::uintptr_t PoolMemoryManager::Core::allocate_ordered_otherwise_here(std::size_t size, int size_class,
+                                                                        std::uint64_t stream) {
   ThreadCache* own = caches_enabled() ? cache_of_this_thread() : nullptr;
   if (!own) return allocate(size, size_class);
   ThreadCache& cache = *own;
@@ -13,7 +45,12 @@ std::uintptr_t PoolMemoryManager::Core::allocate_ordered_otherwise_here(std::siz
   if (size_class >= 0) {
     {
       std::lock_guard cache_lock(cache.lock.owner());
-      if (const std::uintptr_t address = cache.take_ordered(size_class)) return address;
+      if (cache.ordered_stream == stream) {
+        if (const std::uintptr_t address = cache.take_ordered(size_class)) {
+          cache.ordered_misses = 0;
+          return address;
+        }
+      }
     }
     return allocate(size, size_class);
   }
@@ -21,9 +58,12 @@ std::uintptr_t PoolMemoryManager::Core::allocate_ordered_otherwise_here(std::siz
   const std::size_t needed = large_block_bytes(size, own_segment);
   {
     std::lock_guard cache_lock(cache.lock.owner());
-    if (auto found = cache.take_ordered_large(needed, own_segment)) {
-      cache.lend(*found, large_frees_elsewhere.load(std::memory_order_acquire));
-      return found->address;
+    if (cache.ordered_stream == stream) {
+      if (auto found = cache.take_ordered_large(needed, own_segment)) {
+        cache.ordered_misses = 0;
+        cache.lend(*found, large_frees_elsewhere.load(std::memory_order_acquire));
+        return found->address;
+      }
     }
   }
   std::lock_guard lock(mutex);

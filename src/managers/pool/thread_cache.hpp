@@ -35,6 +35,8 @@ namespace cuemm::detail {
 // kMaximumBinCapacity, within the cache's byte budget.
 inline constexpr std::uint32_t kMaximumBinCapacity = 512;
 inline constexpr std::uint32_t kMinimumBinCapacity = 4;
+// The tag of the default streams' frees (ThreadCache::ordered_stream).
+inline constexpr std::uint64_t kDefaultStreams = 0;
 // Large blocks (beyond the size classes) a thread keeps from stream-ordered frees.
 inline constexpr std::uint32_t kOrderedLargeCapacity = 4;
 // Large blocks a thread has out whose size it remembers.
@@ -69,8 +71,8 @@ struct ThreadCache {
     Freed& at(std::uint32_t i) noexcept { return ring[(head + i) & (capacity - 1)]; }  // capacity: a power of two
   };
 
-  // Blocks freed in stream order on a default stream (Note [Stream-ordered
-  // reuse]); reused at once by this thread, newest first.
+  // Blocks freed in stream order on the stream that `ordered_stream` names
+  // (Note [Stream-ordered reuse]); reused at once by this thread, newest first.
   struct OrderedBin {
     std::uintptr_t* slots = nullptr;
     std::uint32_t count = 0;
@@ -93,6 +95,12 @@ struct ThreadCache {
   std::size_t budget;
   std::array<OrderedLarge, kOrderedLargeCapacity> ordered_large;  // oldest first
   std::uint32_t ordered_large_count = 0;
+  // Whose frees `ordered` and `ordered_large` hold (Note [Same-stream
+  // reuse]): kDefaultStreams, or one stream's tag; the blocks there, and the
+  // frees on other streams since this thread last used that one's.
+  std::uint64_t ordered_stream = kDefaultStreams;
+  std::uint32_t ordered_count = 0;
+  std::uint32_t ordered_misses = 0;
   // Large blocks this thread freed without a stream, oldest first, each with
   // its epoch (Note [Large blocks in the thread caches]); in `large_bytes` too.
   struct HeldLarge {
@@ -271,6 +279,7 @@ struct ThreadCache {
     OrderedBin& bin = ordered[size_class];
     bin.last_free = ++free_serial;
     bin.slots[bin.count++] = address;
+    ++ordered_count;
     add_bytes(size_class_bytes(size_class));
   }
 
@@ -282,6 +291,7 @@ struct ThreadCache {
     for (std::uint32_t i = 0; i < count; ++i) out[i] = {bin.slots[i], epoch};
     std::copy(bin.slots + count, bin.slots + bin.count, bin.slots);
     bin.count -= count;
+    ordered_count -= count;
     remove_bytes(count * size_class_bytes(size_class));
     return count;
   }
@@ -302,6 +312,7 @@ struct ThreadCache {
   // The caller checks that there is room.
   void push_ordered_large(const OrderedLarge& block) noexcept {
     ordered_large[ordered_large_count++] = block;
+    ++ordered_count;
     util::add_own(large_bytes, block.bytes);
   }
 
@@ -309,6 +320,7 @@ struct ThreadCache {
     const OrderedLarge removed = ordered_large[i];
     std::copy(ordered_large.begin() + i + 1, ordered_large.begin() + ordered_large_count, ordered_large.begin() + i);
     --ordered_large_count;
+    --ordered_count;
     util::subtract_own(large_bytes, removed.bytes);
     return removed;
   }
@@ -450,6 +462,7 @@ struct ThreadCache {
     OrderedBin& bin = ordered[size_class];
     if (!bin.count) return 0;
     remove_bytes(size_class_bytes(size_class));
+    --ordered_count;
     return bin.slots[--bin.count];
   }
 

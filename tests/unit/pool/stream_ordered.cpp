@@ -110,6 +110,8 @@ TEST_F(Pool, WorkOnTheSameStreamRunsAfterTheFreedBlocksWork) {
   pool.deallocate(b, count * 4, stream.handle());
 }
 
+// (The freeing thread ends, so that its frees go back to the pool: it would
+// keep them for its next requests on that stream, Note [Same-stream reuse].)
 TEST_F(Pool, AFreeOnANonBlockingStreamWaitsForItsWork) {
   PoolMemoryManager pool(&context);
   pool.initialize();
@@ -122,9 +124,13 @@ TEST_F(Pool, AFreeOnANonBlockingStreamWaitsForItsWork) {
   // A block with a segment of its own: the next request of its size waits
   // for the pending epoch rather than take a new segment.
   const std::uint64_t count = 1 << 21;
-  const cuda::CUdeviceptr a = pool.allocate(count * 4, kernel_stream.handle());
-  module.function("cuemm_spin_fill_u32").launch({64}, {256}, kernel_stream, a, 7u, count, std::uint64_t{100'000'000});
-  pool.deallocate(a, count * 4, kernel_stream.handle());
+  cuda::CUdeviceptr a = 0;
+  std::thread([&] {
+    ScopedContext thread_scope(context);
+    a = pool.allocate(count * 4, kernel_stream.handle());
+    module.function("cuemm_spin_fill_u32").launch({64}, {256}, kernel_stream, a, 7u, count, std::uint64_t{100'000'000});
+    pool.deallocate(a, count * 4, kernel_stream.handle());
+  }).join();
   auto b = pool.memalloc(count * 4);
   DeviceArray<std::uint32_t> b_array(b, count);
   const std::vector<std::uint32_t> nines(count, 9u);
@@ -330,7 +336,7 @@ TEST_F(Pool, AnyDriverCallFailingInTheStreamOrderedPathsLeavesNothingBehind) {
   const Stream owned_stream(&context, user_stream, true);
   const auto baseline = simulation::device_bytes_in_use(0);
   for (const std::string function : {"cuMemAlloc", "cuEventCreate", "cuEventRecord", "cuStreamWaitEvent",
-                                     "cuEventQuery", "cuEventSynchronize"}) {
+                                     "cuEventQuery", "cuEventSynchronize", "cuStreamGetId", "cuStreamIsCapturing"}) {
     for (std::uint64_t nth = 1; nth <= 3; ++nth) {
       SCOPED_TRACE(function + " failing at call " + std::to_string(nth));
       {

@@ -1,0 +1,309 @@
+// Stream-ordered frees on a program's own streams, reused at once on the same
+// stream (Note [Same-stream reuse]).
+#include "pool_test.hpp"
+
+using namespace cuemm;
+using cuemm::testing::Pool;
+
+namespace {
+
+// A stream of the program's, destroyed with the object.
+struct OwnStream {
+  explicit OwnStream(unsigned flags = cuda::CU_STREAM_DEFAULT) { CUEMM_CU(cuStreamCreate, &handle, flags); }
+  ~OwnStream() {
+    if (handle) CUEMM_CU_RESULT(cuStreamDestroy, handle);
+  }
+  OwnStream(const OwnStream&) = delete;
+  OwnStream& operator=(const OwnStream&) = delete;
+  cuda::CUstream handle = nullptr;
+};
+
+std::vector<std::uint32_t> read_words(cuda::CUdeviceptr block, std::size_t count) {
+  std::vector<std::uint32_t> words(count);
+  CUEMM_CU(cuMemcpyDtoH, words.data(), block, count * 4);
+  return words;
+}
+
+// Sizes of a cached class, of the shared index, and of a segment of its own.
+constexpr std::size_t kSizes[] = {256, std::size_t{1} << 20, std::size_t{2} << 20, std::size_t{8} << 20};
+
+}  // namespace
+
+TEST_F(Pool, AFreeOnAProgramsStreamIsReusedAtOnceOnThatStreamOnly) {
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  ScopedContext scope(context);
+  const OwnStream stream, other(cuda::CU_STREAM_NON_BLOCKING);
+  for (const std::size_t size : kSizes) {
+    SCOPED_TRACE(size);
+    const cuda::CUdeviceptr first = pool.allocate(size, stream.handle);
+    pool.deallocate(first, size, stream.handle);
+    EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
+    const std::size_t seals = pool.statistics().seals;
+    const cuda::CUdeviceptr again = pool.allocate(size, stream.handle);
+    EXPECT_EQ(again, first) << "a free on the same stream was not reused at once";
+    EXPECT_EQ(pool.statistics().seals, seals) << "the same stream's free waited for a seal";
+    pool.deallocate(again, size, stream.handle);
+    // Neither another stream, nor a default one, nor the stream-less
+    // interface may take it without a seal since that free: their work does
+    // not wait for the stream's.
+    const std::size_t seals_at_free = pool.statistics().seals;
+    for (const cuda::CUstream elsewhere : {other.handle, cuda::CU_STREAM_PER_THREAD, cuda::CU_STREAM_LEGACY}) {
+      const cuda::CUdeviceptr theirs = pool.allocate(size, elsewhere);
+      if (theirs == first) {
+        EXPECT_GT(pool.statistics().seals, seals_at_free) << "stream " << elsewhere << " took the block without a seal";
+      }
+      pool.deallocate(theirs, size);
+    }
+    const cuda::CUdeviceptr stream_less = pool.allocate(size);
+    if (stream_less == first) {
+      EXPECT_GT(pool.statistics().seals, seals_at_free);
+    }
+    pool.deallocate(stream_less, size);
+  }
+  EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
+  pool.trim();
+  EXPECT_EQ(pool.statistics().reserved_bytes, 0u) << "trim left a stream's blocks behind";
+}
+
+// The block handed out again at once is written by later work on the stream,
+// which runs after the freed block's kernel: a kernel's and a copy's writes.
+TEST_F(Pool, WorkOnAProgramsStreamRunsAfterTheFreedBlocksWork) {
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  ScopedContext scope(context);
+  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
+  for (const unsigned flags : {cuda::CU_STREAM_DEFAULT, cuda::CU_STREAM_NON_BLOCKING}) {
+    const OwnStream own(flags);
+    const Stream stream(&context, own.handle, false);
+    for (const std::size_t bytes : {std::size_t{1} << 20, std::size_t{8} << 20}) {
+      SCOPED_TRACE(std::to_string(bytes) + " bytes, stream flags " + std::to_string(flags));
+      const std::uint64_t count = bytes / 4;
+      const cuda::CUdeviceptr a = pool.allocate(bytes, own.handle);
+      module.function("cuemm_spin_fill_u32").launch({64}, {256}, stream, a, 7u, count, std::uint64_t{50'000'000});
+      pool.deallocate(a, bytes, own.handle);
+      const cuda::CUdeviceptr b = pool.allocate(bytes, own.handle);
+      EXPECT_EQ(b, a);
+      module.function("cuemm_fill_u32").launch({64}, {256}, stream, b, 9u, count);
+      pool.deallocate(b, bytes, own.handle);
+      const cuda::CUdeviceptr c = pool.allocate(bytes, own.handle);
+      EXPECT_EQ(c, a);
+      const std::vector<std::uint32_t> fives(count, 5u);
+      CUEMM_CU(cuMemcpyHtoDAsync, c, fives.data(), bytes, own.handle);
+      stream.synchronize();
+      EXPECT_EQ(read_words(c, count), fives) << "the kernels' writes landed after the copy's";
+      pool.deallocate(c, bytes, own.handle);
+    }
+  }
+}
+
+// A stream made after another was destroyed (the driver may give it the same
+// handle) is a new stream: the old one's frees, whose work may still run, are
+// not its at once.
+TEST_F(Pool, AStreamMadeWhereADestroyedOneWasDoesNotTakeItsFrees) {
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  ScopedContext scope(context);
+  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
+  for (const std::size_t bytes : {std::size_t{1} << 20, std::size_t{8} << 20}) {
+    SCOPED_TRACE(bytes);
+    const std::uint64_t count = bytes / 4;
+    cuda::CUdeviceptr a = 0;
+    cuda::CUstream old_handle = nullptr;
+    {
+      const OwnStream own;
+      old_handle = own.handle;
+      a = pool.allocate(bytes, own.handle);
+      const Stream stream(&context, own.handle, false);
+      module.function("cuemm_spin_fill_u32").launch({64}, {256}, stream, a, 7u, count, std::uint64_t{100'000'000});
+      pool.deallocate(a, bytes, own.handle);
+    }  // destroyed with its kernel still running
+    const OwnStream next;
+    const std::size_t seals = pool.statistics().seals;
+    const cuda::CUdeviceptr b = pool.allocate(bytes, next.handle);
+    if (b == a) {
+      EXPECT_GT(pool.statistics().seals, seals) << "the new stream took the old one's block at once";
+    }
+    const std::vector<std::uint32_t> nines(count, 9u);
+    CUEMM_CU(cuMemcpyHtoDAsync, b, nines.data(), bytes, next.handle);
+    CUEMM_CU(cuStreamSynchronize, next.handle);
+    context.synchronize();
+    EXPECT_EQ(read_words(b, count), nines) << "the destroyed stream's kernel wrote into the new stream's block"
+                                           << (next.handle == old_handle ? " (the same handle)" : "");
+    pool.deallocate(b, bytes, next.handle);
+  }
+}
+
+// While a stream is captured into a graph (no CaptureScope), its requests do
+// not take its earlier frees (the graph's launches would not wait for their
+// work), and its frees are not kept for its later requests (the graph's
+// launches would still use them): both wait for a seal as other streams'.
+TEST_F(Pool, AStreamUnderCaptureNeitherTakesNorKeepsFreesAtOnce) {
+  const auto& api = driver::Driver::get().api();
+  if (!api.cuStreamBeginCapture) GTEST_SKIP() << "needs a driver that captures graphs";
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  ScopedContext scope(context);
+  const OwnStream own(cuda::CU_STREAM_NON_BLOCKING);
+  constexpr std::size_t kSize = 4096;
+  const cuda::CUdeviceptr before = pool.allocate(kSize, own.handle);
+  pool.deallocate(before, kSize, own.handle);
+  CUEMM_CU(cuStreamBeginCapture, own.handle, cuda::CU_STREAM_CAPTURE_MODE_RELAXED);
+  cuda::CUdeviceptr during = 0;
+  try {
+    during = pool.allocate(kSize, own.handle);
+    EXPECT_NE(during, before) << "a request under capture took a free made before it";
+    pool.deallocate(during, kSize, own.handle);
+  } catch (const CudaError& error) {
+    ADD_FAILURE() << "the pool's calls were refused during the capture: " << error.what();
+  }
+  cuda::CUgraph graph = nullptr;
+  (void)CUEMM_CU_RESULT(cuStreamEndCapture, own.handle, &graph);  // (the pool's seals may have ended it)
+  if (graph) CUEMM_CU(cuGraphDestroy, graph);
+  // After the capture, the free made before it is the stream's at once; the
+  // one made during it only after a seal.
+  const std::size_t seals = pool.statistics().seals;
+  const cuda::CUdeviceptr first = pool.allocate(kSize, own.handle);
+  EXPECT_EQ(first, before);
+  EXPECT_EQ(pool.statistics().seals, seals);
+  const cuda::CUdeviceptr second = pool.allocate(kSize, own.handle);
+  if (during && second == during) {
+    EXPECT_GT(pool.statistics().seals, seals) << "a free under capture was kept";
+  }
+  pool.deallocate(first, kSize, own.handle);
+  pool.deallocate(second, kSize, own.handle);
+}
+
+// A thread keeps one stream's frees at a time. Frees on another stream go to
+// the pool, until the kept stream has had no use for
+// kOrderedStreamPatience of them: its blocks then go to the pool too (they
+// wait for a seal), and the thread keeps the new stream's. So a thread that
+// moves on to a new stream (say the old one was destroyed) reuses at once
+// on the new one, and one that takes turns between streams keeps one's.
+TEST_F(Pool, AThreadKeepsTheFreesOfOneStreamAtATime) {
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  ScopedContext scope(context);
+  const OwnStream first_stream, second_stream;
+  constexpr std::size_t kSize = 4096;
+  const cuda::CUdeviceptr kept = pool.allocate(kSize, first_stream.handle);
+  pool.deallocate(kept, kSize, first_stream.handle);
+  // Turns between the two streams: the first keeps its block.
+  for (int i = 0; i < 200; ++i) {
+    const cuda::CUdeviceptr theirs = pool.allocate(kSize, second_stream.handle);
+    EXPECT_NE(theirs, kept);
+    pool.deallocate(theirs, kSize, second_stream.handle);
+    if (i % 50 == 0) {
+      const cuda::CUdeviceptr mine = pool.allocate(kSize, first_stream.handle);
+      EXPECT_EQ(mine, kept) << "turn " << i;
+      pool.deallocate(mine, kSize, first_stream.handle);
+    }
+  }
+  // The second stream alone: after the patience, its frees are kept.
+  for (int i = 0; i < 100; ++i) {
+    const cuda::CUdeviceptr theirs = pool.allocate(kSize, second_stream.handle);
+    pool.deallocate(theirs, kSize, second_stream.handle);
+  }
+  const std::size_t seals = pool.statistics().seals;
+  const cuda::CUdeviceptr loop_block = pool.allocate(kSize, second_stream.handle);
+  pool.deallocate(loop_block, kSize, second_stream.handle);
+  for (int i = 0; i < 1000; ++i) {
+    const cuda::CUdeviceptr again = pool.allocate(kSize, second_stream.handle);
+    ASSERT_EQ(again, loop_block) << "pair " << i << ": the second stream's free was not reused at once";
+    pool.deallocate(again, kSize, second_stream.handle);
+  }
+  EXPECT_EQ(pool.statistics().seals, seals) << "a loop on one stream sealed";
+  // The first stream's block went to the pool, and waits for a seal.
+  const std::size_t seals_before = pool.statistics().seals;
+  const cuda::CUdeviceptr mine = pool.allocate(kSize, first_stream.handle);
+  if (mine == kept) {
+    EXPECT_GT(pool.statistics().seals, seals_before);
+  }
+  pool.deallocate(mine, kSize, first_stream.handle);
+  EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
+}
+
+// Threads, each with streams of its own, run kernels into blocks they free and
+// take again at once on the same stream, free on each other's streams (a
+// block handed over with the stream its work is on), and on default streams;
+// every block read back holds what the last work on its stream wrote.
+TEST_F(Pool, ThreadsReuseTheirStreamsFreesAndKeepTheirContents) {
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  Module module = [&] {
+    ScopedContext scope(context);
+    return context.load_module(cuemm::testing::test_kernels_ptx());
+  }();
+  constexpr int kThreads = 4;
+  struct HandedOver {
+    cuda::CUdeviceptr block;
+    std::size_t bytes;
+    cuda::CUstream stream;
+  };
+  std::mutex handed_mutex;
+  std::vector<HandedOver> handed;
+  std::atomic<int> wrong{0};
+  std::atomic<int> reused_at_once{0};
+  std::vector<std::unique_ptr<OwnStream>> streams;
+  for (int t = 0; t < kThreads; ++t) {
+    ScopedContext scope(context);
+    streams.push_back(std::make_unique<OwnStream>(t % 2 ? cuda::CU_STREAM_NON_BLOCKING : cuda::CU_STREAM_DEFAULT));
+  }
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      ScopedContext scope(context);
+      const cuda::CUstream own = streams[t]->handle;
+      const Stream stream(&context, own, false);
+      std::mt19937 random(7 + t);
+      for (int i = 0; i < 120; ++i) {
+        const std::size_t bytes = std::size_t{4096} << (random() % 12);  // 4 KiB .. 8 MiB
+        const std::uint64_t count = bytes / 4;
+        const auto value = static_cast<std::uint32_t>(t << 16 | i);
+        const cuda::CUdeviceptr a = pool.allocate(bytes, own);
+        module.function("cuemm_spin_fill_u32").launch({32}, {256}, stream, a, value ^ 0xffu, count, std::uint64_t{20'000});
+        pool.deallocate(a, bytes, own);
+        const cuda::CUdeviceptr b = pool.allocate(bytes, own);
+        if (b == a) ++reused_at_once;
+        module.function("cuemm_fill_u32").launch({32}, {256}, stream, b, value, count);
+        std::uint32_t ends[2] = {0, 0};
+        CUEMM_CU(cuMemcpyDtoHAsync, &ends[0], b, 4, own);
+        CUEMM_CU(cuMemcpyDtoHAsync, &ends[1], b + bytes - 4, 4, own);
+        CUEMM_CU(cuStreamSynchronize, own);
+        if (ends[0] != value || ends[1] != value) ++wrong;
+        switch (random() % 4) {
+          case 0: {
+            std::lock_guard lock(handed_mutex);
+            handed.push_back({b, bytes, own});
+            break;
+          }
+          case 1:
+            pool.deallocate(b, bytes, cuda::CU_STREAM_PER_THREAD);  // (its work is done)
+            break;
+          default:
+            pool.deallocate(b, bytes, own);
+        }
+        HandedOver theirs{0, 0, nullptr};
+        {
+          std::lock_guard lock(handed_mutex);
+          if (!handed.empty()) {
+            theirs = handed.back();
+            handed.pop_back();
+          }
+        }
+        if (theirs.block) pool.deallocate(theirs.block, theirs.bytes, theirs.stream);
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  {
+    ScopedContext scope(context);
+    for (const auto& block : handed) pool.deallocate(block.block, block.bytes, block.stream);
+    context.synchronize();
+  }
+  EXPECT_EQ(wrong.load(), 0) << "a block read back what other work wrote";
+  EXPECT_GT(reused_at_once.load(), kThreads * 60) << "the streams' frees were seldom reused at once";
+  EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
+  const std::size_t reserved = pool.statistics().reserved_bytes;
+  EXPECT_EQ(pool.trim(), reserved) << "some block did not come back";
+}
