@@ -454,6 +454,37 @@ void DriverPoolLegacyStreamAllocateFree(benchmark::State& state) {
   driver_pool_pairs(state, cuemm::cuda::CU_STREAM_LEGACY);
 }
 
+// A stream the benchmark's thread made (each thread its own, as a program's
+// worker threads), kept for the thread's later benchmarks.
+cuemm::cuda::CUstream stream_of_this_thread() {
+  thread_local cuemm::Stream made = [] {
+    cuemm::ScopedContext scope(context());
+    return context().create_stream(true);
+  }();
+  return made.handle();
+}
+
+// Stream-ordered pairs on a stream of the program's rather than a default
+// one: the driver's pool, and the pool, whose thread keeps its frees on the
+// stream for its next requests there (Note [Same-stream reuse]; each request
+// and free asks the driver for the stream's id and whether it is captured).
+void DriverPoolOwnStreamAllocateFree(benchmark::State& state) { driver_pool_pairs(state, stream_of_this_thread()); }
+
+void PoolOwnStreamAllocateFree(benchmark::State& state) {
+  auto& pool = shared_manager<cuemm::PoolMemoryManager>();
+  cuemm::ScopedContext scope(context());
+  const auto size = static_cast<std::size_t>(state.range(0));
+  const cuemm::cuda::CUstream stream = stream_of_this_thread();
+  warm_up_until_the_pool_stops_buying(pool, [&] { pool.deallocate(pool.allocate(size, stream), size, stream); });
+  for (auto _ : state) {
+    const cuemm::cuda::CUdeviceptr pointer = pool.allocate(size, stream);
+    benchmark::DoNotOptimize(pointer);
+    pool.deallocate(pointer, size, stream);
+  }
+  CUEMM_CU(cuStreamSynchronize, stream);
+  state.SetItemsProcessed(state.iterations());
+}
+
 // The same workload through the driver's pool, on the thread's per-thread
 // default stream, from an empty pool, with the pool's high-water mark of
 // reserved bytes.
@@ -585,6 +616,66 @@ void PoolStreamOrderedStreamsWithKernels(benchmark::State& state) {
 // kernel first keeps the GPU busy that long, so that work is queued ahead
 // as in a training step. `Dedicated` is the pool's dedicated size (0: the
 // manager's default).
+// A loop on one stream of the program's that keeps the GPU behind: allocate,
+// launch a kernel that spins `spin` ns and fills the block, free, on the
+// stream; ns an iteration, and the MiB the allocator reserved (a loop whose
+// frees wait for the GPU grows while it runs behind, then waits).
+template <typename Allocate, typename Release, typename Reserved>
+void one_stream_loop(benchmark::State& state, Allocate&& allocate, Release&& release, Reserved&& reserved) {
+  KernelStreams& work = kernel_streams();
+  cuemm::ScopedContext scope(context());
+  const cuemm::Stream& stream = work.streams[0];
+  const auto size = static_cast<std::size_t>(state.range(0));
+  const auto spin = static_cast<std::uint64_t>(state.range(1));
+  // (The simulated driver's kernels write every byte on the host: there, the
+  // CI's smoke, only a block's first 4 KiB.)
+  const std::size_t filled = cuemm::simulation::active() ? std::min<std::size_t>(size, 4096) : size;
+  for (auto _ : state) {
+    const cuemm::cuda::CUdeviceptr pointer = allocate(size, stream.handle());
+    work.launch(pointer, filled, stream, spin);
+    release(pointer, size, stream.handle());
+  }
+  stream.synchronize();
+  state.counters["reserved_mib"] = static_cast<double>(reserved()) / double(1 << 20);
+  state.SetItemsProcessed(state.iterations());
+}
+
+void PoolOneStreamLoopBesideKernels(benchmark::State& state) {
+  cuemm::ScopedContext scope(context());
+  cuemm::PoolMemoryManager pool(&context());
+  pool.initialize();
+  one_stream_loop(
+      state, [&](std::size_t size, cuemm::cuda::CUstream stream) { return pool.allocate(size, stream); },
+      [&](cuemm::cuda::CUdeviceptr pointer, std::size_t size, cuemm::cuda::CUstream stream) {
+        pool.deallocate(pointer, size, stream);
+      },
+      [&] { return pool.statistics().reserved_bytes; });  // (a new pool: it gave nothing back)
+}
+
+void DriverPoolOneStreamLoopBesideKernels(benchmark::State& state) {
+  const cuemm::cuda::CUmemoryPool pool = driver_pool();
+  cuemm::ScopedContext scope(context());
+  CUEMM_CU(cuCtxSynchronize);
+  CUEMM_CU(cuMemPoolTrimTo, pool, 0);
+  std::uint64_t zero = 0;
+  CUEMM_CU(cuMemPoolSetAttribute, pool, cuemm::cuda::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &zero);
+  one_stream_loop(
+      state,
+      [&](std::size_t size, cuemm::cuda::CUstream stream) {
+        cuemm::cuda::CUdeviceptr pointer = 0;
+        CUEMM_CU(cuMemAllocFromPoolAsync, &pointer, size, pool, stream);
+        return pointer;
+      },
+      [](cuemm::cuda::CUdeviceptr pointer, std::size_t, cuemm::cuda::CUstream stream) {
+        CUEMM_CU(cuMemFreeAsync, pointer, stream);
+      },
+      [&] {
+        std::uint64_t high = 0;
+        CUEMM_CU(cuMemPoolGetAttribute, pool, cuemm::cuda::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &high);
+        return static_cast<std::size_t>(high);  // (its high-water mark, reset above)
+      });
+}
+
 template <typename Manager, std::size_t Dedicated>
 void run_beside_kernels(benchmark::State& state, std::uint64_t spin_ns) {
   KernelStreams& work = kernel_streams();
@@ -840,6 +931,8 @@ BENCHMARK(DriverLegacyStreamQuery)->Setup(benchmarks_of<NoSharedManager>)->Threa
 BENCHMARK(ThreadPrivateLoop)->Setup(benchmarks_of<NoSharedManager>)->Threads(1)->Threads(16)->UseRealTime();
 BENCHMARK(PoolRawAllocateFree)->Setup(benchmarks_of<cuemm::PoolMemoryManager>)->Apply(set_sizes);
 BENCHMARK(PoolStreamOrderedAllocateFree)->Setup(benchmarks_of<cuemm::PoolMemoryManager>)->Apply(set_sizes);
+BENCHMARK(DriverPoolOwnStreamAllocateFree)->Setup(benchmarks_of<DriverPool>)->Apply(set_sizes);
+BENCHMARK(PoolOwnStreamAllocateFree)->Setup(benchmarks_of<cuemm::PoolMemoryManager>)->Apply(set_sizes);
 BENCHMARK_TEMPLATE(AdaptorStreamOrderedAllocateFree, PoolWithStatistics)->Setup(benchmarks_of<PoolWithStatistics>)->Apply(set_sizes);
 BENCHMARK_TEMPLATE(AdaptorStreamOrderedAllocateFree, PoolWithLimit)->Setup(benchmarks_of<PoolWithLimit>)->Apply(set_sizes);
 BENCHMARK(PoolScalingAlternated)
@@ -866,6 +959,9 @@ BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::PoolMemoryManager)->Setup(benchmar
 BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::AsyncMemoryManager)->Setup(benchmarks_of<cuemm::AsyncMemoryManager>)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
 BENCHMARK(DriverPoolStreamsWithKernels)->Setup(benchmarks_of<DriverPool>)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
 BENCHMARK(PoolStreamOrderedStreamsWithKernels)->Setup(benchmarks_of<cuemm::PoolMemoryManager>)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
+// 20 us of the GPU's time an iteration: the host runs ahead until the launch queue is full.
+BENCHMARK(DriverPoolOneStreamLoopBesideKernels)->Setup(benchmarks_of<DriverPool>)->Args({64 << 10, 20'000})->Args({4 << 20, 20'000})->Iterations(20'000)->UseRealTime();
+BENCHMARK(PoolOneStreamLoopBesideKernels)->Setup(benchmarks_of<NoSharedManager>)->Args({64 << 10, 20'000})->Args({4 << 20, 20'000})->Iterations(20'000)->UseRealTime();
 // Up to 64 MiB with 1 GiB live, a few passes (each launches about 5,000 kernels).
 BENCHMARK_TEMPLATE(RandomSizesBesideKernels, cuemm::PoolMemoryManager)->Setup(benchmarks_of<NoSharedManager>)->Args({64L << 20, 1L << 30})->Iterations(2)->UseRealTime();
 BENCHMARK_TEMPLATE(RandomSizesBesideKernels, cuemm::PoolMemoryManager, kNoDedicatedSegments)

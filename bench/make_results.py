@@ -391,6 +391,10 @@ def pair_tables(m, sizes):
             ("pool, raw allocate/deallocate", "PoolRawAllocateFree/{s}/real_time/threads:{t}"),
             ("pool, stream-ordered allocate/deallocate (per-thread stream)",
              "PoolStreamOrderedAllocateFree/{s}/real_time/threads:{t}"),
+            ("driver's stream-ordered pool on each thread's own stream",
+             "DriverPoolOwnStreamAllocateFree/{s}/real_time/threads:{t}"),
+            ("pool, stream-ordered on each thread's own stream",
+             "PoolOwnStreamAllocateFree/{s}/real_time/threads:{t}"),
             ("pool under the statistics adaptor, stream-ordered",
              "AdaptorStreamOrderedAllocateFree<PoolWithStatistics>/{s}/real_time/threads:{t}"),
             ("pool under the limit adaptor (a cap not reached), stream-ordered",
@@ -405,6 +409,33 @@ def pair_tables(m, sizes):
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("")
     return lines
+
+
+def one_stream_loop_lines(runs):
+    """The table of a loop on one stream of the program's beside kernels that keep the GPU behind (ns an iteration
+    and MiB reserved, medians of the runs), from bench_allocators' runs; none where it did not run."""
+    times, reserved = medians(runs, "real_time"), medians(runs, "reserved_mib")
+    rows = [("driver's stream-ordered pool", "DriverPoolOneStreamLoopBesideKernels"),
+            ("pool manager, stream-ordered", "PoolOneStreamLoopBesideKernels")]
+    sizes = (64 << 10, 4 << 20)
+
+    def name(row, size):
+        return f"{row}/{size}/20000/iterations:20000/real_time"
+
+    if not any(name(row, size) in times for _, row in rows for size in sizes):
+        return []
+    lines = ["## A loop on one stream of the program's, the GPU behind (C++)", "",
+             "Allocate, launch a kernel that keeps the GPU busy 20 us and fills the block, free, all on one stream "
+             "the program made, 20,000 times from a new pool (the driver's pool trimmed first): the host runs ahead "
+             "until the launch queue is full. ns an iteration (the GPU's 20 us bound it), and the MiB reserved (the "
+             "pool's after the loop, the driver's pool's high-water mark): an allocator whose freed blocks wait for "
+             "the GPU grows while it runs behind.", "",
+             "| allocator | " + " | ".join(f"{size:,} B: ns, MiB" for size in sizes) + " |", "|---|---|---|"]
+    for label, row in rows:
+        cells = [f"{fmt(times[name(row, size)])}, {reserved[name(row, size)]:.0f}"
+                 if name(row, size) in times and name(row, size) in reserved else "-" for size in sizes]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def hand_over_lines(m, seals=None):
@@ -561,6 +592,7 @@ def main():
             cells = [fmt(m[f"{name}/{s}/real_time"]) if f"{name}/{s}/real_time" in m else "-" for s in (65536, 4194304)]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("")
+    lines += one_stream_loop_lines(runs)
     lines += hand_over_lines(m, seals)
     lines += beside_kernels_lines(runs)
     empty, holes = m.get("PoolWithFreeBlocks/0"), m.get("PoolWithFreeBlocks/65536")

@@ -7,9 +7,10 @@ instead (as cudaMallocAsync and cudaFreeAsync): the block is ready for work on
 on that stream, with no wait on the host. What happens to it then is the
 manager's rule. The pool: a block given back on a default stream (Numba's
 default, the legacy or the per-thread stream) serves the next request there at
-once, with no seal; one given back on another stream is handed out again, to
-any stream, once the work queued there before the free has run. The async
-manager: the driver's stream-ordered pool, on any stream.
+once, with no seal, and so does one given back on a stream of the program's,
+for the same thread's next request on that stream; otherwise a block is handed
+out again, to any stream, once the work queued there before the free has run.
+The async manager: the driver's stream-ordered pool, on any stream.
 
 The manager is the one serving the current device for Numba (the pool unless
 CUEMM_MEMORY_MANAGER says otherwise), whether or not Numba itself allocates
