@@ -102,27 +102,28 @@ def test_the_log_names_the_stream_of_each_allocation_and_free(run_python, tmp_pa
     assert stream_rows[0][3] == stream_rows[1][3] == out.strip(), (stream_rows, out)
 
 
-def test_a_block_freed_on_the_default_stream_is_reused_at_once_there_after_its_work(run_python):
-    # Numba's default stream: the next array there takes the block at once
-    # (no seal, no wait on the host), and its writes run after the dropped
-    # array's kernel.
-    out = run_python(KERNELS + """
+@pytest.mark.parametrize("stream", ["default", "own"])
+def test_a_block_freed_on_a_stream_is_reused_at_once_there_after_its_work(run_python, stream):
+    # Numba's default stream, or a stream the program made: the next array
+    # there takes the block at once (no seal, no wait on the host), and its
+    # writes run after the dropped array's kernel.
+    out = run_python(KERNELS + f"""
         import numpy as np
         import cuemm
-        s = cuda.default_stream()
+        s = cuda.default_stream() if {stream!r} == "default" else cuda.stream()
         for count in (1 << 18, 1 << 21):  # 1 MiB (the thread's cache) and 8 MiB (a segment of its own)
-            a = cuemm.device_array(count, dtype=np.uint32)
+            a = cuemm.device_array(count, dtype=np.uint32, stream=s)
             first = address(a)
             spin_fill(a, 7, s, 200_000_000)
             seals = cuemm.statistics()["pool"]["seals"]
             del a
-            b = cuemm.device_array(count, dtype=np.uint32)
-            assert address(b) == first, "the default stream's own free was not reused at once"
+            b = cuemm.device_array(count, dtype=np.uint32, stream=s)
+            assert address(b) == first, "the stream's own free was not reused at once"
             assert cuemm.statistics()["pool"]["seals"] == seals, "a free on the same stream waited for a seal"
             b.copy_to_device(np.full(count, 9, dtype=np.uint32), stream=s)
             values = b.copy_to_host(stream=s)
             s.synchronize()
-            assert (values == 9).all(), f"{(values == 7).sum()} of the kernel's writes landed after the copy"
+            assert (values == 9).all(), f"{{(values == 7).sum()}} of the kernel's writes landed after the copy"
             del b
         print("ok")
     """, **PLUGIN)
