@@ -1316,6 +1316,19 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // there could not go to the quarantine later), the stream is being
   // captured into a graph, or the driver cannot say. Two driver calls.
   std::uint64_t same_stream_tag(cuda::CUstream stream) const noexcept;
+  // Whether the thread's bins may hold `stream`'s frees: they hold those of
+  // a stream with its handle. Only then may a request there take them, so
+  // only then does it ask same_stream_tag() (a request on another stream of
+  // a thread that takes turns between streams makes no driver call).
+  bool may_hold_frees_of(cuda::CUstream stream) const noexcept {
+    const ThreadCache* own = last_cache_of_this_thread();
+    return own && own->ordered_handle == reinterpret_cast<std::uintptr_t>(stream);
+  }
+  // Whether a free on `stream` (not a default one) goes to the quarantine
+  // whatever its tag, counted as a miss (see keep_frees_of()): the bins hold
+  // blocks of a stream with another handle, whose turn is not up yet. Spares
+  // that free same_stream_tag()'s driver calls.
+  bool refuses_without_asking(cuda::CUstream stream) noexcept;
 
   // The common case (a block in the thread's bin, freed on the same stream)
   // apart, as allocate()'s. `stream`: kDefaultStreams or same_stream_tag()'s.
@@ -1350,12 +1363,14 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // kOrderedStreamPatience of the thread's frees on others: its blocks then
   // go to the quarantine, and the bins are the new stream's. Takes the
   // cache's lock, and `mutex` to give blocks back.
-  bool keep_frees_of(ThreadCache& cache, std::uint64_t stream) noexcept;
+  // `handle`: the stream's (0 for the default streams).
+  bool keep_frees_of(ThreadCache& cache, std::uint64_t stream, std::uintptr_t handle) noexcept;
   // The same without giving blocks back; the caller holds the cache's lock.
-  static bool claim_ordered_bins(ThreadCache& cache, std::uint64_t stream) noexcept {
+  static bool claim_ordered_bins(ThreadCache& cache, std::uint64_t stream, std::uintptr_t handle) noexcept {
     if (cache.ordered_stream != stream) {
       if (cache.ordered_count) return false;
       cache.ordered_stream = stream;
+      cache.ordered_handle = handle;
     }
     cache.ordered_misses = 0;
     return true;
@@ -1376,9 +1391,10 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   bool give_back_ordered_blocks(ThreadCache& own, int kept);
 
   // The common case (room in the thread's bin, which holds the same
-  // stream's frees) apart, as deallocate()'s. `stream`: as allocate_ordered()'s.
-  void deallocate_ordered(std::uintptr_t address, int size_class,
-                          std::uint64_t stream = detail::kDefaultStreams) noexcept {
+  // stream's frees) apart, as deallocate()'s. `stream`: as allocate_ordered()'s;
+  // `handle`: the stream's (0 for the default streams).
+  void deallocate_ordered(std::uintptr_t address, int size_class, std::uint64_t stream = detail::kDefaultStreams,
+                          std::uintptr_t handle = 0) noexcept {
     if (retired.load(std::memory_order_acquire)) return;
     if (size_class >= 0) [[likely]] {
       if (ThreadCache* cache = last_cache_of_this_thread()) [[likely]] {
@@ -1390,16 +1406,16 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
         }
       }
     }
-    deallocate_ordered_otherwise(address, size_class, stream);
+    deallocate_ordered_otherwise(address, size_class, stream, handle);
   }
 
-  [[gnu::noinline]] void deallocate_ordered_otherwise(std::uintptr_t address, int size_class,
-                                                      std::uint64_t stream) noexcept {
+  [[gnu::noinline]] void deallocate_ordered_otherwise(std::uintptr_t address, int size_class, std::uint64_t stream,
+                                                      std::uintptr_t handle) noexcept {
     ThreadCache* cache = cache_for_a_free();
     if (!cache) return deallocate(address, size_class);  // tagged with the epoch: still safe
     // (Only this thread changes whose frees its bins hold: once they are
     // the stream's, they stay so below.)
-    if (!keep_frees_of(*cache, stream)) return deallocate(address, size_class);  // (as above)
+    if (!keep_frees_of(*cache, stream, handle)) return deallocate(address, size_class);  // (as above)
     if (size_class < 0) return deallocate_ordered_large(address, *cache);
     if (keep_in_ordered_bin(*cache, address, size_class)) return;
     deallocate_ordered_spilling(*cache, address, size_class);

@@ -350,7 +350,7 @@ cuda::CUdeviceptr PoolMemoryManager::allocate_unrecorded(Core& core, std::size_t
   // has a tag (Note [Same-stream reuse]). Otherwise a block for any other
   // stream is one that every stream may use.
   if (cuda::is_default_stream(stream)) return core.allocate_ordered(size, size_class);
-  const std::uint64_t tag = core.same_stream_tag(stream);
+  const std::uint64_t tag = core.may_hold_frees_of(stream) ? core.same_stream_tag(stream) : 0;
   return tag ? core.allocate_ordered(size, size_class, tag) : core.allocate(size, size_class);
 }
 
@@ -365,7 +365,10 @@ void PoolMemoryManager::deallocate_unchecked(Core& core, cuda::CUdeviceptr point
                                              cuda::CUstream stream) noexcept {
   const int size_class = core.size_class(size);
   if (cuda::is_default_stream(stream)) return core.deallocate_ordered(pointer, size_class);
-  if (const std::uint64_t tag = core.same_stream_tag(stream)) return core.deallocate_ordered(pointer, size_class, tag);
+  if (!core.refuses_without_asking(stream)) {
+    if (const std::uint64_t tag = core.same_stream_tag(stream))
+      return core.deallocate_ordered(pointer, size_class, tag, reinterpret_cast<std::uintptr_t>(stream));
+  }
   core.order_after(stream);
   core.deallocate(pointer, size_class);
 }

@@ -19,10 +19,20 @@ std::uint64_t PoolMemoryManager::Core::same_stream_tag(cuda::CUstream stream) co
   }
 }
 
-bool PoolMemoryManager::Core::keep_frees_of(ThreadCache& cache, std::uint64_t stream) noexcept {
+bool PoolMemoryManager::Core::refuses_without_asking(cuda::CUstream stream) noexcept {
+  ThreadCache* cache = last_cache_of_this_thread();
+  if (!cache) return false;
+  std::lock_guard cache_lock(cache->lock.owner());
+  if (cache->ordered_handle == reinterpret_cast<std::uintptr_t>(stream) || cache->ordered_count == 0) return false;
+  if (cache->ordered_misses + 1 >= kOrderedStreamPatience) return false;  // (this miss hands the bins on: ask)
+  ++cache->ordered_misses;
+  return true;
+}
+
+bool PoolMemoryManager::Core::keep_frees_of(ThreadCache& cache, std::uint64_t stream, std::uintptr_t handle) noexcept {
   {
     std::lock_guard cache_lock(cache.lock.owner());
-    if (claim_ordered_bins(cache, stream)) return true;
+    if (claim_ordered_bins(cache, stream, handle)) return true;
     if (++cache.ordered_misses < kOrderedStreamPatience) return false;
   }
   // The stream the bins hold has gone quiet (or away): its blocks wait for
@@ -32,7 +42,7 @@ bool PoolMemoryManager::Core::keep_frees_of(ThreadCache& cache, std::uint64_t st
   const std::uint64_t epoch = epochs.tag();
   quarantine_ordered_bins(cache, -1, epoch);
   quarantine_ordered_large(cache, epoch);
-  return claim_ordered_bins(cache, stream);
+  return claim_ordered_bins(cache, stream, handle);
 }
 
 std::uintptr_t PoolMemoryManager::Core::allocate_ordered_otherwise_here(std::size_t size, int size_class,

@@ -96,9 +96,11 @@ struct ThreadCache {
   std::array<OrderedLarge, kOrderedLargeCapacity> ordered_large;  // oldest first
   std::uint32_t ordered_large_count = 0;
   // Whose frees `ordered` and `ordered_large` hold (Note [Same-stream
-  // reuse]): kDefaultStreams, or one stream's tag; the blocks there, and the
-  // frees on other streams since this thread last used that one's.
+  // reuse]): kDefaultStreams, or one stream's tag, and its handle (0 for the
+  // default streams; only this thread writes both); the blocks there, and
+  // the frees on other streams since this thread last used that one's.
   std::uint64_t ordered_stream = kDefaultStreams;
+  std::uintptr_t ordered_handle = 0;
   std::uint32_t ordered_count = 0;
   std::uint32_t ordered_misses = 0;
   // Large blocks this thread freed without a stream, oldest first, each with

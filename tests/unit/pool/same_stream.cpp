@@ -307,3 +307,23 @@ TEST_F(Pool, ThreadsReuseTheirStreamsFreesAndKeepTheirContents) {
   const std::size_t reserved = pool.statistics().reserved_bytes;
   EXPECT_EQ(pool.trim(), reserved) << "some block did not come back";
 }
+
+// Only the stream whose frees a thread keeps costs driver calls: requests and
+// frees on the streams it takes turns with ask nothing (simulated driver,
+// which counts the calls).
+TEST_F(Pool, RequestsOnTheOtherStreamsOfAThreadAskTheDriverNothing) {
+  CUEMM_REQUIRE_SIMULATION();
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  ScopedContext scope(context);
+  const OwnStream kept_stream, other_stream;
+  constexpr std::size_t kSize = 4096;
+  pool.deallocate(pool.allocate(kSize, kept_stream.handle), kSize, kept_stream.handle);
+  simulation::reset_call_counts();
+  for (int i = 0; i < 20; ++i) pool.deallocate(pool.allocate(kSize, other_stream.handle), kSize, other_stream.handle);
+  EXPECT_EQ(simulation::call_count("cuStreamGetId"), 0u);
+  EXPECT_EQ(simulation::call_count("cuStreamIsCapturing"), 0u);
+  pool.deallocate(pool.allocate(kSize, kept_stream.handle), kSize, kept_stream.handle);
+  EXPECT_EQ(simulation::call_count("cuStreamGetId"), 2u) << "the kept stream's request and free each ask once";
+  EXPECT_EQ(simulation::call_count("cuStreamIsCapturing"), 2u);
+}
