@@ -270,3 +270,21 @@ def test_the_stream_table_gives_each_size_both_calls_and_the_median_of_the_round
     assert "3 rounds of 1,000 pairs" in lines[1], lines
     row = [line for line in lines if line.startswith("| 256 B")]
     assert row == ["| 256 B | 200 | 200 | 1.50x |"], lines  # ratios 1.5, 1.0, 2.0
+
+
+def test_the_one_stream_loop_table_gives_each_allocators_time_and_reserved_memory():
+    def run(name, time, mib):
+        return {"run_name": name, "aggregate_name": "median", "real_time": time, "reserved_mib": mib}
+
+    runs = [{"benchmarks": [
+        run("PoolOneStreamLoopBesideKernels/65536/20000/iterations:20000/real_time", 20755.2, 2.0),
+        run("PoolOneStreamLoopBesideKernels/4194304/20000/iterations:20000/real_time", 21545.0, 4.0),
+        run("DriverPoolOneStreamLoopBesideKernels/4194304/20000/iterations:20000/real_time", 22887.0, 32.0),
+        {"run_name": "DriverPoolOneStreamLoopBesideKernels/65536/20000/iterations:20000/real_time",
+         "aggregate_name": "mean", "real_time": 1.0, "reserved_mib": 1.0}]}]  # (not a median: left out)
+    lines = make_results.one_stream_loop_lines(runs)
+    assert lines[0] == "## A loop on one stream of the program's, the GPU behind (C++)"
+    assert "| allocator | 65,536 B: ns, MiB | 4,194,304 B: ns, MiB |" in lines
+    assert "| pool manager, stream-ordered | 20,755, 2 | 21,545, 4 |" in lines
+    assert "| driver's stream-ordered pool | - | 22,887, 32 |" in lines
+    assert make_results.one_stream_loop_lines([{"benchmarks": []}]) == []
