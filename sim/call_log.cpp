@@ -50,7 +50,7 @@ CallLog::CallLog() {
                    "(expected function:nth:result[:times] with a known function)\n", entry.c_str());
       continue;
     }
-    faults_.push_back({index, std::stoull(nth), std::stoi(result), std::stoull(times)});
+    process_faults_.push_back({index, std::stoull(nth), std::stoi(result), std::stoull(times)});
     armed_ = true;
   }
 }
@@ -65,15 +65,17 @@ void CallLog::inject(int index, unsigned long long nth, cuda::CUresult result,
 void CallLog::clear() {
   std::lock_guard lock(mutex_);
   faults_.clear();
-  armed_ = false;
+  armed_ = !process_faults_.empty();
 }
 
 cuda::CUresult CallLog::check_faults(int index, unsigned long long call) {
   std::lock_guard lock(mutex_);
-  for (auto& fault : faults_) {
-    if (fault.function == index && call >= fault.first_call && fault.remaining > 0) {
-      --fault.remaining;
-      return fault.result;
+  for (auto* faults : {&faults_, &process_faults_}) {
+    for (auto& fault : *faults) {
+      if (fault.function == index && call >= fault.first_call && fault.remaining > 0) {
+        --fault.remaining;
+        return fault.result;
+      }
     }
   }
   return cuda::CUDA_SUCCESS;

@@ -87,6 +87,9 @@ class CallLog {
   }
   // `nth` counts from the current call count of the function.
   void inject(int index, unsigned long long nth, cuda::CUresult result, unsigned long long times);
+  // Ends the injected faults; CUEMM_SIM_FAULTS's stay, as the process's
+  // setting (a test that clears its own must not end a run's, such as CI's
+  // run of the pools' tests with every cuCtxRecordEvent refused).
   void clear();
 
   static int index_of(std::string_view name);
@@ -104,7 +107,8 @@ class CallLog {
   std::atomic<unsigned long long> counts_[kFunctionCount] = {};
   std::atomic<bool> armed_{false};
   std::mutex mutex_;
-  std::vector<Fault> faults_;
+  std::vector<Fault> faults_;          // inject()'s
+  std::vector<Fault> process_faults_;  // CUEMM_SIM_FAULTS's
 };
 
 }  // namespace cuemm::sim
