@@ -3,8 +3,6 @@
 #include "support/host_allocation_faults.hpp"
 
 #include <atomic>
-#include <cstdlib>
-#include <new>
 
 #include "cuemm/driver/simulation.hpp"
 #include "cuemm/error.hpp"
@@ -40,28 +38,6 @@ bool fail_this_one() noexcept {
   failed_one = true;
   if (struck_at_exit) struck_at_exit->store(true);
   return true;
-}
-
-void* take(std::size_t size, std::size_t alignment) noexcept {
-  if (size == 0) size = 1;
-  if (alignment <= alignof(std::max_align_t)) return std::malloc(size);
-  void* pointer = nullptr;
-  return posix_memalign(&pointer, alignment, size) == 0 ? pointer : nullptr;
-}
-
-void* take_or_throw(std::size_t size, std::size_t alignment) {
-  if (fail_this_one()) throw std::bad_alloc();
-  for (;;) {
-    if (void* pointer = take(size, alignment)) return pointer;
-    std::new_handler handler = std::get_new_handler();
-    if (!handler) throw std::bad_alloc();
-    handler();
-  }
-}
-
-void* take_or_null(std::size_t size, std::size_t alignment) noexcept {
-  if (fail_this_one()) return nullptr;
-  return take(size, alignment);
 }
 
 }  // namespace
@@ -100,34 +76,4 @@ void fail_host_allocation_until_thread_exit(std::uint64_t nth, std::atomic<bool>
 
 }  // namespace cuemm::testing
 
-constexpr std::size_t kPlain = alignof(std::max_align_t);
-
-void* operator new(std::size_t size) { return take_or_throw(size, kPlain); }
-void* operator new[](std::size_t size) { return take_or_throw(size, kPlain); }
-void* operator new(std::size_t size, std::align_val_t alignment) {
-  return take_or_throw(size, static_cast<std::size_t>(alignment));
-}
-void* operator new[](std::size_t size, std::align_val_t alignment) {
-  return take_or_throw(size, static_cast<std::size_t>(alignment));
-}
-void* operator new(std::size_t size, const std::nothrow_t&) noexcept { return take_or_null(size, kPlain); }
-void* operator new[](std::size_t size, const std::nothrow_t&) noexcept { return take_or_null(size, kPlain); }
-void* operator new(std::size_t size, std::align_val_t alignment, const std::nothrow_t&) noexcept {
-  return take_or_null(size, static_cast<std::size_t>(alignment));
-}
-void* operator new[](std::size_t size, std::align_val_t alignment, const std::nothrow_t&) noexcept {
-  return take_or_null(size, static_cast<std::size_t>(alignment));
-}
-
-void operator delete(void* pointer) noexcept { std::free(pointer); }
-void operator delete[](void* pointer) noexcept { std::free(pointer); }
-void operator delete(void* pointer, std::size_t) noexcept { std::free(pointer); }
-void operator delete[](void* pointer, std::size_t) noexcept { std::free(pointer); }
-void operator delete(void* pointer, std::align_val_t) noexcept { std::free(pointer); }
-void operator delete[](void* pointer, std::align_val_t) noexcept { std::free(pointer); }
-void operator delete(void* pointer, std::size_t, std::align_val_t) noexcept { std::free(pointer); }
-void operator delete[](void* pointer, std::size_t, std::align_val_t) noexcept { std::free(pointer); }
-void operator delete(void* pointer, const std::nothrow_t&) noexcept { std::free(pointer); }
-void operator delete[](void* pointer, const std::nothrow_t&) noexcept { std::free(pointer); }
-void operator delete(void* pointer, std::align_val_t, const std::nothrow_t&) noexcept { std::free(pointer); }
-void operator delete[](void* pointer, std::align_val_t, const std::nothrow_t&) noexcept { std::free(pointer); }
+#include "support/replaced_operator_new.hpp"  // (with fail_this_one() above)

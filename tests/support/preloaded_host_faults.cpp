@@ -16,10 +16,7 @@
 // host memory is not what the tests are about.
 #include <dlfcn.h>
 
-#include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <new>
 
 namespace {
 
@@ -33,28 +30,6 @@ bool fail_this_one() noexcept {
   if (--countdown != 0) return false;
   fired = true;
   return true;
-}
-
-void* take(std::size_t size, std::size_t alignment) noexcept {
-  if (size == 0) size = 1;
-  if (alignment <= alignof(std::max_align_t)) return std::malloc(size);
-  void* pointer = nullptr;
-  return posix_memalign(&pointer, alignment, size) == 0 ? pointer : nullptr;
-}
-
-void* take_or_throw(std::size_t size, std::size_t alignment) {
-  if (fail_this_one()) throw std::bad_alloc();
-  for (;;) {
-    if (void* pointer = take(size, alignment)) return pointer;
-    std::new_handler handler = std::get_new_handler();
-    if (!handler) throw std::bad_alloc();
-    handler();
-  }
-}
-
-void* take_or_null(std::size_t size, std::size_t alignment) noexcept {
-  if (fail_this_one()) return nullptr;
-  return take(size, alignment);
 }
 
 }  // namespace
@@ -83,29 +58,4 @@ __attribute__((visibility("default"))) int cuemm_host_faults_fired() { return fi
 
 }  // extern "C"
 
-void* operator new(std::size_t size) { return take_or_throw(size, 0); }
-void* operator new[](std::size_t size) { return take_or_throw(size, 0); }
-void* operator new(std::size_t size, std::align_val_t alignment) {
-  return take_or_throw(size, static_cast<std::size_t>(alignment));
-}
-void* operator new[](std::size_t size, std::align_val_t alignment) {
-  return take_or_throw(size, static_cast<std::size_t>(alignment));
-}
-void* operator new(std::size_t size, const std::nothrow_t&) noexcept { return take_or_null(size, 0); }
-void* operator new[](std::size_t size, const std::nothrow_t&) noexcept { return take_or_null(size, 0); }
-void* operator new(std::size_t size, std::align_val_t alignment, const std::nothrow_t&) noexcept {
-  return take_or_null(size, static_cast<std::size_t>(alignment));
-}
-void* operator new[](std::size_t size, std::align_val_t alignment, const std::nothrow_t&) noexcept {
-  return take_or_null(size, static_cast<std::size_t>(alignment));
-}
-void operator delete(void* pointer) noexcept { std::free(pointer); }
-void operator delete[](void* pointer) noexcept { std::free(pointer); }
-void operator delete(void* pointer, std::size_t) noexcept { std::free(pointer); }
-void operator delete[](void* pointer, std::size_t) noexcept { std::free(pointer); }
-void operator delete(void* pointer, std::align_val_t) noexcept { std::free(pointer); }
-void operator delete[](void* pointer, std::align_val_t) noexcept { std::free(pointer); }
-void operator delete(void* pointer, std::size_t, std::align_val_t) noexcept { std::free(pointer); }
-void operator delete[](void* pointer, std::size_t, std::align_val_t) noexcept { std::free(pointer); }
-void operator delete(void* pointer, const std::nothrow_t&) noexcept { std::free(pointer); }
-void operator delete[](void* pointer, const std::nothrow_t&) noexcept { std::free(pointer); }
+#include "support/replaced_operator_new.hpp"  // (with fail_this_one() above)
