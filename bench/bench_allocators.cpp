@@ -316,22 +316,27 @@ void PoolScalingAlternated(benchmark::State& state) {
   state.counters["sixteen_threads_ns"] = median(together);
 }
 
-// The same, stream-ordered on each thread's per-thread default stream (as the
-// driver's pool below, and PyTorch's on its current stream): a freed block is
-// reused at once by the same stream.
-void PoolStreamOrderedAllocateFree(benchmark::State& state) {
+// The same, stream-ordered on `stream`: each thread's per-thread default
+// stream (PoolStreamOrderedAllocateFree, as the driver's pool below, and
+// PyTorch's on its current stream), or a stream of its own
+// (PoolOwnStreamAllocateFree): a freed block is reused at once by the same
+// stream.
+void pool_stream_ordered_pairs(benchmark::State& state, cuemm::cuda::CUstream stream) {
   auto& pool = shared_manager<cuemm::PoolMemoryManager>();
   cuemm::ScopedContext scope(context());
   const auto size = static_cast<std::size_t>(state.range(0));
-  warm_up_until_the_pool_stops_buying(pool, [&] {
-    pool.deallocate(pool.allocate(size, cuemm::cuda::CU_STREAM_PER_THREAD), size, cuemm::cuda::CU_STREAM_PER_THREAD);
-  });
+  warm_up_until_the_pool_stops_buying(pool, [&] { pool.deallocate(pool.allocate(size, stream), size, stream); });
   for (auto _ : state) {
-    const cuemm::cuda::CUdeviceptr pointer = pool.allocate(size, cuemm::cuda::CU_STREAM_PER_THREAD);
+    const cuemm::cuda::CUdeviceptr pointer = pool.allocate(size, stream);
     benchmark::DoNotOptimize(pointer);
-    pool.deallocate(pointer, size, cuemm::cuda::CU_STREAM_PER_THREAD);
+    pool.deallocate(pointer, size, stream);
   }
+  CUEMM_CU(cuStreamSynchronize, stream);
   state.SetItemsProcessed(state.iterations());
+}
+
+void PoolStreamOrderedAllocateFree(benchmark::State& state) {
+  pool_stream_ordered_pairs(state, cuemm::cuda::CU_STREAM_PER_THREAD);
 }
 
 // The same through an adaptor over the pool: what observing a stream-ordered
@@ -470,20 +475,7 @@ cuemm::cuda::CUstream stream_of_this_thread() {
 // and free asks the driver for the stream's id and whether it is captured).
 void DriverPoolOwnStreamAllocateFree(benchmark::State& state) { driver_pool_pairs(state, stream_of_this_thread()); }
 
-void PoolOwnStreamAllocateFree(benchmark::State& state) {
-  auto& pool = shared_manager<cuemm::PoolMemoryManager>();
-  cuemm::ScopedContext scope(context());
-  const auto size = static_cast<std::size_t>(state.range(0));
-  const cuemm::cuda::CUstream stream = stream_of_this_thread();
-  warm_up_until_the_pool_stops_buying(pool, [&] { pool.deallocate(pool.allocate(size, stream), size, stream); });
-  for (auto _ : state) {
-    const cuemm::cuda::CUdeviceptr pointer = pool.allocate(size, stream);
-    benchmark::DoNotOptimize(pointer);
-    pool.deallocate(pointer, size, stream);
-  }
-  CUEMM_CU(cuStreamSynchronize, stream);
-  state.SetItemsProcessed(state.iterations());
-}
+void PoolOwnStreamAllocateFree(benchmark::State& state) { pool_stream_ordered_pairs(state, stream_of_this_thread()); }
 
 // The same workload through the driver's pool, on the thread's per-thread
 // default stream, from an empty pool, with the pool's high-water mark of
@@ -606,16 +598,6 @@ void PoolStreamOrderedStreamsWithKernels(benchmark::State& state) {
   });
 }
 
-// A workload of random_workload_of() with a kernel filling each new block,
-// on 4 streams in turn, through a new manager (as a program meets it, not
-// warmed by the benchmarks before): what a manager's driver calls and waits
-// cost while kernels are queued, since `cuMemFree` waits for all of them
-// (bench/probes/probe_free_stall.cpp). Each iteration is one pass and then
-// the wait for its kernels, so a manager that makes the host wait for the
-// GPU and one that overlaps them compare in wall time. With `spin_ns`, each
-// kernel first keeps the GPU busy that long, so that work is queued ahead
-// as in a training step. `Dedicated` is the pool's dedicated size (0: the
-// manager's default).
 // A loop on one stream of the program's that keeps the GPU behind: allocate,
 // launch a kernel that spins `spin` ns and fills the block, free, on the
 // stream; ns an iteration, and the MiB the allocator reserved (a loop whose
@@ -676,6 +658,16 @@ void DriverPoolOneStreamLoopBesideKernels(benchmark::State& state) {
       });
 }
 
+// A workload of random_workload_of() with a kernel filling each new block,
+// on 4 streams in turn, through a new manager (as a program meets it, not
+// warmed by the benchmarks before): what a manager's driver calls and waits
+// cost while kernels are queued, since `cuMemFree` waits for all of them
+// (bench/probes/probe_free_stall.cpp). Each iteration is one pass and then
+// the wait for its kernels, so a manager that makes the host wait for the
+// GPU and one that overlaps them compare in wall time. With `spin_ns`, each
+// kernel first keeps the GPU busy that long, so that work is queued ahead
+// as in a training step. `Dedicated` is the pool's dedicated size (0: the
+// manager's default).
 template <typename Manager, std::size_t Dedicated>
 void run_beside_kernels(benchmark::State& state, std::uint64_t spin_ns) {
   KernelStreams& work = kernel_streams();

@@ -33,6 +33,9 @@ pytestmark = [
                               "runtime, which the preloaded operator new stands in for"),
 ]
 
+# The pool alone, and under all four adaptors.
+SETTINGS = [{}, {"CUEMM_ADAPTORS": "statistics,log,tracking,limit", "CUEMM_LIMIT": "1G", "CUEMM_LOG_FILE": "/dev/null"}]
+
 # fault_each(call, check, threaded): for n = 1, 2, ... until a run reaches no
 # nth allocation, first gives back what the manager keeps (so that the call
 # grows the pool again), then runs call() with its nth C++ allocation failing
@@ -91,9 +94,7 @@ HARNESS = """
 """
 
 
-@pytest.mark.parametrize("setting", [{}, {"CUEMM_ADAPTORS": "statistics,log,tracking,limit", "CUEMM_LIMIT": "1G",
-                                          "CUEMM_LOG_FILE": "/dev/null"}],
-                         ids=["pool", "pool-under-adaptors"])
+@pytest.mark.parametrize("setting", SETTINGS, ids=["pool", "pool-under-adaptors"])
 def test_numbas_arrays_through_the_plugin(run_python, setting):
     out = run_python(HARNESS + """
         data = np.arange(4096, dtype=np.uint32)
@@ -114,9 +115,7 @@ def test_numbas_arrays_through_the_plugin(run_python, setting):
     assert faulted > 0, "no C++ allocation was failed: the library did not stand in for the runtime's"
 
 
-@pytest.mark.parametrize("setting", [{}, {"CUEMM_ADAPTORS": "statistics,log,tracking,limit", "CUEMM_LIMIT": "1G",
-                                          "CUEMM_LOG_FILE": "/dev/null"}],
-                         ids=["pool", "pool-under-adaptors"])
+@pytest.mark.parametrize("setting", SETTINGS, ids=["pool", "pool-under-adaptors"])
 def test_arrays_on_a_stream(run_python, setting):
     out = run_python(HARNESS + """
         s = cuda.stream()
