@@ -175,16 +175,30 @@ SIM_EXPORT CUresult cuThreadExchangeStreamCaptureMode(int* mode) {
 }
 
 namespace {
-// Waits, without the state lock, until the record of `generation`, if it is
-// still the latest, has its streams at their points, and settles it.
-void await_record(const std::shared_ptr<SimEvent>& event, std::uint64_t generation) {
+// The record of an event that a wait begun now waits for: its latest, with
+// the streams' points it stands for taken now, so that the event recorded
+// again later (on another stream, say) neither ends the wait nor moves it,
+// as on a GPU. No points: it has completed (or queued nothing: then its
+// generation is waited for). Call with the event's mutex held.
+struct RecordWaitedFor {
+  std::uint64_t generation = 0;
   std::vector<SimStream::Dependency> points;
-  {
-    std::lock_guard event_lock(event->mutex);
-    if (event->points_generation != generation) return;
-    points = event->points;
+};
+RecordWaitedFor record_to_wait_for(const SimEvent& event) {
+  RecordWaitedFor record{event.recorded, {}};
+  if (event.completed < event.recorded && event.points_generation == event.recorded) record.points = event.points;
+  return record;
+}
+
+// Waits, without the state lock, until the streams have reached the
+// record's points, and settles the event if it is still its latest record.
+void await_record(const std::shared_ptr<SimEvent>& event, const RecordWaitedFor& record) {
+  if (record.points.empty()) {
+    std::unique_lock event_lock(event->mutex);
+    event->done.wait(event_lock, [&] { return event->completed >= record.generation; });
+    return;
   }
-  for (const auto& point : points) point.stream->wait_for(point.ticket);
+  for (const auto& point : record.points) point.stream->wait_for(point.ticket);
   std::lock_guard event_lock(event->mutex);
   event->settle();
 }
@@ -209,22 +223,18 @@ SIM_EXPORT CUresult cuEventSynchronize(CUevent handle) {
   auto event = find_event(s, handle);
   if (!event) return CUDA_ERROR_INVALID_HANDLE;
   if (const CUresult refused = check_captures(s, DuringCapture::potentially_unsafe)) return refused;
-  std::uint64_t target;
+  RecordWaitedFor record;
   {
     std::lock_guard event_lock(event->mutex);
     if (const auto captured = live_capture_of(*event)) {
       captured->invalidated = true;
       return CUDA_ERROR_CAPTURED_EVENT;
     }
-    target = event->recorded;
+    record = record_to_wait_for(*event);
   }
   const int device = event->context->device->ordinal;
   lock.unlock();
-  await_record(event, target);
-  {
-    std::unique_lock event_lock(event->mutex);
-    event->done.wait(event_lock, [&] { return event->completed >= target; });
-  }
+  await_record(event, record);
   lock.lock();
   release_past_thresholds(s, device);
   return CUDA_SUCCESS;
@@ -239,13 +249,13 @@ SIM_EXPORT CUresult cuStreamWaitEvent(CUstream stream_handle, CUevent handle, un
   std::shared_ptr<Capture> captured;
   SimStream* captured_on = nullptr;
   std::size_t captured_at = 0;
-  std::uint64_t target;
+  RecordWaitedFor record;
   {
     std::lock_guard event_lock(event->mutex);
     captured = live_capture_of(*event);
     captured_on = event->captured_on;
     captured_at = event->captured_at;
-    target = event->recorded;
+    record = record_to_wait_for(*event);
   }
   Capture* mine = capture_of(s, stream);
   if (captured) {
@@ -276,11 +286,7 @@ SIM_EXPORT CUresult cuStreamWaitEvent(CUstream stream_handle, CUevent handle, un
     capture->invalidated = true;
     return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
   }
-  return run_on_stream(s, stream_handle, [event, target] {
-    await_record(event, target);
-    std::unique_lock event_lock(event->mutex);
-    event->done.wait(event_lock, [&] { return event->completed >= target; });
-  });
+  return run_on_stream(s, stream_handle, [event, record = std::move(record)] { await_record(event, record); });
 }
 
 namespace {

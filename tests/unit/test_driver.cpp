@@ -248,6 +248,40 @@ TEST(Driver, AnEventRecordedForTheContextWaitsForWorkOnEveryStream) {
   CUEMM_CU(cuEventDestroy, event);
 }
 
+// A stream's wait for an event is for the record made before the wait: the
+// event recorded again on another stream, idle, does not end it. (The pool
+// orders frees on non-blocking streams before CUDA 12.5 through one event,
+// recorded by each freeing thread in turn. The simulated driver once ended
+// every wait at the newest record's completion: a free on a stream whose
+// kernel still ran was reused under it, 1 run in 12 of
+// Pool.ThreadsReuseTheirStreamsFreesAndKeepTheirContents with seals on the
+// legacy stream.)
+TEST(Driver, AWaitForAnEventIsForItsRecordBeforeTheWait) {
+  Context& context = current_context();
+  ScopedContext scope(context);
+  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
+  const Function fill = module.function("cuemm_fill_u32");
+  Stream busy = context.create_stream(/*non_blocking=*/true);
+  Stream idle = context.create_stream(/*non_blocking=*/true);
+  Stream waiting = context.create_stream(/*non_blocking=*/true);
+  constexpr std::uint64_t kCount = 32;
+  DeviceArray<std::uint32_t> words(kCount, context);
+  cuda::CUevent event = nullptr;
+  CUEMM_CU(cuEventCreate, &event, cuda::CU_EVENT_DISABLE_TIMING);
+  {
+    HeldKernel kernel(context, busy, words.device_pointer(), 7u, kCount);
+    CUEMM_CU(cuEventRecord, event, busy.handle());
+    CUEMM_CU(cuStreamWaitEvent, waiting.handle(), event, 0u);
+    CUEMM_CU(cuEventRecord, event, idle.handle());
+    CUEMM_CU(cuEventSynchronize, event);  // the newer record has completed
+    fill.launch({1}, {32}, waiting, words.device_pointer(), 9u, kCount);
+    EXPECT_TRUE(kernel.waited_for_by([&] { waiting.synchronize(); }))
+        << "the wait ended with the newer record, before the kernel it was made after";
+  }
+  EXPECT_EQ(words.copy_to_host(), std::vector<std::uint32_t>(kCount, 9u));
+  CUEMM_CU(cuEventDestroy, event);
+}
+
 // Once an event recorded last on a stream has completed, the stream reads
 // idle: the event and the stream's own count of its work agree, as on a GPU.
 // (The simulated driver once completed the event a moment before the stream
