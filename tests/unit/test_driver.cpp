@@ -199,6 +199,30 @@ TEST(Driver, AsyncCopiesWithPageableHostMemoryAreDoneWithItOnReturn) {
   CUEMM_CU(cuMemFree, words);
 }
 
+namespace {
+// A kernel's stream, a stream to wait for it, the words they write and the
+// event between them: what the tests of a wait for an event share.
+struct KernelAndWaiter {
+  static constexpr std::uint64_t kCount = 32;
+  explicit KernelAndWaiter(Context& context)
+      : module(context.load_module(cuemm::testing::test_kernels_ptx())),
+        busy(context.create_stream(/*non_blocking=*/true)),
+        waiting(context.create_stream(/*non_blocking=*/true)),
+        words(kCount, context) {
+    CUEMM_CU(cuEventCreate, &event, cuda::CU_EVENT_DISABLE_TIMING);
+  }
+  ~KernelAndWaiter() { CUEMM_CU_RESULT(cuEventDestroy, event); }
+  KernelAndWaiter(const KernelAndWaiter&) = delete;
+  KernelAndWaiter& operator=(const KernelAndWaiter&) = delete;
+
+  Module module;
+  Stream busy;
+  Stream waiting;
+  DeviceArray<std::uint32_t> words;
+  cuda::CUevent event = nullptr;
+};
+}  // namespace
+
 // An event recorded for a whole context (cuCtxRecordEvent, CUDA 12.5) waits
 // for work on every stream, a non-blocking one too, where the legacy stream
 // reads idle: what the pools' seals and their busy rule rely on. The H100's
@@ -210,13 +234,9 @@ TEST(Driver, AnEventRecordedForTheContextWaitsForWorkOnEveryStream) {
     GTEST_SKIP() << "the loaded driver (" << driver::Driver::get().library_path()
                  << ") records no event for a whole context (cuCtxRecordEvent, CUDA 12.5)";
   ScopedContext scope(context);
-  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
-  Stream busy = context.create_stream(/*non_blocking=*/true);
-  Stream waiting = context.create_stream(/*non_blocking=*/true);
-  constexpr std::uint64_t kCount = 32;
-  DeviceArray<std::uint32_t> words(kCount, context);
-  cuda::CUevent event = nullptr;
-  CUEMM_CU(cuEventCreate, &event, cuda::CU_EVENT_DISABLE_TIMING);
+  KernelAndWaiter streams(context);
+  auto& [module, busy, waiting, words, event] = streams;
+  constexpr std::uint64_t kCount = KernelAndWaiter::kCount;
   {
     HeldKernel kernel(context, busy, words.device_pointer(), 7u, kCount);
     CUEMM_CU(cuCtxRecordEvent, context.handle(), event);
@@ -245,7 +265,6 @@ TEST(Driver, AnEventRecordedForTheContextWaitsForWorkOnEveryStream) {
   // With nothing queued it has completed at once.
   CUEMM_CU(cuCtxRecordEvent, context.handle(), event);
   EXPECT_EQ(CUEMM_CU_RESULT(cuEventQuery, event), cuda::CUDA_SUCCESS);
-  CUEMM_CU(cuEventDestroy, event);
 }
 
 // A stream's wait for an event is for the record made before the wait: the
@@ -259,15 +278,11 @@ TEST(Driver, AnEventRecordedForTheContextWaitsForWorkOnEveryStream) {
 TEST(Driver, AWaitForAnEventIsForItsRecordBeforeTheWait) {
   Context& context = current_context();
   ScopedContext scope(context);
-  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
+  KernelAndWaiter streams(context);
+  auto& [module, busy, waiting, words, event] = streams;
+  constexpr std::uint64_t kCount = KernelAndWaiter::kCount;
   const Function fill = module.function("cuemm_fill_u32");
-  Stream busy = context.create_stream(/*non_blocking=*/true);
   Stream idle = context.create_stream(/*non_blocking=*/true);
-  Stream waiting = context.create_stream(/*non_blocking=*/true);
-  constexpr std::uint64_t kCount = 32;
-  DeviceArray<std::uint32_t> words(kCount, context);
-  cuda::CUevent event = nullptr;
-  CUEMM_CU(cuEventCreate, &event, cuda::CU_EVENT_DISABLE_TIMING);
   {
     HeldKernel kernel(context, busy, words.device_pointer(), 7u, kCount);
     CUEMM_CU(cuEventRecord, event, busy.handle());
@@ -279,7 +294,6 @@ TEST(Driver, AWaitForAnEventIsForItsRecordBeforeTheWait) {
         << "the wait ended with the newer record, before the kernel it was made after";
   }
   EXPECT_EQ(words.copy_to_host(), std::vector<std::uint32_t>(kCount, 9u));
-  CUEMM_CU(cuEventDestroy, event);
 }
 
 // Once an event recorded last on a stream has completed, the stream reads
