@@ -1444,8 +1444,8 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   void deallocate_ordered_large(std::uintptr_t address, ThreadCache& cache) noexcept;
 
   // Where seals cover only the legacy stream, makes it wait for the work
-  // queued so far on `stream`, so that the next epoch's event covers it;
-  // failing that, waits for it here.
+  // queued so far on `stream` (if any), so that the next epoch's event
+  // covers it; failing that, waits for it here.
   void order_after(cuda::CUstream stream) noexcept;
 
   bool caches_enabled() const noexcept { return options.thread_cache_size > 0; }

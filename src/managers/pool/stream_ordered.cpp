@@ -161,9 +161,14 @@ void PoolMemoryManager::Core::order_after(cuda::CUstream stream) noexcept {
   // with seals on the legacy stream, such a free is then not ordered after
   // its stream's work.)
   if (epochs.covers_every_stream() || context->capturing()) return;
-  std::lock_guard lock(mutex);  // one event: record and wait together
   try {
     ScopedContext scope(*context);
+    // A stream with nothing queued has no work to order after. (Waits queued
+    // for idle streams kept the legacy stream reading busy, and the pool,
+    // taking that for GPU work, grew rather than reuse: Note [Growth while
+    // the GPU is busy].)
+    if (CUEMM_CU_RESULT(cuStreamQuery, stream) == cuda::CUDA_SUCCESS) return;
+    std::lock_guard lock(mutex);  // one event: record and wait together
     if (!ordering_event) CUEMM_CU(cuEventCreate, &ordering_event, cuda::CU_EVENT_DISABLE_TIMING);
     CUEMM_CU(cuEventRecord, ordering_event, stream);
     CUEMM_CU(cuStreamWaitEvent, cuda::CU_STREAM_LEGACY, ordering_event, 0);

@@ -374,9 +374,11 @@ TEST_F(Pool, AFreedBlockIsNotReusedWhileANonBlockingStreamsWorkMayStillWriteIt) 
 
 // Without cuCtxRecordEvent (a driver before CUDA 12.5; here the simulated one
 // refusing it), seals query and record on the legacy stream, and a
-// stream-ordered free on a non-blocking stream makes the legacy stream wait
-// for that stream's work; with it, seals record for the context and such a
-// free costs no driver call.
+// stream-ordered free on a non-blocking stream with work queued makes the
+// legacy stream wait for that work (one with nothing queued, no wait: such
+// waits kept the legacy stream reading busy, and the pool grew rather than
+// reuse); with it, seals record for the context and such a free costs no
+// driver call.
 TEST_F(Pool, SealsCoverTheLegacyStreamWhereTheDriverCannotRecordForTheContext) {
   CUEMM_REQUIRE_SIMULATION();  // (counts the driver's calls and refuses one)
   ScopedContext scope(context);
@@ -390,10 +392,18 @@ TEST_F(Pool, SealsCoverTheLegacyStreamWhereTheDriverCannotRecordForTheContext) {
     if (refused) simulation::inject_fault("cuCtxRecordEvent", 1, cuda::CUDA_ERROR_NOT_SUPPORTED, ~std::uint64_t{0});
     PoolMemoryManager pool(&context, with_thread_cache(0));
     pool.initialize();
-    const cuda::CUdeviceptr block = pool.allocate(1 << 20, stream.handle());
-    const std::uint64_t waits_before = simulation::call_count("cuStreamWaitEvent");
-    pool.deallocate(block, 1 << 20, stream.handle());
-    EXPECT_EQ(simulation::call_count("cuStreamWaitEvent") - waits_before, refused ? 1u : 0u);
+    const cuda::CUdeviceptr idle_block = pool.allocate(1 << 20, stream.handle());
+    const cuda::CUdeviceptr busy_block = pool.allocate(1 << 20, stream.handle());
+    std::uint64_t waits_before = simulation::call_count("cuStreamWaitEvent");
+    pool.deallocate(idle_block, 1 << 20, stream.handle());
+    EXPECT_EQ(simulation::call_count("cuStreamWaitEvent") - waits_before, 0u)
+        << "the legacy stream made to wait for a stream with nothing queued";
+    {
+      HeldKernel kernel(context, stream);
+      waits_before = simulation::call_count("cuStreamWaitEvent");
+      pool.deallocate(busy_block, 1 << 20, stream.handle());
+      EXPECT_EQ(simulation::call_count("cuStreamWaitEvent") - waits_before, refused ? 1u : 0u);
+    }
     auto other = pool.memalloc(4 << 20);
     other.reset();
     pool.trim();  // seals
