@@ -20,7 +20,8 @@ echo "== C++ tests (ctest)"
 (cd "$build" && ctest --output-on-failure --timeout 300) || status=1
 
 echo "== the pools' tests with seals on the legacy stream (a driver before CUDA 12.5: cuCtxRecordEvent refused)"
-for suite in test_pool_memory_manager test_pinned_host_pool test_manager_conformance; do
+for suite in test_pool_memory_manager test_pinned_host_pool test_manager_conformance test_adaptors_stream_ordered \
+  test_capture_scope; do
   CUEMM_DRIVER=sim CUEMM_SIM_FAULTS=cuCtxRecordEvent:1:801:1000000000000 "$build/bin/$suite" --gtest_brief=1 \
     >"/tmp/cuemm-legacy-seals-$suite.txt" 2>&1 || { tail -30 "/tmp/cuemm-legacy-seals-$suite.txt"; status=1; }
 done
@@ -52,6 +53,10 @@ echo "== install, and use through find_package(cuemm)"
 sim_driver="$build/lib/libcuemm_simdriver.so"
 echo "== the Python package and its Numba plugin (pytest, simulated driver)"
 (cd /tmp && PYTHONPATH="$build/python" CUEMM_DRIVER=sim NUMBA_CUDA_DRIVER="$sim_driver" \
+  /usr/bin/python3 -m pytest -q -p no:cacheprovider "$root/tests/python") || status=1
+echo "== the same with seals on the legacy stream (cuCtxRecordEvent refused, as before CUDA 12.5)"
+(cd /tmp && PYTHONPATH="$build/python" CUEMM_DRIVER=sim NUMBA_CUDA_DRIVER="$sim_driver" \
+  CUEMM_SIM_FAULTS=cuCtxRecordEvent:1:801:1000000000000 \
   /usr/bin/python3 -m pytest -q -p no:cacheprovider "$root/tests/python") || status=1
 
 echo "== Numba benchmark smoke (the three managers interleaved in one process, and arrays on a stream; never on timing)"
