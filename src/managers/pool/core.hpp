@@ -531,8 +531,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     quarantine_ring_blocks(cache, cache.latest_class, epochs.tag());
   }
 
-  // Moves the blocks of a thread's rings and ordered bins into the
-  // quarantine, but for class `kept` (-1: none); stream-ordered ones get `epoch`.
+  // Moves the blocks of a thread's rings, ordered bins and side streams
+  // into the quarantine, but for class `kept` (-1: none) of the rings and
+  // bins; stream-ordered ones get `epoch`.
   void quarantine_ring_blocks(ThreadCache& cache, int kept, std::uint64_t epoch) noexcept;
   // The blocks of a thread's ordered bins, but for class `kept`, with `epoch`; whether there were any.
   bool quarantine_ordered_bins(ThreadCache& cache, int kept, std::uint64_t epoch) noexcept;
@@ -1322,7 +1323,8 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // a thread that takes turns between streams makes no driver call).
   bool may_hold_frees_of(cuda::CUstream stream) const noexcept {
     const ThreadCache* own = last_cache_of_this_thread();
-    return own && own->ordered_handle == reinterpret_cast<std::uintptr_t>(stream);
+    const auto handle = reinterpret_cast<std::uintptr_t>(stream);
+    return own && (own->ordered_handle == handle || own->has_side_handle(handle));
   }
   // Whether a free on `stream` (not a default one) goes to the quarantine
   // whatever its tag, counted as a miss (see keep_frees_of()): the bins hold
@@ -1415,7 +1417,10 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     if (!cache) return deallocate(address, size_class);  // tagged with the epoch: still safe
     // (Only this thread changes whose frees its bins hold: once they are
     // the stream's, they stay so below.)
-    if (!keep_frees_of(*cache, stream, handle)) return deallocate(address, size_class);  // (as above)
+    if (!keep_frees_of(*cache, stream, handle)) {
+      if (stream != detail::kDefaultStreams && keep_on_side(*cache, stream, handle, address, size_class)) return;
+      return deallocate(address, size_class);  // (as above)
+    }
     if (size_class < 0) return deallocate_ordered_large(address, *cache);
     if (keep_in_ordered_bin(*cache, address, size_class)) return;
     deallocate_ordered_spilling(*cache, address, size_class);
@@ -1442,6 +1447,27 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // The size lookup needs the lock; the block then stays with the thread,
   // and the oldest one it kept goes to the quarantine when it has too many.
   void deallocate_ordered_large(std::uintptr_t address, ThreadCache& cache) noexcept;
+  // A large block freed by this thread, its size and kind: from the blocks
+  // it lent the thread, else (under `mutex`) from the pool's records;
+  // nullopt if no block starts there.
+  std::optional<ThreadCache::OrderedLarge> large_block_freed_here(std::uintptr_t address, ThreadCache& cache) noexcept;
+
+  // A free on a stream of the program's that the ordered bins do not hold
+  // (Note [Same-stream reuse]): kept on the thread's side stream of that
+  // tag, or on one it takes for it (a free slot, or the one least recently
+  // used if no request or free has used it in kOrderedStreamPatience of the
+  // thread's frees on the program's streams: its blocks go to the
+  // quarantine). False where no slot is to be had: the caller frees it to
+  // the pool. A slot over kSideStreamDepth blocks (or kOrderedLargeCapacity
+  // large ones, or the cache's budget) sends its oldest to the quarantine.
+  bool keep_on_side(ThreadCache& cache, std::uint64_t stream, std::uintptr_t handle, std::uintptr_t address,
+                    int size_class) noexcept;
+  // The slot a new side stream may take, or null; the caller holds the cache's lock.
+  static ThreadCache::SideStream* side_slot_to_claim(ThreadCache& cache) noexcept;
+  // Every block of the thread's side streams, to the quarantine with
+  // `epoch`; whether there were any. The caller holds `mutex` and the
+  // cache's lock. (The slots keep their streams.)
+  bool quarantine_side_streams(ThreadCache& cache, std::uint64_t epoch) noexcept;
 
   // Where seals cover only the legacy stream, makes it wait for the work
   // queued so far on `stream` (if any), so that the next epoch's event

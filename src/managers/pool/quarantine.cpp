@@ -104,6 +104,7 @@ void PoolMemoryManager::Core::quarantine_ring_blocks(ThreadCache& cache, int kep
         quarantine_or_reuse({taken[i].address, detail::size_class_bytes(c), taken[i].epoch, false});
   }
   quarantine_ordered_bins(cache, kept, epoch);
+  quarantine_side_streams(cache, epoch);
 }
 
 bool PoolMemoryManager::Core::quarantine_ordered_bins(ThreadCache& cache, int kept, std::uint64_t epoch) noexcept {
@@ -147,6 +148,17 @@ void PoolMemoryManager::Core::return_safe_cached_blocks(ThreadCache& cache, std:
     deallocate_in_index(held.block.address);
     cache.remove_held_large(i);
   }
+}
+
+bool PoolMemoryManager::Core::quarantine_side_streams(ThreadCache& cache, std::uint64_t epoch) noexcept {
+  if (cache.side_blocks == 0) return false;
+  for (auto& slot : cache.side) {
+    while (slot.count) {
+      const ThreadCache::SideBlock block = cache.remove_side(slot, slot.count - 1);
+      quarantine_or_reuse({block.address, block.bytes, epoch, block.dedicated});
+    }
+  }
+  return true;
 }
 
 }  // namespace cuemm

@@ -23,9 +23,111 @@ bool PoolMemoryManager::Core::refuses_without_asking(cuda::CUstream stream) noex
   ThreadCache* cache = last_cache_of_this_thread();
   if (!cache) return false;
   std::lock_guard cache_lock(cache->lock.owner());
-  if (cache->ordered_handle == reinterpret_cast<std::uintptr_t>(stream) || cache->ordered_count == 0) return false;
+  const auto handle = reinterpret_cast<std::uintptr_t>(stream);
+  if (cache->ordered_handle == handle || cache->ordered_count == 0) return false;
   if (cache->ordered_misses + 1 >= kOrderedStreamPatience) return false;  // (this miss hands the bins on: ask)
+  if (cache->has_side_handle(handle) || side_slot_to_claim(*cache)) return false;  // (a side stream's, or may be)
   ++cache->ordered_misses;
+  ++cache->side_serial;  // (a free on the program's streams: side streams unused age)
+  return true;
+}
+
+detail::ThreadCache::SideStream* PoolMemoryManager::Core::side_slot_to_claim(ThreadCache& cache) noexcept {
+  ThreadCache::SideStream* oldest = nullptr;
+  for (auto& slot : cache.side) {
+    if (slot.stream == detail::kDefaultStreams) return &slot;
+    if (!oldest || slot.last_use < oldest->last_use) oldest = &slot;
+  }
+  return cache.side_serial - oldest->last_use >= kOrderedStreamPatience ? oldest : nullptr;
+}
+
+std::optional<detail::ThreadCache::OrderedLarge> PoolMemoryManager::Core::large_block_freed_here(
+    std::uintptr_t address, ThreadCache& cache) noexcept {
+  {
+    std::lock_guard cache_lock(cache.lock.owner());
+    if (auto lent = cache.take_lent(address, large_frees_elsewhere.load(std::memory_order_acquire))) return lent;
+  }
+  std::lock_guard lock(mutex);
+  large_frees_elsewhere.fetch_add(1, std::memory_order_acq_rel);
+  const auto [block, in_segment_of_its_own] = block_at(address);
+  if (block == 0) return std::nullopt;
+  return ThreadCache::OrderedLarge{address, block, in_segment_of_its_own};
+}
+
+bool PoolMemoryManager::Core::keep_on_side(ThreadCache& cache, std::uint64_t stream, std::uintptr_t handle,
+                                           std::uintptr_t address, int size_class) noexcept {
+  using SideStream = ThreadCache::SideStream;
+  using SideBlock = ThreadCache::SideBlock;
+  const std::uint64_t epoch = epochs.tag();  // (for blocks sent on: their work was queued before this call)
+  // The slot: the stream's, or one to take (only this thread takes slots,
+  // so what is found here stays the stream's; others only empty them).
+  {
+    std::unique_lock cache_lock(cache.lock.owner());
+    SideStream* slot = cache.side_stream(stream);
+    if (!slot) {
+      slot = side_slot_to_claim(cache);
+      if (!slot) return false;
+      if (slot->count) {  // a stream gone quiet: its blocks to the quarantine (the pool's lock first)
+        cache_lock.unlock();
+        std::lock_guard lock(mutex);
+        std::lock_guard relock(cache.lock.owner());
+        for (std::uint32_t i = slot->count; i-- > 0;) {
+          const SideBlock block = cache.remove_side(*slot, i);
+          quarantine_or_reuse({block.address, block.bytes, epoch, block.dedicated});
+        }
+        slot->stream = stream;
+        slot->handle = handle;
+        cache.used(*slot);
+      } else {
+        slot->stream = stream;
+        slot->handle = handle;
+        cache.used(*slot);
+      }
+    } else {
+      cache.used(*slot);
+    }
+  }
+  SideBlock block{address, 0, size_class, false};
+  if (size_class >= 0) {
+    block.bytes = detail::size_class_bytes(size_class);
+  } else {
+    const auto large = large_block_freed_here(address, cache);
+    if (!large) return true;  // (no block starts there: as deallocate_ordered_large())
+    block.bytes = large->bytes;
+    block.dedicated = large->dedicated;
+  }
+  // Room: the oldest blocks go while the slot is full, or holds as many
+  // large ones as the ordered bins may, or the cache is over its budget.
+  std::array<SideBlock, detail::kSideStreamDepth> sent;
+  std::size_t sent_count = 0;
+  bool kept = false;
+  {
+    std::lock_guard cache_lock(cache.lock.owner());
+    SideStream* slot = cache.side_stream(stream);
+    if (slot) {
+      auto large_blocks = [&] {
+        std::uint32_t n = 0;
+        for (std::uint32_t i = 0; i < slot->count; ++i) n += slot->blocks[i].size_class < 0;
+        return n;
+      };
+      auto over_budget = [&] {
+        return size_class >= 0 && cache.bytes.load(std::memory_order_relaxed) + block.bytes > cache.budget;
+      };
+      while (slot->count && (slot->count == detail::kSideStreamDepth || (size_class < 0 && large_blocks() >= kOrderedLargeCapacity) ||
+                             over_budget()))
+        sent[sent_count++] = cache.remove_side(*slot, 0);
+      if (!over_budget()) {
+        cache.push_side(*slot, block);
+        kept = true;
+      }
+    }
+  }
+  if (sent_count || !kept) {
+    std::lock_guard lock(mutex);
+    for (std::size_t i = 0; i < sent_count; ++i)
+      quarantine_or_reuse({sent[i].address, sent[i].bytes, epoch, sent[i].dedicated});
+    if (!kept) quarantine_or_reuse({block.address, block.bytes, epoch, block.dedicated});
+  }
   return true;
 }
 
@@ -52,6 +154,8 @@ std::uintptr_t PoolMemoryManager::Core::allocate_ordered_otherwise_here(std::siz
   ThreadCache& cache = *own;
   // (The index and the segments of their own give the thread's other
   // stream-ordered frees back before they grow: give_back_ordered_blocks().)
+  // (A side stream of the same tag as the bins' is one they held before: look there too.)
+  ThreadCache::SideStream* side = nullptr;
   if (size_class >= 0) {
     {
       std::lock_guard cache_lock(cache.lock.owner());
@@ -60,6 +164,10 @@ std::uintptr_t PoolMemoryManager::Core::allocate_ordered_otherwise_here(std::siz
           cache.ordered_misses = 0;
           return address;
         }
+      }
+      if ((side = cache.side_stream(stream))) {
+        cache.used(*side);
+        if (const auto block = cache.take_side(*side, size_class, 0, false)) return block->address;
       }
     }
     return allocate(size, size_class);
@@ -73,6 +181,13 @@ std::uintptr_t PoolMemoryManager::Core::allocate_ordered_otherwise_here(std::siz
         cache.ordered_misses = 0;
         cache.lend(*found, large_frees_elsewhere.load(std::memory_order_acquire));
         return found->address;
+      }
+    }
+    if ((side = cache.side_stream(stream))) {
+      cache.used(*side);
+      if (const auto block = cache.take_side(*side, -1, needed, own_segment)) {
+        cache.lend({block->address, block->bytes, block->dedicated}, large_frees_elsewhere.load(std::memory_order_acquire));
+        return block->address;
       }
     }
   }
@@ -90,9 +205,12 @@ bool PoolMemoryManager::Core::give_back_ordered_blocks(ThreadCache& own, int kep
     std::lock_guard cache_lock(own.lock.owner());
     moved |= quarantine_ordered_bins(own, kept, epoch);
     moved |= quarantine_ordered_large(own, epoch);
+    moved |= quarantine_side_streams(own, epoch);
   }
-  for_each_other_cache_holding(&own, holds_large_blocks,
-                               [&](ThreadCache& other) { moved |= quarantine_ordered_large(other, epoch); });
+  for_each_other_cache_holding(&own, holds_large_blocks, [&](ThreadCache& other) {
+    moved |= quarantine_ordered_large(other, epoch);
+    moved |= quarantine_side_streams(other, epoch);
+  });
   if (moved) {
     seal();
     reclaim(false);

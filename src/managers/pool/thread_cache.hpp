@@ -39,6 +39,10 @@ inline constexpr std::uint32_t kMinimumBinCapacity = 4;
 inline constexpr std::uint64_t kDefaultStreams = 0;
 // Large blocks (beyond the size classes) a thread keeps from stream-ordered frees.
 inline constexpr std::uint32_t kOrderedLargeCapacity = 4;
+// Streams beside the ordered bins' whose frees a thread keeps too, and how
+// many blocks each (Note [Same-stream reuse]).
+inline constexpr std::uint32_t kSideStreams = 3;
+inline constexpr std::uint32_t kSideStreamDepth = 16;
 // Large blocks a thread has out whose size it remembers.
 inline constexpr std::uint32_t kLentCapacity = 8;
 // Large blocks a thread holds from frees without a stream: two of the
@@ -103,6 +107,26 @@ struct ThreadCache {
   std::uintptr_t ordered_handle = 0;
   std::uint32_t ordered_count = 0;
   std::uint32_t ordered_misses = 0;
+  // Streams beside `ordered_stream` whose frees this thread keeps (Note
+  // [Same-stream reuse]): each its tag (0: the slot is free) and handle, the
+  // side_serial of its latest request or free here, and its blocks, oldest
+  // first: a class's (in `bytes`) or, with size_class -1, a large one (in
+  // `large_bytes`).
+  struct SideBlock {
+    std::uintptr_t address;
+    std::size_t bytes;
+    int size_class;
+    bool dedicated;
+  };
+  struct SideStream {
+    std::uint64_t stream = 0;
+    std::uintptr_t handle = 0;
+    std::uint64_t last_use = 0;
+    std::uint32_t count = 0;
+    std::array<SideBlock, kSideStreamDepth> blocks;
+  };
+  std::uint64_t side_serial = 0;  // counts requests and frees on side streams
+  std::uint32_t side_blocks = 0;  // in all side streams
   // Large blocks this thread freed without a stream, oldest first, each with
   // its epoch (Note [Large blocks in the thread caches]); in `large_bytes` too.
   struct HeldLarge {
@@ -211,6 +235,54 @@ struct ThreadCache {
   std::unique_ptr<std::uintptr_t[]> ordered_storage;
   // A ring: a loop reuses its oldest block at every request.
   std::array<HeldLarge, kHeldCapacity> held_large;
+  std::array<SideStream, kSideStreams> side;
+
+  // The side stream with tag `stream`, or null.
+  SideStream* side_stream(std::uint64_t stream) noexcept {
+    for (auto& slot : side)
+      if (slot.stream == stream && stream != kDefaultStreams) return &slot;
+    return nullptr;
+  }
+  // Whether a side stream has this handle (its tag then says whether it is the same stream).
+  bool has_side_handle(std::uintptr_t handle) const noexcept {
+    for (const auto& slot : side)
+      if (slot.stream != kDefaultStreams && slot.handle == handle) return true;
+    return false;
+  }
+  // Marks a request or free on a side stream.
+  void used(SideStream& slot) noexcept { slot.last_use = ++side_serial; }
+  // Its newest block of `size_class`, or (size_class -1) the newest large
+  // one of the kind that fits `needed` (as take_ordered_large()); or nullopt.
+  std::optional<SideBlock> take_side(SideStream& slot, int size_class, std::size_t needed, bool dedicated) noexcept {
+    for (std::uint32_t i = slot.count; i-- > 0;) {
+      const SideBlock& block = slot.blocks[i];
+      const bool serves = size_class >= 0 ? block.size_class == size_class
+                                          : block.size_class < 0 &&
+                                                fits({block.address, block.bytes, block.dedicated}, needed, dedicated);
+      if (serves) return remove_side(slot, i);
+    }
+    return std::nullopt;
+  }
+  // The caller checks that there is room.
+  void push_side(SideStream& slot, const SideBlock& block) noexcept {
+    slot.blocks[slot.count++] = block;
+    ++side_blocks;
+    if (block.size_class >= 0)
+      add_bytes(block.bytes);
+    else
+      util::add_own(large_bytes, block.bytes);
+  }
+  SideBlock remove_side(SideStream& slot, std::uint32_t i) noexcept {
+    const SideBlock removed = slot.blocks[i];
+    std::copy(slot.blocks.begin() + i + 1, slot.blocks.begin() + slot.count, slot.blocks.begin() + i);
+    --slot.count;
+    --side_blocks;
+    if (removed.size_class >= 0)
+      remove_bytes(removed.bytes);
+    else
+      util::subtract_own(large_bytes, removed.bytes);
+    return removed;
+  }
 
   void lend(const OrderedLarge& block, std::uint64_t generation) noexcept {
     lent[next_lent] = {block, generation};
