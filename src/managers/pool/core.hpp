@@ -1368,9 +1368,12 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // `handle`: the stream's (0 for the default streams).
   bool keep_frees_of(ThreadCache& cache, std::uint64_t stream, std::uintptr_t handle) noexcept;
   // The same without giving blocks back; the caller holds the cache's lock.
+  // (Empty bins are not taken by a side stream's frees: the stream whose
+  // they are would then find no slot, and the side stream would be kept
+  // twice.)
   static bool claim_ordered_bins(ThreadCache& cache, std::uint64_t stream, std::uintptr_t handle) noexcept {
     if (cache.ordered_stream != stream) {
-      if (cache.ordered_count) return false;
+      if (cache.ordered_count || cache.side_stream(stream)) return false;
       cache.ordered_stream = stream;
       cache.ordered_handle = handle;
     }

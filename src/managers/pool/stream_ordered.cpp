@@ -96,36 +96,32 @@ bool PoolMemoryManager::Core::keep_on_side(ThreadCache& cache, std::uint64_t str
     block.bytes = large->bytes;
     block.dedicated = large->dedicated;
   }
-  // Room: the oldest blocks go while the slot is full, or holds as many
-  // large ones as the ordered bins may, or the cache is over its budget.
-  std::array<SideBlock, detail::kSideStreamDepth> sent;
-  std::size_t sent_count = 0;
+  // Room: a full slot sends its oldest block on, and one that holds as many
+  // large blocks as the ordered bins may its oldest large one; a small
+  // block past the cache's budget is not kept.
+  std::optional<SideBlock> sent;
   bool kept = false;
   {
     std::lock_guard cache_lock(cache.lock.owner());
-    SideStream* slot = cache.side_stream(stream);
-    if (slot) {
-      auto large_blocks = [&] {
-        std::uint32_t n = 0;
-        for (std::uint32_t i = 0; i < slot->count; ++i) n += slot->blocks[i].size_class < 0;
-        return n;
-      };
-      auto over_budget = [&] {
-        return size_class >= 0 && cache.bytes.load(std::memory_order_relaxed) + block.bytes > cache.budget;
-      };
-      while (slot->count && (slot->count == detail::kSideStreamDepth || (size_class < 0 && large_blocks() >= kOrderedLargeCapacity) ||
-                             over_budget()))
-        sent[sent_count++] = cache.remove_side(*slot, 0);
-      if (!over_budget()) {
+    if (SideStream* slot = cache.side_stream(stream)) {
+      if (size_class < 0) {
+        std::uint32_t large = 0, oldest_large = slot->count;
+        for (std::uint32_t i = 0; i < slot->count; ++i) {
+          if (slot->blocks[i].size_class >= 0) continue;
+          if (large++ == 0) oldest_large = i;
+        }
+        if (large >= kOrderedLargeCapacity) sent = cache.remove_side(*slot, oldest_large);
+      }
+      if (!sent && slot->count == detail::kSideStreamDepth) sent = cache.remove_side(*slot, 0);
+      if (size_class < 0 || cache.bytes.load(std::memory_order_relaxed) + block.bytes <= cache.budget) {
         cache.push_side(*slot, block);
         kept = true;
       }
     }
   }
-  if (sent_count || !kept) {
+  if (sent || !kept) {
     std::lock_guard lock(mutex);
-    for (std::size_t i = 0; i < sent_count; ++i)
-      quarantine_or_reuse({sent[i].address, sent[i].bytes, epoch, sent[i].dedicated});
+    if (sent) quarantine_or_reuse({sent->address, sent->bytes, epoch, sent->dedicated});
     if (!kept) quarantine_or_reuse({block.address, block.bytes, epoch, block.dedicated});
   }
   return true;
@@ -135,6 +131,7 @@ bool PoolMemoryManager::Core::keep_frees_of(ThreadCache& cache, std::uint64_t st
   {
     std::lock_guard cache_lock(cache.lock.owner());
     if (claim_ordered_bins(cache, stream, handle)) return true;
+    if (cache.ordered_count == 0) return false;  // (empty bins not claimed: the stream has a side slot)
     if (++cache.ordered_misses < kOrderedStreamPatience) return false;
   }
   // The stream the bins hold has gone quiet (or away): its blocks wait for

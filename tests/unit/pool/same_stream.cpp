@@ -241,13 +241,19 @@ TEST_F(Pool, AThreadKeepsTheFreesOfFourStreamsAtATime) {
       pool.deallocate(kept[k], size, streams[k].handle);
     }
     // Turns between the four, and now and then the fifth: each of the four
-    // takes its own block again at once, with no seal.
+    // takes its own block again at once, with no seal. Every other round
+    // holds all four blocks at once and frees the first stream's last (its
+    // bins are empty while the others free).
     for (int round = 0; round < 100; ++round) {
       const std::size_t seals = pool.statistics().seals;
+      cuda::CUdeviceptr again[kKept];
       for (int k = 0; k < kKept; ++k) {
-        const cuda::CUdeviceptr again = pool.allocate(size, streams[k].handle);
-        ASSERT_EQ(again, kept[k]) << "round " << round << ", stream " << k << ": its free was not reused at once";
-        pool.deallocate(again, size, streams[k].handle);
+        again[k] = pool.allocate(size, streams[k].handle);
+        ASSERT_EQ(again[k], kept[k]) << "round " << round << ", stream " << k << ": its free was not reused at once";
+        if (round % 2 == 0) pool.deallocate(again[k], size, streams[k].handle);
+      }
+      if (round % 2 == 1) {
+        for (int k = kKept; k-- > 0;) pool.deallocate(again[k], size, streams[k].handle);
       }
       EXPECT_EQ(pool.statistics().seals, seals) << "round " << round << ": turns between kept streams sealed";
       if (round % 10 == 0) {
