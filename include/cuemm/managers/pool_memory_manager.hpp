@@ -57,20 +57,23 @@
 // A thread also keeps its frees on a stream of the program's for its next
 // requests on that stream, as RMM, PyTorch and cudaMallocAsync do: a loop on
 // one stream then holds one block rather than a ring of them waiting for
-// seals, even while the GPU runs behind. The thread's ordered bins hold one
-// stream's frees at a time, named by a tag, the stream's id (cuStreamGetId)
+// seals, even while the GPU runs behind. The thread keeps the frees of up
+// to four streams, each named by a tag, the stream's id (cuStreamGetId)
 // rather than its handle: a destroyed stream's handle may come back for a
-// new stream, whose work would not wait for the old one's. Frees on other
-// streams go to the quarantine, until the stream the bins hold has seen no
-// use in 64 of them (Core::kOrderedStreamPatience): its blocks then go there
-// too and the bins take the new stream's, so a thread that moves on to
-// another stream (or whose stream was destroyed) reuses there, and one that
-// takes turns between streams keeps the first's. It is skipped (the free
+// new stream, whose work would not wait for the old one's. The ordered bins
+// hold one stream's; three side streams (ThreadCache::SideStream) hold up
+// to 16 blocks each of the others', so a thread that takes turns between a
+// few streams (a copy stream and a compute stream, say) reuses on each.
+// Frees on a further stream go to the quarantine, until a kept stream has
+// seen no use in 64 of the thread's frees on others
+// (Core::kOrderedStreamPatience): its blocks then go there too and the new
+// stream takes its place, so a thread that moves on to other streams (or
+// whose streams were destroyed) reuses there. It is skipped (the free
 // goes to the quarantine, the request to the pool) while the stream is
 // being captured into a graph: the graph's launches would use a block kept
 // during the capture, and would not wait for the work of a block freed
-// before it. So a request or free on the stream whose frees the thread keeps
-// (or may: one with its handle), or a free that may claim the bins, asks the
+// before it. So a request or free on a stream whose frees the thread keeps
+// (or may: one with its handle), or a free that may take a place, asks the
 // driver twice (the id; whether the stream is captured), 25-40 ns a call on
 // the H200; other streams' make no call. Only where the seals
 // cover every stream (cuCtxRecordEvent, CUDA 12.5): kept blocks go to the
