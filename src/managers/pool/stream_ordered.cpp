@@ -70,22 +70,16 @@ bool PoolMemoryManager::Core::keep_on_side(ThreadCache& cache, std::uint64_t str
       if (slot->count) {  // a stream gone quiet: its blocks to the quarantine (the pool's lock first)
         cache_lock.unlock();
         std::lock_guard lock(mutex);
-        std::lock_guard relock(cache.lock.owner());
+        cache_lock.lock();
         for (std::uint32_t i = slot->count; i-- > 0;) {
           const SideBlock block = cache.remove_side(*slot, i);
           quarantine_or_reuse({block.address, block.bytes, epoch, block.dedicated});
         }
-        slot->stream = stream;
-        slot->handle = handle;
-        cache.used(*slot);
-      } else {
-        slot->stream = stream;
-        slot->handle = handle;
-        cache.used(*slot);
       }
-    } else {
-      cache.used(*slot);
+      slot->stream = stream;
+      slot->handle = handle;
     }
+    cache.used(*slot);
   }
   SideBlock block{address, 0, size_class, false};
   if (size_class >= 0) {
