@@ -1454,6 +1454,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // it lent the thread, else (under `mutex`) from the pool's records;
   // nullopt if no block starts there.
   std::optional<ThreadCache::OrderedLarge> large_block_freed_here(std::uintptr_t address, ThreadCache& cache) noexcept;
+  // The same from the pool's records alone, under `mutex`; a lent block's
+  // size is then stale to its thread (large_frees_elsewhere).
+  std::optional<ThreadCache::OrderedLarge> large_block_in_records(std::uintptr_t address) noexcept;
 
   // A free on a stream of the program's that the ordered bins do not hold
   // (Note [Same-stream reuse]): kept on the thread's side stream of that

@@ -151,14 +151,15 @@ void PoolMemoryManager::Core::return_safe_cached_blocks(ThreadCache& cache, std:
 }
 
 bool PoolMemoryManager::Core::quarantine_side_streams(ThreadCache& cache, std::uint64_t epoch) noexcept {
-  if (cache.side_blocks == 0) return false;
+  bool any = false;
   for (auto& slot : cache.side) {
+    any |= slot.count > 0;
     while (slot.count) {
       const ThreadCache::SideBlock block = cache.remove_side(slot, slot.count - 1);
       quarantine_or_reuse({block.address, block.bytes, epoch, block.dedicated});
     }
   }
-  return true;
+  return any;
 }
 
 }  // namespace cuemm

@@ -490,7 +490,6 @@ void PoolMemoryManager::Core::retire() noexcept {
     cache.ordered_large_count = 0;
     cache.ordered_count = 0;
     for (auto& slot : cache.side) slot.count = 0;
-    cache.side_blocks = 0;
     cache.forget_held_large();
     cache.bytes = 0;
     cache.large_bytes = 0;

@@ -48,6 +48,11 @@ std::optional<detail::ThreadCache::OrderedLarge> PoolMemoryManager::Core::large_
     if (auto lent = cache.take_lent(address, large_frees_elsewhere.load(std::memory_order_acquire))) return lent;
   }
   std::lock_guard lock(mutex);
+  return large_block_in_records(address);
+}
+
+std::optional<detail::ThreadCache::OrderedLarge> PoolMemoryManager::Core::large_block_in_records(
+    std::uintptr_t address) noexcept {
   large_frees_elsewhere.fetch_add(1, std::memory_order_acq_rel);
   const auto [block, in_segment_of_its_own] = block_at(address);
   if (block == 0) return std::nullopt;
@@ -146,7 +151,6 @@ std::uintptr_t PoolMemoryManager::Core::allocate_ordered_otherwise_here(std::siz
   // (The index and the segments of their own give the thread's other
   // stream-ordered frees back before they grow: give_back_ordered_blocks().)
   // (A side stream of the same tag as the bins' is one they held before: look there too.)
-  ThreadCache::SideStream* side = nullptr;
   if (size_class >= 0) {
     {
       std::lock_guard cache_lock(cache.lock.owner());
@@ -156,7 +160,7 @@ std::uintptr_t PoolMemoryManager::Core::allocate_ordered_otherwise_here(std::siz
           return address;
         }
       }
-      if ((side = cache.side_stream(stream))) {
+      if (ThreadCache::SideStream* side = cache.side_stream(stream)) {
         cache.used(*side);
         if (const auto block = cache.take_side(*side, size_class, 0, false)) return block->address;
       }
@@ -174,7 +178,7 @@ std::uintptr_t PoolMemoryManager::Core::allocate_ordered_otherwise_here(std::siz
         return found->address;
       }
     }
-    if ((side = cache.side_stream(stream))) {
+    if (ThreadCache::SideStream* side = cache.side_stream(stream)) {
       cache.used(*side);
       if (const auto block = cache.take_side(*side, -1, needed, own_segment)) {
         cache.lend({block->address, block->bytes, block->dedicated}, large_frees_elsewhere.load(std::memory_order_acquire));
@@ -246,9 +250,8 @@ void PoolMemoryManager::Core::deallocate_ordered_large(std::uintptr_t address, T
     }
   }
   std::lock_guard lock(mutex);
-  large_frees_elsewhere.fetch_add(1, std::memory_order_acq_rel);
-  const auto [block, in_segment_of_its_own] = block_at(address);
-  if (block == 0) return;
+  const auto large = large_block_in_records(address);
+  if (!large) return;
   std::lock_guard cache_lock(cache.lock.owner());
   try {
     if (cache.ordered_large_count == kOrderedLargeCapacity) {
@@ -258,10 +261,10 @@ void PoolMemoryManager::Core::deallocate_ordered_large(std::uintptr_t address, T
     }
   } catch (...) {
     // No room to defer the oldest: it is still the thread's; this one waits for its epoch instead.
-    quarantine_or_reuse({address, block, epochs.tag(), in_segment_of_its_own});
+    quarantine_or_reuse({address, large->bytes, epochs.tag(), large->dedicated});
     return;
   }
-  cache.push_ordered_large({address, block, in_segment_of_its_own});
+  cache.push_ordered_large(*large);
 }
 
 void PoolMemoryManager::Core::order_after(cuda::CUstream stream) noexcept {

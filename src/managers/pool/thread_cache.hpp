@@ -126,7 +126,6 @@ struct ThreadCache {
     std::array<SideBlock, kSideStreamDepth> blocks;
   };
   std::uint64_t side_serial = 0;  // counts requests and frees on side streams
-  std::uint32_t side_blocks = 0;  // in all side streams
   // Large blocks this thread freed without a stream, oldest first, each with
   // its epoch (Note [Large blocks in the thread caches]); in `large_bytes` too.
   struct HeldLarge {
@@ -266,7 +265,6 @@ struct ThreadCache {
   // The caller checks that there is room.
   void push_side(SideStream& slot, const SideBlock& block) noexcept {
     slot.blocks[slot.count++] = block;
-    ++side_blocks;
     if (block.size_class >= 0)
       add_bytes(block.bytes);
     else
@@ -276,7 +274,6 @@ struct ThreadCache {
     const SideBlock removed = slot.blocks[i];
     std::copy(slot.blocks.begin() + i + 1, slot.blocks.begin() + slot.count, slot.blocks.begin() + i);
     --slot.count;
-    --side_blocks;
     if (removed.size_class >= 0)
       remove_bytes(removed.bytes);
     else
