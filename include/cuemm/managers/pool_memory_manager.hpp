@@ -63,7 +63,8 @@
 // new stream, whose work would not wait for the old one's. The ordered bins
 // hold one stream's; three side streams (ThreadCache::SideStream) hold up
 // to 16 blocks each of the others', so a thread that takes turns between a
-// few streams (a copy stream and a compute stream, say) reuses on each.
+// few streams (a copy stream and a compute stream, say, or a stream of its
+// own and the default streams, which count as one) reuses on each.
 // Frees on a further stream go to the quarantine, until a kept stream has
 // seen no use in 64 of the thread's frees on others
 // (Core::kOrderedStreamPatience): its blocks then go there too and the new

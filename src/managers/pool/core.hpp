@@ -1421,7 +1421,7 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     // (Only this thread changes whose frees its bins hold: once they are
     // the stream's, they stay so below.)
     if (!keep_frees_of(*cache, stream, handle)) {
-      if (stream != detail::kDefaultStreams && keep_on_side(*cache, stream, handle, address, size_class)) return;
+      if (keep_on_side(*cache, stream, handle, address, size_class)) return;
       return deallocate(address, size_class);  // (as above)
     }
     if (size_class < 0) return deallocate_ordered_large(address, *cache);

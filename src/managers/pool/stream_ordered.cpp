@@ -9,7 +9,7 @@ std::uint64_t PoolMemoryManager::Core::same_stream_tag(cuda::CUstream stream) co
   try {
     unsigned long long id = 0;
     int capture = cuda::CU_STREAM_CAPTURE_STATUS_NONE;
-    if (CUEMM_CU_RESULT(cuStreamGetId, stream, &id) != cuda::CUDA_SUCCESS || id == ~0ull) return 0;
+    if (CUEMM_CU_RESULT(cuStreamGetId, stream, &id) != cuda::CUDA_SUCCESS || id >= detail::kNoStream - 1) return 0;
     if (CUEMM_CU_RESULT(cuStreamIsCapturing, stream, &capture) != cuda::CUDA_SUCCESS ||
         capture != cuda::CU_STREAM_CAPTURE_STATUS_NONE)
       return 0;
@@ -35,7 +35,7 @@ bool PoolMemoryManager::Core::refuses_without_asking(cuda::CUstream stream) noex
 detail::ThreadCache::SideStream* PoolMemoryManager::Core::side_slot_to_claim(ThreadCache& cache) noexcept {
   ThreadCache::SideStream* oldest = nullptr;
   for (auto& slot : cache.side) {
-    if (slot.stream == detail::kDefaultStreams) return &slot;
+    if (slot.stream == detail::kNoStream) return &slot;
     if (!oldest || slot.last_use < oldest->last_use) oldest = &slot;
   }
   return cache.side_serial - oldest->last_use >= kOrderedStreamPatience ? oldest : nullptr;
@@ -186,6 +186,10 @@ std::uintptr_t PoolMemoryManager::Core::allocate_ordered_otherwise_here(std::siz
       }
     }
   }
+  // The oldest block the thread holds from its frees without a stream, once
+  // safe, serves any stream; else, at the peak, the kept blocks would go
+  // back before it was looked at.
+  if (const std::uintptr_t address = take_oldest_held_if_safe(size, cache)) return address;
   std::lock_guard lock(mutex);
   if (passes_peak(needed)) give_back_ordered_blocks(cache, -1);
   const std::uintptr_t address = allocate_beyond_classes(size, &cache);

@@ -37,6 +37,9 @@ inline constexpr std::uint32_t kMaximumBinCapacity = 512;
 inline constexpr std::uint32_t kMinimumBinCapacity = 4;
 // The tag of the default streams' frees (ThreadCache::ordered_stream).
 inline constexpr std::uint64_t kDefaultStreams = 0;
+// A side stream's tag while it holds no stream's frees: a program stream's
+// tags are its id plus one, and never this (same_stream_tag()).
+inline constexpr std::uint64_t kNoStream = ~std::uint64_t{0};
 // Large blocks (beyond the size classes) a thread keeps from stream-ordered frees.
 inline constexpr std::uint32_t kOrderedLargeCapacity = 4;
 // Streams beside the ordered bins' whose frees a thread keeps too, and how
@@ -108,7 +111,8 @@ struct ThreadCache {
   std::uint32_t ordered_count = 0;
   std::uint32_t ordered_misses = 0;
   // Streams beside `ordered_stream` whose frees this thread keeps (Note
-  // [Same-stream reuse]): each its tag (0: the slot is free) and handle, the
+  // [Same-stream reuse]): each its tag (kDefaultStreams for the default
+  // streams; kNoStream: the slot is free) and handle, the
   // side_serial of its latest request or free here, and its blocks, oldest
   // first: a class's (in `bytes`) or, with size_class -1, a large one (in
   // `large_bytes`).
@@ -119,7 +123,7 @@ struct ThreadCache {
     bool dedicated;
   };
   struct SideStream {
-    std::uint64_t stream = 0;
+    std::uint64_t stream = kNoStream;
     std::uintptr_t handle = 0;
     std::uint64_t last_use = 0;
     std::uint32_t count = 0;
@@ -239,13 +243,13 @@ struct ThreadCache {
   // The side stream with tag `stream`, or null.
   SideStream* side_stream(std::uint64_t stream) noexcept {
     for (auto& slot : side)
-      if (slot.stream == stream && stream != kDefaultStreams) return &slot;
+      if (slot.stream == stream && stream != kNoStream) return &slot;
     return nullptr;
   }
   // Whether a side stream has this handle (its tag then says whether it is the same stream).
   bool has_side_handle(std::uintptr_t handle) const noexcept {
     for (const auto& slot : side)
-      if (slot.stream != kDefaultStreams && slot.handle == handle) return true;
+      if (slot.stream != kNoStream && slot.handle == handle) return true;
     return false;
   }
   // Marks a request or free on a side stream.

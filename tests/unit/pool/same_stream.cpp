@@ -217,66 +217,113 @@ TEST_F(Pool, AStreamUnderCaptureNeitherTakesNorKeepsFreesAtOnce) {
 // its blocks then go to the pool too, and the fifth is kept in its place.
 // So a thread that takes turns between a few streams reuses on each at once,
 // and one that moves on (its streams destroyed, say) reuses on the new ones.
+// The default streams may be one of the four, in the bins or on a side: they
+// count as one (the legacy stream waits for this thread's per-thread stream
+// and it for the legacy one, so a free on either is reused on both).
 TEST_F(Pool, AThreadKeepsTheFreesOfFourStreamsAtATime) {
   ScopedContext scope(context);
   if (!cuemm::testing::context_events_work(context)) GTEST_SKIP() << kNeedsContextEvents;
   constexpr int kKept = 4;
-  for (const std::size_t size : {std::size_t{4096}, std::size_t{8} << 20}) {
-    SCOPED_TRACE(size);
-    PoolMemoryManager pool(&context);
-    pool.initialize();
-    const OwnStream streams[kKept] = {OwnStream{}, OwnStream{cuda::CU_STREAM_NON_BLOCKING}, OwnStream{},
-                                      OwnStream{cuda::CU_STREAM_NON_BLOCKING}};
-    const OwnStream fifth;
-    {
-      // Six blocks held at once first: no request below takes the pool past
-      // its peak, where kept blocks would go back before it grows
-      // (give_back_ordered_blocks()).
-      std::vector<std::shared_ptr<MemoryPointer>> peak;
-      for (int i = 0; i < kKept + 2; ++i) peak.push_back(pool.memalloc(size));
-    }
-    cuda::CUdeviceptr kept[kKept];
-    for (int k = 0; k < kKept; ++k) {
-      kept[k] = pool.allocate(size, streams[k].handle);
-      pool.deallocate(kept[k], size, streams[k].handle);
-    }
-    // Turns between the four, and now and then the fifth: each of the four
-    // takes its own block again at once, with no seal. Every other round
-    // holds all four blocks at once and frees the first stream's last (its
-    // bins are empty while the others free).
-    for (int round = 0; round < 100; ++round) {
-      const std::size_t seals = pool.statistics().seals;
-      cuda::CUdeviceptr again[kKept];
+  enum class Defaults { None, InTheBins, OnASide };
+  for (const Defaults defaults : {Defaults::None, Defaults::InTheBins, Defaults::OnASide}) {
+    const int default_at = defaults == Defaults::None ? -1 : defaults == Defaults::InTheBins ? 0 : 2;
+    for (const std::size_t size : {std::size_t{4096}, std::size_t{8} << 20}) {
+      SCOPED_TRACE(::testing::Message() << size << " B, the default streams "
+                                      << (default_at < 0 ? "not used" : default_at == 0 ? "first" : "third"));
+      PoolMemoryManager pool(&context);
+      pool.initialize();
+      const OwnStream own[kKept] = {OwnStream{}, OwnStream{cuda::CU_STREAM_NON_BLOCKING}, OwnStream{},
+                                    OwnStream{cuda::CU_STREAM_NON_BLOCKING}};
+      // Stream k's for a request, and for a free in round `round` (the
+      // default streams: the legacy one, and each other round this thread's).
+      const auto request_on = [&](int k) { return k == default_at ? cuda::CU_STREAM_LEGACY : own[k].handle; };
+      const auto free_on = [&](int k, int round) {
+        if (k != default_at) return own[k].handle;
+        return round % 2 ? cuda::CU_STREAM_PER_THREAD : cuda::CU_STREAM_LEGACY;
+      };
+      const OwnStream fifth;
+      {
+        // Six blocks held at once first: no request below takes the pool past
+        // its peak, where kept blocks would go back before it grows
+        // (give_back_ordered_blocks()).
+        std::vector<std::shared_ptr<MemoryPointer>> peak;
+        for (int i = 0; i < kKept + 2; ++i) peak.push_back(pool.memalloc(size));
+      }
+      cuda::CUdeviceptr kept[kKept];
       for (int k = 0; k < kKept; ++k) {
-        again[k] = pool.allocate(size, streams[k].handle);
-        ASSERT_EQ(again[k], kept[k]) << "round " << round << ", stream " << k << ": its free was not reused at once";
-        if (round % 2 == 0) pool.deallocate(again[k], size, streams[k].handle);
+        kept[k] = pool.allocate(size, request_on(k));
+        pool.deallocate(kept[k], size, free_on(k, 0));
       }
-      if (round % 2 == 1) {
-        for (int k = kKept; k-- > 0;) pool.deallocate(again[k], size, streams[k].handle);
+      // Turns between the four, and now and then the fifth: each of the four
+      // takes its own block again at once, with no seal. Every other round
+      // holds all four blocks at once and frees the first stream's last (its
+      // bins are empty while the others free).
+      for (int round = 0; round < 100; ++round) {
+        const std::size_t seals = pool.statistics().seals;
+        cuda::CUdeviceptr again[kKept];
+        for (int k = 0; k < kKept; ++k) {
+          again[k] = pool.allocate(size, request_on(k));
+          ASSERT_EQ(again[k], kept[k]) << "round " << round << ", stream " << k << ": its free was not reused at once";
+          if (round % 2 == 0) pool.deallocate(again[k], size, free_on(k, round));
+        }
+        if (round % 2 == 1) {
+          for (int k = kKept; k-- > 0;) pool.deallocate(again[k], size, free_on(k, round));
+        }
+        EXPECT_EQ(pool.statistics().seals, seals) << "round " << round << ": turns between kept streams sealed";
+        if (round % 10 == 0) {
+          const cuda::CUdeviceptr theirs = pool.allocate(size, fifth.handle);
+          for (int k = 0; k < kKept; ++k) EXPECT_NE(theirs, kept[k]);
+          pool.deallocate(theirs, size, fifth.handle);
+        }
       }
-      EXPECT_EQ(pool.statistics().seals, seals) << "round " << round << ": turns between kept streams sealed";
-      if (round % 10 == 0) {
-        const cuda::CUdeviceptr theirs = pool.allocate(size, fifth.handle);
-        for (int k = 0; k < kKept; ++k) EXPECT_NE(theirs, kept[k]);
-        pool.deallocate(theirs, size, fifth.handle);
+      // The fifth stream alone: after the patience, its frees are kept.
+      for (int i = 0; i < 100; ++i) pool.deallocate(pool.allocate(size, fifth.handle), size, fifth.handle);
+      const std::size_t seals = pool.statistics().seals;
+      const cuda::CUdeviceptr loop_block = pool.allocate(size, fifth.handle);
+      pool.deallocate(loop_block, size, fifth.handle);
+      for (int i = 0; i < 1000; ++i) {
+        const cuda::CUdeviceptr again = pool.allocate(size, fifth.handle);
+        ASSERT_EQ(again, loop_block) << "pair " << i << ": the fifth stream's free was not reused at once";
+        pool.deallocate(again, size, fifth.handle);
       }
+      EXPECT_EQ(pool.statistics().seals, seals) << "a loop on one stream sealed";
+      EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
+      const std::size_t reserved = pool.statistics().reserved_bytes;
+      EXPECT_EQ(pool.trim(), reserved) << "some kept block did not come back";
     }
-    // The fifth stream alone: after the patience, its frees are kept.
-    for (int i = 0; i < 100; ++i) pool.deallocate(pool.allocate(size, fifth.handle), size, fifth.handle);
-    const std::size_t seals = pool.statistics().seals;
-    const cuda::CUdeviceptr loop_block = pool.allocate(size, fifth.handle);
-    pool.deallocate(loop_block, size, fifth.handle);
-    for (int i = 0; i < 1000; ++i) {
-      const cuda::CUdeviceptr again = pool.allocate(size, fifth.handle);
-      ASSERT_EQ(again, loop_block) << "pair " << i << ": the fifth stream's free was not reused at once";
-      pool.deallocate(again, size, fifth.handle);
-    }
-    EXPECT_EQ(pool.statistics().seals, seals) << "a loop on one stream sealed";
-    EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
-    const std::size_t reserved = pool.statistics().reserved_bytes;
-    EXPECT_EQ(pool.trim(), reserved) << "some kept block did not come back";
   }
+}
+
+// A large request on the default streams at the pool's peak, where the
+// thread holds a safe block from its frees without a stream: that block
+// serves it, and what the thread keeps for a stream of the program's stays
+// kept (before, the kept blocks went back first, with a seal).
+TEST_F(Pool, AStreamOrderedRequestTakesASafeHeldBlockBeforeGivingBackKeptOnes) {
+  ScopedContext scope(context);
+  if (!cuemm::testing::context_events_work(context)) GTEST_SKIP() << kNeedsContextEvents;
+  constexpr std::size_t kSize = std::size_t{8} << 20;
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  // Three held blocks (the peak); the stream's request takes the oldest, a
+  // request without a stream the next (each sealing if need be): the third
+  // is then safe.
+  hold_then_release(pool, 3, kSize);
+  const std::size_t reserved = pool.statistics().reserved_bytes;
+  const OwnStream own;
+  const cuda::CUdeviceptr kept = pool.allocate(kSize, own.handle);
+  pool.deallocate(kept, kSize, own.handle);
+  const cuda::CUdeviceptr first = pool.allocate(kSize);
+  ASSERT_EQ(pool.statistics().reserved_bytes, reserved) << "the held blocks did not serve the first requests";
+  const std::size_t seals = pool.statistics().seals;
+  const cuda::CUdeviceptr second = pool.allocate(kSize, cuda::CU_STREAM_LEGACY);
+  EXPECT_NE(second, kept) << "the request took the block kept for another stream";
+  EXPECT_EQ(pool.statistics().seals, seals) << "the request gave the kept blocks back (a seal)";
+  EXPECT_EQ(pool.statistics().reserved_bytes, reserved) << "the pool grew beside a safe held block";
+  EXPECT_EQ(pool.allocate(kSize, own.handle), kept) << "the stream's kept block was given back";
+  pool.deallocate(kept, kSize, own.handle);
+  pool.deallocate(second, kSize, cuda::CU_STREAM_LEGACY);
+  pool.deallocate(first, kSize);
+  EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
 }
 
 // Threads, each taking turns between three streams of its own (one in the
