@@ -521,6 +521,7 @@ struct KernelStreams {
   cuemm::Function fill = module.function("cuemm_fill_u32");
   cuemm::Function spin_fill = module.function("cuemm_spin_fill_u32");
   std::vector<cuemm::Stream> streams;
+  const cuemm::Stream legacy = cuemm::Stream::legacy_default();
   KernelStreams() {
     for (int i = 0; i < 4; ++i) streams.push_back(context().create_stream());
   }
@@ -543,6 +544,7 @@ struct KernelStreams {
   }
   void synchronize() {
     for (auto& stream : streams) stream.synchronize();
+    legacy.synchronize();
   }
 };
 
@@ -552,14 +554,19 @@ KernelStreams& kernel_streams() {
 }
 
 // One allocate + launch + free a step (`step(work, stream, size)`), on the
-// kernel streams in turn, then the wait for them.
+// kernel streams in turn, then the wait for them. With `with_legacy`, the
+// legacy default stream takes the second stream's turns (after one of the
+// program's, whose frees may hold the thread's ordered bins).
 template <typename Step>
-void on_kernel_streams(benchmark::State& state, Step&& step) {
+void on_kernel_streams(benchmark::State& state, Step&& step, bool with_legacy = false) {
   KernelStreams& work = kernel_streams();
   cuemm::ScopedContext scope(context());
   const auto size = static_cast<std::size_t>(state.range(0));
+  std::vector<const cuemm::Stream*> turns;
+  for (const auto& stream : work.streams) turns.push_back(&stream);
+  if (with_legacy) turns[1] = &work.legacy;
   std::size_t next = 0;
-  for (auto _ : state) step(work, work.streams[next++ % work.streams.size()], size);
+  for (auto _ : state) step(work, *turns[next++ % turns.size()], size);
   work.synchronize();
   state.SetItemsProcessed(state.iterations());
 }
@@ -575,27 +582,44 @@ void StreamsWithKernels(benchmark::State& state) {
 
 // The driver's stream-ordered pool used on each kernel's own stream: the
 // stream orders reuse, so no allocator needs to wait.
-void DriverPoolStreamsWithKernels(benchmark::State& state) {
+void driver_pool_streams_with_kernels(benchmark::State& state, bool with_legacy) {
   const cuemm::cuda::CUmemoryPool pool = driver_pool();
-  on_kernel_streams(state, [&](const KernelStreams& work, const cuemm::Stream& stream, std::size_t size) {
-    cuemm::cuda::CUdeviceptr pointer = 0;
-    CUEMM_CU(cuMemAllocFromPoolAsync, &pointer, size, pool, stream.handle());
-    work.launch(pointer, size, stream);
-    CUEMM_CU(cuMemFreeAsync, pointer, stream.handle());
-  });
+  on_kernel_streams(
+      state,
+      [&](const KernelStreams& work, const cuemm::Stream& stream, std::size_t size) {
+        cuemm::cuda::CUdeviceptr pointer = 0;
+        CUEMM_CU(cuMemAllocFromPoolAsync, &pointer, size, pool, stream.handle());
+        work.launch(pointer, size, stream);
+        CUEMM_CU(cuMemFreeAsync, pointer, stream.handle());
+      },
+      with_legacy);
 }
+void DriverPoolStreamsWithKernels(benchmark::State& state) { driver_pool_streams_with_kernels(state, false); }
+// The same with the legacy default stream as one of the four.
+void DriverPoolLegacyAndStreamsWithKernels(benchmark::State& state) { driver_pool_streams_with_kernels(state, true); }
 
 // The pool used the same way, stream-ordered (allocate(size, stream), as RMM
 // and PyTorch call it): a free on a stream other than the default ones goes
 // to the quarantine, which the next seal's event covers (Note
 // [Stream-ordered reuse]).
-void PoolStreamOrderedStreamsWithKernels(benchmark::State& state) {
+void pool_stream_ordered_streams_with_kernels(benchmark::State& state, bool with_legacy) {
   auto& pool = shared_manager<cuemm::PoolMemoryManager>();
-  on_kernel_streams(state, [&](const KernelStreams& work, const cuemm::Stream& stream, std::size_t size) {
-    const cuemm::cuda::CUdeviceptr pointer = pool.allocate(size, stream.handle());
-    work.launch(pointer, size, stream);
-    pool.deallocate(pointer, size, stream.handle());
-  });
+  const std::size_t seals_before = pool.statistics().seals;
+  on_kernel_streams(
+      state,
+      [&](const KernelStreams& work, const cuemm::Stream& stream, std::size_t size) {
+        const cuemm::cuda::CUdeviceptr pointer = pool.allocate(size, stream.handle());
+        work.launch(pointer, size, stream);
+        pool.deallocate(pointer, size, stream.handle());
+      },
+      with_legacy);
+  count_seals(state, seals_before, pool.statistics().seals);
+}
+void PoolStreamOrderedStreamsWithKernels(benchmark::State& state) { pool_stream_ordered_streams_with_kernels(state, false); }
+// The same with the legacy default stream as one of the four (a thread's
+// default-stream work beside streams of its own: Note [Same-stream reuse]).
+void PoolStreamOrderedLegacyAndStreamsWithKernels(benchmark::State& state) {
+  pool_stream_ordered_streams_with_kernels(state, true);
 }
 
 // A loop on one stream of the program's that keeps the GPU behind: allocate,
@@ -951,6 +975,8 @@ BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::PoolMemoryManager)->Setup(benchmar
 BENCHMARK_TEMPLATE(StreamsWithKernels, cuemm::AsyncMemoryManager)->Setup(benchmarks_of<cuemm::AsyncMemoryManager>)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
 BENCHMARK(DriverPoolStreamsWithKernels)->Setup(benchmarks_of<DriverPool>)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
 BENCHMARK(PoolStreamOrderedStreamsWithKernels)->Setup(benchmarks_of<cuemm::PoolMemoryManager>)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
+BENCHMARK(DriverPoolLegacyAndStreamsWithKernels)->Setup(benchmarks_of<DriverPool>)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
+BENCHMARK(PoolStreamOrderedLegacyAndStreamsWithKernels)->Setup(benchmarks_of<cuemm::PoolMemoryManager>)->Arg(64 << 10)->Arg(4 << 20)->UseRealTime();
 // 20 us of the GPU's time an iteration: the host runs ahead until the launch queue is full.
 BENCHMARK(DriverPoolOneStreamLoopBesideKernels)->Setup(benchmarks_of<DriverPool>)->Args({64 << 10, 20'000})->Args({4 << 20, 20'000})->Iterations(20'000)->UseRealTime();
 BENCHMARK(PoolOneStreamLoopBesideKernels)->Setup(benchmarks_of<NoSharedManager>)->Args({64 << 10, 20'000})->Args({4 << 20, 20'000})->Iterations(20'000)->UseRealTime();

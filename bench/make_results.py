@@ -583,7 +583,10 @@ def main():
                ("pool manager", "StreamsWithKernels<cuemm::PoolMemoryManager>"),
                ("async manager", "StreamsWithKernels<cuemm::AsyncMemoryManager>"),
                ("driver's pool, on each kernel's stream", "DriverPoolStreamsWithKernels"),
-               ("pool manager, stream-ordered on each kernel's stream", "PoolStreamOrderedStreamsWithKernels")]
+               ("pool manager, stream-ordered on each kernel's stream", "PoolStreamOrderedStreamsWithKernels"),
+               ("driver's pool, the legacy stream one of the four", "DriverPoolLegacyAndStreamsWithKernels"),
+               ("pool manager, stream-ordered, the legacy stream one of the four",
+                "PoolStreamOrderedLegacyAndStreamsWithKernels")]
     if any(f"{name}/65536/real_time" in m for _, name in kernels):
         lines += ["## Allocation between kernels on 4 streams (C++)", "",
                   "Per allocate + kernel launch + free, ns (each stream in turn; the kernel fills the block).", "",
