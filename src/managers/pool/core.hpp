@@ -1383,7 +1383,8 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
 
   // Before the pool grows past its peak for a request of class `kept` (-1:
   // beyond the classes): the blocks that `own` keeps from its stream-ordered
-  // frees of other classes and sizes (up to its whole cache budget), and the
+  // frees of other classes and sizes (up to its whole cache budget; of its
+  // streams, those ThreadCache::gives_back() names), and the
   // large ones every other thread keeps (up to kOrderedLargeCapacity each, of
   // any size), go to the quarantine, tagged with the open epoch, whose seal
   // covers their default streams; then that seal. They otherwise sat beside
@@ -1394,6 +1395,29 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
   // any went; the caller holds `mutex`. A loop of one size seldom comes
   // here: its frees serve it.
   bool give_back_ordered_blocks(ThreadCache& own, int kept);
+  // Names the stream of the request a thread serves, for give_back_ordered_blocks(), while in scope.
+  class RequestingStream {
+   public:
+    RequestingStream(ThreadCache& cache, std::uint64_t stream) noexcept : cache_(cache) {
+      cache_.requesting_stream = stream;
+    }
+    ~RequestingStream() { cache_.requesting_stream = detail::kNoStream; }
+    RequestingStream(const RequestingStream&) = delete;
+    RequestingStream& operator=(const RequestingStream&) = delete;
+
+   private:
+    ThreadCache& cache_;
+  };
+  // A request on a stream of the program's whose frees the thread does not
+  // keep: as allocate(), but at the peak the blocks kept for streams in
+  // turn stay. (Where the seals cover only the legacy stream no such stream
+  // is kept, and it is allocate().)
+  std::uintptr_t allocate_on_another_stream(std::size_t size, int size_class) {
+    ThreadCache* own = epochs.covers_every_stream() ? last_cache_of_this_thread() : nullptr;
+    if (!own) return allocate(size, size_class);
+    const RequestingStream requesting(*own, detail::kOtherStream);
+    return allocate(size, size_class);
+  }
 
   // The common case (room in the thread's bin, which holds the same
   // stream's frees) apart, as deallocate()'s. `stream`: as allocate_ordered()'s;
@@ -1470,10 +1494,11 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
                     int size_class) noexcept;
   // The slot a new side stream may take, or null; the caller holds the cache's lock.
   static ThreadCache::SideStream* side_slot_to_claim(ThreadCache& cache) noexcept;
-  // Every block of the thread's side streams, to the quarantine with
-  // `epoch`; whether there were any. The caller holds `mutex` and the
-  // cache's lock. (The slots keep their streams.)
-  bool quarantine_side_streams(ThreadCache& cache, std::uint64_t epoch) noexcept;
+  // Every block of the thread's side streams (with
+  // `as_the_request_gives_back`, those that ThreadCache::gives_back() names),
+  // to the quarantine with `epoch`; whether there were any. The caller holds
+  // `mutex` and the cache's lock. (The slots keep their streams.)
+  bool quarantine_side_streams(ThreadCache& cache, std::uint64_t epoch, bool as_the_request_gives_back = false) noexcept;
 
   // Where seals cover only the legacy stream, makes it wait for the work
   // queued so far on `stream` (if any), so that the next epoch's event

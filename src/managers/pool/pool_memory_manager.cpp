@@ -351,7 +351,7 @@ cuda::CUdeviceptr PoolMemoryManager::allocate_unrecorded(Core& core, std::size_t
   // stream is one that every stream may use.
   if (cuda::is_default_stream(stream)) return core.allocate_ordered(size, size_class);
   const std::uint64_t tag = core.may_hold_frees_of(stream) ? core.same_stream_tag(stream) : 0;
-  return tag ? core.allocate_ordered(size, size_class, tag) : core.allocate(size, size_class);
+  return tag ? core.allocate_ordered(size, size_class, tag) : core.allocate_on_another_stream(size, size_class);
 }
 
 void PoolMemoryManager::deallocate(cuda::CUdeviceptr pointer, std::size_t size, cuda::CUstream stream) noexcept {

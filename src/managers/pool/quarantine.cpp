@@ -150,9 +150,11 @@ void PoolMemoryManager::Core::return_safe_cached_blocks(ThreadCache& cache, std:
   }
 }
 
-bool PoolMemoryManager::Core::quarantine_side_streams(ThreadCache& cache, std::uint64_t epoch) noexcept {
+bool PoolMemoryManager::Core::quarantine_side_streams(ThreadCache& cache, std::uint64_t epoch,
+                                                     bool as_the_request_gives_back) noexcept {
   bool any = false;
   for (auto& slot : cache.side) {
+    if (as_the_request_gives_back && !cache.gives_back(slot.stream, cache.in_turn(slot))) continue;
     any |= slot.count > 0;
     while (slot.count) {
       const ThreadCache::SideBlock block = cache.remove_side(slot, slot.count - 1);

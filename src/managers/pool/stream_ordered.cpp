@@ -9,7 +9,7 @@ std::uint64_t PoolMemoryManager::Core::same_stream_tag(cuda::CUstream stream) co
   try {
     unsigned long long id = 0;
     int capture = cuda::CU_STREAM_CAPTURE_STATUS_NONE;
-    if (CUEMM_CU_RESULT(cuStreamGetId, stream, &id) != cuda::CUDA_SUCCESS || id >= detail::kNoStream - 1) return 0;
+    if (CUEMM_CU_RESULT(cuStreamGetId, stream, &id) != cuda::CUDA_SUCCESS || id >= detail::kOtherStream - 1) return 0;
     if (CUEMM_CU_RESULT(cuStreamIsCapturing, stream, &capture) != cuda::CUDA_SUCCESS ||
         capture != cuda::CU_STREAM_CAPTURE_STATUS_NONE)
       return 0;
@@ -148,6 +148,7 @@ std::uintptr_t PoolMemoryManager::Core::allocate_ordered_otherwise_here(std::siz
   ThreadCache* own = caches_enabled() ? cache_of_this_thread() : nullptr;
   if (!own) return allocate(size, size_class);
   ThreadCache& cache = *own;
+  const RequestingStream requesting(cache, stream);
   // (The index and the segments of their own give the thread's other
   // stream-ordered frees back before they grow: give_back_ordered_blocks().)
   // (A side stream of the same tag as the bins' is one they held before: look there too.)
@@ -202,9 +203,11 @@ bool PoolMemoryManager::Core::give_back_ordered_blocks(ThreadCache& own, int kep
   bool moved = false;
   {
     std::lock_guard cache_lock(own.lock.owner());
-    moved |= quarantine_ordered_bins(own, kept, epoch);
-    moved |= quarantine_ordered_large(own, epoch);
-    moved |= quarantine_side_streams(own, epoch);
+    if (own.gives_back(own.ordered_stream, own.bins_in_turn())) {
+      moved |= quarantine_ordered_bins(own, kept, epoch);
+      moved |= quarantine_ordered_large(own, epoch);
+    }
+    moved |= quarantine_side_streams(own, epoch, true);
   }
   for_each_other_cache_holding(&own, holds_large_blocks, [&](ThreadCache& other) {
     moved |= quarantine_ordered_large(other, epoch);

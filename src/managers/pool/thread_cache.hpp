@@ -37,9 +37,16 @@ inline constexpr std::uint32_t kMaximumBinCapacity = 512;
 inline constexpr std::uint32_t kMinimumBinCapacity = 4;
 // The tag of the default streams' frees (ThreadCache::ordered_stream).
 inline constexpr std::uint64_t kDefaultStreams = 0;
-// A side stream's tag while it holds no stream's frees: a program stream's
-// tags are its id plus one, and never this (same_stream_tag()).
+// A side stream's tag while it holds no stream's frees, and a request's
+// stream where it has none; a request's on a stream of the program's whose
+// frees the thread does not keep. A program stream's tags are its id plus
+// one, and never these (same_stream_tag()).
 inline constexpr std::uint64_t kNoStream = ~std::uint64_t{0};
+inline constexpr std::uint64_t kOtherStream = kNoStream - 1;
+// A kept stream is in turn while it had a request or free among the
+// thread's latest 16 on its other kept streams (four streams in turn use
+// each every 3-6): its next request would take its blocks.
+inline constexpr std::uint32_t kStreamInTurn = 16;
 // Large blocks (beyond the size classes) a thread keeps from stream-ordered frees.
 inline constexpr std::uint32_t kOrderedLargeCapacity = 4;
 // Streams beside the ordered bins' whose frees a thread keeps too, and how
@@ -130,6 +137,10 @@ struct ThreadCache {
     std::array<SideBlock, kSideStreamDepth> blocks;
   };
   std::uint64_t side_serial = 0;  // counts requests and frees on side streams
+  // The stream of the stream-ordered request this thread is serving: a tag,
+  // kOtherStream, or kNoStream (none, or a request without a stream). Only
+  // this thread reads or writes it.
+  std::uint64_t requesting_stream = kNoStream;
   // Large blocks this thread freed without a stream, oldest first, each with
   // its epoch (Note [Large blocks in the thread caches]); in `large_bytes` too.
   struct HeldLarge {
@@ -254,6 +265,19 @@ struct ThreadCache {
   }
   // Marks a request or free on a side stream.
   void used(SideStream& slot) noexcept { slot.last_use = ++side_serial; }
+  // Whether the bins' stream, or a side stream, is in turn (kStreamInTurn).
+  bool bins_in_turn() const noexcept { return ordered_misses < kStreamInTurn; }
+  bool in_turn(const SideStream& slot) const noexcept { return side_serial - slot.last_use < kStreamInTurn; }
+  // Whether the blocks kept for `stream` go back before the pool grows past
+  // its peak for the request being served (give_back_ordered_blocks()):
+  // for a request without a stream, all; otherwise the requesting stream's
+  // own (they did not fit it) and those of streams out of turn. (Giving
+  // back the blocks of streams in turn made four streams in turn of 4 MiB
+  // blocks, from a new pool, seal at every pair: each request, finding its
+  // block given back by the request before, gave back the next stream's.)
+  bool gives_back(std::uint64_t stream, bool stream_in_turn) const noexcept {
+    return requesting_stream == kNoStream || requesting_stream == stream || !stream_in_turn;
+  }
   // Its newest block of `size_class`, or (size_class -1) the newest large
   // one of the kind that fits `needed` (as take_ordered_large()); or nullopt.
   std::optional<SideBlock> take_side(SideStream& slot, int size_class, std::size_t needed, bool dedicated) noexcept {

@@ -294,6 +294,41 @@ TEST_F(Pool, AThreadKeepsTheFreesOfFourStreamsAtATime) {
   }
 }
 
+// Four streams in turn from a new pool, each request at the peak: the first
+// round grows a block for each, and the blocks kept for the other streams,
+// all in turn, stay kept. (Before, each request gave the others' blocks back,
+// so the next stream found none and gave back the next: a seal every pair.)
+TEST_F(Pool, StreamsInTurnKeepTheirBlocksAtThePeak) {
+  ScopedContext scope(context);
+  if (!cuemm::testing::context_events_work(context)) GTEST_SKIP() << kNeedsContextEvents;
+  constexpr int kStreams = 4;
+  for (const std::size_t size : {std::size_t{64} << 10, std::size_t{4} << 20, std::size_t{64} << 20}) {
+    SCOPED_TRACE(size);
+    PoolMemoryManager pool(&context);
+    pool.initialize();
+    const OwnStream streams[kStreams];
+    cuda::CUdeviceptr kept[kStreams] = {};
+    std::size_t seals = 0, reserved = 0;
+    for (int round = 0; round < 50; ++round) {
+      if (round == 2) {
+        seals = pool.statistics().seals;
+        reserved = pool.statistics().reserved_bytes;
+      }
+      for (int k = 0; k < kStreams; ++k) {
+        const cuda::CUdeviceptr block = pool.allocate(size, streams[k].handle);
+        if (round >= 2) ASSERT_EQ(block, kept[k]) << "round " << round << ", stream " << k << ": its block was not kept";
+        kept[k] = block;
+        pool.deallocate(block, size, streams[k].handle);
+      }
+    }
+    EXPECT_EQ(pool.statistics().seals, seals) << "streams in turn sealed";
+    EXPECT_EQ(pool.statistics().reserved_bytes, reserved) << "streams in turn grew the pool";
+    EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
+    const std::size_t at_the_end = pool.statistics().reserved_bytes;
+    EXPECT_EQ(pool.trim(), at_the_end) << "some kept block did not come back";
+  }
+}
+
 // A large request on the default streams at the pool's peak, where the
 // thread holds a safe block from its frees without a stream: that block
 // serves it, and what the thread keeps for a stream of the program's stays
