@@ -329,6 +329,29 @@ TEST_F(Pool, StreamsInTurnKeepTheirBlocksAtThePeak) {
   }
 }
 
+// The blocks kept for streams in turn stay at the peak, but not at the
+// pool's maximum: a request that finds no room there takes them back.
+TEST_F(Pool, AtTheMaximumTheBlocksKeptForStreamsInTurnServeARequest) {
+  ScopedContext scope(context);
+  if (!cuemm::testing::context_events_work(context)) GTEST_SKIP() << kNeedsContextEvents;
+  constexpr int kStreams = 4;
+  constexpr std::size_t kSize = std::size_t{8} << 20;
+  PoolOptions options;
+  options.maximum_size = kStreams * kSize;
+  PoolMemoryManager pool(&context, options);
+  pool.initialize();
+  const OwnStream streams[kStreams];
+  for (int round = 0; round < 3; ++round) {
+    for (const OwnStream& stream : streams) pool.deallocate(pool.allocate(kSize, stream.handle), kSize, stream.handle);
+  }
+  ASSERT_EQ(pool.statistics().reserved_bytes, options.maximum_size) << "the streams in turn did not keep a block each";
+  const cuda::CUdeviceptr larger = pool.allocate(2 * kSize, streams[0].handle);
+  EXPECT_NE(larger, 0u);
+  EXPECT_LE(pool.statistics().reserved_bytes, options.maximum_size);
+  pool.deallocate(larger, 2 * kSize, streams[0].handle);
+  EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
+}
+
 // A large request on the default streams at the pool's peak, where the
 // thread holds a safe block from its frees without a stream: that block
 // serves it, and what the thread keeps for a stream of the program's stays
