@@ -69,8 +69,13 @@
 // seen no use in 64 of the thread's frees on others
 // (Core::kOrderedStreamPatience): its blocks then go there too and the new
 // stream takes its place, so a thread that moves on to other streams (or
-// whose streams were destroyed) reuses there. It is skipped (the free
-// goes to the quarantine, the request to the pool) while the stream is
+// whose streams were destroyed) reuses there. Before the pool grows past
+// its peak, a request gives back what the thread keeps for its own stream
+// and for streams out of turn (none of its latest 16 requests and frees on
+// kept streams), not for streams in turn, whose next requests would find
+// them gone (ThreadCache::gives_back()); at the pool's maximum or the
+// driver's limit, everything goes back. Same-stream reuse is skipped (the
+// free goes to the quarantine, the request to the pool) while the stream is
 // being captured into a graph: the graph's launches would use a block kept
 // during the capture, and would not wait for the work of a block freed
 // before it. So a request or free on a stream whose frees the thread keeps
