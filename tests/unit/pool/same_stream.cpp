@@ -124,6 +124,52 @@ TEST_F(Pool, WorkOnAProgramsStreamRunsAfterTheFreedBlocksWork) {
   }
 }
 
+// The same on the default streams, kept in the ordered bins or on a side
+// stream (the bins held by a stream of the program's first): a kernel on the
+// legacy stream writes into a block freed there, which a request on this
+// thread's per-thread stream takes at once; that stream's work runs after
+// the legacy stream's (they wait for each other), so the last writes win.
+TEST_F(Pool, WorkOnTheDefaultStreamsRunsAfterTheFreedBlocksWorkWhereverKept) {
+  ScopedContext scope(context);
+  Module module = context.load_module(cuemm::testing::test_kernels_ptx());
+  const Stream legacy = Stream::legacy_default();
+  const Stream per_thread = Stream::per_thread_default();
+  for (const bool beside : {false, true}) {
+    if (beside && !cuemm::testing::context_events_work(context)) continue;  // (no program stream is kept: kNeedsContextEvents)
+    for (const std::size_t bytes : {std::size_t{1} << 20, std::size_t{8} << 20}) {
+      SCOPED_TRACE(std::to_string(bytes) + " bytes, " + where_kept(beside));
+      PoolMemoryManager pool(&context);
+      pool.initialize();
+      const OwnStream holder;
+      cuda::CUdeviceptr held = 0;
+      if (beside) {
+        held = pool.allocate(4096, holder.handle);
+        pool.deallocate(held, 4096, holder.handle);  // (the bins are the holder's)
+      }
+      const std::uint64_t count = bytes / 4;
+      const cuda::CUdeviceptr a = pool.allocate(bytes, legacy.handle());
+      module.function("cuemm_spin_fill_u32").launch({64}, {256}, legacy, a, 7u, count, std::uint64_t{50'000'000});
+      pool.deallocate(a, bytes, legacy.handle());
+      const cuda::CUdeviceptr b = pool.allocate(bytes, per_thread.handle());
+      EXPECT_EQ(b, a) << "the default streams' free was not reused at once";
+      module.function("cuemm_fill_u32").launch({64}, {256}, per_thread, b, 9u, count);
+      pool.deallocate(b, bytes, per_thread.handle());
+      const cuda::CUdeviceptr c = pool.allocate(bytes, legacy.handle());
+      EXPECT_EQ(c, a);
+      const std::vector<std::uint32_t> fives(count, 5u);
+      CUEMM_CU(cuMemcpyHtoDAsync, c, fives.data(), bytes, legacy.handle());
+      legacy.synchronize();
+      EXPECT_EQ(read_words(c, count), fives) << "the kernels' writes landed after the copy's";
+      pool.deallocate(c, bytes, legacy.handle());
+      if (beside) {
+        const cuda::CUdeviceptr again = pool.allocate(4096, holder.handle);
+        EXPECT_EQ(again, held) << "the stream that holds the bins lost its block";
+        pool.deallocate(again, 4096, holder.handle);
+      }
+    }
+  }
+}
+
 // A stream made after another was destroyed (the driver may give it the same
 // handle) is a new stream: the old one's frees, whose work may still run, are
 // not its at once.
