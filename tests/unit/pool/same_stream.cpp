@@ -41,6 +41,14 @@ void take_the_bins(PoolMemoryManager& pool, cuda::CUstream stream) {
 }
 const char* where_kept(bool beside) { return beside ? "kept on a side stream" : "kept in the ordered bins"; }
 
+// Once every block is freed: trim() gives every reserved byte back, so no
+// kept block was lost track of.
+void expect_every_kept_block_comes_back(PoolMemoryManager& pool) {
+  EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
+  const std::size_t reserved = pool.statistics().reserved_bytes;
+  EXPECT_EQ(pool.trim(), reserved) << "some kept block did not come back";
+}
+
 }  // namespace
 
 // (Before CUDA 12.5, where seals cover only the legacy stream, the same
@@ -333,9 +341,7 @@ TEST_F(Pool, AThreadKeepsTheFreesOfFourStreamsAtATime) {
         pool.deallocate(again, size, fifth.handle);
       }
       EXPECT_EQ(pool.statistics().seals, seals) << "a loop on one stream sealed";
-      EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
-      const std::size_t reserved = pool.statistics().reserved_bytes;
-      EXPECT_EQ(pool.trim(), reserved) << "some kept block did not come back";
+      expect_every_kept_block_comes_back(pool);
     }
   }
 }
@@ -369,9 +375,7 @@ TEST_F(Pool, StreamsInTurnKeepTheirBlocksAtThePeak) {
     }
     EXPECT_EQ(pool.statistics().seals, seals) << "streams in turn sealed";
     EXPECT_EQ(pool.statistics().reserved_bytes, reserved) << "streams in turn grew the pool";
-    EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
-    const std::size_t at_the_end = pool.statistics().reserved_bytes;
-    EXPECT_EQ(pool.trim(), at_the_end) << "some kept block did not come back";
+    expect_every_kept_block_comes_back(pool);
   }
 }
 
@@ -520,9 +524,7 @@ TEST_F(Pool, ThreadsReuseTheirStreamsFreesAndKeepTheirContents) {
     // (Three streams a thread, each kept: about 470 of 480 here; one stream kept of three, 140-170.)
     EXPECT_GT(reused_at_once.load(), kThreads * 90) << "the streams' frees were seldom reused at once";
   }
-  EXPECT_EQ(pool.statistics().in_use_bytes, 0u);
-  const std::size_t reserved = pool.statistics().reserved_bytes;
-  EXPECT_EQ(pool.trim(), reserved) << "some block did not come back";
+  expect_every_kept_block_comes_back(pool);
 }
 
 // Only the streams whose frees a thread keeps cost driver calls: once the
