@@ -601,9 +601,10 @@ void DriverPoolStreamsWithKernels(benchmark::State& state) { driver_pool_streams
 void DriverPoolLegacyAndStreamsWithKernels(benchmark::State& state) { driver_pool_streams_with_kernels(state, true); }
 
 // The pool used the same way, stream-ordered (allocate(size, stream), as RMM
-// and PyTorch call it): a free on a stream other than the default ones goes
-// to the quarantine, which the next seal's event covers (Note
-// [Stream-ordered reuse]).
+// and PyTorch call it): the thread keeps each stream's frees for that
+// stream's next request, up to four streams (Note [Same-stream reuse]);
+// before CUDA 12.5 they go to the quarantine, which the next seal's event
+// covers (Note [Stream-ordered reuse]). Counts its seals.
 void pool_stream_ordered_streams_with_kernels(benchmark::State& state, bool with_legacy) {
   auto& pool = shared_manager<cuemm::PoolMemoryManager>();
   const std::size_t seals_before = pool.statistics().seals;

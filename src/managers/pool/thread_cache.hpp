@@ -37,10 +37,11 @@ inline constexpr std::uint32_t kMaximumBinCapacity = 512;
 inline constexpr std::uint32_t kMinimumBinCapacity = 4;
 // The tag of the default streams' frees (ThreadCache::ordered_stream).
 inline constexpr std::uint64_t kDefaultStreams = 0;
-// A side stream's tag while it holds no stream's frees, and a request's
-// stream where it has none; a request's on a stream of the program's whose
-// frees the thread does not keep. A program stream's tags are its id plus
-// one, and never these (same_stream_tag()).
+// Tags that name no stream (a program stream's tag is its id plus one, and
+// same_stream_tag() never gives these): kNoStream for a side stream that
+// holds no stream's frees, and for a request without a stream; kOtherStream
+// for a request on a stream of the program's whose frees the thread does
+// not keep (ThreadCache::requesting_stream).
 inline constexpr std::uint64_t kNoStream = ~std::uint64_t{0};
 inline constexpr std::uint64_t kOtherStream = kNoStream - 1;
 // A kept stream is in turn while it had a request or free among the
