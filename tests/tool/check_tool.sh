@@ -342,6 +342,29 @@ done
 head -1 "$work/made.csv" >"$work/negative.csv"
 echo "Alloc,0,0x10,0,-5,0,0,1,0,0,0," >>"$work/negative.csv"
 refused "negative.csv:2: the size '-5' is not a byte count" "$tool" replay "$work/negative.csv"
+# The log that RMM's Numba plugin writes (the seed's example): its frees give
+# size 0, so the replay takes each free's size from its allocation (a third
+# allocation after both frees leaves the peak at the first two); the same
+# log with Windows line ends reads alike.
+head -1 "$work/made.csv" >"$work/rmm-numba.csv"
+printf '%s\n' 'Alloc,0,0x7fae06600000,0,80,0,0,1,1.1,1.2,0.1,driver.py:683' \
+  'Alloc,0,0x7fae06700000,0,1048576,0,0,2,1.3,1.4,0.1,driver.py:683' \
+  'Free,0,0x7fae06600000,0,0,0,0,1,1.5,1.6,0.1,utils.py:678' \
+  'Free,0,0x7fae06700000,0,0,0,0,0,1.7,1.8,0.1,utils.py:678' \
+  'Alloc,0,0x7fae06800000,0,1048576,0,0,1,1.9,2.0,0.1,driver.py:683' >>"$work/rmm-numba.csv"
+"$tool" replay "$work/rmm-numba.csv" --manager pool >"$work/rmm-numba.txt"
+grep -q "^manager pool: 5 operations" "$work/rmm-numba.txt"
+grep -q "peak live 1.00 MiB (1048656 bytes)" "$work/rmm-numba.txt"
+if grep -q "^the log:" "$work/rmm-numba.txt"; then echo "a complete log read as one with gaps" >&2; exit 1; fi
+sed 's/$/\r/' "$work/rmm-numba.csv" >"$work/rmm-numba-crlf.csv"
+"$tool" replay "$work/rmm-numba-crlf.csv" --manager pool >"$work/rmm-numba-crlf.txt"
+grep -q "^manager pool: 5 operations" "$work/rmm-numba-crlf.txt"
+grep -q "peak live 1.00 MiB (1048656 bytes)" "$work/rmm-numba-crlf.txt"
+# An empty file, or a CSV file of something else, is named as not a log.
+: >"$work/empty.csv"
+refused "is empty, not a cuemm CSV log" "$tool" replay "$work/empty.csv"
+printf 'foo,bar\n1,2\n' >"$work/other.csv"
+refused "has no 'Event Type' column" "$tool" replay "$work/other.csv"
 # bench: a row per manager and a column per size, for each thread count, and
 # the scaling of the most threads over one; every cell a time.
 "$tool" bench --managers cuMemAlloc,pool --sizes 256,1M --threads 1,2 --seconds 0.01 --repeats 1 >"$work/bench.txt"
