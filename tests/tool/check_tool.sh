@@ -352,14 +352,13 @@ printf '%s\n' 'Alloc,0,0x7fae06600000,0,80,0,0,1,1.1,1.2,0.1,driver.py:683' \
   'Free,0,0x7fae06600000,0,0,0,0,1,1.5,1.6,0.1,utils.py:678' \
   'Free,0,0x7fae06700000,0,0,0,0,0,1.7,1.8,0.1,utils.py:678' \
   'Alloc,0,0x7fae06800000,0,1048576,0,0,1,1.9,2.0,0.1,driver.py:683' >>"$work/rmm-numba.csv"
-"$tool" replay "$work/rmm-numba.csv" --manager pool >"$work/rmm-numba.txt"
-grep -q "^manager pool: 5 operations" "$work/rmm-numba.txt"
-grep -q "peak live 1.00 MiB (1048656 bytes)" "$work/rmm-numba.txt"
-if grep -q "^the log:" "$work/rmm-numba.txt"; then echo "a complete log read as one with gaps" >&2; exit 1; fi
 sed 's/$/\r/' "$work/rmm-numba.csv" >"$work/rmm-numba-crlf.csv"
-"$tool" replay "$work/rmm-numba-crlf.csv" --manager pool >"$work/rmm-numba-crlf.txt"
-grep -q "^manager pool: 5 operations" "$work/rmm-numba-crlf.txt"
-grep -q "peak live 1.00 MiB (1048656 bytes)" "$work/rmm-numba-crlf.txt"
+for log in rmm-numba rmm-numba-crlf; do
+  "$tool" replay "$work/$log.csv" --manager pool >"$work/$log.txt"
+  grep -q "^manager pool: 5 operations" "$work/$log.txt"
+  grep -q "peak live 1.00 MiB (1048656 bytes)" "$work/$log.txt"
+  if grep -q "^the log:" "$work/$log.txt"; then echo "$log.csv, a complete log, read as one with gaps" >&2; exit 1; fi
+done
 # An empty file, or a CSV file of something else, is named as not a log.
 : >"$work/empty.csv"
 refused "is empty, not a cuemm CSV log" "$tool" replay "$work/empty.csv"
