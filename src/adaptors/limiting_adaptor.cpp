@@ -8,6 +8,7 @@
 #include "cuemm/error.hpp"
 #include "cuemm/memory/default_memory_manager.hpp"
 #include "cuemm/threading/blocking_hook.hpp"
+#include "util/own_lines.hpp"
 #include "util/thread_slots.hpp"
 
 namespace cuemm {
@@ -26,10 +27,10 @@ namespace cuemm {
 // thread's credit before it is refused, so credit another thread keeps never
 // makes a request fail that the bytes in use would let through. Other
 // threads take a credit back with an exchange, so its owner changes it with
-// atomic read-modify-writes too, on a line of its own.
+// atomic read-modify-writes too, on lines of its own (util::kOwnLines).
 struct LimitingAdaptor::Cap : AllocationObserver, std::enable_shared_from_this<Cap> {
   static constexpr std::size_t kKeptCredit = std::size_t{4} << 20;
-  struct alignas(64) Credit {
+  struct alignas(util::kOwnLines) Credit {
     std::atomic<std::size_t> bytes{0};
   };
 

@@ -21,13 +21,14 @@
 #include <cstdint>
 
 #include "threading/owner_biased_lock.hpp"
+#include "util/own_lines.hpp"
 
 namespace cuemm::detail {
 
 class SectionGate {
  public:
   // Where each thread says whether it is inside a section (odd) or not.
-  struct alignas(64) ThreadState {
+  struct alignas(util::kOwnLines) ThreadState {
     std::atomic<std::uint64_t> sequence{0};
     ThreadState* next = nullptr;
     ThreadState* previous = nullptr;
