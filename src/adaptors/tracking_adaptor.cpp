@@ -54,11 +54,14 @@ struct TrackingAdaptor::Table : AllocationObserver {
     } catch (...) {
     }
   }
-  void released(const AllocationRecord& record) noexcept override {
+  // Forgotten before the upstream has it back, as the address may then be
+  // another allocation's (Note [A release seen before the upstream has the block]).
+  void releasing(AllocationRecord& record) noexcept override {
     Shard& shard = shard_of(record.address);
     std::lock_guard lock(shard.mutex);
     shard.live.erase({static_cast<int>(record.kind), record.address});
   }
+  bool wants_releasing() const noexcept override { return true; }
 
   // Live allocations, oldest first (each thread's exactly; those of
   // different threads to within a tick of the coarse clock).

@@ -5,14 +5,17 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -34,6 +37,82 @@ std::vector<std::string> lines_of(const std::string& text) {
   std::stringstream in(text);
   for (std::string line; std::getline(in, line);) lines.push_back(line);
   return lines;
+}
+
+// A device-only manager whose next block is the one freed last, and whose
+// release can be held up once it has the block back: the moment in which
+// another thread may be given the address before the release is reported.
+class ReusingManager : public HostOnlyMemoryManager {
+ public:
+  explicit ReusingManager(Context* context) : HostOnlyMemoryManager(context) {}
+
+  std::shared_ptr<MemoryPointer> memalloc(std::size_t size) override {
+    std::uintptr_t address;
+    {
+      std::lock_guard lock(mutex_);
+      if (freed_.empty()) {
+        address = next_;
+        next_ += 1 << 20;
+      } else {
+        address = freed_.back();
+        freed_.pop_back();
+      }
+    }
+    return std::make_shared<MemoryPointer>(&context(), address, size, nullptr, [this, address] {
+      std::unique_lock lock(mutex_);
+      freed_.push_back(address);
+      if (!hold_releases_) return;
+      const int number = ++held_;
+      changed_.notify_all();
+      changed_.wait(lock, [&] { return !hold_releases_ || number == let_go_; });
+    });
+  }
+  IpcHandle get_ipc_handle(const std::shared_ptr<MemoryPointer>&) override {
+    throw NotSupported("no IPC in this test's manager");
+  }
+  MemoryInfo get_memory_info() override { return {0, 0}; }
+
+  void hold_releases() {
+    std::lock_guard lock(mutex_);
+    hold_releases_ = true;
+  }
+  void wait_until_releases_are_held(int count = 1) {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return held_ >= count; });
+  }
+  // Lets the `number`th release held up go (from 1), the others held still.
+  void let_release_go(int number) {
+    std::lock_guard lock(mutex_);
+    let_go_ = number;
+    changed_.notify_all();
+  }
+  void let_releases_go() {
+    std::lock_guard lock(mutex_);
+    hold_releases_ = false;
+    changed_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<std::uintptr_t> freed_;
+  std::uintptr_t next_ = 0x7e0000000000;
+  bool hold_releases_ = false;
+  int held_ = 0;  // releases held up so far
+  int let_go_ = 0;  // the one let go of them
+};
+
+// Rows as fields (no location has a comma here).
+std::vector<std::vector<std::string>> rows_of(const std::string& text) {
+  std::vector<std::vector<std::string>> rows;
+  const auto lines = lines_of(text);
+  for (std::size_t i = 1; i < lines.size(); ++i) {
+    std::vector<std::string> fields;
+    std::stringstream row(lines[i]);
+    for (std::string field; std::getline(row, field, ',');) fields.push_back(field);
+    rows.push_back(fields);
+  }
+  return rows;
 }
 }  // namespace
 
@@ -392,6 +471,161 @@ TEST_F(Adaptors, ALogFromThreadsAtOnceReadsBackWhole) {
     EXPECT_EQ(gaps.frees_inferred, 0u);
     EXPECT_FALSE(gaps.untimed);
   }
+}
+
+// Without thread caches a block freed by one thread is at once another's, so
+// the log must order a free before the next allocation of its address: a
+// row written after the upstream had the block back could follow that
+// allocation's row (an address allocated twice, then a free of nothing).
+TEST_F(Adaptors, ALogOfBlocksPassingBetweenThreadsFreesEachBeforeItIsAllocatedAgain) {
+  PoolOptions no_caches;
+  no_caches.thread_cache_size = 0;
+  std::ostringstream out;
+  {
+    LoggingAdaptor logged(&context, std::make_unique<PoolMemoryManager>(&context, no_caches), out);
+    logged.initialize();
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 8; ++t) {
+      threads.emplace_back([&] {
+        ScopedContext scope(context);
+        std::vector<std::shared_ptr<MemoryPointer>> held;
+        for (int i = 0; i < 2000; ++i) {
+          held.push_back(logged.memalloc(4096));
+          if (held.size() > 3) held.erase(held.begin());
+        }
+      });
+    }
+    for (auto& thread : threads) thread.join();
+  }
+  const auto lines = lines_of(out.str());
+  ASSERT_EQ(lines.size(), 1u + 8 * 2000 * 2);
+  std::set<std::string> live;
+  long long allocs = 0;
+  for (std::size_t i = 1; i < lines.size(); ++i) {
+    std::vector<std::string> fields;
+    std::stringstream row(lines[i]);
+    for (std::string field; std::getline(row, field, ',');) fields.push_back(field);
+    ASSERT_GE(fields.size(), 8u) << lines[i];
+    if (fields[0] == "Alloc") {
+      ASSERT_TRUE(live.insert(fields[2]).second) << "row " << i << " allocates a live address: " << lines[i];
+      ++allocs;
+    } else {
+      ASSERT_EQ(live.erase(fields[2]), 1u) << "row " << i << " frees an address not live: " << lines[i];
+      --allocs;
+    }
+    ASSERT_EQ(std::stoll(fields[7]), allocs) << "row " << i << "'s Current Allocs: " << lines[i];
+  }
+  EXPECT_TRUE(live.empty());
+}
+
+// The deterministic form of the race above: the upstream has the block back
+// and another allocation takes its address before the release is reported.
+TEST_F(Adaptors, ALogWritesAFreeBeforeTheAllocationThatTookItsAddressMeanwhile) {
+  std::ostringstream out;
+  auto owned = std::make_unique<ReusingManager>(&context);
+  ReusingManager& upstream = *owned;
+  LoggingAdaptor logged(&context, std::move(owned), out);
+  logged.initialize();
+  auto first = logged.memalloc(256);
+  upstream.hold_releases();
+  std::thread releasing([&] { first.reset(); });
+  upstream.wait_until_releases_are_held();
+  auto second = logged.memalloc(512);
+  ASSERT_EQ(second->device_pointer(), 0x7e0000000000u);  // the first's address
+  EXPECT_EQ(rows_of(logged.text()).size(), 1u) << "the second's row waits for the first's free";
+  upstream.let_releases_go();
+  releasing.join();
+  const auto rows = rows_of(logged.text());
+  ASSERT_EQ(rows.size(), 3u) << logged.text();
+  EXPECT_EQ(rows[0][0], "Alloc");
+  EXPECT_EQ(rows[1][0], "Free");
+  EXPECT_EQ(rows[1][4], "256");
+  EXPECT_EQ(rows[2][0], "Alloc");
+  EXPECT_EQ(rows[2][4], "512");
+  EXPECT_EQ(rows[0][7] + rows[1][7] + rows[2][7], "101");  // Current Allocs
+}
+
+// Two releases of one address under way at once, the later allocated in
+// between: whichever finishes first, the rows read as the events came.
+TEST_F(Adaptors, ALogOrdersTwoReleasesOfOneAddressUnderWayAtOnce) {
+  for (int round = 0; round < 4; ++round) {
+    std::ostringstream out;
+    auto owned = std::make_unique<ReusingManager>(&context);
+    ReusingManager& upstream = *owned;
+    LoggingAdaptor logged(&context, std::move(owned), out);
+    logged.initialize();
+    auto first = logged.memalloc(256);
+    upstream.hold_releases();
+    std::thread releasing_first([&] { first.reset(); });
+    upstream.wait_until_releases_are_held(1);
+    auto second = logged.memalloc(512);
+    std::thread releasing_second([&] { second.reset(); });
+    upstream.wait_until_releases_are_held(2);
+    auto third = logged.memalloc(1024);
+    EXPECT_EQ(rows_of(logged.text()).size(), 1u);
+    if (round % 2) {  // the second first
+      upstream.let_release_go(2);
+      releasing_second.join();
+      EXPECT_EQ(rows_of(logged.text()).size(), 1u) << "all wait for the first release";
+    }
+    upstream.let_releases_go();
+    releasing_first.join();
+    if (releasing_second.joinable()) releasing_second.join();
+    const auto rows = rows_of(logged.text());
+    ASSERT_EQ(rows.size(), 5u) << logged.text();
+    std::string events;
+    for (const auto& row : rows) events += row[0] + " " + row[4] + " " + row[7] + "; ";
+    ASSERT_EQ(events, "Alloc 256 1; Free 256 0; Alloc 512 1; Free 512 0; Alloc 1024 1; ") << "round " << round;
+  }
+}
+
+// A reset() while a release is held up forgets that release: a row that
+// waited for it is written then, and later rows do not wait for it.
+TEST_F(Adaptors, ALogsRowsWaitingForAReleaseThatAResetOvertookAreWritten) {
+  for (const bool allocate_while_held : {false, true}) {
+    std::ostringstream out;
+    auto owned = std::make_unique<ReusingManager>(&context);
+    ReusingManager& upstream = *owned;
+    LoggingAdaptor logged(&context, std::move(owned), out);
+    logged.initialize();
+    auto first = logged.memalloc(256);
+    upstream.hold_releases();
+    std::thread releasing([&] { first.reset(); });
+    upstream.wait_until_releases_are_held();
+    std::shared_ptr<MemoryPointer> second;
+    if (allocate_while_held) second = logged.memalloc(512);
+    logged.reset();  // (the release is still held up)
+    auto third = logged.memalloc(1024);
+    const auto rows = rows_of(logged.text());
+    upstream.let_releases_go();
+    releasing.join();
+    ASSERT_EQ(rows.size(), allocate_while_held ? 3u : 2u) << logged.text();
+    EXPECT_EQ(rows.back()[4], "1024") << logged.text();
+    EXPECT_EQ(rows.back()[7], "1") << "counted from the reset";
+    if (allocate_while_held) {
+      EXPECT_EQ(rows[1][4], "512") << logged.text();
+    }
+    EXPECT_EQ(rows_of(logged.text()).size(), rows.size()) << "the forgotten release is not logged";
+  }
+}
+
+TEST_F(Adaptors, TrackingListsABlockAllocatedAtTheAddressOfAReleaseUnderWay) {
+  std::ostringstream report;
+  auto owned = std::make_unique<ReusingManager>(&context);
+  ReusingManager& upstream = *owned;
+  TrackingAdaptor tracked(&context, std::move(owned), &report);
+  tracked.initialize();
+  auto first = tracked.memalloc(256);
+  upstream.hold_releases();
+  std::thread releasing([&] { first.reset(); });
+  upstream.wait_until_releases_are_held();
+  auto second = tracked.memalloc(512);
+  upstream.let_releases_go();
+  releasing.join();
+  const auto outstanding = tracked.outstanding();
+  ASSERT_EQ(outstanding.size(), 1u);
+  EXPECT_EQ(outstanding[0].address, second->device_pointer());
+  EXPECT_EQ(outstanding[0].size, 512u);
 }
 
 TEST_F(Adaptors, ALogReadsBackAndDrawsEachKind) {
@@ -882,6 +1116,41 @@ TEST_F(Adaptors, TrackingListsWhatRacingThreadsStillHold) {
   tracked.reset();
   EXPECT_NE(report.str().find(std::to_string(expected - kRounds / 3) + " allocation(s) outstanding"),
             std::string::npos);
+  EXPECT_TRUE(tracked.outstanding().empty());
+}
+
+// As the log's: a block freed by one thread and at once allocated by another
+// (no thread caches) is listed as the second's, never dropped with the
+// first's release.
+TEST_F(Adaptors, TrackingKeepsABlockThatAnotherThreadFreedJustBefore) {
+  PoolOptions no_caches;
+  no_caches.thread_cache_size = 0;
+  std::ostringstream report;
+  TrackingAdaptor tracked(&context, std::make_unique<PoolMemoryManager>(&context, no_caches), &report);
+  tracked.initialize();
+  constexpr int kThreads = 8, kRounds = 3000;
+  std::vector<std::vector<std::shared_ptr<MemoryPointer>>> kept(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      ScopedContext scope(context);
+      for (int i = 0; i < kRounds; ++i) {
+        auto block = tracked.memalloc(4096);
+        if (i % 50 == 0) kept[t].push_back(std::move(block));  // the others go at once
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  std::set<std::uintptr_t> held;
+  for (const auto& blocks : kept)
+    for (const auto& block : blocks) held.insert(block->device_pointer());
+  std::set<std::uintptr_t> listed;
+  for (const AllocationRecord& record : tracked.outstanding()) listed.insert(record.address);
+  std::size_t missing = 0;
+  for (const std::uintptr_t address : held) missing += listed.count(address) == 0;
+  EXPECT_EQ(missing, 0u) << "held blocks missing from the " << listed.size() << " listed, of " << held.size();
+  EXPECT_EQ(listed.size(), held.size());
+  kept.clear();
   EXPECT_TRUE(tracked.outstanding().empty());
 }
 

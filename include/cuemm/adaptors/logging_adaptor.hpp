@@ -12,7 +12,9 @@
 // asked for (it costs a driver call per event), else 0.
 //
 // To the file named by CUEMM_LOG_FILE (with CUEMM_ADAPTORS=log), to a path, or
-// to any std::ostream. Lines are written whole under a lock. A log to a file
+// to any std::ostream. Lines are written whole under a lock, in the order of the
+// events: a free's row comes before the next allocation of its address,
+// whichever threads made them, and Current Allocs counts the rows above. A log to a file
 // is flushed when the adaptor goes, by flush(), and at exit (contexts, and so
 // their managers, live until the process ends).
 #pragma once

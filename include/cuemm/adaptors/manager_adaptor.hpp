@@ -47,6 +47,8 @@ struct AllocationRecord {
   // The stream of a stream-ordered call (StreamOrderedAllocator); empty for
   // the plugin interface's, which have none.
   std::optional<std::uintptr_t> stream;
+  // A release's: what the observer's releasing() left for its released().
+  std::uint64_t ticket = 0;
 };
 
 // Names the code that is allocating, for the log and the leak report (the
@@ -90,7 +92,17 @@ class AllocationObserver {
   // The upstream failed after before_allocation() accepted.
   virtual void allocation_failed(MemoryKind /*kind*/, std::size_t /*size*/) noexcept {}
   virtual void allocated(const AllocationRecord& /*record*/) noexcept {}
+  // Before the upstream has the block back, for observers that say
+  // wants_releasing(): once the upstream has it, another thread may be given
+  // the same address, and its allocated() may come before this release's
+  // released(). An observer that keys blocks by address, or orders events,
+  // acts here (Note [A release seen before the upstream has the block]).
+  // released() follows, after the upstream, unless a reset() came between.
+  virtual void releasing(AllocationRecord& /*record*/) noexcept {}
   virtual void released(const AllocationRecord& /*record*/) noexcept {}
+  // Asked once, as the adaptor is made: whether releasing() is called (a
+  // section of the reset gate more for each release, where it is).
+  virtual bool wants_releasing() const noexcept { return false; }
   // Everything was given back by a reset; no release of it will be reported.
   virtual void reset() noexcept {}
   // Whether records carry start, end and call_site. Reading the clock and

@@ -368,7 +368,9 @@ TEST_F(Pool, StreamsInTurnKeepTheirBlocksAtThePeak) {
       }
       for (int k = 0; k < kStreams; ++k) {
         const cuda::CUdeviceptr block = pool.allocate(size, streams[k].handle);
-        if (round >= 2) ASSERT_EQ(block, kept[k]) << "round " << round << ", stream " << k << ": its block was not kept";
+        if (round >= 2) {
+          ASSERT_EQ(block, kept[k]) << "round " << round << ", stream " << k << ": its block was not kept";
+        }
         kept[k] = block;
         pool.deallocate(block, size, streams[k].handle);
       }
