@@ -102,6 +102,35 @@ class ReusingManager : public HostOnlyMemoryManager {
   int let_go_ = 0;  // the one let go of them
 };
 
+// An adaptor over a ReusingManager whose first block (256 bytes) a thread of
+// its own frees, the release held up once the manager has the block back.
+template <typename Adaptor>
+struct AReleaseHeldUp {
+  template <typename... Arguments>
+  explicit AReleaseHeldUp(Context& context, Arguments&&... arguments)
+      : AReleaseHeldUp(std::make_unique<ReusingManager>(&context), context, std::forward<Arguments>(arguments)...) {}
+  ~AReleaseHeldUp() { finish(); }
+  // Lets every release go and waits for the first's.
+  void finish() {
+    upstream.let_releases_go();
+    if (releasing.joinable()) releasing.join();
+  }
+
+  ReusingManager& upstream;
+  Adaptor adaptor;
+  std::thread releasing;
+
+ private:
+  template <typename... Arguments>
+  AReleaseHeldUp(std::unique_ptr<ReusingManager> owned, Context& context, Arguments&&... arguments)
+      : upstream(*owned), adaptor(&context, std::move(owned), std::forward<Arguments>(arguments)...) {
+    adaptor.initialize();
+    upstream.hold_releases();
+    releasing = std::thread([first = adaptor.memalloc(256)]() mutable { first.reset(); });
+    upstream.wait_until_releases_are_held();
+  }
+};
+
 // Rows as fields (no location has a comma here).
 std::vector<std::vector<std::string>> rows_of(const std::string& text) {
   std::vector<std::vector<std::string>> rows;
@@ -522,21 +551,13 @@ TEST_F(Adaptors, ALogOfBlocksPassingBetweenThreadsFreesEachBeforeItIsAllocatedAg
 // and another allocation takes its address before the release is reported.
 TEST_F(Adaptors, ALogWritesAFreeBeforeTheAllocationThatTookItsAddressMeanwhile) {
   std::ostringstream out;
-  auto owned = std::make_unique<ReusingManager>(&context);
-  ReusingManager& upstream = *owned;
-  LoggingAdaptor logged(&context, std::move(owned), out);
-  logged.initialize();
-  auto first = logged.memalloc(256);
-  upstream.hold_releases();
-  std::thread releasing([&] { first.reset(); });
-  upstream.wait_until_releases_are_held();
-  auto second = logged.memalloc(512);
+  AReleaseHeldUp<LoggingAdaptor> held(context, out);
+  auto second = held.adaptor.memalloc(512);
   ASSERT_EQ(second->device_pointer(), 0x7e0000000000u);  // the first's address
-  EXPECT_EQ(rows_of(logged.text()).size(), 1u) << "the second's row waits for the first's free";
-  upstream.let_releases_go();
-  releasing.join();
-  const auto rows = rows_of(logged.text());
-  ASSERT_EQ(rows.size(), 3u) << logged.text();
+  EXPECT_EQ(rows_of(held.adaptor.text()).size(), 1u) << "the second's row waits for the first's free";
+  held.finish();
+  const auto rows = rows_of(held.adaptor.text());
+  ASSERT_EQ(rows.size(), 3u) << held.adaptor.text();
   EXPECT_EQ(rows[0][0], "Alloc");
   EXPECT_EQ(rows[1][0], "Free");
   EXPECT_EQ(rows[1][4], "256");
@@ -550,29 +571,21 @@ TEST_F(Adaptors, ALogWritesAFreeBeforeTheAllocationThatTookItsAddressMeanwhile) 
 TEST_F(Adaptors, ALogOrdersTwoReleasesOfOneAddressUnderWayAtOnce) {
   for (int round = 0; round < 4; ++round) {
     std::ostringstream out;
-    auto owned = std::make_unique<ReusingManager>(&context);
-    ReusingManager& upstream = *owned;
-    LoggingAdaptor logged(&context, std::move(owned), out);
-    logged.initialize();
-    auto first = logged.memalloc(256);
-    upstream.hold_releases();
-    std::thread releasing_first([&] { first.reset(); });
-    upstream.wait_until_releases_are_held(1);
-    auto second = logged.memalloc(512);
+    AReleaseHeldUp<LoggingAdaptor> held(context, out);
+    auto second = held.adaptor.memalloc(512);
     std::thread releasing_second([&] { second.reset(); });
-    upstream.wait_until_releases_are_held(2);
-    auto third = logged.memalloc(1024);
-    EXPECT_EQ(rows_of(logged.text()).size(), 1u);
+    held.upstream.wait_until_releases_are_held(2);
+    auto third = held.adaptor.memalloc(1024);
+    EXPECT_EQ(rows_of(held.adaptor.text()).size(), 1u);
     if (round % 2) {  // the second first
-      upstream.let_release_go(2);
+      held.upstream.let_release_go(2);
       releasing_second.join();
-      EXPECT_EQ(rows_of(logged.text()).size(), 1u) << "all wait for the first release";
+      EXPECT_EQ(rows_of(held.adaptor.text()).size(), 1u) << "all wait for the first release";
     }
-    upstream.let_releases_go();
-    releasing_first.join();
+    held.finish();
     if (releasing_second.joinable()) releasing_second.join();
-    const auto rows = rows_of(logged.text());
-    ASSERT_EQ(rows.size(), 5u) << logged.text();
+    const auto rows = rows_of(held.adaptor.text());
+    ASSERT_EQ(rows.size(), 5u) << held.adaptor.text();
     std::string events;
     for (const auto& row : rows) events += row[0] + " " + row[4] + " " + row[7] + "; ";
     ASSERT_EQ(events, "Alloc 256 1; Free 256 0; Alloc 512 1; Free 512 0; Alloc 1024 1; ") << "round " << round;
@@ -584,21 +597,14 @@ TEST_F(Adaptors, ALogOrdersTwoReleasesOfOneAddressUnderWayAtOnce) {
 TEST_F(Adaptors, ALogsRowsWaitingForAReleaseThatAResetOvertookAreWritten) {
   for (const bool allocate_while_held : {false, true}) {
     std::ostringstream out;
-    auto owned = std::make_unique<ReusingManager>(&context);
-    ReusingManager& upstream = *owned;
-    LoggingAdaptor logged(&context, std::move(owned), out);
-    logged.initialize();
-    auto first = logged.memalloc(256);
-    upstream.hold_releases();
-    std::thread releasing([&] { first.reset(); });
-    upstream.wait_until_releases_are_held();
+    AReleaseHeldUp<LoggingAdaptor> held(context, out);
+    LoggingAdaptor& logged = held.adaptor;
     std::shared_ptr<MemoryPointer> second;
     if (allocate_while_held) second = logged.memalloc(512);
     logged.reset();  // (the release is still held up)
     auto third = logged.memalloc(1024);
     const auto rows = rows_of(logged.text());
-    upstream.let_releases_go();
-    releasing.join();
+    held.finish();
     ASSERT_EQ(rows.size(), allocate_while_held ? 3u : 2u) << logged.text();
     EXPECT_EQ(rows.back()[4], "1024") << logged.text();
     EXPECT_EQ(rows.back()[7], "1") << "counted from the reset";
@@ -611,18 +617,10 @@ TEST_F(Adaptors, ALogsRowsWaitingForAReleaseThatAResetOvertookAreWritten) {
 
 TEST_F(Adaptors, TrackingListsABlockAllocatedAtTheAddressOfAReleaseUnderWay) {
   std::ostringstream report;
-  auto owned = std::make_unique<ReusingManager>(&context);
-  ReusingManager& upstream = *owned;
-  TrackingAdaptor tracked(&context, std::move(owned), &report);
-  tracked.initialize();
-  auto first = tracked.memalloc(256);
-  upstream.hold_releases();
-  std::thread releasing([&] { first.reset(); });
-  upstream.wait_until_releases_are_held();
-  auto second = tracked.memalloc(512);
-  upstream.let_releases_go();
-  releasing.join();
-  const auto outstanding = tracked.outstanding();
+  AReleaseHeldUp<TrackingAdaptor> held(context, &report);
+  auto second = held.adaptor.memalloc(512);
+  held.finish();
+  const auto outstanding = held.adaptor.outstanding();
   ASSERT_EQ(outstanding.size(), 1u);
   EXPECT_EQ(outstanding[0].address, second->device_pointer());
   EXPECT_EQ(outstanding[0].size, 512u);
