@@ -4,10 +4,10 @@
 #include <charconv>
 #include <filesystem>
 #include <fstream>
-#include <vector>
 #include <mutex>
 #include <sstream>
 #include <string_view>
+#include <vector>
 
 #include "cuemm/error.hpp"
 #include "cuemm/runtime/context.hpp"
@@ -128,7 +128,7 @@ struct LoggingAdaptor::Log : AllocationObserver {
   // an allocate+free pair, simulated), and under the lock threads waited for
   // each other's. Only memory info, opt-in, is read under it.
   void write(const AllocationRecord& record, bool allocation) noexcept {
-    Line line;
+    Line line{};  // (with memory info, formatted as it is written)
     if (!options.memory_info) line.format(record, allocation, device, {});
     std::lock_guard lock(mutex);
     if (!out) return;  // an event that was under way as the adaptor went
