@@ -165,7 +165,7 @@ struct LoggingAdaptor::Log : AllocationObserver {
   // address if that one's row waits for its turn.
   void finish(std::vector<UnderWay>::iterator release) noexcept {
     for (;;) {
-      for (const Row& row : release->after) write_row(row.record, row.allocation, row.line);
+      for (const Row& row : release->after) write_row(row);
       const std::uintptr_t address = release->address;
       const bool host = release->host;
       release = under_way.erase(release);
@@ -173,15 +173,15 @@ struct LoggingAdaptor::Log : AllocationObserver {
         return next.address == address && next.host == host;
       });
       if (release == under_way.end() || !release->own_row) return;
-      write_row(release->own_row->record, release->own_row->allocation, release->own_row->line);
+      write_row(*release->own_row);
     }
   }
   // Every waiting row, in order: the releases they wait for will not come
   // (those whose own rows wait are written).
   void write_waiting_rows() noexcept {
     for (UnderWay& release : under_way) {
-      if (release.own_row) write_row(release.own_row->record, release.own_row->allocation, release.own_row->line);
-      for (const Row& row : release.after) write_row(row.record, row.allocation, row.line);
+      if (release.own_row) write_row(*release.own_row);
+      for (const Row& row : release.after) write_row(row);
     }
     under_way.clear();
   }
@@ -205,6 +205,7 @@ struct LoggingAdaptor::Log : AllocationObserver {
     write_location(record.call_site);
     out->put('\n');
   }
+  void write_row(const Row& row) noexcept { write_row(row.record, row.allocation, row.line); }
   // A location with a comma or quote is quoted, as CSV wants.
   void write_location(const std::string& location) {
     if (location.find_first_of(",\"") == std::string::npos) {
