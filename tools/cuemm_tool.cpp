@@ -124,6 +124,10 @@ std::vector<LoggedEvent> read_log_events(const std::string& path, MemoryLogGaps*
     std::printf("the log: %zu allocation(s) of 0 bytes, left out with their frees (they hold no memory)\n",
                 gaps.zero_byte_allocations);
   }
+  if (gaps.rows_without_time && !gaps.untimed) {
+    std::printf("the log: %zu row(s) with an empty time, replayed in their place (a picture draws each at "
+                "the time of the row above)\n", gaps.rows_without_time);
+  }
   if (gaps.frees_inferred) {
     std::printf("the log: %zu address(es) allocated again while live, so freed before without a row: "
                 "the frees are replayed there\n", gaps.frees_inferred);
@@ -812,7 +816,7 @@ int run(std::vector<std::string> args) {
     tool::refuse_leftovers({args.begin() + 2, args.end()}, "plot");
     MemoryLogGaps gaps;
     const std::vector<LoggedEvent> events = read_log_events(args[0], &gaps);
-    if (gaps.untimed) std::printf("the log has no time column: the picture's axis counts rows\n");
+    if (gaps.untimed) std::printf("the log has no times: the picture's axis counts rows\n");
     const std::string svg = memory_plot_svg(events, gaps.untimed);
     std::ofstream out(args[1]);
     if (!(out << svg)) throw InvalidArgument("cannot write '" + args[1] + "'");

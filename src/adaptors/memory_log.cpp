@@ -98,13 +98,16 @@ struct EventType {
   bool allocate;
   LoggedKind kind;
 };
-// The seed's columns, as LoggingAdaptor writes them.
-constexpr std::array<EventType, 6> kEventTypes{{{"Alloc", true, LoggedKind::Device},
+// The seed's columns, as LoggingAdaptor writes them; RMM's action names read
+// there too (a log written by hand or by a script that took them from RMM).
+constexpr std::array<EventType, 8> kEventTypes{{{"Alloc", true, LoggedKind::Device},
                                                {"Free", false, LoggedKind::Device},
                                                {"HostAlloc", true, LoggedKind::Host},
                                                {"HostFree", false, LoggedKind::Host},
                                                {"ManagedAlloc", true, LoggedKind::Managed},
-                                               {"ManagedFree", false, LoggedKind::Managed}}};
+                                               {"ManagedFree", false, LoggedKind::Managed},
+                                               {"allocate", true, LoggedKind::Device},
+                                               {"deallocate", false, LoggedKind::Device}}};
 // RMM's logging_resource_adaptor (Thread,Time,Action,Pointer,Size,Stream):
 // device memory only, "allocate" and "free" ("deallocate" is read as well);
 // its failed allocations ("allocate failure") hold nothing.
@@ -132,6 +135,28 @@ constexpr std::array<const char*, 3> kKindNames{"device", "host", "managed"};
 constexpr std::array<const char*, 3> kKindColours{"#1f77b4", "#ff7f0e", "#2ca02c"};
 // Lines without a colour of their own (plot_series_svg), in turn.
 constexpr std::array<const char*, 4> kPalette{"#1f77b4", "#d62728", "#2ca02c", "#9467bd"};
+
+// Events read from rows with an empty time field hold their row's number.
+// Where no row had a time, that is every event's time (the log is untimed);
+// else each takes the time of the timed event above it, or, above the first
+// timed event, that one's, so that a plot's time runs on.
+void give_times_to_untimed_rows(std::vector<LoggedEvent>& events, const std::vector<std::size_t>& without_time,
+                                MemoryLogGaps& found) {
+  if (without_time.empty()) return;
+  if (without_time.size() == events.size()) {
+    found.untimed = true;
+    return;
+  }
+  std::vector<bool> untimed(events.size());
+  for (const std::size_t i : without_time) untimed[i] = true;
+  const std::size_t first_timed = static_cast<std::size_t>(std::find(untimed.begin(), untimed.end(), false) -
+                                                           untimed.begin());
+  double latest = events[first_timed].time;
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    if (untimed[i]) events[i].time = latest;
+    else latest = events[i].time;
+  }
+}
 
 }  // namespace
 
@@ -167,6 +192,7 @@ std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& so
   std::map<Key, std::uint64_t> live;
   std::set<Key> empty;  // zero-byte allocations, whose frees are left out too
   std::uint64_t next = 0;
+  std::vector<std::size_t> events_without_time;  // in order; their time, for now, is their row's number
   for (int row = 2; std::getline(in, line); ++row) {
     if (line.empty() || line == "\r") continue;
     const auto fields = split_csv(line);
@@ -200,8 +226,9 @@ std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& so
       continue;
     }
     event.size = *bytes;
-    const std::optional<double> seconds =
-        found.untimed ? std::optional<double>(row) : parse_seconds(fields[columns.time]);
+    const bool time_left_out = !found.untimed && fields[columns.time].empty();
+    const std::optional<double> seconds = found.untimed || time_left_out ? std::optional<double>(row)
+                                                                          : parse_seconds(fields[columns.time]);
     if (!seconds) {
       refuse("the time '" + fields[columns.time] + "' is neither seconds nor H:M:S");
       continue;
@@ -230,6 +257,7 @@ std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& so
         inferred.allocate = false;
         inferred.id = it->second;
         events.push_back(inferred);
+        if (time_left_out) events_without_time.push_back(events.size() - 1);
         it->second = next;
         ++found.frees_inferred;
       }
@@ -242,7 +270,9 @@ std::vector<LoggedEvent> read_memory_log(std::istream& in, const std::string& so
       continue;
     }
     events.push_back(event);
+    if (time_left_out) events_without_time.push_back(events.size() - 1), ++found.rows_without_time;
   }
+  give_times_to_untimed_rows(events, events_without_time, found);
   if (gaps) *gaps = found;
   return events;
 }

@@ -871,6 +871,14 @@ TEST(MemoryLog, EventTypesInAnyCaseCountAndOtherTypesAreCountedAndNamed) {
   EXPECT_EQ(gaps.rows_of_other_types, 2u);
   EXPECT_EQ(gaps.first_other_type, "Resize");
   EXPECT_EQ(gaps.frees_of_unknown_addresses, 0u);
+  // RMM's action names read in the seed's columns too.
+  std::istringstream named_as_rmm(
+      "Event Type,Address,Size (bytes)\nallocate,0x100,64\nDeallocate,0x100,64\nallocate failure,0x0,64\n");
+  const std::vector<LoggedEvent> named = read_memory_log(named_as_rmm, "ours.csv", &gaps);
+  ASSERT_EQ(named.size(), 2u);
+  EXPECT_TRUE(named[0].allocate && named[0].kind == LoggedKind::Device);
+  EXPECT_TRUE(!named[1].allocate && named[1].id == named[0].id);
+  EXPECT_EQ(gaps.rows_of_other_types, 1u) << "a failure is RMM's row only; here it is another type";
 
   std::istringstream rmm(
       "Thread,Time,Action,Pointer,Size,Stream\n"
@@ -1458,6 +1466,43 @@ TEST(MemoryLog, OtherWritersLogsReadWithTheirColumnsAnywhereAndNoTimes) {
   const std::vector<LoggedEvent> rmm = read_memory_log(rmm_untimed, "rmm.csv");
   ASSERT_EQ(rmm.size(), 2u);
   EXPECT_EQ(rmm[1].id, rmm[0].id);
+}
+
+// A writer that leaves the time fields empty (in some rows or all) does not
+// stop a replay, which needs no times: such a row is read, and drawn at the
+// time of the timed row above it; a log with no time in any row counts rows.
+TEST(MemoryLog, RowsWithEmptyTimesAreReadAndDrawnAtTheTimeAbove) {
+  const std::string header = "Event Type,Device ID,Address,Stream,Size (bytes),Free Memory,Total Memory,"
+                             "Current Allocs,Start,End,Elapsed,Location\n";
+  std::istringstream some(header + "Alloc,0,0x10,0,64,,,1,,,,\n"        // before any timed row
+                                   "Alloc,0,0x20,0,128,,,2,1.5,1.5,0,\n"
+                                   "Free,0,0x10,0,0,,,1,,,,\n"          // after a timed row
+                                   "Alloc,0,0x10,0,256,,,2,,,,\n"       // 0x10 again, after its free
+                                   "Alloc,0,0x10,0,512,,,3,,,,\n"       // an inferred free of the 256
+                                   "Free,0,0x20,0,0,,,2,4.0,4.0,0,\n");
+  MemoryLogGaps gaps;
+  const std::vector<LoggedEvent> events = read_memory_log(some, "blank.csv", &gaps);
+  EXPECT_FALSE(gaps.untimed);
+  EXPECT_EQ(gaps.rows_without_time, 4u);
+  EXPECT_EQ(gaps.frees_inferred, 1u);
+  ASSERT_EQ(events.size(), 7u);
+  EXPECT_DOUBLE_EQ(events[0].time, 1.5) << "a row above every timed one takes the first timed row's time";
+  EXPECT_DOUBLE_EQ(events[1].time, 1.5);
+  EXPECT_DOUBLE_EQ(events[2].time, 1.5) << "the free takes the time of the row above";
+  EXPECT_DOUBLE_EQ(events[3].time, 1.5);
+  EXPECT_FALSE(events[4].allocate) << "the free that 0x10's second allocation implies";
+  EXPECT_DOUBLE_EQ(events[4].time, 1.5);
+  EXPECT_DOUBLE_EQ(events[6].time, 4.0);
+  EXPECT_NE(memory_plot_svg(events).find(">2.500 s<"), std::string::npos)
+      << "time does not run from the first row's: " << memory_plot_svg(events);
+  std::istringstream none(header + "Alloc,0,0x10,0,64,,,1,,,,\nFree,0,0x10,0,0,,,0,,,,\n");
+  const std::vector<LoggedEvent> untimed = read_memory_log(none, "blank.csv", &gaps);
+  EXPECT_TRUE(gaps.untimed) << "no row has a time, so the rows are counted";
+  ASSERT_EQ(untimed.size(), 2u);
+  EXPECT_DOUBLE_EQ(untimed[1].time, 3);
+  std::istringstream garbled(header + "Alloc,0,0x10,0,64,,,1,soon,soon,,\n");
+  EXPECT_TRUE(throws<InvalidArgument>([&] { read_memory_log(garbled, "blank.csv"); }, "blank.csv:2: the time 'soon'"))
+      << "a time that is there must still read";
 }
 
 // A process killed while writing its log leaves a last row cut short, with

@@ -50,8 +50,13 @@ struct MemoryLogGaps {
   // The log ends in a row that does not read and has no newline, as a
   // process killed while writing it leaves: that row is left out.
   bool unfinished_last_row = false;
-  // No time column (End or Start; RMM's Time): each event's time is its row's number.
+  // No time column (End or Start; RMM's Time), or no row with a time in it:
+  // each event's time is its row's number.
   bool untimed = false;
+  // Rows whose time field is empty (a writer that left timing out): a
+  // replay does not need times, so they are read; each is drawn at the time
+  // of the timed row before it (rows before any, at the first timed row's).
+  std::size_t rows_without_time = 0;
 };
 
 // The Alloc/Free rows of a log (RMM's: allocate/free; either in any case),
