@@ -210,7 +210,7 @@ void report_release(Shared& shared, const AllocationRecord& record, std::uint64_
 template <typename Shared, typename LetGo>
 void release_and_report(Shared& shared, LetGo&& let_go, const ObservedBlock& block, std::uint64_t generation,
                         bool detailed_release, std::optional<std::uintptr_t> stream = std::nullopt) noexcept {
-  AllocationRecord record = block.release_record();
+  AllocationRecord record = block.record();
   record.stream = stream;
   if (detailed_release) record.start = adaptor_clock();
   if (shared.observes_releasing) {
@@ -364,8 +364,12 @@ auto ManagerAdaptor::allocate_observed(MemoryKind kind, std::size_t size, Alloca
   const ObservedBlock block{made.kind, made.address, size};
   const AllocationRecord record = [&] {
     try {
-      return AllocationRecord{made.kind, made.address, size, start, durations ? adaptor_clock() : start,
-                              detailed ? ScopedCallSite::current() : std::string(), made.stream};
+      AllocationRecord record = block.record();
+      record.start = start;
+      record.end = durations ? adaptor_clock() : start;
+      if (detailed) record.call_site = ScopedCallSite::current();
+      record.stream = made.stream;
+      return record;
     } catch (...) {  // (the call site's copy: the host out of memory) The block goes back, uncounted.
       give_back_upstream(upstream, block);
       detail::SectionGate::Section section(shared_->gate);

@@ -74,7 +74,17 @@ struct ObservedBlock {
   std::uintptr_t address;
   std::size_t size;
 
-  AllocationRecord release_record() const { return {kind, address, size, 0.0, 0.0, std::string()}; }
+  // Its record, untimed. Filled field by field: a braced record that leaves
+  // a member to its default, GCC clears whole with `rep stos` first (96
+  // bytes: 4 ns, a tenth of the statistics adaptor's pair).
+  AllocationRecord record() const {
+    AllocationRecord record;
+    record.kind = kind;
+    record.address = address;
+    record.size = size;
+    record.start = record.end = 0.0;
+    return record;
+  }
 };
 }  // namespace detail
 
