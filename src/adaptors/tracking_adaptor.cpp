@@ -50,7 +50,9 @@ struct TrackingAdaptor::Table : AllocationObserver {
     try {
       Shard& shard = shard_of(record.address);
       std::lock_guard lock(shard.mutex);
-      shard.live[{static_cast<int>(record.kind), record.address}] = {record, ++allocations_on_this_thread};
+      // (Not live[key] = entry: that value-initializes an entry first, with `rep stos`.)
+      shard.live.insert_or_assign(Key{static_cast<int>(record.kind), record.address},
+                                  Entry{record, ++allocations_on_this_thread});
     } catch (...) {
     }
   }
