@@ -74,9 +74,9 @@ struct ObservedBlock {
   std::uintptr_t address;
   std::size_t size;
 
-  // Its record, untimed. Filled field by field: a braced record that leaves
-  // a member to its default, GCC clears whole with `rep stos` first (96
-  // bytes: 4 ns, a tenth of the statistics adaptor's pair).
+  // Its record, untimed. Filled field by field, not braced: GCC clears a
+  // braced record of 96 bytes whole with `rep stos` before filling it (4 ns,
+  // a tenth of the statistics adaptor's pair; docs/pool-measurements.md).
   AllocationRecord record() const {
     AllocationRecord record;
     record.kind = kind;
