@@ -178,7 +178,7 @@ def python_pools_lines(pools):
              f"PyTorch's `caching_allocator_alloc`/`caching_allocator_delete`), {pools['pairs_per_loop']:,} pairs a "
              f"loop, each size's loops in turn in each of {pools['rounds']} rounds: ns a pair (median), and in "
              "brackets the median of the rounds' ratios to cuemm's pool. So few pairs leave cuemm's 1 MiB loop in "
-             "its warm-up between the other sizes' loops, sealing about once per 12-20 pairs on the simulated driver "
+             "its warm-up between the other sizes' loops: its ring pays seals until they have bought its segments "
              "(docs/pool-measurements.md, \"Why the 1 MiB pair from Python reads twice the 256-byte one\").", ""]
     measured = pools.get("measured")
     if measured:

@@ -583,8 +583,9 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
 
   // Gives the safe blocks of the calling thread's own cache back to the
   // index, but for the large blocks that would serve a request of
-  // `request` bytes (a loop's rotation); the caller holds `mutex`.
-  void return_safe_cached_blocks(ThreadCache& cache, std::size_t request);
+  // `request` bytes (a loop's rotation) and the ring of `kept_class` (a
+  // loop's; -1 keeps none); the caller holds `mutex`.
+  void return_safe_cached_blocks(ThreadCache& cache, std::size_t request, int kept_class = -1);
 
   // Moves every cached block of every thread into the quarantine.
   void flush_caches() {

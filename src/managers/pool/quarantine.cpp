@@ -121,10 +121,11 @@ bool PoolMemoryManager::Core::quarantine_ordered_bins(ThreadCache& cache, int ke
   return any;
 }
 
-void PoolMemoryManager::Core::return_safe_cached_blocks(ThreadCache& cache, std::size_t request) {
+void PoolMemoryManager::Core::return_safe_cached_blocks(ThreadCache& cache, std::size_t request, int kept_class) {
   std::lock_guard cache_lock(cache.lock.owner());
   std::array<Freed, kMaximumBinCapacity> taken;
   for (int c = 0; c < detail::kSizeClassCount; ++c) {
+    if (c == kept_class) continue;
     ThreadCache::Bin& bin = cache.bins[c];
     std::uint32_t safe = 0;
     while (safe < bin.count && epochs.is_safe(bin.at(safe).epoch)) ++safe;  // epochs only grow along a ring

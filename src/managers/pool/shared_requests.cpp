@@ -62,7 +62,19 @@ std::uintptr_t PoolMemoryManager::Core::allocate_from_index(std::size_t size, Th
   // for every thread, 16 threads of 64 KiB pairs went from 4 to 53 ns.)
   const std::size_t own_bytes = own ? bytes_cached_by(*own) : 0;
   if (own_bytes >= size && 2 * own_bytes >= cached_bytes()) {
-    return_safe_cached_blocks(*own, size);
+    // A loop keeps its own ring: the seal above may have made its oldest
+    // block safe, and handing that ring back to the index emptied it at
+    // every such request until the loop's seals bought a segment, each pair
+    // then through the index (1 MiB pairs in that warm-up 50-78 -> 12-25
+    // ns, simulated; docs/pool-measurements.md, "Why the 1 MiB pair from
+    // Python reads twice the 256-byte one"). Its other classes still go
+    // back: what they hold would otherwise keep the loop from buying.
+    const int own_class = in_a_loop ? detail::size_class_of(size) : -1;
+    return_safe_cached_blocks(*own, size, own_class);
+    if (own_class >= 0) {
+      std::lock_guard cache_lock(own->lock.owner());
+      if (const std::uintptr_t address = own->take_oldest_if_safe(own_class, epochs)) return address;
+    }
     if (auto address = take_block(size)) return *address;
   }
   // Other threads' caches may hold much of the pool in classes they are

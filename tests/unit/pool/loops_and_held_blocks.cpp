@@ -42,6 +42,31 @@ TEST_F(Pool, TheSegmentsALoopsSealsBuyDoubleItsRing) {
       << "the pool holds " << pool.statistics().reserved_bytes << " bytes";
 }
 
+// Until its seals have bought a segment, a loop's request whose ring's
+// oldest block still waits for a seal reaches the index, and the seal made
+// there may make that block safe: the loop takes it from its ring, rather
+// than handing the ring back to the index and taking a block from there
+// (which emptied the ring at every such pair). So the ring keeps every
+// block the loop has gone through.
+TEST_F(Pool, ALoopKeepsItsRingBeforeItsSealsBuyASegment) {
+  CUEMM_REQUIRE_SIMULATION();
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  const std::size_t size = std::size_t{1} << 20;
+  std::set<cuda::CUdeviceptr> used;
+  for (int i = 0; i < 3000; ++i) {
+    const cuda::CUdeviceptr block = pool.allocate(size);
+    used.insert(block);
+    pool.deallocate(block, size);
+  }
+  const PoolStatistics statistics = pool.statistics();
+  ASSERT_GT(used.size(), 2u) << "the loop's seals bought nothing: it never went through a ring";
+  EXPECT_EQ(statistics.in_use_bytes, 0u);
+  EXPECT_GE(statistics.cached_bytes, used.size() * size)
+      << "the loop went through " << used.size() << " blocks; its ring keeps " << statistics.cached_bytes
+      << " bytes, the index " << statistics.free_blocks << " free block(s)";
+}
+
 // Those purchases stay within the pool's maximum: where a doubled ring's
 // segment does not fit, the pool takes what fits, and the loop goes on
 // sealing within it.
