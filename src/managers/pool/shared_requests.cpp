@@ -65,8 +65,8 @@ std::uintptr_t PoolMemoryManager::Core::allocate_from_index(std::size_t size, Th
     // A loop keeps its own ring: the seal above may have made its oldest
     // block safe, and handing that ring back to the index emptied it at
     // every such request until the loop's seals bought a segment, each pair
-    // then through the index (1 MiB pairs in that warm-up 50-78 -> 12-25
-    // ns, simulated; docs/pool-measurements.md, "Why the 1 MiB pair from
+    // then through the index (1 MiB pairs in that warm-up 2-3x faster now,
+    // simulated; docs/pool-measurements.md, "Why the 1 MiB pair from
     // Python reads twice the 256-byte one"). Its other classes still go
     // back: what they hold would otherwise keep the loop from buying.
     const int own_class = in_a_loop ? detail::size_class_of(size) : -1;
