@@ -177,9 +177,10 @@ def python_pools_lines(pools):
              f"legacy stream as `cuemm.device_array(stream=...)` allocates; CuPy's `MemoryPool.malloc`; "
              f"PyTorch's `caching_allocator_alloc`/`caching_allocator_delete`), {pools['pairs_per_loop']:,} pairs a "
              f"loop, each size's loops in turn in each of {pools['rounds']} rounds: ns a pair (median), and in "
-             "brackets the median of the rounds' ratios to cuemm's pool. So few pairs leave cuemm's 1 MiB loop in "
-             "its warm-up between the other sizes' loops: its ring pays seals until they have bought its segments "
-             "(docs/pool-measurements.md, \"Why the 1 MiB pair from Python reads twice the 256-byte one\").", ""]
+             "brackets the median of the rounds' ratios to cuemm's pool. So few pairs leave cuemm's loops in their "
+             "warm-up between the other sizes' loops (a ring grows as its seals pay for segments); until `4ae6f91` "
+             "that doubled the 1 MiB pair (docs/pool-measurements.md, \"Why the 1 MiB pair from Python reads twice "
+             "the 256-byte one\").", ""]
     measured = pools.get("measured")
     if measured:
         lines += [f"Measured on {measured['date']} on the {measured['device']} at commit `{measured['commit']}`; "
