@@ -136,12 +136,15 @@ void AllocateFree(benchmark::State& state) {
   Manager& manager = shared_manager<Manager>();
   cuemm::ScopedContext scope(context());
   const auto size = static_cast<std::size_t>(state.range(0));
-  if (const cuemm::PoolMemoryManager* pool = pool_of(manager))
-    warm_up_until_the_pool_stops_buying(*pool, [&] { benchmark::DoNotOptimize(manager.memalloc(size)); });
+  const cuemm::PoolMemoryManager* pool = pool_of(manager);
+  if (pool) warm_up_until_the_pool_stops_buying(*pool, [&] { benchmark::DoNotOptimize(manager.memalloc(size)); });
+  const std::size_t seals_before = pool ? pool->statistics().seals : 0;
   for (auto _ : state) {
     auto memory = manager.memalloc(size);
     benchmark::DoNotOptimize(memory->device_pointer());
   }
+  // (So that a cell slower than usual shows whether its pool sealed more.)
+  if (pool) count_seals(state, seals_before, pool->statistics().seals);
   state.SetItemsProcessed(state.iterations());
 }
 
