@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <set>
 #include <thread>
 #include <vector>
@@ -245,4 +246,23 @@ TEST(ChunkRecycler, TheDepotKeepsABoundedNumberOfBatches) {
   EXPECT_GE(static_cast<std::size_t>(reused), Recycler::kDepotBatches * Recycler::kBatch);
   EXPECT_EQ(std::set<void*>(again.begin(), again.end()).size(), kChunks) << "a chunk was handed out twice";
   for (void* chunk : again) Recycler::give(chunk);
+}
+
+// Chunks made one after another lie side by side, and threads that take them
+// from the depot write their pointers' counts at every pair: no two chunks
+// may share a cache line. (152 bytes is a MemoryPointer's chunk; this test's
+// own size, 152 + 8, keeps its recycler apart from theirs.)
+TEST(ChunkRecycler, NoTwoChunksShareACacheLine) {
+  using Recycler = detail::ChunkRecycler<160>;
+  constexpr std::uintptr_t kLine = 64;
+  std::vector<std::uintptr_t> made;
+  for (int i = 0; i < 64; ++i) made.push_back(reinterpret_cast<std::uintptr_t>(Recycler::take()));
+  for (std::uintptr_t chunk : made) EXPECT_EQ(chunk % kLine, 0u) << "a chunk starts inside a cache line";
+  std::vector<std::uintptr_t> sorted = made;
+  std::sort(sorted.begin(), sorted.end());
+  for (std::size_t i = 1; i < sorted.size(); ++i)
+    EXPECT_GE(sorted[i] - sorted[i - 1], Recycler::kChunkBytes) << "two chunks overlap";
+  EXPECT_EQ(Recycler::kChunkBytes % kLine, 0u);
+  EXPECT_GE(Recycler::kChunkBytes, 160u);
+  for (std::uintptr_t chunk : made) Recycler::give(reinterpret_cast<void*>(chunk));
 }
