@@ -67,8 +67,13 @@ struct Freed {
   std::uint64_t epoch;
 };
 
-// One thread's cached blocks (see the top of this file).
-struct ThreadCache {
+// One thread's cached blocks (see the top of this file). On cache lines of
+// its own: its owner writes `lock` and `bytes` at every pair, and a
+// neighbour that another thread writes as often would cost both threads
+// about 100 ns a pair (as two threads' pointer objects on one line did,
+// docs/pool-measurements.md, "4 threads' memalloc pairs after the
+// benchmarks before them").
+struct alignas(64) ThreadCache {
   struct Bin {
     Freed* ring = nullptr;
     std::uint32_t head = 0;  // the oldest entry
