@@ -250,11 +250,12 @@ TEST(ChunkRecycler, TheDepotKeepsABoundedNumberOfBatches) {
 
 // Chunks made one after another lie side by side, and threads that take them
 // from the depot write their pointers' counts at every pair: no two chunks
-// may share a cache line. (152 bytes is a MemoryPointer's chunk; this test's
-// own size, 152 + 8, keeps its recycler apart from theirs.)
+// may share a cache line, nor the pair of lines that x86 CPUs fetch together.
+// (152 bytes is a MemoryPointer's chunk; this test's own size, 152 + 8, keeps
+// its recycler apart from theirs.)
 TEST(ChunkRecycler, NoTwoChunksShareACacheLine) {
   using Recycler = detail::ChunkRecycler<160>;
-  constexpr std::uintptr_t kLine = 64;
+  constexpr std::uintptr_t kLine = 128;
   std::vector<std::uintptr_t> made;
   for (int i = 0; i < 64; ++i) made.push_back(reinterpret_cast<std::uintptr_t>(Recycler::take()));
   for (std::uintptr_t chunk : made) EXPECT_EQ(chunk % kLine, 0u) << "a chunk starts inside a cache line";

@@ -25,6 +25,7 @@
 
 #include "cuemm/managers/detail/rent_or_buy.hpp"
 #include "cuemm/managers/detail/reuse_epochs.hpp"
+#include "util/own_lines.hpp"
 #include "cuemm/managers/detail/size_classes.hpp"
 #include "threading/owner_biased_lock.hpp"
 #include "util/owned_counter.hpp"
@@ -73,7 +74,7 @@ struct Freed {
 // about 100 ns a pair (as two threads' pointer objects on one line did,
 // docs/pool-measurements.md, "4 threads' memalloc pairs after the
 // benchmarks before them").
-struct alignas(64) ThreadCache {
+struct alignas(util::kOwnLines) ThreadCache {
   struct Bin {
     Freed* ring = nullptr;
     std::uint32_t head = 0;  // the oldest entry

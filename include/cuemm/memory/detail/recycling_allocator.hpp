@@ -57,8 +57,9 @@ class ChunkRecycler {
   // the depot each write their pointer's counts at every pair: chunks on one
   // line made 4 threads' memalloc pairs 2.4x slower on the H200
   // (docs/pool-measurements.md, "4 threads' memalloc pairs after the
-  // benchmarks before them").
-  static constexpr std::size_t kLine = 64;
+  // benchmarks before them"). 128 bytes, as src/util/own_lines.hpp says why:
+  // x86 CPUs fetch lines in aligned pairs.
+  static constexpr std::size_t kLine = 128;
   static constexpr std::size_t kChunkBytes = (Bytes + kLine - 1) / kLine * kLine;
   static constexpr std::size_t kBatch = kKeep / 2;
   static constexpr std::size_t kDepotBatches = 32;
