@@ -6,8 +6,9 @@
 # "4 threads' memalloc pairs after the benchmarks before them"). Runs
 # bench_allocators twice on the same cells: after PREFIX (a --benchmark_filter
 # regex of the benchmarks to run first; default: all those registered before
-# them), then alone, and prints the medians with the CPU time a pair (of all threads) and
-# the pool's seals. Shorten PREFIX to find which one does it.
+# them), then alone, and prints the medians with the CPU time a pair (of all
+# threads) and the pool's seals. The cause was two threads' pointer objects on
+# one cache line (fixed in e6995d9): since then both runs should read alike.
 #   bash bench/probes/probe_memalloc_after_prefix.sh BUILD_DIR
 #   PREFIX='^(PinnedHostPoolHandOver)/' bash bench/probes/probe_memalloc_after_prefix.sh BUILD_DIR
 set -uo pipefail
