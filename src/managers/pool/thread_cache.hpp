@@ -25,9 +25,9 @@
 
 #include "cuemm/managers/detail/rent_or_buy.hpp"
 #include "cuemm/managers/detail/reuse_epochs.hpp"
-#include "util/own_lines.hpp"
 #include "cuemm/managers/detail/size_classes.hpp"
 #include "threading/owner_biased_lock.hpp"
+#include "util/own_lines.hpp"
 #include "util/owned_counter.hpp"
 
 namespace cuemm::detail {
