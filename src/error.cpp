@@ -17,9 +17,29 @@ constexpr ErrorName kErrorNames[] = {
 #include "driver/error_names.inc"
 };
 
-std::string compose(const std::string& name, const std::string& call, const std::string& detail) {
+// What a graph capture's refusal means for cuemm, which the driver's code
+// alone does not say: a capture that nobody announced meets the managers'
+// allocations and seals.
+std::string capture_hint(cuda::CUresult code) {
+  switch (code) {
+    case cuda::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED:
+    case cuda::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT:
+      return "a stream is being captured into a CUDA graph, which forbids this call; cuemm's managers "
+             "allocate, free and seal through the driver, which a capture allows only when it is opened "
+             "inside a cuemm::CaptureScope (cuemm/runtime/capture_scope.hpp)";
+    case cuda::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED:
+      return "an earlier call that the capture forbids ended it, such as a cuemm manager's allocation or "
+             "seal while no cuemm::CaptureScope was open (cuemm/runtime/capture_scope.hpp)";
+    default:
+      return {};
+  }
+}
+
+std::string compose(const std::string& name, const std::string& call, const std::string& detail,
+                    const std::string& hint = {}) {
   std::string message = "[" + name + "] Call to " + call + " results in " + name;
-  if (!detail.empty()) message += " (" + detail + ")";
+  const std::string said = detail.empty() ? hint : hint.empty() ? detail : detail + "; " + hint;
+  if (!said.empty()) message += " (" + said + ")";
   return message;
 }
 
@@ -44,7 +64,7 @@ std::string describe_bytes(std::size_t bytes) {
 }
 
 CudaError::CudaError(cuda::CUresult code, std::string call, const std::string& detail)
-    : CudaError(code, call, error_name(code), compose(error_name(code), call, detail)) {}
+    : CudaError(code, call, error_name(code), compose(error_name(code), call, detail, capture_hint(code))) {}
 
 CudaError::CudaError(cuda::CUresult code, std::string call, std::string code_name, const std::string& message)
     : Error(message), code_(code), call_(std::move(call)), code_name_(std::move(code_name)) {}

@@ -196,7 +196,10 @@ void ReuseEpochs::seal_locked() noexcept {
     // once: while a graph is captured, every seal comes here.)
     if (!said_why_unsealed_) {
       said_why_unsealed_ = true;
-      std::fprintf(stderr, "cuemm: cannot record a reuse event (%s); synchronising instead\n", error.what());
+      std::fprintf(stderr,
+                   "cuemm: cannot record a reuse event (%s); waiting for the device instead, or where that is "
+                   "refused too, for a later seal\n",
+                   error.what());
     }
     // The event may be stale (its context was reset): never reuse it.
     if (entry.event) CUEMM_CU_RESULT(cuEventDestroy, entry.event);

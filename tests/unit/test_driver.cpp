@@ -35,6 +35,25 @@ TEST(Driver, ErrorsNameTheCodeAndTheCall) {
                "(requested 3.00 GiB (3221225472 bytes))");
 }
 
+// A capture's refusal says what cuemm needs (a CaptureScope), beside what the
+// driver's code says; other codes get no such words.
+TEST(Driver, ACapturesRefusalNamesTheCaptureScope) {
+  const CudaError refused(cuda::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "cuMemAlloc", "requested 2.00 MiB");
+  const std::string said = refused.what();
+  EXPECT_EQ(said.rfind("[CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED] Call to cuMemAlloc results in "
+                       "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (requested 2.00 MiB; ",
+                       0),
+            0u)
+      << said;
+  EXPECT_NE(said.find("cuemm::CaptureScope"), std::string::npos) << said;
+  for (const cuda::CUresult code : {cuda::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, cuda::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT}) {
+    const std::string ended = CudaError(code, "cuStreamEndCapture").what();
+    EXPECT_NE(ended.find("cuemm::CaptureScope"), std::string::npos) << ended;
+  }
+  const std::string other = CudaError(cuda::CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, "cuStreamEndCapture").what();
+  EXPECT_EQ(other.find("CaptureScope"), std::string::npos) << other;
+}
+
 // What the H100's driver answers for host ranges it cannot page-lock and for
 // zero-byte allocations (bench/probes/probe_host_register.cpp); the
 // simulated driver must answer the same, so this runs on both.

@@ -1,6 +1,9 @@
 // Stream-safe reuse (Note [Stream-safe reuse]): a freed block waits for the GPU
 // work queued before its free; seals, graph captures, and growth rather than a
 // wait while the GPU is busy.
+#include <mutex>
+#include <string>
+
 #include "pool_test.hpp"
 #include "support/host_allocation_faults.hpp"
 
@@ -548,7 +551,13 @@ TEST_F(Pool, AGraphCapturedWhileThePoolServesThreadsSurvivesAndRuns) {
   std::vector<std::shared_ptr<MemoryPointer>> blocks;
   // Captures the fills of kBlocks new blocks; returns cuStreamEndCapture's
   // result, and in `refused` what the pool threw (the driver refuses its
-  // calls during an unannounced capture).
+  // calls during an unannounced capture), the first message in `why`.
+  std::mutex why_mutex;
+  std::string why;
+  auto refusal = [&](const CudaError& error) {
+    std::lock_guard lock(why_mutex);
+    if (why.empty()) why = error.what();
+  };
   auto capture = [&](cuda::CUgraph& graph, std::atomic<int>& refused) {
     churn(2000);  // frees not yet sealed for
     blocks.clear();
@@ -561,7 +570,8 @@ TEST_F(Pool, AGraphCapturedWhileThePoolServesThreadsSurvivesAndRuns) {
         churn(300);
         std::vector<std::shared_ptr<MemoryPointer>> held;
         for (int i = 0; i < 16; ++i) held.push_back(pool.memalloc(std::size_t{7} << 20));  // (growth)
-      } catch (const CudaError&) {
+      } catch (const CudaError& error) {
+        refusal(error);
         ++refused;
       }
     });
@@ -573,7 +583,8 @@ TEST_F(Pool, AGraphCapturedWhileThePoolServesThreadsSurvivesAndRuns) {
                     static_cast<std::uint64_t>(words_of(i)));
         churn(10);
       }
-    } catch (const CudaError&) {
+    } catch (const CudaError& error) {
+      refusal(error);
       ++refused;
     }
     other.join();
@@ -584,6 +595,10 @@ TEST_F(Pool, AGraphCapturedWhileThePoolServesThreadsSurvivesAndRuns) {
   std::atomic<int> refused{0};
   const cuda::CUresult unannounced = capture(graph, refused);
   EXPECT_NE(unannounced, cuda::CUDA_SUCCESS) << "a capture survived the pool without a CaptureScope";
+  // What the pool's callers were told names the remedy.
+  if (refused > 0) {
+    EXPECT_NE(why.find("cuemm::CaptureScope"), std::string::npos) << why;
+  }
   if (graph) CUEMM_CU(cuGraphDestroy, std::exchange(graph, nullptr));
   refused = 0;
   {
