@@ -8,7 +8,9 @@
 # regex of the benchmarks to run first; default: all those registered before
 # them), then alone, and prints the medians with the CPU time a pair (of all
 # threads) and the pool's seals. The cause was two threads' pointer objects on
-# one cache line (fixed in e6995d9): since then both runs should read alike.
+# one cache line (fixed in e6995d9): since then both runs should read alike,
+# as they did on the H200 at ea0ac08 (4 threads 16.2-18.6 ns a pair after the
+# prefix, 17.1-18.9 alone).
 #   bash bench/probes/probe_memalloc_after_prefix.sh BUILD_DIR
 #   PREFIX='^(PinnedHostPoolHandOver)/' bash bench/probes/probe_memalloc_after_prefix.sh BUILD_DIR
 set -uo pipefail
