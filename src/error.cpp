@@ -17,22 +17,18 @@ constexpr ErrorName kErrorNames[] = {
 #include "driver/error_names.inc"
 };
 
-// What a graph capture's refusal means for cuemm, which the driver's code
-// alone does not say: a capture that nobody announced meets the managers'
-// allocations and seals.
+// What a graph capture's refusal of a call means for cuemm, which the
+// driver's code alone does not say: a capture that nobody announced meets
+// the managers' allocations and seals. (Not for a capture found ended,
+// CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: its cause came earlier, where it
+// was refused and said so, and capture_graph, whose scope is open, names
+// the causes that remain.)
 std::string capture_hint(cuda::CUresult code) {
-  switch (code) {
-    case cuda::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED:
-    case cuda::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT:
-      return "a stream is being captured into a CUDA graph, which forbids this call; cuemm's managers "
-             "allocate, free and seal through the driver, which a capture allows only when it is opened "
-             "inside a cuemm::CaptureScope (cuemm/runtime/capture_scope.hpp)";
-    case cuda::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED:
-      return "an earlier call that the capture forbids ended it, such as a cuemm manager's allocation or "
-             "seal while no cuemm::CaptureScope was open (cuemm/runtime/capture_scope.hpp)";
-    default:
-      return {};
-  }
+  if (code != cuda::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED && code != cuda::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
+    return {};
+  return "a stream is being captured into a CUDA graph, which forbids this call; cuemm's managers allocate, "
+         "free and seal through the driver, which a capture allows only when it is opened inside a "
+         "cuemm::CaptureScope (cuemm/runtime/capture_scope.hpp)";
 }
 
 std::string compose(const std::string& name, const std::string& call, const std::string& detail,
