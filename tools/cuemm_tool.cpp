@@ -816,7 +816,8 @@ int run(std::vector<std::string> args) {
     tool::refuse_leftovers({args.begin() + 2, args.end()}, "plot");
     MemoryLogGaps gaps;
     const std::vector<LoggedEvent> events = read_log_events(args[0], &gaps);
-    if (gaps.untimed) std::printf("the log has no times: the picture's axis counts rows\n");
+    if (events.empty()) std::printf("the log holds no allocation or free: the picture is empty\n");
+    else if (gaps.untimed) std::printf("the log has no times: the picture's axis counts rows\n");
     const std::string svg = memory_plot_svg(events, gaps.untimed);
     std::ofstream out(args[1]);
     if (!(out << svg)) throw InvalidArgument("cannot write '" + args[1] + "'");

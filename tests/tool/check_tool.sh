@@ -326,6 +326,11 @@ refused "cannot write '$work/no/such/folder.svg'" "$tool" random --operations 10
 refused "cannot read the log" "$tool" replay "$work/missing.csv"
 refused "is a folder, not a cuemm CSV log" "$tool" replay "$work"
 refused "is a folder, not a cuemm CSV log" "$tool" plot "$work" "$work/folder.svg"
+# A log with its header only draws empty axes, and says why they are empty.
+head -1 "$work/made.csv" >"$work/header-only.csv"
+"$tool" plot "$work/header-only.csv" "$work/empty.svg" >"$work/empty-plot.txt"
+grep -q "the log holds no allocation or free: the picture is empty" "$work/empty-plot.txt"
+grep -q "^</svg>" "$work/empty.svg"
 if "$tool" random --max-size lots 2>"$work/error.txt"; then exit 1; fi
 refused "at least 1 byte" "$tool" random --max-size 0
 refused "whole number (got '-3')" "$tool" random --operations -3
