@@ -1,9 +1,11 @@
 """Runs numba-cuda's own test suite twice, with Numba's default memory manager
 and with NUMBA_CUDA_MEMORY_MANAGER=cuemm, and prints both summaries and every
 test whose outcome differs. Exits non-zero if a test fails or errors under
-cuemm that passes (or is skipped) under the default, except the tests that open
-raw IPC handles without their offset (docs/ipc-offsets.md), which run again
-with CUEMM_POOL_DEDICATED_SIZE=0 and must pass there.
+cuemm that does not under the default, or never ends under cuemm (its process
+died or stopped first) where it passed or was skipped under the default. The
+exception: the tests that open raw IPC handles without their offset
+(docs/ipc-offsets.md), which run again with CUEMM_POOL_DEDICATED_SIZE=0 and
+must pass there.
 
 Usage: compare_numba_cuda_suite.py PYTHONPATH_OF_CUEMM [test modules...]
 (default modules: the selection of ../shared/GPU-NOTES.md). With
@@ -54,26 +56,48 @@ RAW_HANDLE_TESTS = ["numba.cuda.tests.cudapy.test_ipc.TestIpcMemory.test_ipc_han
 RAW_HANDLE_SETTING = {"CUEMM_POOL_DEDICATED_SIZE": "0"}
 
 OUTCOME = re.compile(r"^(test\w*) \(([\w.]+)\)\s*(?:\.\.\.)?\s*(.*)$")
+# What unittest's verbose runner writes on a line of its own where the test wrote
+# something (a warning on stderr, say) after its name.
+LATE_OUTCOME = re.compile(r"^(ok|FAIL|ERROR|skipped\b.*)$")
+
+
+def outcome_of(text):
+    if text.startswith("ok"):
+        return "ok"
+    if text.startswith("skipped"):
+        return "skipped"
+    if "FAIL" in text:
+        return "FAIL"
+    if "ERROR" in text:
+        return "ERROR"
+    return None
+
+
+def parse_outcomes(output):
+    """Each test's outcome (ok, skipped, FAIL or ERROR) from unittest's verbose output, by
+    module.Class.test name. Expected failures are left out, as are tests whose run never
+    ended (the process died in them)."""
+    outcomes = {}
+    pending = None  # a test named without its outcome yet
+    for line in output.splitlines():
+        line = line.strip()
+        match = OUTCOME.match(line)
+        if match:
+            name = f"{match.group(2)}.{match.group(1)}" if not match.group(2).endswith(match.group(1)) else match.group(2)
+            outcome = outcome_of(match.group(3))
+            if outcome:
+                outcomes[name] = outcome
+            pending = None if outcome or match.group(3).startswith("expected failure") else name
+        elif pending and LATE_OUTCOME.match(line):
+            outcomes[pending] = outcome_of(line)
+            pending = None
+    return outcomes
 
 
 def run(label, environment, modules):
     result = subprocess.run([sys.executable, "-m", "numba.runtests", "-v", *modules], env=environment,
                             capture_output=True, text=True, timeout=1800)
-    outcomes = {}
-    for line in (result.stderr + result.stdout).splitlines():
-        match = OUTCOME.match(line.strip())
-        if not match:
-            continue
-        name = f"{match.group(2)}.{match.group(1)}" if not match.group(2).endswith(match.group(1)) else match.group(2)
-        text = match.group(3)
-        if text.startswith("ok"):
-            outcomes[name] = "ok"
-        elif text.startswith("skipped"):
-            outcomes[name] = "skipped"
-        elif "FAIL" in text:
-            outcomes[name] = "FAIL"
-        elif "ERROR" in text:
-            outcomes[name] = "ERROR"
+    outcomes = parse_outcomes(result.stderr + "\n" + result.stdout)
     summary = [line for line in result.stderr.splitlines() if line.startswith(("Ran ", "OK", "FAILED"))]
     print(f"{label}: {' '.join(summary)} (exit {result.returncode})")
     print_counts(label, outcomes)
@@ -86,6 +110,30 @@ def print_counts(label, outcomes, source=""):
           f"{source}")
 
 
+def within(name, module):
+    return name == module or name.startswith(module + ".")
+
+
+def compare(default, cuemm, modules):
+    """How the run under cuemm differs from the default manager's, as four sorted lists:
+    - worse: failed or erred under cuemm, and did not under the default manager (a test the
+      default run never reached counts: a module that cannot even be loaded under cuemm);
+    - missing: of `modules`, passed or was skipped under the default manager and has no
+      outcome under cuemm (its process died or stopped before it: a crash is no pass);
+    - better: passed under cuemm, failed or erred under the default manager;
+    - skipped only under cuemm: skipped there, passed under the default manager."""
+    worse = sorted(name for name, outcome in cuemm.items()
+                   if outcome in ("FAIL", "ERROR") and default.get(name) not in ("FAIL", "ERROR"))
+    missing = sorted(name for name, outcome in default.items()
+                     if outcome in ("ok", "skipped") and name not in cuemm
+                     and any(within(name, module) for module in modules))
+    better = sorted(name for name, outcome in cuemm.items()
+                    if outcome == "ok" and default.get(name) in ("FAIL", "ERROR"))
+    skipped_only_with_cuemm = sorted(name for name, outcome in cuemm.items()
+                                     if outcome == "skipped" and default.get(name) == "ok")
+    return worse, missing, better, skipped_only_with_cuemm
+
+
 def earlier_baseline(modules):
     """The default manager's outcomes of `modules` from CUEMM_COMPARE_BASELINE,
     where that run covered every one of them; else None (run it here)."""
@@ -94,13 +142,15 @@ def earlier_baseline(modules):
         return None
     with open(path) as source:
         saved = json.load(source)
-    def within(name, module):
-        return name == module or name.startswith(module + ".")
     if not all(any(within(module, covered) for covered in saved["modules"]) for module in modules):
         return None
     outcomes = {name: outcome for name, outcome in saved["outcomes"].items()
                 if any(within(name, module) for module in modules)}
     print_counts("default", outcomes, f" (from the earlier run in {path})")
+    # Outcomes named outside every module of that run (unittest's loader names a module it
+    # could not load so) are kept too, but not counted: which module they stand for is unknown.
+    outcomes.update({name: outcome for name, outcome in saved["outcomes"].items()
+                     if not any(within(name, module) for module in saved["modules"])})
     return outcomes
 
 
@@ -132,17 +182,13 @@ def main():
         if raw_handle_tests:
             dedicated, _ = run("cuemm, CUEMM_POOL_DEDICATED_SIZE=0", dict(with_cuemm, **RAW_HANDLE_SETTING),
                                raw_handle_tests)
-    worse = sorted(name for name, outcome in cuemm.items()
-                   if outcome in ("FAIL", "ERROR") and default.get(name) in ("ok", "skipped"))
-    better = sorted(name for name, outcome in cuemm.items()
-                    if outcome == "ok" and default.get(name) in ("FAIL", "ERROR"))
-    skipped_only_with_cuemm = sorted(name for name, outcome in cuemm.items()
-                                     if outcome == "skipped" and default.get(name) == "ok")
+    worse, missing, better, skipped_only_with_cuemm = compare(default, cuemm, modules)
     documented = [name for name in worse if name in RAW_HANDLE_TESTS]
     undocumented = [name for name in worse if name not in RAW_HANDLE_TESTS]
     dedicated_failures = [name for name in raw_handle_tests if dedicated.get(name) != "ok"]
     print(f"difference: {len(undocumented)} fail or error only under cuemm"
-          f" (and {len(documented)} raw-handle test(s), docs/ipc-offsets.md), {len(better)} pass only under cuemm, "
+          f" (and {len(documented)} raw-handle test(s), docs/ipc-offsets.md), {len(missing)} never ended under cuemm, "
+          f"{len(better)} pass only under cuemm, "
           f"{len(skipped_only_with_cuemm)} skipped only under cuemm (Numba skips some tests for any external manager)")
     if pool:
         print(f"raw-handle tests with CUEMM_POOL_DEDICATED_SIZE=0: "
@@ -158,10 +204,14 @@ def main():
         print(f"  fails even with CUEMM_POOL_DEDICATED_SIZE=0: {name}")
     for name in skipped_only_with_cuemm:
         print(f"  skipped under cuemm: {name}")
-    if undocumented:
+    for name in missing[:20]:
+        print(f"  never ended under cuemm: {name}")
+    if len(missing) > 20:
+        print(f"  ... and {len(missing) - 20} more")
+    if undocumented or missing:
         tail = "\n".join(cuemm_run.stderr.splitlines()[-80:])
         print(tail)
-    return 1 if undocumented or dedicated_failures or not cuemm else 0
+    return 1 if undocumented or missing or dedicated_failures or not cuemm else 0
 
 
 if __name__ == "__main__":
