@@ -2,6 +2,10 @@
 // streams, and how work is queued (what driver_internals.hpp declares).
 #include "driver_internals.hpp"
 
+#include <pthread.h>
+
+#include <atomic>
+
 namespace cuemm::sim {
 
 std::size_t page_size() {
@@ -392,6 +396,14 @@ Allocation* State::find(std::uintptr_t address, std::size_t size) {
 State& state() {
   static State* s = new State();
   return *s;
+}
+
+namespace {
+std::atomic<bool> forked_child{false};
+}
+bool forked_after_init() noexcept { return forked_child.load(std::memory_order_relaxed); }
+void watch_for_forks() {
+  pthread_atfork(nullptr, nullptr, [] { forked_child.store(true, std::memory_order_relaxed); });
 }
 
 PerThreadStreams::~PerThreadStreams() {

@@ -185,6 +185,7 @@ CUresult check_stream_use(State& s, const std::shared_ptr<SimStream>& stream);
 // Most functions need cuInit first; the state lock is held as `lock`.
 #define SIM_BEGIN(name) SIM_BEGIN_AS(::cuemm::sim::Fn::name)
 #define SIM_BEGIN_AS(function)                    \
+  if (::cuemm::sim::forked_after_init()) return CUDA_ERROR_NOT_INITIALIZED; \
   const ::cuemm::sim::DriverCall sim_driver_call; \
   if (const CUresult injected = CallLog::instance().enter(function)) return injected; \
   State& s = state();                             \

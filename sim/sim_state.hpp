@@ -171,4 +171,12 @@ struct State {
 // destruction at exit.
 State& state();
 
+// Whether this process is a child forked after cuInit succeeded (in the
+// parent). As libcuda, the driver then refuses every call that needs cuInit,
+// cuInit too, with CUDA_ERROR_NOT_INITIALIZED: the state and its locks are the
+// parent's copy, and its stream workers are not in the child.
+bool forked_after_init() noexcept;
+// Registers what sets it (cuInit, once it succeeds).
+void watch_for_forks();
+
 }  // namespace cuemm::sim

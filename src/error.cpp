@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "cuemm/driver/driver.hpp"
 #include "util/byte_size.hpp"
 
 namespace cuemm {
@@ -29,6 +30,18 @@ std::string capture_hint(cuda::CUresult code) {
   return "a stream is being captured into a CUDA graph, which forbids this call; cuemm's managers allocate, "
          "free and seal through the driver, which a capture allows only when it is opened inside a "
          "cuemm::CaptureScope (cuemm/runtime/capture_scope.hpp)";
+}
+
+// What the driver's code alone does not say: in a child forked after the
+// driver was loaded, every driver error has one cause (Note [A child forked
+// after the driver was loaded], driver.hpp); elsewhere, a capture's refusal.
+std::string hint_for(cuda::CUresult code) {
+  if (driver::in_forked_child()) {
+    return "this process was forked from one that had initialized CUDA, and CUDA cannot be used in such a "
+           "child: fork before the parent's first CUDA call, or start the process afresh (multiprocessing's "
+           "'spawn' start method)";
+  }
+  return capture_hint(code);
 }
 
 std::string compose(const std::string& name, const std::string& call, const std::string& detail,
@@ -60,7 +73,8 @@ std::string describe_bytes(std::size_t bytes) {
 }
 
 CudaError::CudaError(cuda::CUresult code, std::string call, const std::string& detail)
-    : CudaError(code, call, error_name(code), compose(error_name(code), call, detail, capture_hint(code))) {}
+    : CudaError(code, call, error_name(code),
+                compose(error_name(code), call, detail, hint_for(code))) {}
 
 CudaError::CudaError(cuda::CUresult code, std::string call, std::string code_name, const std::string& message)
     : Error(message), code_(code), call_(std::move(call)), code_name_(std::move(code_name)) {}

@@ -160,7 +160,7 @@ struct PyAllocation {
 // GIL to finish).
 void give_back(ManagerAdaptor::Unwrapped& held, ManagerAdaptor* adaptor, bool gil_until_blocking) noexcept {
   GilForCall gil(gil_until_blocking);
-  if (adaptor)
+  if (adaptor && !driver::in_forked_child())  // (a forked child's blocks are the parent's: dropped)
     adaptor->release_unwrapped(held);
   else
     held.memory.reset();
@@ -278,7 +278,7 @@ struct PyStreamAllocation {
 void release_stream_allocation(PyStreamAllocation* self) noexcept {
   StreamOrderedAllocator* allocator = std::exchange(self->allocator, nullptr);
   if (!allocator) return;
-  if (self->resets->load(std::memory_order_acquire) == self->resets_at_allocation) {
+  if (self->resets->load(std::memory_order_acquire) == self->resets_at_allocation && !driver::in_forked_child()) {
     GilForCall gil(self->gil_until_blocking);
     allocator->deallocate(self->address, self->size, self->stream);
   }
@@ -388,7 +388,11 @@ class Bridge {
     outermost_adaptor_ = dynamic_cast<ManagerAdaptor*>(manager_.get());
   }
 
+  // Each entry into the manager first refuses in a forked child, whose
+  // manager is the parent's copy (Note [A child forked after the driver was
+  // loaded], cuemm/driver/driver.hpp).
   void initialize() {
+    driver::refuse_in_forked_child("initialize");
     GilForCall gil(gil_until_blocking_);
     manager_->initialize();
     initialized_.store(true, std::memory_order_release);
@@ -398,6 +402,7 @@ class Bridge {
   // the outermost adaptor without its pointer, when there is one;
   // `bridge_object` is this bridge's Python object, which the Allocation keeps.
   PyObject* memalloc_held(std::size_t size, PyObject* bridge_object) {
+    driver::refuse_in_forked_child("memalloc");
     if (!outermost_adaptor_) return memalloc(size).release().ptr();
     ManagerAdaptor::Unwrapped held =
         call({}, [&] { return outermost_adaptor_->memalloc_unwrapped(size); });
@@ -407,19 +412,23 @@ class Bridge {
   }
 
   py::object memalloc(std::size_t size) {
+    driver::refuse_in_forked_child("memalloc");
     return wrap(call({}, [&] { return manager_->memalloc(size); }));
   }
   // `site` names the Python caller for the log and the leak report.
   py::object memalloc_at(std::size_t size, std::string site) {
+    driver::refuse_in_forked_child("memalloc");
     return wrap(call(site, [&] { return manager_->memalloc(size); }));
   }
   py::object memhostalloc(std::size_t size, bool mapped, bool portable, bool wc, std::string site) {
+    driver::refuse_in_forked_child("memhostalloc");
     return wrap(call(site, [&] {
       return manager_->memhostalloc(size, mapped, portable, wc);
     }));
   }
   py::object mempin(py::object owner, std::uintptr_t pointer, std::size_t size, bool mapped) {
     if (pointer == 0) throw InvalidArgument("mempin: the pointer is null");
+    driver::refuse_in_forked_child("mempin");
     // (None owns nothing: such a pin is not cached past its release.)
     auto held = owner.is_none() ? nullptr : hold_python_object(std::move(owner));
     return wrap(call({}, [&] {
@@ -427,6 +436,7 @@ class Bridge {
     }));
   }
   py::object memallocmanaged(std::size_t size, bool attach_global) {
+    driver::refuse_in_forked_child("memallocmanaged");
     return wrap(call({}, [&] { return manager_->memallocmanaged(size, attach_global); }));
   }
 
@@ -436,6 +446,7 @@ class Bridge {
   // stream-ordered calls (the default manager).
   py::object allocate_on_stream(std::size_t size, std::uintptr_t stream, py::object stream_owner, std::string site,
                                 py::object bridge_object) {
+    driver::refuse_in_forked_child("allocate_on_stream");
     StreamOrderedAllocator* ordered = stream_ordered_allocator(*manager_);
     if (!ordered)
       throw NotSupported("allocating " + std::to_string(size) + " bytes on a stream: device " +
@@ -466,6 +477,7 @@ class Bridge {
   // (handle bytes, offset of [address, address + size) in the exported allocation, size, and
   // cuemm's serialised handle where the driver has no handle for the memory, else None)
   py::tuple ipc_handle(std::uintptr_t address, std::size_t size) {
+    driver::refuse_in_forked_child("get_ipc_handle");
     auto view = std::make_shared<MemoryPointer>(context_, address, size);
     IpcHandle handle = [&] {
       py::gil_scoped_release unlocked;
@@ -483,6 +495,7 @@ class Bridge {
   }
 
   py::tuple memory_info() {
+    driver::refuse_in_forked_child("get_memory_info");
     const MemoryInfo info = [&] {
       py::gil_scoped_release unlocked;  // asks the driver
       return manager_->get_memory_info();
@@ -491,6 +504,7 @@ class Bridge {
   }
 
   void reset() {
+    driver::refuse_in_forked_child("reset");
     py::gil_scoped_release unlocked;
     // Counted first: a block whose allocation read the count before this was
     // made before it, and the reset gives it back.
@@ -500,6 +514,7 @@ class Bridge {
   }
 
   std::shared_ptr<CleanupGuard> defer_cleanup() {
+    driver::refuse_in_forked_child("defer_cleanup");
     py::gil_scoped_release unlocked;  // may take a manager's lock
     return std::make_shared<CleanupGuard>(manager_->defer_cleanup());
   }
@@ -574,6 +589,7 @@ class Bridge {
 
   // release_unused_memory() of the manager, as a dict of its four figures.
   py::dict release_unused_memory() {
+    driver::refuse_in_forked_child("release_unused_memory");
     const ReleasedMemory released = [&] {
       py::gil_scoped_release unlocked;  // takes the pools' locks and waits for the GPU
       return cuemm::release_unused_memory(*manager_);

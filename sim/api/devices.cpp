@@ -6,6 +6,7 @@ using namespace cuemm::sim;
 
 SIM_EXPORT CUresult cuInit(unsigned flags) {
   SIM_ENTER(cuInit);
+  if (forked_after_init()) return CUDA_ERROR_NOT_INITIALIZED;
   if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
   State& s = state();
   std::lock_guard lock(s.mutex);
@@ -23,6 +24,7 @@ SIM_EXPORT CUresult cuInit(unsigned flags) {
     s.devices.push_back(std::move(device));
   }
   s.initialized = true;
+  watch_for_forks();
   return CUDA_SUCCESS;
 }
 

@@ -1,6 +1,7 @@
 #include "cuemm/driver/driver.hpp"
 
 #include <dlfcn.h>
+#include <pthread.h>
 
 #include <atomic>
 #include <cstdio>
@@ -16,6 +17,8 @@ constexpr const char* kSimulatedDriverName = "libcuemm_simdriver.so";
 
 std::atomic<Driver*> loaded_driver{nullptr};
 std::mutex load_mutex;
+
+void note_fork_in_child() noexcept { detail::forked_after_load.store(true, std::memory_order_relaxed); }
 
 // Resolves every entry of CUEMM_DRIVER_FUNCTIONS; the first symbol found wins.
 void resolve(void* library, Functions& functions) {
@@ -51,6 +54,8 @@ std::string dl_error() {
 
 }  // namespace
 
+std::atomic<bool> detail::forked_after_load{false};
+
 bool Driver::is_loaded() noexcept { return loaded_driver.load(std::memory_order_acquire) != nullptr; }
 
 const Driver& Driver::get() {
@@ -59,6 +64,9 @@ const Driver& Driver::get() {
   std::lock_guard lock(load_mutex);
   if (Driver* driver = loaded_driver.load(std::memory_order_acquire)) return *driver;
   Driver* driver = load();  // throws, leaving nothing loaded, so a later call retries
+  // (Note [A child forked after the driver was loaded]; a child forked before
+  // this loads the driver itself, which works.)
+  pthread_atfork(nullptr, nullptr, note_fork_in_child);
   loaded_driver.store(driver, std::memory_order_release);
   return *driver;
 }
@@ -144,6 +152,8 @@ void throw_allocation_error(CUresult code, const char* call, std::size_t bytes) 
   if (code == CUDA_ERROR_OUT_OF_MEMORY) throw OutOfMemory(call, bytes);
   throw CudaError(code, call, "requested " + describe_bytes(bytes));
 }
+
+void throw_in_forked_child(const char* call) { throw CudaError(CUDA_ERROR_NOT_INITIALIZED, call); }
 
 void throw_missing_function(const char* call) {
   throw CudaError(CUDA_ERROR_NOT_SUPPORTED, call,

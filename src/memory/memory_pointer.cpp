@@ -46,7 +46,10 @@ bool MemoryPointer::run_finalizer() noexcept {
 
 void MemoryPointer::call_finalizer() noexcept {
   try {
-    finalizer_();
+    // (In a forked child the memory is the parent's, and the manager a copy:
+    // nothing to give back. Note [A child forked after the driver was loaded].)
+    if (!driver::in_forked_child()) [[likely]]
+      finalizer_();
   } catch (const std::exception& error) {
     std::fprintf(stderr, "cuemm: releasing %s memory at %s failed: %s\n", to_string(kind_),
                  hex_address(pointer_).c_str(), error.what());

@@ -23,17 +23,27 @@ Context::Context(Device& device, cuda::CUcontext handle)
 
 Context::~Context() { deallocations_.flush_all(); }
 
-void Context::prepare_for_use() { memory_manager_->initialize(); }
+// Each entry into the memory manager first refuses in a forked child (Note [A
+// child forked after the driver was loaded]): the manager there is a copy.
+void Context::prepare_for_use() {
+  driver::refuse_in_forked_child("initialize");
+  memory_manager_->initialize();
+}
 
 void Context::reset() {
+  driver::refuse_in_forked_child("reset");
   deallocations_.flush_all();
   memory_manager_->reset();
 }
 
-MemoryInfo Context::get_memory_info() { return memory_manager_->get_memory_info(); }
+MemoryInfo Context::get_memory_info() {
+  driver::refuse_in_forked_child("get_memory_info");
+  return memory_manager_->get_memory_info();
+}
 
 std::shared_ptr<MemoryPointer> Context::memalloc(std::size_t size) {
   require_allocation_size(size, "memalloc");
+  driver::refuse_in_forked_child("memalloc");
   if (capturing()) [[unlikely]] {
     if (auto reused = reuse_if_captured(size)) return reused;
     return keep_if_captured(memory_manager_->memalloc(size));
@@ -43,6 +53,7 @@ std::shared_ptr<MemoryPointer> Context::memalloc(std::size_t size) {
 
 std::shared_ptr<MemoryPointer> Context::memhostalloc(std::size_t size, bool mapped, bool portable, bool wc) {
   require_allocation_size(size, "memhostalloc");
+  driver::refuse_in_forked_child("memhostalloc");
   return keep_if_captured(memory_manager_->memhostalloc(size, mapped, portable, wc));
 }
 
@@ -50,6 +61,7 @@ std::shared_ptr<MemoryPointer> Context::mempin(std::shared_ptr<const void> owner
                                                bool mapped) {
   if (!pointer) throw InvalidArgument("mempin: the pointer is null");
   require_allocation_size(size, "mempin");
+  driver::refuse_in_forked_child("mempin");
   if (mapped && !device_.can_map_host_memory())
     throw InvalidArgument("mempin: device " + std::to_string(device_.id()) + " cannot map host memory");
   return keep_if_captured(memory_manager_->mempin(std::move(owner), pointer, size, mapped));
@@ -57,15 +69,18 @@ std::shared_ptr<MemoryPointer> Context::mempin(std::shared_ptr<const void> owner
 
 std::shared_ptr<MemoryPointer> Context::memallocmanaged(std::size_t size, bool attach_global) {
   require_allocation_size(size, "memallocmanaged");
+  driver::refuse_in_forked_child("memallocmanaged");
   return keep_if_captured(memory_manager_->memallocmanaged(size, attach_global));
 }
 
 IpcHandle Context::get_ipc_handle(const std::shared_ptr<MemoryPointer>& memory) {
   if (!memory) throw InvalidArgument("get_ipc_handle: the memory pointer is null");
+  driver::refuse_in_forked_child("get_ipc_handle");
   return memory_manager_->get_ipc_handle(memory);
 }
 
 CleanupGuard Context::defer_cleanup() {
+  driver::refuse_in_forked_child("defer_cleanup");
   CleanupGuard guard = memory_manager_->defer_cleanup();
   guard.attach(deallocations_.defer());
   return guard;

@@ -499,6 +499,59 @@ def test_the_expandable_pools_arena_blocks_open_in_another_process(run_python, t
     assert "offset 0" not in out, "the second block should follow the first in the arena"
 
 
+@pytest.mark.parametrize("manager", ["pool", "async", "default"])
+def test_a_child_forked_after_cuda_started_is_refused_at_once_with_the_fork_named(run_python, manager):
+    # Python's multiprocessing forks by default on Linux. The child holds the
+    # parent's managers as copies (caches of the parent's blocks, locks the
+    # parent's threads held): cuemm refuses it before any of them, and its
+    # arrays of the parent's memory drop without a wait. The parent goes on.
+    out = run_python("""
+        import gc, os, threading, time
+        from numba import cuda
+        plugin = cuda.current_context().memory_manager  # cuemm's Numba plugin
+        cuda.device_array(1 << 16)  # freed at once: a block in the pool's cache
+        kept = cuda.device_array(1 << 16)
+        stop = False
+        def churn():  # a thread inside the manager when the process forks
+            while not stop:
+                cuda.device_array(4096)
+        churning = threading.Thread(target=churn)
+        churning.start()
+        time.sleep(0.05)
+        pid = os.fork()
+        if pid == 0:
+            failures = []
+            for name, call in [("memalloc", lambda: plugin.memalloc(1 << 16)),
+                               ("get_memory_info", lambda: plugin.get_memory_info())]:
+                try:
+                    call()
+                    failures.append(name + ": not refused")
+                except Exception as error:
+                    if "fork" not in str(error):
+                        failures.append(f"{name}: {type(error).__name__}: {error}")
+            del kept
+            gc.collect()
+            os.write(1, ("\\n".join(failures) or "child: refused").encode() + b"\\n")
+            os._exit(1 if failures else 0)
+        deadline = time.monotonic() + 60
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                raise AssertionError("the forked child waited (killed after 60 s)")
+            time.sleep(0.05)
+        stop = True
+        churning.join()
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+        assert (cuda.to_device(list(range(8))).copy_to_host() == list(range(8))).all()
+        print("parent: went on")
+    """, CUEMM_MEMORY_MANAGER=manager, **PLUGIN)
+    assert "child: refused" in out and "parent: went on" in out, out
+
+
 def test_threads_allocate_safely(run_python):
     run_python("""
         import threading

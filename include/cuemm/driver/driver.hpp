@@ -17,6 +17,7 @@
 // Contract of every entry: it returns a CUresult, CUDA_SUCCESS (0) on success.
 #pragma once
 
+#include <atomic>
 #include <string>
 
 #include "cuemm/driver/cuda_api.hpp"
@@ -66,6 +67,24 @@ class Driver {
   std::string path_;
   int version_ = 0;
 };
+
+// Note [A child forked after the driver was loaded]: such a child cannot use
+// CUDA (the driver refuses every call there with CUDA_ERROR_NOT_INITIALIZED),
+// yet it holds a copy of the parent's managers: their caches would hand it
+// the parent's blocks, and their locks may be held by parent threads that the
+// child does not have. The EMM interface (Context, the Python bridge) refuses
+// there at once, before any cache or lock, with an error that names the fork;
+// every driver error there names it too; and frees do nothing, the memory
+// being the parent's.
+namespace detail {
+extern std::atomic<bool> forked_after_load;  // set in the child by a pthread_atfork handler
+}
+inline bool in_forked_child() noexcept { return detail::forked_after_load.load(std::memory_order_relaxed); }
+[[noreturn]] void throw_in_forked_child(const char* call);
+inline void refuse_in_forked_child(const char* call) {
+  if (in_forked_child()) [[unlikely]]
+    throw_in_forked_child(call);
+}
 
 [[noreturn]] void throw_cuda_error(CUresult code, const char* call);
 // As throw_cuda_error, but an out-of-memory error names the bytes requested.
