@@ -402,8 +402,8 @@ class Bridge {
   // the outermost adaptor without its pointer, when there is one;
   // `bridge_object` is this bridge's Python object, which the Allocation keeps.
   PyObject* memalloc_held(std::size_t size, PyObject* bridge_object) {
-    driver::refuse_in_forked_child("memalloc");
     if (!outermost_adaptor_) return memalloc(size).release().ptr();
+    driver::refuse_in_forked_child("memalloc");
     ManagerAdaptor::Unwrapped held =
         call({}, [&] { return outermost_adaptor_->memalloc_unwrapped(size); });
     PyObject* allocation = new_allocation(std::move(held), outermost_adaptor_, bridge_object, gil_until_blocking_);
