@@ -20,6 +20,9 @@
 # CUEMM_GPU_FRAGMENTATION_ONLY=1 builds and runs only the fragmentation part (see there) and `cuemm bench`.
 # CUEMM_GPU_CONFORMANCE_OPTIONS=1 adds the conformance suite under the pools' other options to
 # ctest (about 40 s a setting); =only runs only those (with CUEMM_GPU_TESTS_ONLY=1 and the skips below).
+# CUEMM_GPU_SKIP_CTEST=1 builds no C++ tests and leaves out ctest: with CUEMM_GPU_TESTS_ONLY=1, the second
+# half of a tests check whose first half (CUEMM_GPU_SKIP_PYTHON=1) ran on its own, as a cold machine's
+# build left the whole no time for its last numba-cuda runs (560 s at 94536fe).
 # CUEMM_GPU_SKIP_PYTHON=1 leaves out the Python package's checks, and CUEMM_GPU_SKIP_FRAGMENTATION=1
 # the fragmentation runs: with CUEMM_GPU_TESTS_ONLY=1, both make a check of the C++ suite alone
 # (on four H200s build and ctest took 290 s, and the fragmentation runs, alone after them, more
@@ -49,13 +52,22 @@ phase_done() {
 # The optional fragmentation runs at the end stop early rather than let the device cut off the summary.
 deadline=${CUEMM_GPU_DEADLINE_S:-560}
 time_left() { echo $((deadline - SECONDS)); }
-# Prints the summary and exits with the tests' status.
+# Prints the summary and exits with the status of every check: ctest, the example, and those of check_failed.
 finish() {
   summary+=("seconds per part: ${phases[*]} (total $SECONDS)")
   echo
   echo "SUMMARY"
   printf '  %s\n' "${summary[@]}"
-  exit $((ctest_status || example_status))
+  exit $((ctest_status || example_status || checks_status))
+}
+# Records the exit status $1 of a check past ctest (in the variable named $2, when given): pytest,
+# pip, numba-cuda's runs, and benchmarks, which exit other than 0 only when they crash or fail,
+# never on timing. Any but 0 fails the whole check, as ctest's does (before, only the summary
+# line told of a failed pytest).
+checks_status=0
+check_failed() {
+  [ -n "${2:-}" ] && printf -v "$2" '%s' "$1"
+  [ "$1" = 0 ] || checks_status=1
 }
 # The line that says a step was left out for the deadline (RESULTS.md lists them).
 not_run() { echo "== $1: not run, $(time_left) s left before the deadline of $deadline s"; }
@@ -70,7 +82,8 @@ cuemm_bench() {
   fi
   "$build/bin/cuemm" bench --managers pool,async --threads 1,16 --seconds 0.02 --repeats 1 --warm-up 0.1 \
     >"$logs/cuemm_bench.txt" 2>&1
-  summary+=("cuemm bench (real driver): exit $? ($(awk '/threads over 1/ {exit} /^(cuMemAlloc|default|pool|async) / {n++} END {print n + 0}' "$logs/cuemm_bench.txt") rows; pool, 16 threads over 1: $(awk '/threads over 1/ {f = 1} f && /^pool/ {$1 = ""; print}' "$logs/cuemm_bench.txt"))")
+  check_failed $? run_status
+  summary+=("cuemm bench (real driver): exit $run_status ($(awk '/threads over 1/ {exit} /^(cuMemAlloc|default|pool|async) / {n++} END {print n + 0}' "$logs/cuemm_bench.txt") rows; pool, 16 threads over 1: $(awk '/threads over 1/ {f = 1} f && /^pool/ {$1 = ""; print}' "$logs/cuemm_bench.txt"))")
 }
 # The seeds' workloads, length_of and the readers of `cuemm random`'s figures (reserved_over_live...).
 # shellcheck source=scripts/fragmentation-common.sh
@@ -271,8 +284,11 @@ tests_part=1 timings_part=1 fragmentation_part=1
 # (Without the tests, the build is about a minute shorter. Both ways are said
 # outright: a machine still warm from a run without them keeps its build folder,
 # whose cache would otherwise leave them out of this one.)
+skip_ctest=${CUEMM_GPU_SKIP_CTEST:-0}
 if [ $tests_part = 0 ]; then
   gtest_args+=(-DCUEMM_BUILD_TESTS=OFF -DCUEMM_BUILD_EXAMPLES=OFF)
+elif [ "$skip_ctest" = 1 ]; then
+  gtest_args+=(-DCUEMM_BUILD_TESTS=OFF -DCUEMM_BUILD_EXAMPLES=ON)
 else
   gtest_args+=(-DCUEMM_BUILD_TESTS=ON -DCUEMM_BUILD_EXAMPLES=ON)
 fi
@@ -309,15 +325,20 @@ if [ $tests_part = 1 ]; then
     only) ctest_selection=(-R "$options_tests") ;;
     *) ctest_selection=(-E "$options_tests") ;;
   esac
-  (cd "$build" && CUEMM_DRIVER=cuda ctest --output-on-failure --timeout 300 -V "${ctest_selection[@]}") \
-    >"$logs/ctest.log" 2>&1
-  ctest_status=$?
-  # (ctest exits 0 when it finds no test at all.)
-  grep -q "No tests were found" "$logs/ctest.log" && { echo "ctest found no tests in $build"; ctest_status=1; }
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests passed|^[0-9]+: \[  SKIPPED" "$logs/ctest.log" | tail -40
-  summary+=("ctest (real driver): $(grep -E 'tests passed' "$logs/ctest.log" | tail -1)")
-  summary+=("gtest cases: $(gtest_case_counts "$logs/ctest.log")")
-  phase_done build+ctest
+  if [ "$skip_ctest" = 1 ]; then
+    summary+=("ctest: left out (CUEMM_GPU_SKIP_CTEST=1)")
+    phase_done build
+  else
+    (cd "$build" && CUEMM_DRIVER=cuda ctest --output-on-failure --timeout 300 -V "${ctest_selection[@]}") \
+      >"$logs/ctest.log" 2>&1
+    ctest_status=$?
+    # (ctest exits 0 when it finds no test at all.)
+    grep -q "No tests were found" "$logs/ctest.log" && { echo "ctest found no tests in $build"; ctest_status=1; }
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests passed|^[0-9]+: \[  SKIPPED" "$logs/ctest.log" | tail -40
+    summary+=("ctest (real driver): $(grep -E 'tests passed' "$logs/ctest.log" | tail -1)")
+    summary+=("gtest cases: $(gtest_case_counts "$logs/ctest.log")")
+    phase_done build+ctest
+  fi
 
   # The fragmentation runs (below) measure memory, not time: the pool's, the async manager's and
   # the best fit's go beside the example, pytest and numba-cuda's suites, which time nothing and
@@ -338,9 +359,11 @@ if [ $tests_part = 1 ]; then
   if [ $python_checks = 1 ]; then
     (cd /tmp && PYTHONPATH="$build/python" CUEMM_DRIVER=cuda "$python" -m pytest -q -p no:cacheprovider "$root/tests/python") \
       >"$logs/pytest.log" 2>&1
+    check_failed $?
     summary+=("pytest (real driver): $(tail -1 "$logs/pytest.log")")
     wait "$pip_pid"
-    summary+=("pip install . (scikit-build-core): exit $? ($(tail -1 "$logs/pip.log"))")
+    check_failed $? pip_status
+    summary+=("pip install . (scikit-build-core): exit $pip_status ($(tail -1 "$logs/pip.log"))")
     phase_done example+pytest+pip
     # Under cuemm every process of the suite logs its allocations (for the replay below).
     suite_logs=/tmp/cuemm-suite-logs
@@ -351,33 +374,37 @@ if [ $tests_part = 1 ]; then
     rm -f "$baseline"
     (cd /tmp && CUEMM_LOG_FILE="$suite_logs/cuemm-%p.csv" CUEMM_COMPARE_SAVE_BASELINE="$baseline" "$python" \
       "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python") >"$logs/numba-cuda-suite.log" 2>&1
-    suite_status=$?
+    check_failed $? suite_status
     grep -E "^(default|cuemm|difference|raw-handle|  worse|  skipped|  fails)" "$logs/numba-cuda-suite.log"
     summary+=("numba-cuda suite: exit $suite_status; $(grep '^difference' "$logs/numba-cuda-suite.log")")
     # Its IPC tests again with the expandable pool, whose arena blocks have cuemm's own handles.
     (cd /tmp && CUEMM_POOL_EXPANDABLE=1 CUEMM_COMPARE_BASELINE="$baseline" "$python" \
       "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python" \
       numba.cuda.tests.cudapy.test_ipc) >"$logs/numba-cuda-ipc-expandable.log" 2>&1
-    summary+=("numba-cuda test_ipc, expandable pool: exit $?; $(grep '^difference' "$logs/numba-cuda-ipc-expandable.log")")
+    check_failed $? run_status
+    summary+=("numba-cuda test_ipc, expandable pool: exit $run_status; $(grep '^difference' "$logs/numba-cuda-ipc-expandable.log")")
     # Its driver tests (contexts, resets, deallocations) and IPC tests under the async manager, its pool exportable.
     (cd /tmp && CUEMM_MEMORY_MANAGER=async CUEMM_ASYNC_EXPORTABLE=1 CUEMM_COMPARE_BASELINE="$baseline" "$python" \
       "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python" numba.cuda.tests.cudadrv \
       numba.cuda.tests.cudapy.test_ipc) >"$logs/numba-cuda-async.log" 2>&1
-    summary+=("numba-cuda cudadrv and test_ipc, async (exportable): exit $?; $(grep '^difference' "$logs/numba-cuda-async.log")")
+    check_failed $? run_status
+    summary+=("numba-cuda cudadrv and test_ipc, async (exportable): exit $run_status; $(grep '^difference' "$logs/numba-cuda-async.log")")
     # Its driver and IPC tests under the pool wrapped in every adaptor at once (IPC handles,
     # memory info and resets pass through each; the cap is one the tests stay under).
     (cd /tmp && CUEMM_ADAPTORS=statistics,log,tracking,limit CUEMM_LIMIT=64G \
       CUEMM_LOG_FILE=/tmp/cuemm-adaptors-suite-%p.csv CUEMM_COMPARE_BASELINE="$baseline" "$python" \
       "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python" numba.cuda.tests.cudadrv \
       numba.cuda.tests.cudapy.test_ipc) >"$logs/numba-cuda-adaptors.log" 2>&1
-    summary+=("numba-cuda cudadrv and test_ipc, pool under statistics,log,tracking,limit: exit $?; $(grep '^difference' "$logs/numba-cuda-adaptors.log")")
+    check_failed $? run_status
+    summary+=("numba-cuda cudadrv and test_ipc, pool under statistics,log,tracking,limit: exit $run_status; $(grep '^difference' "$logs/numba-cuda-adaptors.log")")
     rm -f /tmp/cuemm-adaptors-suite-*.csv
     # Its driver tests under cuemm's default manager, Numba's own behaviour rebuilt (20 s: the
     # default's outcomes are the first run's).
     (cd /tmp && CUEMM_MEMORY_MANAGER=default CUEMM_COMPARE_BASELINE="$baseline" "$python" \
       "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python" numba.cuda.tests.cudadrv) \
       >"$logs/numba-cuda-default.log" 2>&1
-    summary+=("numba-cuda cudadrv, cuemm's default manager: exit $?; $(grep '^difference' "$logs/numba-cuda-default.log")")
+    check_failed $? run_status
+    summary+=("numba-cuda cudadrv, cuemm's default manager: exit $run_status; $(grep '^difference' "$logs/numba-cuda-default.log")")
     # With several GPUs, numba-cuda's tests of them (skipped on one) under each device manager
     # (peers use the blocks: Note [Peer access]).
     gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
@@ -388,7 +415,8 @@ if [ $tests_part = 1 ]; then
         (cd /tmp && env "$setting" CUEMM_ASYNC_EXPORTABLE=1 "$python" "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python" \
           numba.cuda.tests.cudapy.test_multigpu numba.cuda.tests.cudadrv.test_context_stack \
           numba.cuda.tests.cudapy.test_ipc) >"$multi_log" 2>&1
-        summary+=("numba-cuda multi-GPU tests ($gpus GPUs, $setting): exit $?; $(grep -E '^cuemm:' "$multi_log" | tail -1); $(grep '^difference' "$multi_log")")
+        check_failed $? run_status
+        summary+=("numba-cuda multi-GPU tests ($gpus GPUs, $setting): exit $run_status; $(grep -E '^cuemm:' "$multi_log" | tail -1); $(grep '^difference' "$multi_log")")
       done
     fi
     if [ -n "${fragmentation_pid:-}" ]; then
@@ -422,7 +450,8 @@ if [ $timings_part = 1 ]; then
     [ "$(time_left)" -ge 420 ] && numba_rounds=3
     (cd /tmp && "$python" "$root/bench/bench_numba.py" --cuemm "$build/python" --rounds $numba_rounds \
       --out "$logs/bench_numba.json") >"$logs/bench_numba.txt" 2>&1
-    summary+=("numba benchmark: exit $? (bench_numba.txt)")
+    check_failed $? run_status
+    summary+=("numba benchmark: exit $run_status (bench_numba.txt)")
     # The interleaved figures the issue's bounds are about, so the summary alone tells.
     interleaved() {  # $1: the call; $2: the column
       "$python" "$root/bench/interleaved_ratios.py" "$logs/bench_numba.json" "$1" "$2" 2>&1
@@ -434,7 +463,8 @@ if [ $timings_part = 1 ]; then
     if [ "$(time_left)" -ge 150 ]; then
       (cd /tmp && "$python" "$root/bench/bench_python_pools.py" --cuemm "$build/python" --tool "$build/bin/cuemm" \
         --out "$logs/bench_python_pools.json") >"$logs/bench_python_pools.txt" 2>&1
-      summary+=("python pools: exit $? ($(grep -m1 '^summary:' "$logs/bench_python_pools.txt" | cut -c10-))")
+      check_failed $? run_status
+      summary+=("python pools: exit $run_status ($(grep -m1 '^summary:' "$logs/bench_python_pools.txt" | cut -c10-))")
       phase_done python-pools
     else
       summary+=("python pools: not run ($(time_left) s left before the deadline)")
@@ -452,12 +482,14 @@ if [ $timings_part = 1 ]; then
     CUEMM_DRIVER=cuda "$build/bin/bench_allocators" --benchmark_repetitions=$repetitions --benchmark_report_aggregates_only=true \
       --benchmark_min_time=0.1 --benchmark_out="$logs/bench_allocators.json" --benchmark_out_format=json \
       >"$logs/bench_allocators.txt" 2>&1
-    summary+=("benchmarks: exit $? ($(grep -c _median "$logs/bench_allocators.txt") medians in bench_allocators.txt)")
+    check_failed $? run_status
+    summary+=("benchmarks: exit $run_status ($(grep -c _median "$logs/bench_allocators.txt") medians in bench_allocators.txt)")
     if [ -x "$build/bin/bench_torch_allocator" ]; then
       "$build/bin/bench_torch_allocator" --benchmark_repetitions=$repetitions --benchmark_report_aggregates_only=true \
         --benchmark_min_time=0.1 --benchmark_out="$logs/bench_torch_allocator.json" --benchmark_out_format=json \
         >"$logs/bench_torch_allocator.txt" 2>&1
-      summary+=("PyTorch anchor: exit $? ($(grep -c _median "$logs/bench_torch_allocator.txt") medians)")
+      check_failed $? run_status
+      summary+=("PyTorch anchor: exit $run_status ($(grep -c _median "$logs/bench_torch_allocator.txt") medians)")
       [ -s "$logs/bench_torch_allocator.json" ] && anchors+=("$logs/bench_torch_allocator.json")
     else
       summary+=("PyTorch anchor: not built (see build.log)")
@@ -494,7 +526,8 @@ if [ -f "$logs/bench_allocators.json" ] && [ -f "$logs/bench_numba.json" ]; then
     --numba "$logs/bench_numba.json" --gpu "$logs/gpu.txt" --out "$logs/RESULTS.md" \
     "${results_args[@]}" --previous bench/RESULTS*.md \
     ${CUEMM_COMMIT:+--commit "$CUEMM_COMMIT"}) >"$logs/results.log" 2>&1
-  summary+=("bench/RESULTS.md: written to $logs/RESULTS.md (exit $?)")
+  check_failed $? run_status
+  summary+=("bench/RESULTS.md: written to $logs/RESULTS.md (exit $run_status)")
   summary+=("$(grep -m1 '^pairs over 2x slower' "$logs/results.log")")
   summary+=("$(grep -m1 '^fragmentation means over' "$logs/results.log")")
 fi
