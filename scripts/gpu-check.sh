@@ -71,6 +71,27 @@ check_failed() {
 }
 # The line that says a step was left out for the deadline (RESULTS.md lists them).
 not_run() { echo "== $1: not run, $(time_left) s left before the deadline of $deadline s"; }
+# One run of numba-cuda's suite without and with the plugin (tests/numba/compare_numba_cuda_suite.py):
+# $1 its summary label, $2 its log's name in $logs, then `env` settings, `--`, and the test modules
+# (none: the script's own selection). The summary line adds cuemm's counts and the difference.
+# Where under 45 s are left before the deadline it does not run, and that fails the check: a run
+# that the device cuts off prints no summary at all (94536fe's tests, on a cold machine).
+compare_suite() {
+  local label=$1 log=$logs/$2 settings=() line
+  shift 2
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do settings+=("$1"); shift; done
+  shift
+  if [ "$(time_left)" -lt 45 ]; then
+    line=$(not_run "$label")
+    summary+=("$label: ${line#"== $label: "}")
+    checks_status=1
+    return
+  fi
+  (cd /tmp && env "${settings[@]}" "$python" "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python" "$@") \
+    >"$log" 2>&1
+  check_failed $? run_status
+  summary+=("$label: exit $run_status; $(grep -E '^cuemm:' "$log" | tail -1); $(grep '^difference' "$log")")
+}
 # The tool's own pairs table on the real driver, for the pool and the async manager (a short run:
 # it is Google Benchmark's figures that RESULTS.md reports, cuMemAlloc and the default manager's
 # among them; the pool's cells warm up until 0.1 s went by without it buying a block). All four
@@ -372,51 +393,35 @@ if [ $tests_part = 1 ]; then
     # (its half of each of them took 30-40 s).
     baseline=/tmp/cuemm-suite-baseline.json
     rm -f "$baseline"
-    (cd /tmp && CUEMM_LOG_FILE="$suite_logs/cuemm-%p.csv" CUEMM_COMPARE_SAVE_BASELINE="$baseline" "$python" \
-      "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python") >"$logs/numba-cuda-suite.log" 2>&1
-    check_failed $? suite_status
+    compare_suite "numba-cuda suite" numba-cuda-suite.log CUEMM_LOG_FILE="$suite_logs/cuemm-%p.csv" \
+      CUEMM_COMPARE_SAVE_BASELINE="$baseline" --
     grep -E "^(default|cuemm|difference|raw-handle|  worse|  skipped|  fails)" "$logs/numba-cuda-suite.log"
-    summary+=("numba-cuda suite: exit $suite_status; $(grep '^difference' "$logs/numba-cuda-suite.log")")
     # Its IPC tests again with the expandable pool, whose arena blocks have cuemm's own handles.
-    (cd /tmp && CUEMM_POOL_EXPANDABLE=1 CUEMM_COMPARE_BASELINE="$baseline" "$python" \
-      "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python" \
-      numba.cuda.tests.cudapy.test_ipc) >"$logs/numba-cuda-ipc-expandable.log" 2>&1
-    check_failed $? run_status
-    summary+=("numba-cuda test_ipc, expandable pool: exit $run_status; $(grep '^difference' "$logs/numba-cuda-ipc-expandable.log")")
+    compare_suite "numba-cuda test_ipc, expandable pool" numba-cuda-ipc-expandable.log CUEMM_POOL_EXPANDABLE=1 \
+      CUEMM_COMPARE_BASELINE="$baseline" -- numba.cuda.tests.cudapy.test_ipc
     # Its driver tests (contexts, resets, deallocations) and IPC tests under the async manager, its pool exportable.
-    (cd /tmp && CUEMM_MEMORY_MANAGER=async CUEMM_ASYNC_EXPORTABLE=1 CUEMM_COMPARE_BASELINE="$baseline" "$python" \
-      "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python" numba.cuda.tests.cudadrv \
-      numba.cuda.tests.cudapy.test_ipc) >"$logs/numba-cuda-async.log" 2>&1
-    check_failed $? run_status
-    summary+=("numba-cuda cudadrv and test_ipc, async (exportable): exit $run_status; $(grep '^difference' "$logs/numba-cuda-async.log")")
+    compare_suite "numba-cuda cudadrv and test_ipc, async (exportable)" numba-cuda-async.log \
+      CUEMM_MEMORY_MANAGER=async CUEMM_ASYNC_EXPORTABLE=1 CUEMM_COMPARE_BASELINE="$baseline" -- \
+      numba.cuda.tests.cudadrv numba.cuda.tests.cudapy.test_ipc
     # Its driver and IPC tests under the pool wrapped in every adaptor at once (IPC handles,
     # memory info and resets pass through each; the cap is one the tests stay under).
-    (cd /tmp && CUEMM_ADAPTORS=statistics,log,tracking,limit CUEMM_LIMIT=64G \
-      CUEMM_LOG_FILE=/tmp/cuemm-adaptors-suite-%p.csv CUEMM_COMPARE_BASELINE="$baseline" "$python" \
-      "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python" numba.cuda.tests.cudadrv \
-      numba.cuda.tests.cudapy.test_ipc) >"$logs/numba-cuda-adaptors.log" 2>&1
-    check_failed $? run_status
-    summary+=("numba-cuda cudadrv and test_ipc, pool under statistics,log,tracking,limit: exit $run_status; $(grep '^difference' "$logs/numba-cuda-adaptors.log")")
+    compare_suite "numba-cuda cudadrv and test_ipc, pool under statistics,log,tracking,limit" numba-cuda-adaptors.log \
+      CUEMM_ADAPTORS=statistics,log,tracking,limit CUEMM_LIMIT=64G CUEMM_LOG_FILE=/tmp/cuemm-adaptors-suite-%p.csv \
+      CUEMM_COMPARE_BASELINE="$baseline" -- numba.cuda.tests.cudadrv numba.cuda.tests.cudapy.test_ipc
     rm -f /tmp/cuemm-adaptors-suite-*.csv
     # Its driver tests under cuemm's default manager, Numba's own behaviour rebuilt (20 s: the
     # default's outcomes are the first run's).
-    (cd /tmp && CUEMM_MEMORY_MANAGER=default CUEMM_COMPARE_BASELINE="$baseline" "$python" \
-      "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python" numba.cuda.tests.cudadrv) \
-      >"$logs/numba-cuda-default.log" 2>&1
-    check_failed $? run_status
-    summary+=("numba-cuda cudadrv, cuemm's default manager: exit $run_status; $(grep '^difference' "$logs/numba-cuda-default.log")")
+    compare_suite "numba-cuda cudadrv, cuemm's default manager" numba-cuda-default.log \
+      CUEMM_MEMORY_MANAGER=default CUEMM_COMPARE_BASELINE="$baseline" -- numba.cuda.tests.cudadrv
     # With several GPUs, numba-cuda's tests of them (skipped on one) under each device manager
     # (peers use the blocks: Note [Peer access]).
     gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
     if [ "$gpus" -ge 2 ]; then
       # (The async manager exports only from a pool created exportable: docs/ipc-offsets.md.)
       for setting in CUEMM_MEMORY_MANAGER=pool CUEMM_POOL_EXPANDABLE=1 CUEMM_MEMORY_MANAGER=async; do
-        multi_log="$logs/numba-cuda-multi-gpu-${setting#*=}.log"
-        (cd /tmp && env "$setting" CUEMM_ASYNC_EXPORTABLE=1 "$python" "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python" \
-          numba.cuda.tests.cudapy.test_multigpu numba.cuda.tests.cudadrv.test_context_stack \
-          numba.cuda.tests.cudapy.test_ipc) >"$multi_log" 2>&1
-        check_failed $? run_status
-        summary+=("numba-cuda multi-GPU tests ($gpus GPUs, $setting): exit $run_status; $(grep -E '^cuemm:' "$multi_log" | tail -1); $(grep '^difference' "$multi_log")")
+        compare_suite "numba-cuda multi-GPU tests ($gpus GPUs, $setting)" "numba-cuda-multi-gpu-${setting#*=}.log" \
+          "$setting" CUEMM_ASYNC_EXPORTABLE=1 -- numba.cuda.tests.cudapy.test_multigpu \
+          numba.cuda.tests.cudadrv.test_context_stack numba.cuda.tests.cudapy.test_ipc
       done
     fi
     if [ -n "${fragmentation_pid:-}" ]; then
