@@ -169,6 +169,7 @@ struct ReplayReport {
   // tell what the workload costs any placement from what the manager adds.
   std::size_t best_fit_live = 0, best_fit_reserved = 0;
   std::string adaptors;                // the CUEMM_ADAPTORS the manager ran under ("" for none)
+  std::size_t threads = 1;             // the lists run side by side
   bool stream_ordered = false;         // through allocate(size, stream)
   // With --segments: the pool's segments when it first reserved its peak.
   struct PeakSegments {
@@ -431,6 +432,7 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
   for (double seconds : sampling) sampled += seconds / static_cast<double>(lists.size());
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count() - sampled;
   report.operations = done.load();
+  report.threads = lists.size();
   report.peak_live = peak_live.load();
   report.peak_reserved = peak_reserved.load();
   report.failed = failed.load();
@@ -541,6 +543,10 @@ void print(const ReplayReport& report, const std::string& name, const std::strin
               describe_bytes(report.peak_reserved).c_str(),
               report.peak_live ? static_cast<double>(report.peak_reserved) / report.peak_live : 0.0);
   // (Worded without "reserved/live": scripts read that figure, the manager's, from the line above.)
+  if (report.threads > 1 && !report.reference)
+    std::printf("%s(with %zu threads a block counts as live until its free returns, so the live bytes may "
+                "hold, for a moment, up to a block a thread that its manager already had back)\n",
+                prefix.c_str(), report.threads);
   if (report.best_fit_live)
     std::printf("%san ideal best fit of the same operations reserves %s at its peak: %.3f of its peak live "
                 "(--manager best-fit)\n",
