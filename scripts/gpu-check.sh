@@ -283,6 +283,24 @@ fragmentation_summary() {
     sub(/^== seeds [0-9]+-[0-9]+ (--max-size )?/, "", $1); sub(/ --live /, "/", $1); sub(/ --threads /, " x", $1)
     if (k > 0) printf "%s mean %.3f max %.3f", $1, s / k, m; else printf "%s", $1
     if (f > 0) printf " (%d FAILED)", f; if (k > 0 || f > 0) printf "; "}' "$logs/bench_fragmentation.txt")")
+  # A run that printed no reserved/live, or a seed that printed none, crashed or erred (`cuemm`
+  # exits 0 where allocations fail, and counts them): named, and the check fails.
+  local broken
+  broken=$(fragmentation_failures <"$logs/bench_fragmentation.txt")
+  if [ -n "$broken" ]; then
+    summary+=("fragmentation runs that FAILED: $(echo "$broken" | paste -sd ';' -)")
+    checks_status=1
+  fi
+}
+# The runs in bench_fragmentation.txt (on stdin) that printed no reserved/live, one a line; a line
+# of seeds with any that failed. Those left out for the deadline are not failures.
+fragmentation_failures() {
+  awk 'function close_run() { if (run != "" && !seen) print run; run = "" }
+       /^== seeds / { close_run(); if (/:.* failed( |$)/) print substr($0, 4); next }
+       /^== .*: not run/ { close_run(); next }
+       /^== / { close_run(); run = substr($0, 4); seen = 0; next }
+       /reserved\/live/ { seen = 1 }
+       END { close_run() }'
 }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$logs/gpu.txt" 2>&1
