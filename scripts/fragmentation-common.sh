@@ -1,7 +1,8 @@
 # Sourced by scripts/gpu-check.sh and scripts/fragmentation-seeds.sh: the
 # one-thread workloads whose seeds both report, and how both read
 # `cuemm random`'s figures, so that the quick run and the GPU check measure
-# the same thing.
+# the same thing. (Its readers are checked by
+# tests/scripts/check_fragmentation_failures.sh.)
 
 # Workloads run seed by seed: RMM's random workload at several sizes and
 # live sets (the smaller ones where segment boundaries cost most), and the
@@ -20,4 +21,16 @@ reserved_over_live_or_failed() { local ratio; ratio=$(reserved_over_live); echo 
 # The best fit's figure that a manager's run prints under its own ("... 1.063 of its peak live"), or "failed".
 same_order_reference_or_failed() {
   local ratio; ratio=$(grep -o '[0-9.]* of its peak live' | cut -d' ' -f1); echo "${ratio:-failed}"
+}
+# The runs of a fragmentation report (gpu-check's bench_fragmentation.txt, on stdin: "== WORKLOAD,
+# MANAGER" then the run's output) that printed no reserved/live, one a line, and each line of seeds
+# with one that failed. A run left out for the deadline ("== ...: not run") is no failure.
+# (tests/scripts/check_fragmentation_failures.sh)
+fragmentation_failures() {
+  awk 'function close_run() { if (run != "" && !seen) print run; run = "" }
+       /^== seeds / { close_run(); if (/:.* failed( |$)/) print substr($0, 4); next }
+       /^== .*: not run/ { close_run(); next }
+       /^== / { close_run(); run = substr($0, 4); seen = 0; next }
+       /reserved\/live/ { seen = 1 }
+       END { close_run() }'
 }

@@ -292,16 +292,6 @@ fragmentation_summary() {
     checks_status=1
   fi
 }
-# The runs in bench_fragmentation.txt (on stdin) that printed no reserved/live, one a line; a line
-# of seeds with any that failed. Those left out for the deadline are not failures.
-fragmentation_failures() {
-  awk 'function close_run() { if (run != "" && !seen) print run; run = "" }
-       /^== seeds / { close_run(); if (/:.* failed( |$)/) print substr($0, 4); next }
-       /^== .*: not run/ { close_run(); next }
-       /^== / { close_run(); run = substr($0, 4); seen = 0; next }
-       /reserved\/live/ { seen = 1 }
-       END { close_run() }'
-}
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$logs/gpu.txt" 2>&1
 summary+=("gpu: $(head -1 "$logs/gpu.txt")")
