@@ -35,6 +35,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/scripts/ctest-summary.sh"
 # shellcheck source=scripts/carried-flags.sh
 source "$root/scripts/carried-flags.sh"
+# shellcheck source=scripts/check-outcomes.sh
+source "$root/scripts/check-outcomes.sh"
 build=${BUILD_DIR:-/tmp/cuemm-gpu-build}
 logs=${OUT:-/tmp/cuemm-gpu-logs}
 mkdir -p "$logs"
@@ -52,7 +54,8 @@ phase_done() {
 # The optional fragmentation runs at the end stop early rather than let the device cut off the summary.
 deadline=${CUEMM_GPU_DEADLINE_S:-560}
 time_left() { echo $((deadline - SECONDS)); }
-# Prints the summary and exits with the status of every check: ctest, the example, and those of check_failed.
+# Prints the summary and exits with the status of every check: ctest, the example, and those of
+# check_failed (scripts/check-outcomes.sh).
 finish() {
   summary+=("seconds per part: ${phases[*]} (total $SECONDS)")
   echo
@@ -60,38 +63,8 @@ finish() {
   printf '  %s\n' "${summary[@]}"
   exit $((ctest_status || example_status || checks_status))
 }
-# Records the exit status $1 of a check past ctest (in the variable named $2, when given): pytest,
-# pip, numba-cuda's runs, and benchmarks, which exit other than 0 only when they crash or fail,
-# never on timing. Any but 0 fails the whole check, as ctest's does (before, only the summary
-# line told of a failed pytest).
-checks_status=0
-check_failed() {
-  [ -n "${2:-}" ] && printf -v "$2" '%s' "$1"
-  [ "$1" = 0 ] || checks_status=1
-}
 # The line that says a step was left out for the deadline (RESULTS.md lists them).
 not_run() { echo "== $1: not run, $(time_left) s left before the deadline of $deadline s"; }
-# One run of numba-cuda's suite without and with the plugin (tests/numba/compare_numba_cuda_suite.py):
-# $1 its summary label, $2 its log's name in $logs, then `env` settings, `--`, and the test modules
-# (none: the script's own selection). The summary line adds cuemm's counts and the difference.
-# Where under 45 s are left before the deadline it does not run, and that fails the check: a run
-# that the device cuts off prints no summary at all (94536fe's tests, on a cold machine).
-compare_suite() {
-  local label=$1 log=$logs/$2 settings=() line
-  shift 2
-  while [ $# -gt 0 ] && [ "$1" != -- ]; do settings+=("$1"); shift; done
-  shift
-  if [ "$(time_left)" -lt 45 ]; then
-    line=$(not_run "$label")
-    summary+=("$label: ${line#"== $label: "}")
-    checks_status=1
-    return
-  fi
-  (cd /tmp && env "${settings[@]}" "$python" "$root/tests/numba/compare_numba_cuda_suite.py" "$build/python" "$@") \
-    >"$log" 2>&1
-  check_failed $? run_status
-  summary+=("$label: exit $run_status; $(grep -E '^cuemm:' "$log" | tail -1); $(grep '^difference' "$log")")
-}
 # The tool's own pairs table on the real driver, for the pool and the async manager (a short run:
 # it is Google Benchmark's figures that RESULTS.md reports, cuMemAlloc and the default manager's
 # among them; the pool's cells warm up until 0.1 s went by without it buying a block). All four
