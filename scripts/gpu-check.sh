@@ -74,7 +74,7 @@ cuemm_bench() {
     summary+=("cuemm bench (real driver): $(not_run "cuemm bench" | sed 's/^== cuemm bench: //')")
     return
   fi
-  "$build/bin/cuemm" bench --managers pool,async --threads 1,16 --seconds 0.02 --repeats 1 --warm-up 0.1 \
+  CUEMM_DRIVER=cuda "$build/bin/cuemm" bench --managers pool,async --threads 1,16 --seconds 0.02 --repeats 1 --warm-up 0.1 \
     >"$logs/cuemm_bench.txt" 2>&1
   check_failed $? run_status
   summary+=("cuemm bench (real driver): exit $run_status ($(awk '/threads over 1/ {exit} /^(cuMemAlloc|default|pool|async) / {n++} END {print n + 0}' "$logs/cuemm_bench.txt") rows; pool, 16 threads over 1: $(awk '/threads over 1/ {f = 1} f && /^pool/ {$1 = ""; print}' "$logs/cuemm_bench.txt"))")
