@@ -542,11 +542,11 @@ void print(const ReplayReport& report, const std::string& name, const std::strin
               describe_bytes(report.peak_live).c_str(),
               describe_bytes(report.peak_reserved).c_str(),
               report.peak_live ? static_cast<double>(report.peak_reserved) / report.peak_live : 0.0);
-  // (Worded without "reserved/live": scripts read that figure, the manager's, from the line above.)
   if (report.threads > 1 && !report.reference)
     std::printf("%s(with %zu threads a block counts as live until its free returns, so the live bytes may "
                 "hold, for a moment, up to a block a thread that its manager already had back)\n",
                 prefix.c_str(), report.threads);
+  // (Worded without "reserved/live": scripts read that figure, the manager's, from the peak line.)
   if (report.best_fit_live)
     std::printf("%san ideal best fit of the same operations reserves %s at its peak: %.3f of its peak live "
                 "(--manager best-fit)\n",
