@@ -3,7 +3,7 @@
 # shellcheck disable=SC2034,SC2154
 # Sourced by scripts/gpu-check.sh: how each check past ctest sets the script's exit status
 # ($checks_status), and numba-cuda's runs, each a check. compare_suite reads the caller's $logs,
-# $python, $root, $build, summary array and time_left / not_run (the deadline's). Checked by
+# $python, $root, $build, summary array and time_left / left_out (the deadline's). Checked by
 # tests/scripts/check_outcomes.sh.
 
 # Records the exit status $1 of a check past ctest (in the variable named $2, when given): pytest,
@@ -21,15 +21,14 @@ check_failed() {
 # Where under 45 s are left before the deadline it does not run, and that fails the check: a run
 # that the device cuts off prints no summary at all (94536fe's tests, on a cold machine).
 compare_suite() {
-  local label=$1 log=$logs/$2 settings=() line
+  local label=$1 log=$logs/$2 settings=()
   shift 2
   while [ $# -gt 0 ] && [ "$1" != -- ]; do settings+=("$1"); shift; done
   shift
   # (A log of an earlier check into the same folder must not stand for a run left out.)
   rm -f "$log"
   if [ "$(time_left)" -lt 45 ]; then
-    line=$(not_run "$label")
-    summary+=("$label: ${line#"== $label: "}")
+    summary+=("$label: $(left_out)")
     checks_status=1
     return
   fi

@@ -63,15 +63,17 @@ finish() {
   printf '  %s\n' "${summary[@]}"
   exit $((ctest_status || example_status || checks_status))
 }
-# The line that says a step was left out for the deadline (RESULTS.md lists them).
-not_run() { echo "== $1: not run, $(time_left) s left before the deadline of $deadline s"; }
+# Why a step was left out for the deadline: the words after its label in the summary, and in the
+# "== LABEL:" line that not_run prints (RESULTS.md lists those).
+left_out() { echo "not run, $(time_left) s left before the deadline of $deadline s"; }
+not_run() { echo "== $1: $(left_out)"; }
 # The tool's own pairs table on the real driver, for the pool and the async manager (a short run:
 # it is Google Benchmark's figures that RESULTS.md reports, cuMemAlloc and the default manager's
 # among them; the pool's cells warm up until 0.1 s went by without it buying a block). All four
 # managers took about 35 s, which the full check's deadline left out of most runs.
 cuemm_bench() {
   if [ "$(time_left)" -lt 20 ]; then
-    summary+=("cuemm bench (real driver): $(not_run "cuemm bench" | sed 's/^== cuemm bench: //')")
+    summary+=("cuemm bench (real driver): $(left_out)")
     return
   fi
   CUEMM_DRIVER=cuda "$build/bin/cuemm" bench --managers pool,async --threads 1,16 --seconds 0.02 --repeats 1 --warm-up 0.1 \
@@ -463,7 +465,7 @@ if [ $timings_part = 1 ]; then
   repetitions=3
   [ "$(time_left)" -lt 150 ] && repetitions=2
   if [ -x "$build/bin/bench_allocators" ] && [ "$(time_left)" -lt 60 ]; then
-    summary+=("benchmarks: $(not_run benchmarks | sed 's/^== benchmarks: //')")
+    summary+=("benchmarks: $(left_out)")
   elif [ -x "$build/bin/bench_allocators" ]; then
     CUEMM_DRIVER=cuda "$build/bin/bench_allocators" --benchmark_repetitions=$repetitions --benchmark_report_aggregates_only=true \
       --benchmark_min_time=0.1 --benchmark_out="$logs/bench_allocators.json" --benchmark_out_format=json \
