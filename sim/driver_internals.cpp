@@ -88,10 +88,28 @@ CUresult allocate_device_memory(State& s, Context* context, std::size_t size, Al
                                 unsigned flags, CUdeviceptr* pointer) {
   Device& device = *context->device;
   const std::size_t footprint = cuemm::util::round_up(size, size > kDevicePage ? kDevicePage : kDeviceAlignment);
-  if (footprint < size || !make_room(s, device, footprint)) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (footprint < size) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (kind != AllocationKind::Device || size > kDevicePage) {
+    if (!make_room(s, device, footprint)) return CUDA_ERROR_OUT_OF_MEMORY;
+    const CUresult result = place_device_memory(s, context, size, footprint, kind, flags, pointer);
+    if (result == CUDA_SUCCESS) device.used += footprint;
+    return result;
+  }
+  // A block of at most a page shares pages with others (Note [cuMemAlloc's shared pages]).
+  std::optional<std::size_t> shared = device.shared_pages.place(footprint);
+  if (!shared) {
+    if (!make_room(s, device, kDevicePage)) return CUDA_ERROR_OUT_OF_MEMORY;
+    device.shared_pages.add_page();
+    device.used += kDevicePage;
+    shared = device.shared_pages.place(footprint);
+  }
   const CUresult result = place_device_memory(s, context, size, footprint, kind, flags, pointer);
-  if (result == CUDA_SUCCESS) device.used += footprint;
-  return result;
+  if (result != CUDA_SUCCESS) {
+    if (device.shared_pages.release(*shared, footprint)) device.used -= kDevicePage;
+    return result;
+  }
+  s.allocations.at(*pointer).shared_page_offset = shared;
+  return CUDA_SUCCESS;
 }
 
 bool make_room(State& s, Device& device, std::size_t bytes, const MemoryPool* except) {
@@ -152,6 +170,9 @@ void release_allocation(State& s, std::map<std::uintptr_t, Allocation>::iterator
           device.used -= allocation.arena_size;
           forget_pool_if_done(s, pool);
         }
+      } else if (allocation.shared_page_offset) {
+        if (device.shared_pages.release(*allocation.shared_page_offset, allocation.arena_size))
+          device.used -= kDevicePage;
       } else {
         device.used -= allocation.arena_size;
       }

@@ -52,9 +52,10 @@ inline constexpr std::size_t kDeviceAlignment = 512;       // what cuMemAlloc gu
 // whole pages; cuMemAlloc of more than a page takes whole pages, and nothing
 // else is placed in the last one's idle end, while smaller blocks share pages
 // (bench/probes/probe_alloc_granularity.cpp: 2 MiB + 1 byte and 3 MiB take
-// 4 MiB of its free memory, 4.2 and 6 MiB take 6; 64 KiB takes 64 KiB); a
-// stream-ordered pool reserves and keeps whole pages; virtual memory maps them.
-inline constexpr std::size_t kDevicePage = 2u << 20;
+// 4 MiB of its free memory, 4.2 and 6 MiB take 6; 32 blocks of 64 KiB take
+// 2 MiB; Note [cuMemAlloc's shared pages]); a stream-ordered pool reserves
+// and keeps whole pages; virtual memory maps them.
+inline constexpr std::size_t kDevicePage = SharedPages::kPage;
 inline constexpr std::size_t kPunchThreshold = 2u << 20;   // return pages of freed blocks this large
 inline constexpr int kDriverVersion = 13000;
 inline constexpr const char* kDeviceName = "cuemm simulated GPU";

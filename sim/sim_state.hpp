@@ -12,12 +12,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "cuemm/driver/cuda_api.hpp"
+#include "shared_pages.hpp"
 #include "stream_engine.hpp"
 #include "util/range_allocator.hpp"
 
@@ -37,6 +39,7 @@ struct Allocation {
   unsigned flags = 0;
   std::size_t arena_offset = 0;  // Device, Managed: where the block sits in the arena
   std::size_t arena_size = 0;    // rounded size taken from the arena
+  std::optional<std::size_t> shared_page_offset;  // Device from cuMemAlloc, at most a page: in Device::shared_pages
   std::size_t mapping_size = 0;  // PinnedHost, IpcMapping: length of the mmap
   void* mapping = nullptr;       // IpcMapping: page-aligned start of the mmap
   std::uint64_t id = 0;          // IpcMapping: exporter's allocation id
@@ -90,6 +93,7 @@ struct Device {
   char* arena = nullptr;
   std::unique_ptr<util::RangeAllocator> ranges;
   std::size_t used = 0;
+  SharedPages shared_pages;  // the pages that cuMemAlloc's small blocks share (counted in `used`)
   Context* primary = nullptr;
   std::set<int> peers_enabled;  // devices whose cuMemAlloc memory this one's kernels may use
   std::map<int, int> attribute_overrides;  // set by tests: a device without a feature (cuemmSimSetDeviceAttribute)

@@ -1,5 +1,6 @@
 // range_allocator.hpp: best-fit placement of blocks inside one range: the
-// simulated driver's device arena, and the `cuemm` tool's best-fit reference.
+// simulated driver's device arena and its shared pages, and the `cuemm`
+// tool's best-fit reference.
 //
 // Offsets only; the range's memory is elsewhere. O(log n) allocate and free,
 // neighbours coalesce. Not thread-safe: the owner locks.
@@ -73,6 +74,16 @@ class RangeAllocator {
       }
     }
     insert_free(offset, size);
+  }
+
+  // Removes the free range [offset, offset + size), which must be exactly one
+  // of the free ranges (a range given up: the simulated driver's emptied
+  // pages); false, changing nothing, where it is not.
+  bool take(std::size_t offset, std::size_t size) {
+    const auto range = by_offset_.find(offset);
+    if (range == by_offset_.end() || range->second != size) return false;
+    erase_free(offset, size);
+    return true;
   }
 
  private:

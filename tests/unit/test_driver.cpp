@@ -419,6 +419,77 @@ TEST(Driver, ACuMemAllocOfMoreThanAPageTakesWholePages) {
   }
 }
 
+// Blocks of at most a page share pages (bench/probes/probe_alloc_granularity.cpp):
+// 32 blocks of 64 KiB take one page, not 32 and not a sliver each; 32 of 1 MiB
+// take 16. Within a page either way: the blocks may fill one that the driver
+// or an earlier block had started.
+TEST(Driver, SmallCuMemAllocBlocksSharePages) {
+  Context& context = current_context();
+  ScopedContext scope(context);
+  constexpr std::uint64_t kMiB = 1 << 20, kPage = 2 * kMiB;
+  constexpr int kBlocks = 32;
+  for (const auto& [size, taken] : {std::pair{64 * 1024 * std::uint64_t{1}, kPage}, std::pair{kMiB, 16 * kPage}}) {
+    SCOPED_TRACE("blocks of " + std::to_string(size) + " bytes");
+    const std::uint64_t before = driver_memory_info(context).free;
+    cuda::CUdeviceptr blocks[kBlocks];
+    for (auto& block : blocks) CUEMM_CU(cuMemAlloc, &block, size);
+    const std::uint64_t lost = before - driver_memory_info(context).free;
+    for (auto block : blocks) CUEMM_CU(cuMemFree, block);
+    const std::uint64_t after = driver_memory_info(context).free;
+    EXPECT_GE(lost + kPage, taken);
+    EXPECT_LE(lost, taken + kPage);
+    EXPECT_GE(after + kPage, before) << "freeing every block gave the pages back";
+  }
+}
+
+// How the simulated driver places them, exactly (Note [cuMemAlloc's shared
+// pages]): a page is taken when no free run of the pages there are holds the
+// block, given back when its last block goes, and the smallest run that
+// holds a block gets it.
+TEST(Driver, TheSimulatedDriverPlacesSmallBlocksInTheSmallestRunThatHoldsThem) {
+  if (!simulation::active()) GTEST_SKIP() << "exact pages: the real driver's own records share its pages too";
+  Context& context = current_context();
+  ScopedContext scope(context);
+  constexpr std::uint64_t kMiB = 1 << 20, kPage = 2 * kMiB;
+  if (const std::uint64_t left = simulation::live_allocations(simulation::AllocationKind::Device))
+    GTEST_SKIP() << left << " blocks that earlier tests left (refused frees) take part in the placement;"
+                 << " ctest runs this alone as test_driver_shared_pages";
+  const std::uint64_t baseline = simulation::device_bytes_in_use(0);
+  const auto pages_taken = [&] { return (simulation::device_bytes_in_use(0) - baseline) / kPage; };
+  const auto allocate = [](std::uint64_t size) {
+    cuda::CUdeviceptr block = 0;
+    CUEMM_CU(cuMemAlloc, &block, size);
+    return block;
+  };
+
+  const cuda::CUdeviceptr first = allocate(64 * 1024);
+  EXPECT_EQ(pages_taken(), 1u);
+  const cuda::CUdeviceptr second = allocate(64 * 1024);
+  EXPECT_EQ(pages_taken(), 1u) << "the second block shares the first one's page";
+  CUEMM_CU(cuMemFree, first);
+  EXPECT_EQ(pages_taken(), 1u) << "the page still holds a block";
+  CUEMM_CU(cuMemFree, second);
+  EXPECT_EQ(pages_taken(), 0u) << "an emptied page goes back";
+
+  // 1.5 MiB and 0.75 MiB do not fit in one page.
+  const cuda::CUdeviceptr large = allocate(3 * kMiB / 2);
+  const cuda::CUdeviceptr small = allocate(3 * kMiB / 4);
+  EXPECT_EQ(pages_taken(), 2u);
+  CUEMM_CU(cuMemFree, large);
+  CUEMM_CU(cuMemFree, small);
+
+  // Page 1 has 1 MiB free, page 2 half a MiB: half a MiB goes to page 2 (the
+  // first page that holds it would be page 1), so that 1 MiB then fits in
+  // page 1 with no third page.
+  const cuda::CUdeviceptr one = allocate(kMiB);
+  const cuda::CUdeviceptr one_and_a_half = allocate(3 * kMiB / 2);
+  const cuda::CUdeviceptr half = allocate(kMiB / 2);
+  const cuda::CUdeviceptr another_one = allocate(kMiB);
+  EXPECT_EQ(pages_taken(), 2u);
+  for (const cuda::CUdeviceptr block : {one, one_and_a_half, half, another_one}) CUEMM_CU(cuMemFree, block);
+  EXPECT_EQ(pages_taken(), 0u);
+}
+
 // What a stream-ordered pool keeps of the memory its blocks free, as the
 // H100's driver keeps it (bench/probes/probe_pool_reserve.cpp): reserved
 // memory counts against the device; a synchronisation trims it to the
