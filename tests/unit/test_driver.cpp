@@ -397,6 +397,25 @@ TEST(Driver, ASimulatedStreamOrderedFreeWaitsOnlyForQueuedWork) {
   CUEMM_CU(cuMemPoolDestroy, pool);
 }
 
+namespace {
+
+// What `count` blocks of `size` from cuMemAlloc, held at once, take of the
+// device's free memory, and what their frees give back.
+struct BlocksCost {
+  std::uint64_t taken;
+  std::uint64_t given_back;
+};
+BlocksCost cost_of_blocks(Context& context, int count, std::uint64_t size) {
+  const std::uint64_t before = driver_memory_info(context).free;
+  std::vector<cuda::CUdeviceptr> blocks(count);
+  for (auto& block : blocks) CUEMM_CU(cuMemAlloc, &block, size);
+  const std::uint64_t held = driver_memory_info(context).free;
+  for (auto block : blocks) CUEMM_CU(cuMemFree, block);
+  return {before - held, driver_memory_info(context).free - held};
+}
+
+}  // namespace
+
 // The pool's segments of their own count whole 2 MiB pages (DedicatedSegments::
 // segment_size) because cuMemAlloc takes them: the driver's free memory drops
 // by the rounded size (bench/probes/probe_alloc_granularity.cpp).
@@ -408,14 +427,10 @@ TEST(Driver, ACuMemAllocOfMoreThanAPageTakesWholePages) {
   for (const auto& [size, taken] : {std::pair{2 * kMiB + 1, 4 * kMiB}, std::pair{4 * kMiB + 200 * 1024, 6 * kMiB},
                                     std::pair{8 * kMiB + 64 * 1024, 10 * kMiB}}) {
     SCOPED_TRACE("blocks of " + std::to_string(size) + " bytes");
-    const std::uint64_t before = driver_memory_info(context).free;
-    cuda::CUdeviceptr blocks[kBlocks];
-    for (auto& block : blocks) CUEMM_CU(cuMemAlloc, &block, size);
-    const std::uint64_t lost = before - driver_memory_info(context).free;
-    for (auto block : blocks) CUEMM_CU(cuMemFree, block);
+    const BlocksCost cost = cost_of_blocks(context, kBlocks, size);
     // (Within a page of it: the driver may take one for its own records.)
-    EXPECT_GE(lost, kBlocks * taken);
-    EXPECT_LE(lost, kBlocks * taken + 2 * kMiB);
+    EXPECT_GE(cost.taken, kBlocks * taken);
+    EXPECT_LE(cost.taken, kBlocks * taken + 2 * kMiB);
   }
 }
 
@@ -427,18 +442,12 @@ TEST(Driver, SmallCuMemAllocBlocksSharePages) {
   Context& context = current_context();
   ScopedContext scope(context);
   constexpr std::uint64_t kMiB = 1 << 20, kPage = 2 * kMiB;
-  constexpr int kBlocks = 32;
   for (const auto& [size, taken] : {std::pair{64 * 1024 * std::uint64_t{1}, kPage}, std::pair{kMiB, 16 * kPage}}) {
     SCOPED_TRACE("blocks of " + std::to_string(size) + " bytes");
-    const std::uint64_t before = driver_memory_info(context).free;
-    cuda::CUdeviceptr blocks[kBlocks];
-    for (auto& block : blocks) CUEMM_CU(cuMemAlloc, &block, size);
-    const std::uint64_t lost = before - driver_memory_info(context).free;
-    for (auto block : blocks) CUEMM_CU(cuMemFree, block);
-    const std::uint64_t after = driver_memory_info(context).free;
-    EXPECT_GE(lost + kPage, taken);
-    EXPECT_LE(lost, taken + kPage);
-    EXPECT_GE(after + kPage, before) << "freeing every block gave the pages back";
+    const BlocksCost cost = cost_of_blocks(context, 32, size);
+    EXPECT_GE(cost.taken + kPage, taken);
+    EXPECT_LE(cost.taken, taken + kPage);
+    EXPECT_GE(cost.given_back + kPage, cost.taken) << "freeing every block gave the pages back";
   }
 }
 
