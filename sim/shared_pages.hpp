@@ -16,9 +16,9 @@
 // H200's 160 and 40), 698 MiB up to 4 MiB (702), and 1.403 of peak live up to
 // 64 MiB with 1 GiB live (1.403).
 //
-// Offsets here are the pages' own (page i at 2i pages, so that no two pages'
-// free runs merge); the block's bytes are in the device's arena as any
-// block's. Not thread-safe: the state's lock guards it.
+// Offsets here are the pages' own (page i at i * kStride); the block's bytes
+// are in the device's arena as any block's. Not thread-safe: the state's lock
+// guards it.
 #pragma once
 
 #include <cstddef>
@@ -32,13 +32,16 @@ namespace cuemm::sim {
 class SharedPages {
  public:
   static constexpr std::size_t kPage = std::size_t{2} << 20;
+  // Where one page's offsets start after the last: a page's gap past its end
+  // keeps two pages' free runs from merging into one a block could span.
+  static constexpr std::size_t kStride = 2 * kPage;
 
   // Where a block of `bytes` (at most a page) goes in the pages there are:
   // the smallest free run that holds it. nullopt where none does; the caller
   // then adds a page, once the device has room for it.
   std::optional<std::size_t> place(std::size_t bytes) {
     const std::optional<std::size_t> offset = free_.allocate(bytes);
-    if (offset) used_[*offset / (2 * kPage)] += bytes;
+    if (offset) used_[*offset / kStride] += bytes;
     return offset;
   }
 
@@ -51,16 +54,16 @@ class SharedPages {
     } else {
       used_.push_back(0);
     }
-    free_.release(index * 2 * kPage, kPage);
+    free_.release(index * kStride, kPage);
   }
 
   // Frees a block that place() put at `offset`; true where that emptied its
   // page, which is then gone (the device's used bytes drop by kPage).
   bool release(std::size_t offset, std::size_t bytes) {
-    const std::size_t index = offset / (2 * kPage);
+    const std::size_t index = offset / kStride;
     free_.release(offset, bytes);
     if ((used_[index] -= bytes) != 0) return false;
-    free_.take(index * 2 * kPage, kPage);
+    free_.take(index * kStride, kPage);
     unused_.push_back(index);
     return true;
   }
