@@ -11,7 +11,7 @@
 // choices in instead, one at a time.
 //
 //   g++ -O2 -std=c++20 -Ibench bench/probes/model_torch_placement.cpp -o model && ./model per-layer
-//   ./model WORKLOAD [OWN_FROM_MIB LARGE_SEGMENT_MIB SMALL_SEGMENT_MIB ONE_POOL SPARES RINGS]
+//   ./model WORKLOAD [OWN_FROM_MIB LARGE_SEGMENT_MIB SMALL_SEGMENT_MIB ONE_POOL SPARES RINGS SMALL_ARENA]
 // WORKLOAD: varied, same or per-layer (training steps), or random:MAX_KIB:LIVE_MIB
 // (RMM's random workload, 20,000 operations). The defaults are PyTorch's: 10
 // (own segments past 10 MiB), 20, 2, 0 (small and large blocks in pools
@@ -55,6 +55,14 @@ struct Settings {
   // size class; a freed one waits in its class's ring (oldest reused first)
   // until a request of the class takes it or the footprint would grow.
   bool rings = false;
+  // Small blocks from one mapped range (as the expandable pool's arena)
+  // rather than from segments: their free space merges everywhere, and the
+  // footprint holds only the 2 MiB pages that hold a block (free pages are
+  // given back at once: the arena's best case). Large blocks keep the rules
+  // above, in driver allocations of their own. 1: the best fit; 2: the best
+  // fit that lays a block of up to a page within one page; 3: the best fit,
+  // its pages kept once mapped.
+  int small_arena = 0;
 };
 
 class Model {
@@ -99,6 +107,7 @@ class Model {
       own_[base] = segment;
       return base;
     }
+    if (!large && settings_.small_arena) return allocate_in_arena(size);
     auto& free = free_of(large);
     if (auto address = take_free_block(free, size, large)) return *address;
     if (flush_rings()) {
@@ -139,6 +148,7 @@ class Model {
     }
     auto block = blocks_.find(address);
     block->second.free = true;
+    if (block->second.segment == arena_segment_) count_pages(address, block->second.size, -1);
     auto& free = free_of(large_segment_[block->second.segment]);
     auto next = std::next(block);
     if (next != blocks_.end() && next->second.free && next->second.segment == block->second.segment) {
@@ -170,10 +180,77 @@ class Model {
 
   bool passes_peak(std::size_t more) const { return reserved_ + more > peak_; }
 
+  std::size_t allocate_in_arena(std::size_t size) {
+    std::optional<std::size_t> address = take_from_arena(size);
+    if (!address && flush_rings()) address = take_from_arena(size);
+    if (!address) {
+      if (arena_segment_ < 0) {
+        arena_segment_ = static_cast<int>(large_segment_.size());
+        large_segment_.push_back(false);
+      }
+      // The range's end moves on by whole pages, merging with a free block
+      // that ends there.
+      std::size_t base = arena_end_, bytes = round_up(size, 2 * kMiB);
+      arena_end_ += bytes;
+      if (auto last = blocks_.lower_bound(base); last != blocks_.begin()) {
+        --last;
+        if (last->second.segment == arena_segment_ && last->second.free) {
+          small_free_.erase({last->second.size, last->first});
+          base = last->first;
+          bytes += last->second.size;
+        }
+      }
+      blocks_[base] = {bytes, arena_segment_, true};
+      small_free_.insert({bytes, base});
+      address = take_from_arena(size);
+    }
+    count_pages(*address, blocks_.at(*address).size, +1);
+    return *address;
+  }
+
+  std::optional<std::size_t> take_from_arena(std::size_t size) {
+    if (settings_.small_arena != 2) return take_free_block(small_free_, size, false);
+    constexpr std::size_t kPage = 2 * kMiB;
+    for (auto it = small_free_.lower_bound({size, 0}); it != small_free_.end(); ++it) {
+      const std::size_t base = it->second, bytes = it->first;
+      std::size_t start = base;
+      if (size <= kPage && start % kPage + size > kPage) start = round_up(start, kPage);
+      if (start + size > base + bytes) continue;
+      small_free_.erase(it);
+      const int segment = blocks_.at(base).segment;
+      if (start > base) {  // the head before the page stays free
+        blocks_[base] = {start - base, segment, true};
+        small_free_.insert({start - base, base});
+      }
+      blocks_[start] = {base + bytes - start, segment, true};
+      small_free_.insert({base + bytes - start, start});
+      return take_free_block(small_free_, size, false, start);
+    }
+    return std::nullopt;
+  }
+
+  // The footprint holds each arena page while any block on it is out.
+  void count_pages(std::size_t address, std::size_t bytes, int sign) {
+    for (std::size_t page = address / (2 * kMiB); page <= (address + bytes - 1) / (2 * kMiB); ++page) {
+      const bool kept = settings_.small_arena == 3;  // pages, once mapped, stay
+      if (kept && sign > 0 && !page_blocks_.count(page)) reserved_ += 2 * kMiB;
+      const std::size_t before = page_blocks_[page];
+      page_blocks_[page] = before + sign;
+      if (kept) continue;
+      if (before == 0) reserved_ += 2 * kMiB;
+      if (page_blocks_[page] == 0) {
+        reserved_ -= 2 * kMiB;
+        page_blocks_.erase(page);
+      }
+    }
+    peak_ = std::max(peak_, reserved_);
+  }
+
   // The best fit of `free` for `size` bytes, split where enough is left
   // (over 1 MiB for a large request, 512 bytes for a small one).
-  std::optional<std::size_t> take_free_block(FreeBlocks& free, std::size_t size, bool large) {
-    auto best = free.lower_bound({size, 0});
+  std::optional<std::size_t> take_free_block(FreeBlocks& free, std::size_t size, bool large,
+                                             std::optional<std::size_t> at = std::nullopt) {
+    auto best = at ? free.find({blocks_.at(*at).size, *at}) : free.lower_bound({size, 0});
     if (best == free.end()) return std::nullopt;
     const std::size_t address = best->second;
     Block& block = blocks_.at(address);
@@ -206,6 +283,7 @@ class Model {
         --it;
         auto block = blocks_.find(it->second);
         const int segment = block->second.segment;
+        if (segment == arena_segment_) continue;  // (its pages go back as they empty)
         const bool whole = (block == blocks_.begin() || std::prev(block)->second.segment != segment) &&
                            (std::next(block) == blocks_.end() || std::next(block)->second.segment != segment);
         if (!whole) continue;
@@ -268,6 +346,9 @@ class Model {
   std::map<std::size_t, std::size_t> own_;  // segments of their own (with spares): base -> bytes
   FreeBlocks spare_;                        // (bytes, base)
   static constexpr std::size_t gap_ = 64 * kMiB;
+  int arena_segment_ = -1;                         // small blocks' range, with small_arena
+  std::size_t arena_end_ = std::size_t{1} << 50;  // (far past the segments' addresses)
+  std::unordered_map<std::size_t, std::size_t> page_blocks_;  // arena page -> blocks out on it
 };
 
 }  // namespace
@@ -291,6 +372,7 @@ int main(int argc, char** argv) {
   if (argc > 5) settings.one_pool = std::atoi(argv[5]) != 0;
   if (argc > 6) settings.spares = std::atoi(argv[6]);
   if (argc > 7) settings.rings = std::atoi(argv[7]) != 0;
+  if (argc > 8) settings.small_arena = std::atoi(argv[8]);
   double sum = 0;
   for (unsigned seed = 1; seed <= 8; ++seed) {
     Model model(settings);
