@@ -10,7 +10,7 @@
 // reserved over peak live, per seed and their mean. Options put the pool's
 // choices in instead, one at a time.
 //
-//   g++ -O2 -std=c++20 -Ibench bench/probes/model_torch_placement.cpp -o model && ./model per-layer
+//   g++ -O2 -std=c++20 -Ibench -Iinclude bench/probes/model_torch_placement.cpp -o model && ./model per-layer
 //   ./model WORKLOAD [OWN_FROM_MIB LARGE_SEGMENT_MIB SMALL_SEGMENT_MIB ONE_POOL SPARES RINGS SMALL_ARENA]
 // WORKLOAD: varied, same or per-layer (training steps), or random:MAX_KIB:LIVE_MIB
 // (RMM's random workload, 20,000 operations). The defaults are PyTorch's: 10
