@@ -140,6 +140,14 @@ TEST_F(ForkedChild, EveryEntryIntoTheManagerIsRefusedAtOnceWithAnErrorThatNamesT
 // one of them inside the manager (its lock held, a cache half-updated) still
 // gets its refusal, and drops its inherited block, at once.
 TEST_F(ForkedChild, AChildForkedWhileOtherThreadsAllocateDoesNotWaitForThem) {
+#if defined(__SANITIZE_ADDRESS__)
+  // GCC 12's AddressSanitizer takes no allocator lock around fork(), as
+  // glibc's malloc does: a child forked while a thread holds one waits in its
+  // first malloc (seen: the refusal's message, 2 of 10 runs), before any cuemm
+  // code could answer. The plain and ThreadSanitizer builds run it.
+  GTEST_SKIP() << "AddressSanitizer's allocator is not fork-safe: a child forked while another thread "
+                  "allocates may wait in malloc";
+#endif
   std::atomic<bool> stop{false};
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
