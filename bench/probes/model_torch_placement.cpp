@@ -190,7 +190,7 @@ class Model {
       }
       // The range's end moves on by whole pages, merging with a free block
       // that ends there.
-      std::size_t base = arena_end_, bytes = round_up(size, 2 * kMiB);
+      std::size_t base = arena_end_, bytes = round_up(size, kArenaPage);
       arena_end_ += bytes;
       if (auto last = blocks_.lower_bound(base); last != blocks_.begin()) {
         --last;
@@ -210,11 +210,10 @@ class Model {
 
   std::optional<std::size_t> take_from_arena(std::size_t size) {
     if (settings_.small_arena != 2) return take_free_block(small_free_, size, false);
-    constexpr std::size_t kPage = 2 * kMiB;
     for (auto it = small_free_.lower_bound({size, 0}); it != small_free_.end(); ++it) {
       const std::size_t base = it->second, bytes = it->first;
       std::size_t start = base;
-      if (size <= kPage && start % kPage + size > kPage) start = round_up(start, kPage);
+      if (size <= kArenaPage && start % kArenaPage + size > kArenaPage) start = round_up(start, kArenaPage);
       if (start + size > base + bytes) continue;
       small_free_.erase(it);
       const int segment = blocks_.at(base).segment;
@@ -231,15 +230,15 @@ class Model {
 
   // The footprint holds each arena page while any block on it is out.
   void count_pages(std::size_t address, std::size_t bytes, int sign) {
-    for (std::size_t page = address / (2 * kMiB); page <= (address + bytes - 1) / (2 * kMiB); ++page) {
-      const bool kept = settings_.small_arena == 3;  // pages, once mapped, stay
-      if (kept && sign > 0 && !page_blocks_.count(page)) reserved_ += 2 * kMiB;
+    const bool kept = settings_.small_arena == 3;  // pages, once mapped, stay
+    for (std::size_t page = address / kArenaPage; page <= (address + bytes - 1) / kArenaPage; ++page) {
+      if (kept && sign > 0 && !page_blocks_.count(page)) reserved_ += kArenaPage;
       const std::size_t before = page_blocks_[page];
       page_blocks_[page] = before + sign;
       if (kept) continue;
-      if (before == 0) reserved_ += 2 * kMiB;
+      if (before == 0) reserved_ += kArenaPage;
       if (page_blocks_[page] == 0) {
-        reserved_ -= 2 * kMiB;
+        reserved_ -= kArenaPage;
         page_blocks_.erase(page);
       }
     }
@@ -346,6 +345,7 @@ class Model {
   std::map<std::size_t, std::size_t> own_;  // segments of their own (with spares): base -> bytes
   FreeBlocks spare_;                        // (bytes, base)
   static constexpr std::size_t gap_ = 64 * kMiB;
+  static constexpr std::size_t kArenaPage = 2 * kMiB;  // what the range maps and gives back
   int arena_segment_ = -1;                         // small blocks' range, with small_arena
   std::size_t arena_end_ = std::size_t{1} << 50;  // (far past the segments' addresses)
   std::unordered_map<std::size_t, std::size_t> page_blocks_;  // arena page -> blocks out on it
