@@ -419,7 +419,7 @@ std::shared_ptr<MemoryPointer> ManagerAdaptor::observe(MemoryKind kind, std::siz
       return make_observed<ManagedMemory>(shared_.get(), generation, detailed_release, std::move(held),
                                           block, context, handle, size);
   }
-  release_and_report(*shared_, [&] { held.let_go(block); }, block, generation, false);
+  release_and_report(*shared_, [&held, &observed = block] { held.let_go(observed); }, block, generation, false);
   throw StateError("unknown memory kind");
 }
 
@@ -512,7 +512,8 @@ cuda::CUdeviceptr ManagerAdaptor::allocate(std::size_t size, cuda::CUstream stre
   try {
     stream_ordered_blocks_->record(allocation.address, {size, generation});
   } catch (...) {
-    release_and_report(*shared_, [&] { give_back_upstream(allocation, block); }, block, generation, detailed_release,
+    release_and_report(*shared_, [&given = allocation, &observed = block] { give_back_upstream(given, observed); },
+                       block, generation, detailed_release,
                        reinterpret_cast<std::uintptr_t>(stream));
     throw;
   }

@@ -69,7 +69,7 @@ void Stream::add_callback(std::function<void()> callback) const {
     std::function<void()> callback;
     detail::CallbackStream where;
   };
-  auto owned = std::make_unique<Pending>(std::move(callback), detail::CallbackStream{});
+  auto owned = std::make_unique<Pending>(Pending{std::move(callback), detail::CallbackStream{}});
   auto trampoline = [](cuda::CUstream, cuda::CUresult, void* data) {
     std::unique_ptr<Pending> pending(static_cast<Pending*>(data));
     try {

@@ -255,7 +255,13 @@ TEST(Driver, AnEventRecordedForTheContextWaitsForWorkOnEveryStream) {
                  << ") records no event for a whole context (cuCtxRecordEvent, CUDA 12.5)";
   ScopedContext scope(context);
   KernelAndWaiter streams(context);
-  auto& [module, busy, waiting, words, event] = streams;
+  // (Named one by one: the lambdas below capture them, which clang before 16
+  // does not allow of a structured binding.)
+  Module& module = streams.module;
+  Stream& busy = streams.busy;
+  Stream& waiting = streams.waiting;
+  DeviceArray<std::uint32_t>& words = streams.words;
+  cuda::CUevent& event = streams.event;
   constexpr std::uint64_t kCount = KernelAndWaiter::kCount;
   {
     HeldKernel kernel(context, busy, words.device_pointer(), 7u, kCount);
@@ -299,7 +305,11 @@ TEST(Driver, AWaitForAnEventIsForItsRecordBeforeTheWait) {
   Context& context = current_context();
   ScopedContext scope(context);
   KernelAndWaiter streams(context);
-  auto& [module, busy, waiting, words, event] = streams;
+  Module& module = streams.module;
+  Stream& busy = streams.busy;
+  Stream& waiting = streams.waiting;
+  DeviceArray<std::uint32_t>& words = streams.words;
+  cuda::CUevent& event = streams.event;
   constexpr std::uint64_t kCount = KernelAndWaiter::kCount;
   const Function fill = module.function("cuemm_fill_u32");
   Stream idle = context.create_stream(/*non_blocking=*/true);

@@ -248,7 +248,8 @@ std::pair<PoolMemoryManager::Core*, std::uintptr_t> PoolMemoryManager::allocate_
 
 std::shared_ptr<MemoryPointer> PoolMemoryManager::memalloc(std::size_t size) {
   const int size_class = this->core().size_class(size);  // (the same in every core)
-  const auto [core, address] = allocate_for_a_holder(size, size_class);
+  const auto [found_core, address] = allocate_for_a_holder(size, size_class);
+  Core* const core = found_core;  // (the finalizer captures it; clang before 16 captures no structured binding)
   // The finalizer keeps the size class in the address's low bits (blocks are
   // 256-byte aligned) so that its closure fits std::function's inline storage.
   const std::uintptr_t tagged = address | static_cast<std::uintptr_t>(size_class + 1);
