@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs with apt-get what building cuemm needs and this machine lacks:
 #   setup.sh main    the library and the examples (the main job)
-#   setup.sh         every test too: GoogleTest, Google Benchmark, the
+#   setup.sh         every test too: clang (a second compiler), GoogleTest, Google Benchmark, the
 #                    Python package's and classic Numba's tests
 # Each need is looked for as what it is (a command, a header, a Python
 # module), not as a Debian package, so a machine that has the tools from
@@ -30,6 +30,7 @@ needs=(
 )
 if [ "$purpose" = tests ]; then
   needs+=(
+    "clang|command -v clang++"
     "libgtest-dev|has_header gtest/gtest.h"
     "libbenchmark-dev|has_header benchmark/benchmark.h"
     "python3|[ -x /usr/bin/python3 ]"
