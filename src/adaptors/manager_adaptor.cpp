@@ -21,7 +21,6 @@
 #include "threading/section_gate.hpp"
 #include "util/address_map.hpp"
 #include "util/address_shard.hpp"
-#include "util/hex_address.hpp"
 #include "util/keep_until_exit.hpp"
 
 namespace cuemm {
@@ -304,7 +303,7 @@ std::shared_ptr<MemoryPointer> make_observed(Shared* shared, std::uint64_t gener
                                              Held&& held, const ObservedBlock& block, BaseArguments&&... base) {
   try {
     return detail::make_recycled<ObservedPointer<Base, Shared, std::remove_cvref_t<Held>>>(
-        shared, generation, detailed_release, std::move(held), block, std::forward<BaseArguments>(base)...);
+        shared, generation, detailed_release, std::forward<Held>(held), block, std::forward<BaseArguments>(base)...);
   } catch (...) {
     // (Still here: making the pointer failed before its member took it.)
     release_and_report(*shared, [&] { held.let_go(block); }, block, generation, false);
@@ -530,12 +529,13 @@ void ManagerAdaptor::deallocate(cuda::CUdeviceptr pointer, std::size_t size, cud
   }
   if (const auto* why = std::get_if<std::string>(&taken)) {
     stream_ordered_blocks_->refused.fetch_add(1, std::memory_order_relaxed);
-    std::fprintf(stderr, "cuemm: ManagerAdaptor::deallocate(%s, %zu bytes, stream %p) refused, nothing freed: %s\n",
-                 util::hex_address(pointer).c_str(), size, static_cast<void*>(stream),
+    // (The address printed without a string: a failed allocation here would end the program.)
+    std::fprintf(stderr, "cuemm: ManagerAdaptor::deallocate(0x%llx, %zu bytes, stream %p) refused, nothing freed: %s\n",
+                 static_cast<unsigned long long>(pointer), size, static_cast<void*>(stream),
                  why->empty() ? "its record could not be read" : why->c_str());
     return;
   }
-  const auto entry = std::get<StreamOrderedBlocks::Entry>(taken);
+  const auto entry = *std::get_if<StreamOrderedBlocks::Entry>(&taken);  // (no throw: the string's case returned)
   const bool detailed_release = observer().wants_times_and_call_sites() && observer().wants_durations();
   release_and_report(
       *shared_, [&] { stream_ordered_upstream_->deallocate(pointer, size, stream); },

@@ -8,6 +8,7 @@
 namespace cuemm::detail {
 
 TlsfBlockAllocator::TlsfBlockAllocator(std::size_t granularity) : granularity_(granularity) {
+  static_assert(kSecondLevelBits <= 4, "sizes of the smallest granularity, 16, must hold a second level's bits");
   if (granularity < 16 || !std::has_single_bit(granularity))
     throw std::invalid_argument("TlsfBlockAllocator: granularity must be a power of two >= 16");
 }
@@ -15,6 +16,7 @@ TlsfBlockAllocator::TlsfBlockAllocator(std::size_t granularity) : granularity_(g
 TlsfBlockAllocator::~TlsfBlockAllocator() = default;
 
 TlsfBlockAllocator::Index TlsfBlockAllocator::index_of(std::size_t size) const noexcept {
+  // (Every size here is at least the granularity, 16 or more, so first >= kSecondLevelBits: no negative shift.)
   const int first = 63 - std::countl_zero(static_cast<std::uint64_t>(size));
   const int second = static_cast<int>((size >> (first - kSecondLevelBits)) & (kSecondLevels - 1));
   return {first, second};
