@@ -63,19 +63,23 @@ double adaptor_coarse_clock() noexcept {
 }  // namespace
 
 // Note [Counting across a reset]
-// reset() may come from one thread while others allocate and free. The
-// observer counts an allocation, and a release, in a section of `gate`
-// (detail::SectionGate), each with the generation it read there, and
-// reset() forgets the counts with the gate closed: so a count, and the
-// generation its block is tagged with, fall wholly before the reset or
-// wholly after it. A block counted before is forgotten with the rest, and
+// reset() may come from one thread while others allocate and free. An
+// allocation is asked of the observer (before_allocation, which a limit
+// counts), made by the upstream and reported (allocated) in one section of
+// `gate` (detail::SectionGate), with the generation it read there; a
+// release is reported in sections too. reset() closes the gate while it
+// forgets the counts and resets the upstream: so an allocation, its count
+// and the generation its block is tagged with fall wholly before the reset
+// or wholly after it. A block counted before is forgotten with the rest, and
 // its release is not reported; one counted after is released as any other.
-// An allocation is asked of the observer (before_allocation, which a limit
-// counts) and reported (allocated) in two sections, the upstream's work
-// between them: where a reset came between, its count was forgotten, and it
-// is asked again, in the reset's generation. Without this, a count made
-// while a reset forgot the others stayed for good: a block in use forever
-// for the statistics, bytes of the limit never given back.
+// The upstream's reset is inside too: were an allocation made while it ran
+// (the gate opened before it, as it once was), the upstream could give the
+// block back and hand its address out again, while the adaptor counted
+// both, in the new generation, and its record of stream-ordered blocks held
+// one of them (a count that outlived its block: the H100, resets beside
+// four threads). Only an out-of-memory handler runs outside (it may wait, or
+// free through this adaptor); where a reset came while it ran, the count
+// was forgotten, and the next attempt asks again.
 //
 // Read by every allocation and release, written only by reset() and the
 // destructor: on a cache line of its own, so that it stays shared between
@@ -96,17 +100,17 @@ struct alignas(64) ManagerAdaptor::Shared {
 // also lets the adaptor refuse a free of no block of its, or of the wrong
 // size, before the upstream sees it: its counts stay right whatever the
 // upstream checks (the pool checks frees only with PoolOptions::check_frees).
-// A reset() starts a new generation, resets the upstream, and only then
-// forgets the entries of earlier generations (those of the new one stay,
-// whenever they were made); an allocation that finds the generation changed
-// once it is recorded takes its entry out again. Either way nothing stays
-// from before a reset, and a later free of such a block is refused (the
-// upstream gave it back). Where the upstream's reset fails (the host out of
-// memory), nothing is forgotten: the blocks it still holds can be freed, and
-// their releases go uncounted, as the counts were reset. Once
-// the upstream hands such an address out again, a late free of the old
-// block cannot be told from one of the new: as with any allocator, a block
-// a reset gave back must not be freed after.
+// Entries are made and taken, and the upstream called, in the sections of
+// Note [Counting across a reset]; reset() starts a new generation, resets
+// the upstream and forgets the earlier generations' entries with the gate
+// closed. So nothing stays from before a reset, and a later free of such a
+// block is refused (the upstream gave it back), not passed on to free
+// whatever the upstream has since handed out there. Where the upstream's
+// reset fails (the host out of memory), nothing is forgotten: the blocks it
+// still holds can be freed, and their releases go uncounted, as the counts
+// were reset. Once the upstream hands such an address out again, a late
+// free of the old block cannot be told from one of the new: as with any
+// allocator, a block a reset gave back must not be freed after.
 struct ManagerAdaptor::StreamOrderedBlocks {
   struct Entry {
     std::size_t size;
@@ -130,13 +134,6 @@ struct ManagerAdaptor::StreamOrderedBlocks {
     if (const Entry* there = shard.live.find(pointer); there && there->generation > entry.generation) return;
     shard.live.insert_or_assign(pointer, entry);
   }
-  // Takes out the entry of `generation` at `pointer`, if that is there.
-  void forget(cuda::CUdeviceptr pointer, std::uint64_t generation) noexcept {
-    Shard& shard = shard_of(pointer);
-    std::lock_guard lock(shard.mutex);
-    if (const Entry* there = shard.live.find(pointer); there && there->generation == generation)
-      shard.live.take(pointer);
-  }
   // Takes out the entries of generations before `generation`.
   void forget_before(std::uint64_t generation) noexcept {
     for (Shard& shard : shards) {
@@ -157,10 +154,21 @@ struct ManagerAdaptor::StreamOrderedBlocks {
   }
 };
 
+static_assert(kMostStackedAdaptors + 2 <= detail::SectionGate::kMostNested);  // (and a release nested in one)
+
 ManagerAdaptor::ManagerAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream,
                                std::shared_ptr<AllocationObserver> observer)
     : BaseMemoryManager(context), upstream_(std::move(upstream)) {
   if (!upstream_) throw InvalidArgument("an adaptor needs a manager to wrap (upstream is null)");
+  // Each adaptor's call holds its upstream's in a section (Note [Counting
+  // across a reset]): a stack deeper than a thread's sections would go unseen.
+  int stacked = 1;
+  for (const BaseMemoryManager* below = upstream_.get(); const auto* adaptor = dynamic_cast<const ManagerAdaptor*>(below);
+       below = &adaptor->upstream())
+    ++stacked;
+  if (stacked > kMostStackedAdaptors)
+    throw InvalidArgument("this adaptor would be the " + std::to_string(stacked) + "th stacked on one manager; at most " +
+                          std::to_string(kMostStackedAdaptors) + " are");
   raw_upstream_ = dynamic_cast<RawDeviceAllocator*>(upstream_.get());
   stream_ordered_upstream_ = stream_ordered_allocator(*upstream_);
   stream_ordered_blocks_ = std::make_unique<StreamOrderedBlocks>();
@@ -205,12 +213,15 @@ void report_release(Shared& shared, const AllocationRecord& record, std::uint64_
 // the order of events]).
 
 // Gives the memory back to the upstream (`let_go`) and reports its release;
-// with `detailed_release`, timed and with the call site.
+// with `detailed_release`, timed and with the call site. A pointer's release:
+// let go outside the sections, as it may drop the last reference to what
+// the upstream held (a Python owner, whose destructor may run any code).
+// The upstream's reset cannot leave it confused, as allocate(size, stream)'s
+// record could be: the pointer carries its own generation.
 template <typename Shared, typename LetGo>
 void release_and_report(Shared& shared, LetGo&& let_go, const ObservedBlock& block, std::uint64_t generation,
-                        bool detailed_release, std::optional<std::uintptr_t> stream = std::nullopt) noexcept {
+                        bool detailed_release) noexcept {
   AllocationRecord record = block.record();
-  record.stream = stream;
   if (detailed_release) record.start = adaptor_clock();
   if (shared.observes_releasing) {
     detail::SectionGate::Section section(shared.gate);
@@ -311,7 +322,14 @@ std::shared_ptr<MemoryPointer> make_observed(Shared* shared, std::uint64_t gener
   }
 }
 
-// Gives back what the upstream returned, where the observer refused it after all.
+// What allocations other than allocate(size, stream)'s keep of their block
+// in the adaptor: nothing (their pointer object carries it).
+struct KeepNothing {
+  template <typename Upstream>
+  void operator()(const Upstream&, const ObservedBlock&, std::uint64_t) const noexcept {}
+};
+
+// Gives back what the upstream returned, where the allocation failed after all.
 void give_back_upstream(std::shared_ptr<MemoryPointer>& memory, const ObservedBlock&) noexcept { memory.reset(); }
 void give_back_upstream(RawDeviceAllocator::Allocation& allocation, const ObservedBlock& block) noexcept {
   UpstreamBlock{allocation.releaser}.let_go(block);
@@ -330,76 +348,79 @@ std::string type_name(const BaseMemoryManager& manager) {
 }
 }  // namespace
 
-template <typename Allocate>
-auto ManagerAdaptor::allocate_observed(MemoryKind kind, std::size_t size, Allocate&& allocate)
+template <typename Allocate, typename Keep>
+auto ManagerAdaptor::allocate_observed(MemoryKind kind, std::size_t size, Allocate&& allocate, Keep&& keep)
     -> Observed<decltype(allocate())> {
-  // Two sections, the upstream's work between them (Note [Counting across a reset]).
-  std::uint64_t generation;
-  {
-    detail::SectionGate::Section section(shared_->gate);
-    generation = shared_->generation.load(std::memory_order_relaxed);
-    observer().before_allocation(kind, size);
-  }
   const bool detailed = observer().wants_times_and_call_sites();
   const bool durations = detailed && observer().wants_durations();
-  const double start = !detailed ? 0.0 : durations ? adaptor_clock() : adaptor_coarse_clock();
-  decltype(allocate()) upstream{};
-  Made made;
-  try {
-    for (int attempt = 1;; ++attempt) {
+  std::optional<std::uint64_t> counted;  // the generation before_allocation() counted it in
+  for (int attempt = 1;; ++attempt) {
+    std::exception_ptr ran_out;  // the upstream's OutOfMemory
+    {
+      // One section: asked, made and reported (Note [Counting across a reset]).
+      detail::SectionGate::Section section(shared_->gate);
+      const std::uint64_t generation = shared_->generation.load(std::memory_order_relaxed);
+      if (counted != generation) {  // (the first attempt, or a reset forgot the count)
+        observer().before_allocation(kind, size);
+        counted = generation;
+      }
+      const double start = !detailed ? 0.0 : durations ? adaptor_clock() : adaptor_coarse_clock();
+      decltype(allocate()) upstream{};
+      Made made;
       try {
         upstream = allocate();
-        break;
-      } catch (const OutOfMemory& error) {
-        if (!observer().retry_after_out_of_memory(kind, error, attempt)) throw;
-      }
-    }
-    made = made_by(upstream);
-  } catch (...) {
-    detail::SectionGate::Section section(shared_->gate);
-    if (shared_->generation.load(std::memory_order_relaxed) == generation) observer().allocation_failed(kind, size);
-    throw;
-  }
-  const ObservedBlock block{made.kind, made.address, size};
-  const AllocationRecord record = [&] {
-    try {
-      AllocationRecord record = block.record();
-      record.start = start;
-      record.end = durations ? adaptor_clock() : start;
-      if (detailed) record.call_site = ScopedCallSite::current();
-      record.stream = made.stream;
-      return record;
-    } catch (...) {  // (the call site's copy: the host out of memory) The block goes back, uncounted.
-      give_back_upstream(upstream, block);
-      detail::SectionGate::Section section(shared_->gate);
-      if (shared_->generation.load(std::memory_order_relaxed) == generation) observer().allocation_failed(kind, size);
-      throw;
-    }
-  }();
-  std::exception_ptr refused;
-  {
-    detail::SectionGate::Section section(shared_->gate);
-    if (const std::uint64_t now = shared_->generation.load(std::memory_order_relaxed); now != generation) {
-      try {
-        observer().before_allocation(kind, size);  // (a reset forgot its count)
-        generation = now;
+        made = made_by(upstream);
+      } catch (const OutOfMemory&) {
+        ran_out = std::current_exception();
       } catch (...) {
-        refused = std::current_exception();
+        observer().allocation_failed(kind, size);
+        throw;
+      }
+      if (!ran_out) {
+        const ObservedBlock block{made.kind, made.address, size};
+        AllocationRecord record = block.record();
+        try {
+          record.start = start;
+          record.end = durations ? adaptor_clock() : start;
+          if (detailed) record.call_site = ScopedCallSite::current();
+          record.stream = made.stream;
+          keep(upstream, block, generation);
+        } catch (...) {  // (the host out of memory) The block goes back, uncounted.
+          give_back_upstream(upstream, block);
+          observer().allocation_failed(kind, size);
+          throw;
+        }
+        observer().allocated(record);
+        return {std::move(upstream), block, generation, durations};  // (the release's detail)
       }
     }
-    if (!refused) observer().allocated(record);
+    // Outside the section: the handler may wait, or free through this adaptor.
+    const auto failed = [&]() noexcept {
+      detail::SectionGate::Section section(shared_->gate);
+      if (shared_->generation.load(std::memory_order_relaxed) == counted) observer().allocation_failed(kind, size);
+    };
+    try {
+      std::rethrow_exception(ran_out);
+    } catch (const OutOfMemory& error) {
+      bool retry = false;
+      try {
+        retry = observer().retry_after_out_of_memory(kind, error, attempt);
+      } catch (...) {
+        failed();
+        throw;
+      }
+      if (!retry) {
+        failed();
+        throw;
+      }
+    }
   }
-  if (refused) {
-    give_back_upstream(upstream, block);
-    std::rethrow_exception(refused);
-  }
-  return {std::move(upstream), block, generation, durations};  // (the release's detail)
 }
 
 template <typename Allocate>
 std::shared_ptr<MemoryPointer> ManagerAdaptor::observe(MemoryKind kind, std::size_t size, Allocate&& allocate) {
   auto [upstream, block, generation, detailed_release] =
-      allocate_observed(kind, size, std::forward<Allocate>(allocate));
+      allocate_observed(kind, size, std::forward<Allocate>(allocate), KeepNothing{});
   Context* context = upstream->context();
   const std::uintptr_t handle = upstream->handle();
   auto* host = reinterpret_cast<void*>(upstream->host_pointer());
@@ -430,7 +451,7 @@ std::shared_ptr<MemoryPointer> ManagerAdaptor::memalloc(std::size_t size) {
 
 std::shared_ptr<MemoryPointer> ManagerAdaptor::observe_raw(std::size_t size) {
   auto [allocation, block, generation, detailed_release] =
-      allocate_observed(MemoryKind::Device, size, [&] { return raw_upstream_->allocate_raw(size); });
+      allocate_observed(MemoryKind::Device, size, [&] { return raw_upstream_->allocate_raw(size); }, KeepNothing{});
   return make_observed<MemoryPointer>(shared_.get(), generation, detailed_release,
                                       UpstreamBlock{allocation.releaser}, block, &context(), block.address, size);
 }
@@ -439,11 +460,11 @@ ManagerAdaptor::Unwrapped ManagerAdaptor::memalloc_unwrapped(std::size_t size) {
   require_allocation_size(size, "memalloc");
   if (raw_upstream_) {
     auto [allocation, block, generation, detailed_release] =
-        allocate_observed(MemoryKind::Device, size, [&] { return raw_upstream_->allocate_raw(size); });
+        allocate_observed(MemoryKind::Device, size, [&] { return raw_upstream_->allocate_raw(size); }, KeepNothing{});
     return {nullptr, block, generation, detailed_release, allocation.releaser};
   }
   auto [memory, block, generation, detailed_release] =
-      allocate_observed(MemoryKind::Device, size, [&] { return upstream_->memalloc(size); });
+      allocate_observed(MemoryKind::Device, size, [&] { return upstream_->memalloc(size); }, KeepNothing{});
   return {std::move(memory), block, generation, detailed_release};
 }
 
@@ -469,7 +490,9 @@ std::shared_ptr<MemoryPointer> ManagerAdaptor::memhostalloc(std::size_t size, bo
 std::shared_ptr<MemoryPointer> ManagerAdaptor::mempin(std::shared_ptr<const void> owner, void* pointer,
                                                       std::size_t size, bool mapped) {
   return observe(mapped ? MemoryKind::Mapped : MemoryKind::Pinned, size,
-                 [&] { return upstream_->mempin(std::move(owner), pointer, size, mapped); });
+                 // (A copy: where the upstream fails, the last reference, perhaps a Python
+                 // object's, goes here, outside the adaptor's section.)
+                 [&] { return upstream_->mempin(owner, pointer, size, mapped); });
 }
 
 std::shared_ptr<MemoryPointer> ManagerAdaptor::memallocmanaged(std::size_t size, bool attach_global) {
@@ -482,14 +505,18 @@ IpcHandle ManagerAdaptor::get_ipc_handle(const std::shared_ptr<MemoryPointer>& m
 }
 
 void ManagerAdaptor::reset() {
-  std::uint64_t generation;
-  {
-    std::lock_guard lock(shared_->resetting);
-    shared_->gate.close_and_drain();
-    generation = shared_->generation.fetch_add(1) + 1;
-    observer().reset();
-    shared_->gate.open();
-  }
+  if (shared_->gate.inside())
+    throw StateError("reset() of an adaptor from inside one of its own allocations or releases (an "
+                     "out-of-memory handler of a manager under it?): the reset would wait for itself");
+  std::lock_guard lock(shared_->resetting);
+  // The upstream's reset too, with the gate closed (Note [Counting across a reset]).
+  shared_->gate.close_and_drain();
+  struct Reopen {
+    detail::SectionGate& gate;
+    ~Reopen() { gate.open(); }
+  } reopen{shared_->gate};
+  const std::uint64_t generation = shared_->generation.fetch_add(1) + 1;
+  observer().reset();
   upstream_->reset();
   // Once the upstream has given them back (Note [Stream-ordered blocks of an adaptor]).
   stream_ordered_blocks_->forget_before(generation);
@@ -505,42 +532,54 @@ cuda::CUdeviceptr ManagerAdaptor::allocate(std::size_t size, cuda::CUstream stre
                        "async manager have them)");
   }
   StreamOrderedAllocator* upstream = stream_ordered_upstream_;
-  auto [allocation, block, generation, detailed_release] = allocate_observed(MemoryKind::Device, size, [&] {
-    return UpstreamStreamOrderedBlock{upstream->allocate(size, stream), upstream, stream};
-  });
-  try {
-    stream_ordered_blocks_->record(allocation.address, {size, generation});
-  } catch (...) {
-    release_and_report(*shared_, [&given = allocation, &observed = block] { give_back_upstream(given, observed); },
-                       block, generation, detailed_release,
-                       reinterpret_cast<std::uintptr_t>(stream));
-    throw;
-  }
-  if (shared_->generation.load() != generation) stream_ordered_blocks_->forget(allocation.address, generation);
-  return allocation.address;
+  StreamOrderedBlocks& blocks = *stream_ordered_blocks_;
+  return allocate_observed(
+             MemoryKind::Device, size,
+             [&] { return UpstreamStreamOrderedBlock{upstream->allocate(size, stream), upstream, stream}; },
+             [&](const UpstreamStreamOrderedBlock& made, const ObservedBlock&, std::uint64_t generation) {
+               blocks.record(made.address, {size, generation});
+             })
+      .upstream.address;
 }
 
 void ManagerAdaptor::deallocate(cuda::CUdeviceptr pointer, std::size_t size, cuda::CUstream stream) noexcept {
   std::variant<StreamOrderedBlocks::Entry, std::string> taken;
-  try {
-    taken = stream_ordered_blocks_->take(pointer, size);
-  } catch (...) {  // (no memory for the reason)
-    taken = std::string();
+  {
+    // One section: taken off the record, freed and reported, with no reset
+    // between (Note [Stream-ordered blocks of an adaptor]).
+    detail::SectionGate::Section section(shared_->gate);
+    try {
+      taken = stream_ordered_blocks_->take(pointer, size);
+    } catch (...) {  // (no memory for the reason)
+      taken = std::string();
+    }
+    if (const auto* entry = std::get_if<StreamOrderedBlocks::Entry>(&taken)) {
+      // (An earlier generation's: the upstream's reset failed and it still
+      // holds the block, whose count was forgotten.)
+      const bool counted = shared_->generation.load(std::memory_order_relaxed) == entry->generation;
+      const bool detailed_release = observer().wants_times_and_call_sites() && observer().wants_durations();
+      AllocationRecord record = ObservedBlock{MemoryKind::Device, pointer, size}.record();
+      record.stream = reinterpret_cast<std::uintptr_t>(stream);
+      if (detailed_release) record.start = adaptor_clock();
+      if (counted && shared_->observes_releasing) observer().releasing(record);
+      stream_ordered_upstream_->deallocate(pointer, size, stream);
+      if (detailed_release) {
+        record.end = adaptor_clock();
+        try {
+          record.call_site = ScopedCallSite::current();
+        } catch (const std::bad_alloc&) {  // (no memory for its copy: the release is reported without it)
+        }
+      }
+      if (counted) observer().released(record);
+      return;
+    }
   }
-  if (const auto* why = std::get_if<std::string>(&taken)) {
-    stream_ordered_blocks_->refused.fetch_add(1, std::memory_order_relaxed);
-    // (The address printed without a string: a failed allocation here would end the program.)
-    std::fprintf(stderr, "cuemm: ManagerAdaptor::deallocate(0x%llx, %zu bytes, stream %p) refused, nothing freed: %s\n",
-                 static_cast<unsigned long long>(pointer), size, static_cast<void*>(stream),
-                 why->empty() ? "its record could not be read" : why->c_str());
-    return;
-  }
-  const auto entry = *std::get_if<StreamOrderedBlocks::Entry>(&taken);  // (no throw: the string's case returned)
-  const bool detailed_release = observer().wants_times_and_call_sites() && observer().wants_durations();
-  release_and_report(
-      *shared_, [&] { stream_ordered_upstream_->deallocate(pointer, size, stream); },
-      ObservedBlock{MemoryKind::Device, pointer, size}, entry.generation, detailed_release,
-      reinterpret_cast<std::uintptr_t>(stream));
+  const std::string& why = *std::get_if<std::string>(&taken);  // (no throw: the entry's case returned)
+  stream_ordered_blocks_->refused.fetch_add(1, std::memory_order_relaxed);
+  // (The address printed without a string: a failed allocation here would end the program.)
+  std::fprintf(stderr, "cuemm: ManagerAdaptor::deallocate(0x%llx, %zu bytes, stream %p) refused, nothing freed: %s\n",
+               static_cast<unsigned long long>(pointer), size, static_cast<void*>(stream),
+               why.empty() ? "its record could not be read" : why.c_str());
 }
 
 std::uint64_t ManagerAdaptor::refused_frees() const noexcept {

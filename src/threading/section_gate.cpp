@@ -1,5 +1,6 @@
 #include "threading/section_gate.hpp"
 
+#include <chrono>
 #include <mutex>
 #include <thread>
 
@@ -9,10 +10,14 @@
 namespace cuemm::detail {
 
 namespace {
-// Every thread that entered a section, for the closers to look at.
+// Every thread's state, for the closers to look at. States are never freed:
+// a thread that ends leaves its state to the next one that registers, so a
+// closer walks the list without a lock, and waits for a section without
+// keeping threads from registering (a callback thread that a section's
+// upstream call waits for may be entering its first section).
 struct Registry {
-  std::mutex mutex;
-  SectionGate::ThreadState* first = nullptr;
+  std::mutex mutex;  // registration and thread ends
+  std::atomic<SectionGate::ThreadState*> first{nullptr};
 };
 Registry& registry() {
   static auto* kept = new Registry();  // never destroyed: threads may end during static destruction
@@ -25,25 +30,28 @@ SectionGate::ThreadState orphan;
 
 }  // namespace
 
-// Registers the thread's state and, at the thread's end, removes it.
+// Takes a state for the thread (a free one, or a new one at the list's
+// head) and, at the thread's end, frees it.
 struct SectionGate::Registration {
-  SectionGate::ThreadState* state = new SectionGate::ThreadState();
+  SectionGate::ThreadState* state = nullptr;
   Registration() {
     Registry& all = registry();
     std::lock_guard lock(all.mutex);
-    state->next = all.first;
-    if (all.first) all.first->previous = state;
-    all.first = state;
+    for (ThreadState* there = all.first.load(std::memory_order_relaxed); there && !state; there = there->next)
+      if (!there->taken) state = there;
+    if (!state) {
+      state = new ThreadState();
+      state->next = all.first.load(std::memory_order_relaxed);
+      all.first.store(state, std::memory_order_release);
+    }
+    state->taken = true;
   }
   ~Registration() {
     this_thread_ = &orphan;
-    {
-      Registry& all = registry();
-      std::lock_guard lock(all.mutex);
-      (state->previous ? state->previous->next : all.first) = state->next;
-      if (state->next) state->next->previous = state->previous;
-    }
-    delete state;
+    Registry& all = registry();
+    std::lock_guard lock(all.mutex);
+    state->depth.store(0, std::memory_order_release);
+    state->taken = false;
   }
 };
 
@@ -57,12 +65,33 @@ SectionGate::ThreadState& SectionGate::register_this_thread() noexcept {
   return *this_thread_;
 }
 
-void SectionGate::wait_until_open(ThreadState& state) noexcept {
+bool SectionGate::holds(const ThreadState& state, std::uint32_t depth) const noexcept {
+  // (Entries below the depth read stay as they are while the thread is
+  // inside them; one pushed since may show instead, which is another gate's.)
+  if (depth > kMostNested) depth = kMostNested;
+  for (std::uint32_t level = 0; level < depth; ++level)
+    if (state.gates[level].load(std::memory_order_acquire) == this) return true;
+  return false;
+}
+
+bool SectionGate::inside() const noexcept {
+  return this_thread_ && holds(*this_thread_, this_thread_->depth.load(std::memory_order_relaxed));
+}
+
+void SectionGate::wait_until_open(ThreadState& state, std::uint32_t depth) noexcept {
+  if (holds(state, depth)) return;  // (nested: the closer waits for the outer section)
   do {
-    state.sequence.store(state.sequence.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+    state.depth.store(depth, std::memory_order_release);
     before_blocking();
-    while (closed_.load(std::memory_order_acquire)) std::this_thread::yield();
-    state.sequence.store(state.sequence.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    for (int looks = 0; closed_.load(std::memory_order_acquire); ++looks) {
+      // (A reset may wait for the device: yield at first, then sleep.)
+      if (looks < 64)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+    state.gates[depth].store(this, std::memory_order_relaxed);
+    state.depth.store(depth + 1, std::memory_order_release);
     light_fence();
   } while (closed_.load(std::memory_order_acquire));
 }
@@ -71,12 +100,15 @@ void SectionGate::close_and_drain() noexcept {
   closed_.store(true, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   process_barrier();  // every thread's entry now shows, or it sees the gate closed
-  Registry& all = registry();
-  std::lock_guard lock(all.mutex);  // (a thread that ends meanwhile waits to unregister)
-  for (ThreadState* state = all.first; state; state = state->next) {
-    const std::uint64_t seen = state->sequence.load(std::memory_order_acquire);
-    if (seen % 2 == 0) continue;
-    while (state->sequence.load(std::memory_order_acquire) == seen) std::this_thread::yield();
+  bool told = false;
+  for (ThreadState* state = registry().first.load(std::memory_order_acquire); state; state = state->next) {
+    while (holds(*state, state->depth.load(std::memory_order_acquire))) {
+      // A section may hold the upstream's call, which may wait for something
+      // this thread holds (the GIL, for a Python owner it drops).
+      if (!told) before_blocking();
+      told = true;
+      std::this_thread::yield();
+    }
   }
 }
 

@@ -336,6 +336,26 @@ TEST_F(Adaptors, APeakOfSeveralThreadsIsWithinTheirUnpublishedShares) {
   EXPECT_EQ(stats.statistics().of(MemoryKind::Device).peak_bytes, 0u);
 }
 
+// Each adaptor's allocation holds the one's under it in a section of its
+// own, which a thread keeps only so many of: a stack beyond that is refused
+// as it is made, and one as deep as allowed works.
+TEST_F(Adaptors, AStackOfTooManyAdaptorsIsRefused) {
+  const auto stack_of = [&](int adaptors) {
+    std::unique_ptr<BaseMemoryManager> stack = std::make_unique<PoolMemoryManager>(&context);
+    for (int i = 0; i < adaptors; ++i) stack = std::make_unique<StatisticsAdaptor>(&context, std::move(stack));
+    return stack;
+  };
+  EXPECT_TRUE(throws<InvalidArgument>([&] { stack_of(kMostStackedAdaptors + 1); },
+                                      std::to_string(kMostStackedAdaptors + 1) + "th stacked",
+                                      "at most " + std::to_string(kMostStackedAdaptors)));
+  std::unique_ptr<BaseMemoryManager> deepest = stack_of(kMostStackedAdaptors);
+  deepest->initialize();
+  auto memory = deepest->memalloc(4096);
+  EXPECT_EQ(find_adaptor<StatisticsAdaptor>(*deepest)->statistics().of(MemoryKind::Device).current_count, 1u);
+  memory.reset();
+  deepest->reset();
+}
+
 // Pointers may outlive their adaptor: they release into the upstream as
 // usual, and nothing is reported any more (the log is closed with the
 // adaptor), also when a release runs while the adaptor goes.

@@ -214,13 +214,12 @@ TYPED_TEST(StreamOrderedAdaptors, AResetForgetsTheBlocksAndTheirLaterFreesAreRef
   EXPECT_EQ(stats.refused_frees(), 2u);
 }
 
-// Resets from one thread while others allocate and free on their streams
-// (over the async manager, whose record refuses frees of blocks a reset gave
-// back; the pool's raw calls ask that no reset come between): however the
-// frees fall against the resets, the counts end at nothing in use.
-TEST(StreamOrderedAdaptorsOverAsync, ResetsBesideThreadsLeaveTheCountsRight) {
+namespace {
+void resets_beside_threads_leave_the_counts_right(bool stacked) {
   Context& context = current_context();
-  StatisticsAdaptor stats(&context, std::make_unique<AsyncMemoryManager>(&context));
+  std::unique_ptr<BaseMemoryManager> upstream = std::make_unique<AsyncMemoryManager>(&context);
+  if (stacked) upstream = std::make_unique<LimitingAdaptor>(&context, std::move(upstream), std::size_t{1} << 32);
+  StatisticsAdaptor stats(&context, std::move(upstream));
   stats.initialize();
   // The resets begin once every thread has made its first step, and the
   // threads go on until kResets have been made, however the machine
@@ -267,9 +266,121 @@ TEST(StreamOrderedAdaptorsOverAsync, ResetsBesideThreadsLeaveTheCountsRight) {
   EXPECT_EQ(device.current_count, 0u) << "a count outlived its block";
   EXPECT_EQ(device.current_bytes, 0u);
   EXPECT_GT(stats.refused_frees(), 0u) << "no reset fell between an allocation and its free";
+  const AsyncStatistics bottom = find_adaptor<AsyncMemoryManager>(stats)->statistics();
+  EXPECT_EQ(bottom.rejected_frees, 0u) << "a free of a block a reset gave back reached the upstream";
+  EXPECT_EQ(bottom.used_bytes, 0u);
   const cuda::CUdeviceptr block = stats.allocate(1 << 20, cuda::CU_STREAM_PER_THREAD);
   stats.deallocate(block, 1 << 20, cuda::CU_STREAM_PER_THREAD);
   EXPECT_EQ(stats.statistics().of(MemoryKind::Device).current_count, 0u);
+}
+}  // namespace
+
+// Resets from one thread while others allocate and free on their streams
+// (over the async manager, whose record refuses frees of blocks a reset gave
+// back; the pool's raw calls ask that no reset come between): however the
+// frees fall against the resets, the counts end at nothing in use.
+// Also with a limit under the statistics: each adaptor's call holds the
+// one's under it, and the outer reset resets both.
+TEST(StreamOrderedAdaptorsOverAsync, ResetsBesideThreadsLeaveTheCountsRight) {
+  for (const bool stacked : {false, true}) {
+    SCOPED_TRACE(stacked ? "statistics over a limit over the async manager" : "statistics over the async manager");
+    resets_beside_threads_leave_the_counts_right(stacked);
+  }
+}
+
+namespace {
+// The async manager, whose reset() waits, once it has begun, for a call that
+// another thread makes meanwhile through the adaptor above it (for at most
+// `patience`), and notes whether that call came back while it waited.
+class ResetThatWaits final : public AsyncMemoryManager {
+ public:
+  ResetThatWaits(Context* context, std::chrono::milliseconds patience)
+      : AsyncMemoryManager(context), patience_(patience) {}
+  std::atomic<bool> begun{false}, call_returned{false}, overlapped{false};
+
+ protected:
+  void on_reset() override {
+    begun = true;
+    const auto until = std::chrono::steady_clock::now() + patience_;
+    while (!call_returned && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+    overlapped = call_returned.load();
+    AsyncMemoryManager::on_reset();
+  }
+
+ private:
+  std::chrono::milliseconds patience_;
+};
+}  // namespace
+
+// The ordering the test above leaves to chance: an allocation or a free that
+// comes while the upstream's reset runs waits for it, so the reset never gives
+// back a block counted after it, nor is its free passed on to whatever the
+// upstream hands out there next.
+TEST(StreamOrderedAdaptorsOverAsync, CallsWaitForTheUpstreamsReset) {
+  Context& context = current_context();
+  for (const bool allocating : {true, false}) {
+    SCOPED_TRACE(allocating ? "an allocation during the reset" : "a free during the reset");
+    auto upstream_owned = std::make_unique<ResetThatWaits>(&context, std::chrono::milliseconds(300));
+    ResetThatWaits& upstream = *upstream_owned;
+    StatisticsAdaptor stats(&context, std::move(upstream_owned));
+    stats.initialize();
+    Stream stream = context.create_stream();
+    const cuda::CUdeviceptr before = stats.allocate(4096, stream.handle());
+    cuda::CUdeviceptr during = 0;
+    ::testing::internal::CaptureStderr();  // (the refused free's line)
+    std::thread caller([&] {
+      ScopedContext scope(context);
+      while (!upstream.begun) std::this_thread::yield();
+      if (allocating)
+        during = stats.allocate(8192, stream.handle());
+      else
+        stats.deallocate(before, 4096, stream.handle());
+      upstream.call_returned = true;
+    });
+    stats.reset();
+    caller.join();
+    const std::string said = ::testing::internal::GetCapturedStderr();
+    EXPECT_FALSE(upstream.overlapped) << "the call came back while the upstream's reset ran";
+    EXPECT_EQ(upstream.statistics().rejected_frees, 0u) << "a free reached the upstream after its reset";
+    if (allocating) {
+      EXPECT_EQ(stats.statistics().of(MemoryKind::Device).current_count, 1u);
+      stats.deallocate(during, 8192, stream.handle());  // counted after the reset, and still the upstream's
+      EXPECT_EQ(stats.refused_frees(), 0u) << said;
+      EXPECT_EQ(upstream.statistics().rejected_frees, 0u);
+    } else {
+      EXPECT_EQ(stats.refused_frees(), 1u) << "the reset gave the block back: its free is refused";
+      EXPECT_NE(said.find("given back by a reset()"), std::string::npos) << said;
+    }
+    EXPECT_EQ(stats.statistics().of(MemoryKind::Device).current_count, 0u);
+    EXPECT_EQ(upstream.statistics().used_bytes, 0u);
+  }
+}
+
+// A reset from inside one of the adaptor's own calls (an out-of-memory
+// handler of an adaptor under it) would wait for itself: it is refused.
+TEST(StreamOrderedAdaptorsOverAsync, AResetFromInsideItsOwnAllocationIsRefused) {
+  Context& context = current_context();
+  StatisticsAdaptor* outer = nullptr;
+  std::string refusal;
+  auto handled = std::make_unique<OutOfMemoryHandlerAdaptor>(
+      &context, std::make_unique<LimitingAdaptor>(&context, std::make_unique<AsyncMemoryManager>(&context), 1 << 20),
+      [&](const OutOfMemory&, int) {
+        try {
+          outer->reset();
+        } catch (const StateError& error) {
+          refusal = error.what();
+        }
+        return false;
+      });
+  StatisticsAdaptor stats(&context, std::move(handled));
+  outer = &stats;
+  stats.initialize();
+  EXPECT_TRUE(throws<OutOfMemory>([&] { stats.allocate(2 << 20, cuda::CU_STREAM_PER_THREAD); }));
+  EXPECT_NE(refusal.find("would wait for itself"), std::string::npos) << refusal;
+  EXPECT_EQ(stats.statistics().of(MemoryKind::Device).current_count, 0u);
+  const cuda::CUdeviceptr block = stats.allocate(1000, cuda::CU_STREAM_PER_THREAD);  // not left closed
+  stats.deallocate(block, 1000, cuda::CU_STREAM_PER_THREAD);
+  stats.reset();
 }
 
 // Threads on their own streams, each writing and checking its blocks, through

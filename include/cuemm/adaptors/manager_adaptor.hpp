@@ -127,6 +127,9 @@ class AllocationObserver {
   virtual bool wants_durations() const noexcept { return true; }
 };
 
+// The most adaptors stacked on one manager (a constructor refuses more).
+inline constexpr int kMostStackedAdaptors = 12;
+
 class ManagerAdaptor : public BaseMemoryManager, public StreamOrderedAllocator {
  public:
   ManagerAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream,
@@ -141,6 +144,10 @@ class ManagerAdaptor : public BaseMemoryManager, public StreamOrderedAllocator {
   void initialize() override { upstream_->initialize(); }
   IpcHandle get_ipc_handle(const std::shared_ptr<MemoryPointer>& memory) override;
   MemoryInfo get_memory_info() override { return upstream_->get_memory_info(); }
+  // Forgets the observer's counts and resets the upstream, while allocations
+  // and frees (the upstream's calls in them included) wait: those under way
+  // end first, those that come meanwhile begin after. Refused (StateError)
+  // from inside one of them: an out-of-memory handler of an adaptor below.
   void reset() override;
   CleanupGuard defer_cleanup() override { return upstream_->defer_cleanup(); }
   int interface_version() const override { return upstream_->interface_version(); }
@@ -190,8 +197,10 @@ class ManagerAdaptor : public BaseMemoryManager, public StreamOrderedAllocator {
     std::uint64_t generation;
     bool detailed_release;  // as Unwrapped's
   };
-  template <typename Allocate>
-  auto allocate_observed(MemoryKind kind, std::size_t size, Allocate&& allocate)
+  // `keep(upstream, block, generation)` runs once the block is made and its
+  // record ready, before it is reported; throwing gives the block back.
+  template <typename Allocate, typename Keep>
+  auto allocate_observed(MemoryKind kind, std::size_t size, Allocate&& allocate, Keep&& keep)
       -> Observed<decltype(allocate())>;
   template <typename Allocate>
   std::shared_ptr<MemoryPointer> observe(MemoryKind kind, std::size_t size, Allocate&& allocate);

@@ -13,7 +13,8 @@
 //       });
 //
 // The handler runs on the allocating thread, outside every lock of cuemm's
-// (other threads allocate meanwhile). An allocation that runs out inside the
+// (other threads allocate meanwhile), though inside the allocation of any
+// adaptor stacked above this one: it must not reset() those. An allocation that runs out inside the
 // handler, on the same thread, fails without calling it again. A handler that
 // throws fails the allocation with its exception; one that asks for more than
 // kMostRetriesAfterOutOfMemory retries fails it with OutOfMemory.
