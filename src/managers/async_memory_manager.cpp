@@ -199,9 +199,8 @@ void AsyncMemoryManager::on_reset() {
   pool_token_ = 0;
   if (!pool && live.empty()) return;
   ScopedContext scope(context());
-  for (auto& [live_pointer, block] : live) {
+  for (auto& [pointer, block] : live) {
     if (auto memory = block.memory.lock()) memory->mark_released();
-    const cuda::CUdeviceptr pointer = live_pointer;  // (a plain variable: CUEMM_CU_RESULT's lambda captures it)
     if (const cuda::CUresult result = CUEMM_CU_RESULT(cuMemFreeAsync, pointer, cuda::CU_STREAM_LEGACY))
       std::fprintf(stderr, "cuemm async: releasing %s during reset failed: %s\n", util::hex_address(pointer).c_str(),
                    CudaError(result, "cuMemFreeAsync").what());

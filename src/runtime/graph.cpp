@@ -75,8 +75,8 @@ void Graph::order_the_legacy_stream_after_launches() noexcept {
   if (launches_->after_latest.empty()) return;
   try {
     ScopedContext scope(*context);
-    for (const auto& stream_and_event : launches_->after_latest)
-      CUEMM_CU_RESULT(cuStreamWaitEvent, cuda::CU_STREAM_LEGACY, stream_and_event.second.handle(), 0);
+    for (const auto& [stream, event] : launches_->after_latest)
+      CUEMM_CU_RESULT(cuStreamWaitEvent, cuda::CU_STREAM_LEGACY, event.handle(), 0);
   } catch (...) {
     // (The context could not be made current: nothing more can be ordered.)
   }

@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <string>
+#include <utility>
 
 #include "cuemm/driver/cuda_api.hpp"
 #include "cuemm/error.hpp"
@@ -96,6 +97,14 @@ inline void check(CUresult code, const char* call) {
     throw_cuda_error(code, call);
 }
 
+// CUEMM_CU_RESULT's call.
+template <typename Function, typename... Arguments>
+inline CUresult call_or_not_supported(Function* function, Arguments&&... arguments) {
+  if (!function) [[unlikely]]
+    return CUDA_ERROR_NOT_SUPPORTED;
+  return function(std::forward<Arguments>(arguments)...);
+}
+
 }  // namespace cuemm::driver
 
 // Calls a driver function through the loaded driver; throws on failure.
@@ -119,11 +128,10 @@ inline void check(CUresult code, const char* call) {
   } while (0)
 
 // Same, but returns the CUresult instead of throwing (for destructors and
-// code that handles particular results itself).
-#define CUEMM_CU_RESULT(function, ...)                                                        \
-  ([&]() -> ::cuemm::cuda::CUresult {                                                        \
-    ::cuemm::before_blocking();                                                              \
-    const auto& cuemm_api_ = ::cuemm::driver::Driver::get().api();                           \
-    return cuemm_api_.function ? cuemm_api_.function(__VA_ARGS__)                            \
-                               : ::cuemm::cuda::CUDA_ERROR_NOT_SUPPORTED;                   \
-  }())
+// code that handles particular results itself); CUDA_ERROR_NOT_SUPPORTED
+// where the loaded driver lacks the function. A call, not a lambda, so that
+// any argument works (clang before 16 captures no structured binding); pass
+// nullptr, not 0, for a null pointer.
+#define CUEMM_CU_RESULT(function, ...) \
+  (::cuemm::before_blocking(),         \
+   ::cuemm::driver::call_or_not_supported(::cuemm::driver::Driver::get().api().function __VA_OPT__(, ) __VA_ARGS__))
