@@ -212,6 +212,22 @@ void report_release(Shared& shared, const AllocationRecord& record, std::uint64_
 // takes the row's place in its order there (LoggingAdaptor's Note [Rows in
 // the order of events]).
 
+// A release's record, timed from now where `detailed_release`.
+AllocationRecord release_record(const ObservedBlock& block, bool detailed_release) noexcept {
+  AllocationRecord record = block.record();
+  if (detailed_release) record.start = adaptor_clock();
+  return record;
+}
+// Once the upstream has the block: where `detailed_release`, its end and call site.
+void finish_release_record(AllocationRecord& record, bool detailed_release) noexcept {
+  if (!detailed_release) return;
+  record.end = adaptor_clock();
+  try {
+    record.call_site = ScopedCallSite::current();
+  } catch (const std::bad_alloc&) {  // (no memory for its copy: the release is reported without it)
+  }
+}
+
 // Gives the memory back to the upstream (`let_go`) and reports its release;
 // with `detailed_release`, timed and with the call site. A pointer's release:
 // let go outside the sections, as it may drop the last reference to what
@@ -221,20 +237,13 @@ void report_release(Shared& shared, const AllocationRecord& record, std::uint64_
 template <typename Shared, typename LetGo>
 void release_and_report(Shared& shared, LetGo&& let_go, const ObservedBlock& block, std::uint64_t generation,
                         bool detailed_release) noexcept {
-  AllocationRecord record = block.record();
-  if (detailed_release) record.start = adaptor_clock();
+  AllocationRecord record = release_record(block, detailed_release);
   if (shared.observes_releasing) {
     detail::SectionGate::Section section(shared.gate);
     if (shared.generation.load(std::memory_order_relaxed) == generation) shared.observer->releasing(record);
   }
   let_go();
-  if (detailed_release) {
-    record.end = adaptor_clock();
-    try {
-      record.call_site = ScopedCallSite::current();
-    } catch (const std::bad_alloc&) {  // (no memory for its copy: the release is reported without it)
-    }
-  }
+  finish_release_record(record, detailed_release);
   report_release(shared, record, generation);
 }
 
@@ -554,22 +563,16 @@ void ManagerAdaptor::deallocate(cuda::CUdeviceptr pointer, std::size_t size, cud
       taken = std::string();
     }
     if (const auto* entry = std::get_if<StreamOrderedBlocks::Entry>(&taken)) {
-      // (An earlier generation's: the upstream's reset failed and it still
-      // holds the block, whose count was forgotten.)
+      // (Not counted where the entry is an earlier generation's: the
+      // upstream's reset failed and it still holds the block, whose count
+      // was forgotten.)
       const bool counted = shared_->generation.load(std::memory_order_relaxed) == entry->generation;
       const bool detailed_release = observer().wants_times_and_call_sites() && observer().wants_durations();
-      AllocationRecord record = ObservedBlock{MemoryKind::Device, pointer, size}.record();
+      AllocationRecord record = release_record(ObservedBlock{MemoryKind::Device, pointer, size}, detailed_release);
       record.stream = reinterpret_cast<std::uintptr_t>(stream);
-      if (detailed_release) record.start = adaptor_clock();
       if (counted && shared_->observes_releasing) observer().releasing(record);
       stream_ordered_upstream_->deallocate(pointer, size, stream);
-      if (detailed_release) {
-        record.end = adaptor_clock();
-        try {
-          record.call_site = ScopedCallSite::current();
-        } catch (const std::bad_alloc&) {  // (no memory for its copy: the release is reported without it)
-        }
-      }
+      finish_release_record(record, detailed_release);
       if (counted) observer().released(record);
       return;
     }

@@ -1,7 +1,6 @@
 #include "cuemm/threading/blocking_hook.hpp"
 
-#include <chrono>
-#include <thread>
+#include "threading/wait_while.hpp"
 
 namespace cuemm {
 
@@ -76,13 +75,8 @@ void BlockingAwareSharedMutex::lock() {
     return;
   before_blocking();
   // Readers hold it across a driver call, and nothing tells a writer when
-  // the last one leaves: it looks again, at first at once, then every 20 us.
-  for (int looks = 0; !readers_gone(); ++looks) {
-    if (looks < 64)
-      std::this_thread::yield();
-    else
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
+  // the last one leaves.
+  detail::wait_while([this] { return !readers_gone(); });
 }
 
 bool BlockingAwareSharedMutex::try_lock() {

@@ -1,11 +1,11 @@
 #include "threading/section_gate.hpp"
 
-#include <chrono>
 #include <mutex>
-#include <thread>
+#include <utility>
 
 #include "cuemm/threading/blocking_hook.hpp"
 #include "threading/owner_biased_lock.hpp"
+#include "threading/wait_while.hpp"
 
 namespace cuemm::detail {
 
@@ -83,13 +83,7 @@ void SectionGate::wait_until_open(ThreadState& state, std::uint32_t depth) noexc
   do {
     state.depth.store(depth, std::memory_order_release);
     before_blocking();
-    for (int looks = 0; closed_.load(std::memory_order_acquire); ++looks) {
-      // (A reset may wait for the device: yield at first, then sleep.)
-      if (looks < 64)
-        std::this_thread::yield();
-      else
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
+    wait_while([this] { return closed_.load(std::memory_order_acquire); });  // (a reset may wait for the device)
     state.gates[depth].store(this, std::memory_order_relaxed);
     state.depth.store(depth + 1, std::memory_order_release);
     light_fence();
@@ -102,13 +96,12 @@ void SectionGate::close_and_drain() noexcept {
   process_barrier();  // every thread's entry now shows, or it sees the gate closed
   bool told = false;
   for (ThreadState* state = registry().first.load(std::memory_order_acquire); state; state = state->next) {
-    while (holds(*state, state->depth.load(std::memory_order_acquire))) {
-      // A section may hold the upstream's call, which may wait for something
-      // this thread holds (the GIL, for a Python owner it drops).
-      if (!told) before_blocking();
-      told = true;
-      std::this_thread::yield();
-    }
+    const auto inside = [&] { return holds(*state, state->depth.load(std::memory_order_acquire)); };
+    if (!inside()) continue;
+    // A section may hold the upstream's call, which may wait for something
+    // this thread holds (the GIL, for a Python owner it drops).
+    if (!std::exchange(told, true)) before_blocking();
+    wait_while(inside);
   }
 }
 
