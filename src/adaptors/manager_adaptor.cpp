@@ -87,6 +87,8 @@ double adaptor_coarse_clock() noexcept {
 struct alignas(64) ManagerAdaptor::Shared {
   std::shared_ptr<AllocationObserver> observer;
   bool observes_releasing = false;           // the observer's wants_releasing()
+  bool records_details = false;              // its wants_times_and_call_sites()
+  bool records_durations = false;            // that, and its wants_durations()
   std::atomic<std::uint64_t> generation{0};  // bumped by reset() and when the adaptor goes
   detail::SectionGate gate;                  // closed by reset() while the observer forgets
   BlockingAwareMutex resetting;              // one reset() at a time closes the gate
@@ -175,6 +177,8 @@ ManagerAdaptor::ManagerAdaptor(Context* context, std::unique_ptr<BaseMemoryManag
   if (!observer) throw InvalidArgument("an adaptor needs an observer (it is null)");
   shared_ = std::make_shared<Shared>();
   shared_->observes_releasing = observer->wants_releasing();
+  shared_->records_details = observer->wants_times_and_call_sites();
+  shared_->records_durations = shared_->records_details && observer->wants_durations();
   shared_->observer = std::move(observer);
 }
 
@@ -360,8 +364,8 @@ std::string type_name(const BaseMemoryManager& manager) {
 template <typename Allocate, typename Keep>
 auto ManagerAdaptor::allocate_observed(MemoryKind kind, std::size_t size, Allocate&& allocate, Keep&& keep)
     -> Observed<decltype(allocate())> {
-  const bool detailed = observer().wants_times_and_call_sites();
-  const bool durations = detailed && observer().wants_durations();
+  const bool detailed = shared_->records_details;
+  const bool durations = shared_->records_durations;
   std::optional<std::uint64_t> counted;  // the generation before_allocation() counted it in
   for (int attempt = 1;; ++attempt) {
     std::exception_ptr ran_out;  // the upstream's OutOfMemory
@@ -567,7 +571,7 @@ void ManagerAdaptor::deallocate(cuda::CUdeviceptr pointer, std::size_t size, cud
       // upstream's reset failed and it still holds the block, whose count
       // was forgotten.)
       const bool counted = shared_->generation.load(std::memory_order_relaxed) == entry->generation;
-      const bool detailed_release = observer().wants_times_and_call_sites() && observer().wants_durations();
+      const bool detailed_release = shared_->records_durations;
       AllocationRecord record = release_record(ObservedBlock{MemoryKind::Device, pointer, size}, detailed_release);
       record.stream = reinterpret_cast<std::uintptr_t>(stream);
       if (counted && shared_->observes_releasing) observer().releasing(record);

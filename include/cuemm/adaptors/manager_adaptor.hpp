@@ -115,6 +115,7 @@ class AllocationObserver {
   virtual bool wants_releasing() const noexcept { return false; }
   // Everything was given back by a reset; no release of it will be reported.
   virtual void reset() noexcept {}
+  // Asked once, as the adaptor is made, as the two below are too.
   // Whether records carry start, end and call_site. Reading the clock and
   // copying the call site cost more than counting does: observers that only
   // count say false and records then hold zero times and no call site.
