@@ -158,16 +158,29 @@ struct ManagerAdaptor::StreamOrderedBlocks {
 
 static_assert(kMostStackedAdaptors + 2 <= detail::SectionGate::kMostNested);  // (and a release nested in one)
 
+namespace {
+// The manager at the bottom of a stack of adaptors, and how many lie above it.
+struct StackBottom {
+  const BaseMemoryManager* manager;
+  int adaptors;
+};
+StackBottom bottom_of(const BaseMemoryManager& top) noexcept {
+  StackBottom bottom{&top, 0};
+  while (const auto* adaptor = dynamic_cast<const ManagerAdaptor*>(bottom.manager)) {
+    bottom.manager = &adaptor->upstream();
+    ++bottom.adaptors;
+  }
+  return bottom;
+}
+}  // namespace
+
 ManagerAdaptor::ManagerAdaptor(Context* context, std::unique_ptr<BaseMemoryManager> upstream,
                                std::shared_ptr<AllocationObserver> observer)
     : BaseMemoryManager(context), upstream_(std::move(upstream)) {
   if (!upstream_) throw InvalidArgument("an adaptor needs a manager to wrap (upstream is null)");
   // Each adaptor's call holds its upstream's in a section (Note [Counting
   // across a reset]): a stack deeper than a thread's sections would go unseen.
-  int stacked = 1;
-  for (const BaseMemoryManager* below = upstream_.get(); const auto* adaptor = dynamic_cast<const ManagerAdaptor*>(below);
-       below = &adaptor->upstream())
-    ++stacked;
+  const int stacked = 1 + bottom_of(*upstream_).adaptors;
   if (stacked > kMostStackedAdaptors)
     throw InvalidArgument("this adaptor would be the " + std::to_string(stacked) + "th stacked on one manager; at most " +
                           std::to_string(kMostStackedAdaptors) + " are");
@@ -538,10 +551,8 @@ void ManagerAdaptor::reset() {
 cuda::CUdeviceptr ManagerAdaptor::allocate(std::size_t size, cuda::CUstream stream) {
   require_allocation_size(size, "allocate(size, stream)");
   if (!stream_ordered_upstream_) {
-    const BaseMemoryManager* bottom = upstream_.get();
-    while (const auto* adaptor = dynamic_cast<const ManagerAdaptor*>(bottom)) bottom = &adaptor->upstream();
     throw NotSupported("allocate(size, stream) of " + std::to_string(size) + " bytes: the memory manager under "
-                       "this adaptor (" + type_name(*bottom) + ") has no stream-ordered calls (the pool and the "
+                       "this adaptor (" + type_name(*bottom_of(*upstream_).manager) + ") has no stream-ordered calls (the pool and the "
                        "async manager have them)");
   }
   StreamOrderedAllocator* upstream = stream_ordered_upstream_;
