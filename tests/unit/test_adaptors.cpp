@@ -356,6 +356,95 @@ TEST_F(Adaptors, AStackOfTooManyAdaptorsIsRefused) {
   deepest->reset();
 }
 
+// An observer of the program's own, on the public hooks: it sees each
+// allocation and release in turn, with the release's ticket passed from
+// releasing() to released(); it refuses an allocation by throwing, which
+// reaches the caller with no block taken; and its questions about what
+// records carry are asked once, as the adaptor is made, whatever the calls.
+TEST_F(Adaptors, AnObserverOfTheProgramsOwnSeesEachEventInTurn) {
+  struct Events final : AllocationObserver {
+    std::vector<std::string> seen;
+    std::vector<AllocationRecord> records;
+    std::uint64_t next_ticket = 100;
+    bool durations = false;
+    mutable int asked_details = 0, asked_durations = 0, asked_releasing = 0;
+
+    void before_allocation(MemoryKind, std::size_t size) override {
+      if (size == 12345) throw OutOfMemory("the program's observer", size, "this program's own cap");
+      seen.push_back("before " + std::to_string(size));
+    }
+    void allocated(const AllocationRecord& record) noexcept override {
+      seen.push_back("allocated " + std::to_string(record.size));
+      records.push_back(record);
+    }
+    void releasing(AllocationRecord& record) noexcept override {
+      record.ticket = ++next_ticket;
+      seen.push_back("releasing " + std::to_string(record.size));
+    }
+    void released(const AllocationRecord& record) noexcept override {
+      seen.push_back("released " + std::to_string(record.size) + " ticket " + std::to_string(record.ticket));
+      records.push_back(record);
+    }
+    void reset() noexcept override { seen.push_back("reset"); }
+    bool wants_releasing() const noexcept override { return ++asked_releasing, true; }
+    bool wants_times_and_call_sites() const noexcept override { return ++asked_details, true; }
+    bool wants_durations() const noexcept override { return ++asked_durations, durations; }
+  };
+  for (const bool durations : {false, true}) {
+    SCOPED_TRACE(durations ? "with durations" : "without durations");
+    auto events = std::make_shared<Events>();
+    events->durations = durations;
+    ManagerAdaptor adaptor(&context, pool(), events);
+    adaptor.initialize();
+    {
+      ScopedCallSite site("train.py:7, in step");
+      auto memory = adaptor.memalloc(4096);
+      ASSERT_TRUE(memory);
+      EXPECT_TRUE(throws<OutOfMemory>([&] { adaptor.memalloc(12345); }, "12345 bytes", "this program's own cap"));
+      const cuda::CUdeviceptr block = adaptor.allocate(512, nullptr);
+      adaptor.deallocate(block, 512, nullptr);
+    }
+    adaptor.reset();
+    for (int i = 0; i < 20; ++i) adaptor.memalloc(256 * (i + 1)).reset();
+    EXPECT_EQ(events->asked_details, 1);
+    EXPECT_EQ(events->asked_durations, 1);
+    EXPECT_EQ(events->asked_releasing, 1);
+
+    const std::vector<std::string> expected_start = {
+        "before 4096",    "allocated 4096",           // (the refused 12345 bytes: no event)
+        "before 512",     "allocated 512",            // allocate(size, stream)
+        "releasing 512",  "released 512 ticket 101",  // deallocate()
+        "releasing 4096", "released 4096 ticket 102", // the pointer dropped
+        "reset"};
+    ASSERT_GE(events->seen.size(), expected_start.size());
+    EXPECT_EQ(std::vector<std::string>(events->seen.begin(), events->seen.begin() + expected_start.size()),
+              expected_start);
+    EXPECT_EQ(events->seen.size(), expected_start.size() + 20 * 4) << "four events for each later pair";
+    const AllocationRecord& allocated = events->records[0];
+    EXPECT_EQ(allocated.call_site, "train.py:7, in step");
+    EXPECT_FALSE(allocated.stream.has_value());
+    if (durations) {
+      EXPECT_GT(allocated.start, 0.0);
+      EXPECT_GE(allocated.end, allocated.start);
+    } else {  // (the coarse clock's, which may still read 0 this early)
+      EXPECT_GE(allocated.start, 0.0);
+      EXPECT_EQ(allocated.end, allocated.start) << "an observer that wants no durations gets one time";
+    }
+    const AllocationRecord& ordered = events->records[1];
+    EXPECT_EQ(ordered.stream, std::optional<std::uintptr_t>(0)) << "allocate(size, stream) names its stream";
+    const AllocationRecord& released = events->records[3];
+    EXPECT_EQ(released.address, allocated.address);
+    EXPECT_EQ(released.ticket, 102u);
+    if (durations) {
+      EXPECT_EQ(released.call_site, "train.py:7, in step");
+      EXPECT_GE(released.end, released.start);
+      EXPECT_GE(released.start, allocated.start);
+    } else {
+      EXPECT_TRUE(released.call_site.empty()) << "releases are timed only for an observer that wants durations";
+    }
+  }
+}
+
 // Pointers may outlive their adaptor: they release into the upstream as
 // usual, and nothing is reported any more (the log is closed with the
 // adaptor), also when a release runs while the adaptor goes.
