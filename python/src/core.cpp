@@ -249,7 +249,7 @@ PyObject* new_allocation(ManagerAdaptor::Unwrapped&& held, ManagerAdaptor* adapt
 
 // A new Python Allocation owning `memory` (the GIL is held).
 py::object wrap_allocation(std::shared_ptr<MemoryPointer> memory, bool gil_until_blocking) {
-  PyObject* self = new_allocation({std::move(memory), {}, 0, false}, nullptr, nullptr, gil_until_blocking);
+  PyObject* self = new_allocation({std::move(memory), {}, 0}, nullptr, nullptr, gil_until_blocking);
   if (!self) throw py::error_already_set();
   return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(self));
 }

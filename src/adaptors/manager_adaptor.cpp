@@ -88,7 +88,7 @@ struct alignas(64) ManagerAdaptor::Shared {
   std::shared_ptr<AllocationObserver> observer;
   bool observes_releasing = false;           // the observer's wants_releasing()
   bool records_details = false;              // its wants_times_and_call_sites()
-  bool records_durations = false;            // that, and its wants_durations()
+  bool records_durations = false;            // that, and its wants_durations(): releases timed too
   std::atomic<std::uint64_t> generation{0};  // bumped by reset() and when the adaptor goes
   detail::SectionGate gate;                  // closed by reset() while the observer forgets
   BlockingAwareMutex resetting;              // one reset() at a time closes the gate
@@ -310,37 +310,35 @@ template <typename Base, typename Shared, typename Held>
 class ObservedPointer final : public Base {
  public:
   template <typename... BaseArguments>
-  ObservedPointer(Shared* shared, std::uint64_t generation, bool detailed_release, Held&& held,
-                  const ObservedBlock& block, BaseArguments&&... base)
+  ObservedPointer(Shared* shared, std::uint64_t generation, Held&& held, const ObservedBlock& block,
+                  BaseArguments&&... base)
       : Base(std::forward<BaseArguments>(base)..., nullptr, [this] { release(); }),
         shared_(shared),
         held_(std::move(held)),
         block_(block),
-        generation_(generation),
-        detailed_release_(detailed_release) {}
+        generation_(generation) {}
   ~ObservedPointer() override { this->finalize_unshared(); }
 
  private:
   void release() noexcept {
-    release_and_report(*shared_, [this] { held_.let_go(block_); }, block_, generation_, detailed_release_);
+    release_and_report(*shared_, [this] { held_.let_go(block_); }, block_, generation_, shared_->records_durations);
   }
 
   Shared* shared_;  // outlives this (see ~ManagerAdaptor)
   Held held_;
   ObservedBlock block_;
   std::uint64_t generation_;
-  bool detailed_release_;
 };
 
 // Makes the adaptor's pointer, through the recycling allocator as managers
 // do (at allocation rate). If making it fails, the upstream's allocation is
 // given back and its release reported.
 template <typename Base, typename Shared, typename Held, typename... BaseArguments>
-std::shared_ptr<MemoryPointer> make_observed(Shared* shared, std::uint64_t generation, bool detailed_release,
-                                             Held&& held, const ObservedBlock& block, BaseArguments&&... base) {
+std::shared_ptr<MemoryPointer> make_observed(Shared* shared, std::uint64_t generation, Held&& held,
+                                             const ObservedBlock& block, BaseArguments&&... base) {
   try {
     return detail::make_recycled<ObservedPointer<Base, Shared, std::remove_cvref_t<Held>>>(
-        shared, generation, detailed_release, std::forward<Held>(held), block, std::forward<BaseArguments>(base)...);
+        shared, generation, std::forward<Held>(held), block, std::forward<BaseArguments>(base)...);
   } catch (...) {
     // (Still here: making the pointer failed before its member took it.)
     release_and_report(*shared, [&] { held.let_go(block); }, block, generation, false);
@@ -417,7 +415,7 @@ auto ManagerAdaptor::allocate_observed(MemoryKind kind, std::size_t size, Alloca
           throw;
         }
         observer().allocated(record);
-        return {std::move(upstream), block, generation, durations};  // (the release's detail)
+        return {std::move(upstream), block, generation};
       }
     }
     // Outside the section: the handler may wait, or free through this adaptor.
@@ -445,25 +443,21 @@ auto ManagerAdaptor::allocate_observed(MemoryKind kind, std::size_t size, Alloca
 
 template <typename Allocate>
 std::shared_ptr<MemoryPointer> ManagerAdaptor::observe(MemoryKind kind, std::size_t size, Allocate&& allocate) {
-  auto [upstream, block, generation, detailed_release] =
-      allocate_observed(kind, size, std::forward<Allocate>(allocate), KeepNothing{});
+  auto [upstream, block, generation] = allocate_observed(kind, size, std::forward<Allocate>(allocate), KeepNothing{});
   Context* context = upstream->context();
   const std::uintptr_t handle = upstream->handle();
   auto* host = reinterpret_cast<void*>(upstream->host_pointer());
   UpstreamPointer held{std::move(upstream)};
   switch (block.kind) {
     case MemoryKind::Device:
-      return make_observed<MemoryPointer>(shared_.get(), generation, detailed_release, std::move(held),
-                                          block, context, handle, size);
+      return make_observed<MemoryPointer>(shared_.get(), generation, std::move(held), block, context, handle, size);
     case MemoryKind::Mapped:
-      return make_observed<MappedMemory>(shared_.get(), generation, detailed_release, std::move(held),
-                                         block, context, host, handle, size);
+      return make_observed<MappedMemory>(shared_.get(), generation, std::move(held), block, context, host, handle,
+                                         size);
     case MemoryKind::Pinned:
-      return make_observed<PinnedMemory>(shared_.get(), generation, detailed_release, std::move(held),
-                                         block, context, host, size);
+      return make_observed<PinnedMemory>(shared_.get(), generation, std::move(held), block, context, host, size);
     case MemoryKind::Managed:
-      return make_observed<ManagedMemory>(shared_.get(), generation, detailed_release, std::move(held),
-                                          block, context, handle, size);
+      return make_observed<ManagedMemory>(shared_.get(), generation, std::move(held), block, context, handle, size);
   }
   release_and_report(*shared_, [&held, &observed = block] { held.let_go(observed); }, block, generation, false);
   throw StateError("unknown memory kind");
@@ -476,22 +470,22 @@ std::shared_ptr<MemoryPointer> ManagerAdaptor::memalloc(std::size_t size) {
 }
 
 std::shared_ptr<MemoryPointer> ManagerAdaptor::observe_raw(std::size_t size) {
-  auto [allocation, block, generation, detailed_release] =
+  auto [allocation, block, generation] =
       allocate_observed(MemoryKind::Device, size, [&] { return raw_upstream_->allocate_raw(size); }, KeepNothing{});
-  return make_observed<MemoryPointer>(shared_.get(), generation, detailed_release,
-                                      UpstreamBlock{allocation.releaser}, block, &context(), block.address, size);
+  return make_observed<MemoryPointer>(shared_.get(), generation, UpstreamBlock{allocation.releaser}, block, &context(),
+                                      block.address, size);
 }
 
 ManagerAdaptor::Unwrapped ManagerAdaptor::memalloc_unwrapped(std::size_t size) {
   require_allocation_size(size, "memalloc");
   if (raw_upstream_) {
-    auto [allocation, block, generation, detailed_release] =
+    auto [allocation, block, generation] =
         allocate_observed(MemoryKind::Device, size, [&] { return raw_upstream_->allocate_raw(size); }, KeepNothing{});
-    return {nullptr, block, generation, detailed_release, allocation.releaser};
+    return {nullptr, block, generation, allocation.releaser};
   }
-  auto [memory, block, generation, detailed_release] =
+  auto [memory, block, generation] =
       allocate_observed(MemoryKind::Device, size, [&] { return upstream_->memalloc(size); }, KeepNothing{});
-  return {std::move(memory), block, generation, detailed_release};
+  return {std::move(memory), block, generation};
 }
 
 void ManagerAdaptor::release_unwrapped(Unwrapped& allocation) noexcept {
@@ -504,7 +498,7 @@ void ManagerAdaptor::release_unwrapped(Unwrapped& allocation) noexcept {
         else
           UpstreamBlock{std::exchange(allocation.releaser, {})}.let_go(allocation.block);
       },
-      allocation.block, allocation.generation, allocation.detailed_release);
+      allocation.block, allocation.generation, shared_->records_durations);
 }
 
 std::shared_ptr<MemoryPointer> ManagerAdaptor::memhostalloc(std::size_t size, bool mapped, bool portable, bool wc) {
@@ -551,9 +545,9 @@ void ManagerAdaptor::reset() {
 cuda::CUdeviceptr ManagerAdaptor::allocate(std::size_t size, cuda::CUstream stream) {
   require_allocation_size(size, "allocate(size, stream)");
   if (!stream_ordered_upstream_) {
-    throw NotSupported("allocate(size, stream) of " + std::to_string(size) + " bytes: the memory manager under "
-                       "this adaptor (" + type_name(*bottom_of(*upstream_).manager) + ") has no stream-ordered calls (the pool and the "
-                       "async manager have them)");
+    throw NotSupported("allocate(size, stream) of " + std::to_string(size) +
+                       " bytes: the memory manager under this adaptor (" + type_name(*bottom_of(*upstream_).manager) +
+                       ") has no stream-ordered calls (the pool and the async manager have them)");
   }
   StreamOrderedAllocator* upstream = stream_ordered_upstream_;
   StreamOrderedBlocks& blocks = *stream_ordered_blocks_;

@@ -115,8 +115,8 @@ class AllocationObserver {
   virtual bool wants_releasing() const noexcept { return false; }
   // Everything was given back by a reset; no release of it will be reported.
   virtual void reset() noexcept {}
-  // Asked once, as the adaptor is made, as the two below are too.
-  // Whether records carry start, end and call_site. Reading the clock and
+  // Whether records carry start, end and call_site (asked once, as the
+  // adaptor is made, as wants_durations() is). Reading the clock and
   // copying the call site cost more than counting does: observers that only
   // count say false and records then hold zero times and no call site.
   virtual bool wants_times_and_call_sites() const noexcept { return true; }
@@ -175,7 +175,6 @@ class ManagerAdaptor : public BaseMemoryManager, public StreamOrderedAllocator {
     std::shared_ptr<MemoryPointer> memory;  // the upstream's pointer; empty for a bare block
     detail::ObservedBlock block;            // its kind, address and size (a bare block's too)
     std::uint64_t generation = 0;
-    bool detailed_release = false;  // its release is timed and carries the call site
     RawDeviceAllocator::Releaser releaser{};  // gives a bare block back; its release is null otherwise
 
     bool held() const noexcept { return memory || releaser.release; }
@@ -196,7 +195,6 @@ class ManagerAdaptor : public BaseMemoryManager, public StreamOrderedAllocator {
     Upstream upstream;
     detail::ObservedBlock block;
     std::uint64_t generation;
-    bool detailed_release;  // as Unwrapped's
   };
   // `keep(upstream, block, generation)` runs once the block is made and its
   // record ready, before it is reported; throwing gives the block back.
