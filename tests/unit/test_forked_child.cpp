@@ -28,6 +28,24 @@ using namespace cuemm;
 #define CUEMM_TEST_CLANG_ASAN 0
 #endif
 
+// ThreadSanitizer runtimes older than LLVM 19 (whose fork handling, PR
+// #96600, locks the stack depot; GCC's libsanitizer before GCC 15) leave a
+// child forked while another thread records an allocation's stack spinning on
+// the depot's allocator lock in its first malloc (google/sanitizers#1400).
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define CUEMM_TEST_TSAN 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__) && !defined(CUEMM_TEST_TSAN)
+#define CUEMM_TEST_TSAN 1
+#endif
+#if defined(CUEMM_TEST_TSAN) && ((defined(__clang__) && __clang_major__ < 19) || (!defined(__clang__) && __GNUC__ < 15))
+#define CUEMM_TEST_TSAN_FORK_UNSAFE 1
+#else
+#define CUEMM_TEST_TSAN_FORK_UNSAFE 0
+#endif
+
 namespace {
 
 // What a child found wrong, one line each; its exit status 0 only if nothing.
@@ -155,9 +173,17 @@ TEST_F(ForkedChild, AChildForkedWhileOtherThreadsAllocateDoesNotWaitForThem) {
   // GCC 12's AddressSanitizer takes no allocator lock around fork(), as
   // glibc's malloc does: a child forked while a thread holds one waits in its
   // first malloc (seen: the refusal's message, 2 of 10 runs), before any cuemm
-  // code could answer. The plain and ThreadSanitizer builds run it.
+  // code could answer. The plain build runs it.
   GTEST_SKIP() << "AddressSanitizer's allocator is not fork-safe: a child forked while another thread "
                   "allocates may wait in malloc";
+#endif
+#if CUEMM_TEST_TSAN_FORK_UNSAFE
+  // Seen at 4a53bcc under GCC 12's ThreadSanitizer, the adaptors' variant,
+  // in 3 of about 155 runs of 20 forks: the child spun in the malloc of
+  // __cxa_allocate_exception, on __sanitizer::traceAllocator (the runtime's
+  // StackDepotPut), before the refusal could be thrown.
+  GTEST_SKIP() << "this ThreadSanitizer runtime does not lock its stack depot around fork(): a child forked "
+                  "while another thread allocates may spin in its first malloc (google/sanitizers#1400)";
 #endif
   std::atomic<bool> stop{false};
   std::vector<std::thread> threads;
