@@ -21,7 +21,7 @@ for sanitizers in address,undefined thread; do
   echo "== $sanitizers: ctest"
   # halt_on_error: a report fails its test, so ctest's count says it.
   if (cd "$build" && ASAN_OPTIONS=detect_leaks=1:halt_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-        TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --output-on-failure --timeout 3600 \
+        TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --output-on-failure --timeout 7200 \
         >"$build.ctest.txt" 2>&1); then
     summary+=("$sanitizers: $(grep -E 'tests passed' "$build.ctest.txt")")
   else
