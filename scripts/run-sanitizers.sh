@@ -19,9 +19,10 @@ for sanitizers in address,undefined thread; do
     -DCUEMM_BUILD_PYTHON=OFF >"$build.configure.txt" 2>&1 || { tail -20 "$build.configure.txt"; exit 1; }
   cmake --build "$build" >"$build.build.txt" 2>&1 || { tail -30 "$build.build.txt"; exit 1; }
   echo "== $sanitizers: ctest"
-  # halt_on_error: a report fails its test, so ctest's count says it.
+  # halt_on_error: a report fails its test, so ctest's count says it. Each
+  # test's time limit is tests/CMakeLists.txt's CUEMM_TEST_TIMEOUT.
   if (cd "$build" && ASAN_OPTIONS=detect_leaks=1:halt_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-        TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --output-on-failure --timeout 7200 \
+        TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --output-on-failure \
         >"$build.ctest.txt" 2>&1); then
     summary+=("$sanitizers: $(grep -E 'tests passed' "$build.ctest.txt")")
   else

@@ -17,33 +17,29 @@
 
 using namespace cuemm;
 
-// GCC 12 names an AddressSanitizer build with __SANITIZE_ADDRESS__; clang 14
-// only through __has_feature.
-#if defined(__has_feature)
+// Which sanitizer the build has: GCC 12 names it with __SANITIZE_ADDRESS__ /
+// __SANITIZE_THREAD__, clang 14 only through __has_feature.
+#if defined(__SANITIZE_ADDRESS__)
+#define CUEMM_TEST_ASAN 1
+#elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
-#define CUEMM_TEST_CLANG_ASAN 1
+#define CUEMM_TEST_ASAN 1
 #endif
 #endif
-#ifndef CUEMM_TEST_CLANG_ASAN
-#define CUEMM_TEST_CLANG_ASAN 0
+#if defined(__SANITIZE_THREAD__)
+#define CUEMM_TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define CUEMM_TEST_TSAN 1
+#endif
 #endif
 
 // ThreadSanitizer runtimes older than LLVM 19 (whose fork handling, PR
 // #96600, locks the stack depot; GCC's libsanitizer before GCC 15) leave a
 // child forked while another thread records an allocation's stack spinning on
 // the depot's allocator lock in its first malloc (google/sanitizers#1400).
-#if defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define CUEMM_TEST_TSAN 1
-#endif
-#endif
-#if defined(__SANITIZE_THREAD__) && !defined(CUEMM_TEST_TSAN)
-#define CUEMM_TEST_TSAN 1
-#endif
 #if defined(CUEMM_TEST_TSAN) && ((defined(__clang__) && __clang_major__ < 19) || (!defined(__clang__) && __GNUC__ < 15))
 #define CUEMM_TEST_TSAN_FORK_UNSAFE 1
-#else
-#define CUEMM_TEST_TSAN_FORK_UNSAFE 0
 #endif
 
 namespace {
@@ -169,7 +165,7 @@ TEST_F(ForkedChild, EveryEntryIntoTheManagerIsRefusedAtOnceWithAnErrorThatNamesT
 // one of them inside the manager (its lock held, a cache half-updated) still
 // gets its refusal, and drops its inherited block, at once.
 TEST_F(ForkedChild, AChildForkedWhileOtherThreadsAllocateDoesNotWaitForThem) {
-#if defined(__SANITIZE_ADDRESS__) || CUEMM_TEST_CLANG_ASAN
+#ifdef CUEMM_TEST_ASAN
   // GCC 12's AddressSanitizer takes no allocator lock around fork(), as
   // glibc's malloc does: a child forked while a thread holds one waits in its
   // first malloc (seen: the refusal's message, 2 of 10 runs), before any cuemm
@@ -177,7 +173,7 @@ TEST_F(ForkedChild, AChildForkedWhileOtherThreadsAllocateDoesNotWaitForThem) {
   GTEST_SKIP() << "AddressSanitizer's allocator is not fork-safe: a child forked while another thread "
                   "allocates may wait in malloc";
 #endif
-#if CUEMM_TEST_TSAN_FORK_UNSAFE
+#ifdef CUEMM_TEST_TSAN_FORK_UNSAFE
   // Seen at 4a53bcc under GCC 12's ThreadSanitizer, the adaptors' variant,
   // in 3 of about 155 runs of 20 forks: the child spun in the malloc of
   // __cxa_allocate_exception, on __sanitizer::traceAllocator (the runtime's
