@@ -40,6 +40,10 @@
 //   takes --trace-growth and --segments)
 //   (either with --compare: every bundled manager and the pool's options that
 //   trade time for memory, one after another, as one table)
+//   (either with --pace N|log: the pool's seals go by a clock that moves N ns
+//   an operation, or by the log's own times, rather than the host's: the
+//   same operations then seal at the same points in every run, see
+//   cuemm/managers/detail/replay_clock.hpp)
 //   cuemm plot LOG.csv OUT.svg               live memory over time, as SVG
 //   cuemm bench [--managers ...] [--sizes ...] [--threads ...]
 //                                            ns per allocate+free pair (bench_command.cpp)
@@ -52,6 +56,7 @@
 // reserve (best_fit_reference.hpp).
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -72,6 +77,7 @@
 #include "info_command.hpp"
 #include "best_fit_reference.hpp"
 #include "cuemm/cuemm.hpp"
+#include "cuemm/managers/detail/replay_clock.hpp"
 #include "random_workload.hpp"
 #include "tool_options.hpp"
 #include "util/atomic_max.hpp"
@@ -136,9 +142,9 @@ std::vector<LoggedEvent> read_log_events(const std::string& path, MemoryLogGaps*
 }
 
 // The log's Alloc/Free rows as operations (managed memory is replayed as device memory).
-std::vector<Operation> read_log(const std::string& path) {
+std::vector<Operation> read_log(const std::string& path, MemoryLogGaps* gaps = nullptr) {
   std::vector<Operation> operations;
-  for (const LoggedEvent& event : read_log_events(path))
+  for (const LoggedEvent& event : read_log_events(path, gaps))
     operations.push_back({event.allocate, event.id, event.size, event.time, event.kind != LoggedKind::Host, event.device});
   return operations;
 }
@@ -171,6 +177,7 @@ struct ReplayReport {
   std::string adaptors;                // the CUEMM_ADAPTORS the manager ran under ("" for none)
   std::size_t threads = 1;             // the lists run side by side
   bool stream_ordered = false;         // through allocate(size, stream)
+  std::string pace;                    // with --pace: what the pool's seals went by ("" for the host's clock)
   // With --segments: the pool's segments when it first reserved its peak.
   struct PeakSegments {
     std::size_t operation = 0, reserved = 0, live = 0;
@@ -259,7 +266,70 @@ void trace_growth(std::size_t operation, std::size_t request, std::size_t live_b
 // allocate(size, stream) and deallocate(..., stream), StreamOrderedAllocator,
 // on the calling thread's per-thread stream, as RMM and PyTorch call it,
 // rather than memalloc).
+// --pace: the clock the pool's seals go by during a replay. The host's
+// (steady_clock) by default; else one that moves `step` a thread's
+// operation, or to each operation's time in the log, so that a replay seals
+// at the same operations in every run and on every machine.
+struct Pace {
+  enum class By { host, step, log } by = By::host;
+  std::chrono::nanoseconds step{0};
+};
+
+// The pace from --pace's text: host, log or a whole number of nanoseconds.
+Pace pace_option(std::vector<std::string>& args) {
+  const std::string text = option(args, "--pace", "host");
+  if (text == "host") return {};
+  if (text == "log") return {Pace::By::log};
+  std::string digits = text.size() > 2 && text.ends_with("ns") ? text.substr(0, text.size() - 2) : text;
+  std::int64_t nanoseconds = 0;
+  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), nanoseconds);
+  if (digits.empty() || error != std::errc() || end != digits.data() + digits.size() || nanoseconds < 1 ||
+      nanoseconds > 1'000'000'000'000)
+    throw InvalidArgument("--pace must be host, log, or the nanoseconds an operation takes, 1 to 10^12 (got '" +
+                          text + "')");
+  return {Pace::By::step, std::chrono::nanoseconds(nanoseconds)};
+}
+
+// As the report names it: "" for the host's clock.
+std::string describe(const Pace& pace) {
+  if (pace.by == Pace::By::log) return "the log's times";
+  if (pace.by == Pace::By::step) return std::to_string(pace.step.count()) + " ns an operation";
+  return "";
+}
+
+// Installs a paced clock as the pool's replay clock for its lifetime (made
+// before the manager, so that every seal of the manager goes by it).
+class PacedClock {
+ public:
+  explicit PacedClock(const Pace& pace) : pace_(pace), origin_(std::chrono::steady_clock::now().time_since_epoch()) {
+    ticks_.store(origin_.count(), std::memory_order_relaxed);
+    if (pace_.by != Pace::By::host) detail::replay_clock.store(&ticks_, std::memory_order_release);
+  }
+  ~PacedClock() {
+    if (pace_.by != Pace::By::host) detail::replay_clock.store(nullptr, std::memory_order_release);
+  }
+  PacedClock(const PacedClock&) = delete;
+  PacedClock& operator=(const PacedClock&) = delete;
+
+  // Before operation `position` of a list, at `seconds` in the log: threads
+  // side by side keep one pace each, and the clock is the furthest of them.
+  void advance(std::size_t position, double seconds) noexcept {
+    using Ticks = std::chrono::steady_clock::duration;
+    Ticks at{};
+    if (pace_.by == Pace::By::step) at = std::chrono::duration_cast<Ticks>(pace_.step * (position + 1));
+    else if (pace_.by == Pace::By::log) at = std::chrono::duration_cast<Ticks>(std::chrono::duration<double>(seconds));
+    else return;
+    util::raise_to(ticks_, (origin_ + at).count());
+  }
+
+ private:
+  Pace pace_;
+  std::chrono::steady_clock::duration origin_;
+  std::atomic<std::int64_t> ticks_{0};
+};
+
 struct ReplayOptions {
+  Pace pace;
   bool trace_growth = false;
   bool stream_ordered = false;
   bool segments = false;  // the pool's segments at its peak (--segments)
@@ -273,6 +343,7 @@ struct ReplayOptions {
 ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& context, const std::string& manager_name,
                     const ReplayOptions& options) {
   if (manager_name == kBestFit) return best_fit_reference(lists, nullptr, driver_memory_info(context).total);
+  PacedClock clock(options.pace);
   // A bundled manager or a plugin library's, under the adaptors CUEMM_ADAPTORS names (as `cuemm bench`).
   const std::string adaptors = adaptors_from_environment();
   auto manager = wrap_with_adaptors(
@@ -340,6 +411,7 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
     };
     for (std::size_t position = 0; position < lists[index].size(); ++position) {
       const Operation& operation = lists[index][position];
+      clock.advance(position, operation.time);
       // A block is live from when its allocation returns until its free
       // returns: while a free waits (for the pool's lock, say), the manager
       // still holds the block. (Counting it out before the free ran left up
@@ -448,6 +520,7 @@ ReplayReport replay(const std::vector<std::vector<Operation>>& lists, Context& c
   report.best_fit_reserved = best_fit.peak_reserved;
   report.adaptors = adaptors;
   report.stream_ordered = options.stream_ordered;
+  report.pace = describe(options.pace);
   report.peak_segments = std::move(peak_segments);
   if (!options.plot_path.empty()) {
     // (Threads pushed their samples in turn, not always in their operations' order.)
@@ -537,6 +610,7 @@ void print(const ReplayReport& report, const std::string& name, const std::strin
     if (report.pool->blocks_assembled) std::printf(", %zu block(s) assembled", report.pool->blocks_assembled);
     if (report.pool->gpu_waits_avoided)
       std::printf(", %zu wait(s) for the GPU avoided", report.pool->gpu_waits_avoided);
+    if (!report.pace.empty()) std::printf("; seals paced by %s", report.pace.c_str());
   }
   std::printf("\n%speak live %s, peak reserved %s: reserved/live %.3f\n", prefix.c_str(),
               describe_bytes(report.peak_live).c_str(),
@@ -602,7 +676,7 @@ std::vector<Candidate> comparison_candidates() {
           {"default", bundled("default")}};
 }
 
-void compare(const std::vector<std::vector<Operation>>& lists, Context& context) {
+void compare(const std::vector<std::vector<Operation>>& lists, Context& context, const Pace& pace) {
   auto mib = [](std::size_t bytes) {
     char text[32];
     std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
@@ -618,6 +692,7 @@ void compare(const std::vector<std::vector<Operation>>& lists, Context& context)
   double least_ratio = 0, least_ns = 0;
   for (const Candidate& candidate : comparison_candidates()) {
     ReplayOptions options;
+    options.pace = pace;
     options.make = candidate.make;
     options.stream_ordered = candidate.stream_ordered;
     try {
@@ -696,11 +771,12 @@ int usage(bool asked = false) {
                "       cuemm settings\n"
                "       cuemm --version\n"
                "       cuemm replay LOG.csv [--manager pool|async|default|best-fit|PLUGIN.so] [--trace-growth]\n"
-               "                    [--stream-ordered] [--segments] [--plot OUT.svg]\n"
+               "                    [--stream-ordered] [--segments] [--plot OUT.svg] [--pace host|log|NS]\n"
                "       cuemm replay LOG.csv --compare     (every bundled manager and the pool's options, as a table;\n"
                "                                           random takes --compare too)\n"
                "       cuemm random [--manager NAME] [--max-size 64M] [--live 1G] [--operations 100000] [--seed 1]\n"
                "                    [--threads 1] [--trace-growth] [--stream-ordered] [--segments] [--plot OUT.svg]\n"
+               "                    [--pace host|NS]   (every pattern: the pool's seals by a clock of NS an operation)\n"
                "       cuemm random --pattern training [--manager NAME] [--layers 60] [--steps 30] [--seed 1]\n"
                "                    [--shapes varied|same|per-layer]\n"
                "                    [--threads 1] [--trace-growth]\n"
@@ -736,6 +812,7 @@ int run(std::vector<std::string> args) {
     options.trace_growth = tool::flag(args, "--trace-growth");
     options.stream_ordered = tool::flag(args, "--stream-ordered");
     options.segments = tool::flag(args, "--segments");
+    options.pace = pace_option(args);
     const bool plotting = std::find(args.begin(), args.end(), "--plot") != args.end();
     options.plot_path = option(args, "--plot", "");
     if (plotting && options.plot_path.empty()) throw InvalidArgument("--plot needs the name of the picture to write");
@@ -751,8 +828,15 @@ int run(std::vector<std::string> args) {
     if (command == "replay") {
       if (args.empty()) throw InvalidArgument("replay needs a log: cuemm replay LOG.csv");
       tool::refuse_leftovers({args.begin() + 1, args.end()}, "replay " + args[0]);
-      operations = read_log(args[0]);
+      MemoryLogGaps gaps;
+      operations = read_log(args[0], &gaps);
+      if (options.pace.by == Pace::By::log && gaps.untimed)
+        throw InvalidArgument("--pace log goes by the log's times, and '" + args[0] +
+                              "' has none: give --pace with the nanoseconds an operation takes");
     } else {
+      if (options.pace.by == Pace::By::log)
+        throw InvalidArgument("--pace log goes by a log's times, which random's operations do not have: give "
+                              "--pace with the nanoseconds an operation takes");
       const std::string pattern = option(args, "--pattern", "rmm");
       const unsigned seed = static_cast<unsigned>(count_option(args, "--seed", "1"));
       const std::size_t threads = count_option(args, "--threads", "1");
@@ -800,7 +884,7 @@ int run(std::vector<std::string> args) {
         throw InvalidArgument("--pattern must be rmm, training, temporaries, inference or queue (got '" + pattern + "')");
       }
       if (comparing) {
-        compare(lists, current_context());
+        compare(lists, current_context(), options.pace);
       } else {
         print_and_plot(replay(lists, current_context(), manager, options), manager, options);
       }
@@ -810,7 +894,7 @@ int run(std::vector<std::string> args) {
       if (const std::size_t devices = rows_by_device(operations).size(); devices > 1)
         throw InvalidArgument("--compare replays the rows of one device; this log has rows of " +
                               std::to_string(devices) + " devices (replay it with --manager NAME instead)");
-      compare({operations}, current_context());
+      compare({operations}, current_context(), options.pace);
       return 0;
     }
     replay_by_device(operations, manager, options);

@@ -36,6 +36,7 @@
 #include "cuemm/managers/detail/dedicated_segments.hpp"
 #include "cuemm/managers/detail/expandable_arena.hpp"
 #include "cuemm/managers/detail/rent_or_buy.hpp"
+#include "cuemm/managers/detail/replay_clock.hpp"
 #include "cuemm/managers/detail/reuse_epochs.hpp"
 #include "cuemm/managers/detail/size_classes.hpp"
 #include "cuemm/memory/default_memory_manager.hpp"
@@ -494,7 +495,12 @@ struct PoolMemoryManager::Core : std::enable_shared_from_this<PoolMemoryManager:
     return sealed;
   }
 
-  static std::int64_t now_ticks() noexcept { return std::chrono::steady_clock::now().time_since_epoch().count(); }
+  // steady_clock's ticks, or a replay's own clock (detail::replay_clock).
+  static std::int64_t now_ticks() noexcept {
+    if (const std::atomic<std::int64_t>* replay = detail::replay_clock.load(std::memory_order_relaxed))
+      return replay->load(std::memory_order_relaxed);
+    return std::chrono::steady_clock::now().time_since_epoch().count();
+  }
 
   bool seal_if_due() noexcept {
     const std::int64_t now = now_ticks();

@@ -4,6 +4,8 @@
 
 namespace cuemm {
 
+std::atomic<const std::atomic<std::int64_t>*> detail::replay_clock{nullptr};
+
 PoolOptions PoolOptions::from_environment() {
   PoolOptions options;
   options.initial_size = util::byte_size_from_environment("CUEMM_POOL_INITIAL_SIZE").value_or(0);

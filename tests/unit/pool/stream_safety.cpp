@@ -4,6 +4,7 @@
 #include <mutex>
 #include <string>
 
+#include "cuemm/managers/detail/replay_clock.hpp"
 #include "pool_test.hpp"
 #include "support/host_allocation_faults.hpp"
 
@@ -658,4 +659,42 @@ TEST_F(Pool, AWaitForFreedBlocksWaitsOnlyForTheEpochsItNeeds) {
       << "the pool waited for the held kernel, which the block it took was not behind";
   EXPECT_TRUE(behind_short.count(again->device_pointer()));
   EXPECT_EQ(pool.statistics().reserved_bytes, 72 * kMiB);
+}
+
+// The pool's seals go by detail::replay_clock where one is set (the tool's
+// --pace): the same operations at the same pace seal at the same points and
+// reserve the same peak, and a clock that does not move seals less often
+// than one that moves a microsecond an operation (at most one seal every
+// kSealInterval, 2 us; simulated driver, whose seals complete at once).
+TEST_F(Pool, SealsGoByTheReplayClockWhereOneIsSet) {
+  CUEMM_REQUIRE_SIMULATION();
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  const auto operations = workload::random_operations(4 * kMiB, 20000, 128 * kMiB, 1);
+  struct Outcome {
+    std::size_t seals, peak_reserved;
+  };
+  auto run = [&](std::int64_t step_ns) {
+    std::atomic<std::int64_t> ticks{std::chrono::steady_clock::now().time_since_epoch().count()};
+    detail::replay_clock.store(&ticks);
+    Outcome outcome{};
+    {
+      PoolMemoryManager pool(&context);
+      pool.initialize();
+      std::unordered_map<std::uint64_t, std::shared_ptr<MemoryPointer>> live;
+      for (const auto& operation : operations) {
+        ticks.fetch_add(
+            std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::nanoseconds(step_ns)).count());
+        if (operation.allocate) live.emplace(operation.id, pool.memalloc(operation.size));
+        else live.erase(operation.id);
+        outcome.peak_reserved = std::max(outcome.peak_reserved, pool.statistics().reserved_bytes);
+      }
+      outcome.seals = pool.statistics().seals;
+    }
+    detail::replay_clock.store(nullptr);
+    return outcome;
+  };
+  const Outcome paced = run(1000), again = run(1000), frozen = run(0);
+  EXPECT_EQ(paced.seals, again.seals);
+  EXPECT_EQ(paced.peak_reserved, again.peak_reserved);
+  EXPECT_LT(frozen.seals, paced.seals / 2) << "a clock that stood still did not hold back the pool's seals";
 }
