@@ -5,7 +5,8 @@
 # seed, with the ideal best fit's mean on the same operations beside it.
 # It runs on the driver that CUEMM_DRIVER picks; the pool's placement is the
 # same on the simulated one, where only the timing of seals differs (so a
-# mean moves by about 0.01 from run to run). The environment passes through,
+# mean moves by about 0.01 from run to run, and not at all with PACE, which
+# an A/B of a placement rule wants). The environment passes through,
 # so that options compare side by side:
 #
 #   bash scripts/fragmentation-seeds.sh                          # the pool, seeds 1-8
