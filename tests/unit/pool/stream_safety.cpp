@@ -698,3 +698,36 @@ TEST_F(Pool, SealsGoByTheReplayClockWhereOneIsSet) {
   EXPECT_EQ(paced.peak_reserved, again.peak_reserved);
   EXPECT_LT(frozen.seals, paced.seals / 2) << "a clock that stood still did not hold back the pool's seals";
 }
+
+// A pool that outlives a replay's clock: its latest seal, made an hour ahead
+// of the clock that follows, does not hold its seals back for that hour.
+TEST_F(Pool, ASealMadeAheadByAnEarlierClockDoesNotHoldBackTheNextOnes) {
+  CUEMM_REQUIRE_SIMULATION();
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  const auto operations = workload::random_operations(4 * kMiB, 20000, 128 * kMiB, 1);
+  using Ticks = std::chrono::steady_clock::duration;
+  const std::int64_t step = std::chrono::duration_cast<Ticks>(std::chrono::microseconds(1)).count();
+  const std::int64_t start = std::chrono::steady_clock::now().time_since_epoch().count();
+  auto replay = [&](PoolMemoryManager& pool, std::int64_t from) {
+    std::atomic<std::int64_t> ticks{from};
+    detail::replay_clock.store(&ticks);
+    const std::size_t before = pool.statistics().seals;
+    std::unordered_map<std::uint64_t, std::shared_ptr<MemoryPointer>> live;
+    for (const auto& operation : operations) {
+      ticks.fetch_add(step);
+      if (operation.allocate) live.emplace(operation.id, pool.memalloc(operation.size));
+      else live.erase(operation.id);
+    }
+    live.clear();
+    detail::replay_clock.store(nullptr);
+    return pool.statistics().seals - before;
+  };
+  PoolMemoryManager fresh(&context);
+  fresh.initialize();
+  const std::size_t alone = replay(fresh, start);
+  PoolMemoryManager pool(&context);
+  pool.initialize();
+  replay(pool, start + std::chrono::duration_cast<Ticks>(std::chrono::hours(1)).count());
+  const std::size_t after = replay(pool, start);
+  EXPECT_GT(after, alone / 2) << "the seal made an hour ahead held back the pool's next seals";
+}
