@@ -262,14 +262,11 @@ void trace_growth(std::size_t operation, std::size_t request, std::size_t live_b
               pool.free_blocks);
 }
 
-// How a replay runs: --trace-growth, and --stream-ordered (the manager's
-// allocate(size, stream) and deallocate(..., stream), StreamOrderedAllocator,
-// on the calling thread's per-thread stream, as RMM and PyTorch call it,
-// rather than memalloc).
 // --pace: the clock the pool's seals go by during a replay. The host's
 // (steady_clock) by default; else one that moves `step` a thread's
-// operation, or to each operation's time in the log, so that a replay seals
-// at the same operations in every run and on every machine.
+// operation, or to each operation's time in the log, so that one thread's
+// replay seals at the same operations in every run, whatever the host's
+// speed (exactly on the simulated driver, whose seals complete at once).
 struct Pace {
   enum class By { host, step, log } by = By::host;
   std::chrono::nanoseconds step{0};
@@ -328,6 +325,10 @@ class PacedClock {
   std::atomic<std::int64_t> ticks_{0};
 };
 
+// How a replay runs: --pace, --trace-growth, and --stream-ordered (the manager's
+// allocate(size, stream) and deallocate(..., stream), StreamOrderedAllocator,
+// on the calling thread's per-thread stream, as RMM and PyTorch call it,
+// rather than memalloc).
 struct ReplayOptions {
   Pace pace;
   bool trace_growth = false;
