@@ -686,6 +686,8 @@ void compare(const std::vector<std::vector<Operation>>& lists, Context& context,
   // The simulated driver's stream-ordered pool is a model that places no
   // blocks: a floor, not a figure to choose by.
   const bool modelled_async = simulation::active();
+  if (const std::string paced = describe(pace); !paced.empty())
+    std::printf("the pool's seals paced by %s\n", paced.c_str());
   std::printf("%-46s %12s %14s %14s %13s\n", "manager", "ns/operation", "peak reserved", "reserved/live",
               "driver calls");
   std::optional<ReplayReport> best_fit;

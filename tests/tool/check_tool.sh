@@ -434,6 +434,10 @@ if "$tool" info | grep -q simulated; then
     { echo "two runs at --pace 500 differ:"; cat "$work/paced-1.txt" "$work/paced-2.txt"; exit 1; }
   [ "$(paced_figures "$work/log-paced-1.txt")" = "$(paced_figures "$work/log-paced-2.txt")" ]
 fi
+# --compare paces every row alike, and says so above its table.
+"$tool" random --max-size 1M --live 64M --operations 3000 --compare --pace 700 >"$work/compare-paced.txt"
+grep -q "^the pool's seals paced by 700 ns an operation$" "$work/compare-paced.txt"
+grep -Eq '^pool +[0-9]+ ' "$work/compare-paced.txt"
 refused "--pace must be host, log, or the nanoseconds an operation takes, 1 to 10^12 (got '0')" "$tool" random --pace 0
 refused "(got '5us')" "$tool" random --pace 5us
 refused "which random's operations do not have" "$tool" random --pace log
