@@ -56,7 +56,6 @@
 // reserve (best_fit_reference.hpp).
 #include <algorithm>
 #include <atomic>
-#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -81,6 +80,7 @@
 #include "random_workload.hpp"
 #include "tool_options.hpp"
 #include "util/atomic_max.hpp"
+#include "util/byte_size.hpp"
 
 namespace {
 
@@ -277,14 +277,11 @@ Pace pace_option(std::vector<std::string>& args) {
   const std::string text = option(args, "--pace", "host");
   if (text == "host") return {};
   if (text == "log") return {Pace::By::log};
-  std::string digits = text.size() > 2 && text.ends_with("ns") ? text.substr(0, text.size() - 2) : text;
-  std::int64_t nanoseconds = 0;
-  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), nanoseconds);
-  if (digits.empty() || error != std::errc() || end != digits.data() + digits.size() || nanoseconds < 1 ||
-      nanoseconds > 1'000'000'000'000)
+  const auto nanoseconds = util::parse_whole_number(text.ends_with("ns") ? text.substr(0, text.size() - 2) : text);
+  if (!nanoseconds || *nanoseconds < 1 || *nanoseconds > 1'000'000'000'000)
     throw InvalidArgument("--pace must be host, log, or the nanoseconds an operation takes, 1 to 10^12 (got '" +
                           text + "')");
-  return {Pace::By::step, std::chrono::nanoseconds(nanoseconds)};
+  return {Pace::By::step, std::chrono::nanoseconds(static_cast<std::int64_t>(*nanoseconds))};
 }
 
 // As the report names it: "" for the host's clock.
