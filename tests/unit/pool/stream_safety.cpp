@@ -661,6 +661,39 @@ TEST_F(Pool, AWaitForFreedBlocksWaitsOnlyForTheEpochsItNeeds) {
   EXPECT_EQ(pool.statistics().reserved_bytes, 72 * kMiB);
 }
 
+namespace {
+
+// RMM's workload up to 4 MiB with 128 MiB live (seed 1) through `pool`'s
+// memalloc, under a replay clock that starts at `from` and moves `step`
+// before each operation: the seals the pool made meanwhile (its blocks' frees
+// at the end too) and the most it reserved.
+struct PacedRun {
+  std::size_t seals = 0, peak_reserved = 0;
+};
+PacedRun replay_paced(PoolMemoryManager& pool, std::chrono::steady_clock::duration from,
+                      std::chrono::nanoseconds step) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  static const auto operations = workload::random_operations(4 * kMiB, 20000, 128 * kMiB, 1);
+  std::atomic<std::int64_t> ticks{from.count()};
+  detail::replay_clock.store(&ticks);
+  const std::size_t seals_before = pool.statistics().seals;
+  PacedRun run;
+  {
+    std::unordered_map<std::uint64_t, std::shared_ptr<MemoryPointer>> live;
+    for (const auto& operation : operations) {
+      ticks.fetch_add(std::chrono::duration_cast<std::chrono::steady_clock::duration>(step).count());
+      if (operation.allocate) live.emplace(operation.id, pool.memalloc(operation.size));
+      else live.erase(operation.id);
+      run.peak_reserved = std::max(run.peak_reserved, pool.statistics().reserved_bytes);
+    }
+  }
+  run.seals = pool.statistics().seals - seals_before;
+  detail::replay_clock.store(nullptr);
+  return run;
+}
+
+}  // namespace
+
 // The pool's seals go by detail::replay_clock where one is set (the tool's
 // --pace): the same operations at the same pace seal at the same points and
 // reserve the same peak, and a clock that does not move seals less often
@@ -668,32 +701,13 @@ TEST_F(Pool, AWaitForFreedBlocksWaitsOnlyForTheEpochsItNeeds) {
 // kSealInterval, 2 us; simulated driver, whose seals complete at once).
 TEST_F(Pool, SealsGoByTheReplayClockWhereOneIsSet) {
   CUEMM_REQUIRE_SIMULATION();
-  constexpr std::size_t kMiB = std::size_t{1} << 20;
-  const auto operations = workload::random_operations(4 * kMiB, 20000, 128 * kMiB, 1);
-  struct Outcome {
-    std::size_t seals, peak_reserved;
+  auto run = [&](std::chrono::nanoseconds step) {
+    PoolMemoryManager pool(&context);
+    pool.initialize();
+    return replay_paced(pool, std::chrono::steady_clock::now().time_since_epoch(), step);
   };
-  auto run = [&](std::int64_t step_ns) {
-    std::atomic<std::int64_t> ticks{std::chrono::steady_clock::now().time_since_epoch().count()};
-    detail::replay_clock.store(&ticks);
-    Outcome outcome{};
-    {
-      PoolMemoryManager pool(&context);
-      pool.initialize();
-      std::unordered_map<std::uint64_t, std::shared_ptr<MemoryPointer>> live;
-      for (const auto& operation : operations) {
-        ticks.fetch_add(
-            std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::nanoseconds(step_ns)).count());
-        if (operation.allocate) live.emplace(operation.id, pool.memalloc(operation.size));
-        else live.erase(operation.id);
-        outcome.peak_reserved = std::max(outcome.peak_reserved, pool.statistics().reserved_bytes);
-      }
-      outcome.seals = pool.statistics().seals;
-    }
-    detail::replay_clock.store(nullptr);
-    return outcome;
-  };
-  const Outcome paced = run(1000), again = run(1000), frozen = run(0);
+  using std::chrono::nanoseconds;
+  const PacedRun paced = run(nanoseconds(1000)), again = run(nanoseconds(1000)), frozen = run(nanoseconds(0));
   EXPECT_EQ(paced.seals, again.seals);
   EXPECT_EQ(paced.peak_reserved, again.peak_reserved);
   EXPECT_LT(frozen.seals, paced.seals / 2) << "a clock that stood still did not hold back the pool's seals";
@@ -703,31 +717,14 @@ TEST_F(Pool, SealsGoByTheReplayClockWhereOneIsSet) {
 // of the clock that follows, does not hold its seals back for that hour.
 TEST_F(Pool, ASealMadeAheadByAnEarlierClockDoesNotHoldBackTheNextOnes) {
   CUEMM_REQUIRE_SIMULATION();
-  constexpr std::size_t kMiB = std::size_t{1} << 20;
-  const auto operations = workload::random_operations(4 * kMiB, 20000, 128 * kMiB, 1);
-  using Ticks = std::chrono::steady_clock::duration;
-  const std::int64_t step = std::chrono::duration_cast<Ticks>(std::chrono::microseconds(1)).count();
-  const std::int64_t start = std::chrono::steady_clock::now().time_since_epoch().count();
-  auto replay = [&](PoolMemoryManager& pool, std::int64_t from) {
-    std::atomic<std::int64_t> ticks{from};
-    detail::replay_clock.store(&ticks);
-    const std::size_t before = pool.statistics().seals;
-    std::unordered_map<std::uint64_t, std::shared_ptr<MemoryPointer>> live;
-    for (const auto& operation : operations) {
-      ticks.fetch_add(step);
-      if (operation.allocate) live.emplace(operation.id, pool.memalloc(operation.size));
-      else live.erase(operation.id);
-    }
-    live.clear();
-    detail::replay_clock.store(nullptr);
-    return pool.statistics().seals - before;
-  };
+  const auto start = std::chrono::steady_clock::now().time_since_epoch();
+  const std::chrono::microseconds step(1);
   PoolMemoryManager fresh(&context);
   fresh.initialize();
-  const std::size_t alone = replay(fresh, start);
+  const std::size_t alone = replay_paced(fresh, start, step).seals;
   PoolMemoryManager pool(&context);
   pool.initialize();
-  replay(pool, start + std::chrono::duration_cast<Ticks>(std::chrono::hours(1)).count());
-  const std::size_t after = replay(pool, start);
+  replay_paced(pool, start + std::chrono::hours(1), step);
+  const std::size_t after = replay_paced(pool, start, step).seals;
   EXPECT_GT(after, alone / 2) << "the seal made an hour ahead held back the pool's next seals";
 }
