@@ -26,17 +26,19 @@
 
 namespace cuemm::testing {
 
-// Tests that read the simulated driver's counters or inject faults skip, with
-// this reason, on the real driver.
-#define CUEMM_REQUIRE_SIMULATION()                                                                        \
+// Tests that need what only the simulated driver has skip on the real one,
+// saying what: `what` completes "needs the simulated driver's ..." (its call
+// counters, fault injection, made-up device attributes, record of what is
+// allocated, or seals that complete as soon as they are made).
+#define CUEMM_REQUIRE_SIMULATION(what)                                                                    \
   do {                                                                                                    \
     if (!::cuemm::simulation::active())                                                                   \
-      GTEST_SKIP() << "needs the simulated driver's call counters and fault injection (running on "     \
+      GTEST_SKIP() << "needs the simulated driver's " what " (running on "                               \
                    << ::cuemm::driver::Driver::get().library_path() << ")";                              \
   } while (0)
 
 // A simulated device that answers `value` for an attribute (one without a
-// feature: 0) while this lives; CUEMM_REQUIRE_SIMULATION() first.
+// feature: 0) while this lives; CUEMM_REQUIRE_SIMULATION("made-up device attributes") first.
 class SimulatedDeviceAttribute {
  public:
   SimulatedDeviceAttribute(int device, cuda::DeviceAttribute attribute, int value)

@@ -426,7 +426,7 @@ TYPED_TEST(StreamOrderedAdaptors, ThreadsOnTheirOwnStreamsAddUp) {
 }
 
 TYPED_TEST(StreamOrderedAdaptors, AFailedAllocationIsCountedAndLeavesTheLimitAsItWas) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("fault injection");
   auto stats_owned = std::make_unique<StatisticsAdaptor>(&this->context, this->upstream());
   StatisticsAdaptor* stats = stats_owned.get();
   LimitingAdaptor limited(&this->context, std::move(stats_owned), std::size_t{1} << 30);
@@ -444,7 +444,7 @@ TYPED_TEST(StreamOrderedAdaptors, AFailedAllocationIsCountedAndLeavesTheLimitAsI
 }
 
 TYPED_TEST(StreamOrderedAdaptors, AnOutOfMemoryHandlerRetriesThem) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("fault injection");
   int calls = 0;
   OutOfMemoryHandlerAdaptor handled(&this->context, this->upstream(),
                                     [&](const OutOfMemory&, int attempt) {

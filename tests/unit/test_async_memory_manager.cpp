@@ -59,7 +59,7 @@ TEST_F(Async, OutOfMemorySaysWhatItsPoolHoldsAndWhatTheDeviceHasFree) {
 // A pool query that fails: statistics() says which, and an out-of-memory
 // error stays an OutOfMemory that leaves the pool's figures out.
 TEST_F(Async, AFailingPoolQueryIsNamedByStatisticsAndLeftOutOfAnOutOfMemoryError) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("fault injection");
   AsyncMemoryManager manager(&context);
   manager.initialize();
   auto held = manager.memalloc(std::size_t{1} << 20);
@@ -102,7 +102,7 @@ TEST_F(Async, IpcFromAPoolNotCreatedExportableIsRefusedWithAClearError) {
 // GPUs): refused at initialize with an error that names the device and what
 // to use instead, and again at a request rather than a crash.
 TEST_F(Async, ADeviceWithoutMemoryPoolsIsRefusedWithAClearError) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("made-up device attributes");
   const int device = context.device().id();
   const cuemm::testing::SimulatedDeviceAttribute lacking(device, cuda::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 0);
   AsyncMemoryManager manager(&context);
@@ -155,7 +155,7 @@ TEST_F(Async, AViewsHandleIsOfItsOwnBlockAmongMany) {
 }
 
 TEST_F(Async, AFailedExportLeavesTheManagerAbleToExportLater) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("fault injection");
   AsyncOptions options;
   options.exportable = true;
   AsyncMemoryManager manager(&context, options);
@@ -409,7 +409,7 @@ TEST_F(Async, ResetGivesBackStreamOrderedBlocksAndRefusesTheirLaterFree) {
 // The driver's refusal leaves the manager as it was: a failed allocation
 // records nothing, and a failed free keeps its block live for a later one.
 TEST_F(Async, AFailingDriverCallInTheStreamOrderedPathsLeavesTheRecordRight) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("fault injection");
   AsyncMemoryManager manager(&context);
   manager.initialize();
   ScopedContext scope(context);

@@ -44,7 +44,7 @@ TEST_F(DefaultManager, ZerosGoToTheDeviceAndBack) {
 }
 
 TEST_F(DefaultManager, FreesWaitUntilMoreThanTheCountArePending) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("call counters");
   ASSERT_EQ(manager->deallocations().max_count(), 10u);
   std::vector<std::shared_ptr<MemoryPointer>> blocks;
   for (int i = 0; i < 11; ++i) blocks.push_back(context.memalloc(4096));
@@ -79,7 +79,7 @@ TEST_F(DefaultManager, DeferCleanupHoldsFreesUntilItEnds) {
 }
 
 TEST_F(DefaultManager, OutOfMemoryFlushesPendingFreesAndRetriesOnce) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("fault injection and call counters");
   for (int i = 0; i < 3; ++i) context.memalloc(1u << 20).reset();
   ASSERT_EQ(manager->deallocations().pending_count(), 3u);
   const auto allocs = simulation::call_count("cuMemAlloc");
@@ -229,7 +229,7 @@ TEST_F(DefaultManager, ResetReleasesEverythingAndLeavesPointersDead) {
 // Every driver call an allocation makes may fail: the manager must stay
 // consistent (nothing tracked, nothing leaked) and work again afterwards.
 TEST_F(DefaultManager, AFailureAtEveryDriverCallLeavesNothingBehind) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("fault injection");
   context.reset();
   const auto sim_live = simulation::live_allocations();
   struct Case {

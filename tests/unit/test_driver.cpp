@@ -95,7 +95,7 @@ TEST(Driver, HostRegistrationAndZeroBytesAnswerAsTheH100sDriverDoes) {
 }
 
 TEST(Driver, AFailingCallThrowsItsResult) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("fault injection and call counters");
   current_context();
   simulation::inject_fault("cuMemAlloc", 1, cuda::CUDA_ERROR_OUT_OF_MEMORY);
   cuda::CUdeviceptr pointer = 0;
@@ -112,7 +112,7 @@ TEST(Driver, AFailingCallThrowsItsResult) {
 }
 
 TEST(Driver, TheSimulationCountsCalls) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("call counters: the simulator is what it tests");
   current_context();
   simulation::reset_call_counts();
   std::size_t free = 0, total = 0;
@@ -125,7 +125,7 @@ TEST(Driver, TheSimulationCountsCalls) {
 // run: kept, every operation on the legacy stream would wait on the streams of
 // threads long gone; ended sooner, the legacy stream would not wait for its work.
 TEST(Driver, ASimulatedPerThreadStreamEndsWithItsThread) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("per-thread streams: the simulator is what it tests");
   Context& context = current_context();
   ScopedContext scope(context);
   const std::uint64_t streams_before = simulation::live_streams();
@@ -159,7 +159,7 @@ TEST(Driver, ASimulatedPerThreadStreamEndsWithItsThread) {
 // (bench/probes/probe_free_stall.cpp measures the real driver): the pools'
 // rules for a busy GPU are tested on that.
 TEST(Driver, SimulatedFreesWaitForQueuedWorkOnAnyStreamAndAllocationsDoNot) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("streams and workers: the simulator is what it tests");
   Context& context = current_context();
   ScopedContext scope(context);
   Stream stream = context.create_stream(/*non_blocking=*/true);
@@ -380,7 +380,7 @@ std::uint64_t used_bytes(cuda::CUmemoryPool pool) {
 // replays without GPU work read every block freed since the stream's worker
 // last ran as still in use.)
 TEST(Driver, ASimulatedStreamOrderedFreeWaitsOnlyForQueuedWork) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("streams and workers: the simulator is what it tests");
   Context& context = current_context();
   ScopedContext scope(context);
   const cuda::CUmemoryPool pool = make_stream_ordered_pool(context, UINT64_MAX);

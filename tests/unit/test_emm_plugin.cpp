@@ -96,7 +96,7 @@ TEST_F(EmmPlugin, DeferCleanupNestsAndChainsToTheHostSide) {
 }
 
 TEST_F(EmmPlugin, TheRuntimeNeverCallsCuMemAllocOrCuMemFree) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("call counters");
   simulation::reset_call_counts();
   {
     std::vector<std::shared_ptr<MemoryPointer>> blocks;

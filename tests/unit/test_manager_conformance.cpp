@@ -915,7 +915,7 @@ TYPED_TEST(Conformance, ThreadsOfEverySizeNeverGetOverlappingBlocks) {
 }
 
 TYPED_TEST(Conformance, ADriverFailureLeavesTheManagerConsistent) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("fault injection");
   this->manager->reset();
   this->flush();
   const auto baseline = simulation::device_bytes_in_use(0);
@@ -943,7 +943,7 @@ TYPED_TEST(Conformance, ADriverFailureLeavesTheManagerConsistent) {
 // and nothing leaks (but what a failed free call left with the driver, which
 // refused to take it back).
 TYPED_TEST(Conformance, AnyDriverCallFailingLeavesNothingBehind) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("fault injection");
   this->manager.reset();
   this->context.deallocations().flush_all();
   auto baseline = simulation::device_bytes_in_use(0);
@@ -1053,7 +1053,7 @@ TYPED_TEST(Conformance, StreamOrderedBlocksKeepTheirContentsOrTheCallsSayWhyNot)
 // second or third use: the manager works after, the adaptors count only
 // what is held, and a reset leaves nothing with the driver.
 TYPED_TEST(Conformance, AnyDriverCallFailingOnTheStreamOrderedPathLeavesNothingBehind) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("fault injection");
   if (!stream_ordered_allocator(*this->manager))
     GTEST_SKIP() << "this manager has no stream-ordered calls (the test before checks that a call says so)";
   this->manager.reset();
@@ -1119,7 +1119,7 @@ TYPED_TEST(Conformance, AnyDriverCallFailingOnTheStreamOrderedPathLeavesNothingB
 // and after it the manager works, the adaptors count only what is held, and
 // a reset leaves nothing with the driver.
 TYPED_TEST(Conformance, AnyHostAllocationFailingLeavesNothingBehind) {
-  CUEMM_REQUIRE_SIMULATION();  // (the leak checks read the driver's counts; the fault spares its own allocations)
+  CUEMM_REQUIRE_SIMULATION("record of what is allocated");  // (the leak checks read the driver's counts; the fault spares its own allocations)
   this->manager.reset();
   const auto before = this->driver_holdings();
   std::uint64_t nth = 1;
@@ -1209,7 +1209,7 @@ TYPED_TEST(Conformance, AnyHostAllocationFailingLeavesNothingBehind) {
 // the first thread's, hands blocks back, and pins; afterwards the first
 // thread finds the manager working and nothing left with the driver.
 TYPED_TEST(Conformance, AnyHostAllocationFailingOnAnotherThreadLeavesNothingBehind) {
-  CUEMM_REQUIRE_SIMULATION();  // (as the test before)
+  CUEMM_REQUIRE_SIMULATION("record of what is allocated");  // (as the test before)
   this->manager.reset();
   const auto before = this->driver_holdings();
   std::uint64_t nth = 1;
@@ -1280,7 +1280,7 @@ TYPED_TEST(Conformance, AnyHostAllocationFailingOnAnotherThreadLeavesNothingBehi
 }
 
 TYPED_TEST(Conformance, DestroyingTheManagerReturnsItsMemory) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("record of what is allocated");
   this->manager.reset();
   const auto baseline = simulation::device_bytes_in_use(0);
   {

@@ -55,7 +55,7 @@ TEST_F(HostPool, ALargeBlockIsWaitedForRatherThanAllocatedAgain) {
 // a graph is captured), the block it left unsafe is sealed for again at the
 // next request and reused: the pool does not buy a block at every request.
 TEST_F(HostPool, AfterASealThatCouldNotWaitALoopReusesItsBlockAgain) {
-  CUEMM_REQUIRE_SIMULATION();  // (refuses the driver's calls and counts them)
+  CUEMM_REQUIRE_SIMULATION("fault injection and call counters");  // (refuses the driver's calls and counts them)
   PinnedHostPool pool(context);
   pool.allocate(4 << 20, false, false, false).reset();
   cuemm::testing::refuse_the_next_seals(1);
@@ -71,7 +71,7 @@ TEST_F(HostPool, AfterASealThatCouldNotWaitALoopReusesItsBlockAgain) {
 // new block, rotates through a few (here up to 16 of 1 MiB) and seals once a
 // rotation rather than once a request.
 TEST_F(HostPool, ALongLoopOfLargeBlocksRotatesThroughAFew) {
-  CUEMM_REQUIRE_SIMULATION();  // (counts the driver's calls; 300k pairs)
+  CUEMM_REQUIRE_SIMULATION("call counters");  // (counts the driver's calls; 300k pairs)
   PinnedHostPool pool(context);
   for (int i = 0; i < 300000; ++i) pool.allocate(1 << 20, false, false, false).reset();
   EXPECT_LE(pool.statistics().allocated_bytes, 16u << 20);
@@ -90,7 +90,7 @@ TEST_F(HostPool, ALongLoopOfLargeBlocksRotatesThroughAFew) {
 // beyond, up to 64, only as their seals pay for more: a 4 KiB loop then seals
 // once per 64 pairs rather than once per 16.
 TEST_F(HostPool, ALongLoopOfSmallBlocksGrowsItsRotationAsItsSealsPay) {
-  CUEMM_REQUIRE_SIMULATION();  // (counts the driver's calls; 1.5 million pairs)
+  CUEMM_REQUIRE_SIMULATION("call counters");  // (counts the driver's calls; 1.5 million pairs)
   PinnedHostPool pool(context);
   for (int i = 0; i < 2000; ++i) pool.allocate(4096, false, false, false).reset();
   EXPECT_EQ(pool.statistics().allocated_bytes, 16u * 4096u) << "not a rotation of 16 at once, or grown unpaid";
@@ -105,7 +105,7 @@ TEST_F(HostPool, ALongLoopOfSmallBlocksGrowsItsRotationAsItsSealsPay) {
 // Large blocks may rotate through more than small ones' 32 MiB, as their
 // seals buy them: 4 MiB blocks beyond 8, up to 16.
 TEST_F(HostPool, ALongLoopOfLargeBlocksMayRotateBeyondTheSmallBlocksBudget) {
-  CUEMM_REQUIRE_SIMULATION();  // (400k pairs)
+  CUEMM_REQUIRE_SIMULATION("seals, which complete as soon as they are made");  // (400k pairs)
   PinnedHostPool pool(context);
   for (int i = 0; i < 400000; ++i) pool.allocate(4 << 20, false, false, false).reset();
   EXPECT_GT(pool.statistics().allocated_bytes, 32u << 20) << "the rotation stopped at 8 blocks";
@@ -229,7 +229,7 @@ std::vector<std::shared_ptr<MemoryPointer>> take_blocks(PinnedHostPool& pool, in
 // GPU whether it is busy (an event recorded and queried): only an idle
 // block could go.
 TEST_F(HostPool, ReleasesPastTheMaximumAskTheGpuNothingWhileNoBlockIsIdle) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("call counters");
   PinnedHostPool pool(context, one_block_cap_never_idle());
   auto blocks = take_blocks(pool, 4);
   simulation::reset_call_counts();
@@ -273,7 +273,7 @@ TEST_F(HostPool, TheCacheEvictsOnlyOnceTheGpuIsIdle) {
 }
 
 TEST_F(HostPool, PinningTheSameRangeAgainReusesTheRegistration) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("call counters");
   PinnedHostPool pool(context);
   auto buffer = std::make_shared<std::vector<char>>(1 << 20);
   simulation::reset_call_counts();
@@ -326,7 +326,7 @@ TEST_F(HostPool, AnOverlappingRangeEvictsCachedRegistrations) {
 }
 
 TEST_F(HostPool, BlocksOutliveThePool) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("record of what is allocated");
   const auto before = simulation::live_allocations();
   std::shared_ptr<MemoryPointer> block;
   {
@@ -401,7 +401,7 @@ TEST_F(HostPool, TheManagersTakeTheCapFromTheEnvironment) {
 }
 
 TEST_F(HostPool, ReleasingEverythingFreesBlocksStillHeld) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("record of what is allocated");
   const auto before = simulation::live_allocations(simulation::AllocationKind::PinnedHost);
   PinnedHostPool pool(context);
   auto held = pool.allocate(8192, true, false, false);
@@ -415,7 +415,7 @@ TEST_F(HostPool, ReleasingEverythingFreesBlocksStillHeld) {
 // Note [Per-thread fronts]: a thread's released blocks are kept by the
 // thread, and still reach every other part of the pool.
 TEST_F(HostPool, AThreadKeepsFourKindsAndSizesAndSharesTheRest) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("call counters");
   PinnedHostPool pool(context);
   const std::size_t sizes[] = {1 << 20, 2 << 20, 3 << 20, 4 << 20, 5 << 20};  // large: waited for
   for (std::size_t size : sizes) pool.allocate(size, false, false, false).reset();
@@ -428,7 +428,7 @@ TEST_F(HostPool, AThreadKeepsFourKindsAndSizesAndSharesTheRest) {
 }
 
 TEST_F(HostPool, AFinishedThreadsBlocksServeTheOthers) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("call counters");
   PinnedHostPool pool(context);
   std::uintptr_t released = 0;
   std::thread([&] {
@@ -511,7 +511,7 @@ TEST_F(HostPool, KindsSizesPinsAndTrimsFromManyThreadsNeverHandOutOverlappingBlo
 }
 
 TEST_F(HostPool, TrimAndReleaseEverythingReachTheFrontsOfLivingThreads) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("record of what is allocated");
   const auto before = simulation::live_allocations(simulation::AllocationKind::PinnedHost);
   PinnedHostPool pool(context);
   std::shared_ptr<MemoryPointer> held;
@@ -540,7 +540,7 @@ TEST_F(HostPool, TrimAndReleaseEverythingReachTheFrontsOfLivingThreads) {
 }
 
 TEST_F(HostPool, AManagersResetFreesItsHostMemory) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("record of what is allocated");
   const auto before = simulation::live_allocations(simulation::AllocationKind::PinnedHost);
   PoolMemoryManager manager(&context);
   manager.initialize();

@@ -287,7 +287,7 @@ TEST_F(Runtime, AHandleIsReleasedOnceByItsLastOwner) {
 // throws or completes, and once all is released the driver holds no more
 // streams, events, modules or memory than before.
 TEST_F(Runtime, AnyHostAllocationFailingLeavesNothingBehind) {
-  CUEMM_REQUIRE_SIMULATION();  // (the counts are the simulated driver's; the fault spares its own allocations)
+  CUEMM_REQUIRE_SIMULATION("record of what is allocated, and its call counters");  // (the counts are the simulated driver's; the fault spares its own allocations)
   const std::string ptx = cuemm::testing::test_kernels_ptx();
   const std::uint32_t count = 1024;
   const std::vector<std::uint32_t> values(count, 41u);

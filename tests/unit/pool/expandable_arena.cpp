@@ -13,7 +13,7 @@ using cuemm::testing::throws;
 // use instead, and again at a request rather than a crash. The pool without
 // it serves that device.
 TEST_F(Pool, AnExpandablePoolOnADeviceWithoutVirtualMemoryIsRefusedWithAClearError) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("made-up device attributes");
   const int device = context.device().id();
   const cuemm::testing::SimulatedDeviceAttribute lacking(
       device, cuda::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0);

@@ -9,7 +9,7 @@ using cuemm::testing::Pool;
 // half ring at a time (its budget holds 256 blocks of 1 MiB): one stream
 // query per 128 pairs once the pool has grown to hold the ring.
 TEST_F(Pool, ALoopOfTheLargestClassSealsOnceAHalfRing) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("call counters");
   PoolMemoryManager pool(&context);
   pool.initialize();
   const std::size_t size = std::size_t{1} << 20;
@@ -29,7 +29,7 @@ TEST_F(Pool, ALoopOfTheLargestClassSealsOnceAHalfRing) {
 // after 100,000 pairs and 7 segments, not 800,000 pairs and 33 segments of
 // room for 4 blocks each (simulated driver).
 TEST_F(Pool, TheSegmentsALoopsSealsBuyDoubleItsRing) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("call counters");
   PoolMemoryManager pool(&context);
   pool.initialize();
   const std::size_t size = std::size_t{1} << 20;
@@ -49,7 +49,7 @@ TEST_F(Pool, TheSegmentsALoopsSealsBuyDoubleItsRing) {
 // (which emptied the ring at every such pair). So the ring keeps every
 // block the loop has gone through.
 TEST_F(Pool, ALoopKeepsItsRingBeforeItsSealsBuyASegment) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("seals, which complete as soon as they are made");
   PoolMemoryManager pool(&context);
   pool.initialize();
   const std::size_t size = std::size_t{1} << 20;
@@ -71,7 +71,7 @@ TEST_F(Pool, ALoopKeepsItsRingBeforeItsSealsBuyASegment) {
 // segment does not fit, the pool takes what fits, and the loop goes on
 // sealing within it.
 TEST_F(Pool, TheSegmentsALoopsSealsBuyStayWithinThePoolsMaximum) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("seals, which complete as soon as they are made");
   constexpr std::size_t kMiB = std::size_t{1} << 20;
   PoolOptions options;
   options.maximum_size = 24 * kMiB;
@@ -87,7 +87,7 @@ TEST_F(Pool, TheSegmentsALoopsSealsBuyStayWithinThePoolsMaximum) {
 // batch as large as the pool: once those seals have cost about as much as a
 // segment, the pool grows and the batches with it.
 TEST_F(Pool, ALoopThatEmptiesASmallPoolGrowsIt) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("call counters");
   PoolMemoryManager pool(&context);
   pool.initialize();
   expect_a_grown_ring_loop(pool);
@@ -98,7 +98,7 @@ TEST_F(Pool, ALoopThatEmptiesASmallPoolGrowsIt) {
 // it. (Growth bought only while the pool held little free read 200 stream
 // queries here, not 33: docs/pool-measurements.md.)
 TEST_F(Pool, ALoopBesideMuchFreeSpaceOfLargerBlocksStillGrowsItsRing) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("call counters");
   PoolMemoryManager pool(&context);
   pool.initialize();
   {
@@ -119,7 +119,7 @@ TEST_F(Pool, ALoopBesideMuchFreeSpaceOfLargerBlocksStillGrowsItsRing) {
 // blocks of near sizes pass for a rotation and a quarter of the live bytes
 // stayed idle beside the new segment.
 TEST_F(Pool, AtItsPeakAThreadThatIsNoLoopGivesBackItsHeldBlocksBeforeThePoolGrows) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("seals, which complete as soon as they are made");
   PoolMemoryManager pool(&context);
   pool.initialize();
   constexpr std::size_t kMiB = std::size_t{1} << 20;
@@ -133,7 +133,7 @@ TEST_F(Pool, AtItsPeakAThreadThatIsNoLoopGivesBackItsHeldBlocksBeforeThePoolGrow
 // The same where another thread holds them: a thread of random large sizes
 // that has gone quiet kept its frees idle while this one grew the pool.
 TEST_F(Pool, AtItsPeakAnotherThreadThatIsNoLoopGivesBackItsHeldBlocksBeforeThePoolGrows) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("seals, which complete as soon as they are made");
   PoolMemoryManager pool(&context);
   pool.initialize();
   constexpr std::size_t kMiB = std::size_t{1} << 20;
@@ -160,7 +160,7 @@ TEST_F(Pool, AtItsPeakAnotherThreadThatIsNoLoopGivesBackItsHeldBlocksBeforeThePo
 // thread's request would take the pool past its peak: its blocks serve its
 // next requests.
 TEST_F(Pool, AtItsPeakAnotherThreadsLoopKeepsItsRotation) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("seals, which complete as soon as they are made");
   PoolMemoryManager pool(&context);
   pool.initialize();
   constexpr std::size_t kMiB = std::size_t{1} << 20;
@@ -187,7 +187,7 @@ TEST_F(Pool, AtItsPeakAnotherThreadsLoopKeepsItsRotation) {
 // rather than grow once its seals have added up (a new segment's blocks
 // would serve no loop). A loop of one size still grows (the test above).
 TEST_F(Pool, RequestsOfVaryingSizesSealRatherThanGrowThePool) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("seals, which complete as soon as they are made");
   PoolMemoryManager pool(&context, with_thread_cache(0));
   pool.initialize();
   constexpr std::size_t kMiB = std::size_t{1} << 20;
@@ -324,7 +324,7 @@ TEST_F(Pool, AThreadKeepsItsLargeFreesButGivesBackAStrayOne) {
 // Loops that alternate between two large sizes keep both rotations: after
 // the first rounds the driver is asked for nothing more.
 TEST_F(Pool, LoopsThatAlternateBetweenLargeSizesKeepTheirBlocks) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("call counters");
   PoolMemoryManager pool(&context);
   pool.initialize();
   auto rounds = [&](int count) {
@@ -414,7 +414,7 @@ TEST_F(Pool, ThreadsOfRandomSizesDoNotHoardTheirRings) {
 // to the pool once thousands of requests went by without it (loops that take
 // turns keep both, above); until then every request scanned past it.
 TEST_F(Pool, AThreadThatMovedOnGivesBackItsIdleRotation) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("seals, which complete as soon as they are made");
   PoolMemoryManager pool(&context);
   pool.initialize();
   constexpr std::size_t kLarge = std::size_t{64} << 20, kSmaller = std::size_t{4} << 20;
@@ -430,7 +430,7 @@ TEST_F(Pool, AThreadThatMovedOnGivesBackItsIdleRotation) {
 // seals: a new thread rotates through a finished one's without sealing at
 // each request or asking the driver for more.
 TEST_F(Pool, ANewThreadRotatesThroughAFinishedThreadsBlocks) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("call counters");
   PoolMemoryManager pool(&context);
   pool.initialize();
   constexpr std::size_t kSize = std::size_t{4} << 20;

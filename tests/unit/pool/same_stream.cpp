@@ -534,7 +534,7 @@ TEST_F(Pool, ThreadsReuseTheirStreamsFreesAndKeepTheirContents) {
 // further stream the thread takes turns with ask nothing (simulated driver,
 // which counts the calls).
 TEST_F(Pool, RequestsOnTheOtherStreamsOfAThreadAskTheDriverNothing) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("call counters");
   PoolMemoryManager pool(&context);
   pool.initialize();
   ScopedContext scope(context);

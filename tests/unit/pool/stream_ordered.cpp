@@ -329,7 +329,7 @@ TEST_F(Pool, StreamOrderedAndStreamLessFreesMixAcrossThreads) {
 // second or third use: whatever the workload sees, the pool works afterwards
 // and gives everything back.
 TEST_F(Pool, AnyDriverCallFailingInTheStreamOrderedPathsLeavesNothingBehind) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("fault injection");
   ScopedContext scope(context);
   cuda::CUstream user_stream = nullptr;
   CUEMM_CU(cuStreamCreate, &user_stream, cuda::CU_STREAM_NON_BLOCKING);

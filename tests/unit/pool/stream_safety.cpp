@@ -106,7 +106,7 @@ TEST_F(Pool, AFreedBlockWithoutRoomInTheQuarantineWaitsForQueuedWorkBeforeReuse)
 // capture would too), such a block stays out of use until the pool's
 // reset, counted as in use: never handed out while the kernel may write it.
 TEST_F(Pool, AFreedBlockWithoutRoomInTheQuarantineOrAWaitStaysOutOfUseUntilAReset) {
-  CUEMM_REQUIRE_SIMULATION();  // (refuses the driver's waits)
+  CUEMM_REQUIRE_SIMULATION("fault injection");  // (refuses the driver's waits)
   if (!cuemm::testing::host_allocation_faults_reach_the_library())
     GTEST_SKIP() << "the library keeps a C++ runtime of its own here: the test's operator new cannot fail its "
                     "allocations";
@@ -384,7 +384,7 @@ TEST_F(Pool, AFreedBlockIsNotReusedWhileANonBlockingStreamsWorkMayStillWriteIt) 
 // reuse); with it, seals record for the context and such a free costs no
 // driver call.
 TEST_F(Pool, SealsCoverTheLegacyStreamWhereTheDriverCannotRecordForTheContext) {
-  CUEMM_REQUIRE_SIMULATION();  // (counts the driver's calls and refuses one)
+  CUEMM_REQUIRE_SIMULATION("fault injection and call counters");  // (counts the driver's calls and refuses one)
   ScopedContext scope(context);
   const Stream stream = context.create_stream(/*non_blocking=*/true);
   // (Where this run refuses the call throughout, only the second half applies.)
@@ -425,7 +425,7 @@ TEST_F(Pool, SealsCoverTheLegacyStreamWhereTheDriverCannotRecordForTheContext) {
 // one asked for that closed epoch. (Before, such a seal marked them safe
 // without having waited.)
 TEST_F(Pool, ASealThatCannotWaitForTheGpuLeavesItsFreesUnsafe) {
-  CUEMM_REQUIRE_SIMULATION();  // (refuses the driver's calls)
+  CUEMM_REQUIRE_SIMULATION("fault injection");  // (refuses the driver's calls)
   ScopedContext scope(context);
   detail::ReuseEpochs epochs(&context);
   (void)epochs.covers_every_stream();  // (asked of the driver before the refusals)
@@ -457,7 +457,7 @@ TEST_F(Pool, ASealThatCannotWaitForTheGpuLeavesItsFreesUnsafe) {
 // no second seal. (A hand-over's allocating thread slept behind the freeing
 // thread's seal, then sealed again.) With the epochs free, it seals as seal().
 TEST_F(Pool, ASealAskedForWhileAnotherThreadHoldsTheEpochsRidesOnItsWork) {
-  CUEMM_REQUIRE_SIMULATION();  // (sees the other thread wait in the driver)
+  CUEMM_REQUIRE_SIMULATION("call counters");  // (sees the other thread wait in the driver)
   ScopedContext scope(context);
   const Stream stream = context.create_stream();
   detail::ReuseEpochs epochs(&context);
@@ -486,7 +486,7 @@ TEST_F(Pool, ASealAskedForWhileAnotherThreadHoldsTheEpochsRidesOnItsWork) {
 // calls under a relaxed capture mode; after the scope the blocks freed in
 // it are sealed and reused.
 TEST_F(Pool, WhileAGraphIsCapturedThePoolSealsNothingAndWaitsForNothing) {
-  CUEMM_REQUIRE_SIMULATION();  // (counts the driver's calls)
+  CUEMM_REQUIRE_SIMULATION("call counters");  // (counts the driver's calls)
   ScopedContext scope(context);
   PoolMemoryManager pool(&context);
   pool.initialize();
@@ -700,7 +700,7 @@ PacedRun replay_paced(PoolMemoryManager& pool, std::chrono::steady_clock::durati
 // than one that moves a microsecond an operation (at most one seal every
 // kSealInterval, 2 us; simulated driver, whose seals complete at once).
 TEST_F(Pool, SealsGoByTheReplayClockWhereOneIsSet) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("seals, which complete as soon as they are made");
   auto run = [&](std::chrono::nanoseconds step) {
     PoolMemoryManager pool(&context);
     pool.initialize();
@@ -716,7 +716,7 @@ TEST_F(Pool, SealsGoByTheReplayClockWhereOneIsSet) {
 // A pool that outlives a replay's clock: its latest seal, made an hour ahead
 // of the clock that follows, does not hold its seals back for that hour.
 TEST_F(Pool, ASealMadeAheadByAnEarlierClockDoesNotHoldBackTheNextOnes) {
-  CUEMM_REQUIRE_SIMULATION();
+  CUEMM_REQUIRE_SIMULATION("seals, which complete as soon as they are made");
   const auto start = std::chrono::steady_clock::now().time_since_epoch();
   const std::chrono::microseconds step(1);
   PoolMemoryManager fresh(&context);
