@@ -245,6 +245,32 @@ replay_suite_log() {
   fi
 }
 
+# The pool's placement with its seals paced (scripts/fragmentation-seeds.sh, PACE=500: every run the
+# same), on the real driver and on the simulated one: where the two read alike, seed by seed and
+# seal by seal, the simulated figures of CI and docs/pool-measurements.md stand for the GPU's
+# (alike on the H100 at d7e1297). A difference is reported, not failed: it says the simulated
+# driver's seals or pages no longer model the GPU's, not that a block went wrong.
+paced_seeds_against_simulation() {
+  if [ "$(time_left)" -lt 60 ]; then
+    summary+=("paced seeds, the real driver against the simulated one: $(left_out)")
+    return
+  fi
+  local real=$logs/paced-seeds-cuda.txt simulated=$logs/paced-seeds-sim.txt real_status simulated_status
+  PER_SEED=1 PACE=500 CUEMM_TOOL="$build/bin/cuemm" CUEMM_DRIVER=cuda bash "$root/scripts/fragmentation-seeds.sh" \
+    >"$real" 2>&1
+  real_status=$?
+  PER_SEED=1 PACE=500 CUEMM_TOOL="$build/bin/cuemm" CUEMM_DRIVER=sim bash "$root/scripts/fragmentation-seeds.sh" \
+    >"$simulated" 2>&1
+  simulated_status=$?
+  local line="paced seeds (PACE=500), the real driver against the simulated one (exit $real_status / $simulated_status):"
+  if cmp -s "$real" "$simulated"; then
+    summary+=("$line the same in all $(grep -c '^    seed ' "$real") runs, footprints and seals")
+  else
+    summary+=("$line $(diff "$real" "$simulated" | grep -c '^<') line(s) differ (paced-seeds-cuda.txt, paced-seeds-sim.txt)")
+  fi
+  check_failed $((real_status | simulated_status)) real_status
+}
+
 # The summary lines of the fragmentation runs.
 fragmentation_summary() {
   local label ratios
@@ -498,6 +524,8 @@ if [ $fragmentation_part = 1 ]; then
   { assemble_fragmentation; cat "$logs/replay.txt"; } >"$logs/bench_fragmentation.txt" 2>&1
   fragmentation_summary
   phase_done fragmentation
+  paced_seeds_against_simulation
+  phase_done paced-seeds
 fi
 # The run of its own also has the time for the tool's table, which a full check's deadline often cuts.
 if [ "${CUEMM_GPU_FRAGMENTATION_ONLY:-0}" = 1 ]; then
