@@ -255,20 +255,19 @@ paced_seeds_against_simulation() {
     summary+=("paced seeds, the real driver against the simulated one: $(left_out)")
     return
   fi
-  local real=$logs/paced-seeds-cuda.txt simulated=$logs/paced-seeds-sim.txt real_status simulated_status
-  PER_SEED=1 PACE=500 CUEMM_TOOL="$build/bin/cuemm" CUEMM_DRIVER=cuda bash "$root/scripts/fragmentation-seeds.sh" \
-    >"$real" 2>&1
-  real_status=$?
-  PER_SEED=1 PACE=500 CUEMM_TOOL="$build/bin/cuemm" CUEMM_DRIVER=sim bash "$root/scripts/fragmentation-seeds.sh" \
-    >"$simulated" 2>&1
-  simulated_status=$?
-  local line="paced seeds (PACE=500), the real driver against the simulated one (exit $real_status / $simulated_status):"
+  local driver statuses=() real=$logs/paced-seeds-cuda.txt simulated=$logs/paced-seeds-sim.txt
+  for driver in cuda sim; do
+    PER_SEED=1 PACE=500 CUEMM_TOOL="$build/bin/cuemm" CUEMM_DRIVER=$driver bash "$root/scripts/fragmentation-seeds.sh" \
+      >"$logs/paced-seeds-$driver.txt" 2>&1
+    statuses+=($?)
+  done
+  local line="paced seeds (PACE=500), the real driver against the simulated one (exit ${statuses[0]} / ${statuses[1]}):"
   if cmp -s "$real" "$simulated"; then
     summary+=("$line the same in all $(grep -c '^    seed ' "$real") runs, footprints and seals")
   else
     summary+=("$line $(diff "$real" "$simulated" | grep -c '^<') line(s) differ (paced-seeds-cuda.txt, paced-seeds-sim.txt)")
   fi
-  check_failed $((real_status | simulated_status)) real_status
+  check_failed $((statuses[0] | statuses[1]))
 }
 
 # The summary lines of the fragmentation runs.
