@@ -11,13 +11,20 @@ build=${BUILD_DIR:-$root/build}
 "$root/scripts/build.sh" -DPython_EXECUTABLE=/usr/bin/python3
 
 status=0
+# A ctest log's failed tests, each with the output that --output-on-failure put after its result line
+# (the last lines of it): printed again at the end, so that CI's record, which keeps the end, names the check.
+failed_tests_output() {
+  awk '/Test +#[0-9]+: .*\*\*\*(Failed|Timeout|Exception)/ { shown = 1 } /^ +Start +[0-9]+:/ { shown = 0 }
+       shown' "$1" | tail -n 60
+}
+rm -f /tmp/cuemm-ctest.txt /tmp/cuemm-clang-ctest.txt  # (an earlier run's)
 echo "== README (the two commands first)"
 "$root/scripts/check-readme.sh" || status=1
 echo "== the tests' environment (every manager setting the library reads is left out of the tests')"
 "$root/scripts/check-test-environment.sh" || status=1
 
 echo "== C++ tests (ctest)"
-(cd "$build" && ctest --output-on-failure --timeout 300) || status=1
+(cd "$build" && ctest --output-on-failure --timeout 300) 2>&1 | tee /tmp/cuemm-ctest.txt || status=1
 
 echo "== a second compiler: everything built with clang++ and its C++ tests run (ctest)"
 # Clang before 16 lacks two C++20 features GCC 12 has (lambdas that capture a
@@ -27,8 +34,8 @@ clang_build=${CLANG_BUILD_DIR:-$build-clang}
 if BUILD_DIR=$clang_build "$root/scripts/build.sh" -DCMAKE_CXX_COMPILER=clang++ -DPython_EXECUTABLE=/usr/bin/python3 \
   >/tmp/cuemm-clang-build.txt 2>&1; then
   (cd "$clang_build" && ctest --output-on-failure --timeout 300 >/tmp/cuemm-clang-ctest.txt 2>&1) ||
-    { tail -40 /tmp/cuemm-clang-ctest.txt; status=1; }
-  tail -3 /tmp/cuemm-clang-ctest.txt
+    { failed_tests_output /tmp/cuemm-clang-ctest.txt; status=1; }
+  sed -n '/tests passed, /,$p' /tmp/cuemm-clang-ctest.txt
 else
   grep -m 20 -A 4 "error:" /tmp/cuemm-clang-build.txt || tail -20 /tmp/cuemm-clang-build.txt
   status=1
@@ -108,5 +115,15 @@ echo "== the same on two simulated devices that are peers (Numba's multi-GPU tes
 (cd /tmp && PYTHONPATH="$build/python" CUEMM_DRIVER=sim NUMBA_CUDA_MEMORY_MANAGER=cuemm CUEMM_MEMORY_MANAGER=pool \
   CUEMM_SIM_DEVICES=2 CUEMM_SIM_PEER_ACCESS=1 /usr/bin/python3 "$root/tests/numba/classic_numba_cudadrv.py" "$sim_driver") || status=1
 
-if ((status)); then echo "run-tests: FAILED"; else echo "run-tests: all passed"; fi
+if ((status)); then
+  for log in /tmp/cuemm-ctest.txt /tmp/cuemm-clang-ctest.txt; do
+    if [ -s "$log" ] && grep -q '\*\*\*\(Failed\|Timeout\|Exception\)' "$log"; then
+      echo "== again, the C++ tests that failed ($log)"
+      failed_tests_output "$log"
+    fi
+  done
+  echo "run-tests: FAILED"
+else
+  echo "run-tests: all passed"
+fi
 exit $status
