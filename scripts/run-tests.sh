@@ -12,7 +12,7 @@ build=${BUILD_DIR:-$root/build}
 
 status=0
 # A ctest log's failed tests, each with the output that --output-on-failure put after its result line
-# (the last lines of it): printed again at the end, so that CI's record, which keeps the end, names the check.
+# (the last lines of it): printed at the end, so that CI's record, which keeps the end, names the check.
 failed_tests_output() {
   awk '/Test +#[0-9]+: .*\*\*\*(Failed|Timeout|Exception)/ { shown = 1 } /^ +Start +[0-9]+:/ { shown = 0 }
        shown' "$1" | tail -n 60
@@ -33,8 +33,8 @@ echo "== a second compiler: everything built with clang++ and its C++ tests run 
 clang_build=${CLANG_BUILD_DIR:-$build-clang}
 if BUILD_DIR=$clang_build "$root/scripts/build.sh" -DCMAKE_CXX_COMPILER=clang++ -DPython_EXECUTABLE=/usr/bin/python3 \
   >/tmp/cuemm-clang-build.txt 2>&1; then
-  (cd "$clang_build" && ctest --output-on-failure --timeout 300 >/tmp/cuemm-clang-ctest.txt 2>&1) ||
-    { failed_tests_output /tmp/cuemm-clang-ctest.txt; status=1; }
+  # (Its failed tests' output is printed at the end, with g++'s.)
+  (cd "$clang_build" && ctest --output-on-failure --timeout 300 >/tmp/cuemm-clang-ctest.txt 2>&1) || status=1
   sed -n '/tests passed, /,$p' /tmp/cuemm-clang-ctest.txt
 else
   grep -m 20 -A 4 "error:" /tmp/cuemm-clang-build.txt || tail -20 /tmp/cuemm-clang-build.txt
@@ -117,10 +117,9 @@ echo "== the same on two simulated devices that are peers (Numba's multi-GPU tes
 
 if ((status)); then
   for log in /tmp/cuemm-ctest.txt /tmp/cuemm-clang-ctest.txt; do
-    if [ -s "$log" ] && grep -q '\*\*\*\(Failed\|Timeout\|Exception\)' "$log"; then
-      echo "== again, the C++ tests that failed ($log)"
-      failed_tests_output "$log"
-    fi
+    [ -s "$log" ] || continue
+    failed=$(failed_tests_output "$log")
+    if [ -n "$failed" ]; then printf '== the C++ tests that failed (%s)\n%s\n' "$log" "$failed"; fi
   done
   echo "run-tests: FAILED"
 else
